@@ -1,0 +1,8 @@
+//! `leasehold demo` (in progress).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub async fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("demo is not built yet")
+}

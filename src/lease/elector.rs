@@ -1,0 +1,534 @@
+//! The elector: a Follower/Leader state machine over a [`LeaseStore`].
+//!
+//! Safety rules (design.md, "The elector"):
+//! * the leader's deadline is `t_send + R`, where `t_send` is when the last
+//!   successful acquire or renew was *sent*, on the monotonic clock;
+//! * past the deadline without a renewal it stops claiming at once;
+//! * it publishes "not leader" and cancels the leader context *before*
+//!   anything else, waits for the leader work to finish, and only then
+//!   releases the lease by check-and-set;
+//! * an unknown outcome is never success: the follower observes first (S9);
+//! * leadership is never resumed from cache, only from a fresh grant (S11).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::clock::{Instant, Jitter, now};
+use super::record::{FencingToken, Grant, Identity, Observation};
+use super::store::{LeaseStore, StoreError};
+use super::timing::Timing;
+
+/// Why the state last changed, for Events, logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind", content = "detail")]
+pub enum Change {
+    #[default]
+    Starting,
+    /// A fresh observation of the store (holder may have changed).
+    Observed,
+    Acquired,
+    Renewed,
+    /// The store says the lease is no longer ours.
+    Lost(String),
+    /// No successful renewal within R.
+    DeadlineMissed,
+    /// Stepped down on purpose (shutdown or campaign stopped) and released.
+    Released,
+    /// Stepped down on purpose; the release itself failed (the lease will expire).
+    ReleaseFailed(String),
+    /// The store could not be read.
+    StoreError(String),
+}
+
+/// What the elector believes, published on a watch channel.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LeaderState {
+    /// This candidate claims leadership. Check [`LeaderState::is_leader_at`]
+    /// too: a process paused past its deadline must not act on a stale `true`.
+    pub leader: bool,
+    /// Our identity.
+    pub identity: String,
+    /// The holder as last seen (ourselves when leader).
+    pub holder: Option<String>,
+    pub term: u64,
+    pub token: Option<FencingToken>,
+    /// Local wall-clock time when the current holder was first seen or we acquired.
+    pub since: Option<SystemTime>,
+    /// Leader only: when we stop claiming unless a renewal succeeds.
+    pub deadline: Option<Instant>,
+    /// Leader only: when the last successful acquire or renew was sent.
+    pub renewed: Option<Instant>,
+    /// Whether this candidate is campaigning at all.
+    pub campaigning: bool,
+    pub change: Change,
+}
+
+impl LeaderState {
+    /// Leader and still within the deadline at `at`.
+    pub fn is_leader_at(&self, at: Instant) -> bool {
+        self.leader && self.deadline.is_some_and(|d| at < d)
+    }
+
+    /// Time left before the deadline, for leaders.
+    pub fn expires_in(&self, at: Instant) -> Option<Duration> {
+        self.deadline
+            .filter(|_| self.leader)
+            .map(|d| d.saturating_duration_since(at))
+    }
+}
+
+/// What leader work receives: its term, its fencing token, and a token that
+/// is cancelled the moment the elector stops claiming.
+#[derive(Debug, Clone)]
+pub struct LeaderContext {
+    pub term: u64,
+    pub token: FencingToken,
+    pub cancelled: CancellationToken,
+    pub state: watch::Receiver<LeaderState>,
+}
+
+impl LeaderContext {
+    /// True while this term still leads by the elector's deadline.
+    pub fn still_leading(&self) -> bool {
+        let state = self.state.borrow();
+        !self.cancelled.is_cancelled() && state.token == Some(self.token) && state.is_leader_at(now())
+    }
+}
+
+/// The configuration of one candidate for one lock.
+#[derive(Debug, Clone)]
+pub struct Elector {
+    lock: String,
+    identity: Identity,
+    timing: Timing,
+    seed: Option<u64>,
+}
+
+/// Controls a running elector.
+#[derive(Debug)]
+pub struct ElectorHandle {
+    state: watch::Receiver<LeaderState>,
+    campaign: watch::Sender<bool>,
+    nudge: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl ElectorHandle {
+    pub fn subscribe(&self) -> watch::Receiver<LeaderState> {
+        self.state.clone()
+    }
+
+    pub fn state(&self) -> LeaderState {
+        self.state.borrow().clone()
+    }
+
+    /// `false`: a leader steps down and releases, a follower stops trying.
+    pub fn set_campaigning(&self, campaigning: bool) {
+        self.campaign.send_replace(campaigning);
+    }
+
+    /// Look at the store now instead of at the next poll (graceful handover).
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    /// Waits for the elector to finish (after shutdown, the release is done).
+    pub async fn join(self) {
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+
+    /// Stops at once without releasing, as a crash would (simulations, S13).
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+}
+
+type Work = Box<dyn FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> + Send>;
+
+struct Running {
+    elector: Elector,
+    store: Arc<dyn LeaseStore>,
+    shutdown: CancellationToken,
+    state: watch::Sender<LeaderState>,
+    campaign: watch::Receiver<bool>,
+    nudge: Arc<Notify>,
+    jitter: Jitter,
+    /// In a mutex only to make `Running` Sync; it is never contended.
+    work: std::sync::Mutex<Work>,
+}
+
+/// How a term ended.
+enum Ended {
+    /// Stop claiming and do not release (lost, or deadline passed).
+    Lost(Change),
+    /// Stop claiming, then release.
+    Release,
+}
+
+impl Elector {
+    pub fn new(lock: impl Into<String>, identity: Identity, timing: Timing) -> Self {
+        Elector {
+            lock: lock.into(),
+            identity,
+            timing,
+            seed: None,
+        }
+    }
+
+    /// Seeds jitter and backoff, so a simulation replays exactly.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    pub fn lock(&self) -> &str {
+        &self.lock
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// Runs the elector with no leader work of its own: callers follow the
+    /// state channel.
+    pub fn spawn(self, store: Arc<dyn LeaseStore>, shutdown: CancellationToken) -> ElectorHandle {
+        self.spawn_with_work(store, shutdown, |_ctx| async {})
+    }
+
+    /// Runs the elector; `work` is started on every acquisition and must
+    /// return soon after `ctx.cancelled` fires. The lease is released only
+    /// after it has returned.
+    pub fn spawn_with_work<W, F>(
+        self,
+        store: Arc<dyn LeaseStore>,
+        shutdown: CancellationToken,
+        mut work: W,
+    ) -> ElectorHandle
+    where
+        W: FnMut(LeaderContext) -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let initial = LeaderState {
+            identity: self.identity.to_string(),
+            campaigning: true,
+            ..Default::default()
+        };
+        let (state_tx, state_rx) = watch::channel(initial);
+        let (campaign_tx, campaign_rx) = watch::channel(true);
+        let nudge = Arc::new(Notify::new());
+        let jitter = Jitter::new(self.timing.jitter, self.seed);
+        let running = Running {
+            elector: self,
+            store,
+            shutdown,
+            state: state_tx,
+            campaign: campaign_rx,
+            nudge: nudge.clone(),
+            jitter,
+            work: std::sync::Mutex::new(Box::new(move |ctx| Box::pin(work(ctx)))),
+        };
+        let task = tokio::spawn(running.run());
+        ElectorHandle {
+            state: state_rx,
+            campaign: campaign_tx,
+            nudge,
+            task,
+        }
+    }
+}
+
+impl Running {
+    fn me(&self) -> String {
+        self.elector.identity.to_string()
+    }
+
+    fn timing(&self) -> Timing {
+        self.elector.timing
+    }
+
+    fn backoff(&mut self) -> impl Iterator<Item = Duration> + use<> {
+        let p = self.timing().retry_period;
+        ExponentialBuilder::default()
+            .with_min_delay((p / 8).max(Duration::from_millis(10)))
+            .with_max_delay(p)
+            .with_jitter()
+            .with_jitter_seed(self.jitter.seed())
+            .without_max_times()
+            .build()
+    }
+
+    async fn run(mut self) {
+        let mut errors = self.backoff();
+        loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            if !*self.campaign.borrow() {
+                self.state.send_modify(|s| s.campaigning = false);
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => break,
+                    _ = self.campaign.wait_for(|c| *c) => {}
+                }
+                self.state.send_modify(|s| s.campaigning = true);
+                continue;
+            }
+            match self.follow_once().await {
+                Ok(Some((t_send, grant))) => {
+                    errors = self.backoff();
+                    self.lead(t_send, grant).await;
+                }
+                Ok(None) => errors = self.backoff(),
+                Err(e) => {
+                    let delay = errors.next().unwrap_or(self.timing().retry_period);
+                    debug!(lock = %self.elector.lock, error = %e, ?delay, "store error while following");
+                    self.state.send_if_modified(|s| {
+                        let change = Change::StoreError(e.to_string());
+                        let modified = s.change != change;
+                        s.change = change;
+                        modified
+                    });
+                    self.wait(delay).await;
+                }
+            }
+        }
+        self.state.send_modify(|s| {
+            s.leader = false;
+            s.deadline = None;
+        });
+    }
+
+    /// One follower round: observe; acquire if the lease is free or expired.
+    /// `Ok(Some)` means we now lead; `Ok(None)` that we waited a poll.
+    async fn follow_once(&mut self) -> Result<Option<(Instant, Grant)>, StoreError> {
+        let timing = self.timing();
+        let lock = self.elector.lock.clone();
+        let me = self.me();
+        let observed = self.bounded(self.store.observe(&lock)).await?;
+        self.publish_observation(&observed);
+        let t_send = now();
+        let attempt = match observed.live_holder() {
+            // Our own earlier commit whose reply was lost (S9): confirm it by
+            // check-and-set before claiming anything.
+            Some(holder) if holder == me => {
+                let token = observed
+                    .record
+                    .as_ref()
+                    .and_then(|r| r.token)
+                    .ok_or_else(|| StoreError::Invalid(format!("lease {lock} is held by us but has no token")))?;
+                self.bounded(self.store.renew(&lock, &me, token, timing.lease_duration))
+                    .await
+            }
+            Some(_) => {
+                // Wake when the lease could expire if that is before the next poll.
+                let poll = self.jitter.apply(timing.retry_period);
+                let until_expiry = observed
+                    .remaining()
+                    .map(|r| self.jitter.apply(r + Duration::from_millis(1)));
+                self.wait(until_expiry.map_or(poll, |e| e.min(poll))).await;
+                return Ok(None);
+            }
+            None => {
+                self.bounded(self.store.acquire(&lock, &me, timing.lease_duration))
+                    .await
+            }
+        };
+        match attempt {
+            Ok(grant) => Ok(Some((t_send, grant))),
+            Err(StoreError::Lost { reason, .. }) => {
+                debug!(%lock, %reason, "lost the race to acquire");
+                let retry = self.jitter.apply(timing.retry_period / 4);
+                self.wait(retry).await;
+                Ok(None)
+            }
+            // Maybe we hold it now: observe again before anything else.
+            Err(StoreError::OutcomeUnknown(e)) => {
+                warn!(%lock, error = %e, "acquire outcome unknown; observing before acting");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A store call bounded by the retry period, so a hung store cannot
+    /// stall a follower forever. Timing out is an unknown outcome.
+    async fn bounded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let limit = now() + self.timing().renew_deadline;
+        timeout_at(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::OutcomeUnknown("store call timed out".into())))
+    }
+
+    fn publish_observation(&self, observed: &Observation) {
+        let record = observed.record.as_ref();
+        let holder = observed.live_holder().map(str::to_string);
+        let term = record.map_or(0, |r| r.term);
+        let token = record.and_then(|r| r.token);
+        self.state.send_if_modified(|s| {
+            let same = s.holder == holder && s.term == term && s.token == token && !s.leader;
+            if !same {
+                s.since = holder.as_ref().map(|_| SystemTime::now());
+            }
+            let modified = !same || s.change != Change::Observed;
+            *s = LeaderState {
+                leader: false,
+                holder,
+                term,
+                token,
+                deadline: None,
+                renewed: None,
+                change: Change::Observed,
+                ..s.clone()
+            };
+            modified
+        });
+    }
+
+    /// Sleeps, waking early for shutdown, a nudge or a campaign change.
+    async fn wait(&mut self, delay: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = self.shutdown.cancelled() => {}
+            _ = self.nudge.notified() => {}
+            _ = self.campaign.changed() => {}
+        }
+    }
+
+    /// Leads one term: renew every P until lost, deadline, shutdown or campaign end.
+    async fn lead(&mut self, t_send: Instant, grant: Grant) {
+        let timing = self.timing();
+        let lock = self.elector.lock.clone();
+        let me = self.me();
+        let mut deadline = t_send + timing.renew_deadline;
+        if now() >= deadline {
+            // The grant arrived after its own deadline (a late reply, S2).
+            warn!(%lock, term = grant.term, "grant arrived after its deadline; not claiming");
+            return;
+        }
+        let cancelled = self.shutdown.child_token();
+        self.state.send_modify(|s| {
+            *s = LeaderState {
+                leader: true,
+                holder: Some(me.clone()),
+                term: grant.term,
+                token: Some(grant.token),
+                since: Some(SystemTime::now()),
+                deadline: Some(deadline),
+                renewed: Some(t_send),
+                change: Change::Acquired,
+                ..s.clone()
+            }
+        });
+        info!(%lock, term = grant.term, token = %grant.token, "acquired leadership");
+        let ctx = LeaderContext {
+            term: grant.term,
+            token: grant.token,
+            cancelled: cancelled.clone(),
+            state: self.state.subscribe(),
+        };
+        let work = tokio::spawn((self.work.get_mut().unwrap_or_else(|e| e.into_inner()))(ctx));
+        let mut next_renew = t_send + self.jitter.apply(timing.retry_period);
+        let mut errors = self.backoff();
+
+        let ended = loop {
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => break Ended::Release,
+                _ = self.campaign.wait_for(|c| !*c) => break Ended::Release,
+                _ = sleep_until(next_renew.min(deadline)) => {}
+            }
+            if now() >= deadline {
+                break Ended::Lost(Change::DeadlineMissed);
+            }
+            let sent = now();
+            let renewed = timeout_at(
+                deadline,
+                self.store.renew(&lock, &me, grant.token, timing.lease_duration),
+            )
+            .await;
+            match renewed {
+                Err(_elapsed) => break Ended::Lost(Change::DeadlineMissed),
+                Ok(Ok(_)) if now() >= sent + timing.renew_deadline => {
+                    break Ended::Lost(Change::DeadlineMissed);
+                }
+                Ok(Ok(_)) => {
+                    deadline = sent + timing.renew_deadline;
+                    next_renew = sent + self.jitter.apply(timing.retry_period);
+                    errors = self.backoff();
+                    self.state.send_modify(|s| {
+                        s.deadline = Some(deadline);
+                        s.renewed = Some(sent);
+                        s.change = Change::Renewed;
+                    });
+                }
+                Ok(Err(StoreError::Lost { reason, .. })) => {
+                    break Ended::Lost(Change::Lost(reason));
+                }
+                Ok(Err(StoreError::Invalid(e))) => break Ended::Lost(Change::Lost(e)),
+                Ok(Err(e)) => {
+                    // Keep trying until the deadline.
+                    let delay = errors.next().unwrap_or(timing.retry_period);
+                    warn!(%lock, error = %e, ?delay, "renewal failed; retrying until the deadline");
+                    next_renew = now() + delay;
+                }
+            }
+        };
+
+        // Stop claiming first, then wait for the leader work, then release.
+        let release = matches!(ended, Ended::Release);
+        let change = match ended {
+            Ended::Lost(change) => change,
+            Ended::Release => Change::Released,
+        };
+        self.state.send_modify(|s| {
+            s.leader = false;
+            s.deadline = None;
+            s.change = change.clone();
+        });
+        cancelled.cancel();
+        if let Err(e) = work.await {
+            warn!(%lock, error = %e, "leader work ended abnormally");
+        }
+        match &change {
+            Change::Released => {}
+            other => warn!(%lock, term = grant.term, reason = ?other, "stepped down"),
+        }
+        if release {
+            let released = timeout_at(
+                now() + timing.renew_deadline,
+                self.store.release(&lock, &me, grant.token),
+            )
+            .await;
+            let outcome = match released {
+                Ok(Ok(())) => {
+                    info!(%lock, term = grant.term, "released leadership");
+                    Change::Released
+                }
+                Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),
+                Err(_) => Change::ReleaseFailed("release timed out".into()),
+            };
+            if let Change::ReleaseFailed(e) = &outcome {
+                warn!(%lock, error = %e, "release failed; the lease will expire by itself");
+            }
+            self.state.send_modify(|s| {
+                s.holder = None;
+                s.change = outcome;
+            });
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The store-agnostic lease core: the record, the timing rules, the store
+//! port and the elector. Nothing here knows about Kubernetes or Spanner: the
+//! [`LeaseStore`] trait is the port the backends in `crate::store` implement,
+//! so the arrows point inward.
+
+pub mod clock;
+pub mod elector;
+pub mod record;
+pub mod store;
+pub mod timing;
+
+pub use elector::{Change, Elector, ElectorHandle, LeaderContext, LeaderState};
+pub use record::{FencingToken, Grant, Identity, LeaseRecord, Observation, StoreTime};
+pub use store::{LeaseStore, StoreError};
+pub use timing::{Timing, TimingError};

@@ -1,0 +1,213 @@
+//! The lease record as every store keeps it, and the identity of a candidate.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// An instant on the store's clock, in nanoseconds since the Unix epoch.
+///
+/// Only the store produces these; candidates never compare them with their
+/// own wall clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct StoreTime(pub i64);
+
+impl StoreTime {
+    pub fn saturating_add(self, d: Duration) -> StoreTime {
+        StoreTime(self.0.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
+    }
+
+    /// Time from `earlier` to `self`, zero when `earlier` is later.
+    pub fn since(self, earlier: StoreTime) -> Duration {
+        Duration::from_nanos(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+
+    /// RFC 3339 rendering with nanoseconds, for logs and JSON.
+    pub fn to_rfc3339(self) -> String {
+        let secs = self.0.div_euclid(1_000_000_000);
+        let nanos = self.0.rem_euclid(1_000_000_000) as u32;
+        let t = std::time::UNIX_EPOCH + Duration::new(secs.max(0) as u64, nanos);
+        humantime::format_rfc3339_nanos(t).to_string()
+    }
+}
+
+/// The fencing token: the store's commit timestamp of the acquisition, in
+/// nanoseconds since the epoch. It strictly increases across terms, so a
+/// downstream system that accepts only tokens >= the highest it has seen
+/// rejects a deposed leader's late writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FencingToken(pub i64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Who a candidate is: unique per process run, so a restarted container never
+/// inherits a lease it cannot prove it holds (S12).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    cluster: Option<String>,
+    namespace: Option<String>,
+    name: String,
+    nonce: String,
+}
+
+impl Identity {
+    /// A new identity with a fresh random nonce.
+    pub fn new(cluster: Option<String>, namespace: Option<String>, name: impl Into<String>) -> Self {
+        let nonce = format!("{:08x}", rand::random::<u32>());
+        Identity {
+            cluster,
+            namespace,
+            name: name.into(),
+            nonce,
+        }
+    }
+
+    /// An identity with a chosen nonce, for deterministic simulations.
+    pub fn with_nonce(name: impl Into<String>, nonce: impl Into<String>) -> Self {
+        Identity {
+            cluster: None,
+            namespace: None,
+            name: name.into(),
+            nonce: nonce.into(),
+        }
+    }
+
+    /// The candidate's name without cluster, namespace or nonce (the pod name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Identity {
+    /// `cluster/namespace/pod#nonce`, leaving out absent parts.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in [&self.cluster, &self.namespace].into_iter().flatten() {
+            write!(f, "{part}/")?;
+        }
+        write!(f, "{}#{}", self.name, self.nonce)
+    }
+}
+
+/// One lock's row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub name: String,
+    /// `None` when free.
+    pub holder: Option<String>,
+    /// +1 on every acquisition, never reset.
+    pub term: u64,
+    /// Commit timestamp of the acquisition of the current (or last) term.
+    pub token: Option<FencingToken>,
+    /// Commit timestamp of the last acquisition or renewal.
+    pub renewed_at: Option<StoreTime>,
+    /// The holder's lease duration; everyone judges expiry by it.
+    pub lease_duration: Duration,
+}
+
+impl LeaseRecord {
+    /// The store time at which the lease ends, if it is held.
+    pub fn expires_at(&self) -> Option<StoreTime> {
+        match (&self.holder, self.renewed_at) {
+            (Some(_), Some(renewed)) => Some(renewed.saturating_add(self.lease_duration)),
+            _ => None,
+        }
+    }
+
+    /// The holder whose lease is still valid at store time `now`, if any.
+    pub fn live_holder(&self, now: StoreTime) -> Option<&str> {
+        match self.expires_at() {
+            Some(end) if now <= end => self.holder.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// What `observe` returns: the row (absent when the lock was never taken) and
+/// the store's clock at the read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub record: Option<LeaseRecord>,
+    pub now: StoreTime,
+}
+
+impl Observation {
+    /// The holder of a still-valid lease, judged by the store's clock.
+    pub fn live_holder(&self) -> Option<&str> {
+        self.record.as_ref().and_then(|r| r.live_holder(self.now))
+    }
+
+    /// How long the current lease has left by the store's clock.
+    pub fn remaining(&self) -> Option<Duration> {
+        let end = self.record.as_ref()?.expires_at()?;
+        (self.now <= end).then(|| end.since(self.now))
+    }
+}
+
+/// What a successful acquire or renew returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub term: u64,
+    pub token: FencingToken,
+    /// The commit timestamp of this acquire or renew.
+    pub committed_at: StoreTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(holder: Option<&str>, renewed_at: i64, lease_ms: u64) -> LeaseRecord {
+        LeaseRecord {
+            name: "lock".into(),
+            holder: holder.map(Into::into),
+            term: 1,
+            token: Some(FencingToken(renewed_at)),
+            renewed_at: Some(StoreTime(renewed_at)),
+            lease_duration: Duration::from_millis(lease_ms),
+        }
+    }
+
+    #[test]
+    fn expiry_is_judged_by_the_store_time_given() {
+        let r = record(Some("a"), 1_000_000_000, 10_000);
+        assert_eq!(r.live_holder(StoreTime(1_000_000_000)), Some("a"));
+        assert_eq!(r.live_holder(StoreTime(11_000_000_000)), Some("a"));
+        assert_eq!(r.live_holder(StoreTime(11_000_000_001)), None);
+    }
+
+    #[test]
+    fn a_free_row_has_no_holder_and_no_expiry() {
+        let r = record(None, 5, 10_000);
+        assert_eq!(r.expires_at(), None);
+        assert_eq!(r.live_holder(StoreTime(5)), None);
+    }
+
+    #[test]
+    fn remaining_counts_down_on_the_store_clock() {
+        let obs = Observation {
+            record: Some(record(Some("a"), 0, 10_000)),
+            now: StoreTime(4_000_000_000),
+        };
+        assert_eq!(obs.remaining(), Some(Duration::from_secs(6)));
+        assert_eq!(obs.live_holder(), Some("a"));
+    }
+
+    #[test]
+    fn identity_renders_all_parts_and_nonces_differ() {
+        let a = Identity::new(Some("eu".into()), Some("prod".into()), "pod-0");
+        let b = Identity::new(Some("eu".into()), Some("prod".into()), "pod-0");
+        assert!(a.to_string().starts_with("eu/prod/pod-0#"));
+        assert_ne!(a, b, "two process runs of the same pod must not share an identity");
+        assert_eq!(Identity::with_nonce("p", "n").to_string(), "p#n");
+    }
+
+    #[test]
+    fn store_time_renders_as_rfc3339() {
+        assert_eq!(StoreTime(1_500_000_000).to_rfc3339(), "1970-01-01T00:00:01.500000000Z");
+    }
+}

@@ -1,0 +1,8 @@
+//! `leasehold sidecar` (in progress).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub async fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("leasehold sidecar is not built yet")
+}

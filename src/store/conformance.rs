@@ -1,0 +1,239 @@
+//! The conformance suite: one set of checks every [`LeaseStore`] must pass,
+//! run by `tests/store_memory.rs` and `tests/store_spanner.rs` through
+//! [`conformance_tests!`](crate::conformance_tests).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::lease::{FencingToken, Grant, LeaseStore, StoreError};
+
+/// What a backend offers the suite beyond the trait: its store, and the
+/// test-only powers the suite needs.
+#[async_trait]
+pub trait Target: Send + Sync {
+    fn store(&self) -> Arc<dyn LeaseStore>;
+    /// Deletes the row outright (an operator with SQL access could).
+    async fn delete_row(&self, lock: &str);
+    /// Runs an acquire whose reply the backend arranges to lose, such that
+    /// the commit most likely happened (memory: injected; Spanner: replies
+    /// delayed past the client's deadline).
+    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError>;
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn is_lost<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Lost { .. }))
+}
+
+/// S5: N candidates race for a free lock; exactly one wins, the others lose.
+pub async fn racing_candidates_one_wins(target: &dyn Target, candidates: usize) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let racers = (0..candidates).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire("race", &format!("candidate-{i}"), LEASE).await })
+    });
+    let results: Vec<_> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|r| r.expect("join"))
+        .collect();
+    let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one racer must win: {results:?}");
+    for r in results.iter().filter(|r| r.is_err()) {
+        assert!(
+            matches!(r, Err(StoreError::Lost { .. } | StoreError::Unavailable(_))),
+            "losers lose or retry later, never anything else: {r:?}"
+        );
+    }
+    let observed = store.observe("race").await.expect("observe");
+    let holder = observed.live_holder().expect("the winner holds it").to_string();
+    let grant = winners[0].as_ref().unwrap();
+    assert_eq!(observed.record.as_ref().unwrap().token, Some(grant.token));
+    assert!(holder.starts_with("candidate-"));
+    // The lease is taken: a late racer loses too.
+    assert!(is_lost(&store.acquire("race", "latecomer", LEASE).await));
+}
+
+/// S6/S7: renew is check-and-set; a superseded token is lost.
+pub async fn superseded_token_cannot_renew(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let short = Duration::from_millis(300);
+    let first = store.acquire("supersede", "a", short).await.expect("a acquires");
+    let renewed = store
+        .renew("supersede", "a", first.token, short)
+        .await
+        .expect("a renews");
+    assert_eq!(renewed.token, first.token, "renewal keeps the token");
+    assert_eq!(renewed.term, first.term);
+    assert!(renewed.committed_at > first.committed_at);
+    // While a holds it, b cannot take it.
+    assert!(is_lost(&store.acquire("supersede", "b", short).await));
+    // Let it expire by the store's clock; b takes it.
+    tokio::time::sleep(short * 2).await;
+    let second = store
+        .acquire("supersede", "b", short)
+        .await
+        .expect("b acquires the expired lease");
+    assert_eq!(second.term, first.term + 1);
+    assert!(second.token > first.token);
+    // a's renewal with its old token must fail as lost, and change nothing.
+    assert!(is_lost(&store.renew("supersede", "a", first.token, short).await));
+    // a wrong token under the right holder name is lost too.
+    assert!(is_lost(&store.renew("supersede", "b", first.token, short).await));
+    let row = store.observe("supersede").await.unwrap().record.unwrap();
+    assert_eq!(row.holder.as_deref(), Some("b"));
+    assert_eq!(row.token, Some(second.token));
+}
+
+/// S8: release only with our holder and token; it frees the row and keeps term and token.
+pub async fn release_needs_our_token(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let grant = store.acquire("release", "a", LEASE).await.expect("acquire");
+    assert!(
+        is_lost(&store.release("release", "b", grant.token).await),
+        "another holder cannot release"
+    );
+    assert!(
+        is_lost(&store.release("release", "a", FencingToken(grant.token.0 - 1)).await),
+        "a wrong token cannot release"
+    );
+    assert!(store.observe("release").await.unwrap().live_holder() == Some("a"));
+    store
+        .release("release", "a", grant.token)
+        .await
+        .expect("release with our token");
+    let row = store.observe("release").await.unwrap().record.unwrap();
+    assert_eq!(row.holder, None);
+    assert_eq!(row.term, grant.term, "release keeps the term");
+    assert_eq!(row.token, Some(grant.token), "release keeps the token");
+    assert!(
+        is_lost(&store.release("release", "a", grant.token).await),
+        "a second release is lost"
+    );
+    assert!(
+        is_lost(&store.renew("release", "a", grant.token, LEASE).await),
+        "no renewal after release"
+    );
+    // A released lease is free at once.
+    let next = store.acquire("release", "b", LEASE).await.expect("free after release");
+    assert_eq!(next.term, grant.term + 1);
+    assert!(next.token > grant.token);
+}
+
+/// Tokens strictly increase over many terms, across delete and recreate of the row.
+pub async fn tokens_strictly_increase(target: &dyn Target, terms: u64) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let mut last: Option<FencingToken> = None;
+    let mut seen = HashSet::new();
+    for term in 0..terms {
+        let holder = format!("holder-{term}");
+        let grant = store.acquire("tokens", &holder, LEASE).await.expect("acquire");
+        if let Some(previous) = last {
+            assert!(
+                grant.token > previous,
+                "term {term}: token {} not above {}",
+                grant.token,
+                previous
+            );
+        }
+        assert!(seen.insert(grant.token));
+        last = Some(grant.token);
+        store.release("tokens", &holder, grant.token).await.expect("release");
+        if term % 10 == 9 {
+            target.delete_row("tokens").await;
+            assert!(store.observe("tokens").await.unwrap().record.is_none(), "row deleted");
+        }
+    }
+}
+
+/// S3: a client whose clock is hours ahead believes the lease expired; the
+/// store judges by its own clock and refuses.
+pub async fn client_clock_skew_changes_nothing(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let grant = store.acquire("skew", "a", LEASE).await.expect("acquire");
+    let observed = store.observe("skew").await.unwrap();
+    let row = observed.record.clone().unwrap();
+    // B's wall clock runs three hours ahead of the store's.
+    let skewed_now = observed.now.saturating_add(Duration::from_secs(3 * 3600));
+    assert!(
+        row.live_holder(skewed_now).is_none(),
+        "by B's clock the lease looks expired"
+    );
+    assert!(
+        is_lost(&store.acquire("skew", "b", LEASE).await),
+        "the store's clock says it is valid"
+    );
+    // And a client hours behind cannot keep a lease alive past what the store allows:
+    // renewals are stamped with the store's commit time, never the client's.
+    let renewed = store.renew("skew", "a", grant.token, LEASE).await.expect("renew");
+    assert!(renewed.committed_at >= observed.now);
+    assert!(renewed.committed_at.since(observed.now) < Duration::from_secs(60));
+}
+
+/// S9: a commit whose reply was lost is reported as unknown, never as
+/// success; observing afterwards shows what really happened.
+pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let result = target.acquire_with_lost_reply("unknown", "a", LEASE).await;
+    assert!(result.is_err(), "a lost reply is never success: {result:?}");
+    let observed = store.observe("unknown").await.expect("observe");
+    if observed.live_holder() == Some("a") {
+        // It did commit: saying "unavailable" (nothing happened) would be a lie.
+        assert!(
+            matches!(result, Err(StoreError::OutcomeUnknown(_))),
+            "committed but reported {result:?}"
+        );
+        assert!(
+            is_lost(&store.acquire("unknown", "b", LEASE).await),
+            "and nobody else gets in"
+        );
+    } else {
+        assert!(
+            matches!(result, Err(StoreError::OutcomeUnknown(_) | StoreError::Unavailable(_))),
+            "{result:?}"
+        );
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance check for a backend.
+/// `$make` is an async expression yielding a `Target`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        use $crate::store::conformance as suite;
+        #[tokio::test]
+        async fn racing_candidates_one_wins() {
+            suite::racing_candidates_one_wins(&$make.await, 10).await;
+        }
+        #[tokio::test]
+        async fn superseded_token_cannot_renew() {
+            suite::superseded_token_cannot_renew(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn release_needs_our_token() {
+            suite::release_needs_our_token(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn tokens_strictly_increase_over_100_terms() {
+            suite::tokens_strictly_increase(&$make.await, 100).await;
+        }
+        #[tokio::test]
+        async fn client_clock_skew_changes_nothing() {
+            suite::client_clock_skew_changes_nothing(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn unknown_outcome_is_not_success() {
+            suite::unknown_outcome_is_not_success(&$make.await).await;
+        }
+    };
+}
