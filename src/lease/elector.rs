@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -40,7 +40,10 @@ pub enum Change {
     Lost(String),
     /// No successful renewal within R.
     DeadlineMissed,
-    /// Stepped down on purpose (shutdown or campaign stopped) and released.
+    /// Stopped claiming on purpose (shutdown or campaign stopped); releases
+    /// once the leader work has finished.
+    SteppingDown,
+    /// Stepped down on purpose and released.
     Released,
     /// Stepped down on purpose; the release itself failed (the lease will expire).
     ReleaseFailed(String),
@@ -116,6 +119,7 @@ pub struct Elector {
 #[derive(Debug)]
 pub struct ElectorHandle {
     state: watch::Receiver<LeaderState>,
+    transitions: broadcast::Sender<LeaderState>,
     campaign: watch::Sender<bool>,
     nudge: Arc<Notify>,
     task: JoinHandle<()>,
@@ -124,6 +128,12 @@ pub struct ElectorHandle {
 impl ElectorHandle {
     pub fn subscribe(&self) -> watch::Receiver<LeaderState> {
         self.state.clone()
+    }
+
+    /// Every acquisition, loss and release, none coalesced (unlike the
+    /// state channel): for Events, metrics and tests.
+    pub fn transitions(&self) -> broadcast::Receiver<LeaderState> {
+        self.transitions.subscribe()
     }
 
     pub fn state(&self) -> LeaderState {
@@ -162,6 +172,7 @@ struct Running {
     store: Arc<dyn LeaseStore>,
     shutdown: CancellationToken,
     state: watch::Sender<LeaderState>,
+    transitions: broadcast::Sender<LeaderState>,
     campaign: watch::Receiver<bool>,
     nudge: Arc<Notify>,
     jitter: Jitter,
@@ -232,12 +243,14 @@ impl Elector {
         let (state_tx, state_rx) = watch::channel(initial);
         let (campaign_tx, campaign_rx) = watch::channel(true);
         let nudge = Arc::new(Notify::new());
+        let (transitions, _) = broadcast::channel(64);
         let jitter = Jitter::new(self.timing.jitter, self.seed);
         let running = Running {
             elector: self,
             store,
             shutdown,
             state: state_tx,
+            transitions: transitions.clone(),
             campaign: campaign_rx,
             nudge: nudge.clone(),
             jitter,
@@ -246,6 +259,7 @@ impl Elector {
         let task = tokio::spawn(running.run());
         ElectorHandle {
             state: state_rx,
+            transitions,
             campaign: campaign_tx,
             nudge,
             task,
@@ -254,6 +268,13 @@ impl Elector {
 }
 
 impl Running {
+    /// Publishes a leadership transition on both channels.
+    fn transition(&self, change: impl FnOnce(&mut LeaderState)) {
+        self.state.send_modify(change);
+        // Nobody listening is fine.
+        let _ = self.transitions.send(self.state.borrow().clone());
+    }
+
     fn me(&self) -> String {
         self.elector.identity.to_string()
     }
@@ -296,13 +317,13 @@ impl Running {
                 Ok(None) => errors = self.backoff(),
                 Err(e) => {
                     let delay = errors.next().unwrap_or(self.timing().retry_period);
-                    debug!(lock = %self.elector.lock, error = %e, ?delay, "store error while following");
-                    self.state.send_if_modified(|s| {
-                        let change = Change::StoreError(e.to_string());
-                        let modified = s.change != change;
-                        s.change = change;
-                        modified
-                    });
+                    let change = Change::StoreError(e.to_string());
+                    // Log each distinct failure once, not every retry.
+                    if self.state.borrow().change != change {
+                        warn!(lock = %self.elector.lock, error = %e, ?delay, "store error while following; observing again after a backoff");
+                    }
+                    self.state
+                        .send_if_modified(|s| std::mem::replace(&mut s.change, change.clone()) != change);
                     self.wait(delay).await;
                 }
             }
@@ -356,11 +377,7 @@ impl Running {
                 self.wait(retry).await;
                 Ok(None)
             }
-            // Maybe we hold it now: observe again before anything else.
-            Err(StoreError::OutcomeUnknown(e)) => {
-                warn!(%lock, error = %e, "acquire outcome unknown; observing before acting");
-                Ok(None)
-            }
+            // Maybe we hold it now: back off, then observe before anything else.
             Err(e) => Err(e),
         }
     }
@@ -421,7 +438,7 @@ impl Running {
             return;
         }
         let cancelled = self.shutdown.child_token();
-        self.state.send_modify(|s| {
+        self.transition(|s| {
             *s = LeaderState {
                 leader: true,
                 holder: Some(me.clone()),
@@ -493,9 +510,9 @@ impl Running {
         let release = matches!(ended, Ended::Release);
         let change = match ended {
             Ended::Lost(change) => change,
-            Ended::Release => Change::Released,
+            Ended::Release => Change::SteppingDown,
         };
-        self.state.send_modify(|s| {
+        self.transition(|s| {
             s.leader = false;
             s.deadline = None;
             s.change = change.clone();
@@ -504,9 +521,8 @@ impl Running {
         if let Err(e) = work.await {
             warn!(%lock, error = %e, "leader work ended abnormally");
         }
-        match &change {
-            Change::Released => {}
-            other => warn!(%lock, term = grant.term, reason = ?other, "stepped down"),
+        if !release {
+            warn!(%lock, term = grant.term, reason = ?change, "stepped down");
         }
         if release {
             let released = timeout_at(
@@ -525,7 +541,7 @@ impl Running {
             if let Change::ReleaseFailed(e) = &outcome {
                 warn!(%lock, error = %e, "release failed; the lease will expire by itself");
             }
-            self.state.send_modify(|s| {
+            self.transition(|s| {
                 s.holder = None;
                 s.change = outcome;
             });

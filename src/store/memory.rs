@@ -88,6 +88,13 @@ impl MemoryStore {
         }
     }
 
+    /// Starts the store clock at `start` instead of the wall clock, so
+    /// simulations print the same tokens on every replay.
+    pub fn with_clock_start(mut self, start: StoreTime) -> Self {
+        self.epoch_nanos = start.0;
+        self
+    }
+
     pub fn set_faults(&self, faults: Faults) {
         self.lock().faults = faults;
     }

@@ -1,0 +1,288 @@
+//! The elector on the memory store, on paused tokio time: every timing rule
+//! of design.md checked against the simulated clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold::lease::{
+    Change, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation, StoreError,
+    Timing,
+};
+use leasehold::store::{Faults, MemoryStore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const LOCK: &str = "elector-test";
+
+fn timing() -> Timing {
+    Timing::new(
+        Duration::from_secs(10),
+        Duration::from_secs(7),
+        Duration::from_secs(1),
+        0.0,
+    )
+    .unwrap()
+}
+
+fn candidate(name: &str, store: &MemoryStore, shutdown: &CancellationToken) -> ElectorHandle {
+    Elector::new(LOCK, Identity::with_nonce(name, "1"), timing())
+        .with_seed(1)
+        .spawn(Arc::new(store.clone()), shutdown.clone())
+}
+
+async fn until(handle: &ElectorHandle, what: impl FnMut(&LeaderState) -> bool) -> LeaderState {
+    let mut rx = handle.subscribe();
+    let state = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(what)).await;
+    state
+        .expect("state reached within 120 simulated seconds")
+        .expect("elector alive")
+        .clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_candidate_leads_renews_and_releases_on_shutdown() {
+    let store = MemoryStore::new(1);
+    let shutdown = CancellationToken::new();
+    let a = candidate("a", &store, &shutdown);
+    let led = until(&a, |s| s.leader).await;
+    assert_eq!(led.term, 1);
+    assert_eq!(led.holder.as_deref(), Some("a#1"));
+    assert!(led.is_leader_at(Instant::now()));
+    let first_deadline = led.deadline.unwrap();
+    let renewed = until(&a, |s| s.change == Change::Renewed).await;
+    assert!(
+        renewed.deadline.unwrap() > first_deadline,
+        "a renewal moves the deadline"
+    );
+    shutdown.cancel();
+    a.join().await;
+    let row = store.observe(LOCK).await.unwrap().record.unwrap();
+    assert_eq!(row.holder, None, "shutdown releases the lease");
+    assert_eq!(row.term, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_leader_is_replaced_within_d_plus_p() {
+    let store = MemoryStore::new(2);
+    let shutdown = CancellationToken::new();
+    let handles: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| candidate(n, &store, &shutdown))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let leaders: Vec<_> = handles
+        .iter()
+        .filter(|h| h.state().is_leader_at(Instant::now()))
+        .collect();
+    assert_eq!(leaders.len(), 1, "exactly one leader");
+    let old = leaders[0].state();
+    leaders[0].abort();
+    let crashed_at = Instant::now();
+    let survivors: Vec<_> = handles.iter().filter(|h| h.state().identity != old.identity).collect();
+    let new = tokio::select! {
+        s = until(survivors[0], |s| s.leader) => s,
+        s = until(survivors[1], |s| s.leader) => s,
+    };
+    let failover = crashed_at.elapsed();
+    let t = timing();
+    assert!(
+        failover <= t.lease_duration + t.retry_period,
+        "failover took {failover:?}"
+    );
+    assert_eq!(new.term, old.term + 1);
+    assert!(new.token > old.token, "tokens strictly increase");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_cut_off_from_the_store_stops_claiming_at_its_deadline() {
+    let store = MemoryStore::new(3);
+    let shutdown = CancellationToken::new();
+    let a = candidate("a", &store, &shutdown);
+    let led = until(&a, |s| s.change == Change::Renewed).await;
+    let last_send = led.renewed.unwrap();
+    store.set_faults(Faults {
+        down: true,
+        ..Default::default()
+    });
+    let mut transitions = a.transitions();
+    let stepped = transitions.recv().await.unwrap();
+    assert!(!stepped.leader);
+    assert_eq!(stepped.change, Change::DeadlineMissed);
+    let stopped_at = Instant::now();
+    assert!(stopped_at >= last_send + timing().renew_deadline, "not before R");
+    assert!(
+        stopped_at <= last_send + timing().renew_deadline + Duration::from_millis(1),
+        "stopped claiming {:?} after the last renewal was sent",
+        stopped_at - last_send
+    );
+    // Still inside the lease by the store's reckoning: the safety gap D - R.
+    assert!(stopped_at < last_send + timing().lease_duration);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_superseded_leader_steps_down_on_its_next_renewal() {
+    let store = MemoryStore::new(4);
+    let shutdown = CancellationToken::new();
+    let a = candidate("a", &store, &shutdown);
+    let led = until(&a, |s| s.leader).await;
+    // Someone deletes the row and another process takes the lock (S6).
+    store.delete_row(LOCK);
+    let usurper = store.acquire(LOCK, "usurper", Duration::from_secs(30)).await.unwrap();
+    assert!(usurper.token > led.token.unwrap());
+    let stepped = a.transitions().recv().await.unwrap();
+    assert!(!stepped.leader);
+    assert!(matches!(stepped.change, Change::Lost(_)), "{:?}", stepped.change);
+    let held = store.observe(LOCK).await.unwrap();
+    assert_eq!(
+        held.live_holder(),
+        Some("usurper"),
+        "a loser never releases someone else's lease"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_committed_acquire_with_a_lost_reply_is_confirmed_before_claiming() {
+    let store = MemoryStore::new(5);
+    store.set_faults(Faults {
+        drop_reply_after_commit: 1.0,
+        ..Default::default()
+    });
+    let shutdown = CancellationToken::new();
+    let a = candidate("a", &store, &shutdown);
+    // Every write "fails": the elector must not claim on an unknown outcome.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!a.state().leader, "unknown outcomes are never success");
+    assert_eq!(
+        store.observe(LOCK).await.unwrap().live_holder(),
+        Some("a#1"),
+        "yet the store has us"
+    );
+    store.set_faults(Faults::default());
+    let led = until(&a, |s| s.leader).await;
+    assert_eq!(
+        led.term, 1,
+        "it confirmed the term it had, rather than taking a new one"
+    );
+}
+
+/// Delays acquire replies past R, as a slow network would (S2).
+struct LateAcquireReplies(MemoryStore, Duration);
+
+#[async_trait::async_trait]
+impl LeaseStore for LateAcquireReplies {
+    fn kind(&self) -> &'static str {
+        "late"
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
+        self.0.observe(lock).await
+    }
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+        let grant = self.0.acquire(lock, holder, lease).await;
+        tokio::time::sleep(self.1).await;
+        grant
+    }
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
+        self.0.renew(lock, holder, token, lease).await
+    }
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+        self.0.release(lock, holder, token).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_arrives_after_its_deadline_is_not_claimed() {
+    let store = MemoryStore::new(6);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let late = Arc::new(LateAcquireReplies(store.clone(), Duration::from_secs(8)));
+    let a = Elector::new(LOCK, Identity::with_nonce("a", "1"), timing())
+        .with_seed(1)
+        .spawn(late, shutdown.clone());
+    let led = until(&a, |s| s.leader).await;
+    // The acquire committed at once but its reply would come 8 s later: the
+    // elector gave up on it at R, observed, and confirmed by check-and-set.
+    // Its deadline counts from that confirmation, never from the old send.
+    assert_eq!(led.term, 1, "it confirmed the committed term");
+    let confirmed_at = led.renewed.unwrap();
+    assert!(
+        confirmed_at >= started + timing().renew_deadline,
+        "claimed from the late grant: {:?}",
+        confirmed_at - started
+    );
+    assert_eq!(led.deadline, Some(confirmed_at + timing().renew_deadline));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopping_the_campaign_releases_after_leader_work_finished() {
+    let store = MemoryStore::new(7);
+    let shutdown = CancellationToken::new();
+    let work_done = Arc::new(AtomicBool::new(false));
+    let released_before_work_done = Arc::new(AtomicBool::new(false));
+    let a = {
+        let (work_done, early, store_seen) = (work_done.clone(), released_before_work_done.clone(), store.clone());
+        Elector::new(LOCK, Identity::with_nonce("a", "1"), timing())
+            .with_seed(1)
+            .spawn_with_work(Arc::new(store.clone()), shutdown.clone(), move |ctx| {
+                let (work_done, early, store) = (work_done.clone(), early.clone(), store_seen.clone());
+                async move {
+                    ctx.cancelled.cancelled().await;
+                    assert!(
+                        !ctx.still_leading(),
+                        "the claim is withdrawn before work is told to stop"
+                    );
+                    // Draining takes a while; the lease must stay held meanwhile.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let holder = store.observe(LOCK).await.unwrap().live_holder().map(str::to_string);
+                    early.store(holder.is_none(), Ordering::SeqCst);
+                    work_done.store(true, Ordering::SeqCst);
+                }
+            })
+    };
+    until(&a, |s| s.leader).await;
+    a.set_campaigning(false);
+    let released = until(&a, |s| s.change == Change::Released && s.holder.is_none()).await;
+    assert!(!released.leader);
+    assert!(work_done.load(Ordering::SeqCst));
+    assert!(
+        !released_before_work_done.load(Ordering::SeqCst),
+        "released only after the work finished"
+    );
+    // Not campaigning: it stays a follower even though the lease is free.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!a.state().leader);
+    assert!(!a.state().campaigning);
+    assert_eq!(store.observe(LOCK).await.unwrap().live_holder(), None);
+    a.set_campaigning(true);
+    assert_eq!(until(&a, |s| s.leader).await.term, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nudged_follower_takes_a_released_lease_without_waiting_for_its_poll() {
+    let store = MemoryStore::new(8);
+    let shutdown = CancellationToken::new();
+    let slow = Timing::new(
+        Duration::from_secs(60),
+        Duration::from_secs(40),
+        Duration::from_secs(20),
+        0.0,
+    )
+    .unwrap();
+    let a = Elector::new(LOCK, Identity::with_nonce("a", "1"), slow).spawn(Arc::new(store.clone()), shutdown.clone());
+    until(&a, |s| s.leader).await;
+    let b = Elector::new(LOCK, Identity::with_nonce("b", "1"), slow).spawn(Arc::new(store.clone()), shutdown.clone());
+    until(&b, |s| s.holder.as_deref() == Some("a#1")).await;
+    a.set_campaigning(false);
+    until(&a, |s| s.change == Change::Released).await;
+    let released_at = Instant::now();
+    b.nudge();
+    until(&b, |s| s.leader).await;
+    assert!(
+        released_at.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        released_at.elapsed()
+    );
+}
