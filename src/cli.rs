@@ -14,9 +14,10 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (tracing-subscriber EnvFilter syntax).
-    #[arg(long, global = true, env = "LEASEHOLD_LOG", default_value = "info")]
-    pub log: String,
+    /// Log filter (tracing-subscriber EnvFilter syntax); default "info", or
+    /// "warn" for demo and simulate, whose own output tells the story.
+    #[arg(long, global = true, env = "LEASEHOLD_LOG")]
+    pub log: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -43,7 +44,12 @@ pub enum Command {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
-        init_logging(self.log_format, &self.log)?;
+        let quiet = matches!(self.command, Command::Demo(_) | Command::Simulate(_));
+        let filter = self
+            .log
+            .clone()
+            .unwrap_or_else(|| if quiet { "warn" } else { "info" }.to_string());
+        init_logging(self.log_format, &filter)?;
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         runtime.block_on(async move {
             match self.command {

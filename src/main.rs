@@ -1,5 +1,14 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    leasehold::cli::Cli::parse().run()
+fn main() -> ExitCode {
+    match leasehold::cli::Cli::parse().run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the problem, whatever RUST_BACKTRACE says.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

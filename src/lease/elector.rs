@@ -152,10 +152,10 @@ impl ElectorHandle {
 
     /// Waits for the elector to finish (after shutdown, the release is done).
     pub async fn join(self) {
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
+        if let Err(e) = self.task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, conformance (memory and the Spanner emulator),
+# elector, simulation, Kubernetes wire-level, whole-process and manifest checks.
+#
+# Needs the Cloud Spanner emulator: SPANNER_EMULATOR_HOST (one already
+# running), SPANNER_EMULATOR_DIR (folder with gateway_main and emulator_main),
+# the gcloud SDK's cloud-spanner-emulator component, or both binaries on PATH.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [[ -x scripts/setup-python.sh ]]; then
+  scripts/setup-python.sh
+fi
+cargo nextest run --all-targets --no-fail-fast --profile "${NEXTEST_PROFILE:-default}"
