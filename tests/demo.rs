@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn leasehold(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_leasehold")).args(args).output().expect("leasehold runs")
+    Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(args)
+        .output()
+        .expect("leasehold runs")
 }
 
 #[test]
@@ -20,8 +23,19 @@ fn the_demo_shows_a_leader_a_failover_and_a_handover() {
         "500ms",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for expected in ["LEADS      term 1", "CRASHES", "failover took", "LEADS      term 2", "SHUTS DOWN", "handover took"] {
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "LEADS      term 1",
+        "CRASHES",
+        "failover took",
+        "LEADS      term 2",
+        "SHUTS DOWN",
+        "handover took",
+    ] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
     assert!(stdout.contains("tokens strictly increased: yes"), "{stdout}");
@@ -33,7 +47,10 @@ fn bad_timing_is_one_clear_line_naming_the_field() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("renewDeadline (2s) must be shorter than leaseDuration (1s)"), "{stderr}");
+    assert!(
+        stderr.contains("renewDeadline (2s) must be shorter than leaseDuration (1s)"),
+        "{stderr}"
+    );
 
     let out = leasehold(&["demo", "--retry-period", "10x"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
