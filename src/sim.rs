@@ -1,7 +1,8 @@
 //! The deterministic safety simulation: seeded schedules on paused tokio time,
 //! several electors on a faulty memory store, and a checker.
 //!
-//! Faults per schedule: store outages, latency spikes longer than R (late
+//! Faults per schedule: a store clock running fast within the drift R/D
+//! tolerates (S3), store outages, latency spikes longer than R (late
 //! replies, S2), lost replies after commit and unknown outcomes (S9),
 //! process pauses longer than the safety gap (S1), crashes with a restart
 //! under a new identity (S12, S13), and campaigns stopped and resumed.
@@ -158,13 +159,20 @@ const LOCK: &str = "simulated";
 
 /// Runs one seeded schedule on its own paused current-thread runtime.
 pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with_drift(seed, length, 0.0..0.9)
+}
+
+/// Like [`simulate`], with the store clock's excess rate drawn from
+/// `drift` times what R/D tolerates; above 1.0 safety is not promised, which
+/// shows the checker can see a violation.
+pub fn simulate_with_drift(seed: u64, length: Duration, drift: std::ops::Range<f64>) -> Result<Report, Violation> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime builds");
     // Built inside the runtime so every instant is on the paused clock.
-    runtime.block_on(async move { Schedule::new(seed).run(length).await })
+    runtime.block_on(async move { Schedule::new(seed, drift).run(length).await })
 }
 
 /// A process-pause switch shared by a candidate's store connection and its
@@ -287,6 +295,7 @@ struct Schedule {
     seed: u64,
     rng: StdRng,
     store: MemoryStore,
+    clock_rate: f64,
     timing: Timing,
     start: Instant,
     log: Arc<Mutex<Log>>,
@@ -296,15 +305,22 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn new(seed: u64) -> Self {
+    fn new(seed: u64, drift: std::ops::Range<f64>) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let lease = Duration::from_millis(rng.random_range(800..=2000));
         let renew = lease.mul_f64(rng.random_range(0.5..0.85));
         let retry = renew.mul_f64(rng.random_range(0.1..0.3));
         let timing = Timing::new(lease, renew, retry, rng.random_range(0.0..0.3)).expect("valid generated timing");
+        // The store's clock runs fast (S3): leases expire sooner than the
+        // candidates' own clocks say. R/D bounds the tolerated drift.
+        let tolerated = lease.as_secs_f64() / renew.as_secs_f64() - 1.0;
+        let clock_rate = 1.0 + rng.random_range(drift) * tolerated;
         Schedule {
             seed,
-            store: MemoryStore::new(rng.random()).with_clock_start(StoreTime(1_700_000_000_000_000_000)),
+            store: MemoryStore::new(rng.random())
+                .with_clock_start(StoreTime(1_700_000_000_000_000_000))
+                .with_clock_rate(clock_rate),
+            clock_rate,
             rng,
             timing,
             start: Instant::now(),
@@ -407,7 +423,10 @@ impl Schedule {
 
     async fn run(mut self, length: Duration) -> Result<Report, Violation> {
         let slots = self.rng.random_range(2..=5);
-        self.note(format!("{slots} candidates, {:?}", self.timing));
+        self.note(format!(
+            "{slots} candidates, {:?}, store clock rate {:.3}",
+            self.timing, self.clock_rate
+        ));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
         while Instant::now() < end {

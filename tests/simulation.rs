@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::sim::{Summary, simulate};
+use leasehold::sim::{Summary, simulate, simulate_with_drift};
 
 fn run_shard(shard: u64) -> Summary {
     let mut summary = Summary::default();
@@ -54,4 +54,14 @@ fn a_seed_replays_exactly() {
     let b = simulate(42, Duration::from_secs(30)).expect("seed 42 is safe");
     assert_eq!(a.events, b.events);
     assert_eq!((a.terms, a.accepted, a.fenced), (b.terms, b.accepted, b.fenced));
+}
+
+#[test]
+fn the_checker_catches_clock_drift_beyond_what_r_over_d_tolerates() {
+    // With the store clock running faster than D/R allows, a lease can
+    // expire by the store's clock while its holder still believes it leads.
+    let caught = (0..100)
+        .filter(|&seed| simulate_with_drift(seed, Duration::from_secs(60), 1.5..3.0).is_err())
+        .count();
+    assert!(caught > 0, "no violation found in 100 seeds of excessive drift");
 }

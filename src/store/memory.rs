@@ -54,6 +54,9 @@ pub struct MemoryStore {
     /// so paused-time tests drive it and it never goes backwards.
     epoch_nanos: i64,
     started: Instant,
+    /// Store seconds per candidate second: clock-rate drift between the
+    /// store and the candidates (S3).
+    rate: f64,
 }
 
 impl Default for MemoryStore {
@@ -85,6 +88,7 @@ impl MemoryStore {
             })),
             epoch_nanos,
             started: Instant::now(),
+            rate: 1.0,
         }
     }
 
@@ -92,6 +96,13 @@ impl MemoryStore {
     /// simulations print the same tokens on every replay.
     pub fn with_clock_start(mut self, start: StoreTime) -> Self {
         self.epoch_nanos = start.0;
+        self
+    }
+
+    /// Runs the store clock `rate` times as fast as the candidates' clock.
+    /// The elector tolerates rates below D / R (design.md: R/D bounds drift).
+    pub fn with_clock_rate(mut self, rate: f64) -> Self {
+        self.rate = rate;
         self
     }
 
@@ -118,7 +129,7 @@ impl MemoryStore {
     }
 
     fn clock(&self) -> StoreTime {
-        StoreTime(self.epoch_nanos + self.started.elapsed().as_nanos() as i64)
+        StoreTime(self.epoch_nanos + self.started.elapsed().mul_f64(self.rate).as_nanos() as i64)
     }
 
     async fn delay(&self) {
