@@ -15,7 +15,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber EnvFilter syntax); default "info", or
-    /// "warn" for demo and simulate, whose own output tells the story.
+    /// "warn" for demo and "error" for simulate, whose own output tells the story.
     #[arg(long, global = true, env = "LEASEHOLD_LOG")]
     pub log: Option<String>,
     #[command(subcommand)]
@@ -44,24 +44,32 @@ pub enum Command {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
-        let quiet = matches!(self.command, Command::Demo(_) | Command::Simulate(_));
-        let filter = self
-            .log
-            .clone()
-            .unwrap_or_else(|| if quiet { "warn" } else { "info" }.to_string());
+        let default_filter = match self.command {
+            Command::Simulate(_) => "error",
+            Command::Demo(_) => "warn",
+            _ => "info",
+        };
+        let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
         init_logging(self.log_format, &filter)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-        runtime.block_on(async move {
-            match self.command {
-                Command::Demo(args) => demo::run(args).await?,
-                Command::Sidecar(args) => sidecar::run(args).await?,
-                Command::Operator(args) => operator::run(args).await?,
-                Command::Crd => print!("{}", crate::api::crd_yaml()?),
-                Command::Simulate(args) => sim::run(args)?,
+        match self.command {
+            // Each seed runs a paused runtime of its own.
+            Command::Simulate(args) => sim::run(args),
+            Command::Crd => {
+                print!("{}", crate::api::crd_yaml()?);
+                Ok(())
             }
-            Ok(())
-        })
+            Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
+            Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
+            Command::Operator(args) => block_on(async { Ok(operator::run(args).await?) }),
+        }
     }
+}
+
+fn block_on(task: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(task)
 }
 
 fn init_logging(format: LogFormat, filter: &str) -> anyhow::Result<()> {

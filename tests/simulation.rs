@@ -65,3 +65,14 @@ fn the_checker_catches_clock_drift_beyond_what_r_over_d_tolerates() {
         .count();
     assert!(caught > 0, "no violation found in 100 seeds of excessive drift");
 }
+
+#[test]
+fn the_simulate_command_runs_any_number_of_seeds() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["simulate", "--seeds", "5", "--first-seed", "5000", "--seconds", "10"])
+        .output()
+        .expect("leasehold runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("5 seeds, 0 failed"), "{stdout}");
+}
