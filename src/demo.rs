@@ -114,8 +114,9 @@ pub async fn run(args: Args) -> Result<()> {
         let name = format!("candidate-{i}");
         let shutdown = CancellationToken::new();
         let identity = Identity::new(None, Some("demo".into()), &name);
-        let handle = Elector::new(&lock, identity, timing).spawn(store.clone(), shutdown.clone());
-        timeline.follow(name.clone(), handle.transitions());
+        let elector = Elector::new(&lock, identity, timing);
+        timeline.follow(name.clone(), elector.transitions());
+        let handle = elector.spawn(store.clone(), shutdown.clone());
         Candidate { name, handle, shutdown }
     };
     let mut candidates: Vec<Candidate> = (1..=args.candidates).map(start).collect();

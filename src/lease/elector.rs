@@ -113,6 +113,8 @@ pub struct Elector {
     identity: Identity,
     timing: Timing,
     seed: Option<u64>,
+    /// Created here so callers can subscribe before the first acquisition.
+    transitions: broadcast::Sender<LeaderState>,
 }
 
 /// Controls a running elector.
@@ -195,6 +197,7 @@ impl Elector {
             identity,
             timing,
             seed: None,
+            transitions: broadcast::channel(64).0,
         }
     }
 
@@ -206,6 +209,11 @@ impl Elector {
 
     pub fn lock(&self) -> &str {
         &self.lock
+    }
+
+    /// Subscribes to transitions before the elector runs, so none is missed.
+    pub fn transitions(&self) -> broadcast::Receiver<LeaderState> {
+        self.transitions.subscribe()
     }
 
     pub fn identity(&self) -> &Identity {
@@ -243,7 +251,7 @@ impl Elector {
         let (state_tx, state_rx) = watch::channel(initial);
         let (campaign_tx, campaign_rx) = watch::channel(true);
         let nudge = Arc::new(Notify::new());
-        let (transitions, _) = broadcast::channel(64);
+        let transitions = self.transitions.clone();
         let jitter = Jitter::new(self.timing.jitter, self.seed);
         let running = Running {
             elector: self,
