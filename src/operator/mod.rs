@@ -1,5 +1,9 @@
 //! `leasehold operator` (in progress).
 
+pub mod metrics;
+pub mod reconcile;
+pub mod stores;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {}
 
