@@ -80,7 +80,16 @@ fn check_structural(schema: &Value, at: &str, problems: &mut Vec<String>) {
         problems.push(format!("{at}: not an object"));
         return;
     };
-    for forbidden in ["$ref", "$schema", "definitions", "$defs", "oneOf", "anyOf", "allOf", "not"] {
+    for forbidden in [
+        "$ref",
+        "$schema",
+        "definitions",
+        "$defs",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "not",
+    ] {
         if object.contains_key(forbidden) {
             problems.push(format!("{at}: has {forbidden}"));
         }
@@ -118,7 +127,10 @@ fn check_structural(schema: &Value, at: &str, problems: &mut Vec<String>) {
             Some(items) => {
                 check_structural(items, &format!("{at}[]"), problems);
                 if object.get("x-kubernetes-list-type") == Some(&json!("map")) {
-                    let keys = object["x-kubernetes-list-map-keys"].as_array().cloned().unwrap_or_default();
+                    let keys = object["x-kubernetes-list-map-keys"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
                     let required = items["required"].as_array().cloned().unwrap_or_default();
                     if keys.is_empty() || !keys.iter().all(|k| required.contains(k)) {
                         problems.push(format!("{at}: list-map keys must be required in the items"));
@@ -156,8 +168,7 @@ fn the_crd_names_group_kind_and_columns() {
         .map(|c| c.name.as_str())
         .collect();
     assert_eq!(columns, ["Holder", "Term", "Age"]);
-    let spec = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap()["openAPIV3Schema"]["properties"]
-        ["spec"]
+    let spec = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap()["openAPIV3Schema"]["properties"]["spec"]
         .clone();
     let rules: Vec<&str> = spec["x-kubernetes-validations"]
         .as_array()
@@ -197,13 +208,19 @@ fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
 fn each_invalid_field_gets_its_own_message() {
     let cases: Vec<(DistributedLease, &str)> = vec![
         (with(&["lockName"], json!(" ")), "spec.lockName must not be empty"),
-        (with(&["lockName"], json!("a\nb")), "spec.lockName must be at most 1024 characters"),
+        (
+            with(&["lockName"], json!("a\nb")),
+            "spec.lockName must be at most 1024 characters",
+        ),
         (
             with(&["store", "spanner", "database"], json!("mydb")),
             "spec.store.spanner.database must look like projects/<project>/instances/<instance>/databases/<database>, got \"mydb\"",
         ),
         (
-            with(&["store", "spanner", "database"], json!("projects/p/instances//databases/d")),
+            with(
+                &["store", "spanner", "database"],
+                json!("projects/p/instances//databases/d"),
+            ),
             "spec.store.spanner.database must look like",
         ),
         (
@@ -214,8 +231,14 @@ fn each_invalid_field_gets_its_own_message() {
             with(&["store", "spanner", "table"], json!("lease-table")),
             "spec.store.spanner.table must be a letter followed by",
         ),
-        (with(&["leaseDuration"], json!("soon")), "spec.leaseDuration: invalid duration \"soon\""),
-        (with(&["renewDeadline"], json!("0s")), "spec.renewDeadline must be greater than zero"),
+        (
+            with(&["leaseDuration"], json!("soon")),
+            "spec.leaseDuration: invalid duration \"soon\"",
+        ),
+        (
+            with(&["renewDeadline"], json!("0s")),
+            "spec.renewDeadline must be greater than zero",
+        ),
         (
             with(&["renewDeadline"], json!("20s")),
             "spec.renewDeadline (20s) must be shorter than leaseDuration (15s)",
@@ -230,7 +253,10 @@ fn each_invalid_field_gets_its_own_message() {
         ),
         (with(&["selector"], json!({})), "spec.selector must not be empty"),
         (
-            with(&["selector"], json!({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]})),
+            with(
+                &["selector"],
+                json!({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}),
+            ),
             "spec.selector.matchExpressions[0] (key \"app\") takes no values",
         ),
         (
@@ -241,7 +267,10 @@ fn each_invalid_field_gets_its_own_message() {
             "spec.selector.matchExpressions[0] (key \"app\") needs values",
         ),
         (
-            with(&["selector"], json!({"matchExpressions": [{"key": "app", "operator": "Near", "values": ["x"]}]})),
+            with(
+                &["selector"],
+                json!({"matchExpressions": [{"key": "app", "operator": "Near", "values": ["x"]}]}),
+            ),
             "spec.selector.matchExpressions[0] (key \"app\") has operator \"Near\"",
         ),
         (

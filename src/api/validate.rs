@@ -43,7 +43,10 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let spec = &lease.spec;
     if let Some(lock) = &spec.lock_name {
         if lock.trim().is_empty() {
-            return Err(invalid("spec.lockName", "must not be empty (leave it out for <namespace>/<name>)"));
+            return Err(invalid(
+                "spec.lockName",
+                "must not be empty (leave it out for <namespace>/<name>)",
+            ));
         }
         if lock.len() > 1024 || lock.chars().any(char::is_control) {
             return Err(invalid(
@@ -164,7 +167,9 @@ fn check_label_key(key: &str) -> Result<()> {
                     && label.len() <= 63
                     && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
                     && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                    && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && label
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
             });
         if !subdomain {
             return Err(invalid(

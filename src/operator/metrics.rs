@@ -115,4 +115,8 @@ impl Metrics {
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
     }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.get() == 1
+    }
 }

@@ -79,7 +79,14 @@ impl Context {
     }
 
     /// Publishes an Event; a failure is logged and counted, never fatal.
-    async fn publish(&self, lease: &DistributedLease, kind: EventType, reason: &'static str, action: &str, note: String) {
+    async fn publish(
+        &self,
+        lease: &DistributedLease,
+        kind: EventType,
+        reason: &'static str,
+        action: &str,
+        note: String,
+    ) {
         let event = Event {
             type_: kind,
             reason: reason.into(),
@@ -123,8 +130,14 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
             Ok((action, _)) => Ok(action),
             Err(e) => {
                 warn!(error = %e, "reconcile failed");
-                ctx.publish(&lease, EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string())
-                    .await;
+                ctx.publish(
+                    &lease,
+                    EventType::Warning,
+                    "ReconcileFailed",
+                    "Reconcile",
+                    e.to_string(),
+                )
+                .await;
                 Err(e)
             }
         }
@@ -169,7 +182,14 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
             let status = DistributedLeaseStatus {
                 conditions: vec![
                     condition(&old, generation, "Valid", "False", "InvalidSpec", &message),
-                    condition(&old, generation, "StoreReady", "Unknown", "InvalidSpec", "the spec is invalid"),
+                    condition(
+                        &old,
+                        generation,
+                        "StoreReady",
+                        "Unknown",
+                        "InvalidSpec",
+                        "the spec is invalid",
+                    ),
                     condition(&old, generation, "Ready", "False", "InvalidSpec", "the spec is invalid"),
                 ],
                 observed_generation: generation,
@@ -223,11 +243,16 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
     if status.holder != old.holder {
         let note = match &status.holder {
-            Some(holder) => format!("lock {} is held by {holder} (term {})", valid.lock, status.term.unwrap_or(0)),
+            Some(holder) => format!(
+                "lock {} is held by {holder} (term {})",
+                valid.lock,
+                status.term.unwrap_or(0)
+            ),
             None => format!("lock {} has no live holder", valid.lock),
         };
         info!(holder = status.holder.as_deref().unwrap_or(""), "holder changed");
-        ctx.publish(lease, EventType::Normal, "HolderChanged", "ReadLease", note).await;
+        ctx.publish(lease, EventType::Normal, "HolderChanged", "ReadLease", note)
+            .await;
     }
     write_status(&leases, &name, &old, status).await?;
     Ok((Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)), Outcome::Ok))
@@ -251,7 +276,14 @@ fn observed_status(
     };
     let holder = observed.live_holder().map(str::to_string);
     let ready = match &holder {
-        Some(holder) => condition(old, generation, "Ready", "True", "LeaderElected", &format!("{holder} leads")),
+        Some(holder) => condition(
+            old,
+            generation,
+            "Ready",
+            "True",
+            "LeaderElected",
+            &format!("{holder} leads"),
+        ),
         None => {
             let message = match record.and_then(|r| r.holder.as_deref()) {
                 Some(expired) => format!("the lease of {expired} expired and no candidate has taken it"),
@@ -304,8 +336,7 @@ fn condition(
 /// True unless the old status already carried this exact condition: Events
 /// for a persisting problem are published once, not on every requeue.
 fn changed_message(old: &DistributedLeaseStatus, kind: &str, status: &str, message: &str) -> bool {
-    !old
-        .conditions
+    !old.conditions
         .iter()
         .any(|c| c.type_ == kind && c.status == status && c.message == message)
 }
@@ -462,7 +493,10 @@ async fn repair_labels(
                 "labels": { label_key: "false" },
             }
         });
-        match pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match pods
+            .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => {
                 info!(pod = %pod_name, "cleared a stale leader label");
                 ctx.metrics.label_repaired();

@@ -68,7 +68,11 @@ struct Seen {
 impl Seen {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
         assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
-        assert_eq!(self.content_type.as_deref(), content_type, "content type of {method} {path}");
+        assert_eq!(
+            self.content_type.as_deref(),
+            content_type,
+            "content type of {method} {path}"
+        );
     }
 
     fn respond(self, status: u16, body: &Value) {
@@ -81,7 +85,10 @@ impl Seen {
 }
 
 async fn next(server: &mut ApiServer) -> Seen {
-    let (request, reply) = server.next_request().await.expect("reconcile ended without making the expected request");
+    let (request, reply) = server
+        .next_request()
+        .await
+        .expect("reconcile ended without making the expected request");
     let query = request
         .uri()
         .query()
@@ -205,7 +212,10 @@ async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_con
     assert_eq!(body["regarding"]["name"], json!("web"));
     assert_eq!(body["regarding"]["namespace"], json!("prod"));
     let note = body["note"].as_str().unwrap();
-    assert!(note.contains(note_contains), "event note {note:?} should contain {note_contains:?}");
+    assert!(
+        note.contains(note_contains),
+        "event note {note:?} should contain {note_contains:?}"
+    );
     let echo = seen.body.clone();
     seen.respond(201, &echo);
 }
@@ -225,7 +235,11 @@ async fn expect_status_apply(server: &mut ApiServer, lease_echo: Value) -> Value
     assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
     assert_eq!(seen.body["apiVersion"], json!("leasehold.dev/v1alpha1"));
     assert_eq!(seen.body["kind"], json!("DistributedLease"));
-    assert_eq!(seen.body.as_object().unwrap().len(), 3, "only apiVersion, kind and status are applied");
+    assert_eq!(
+        seen.body.as_object().unwrap().len(),
+        3,
+        "only apiVersion, kind and status are applied"
+    );
     let status = seen.body["status"].clone();
     seen.respond(200, &lease_echo);
     status
@@ -267,8 +281,20 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
             json!({"metadata": {"resourceVersion": "rv-web-1", "labels": {"leasehold.dev/leader": "false"}}})
         );
         seen.respond(200, &pod("web-1", Some("false"), true));
-        expect_event(server, "Normal", "StaleLabelCleared", "pod web-1 had leasehold.dev/leader=true").await;
-        expect_event(server, "Normal", "HolderChanged", "lock prod/web is held by prod/web-0#n1 (term 1)").await;
+        expect_event(
+            server,
+            "Normal",
+            "StaleLabelCleared",
+            "pod web-1 had leasehold.dev/leader=true",
+        )
+        .await;
+        expect_event(
+            server,
+            "Normal",
+            "HolderChanged",
+            "lock prod/web is held by prod/web-0#n1 (term 1)",
+        )
+        .await;
 
         let status = expect_status_apply(server, echo).await;
         assert_eq!(status["holder"], json!("prod/web-0#n1"));
@@ -321,9 +347,13 @@ async fn a_second_reconcile_of_an_unchanged_lock_only_lists_pods() {
     let applied = rx.await.unwrap();
 
     // The same lock, seen again with the status just written: nothing to write.
-    let (result, _, _) = run(fixture_with(store), lease(json!({}), &[FINALIZER], Some(applied)), async move |server| {
-        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
-    })
+    let (result, _, _) = run(
+        fixture_with(store),
+        lease(json!({}), &[FINALIZER], Some(applied)),
+        async move |server| {
+            expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
 }
@@ -333,7 +363,13 @@ async fn an_invalid_resource_gets_valid_false_naming_the_field_and_a_slow_requeu
     let resource = lease(json!({"retryPeriod": "10s"}), &[FINALIZER], None);
     let echo = resource.clone();
     let (result, store, metrics) = run(fixture(), resource, async move |server| {
-        expect_event(server, "Warning", "InvalidSpec", "spec.retryPeriod (10s) must be shorter").await;
+        expect_event(
+            server,
+            "Warning",
+            "InvalidSpec",
+            "spec.retryPeriod (10s) must be shorter",
+        )
+        .await;
         let status = expect_status_apply(server, echo).await;
         let conditions = conditions(&status);
         assert_eq!(
@@ -367,7 +403,13 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
-        expect_event(server, "Normal", "Released", "released lock prod/web held by prod/web-0#n1").await;
+        expect_event(
+            server,
+            "Normal",
+            "Released",
+            "released lock prod/web held by prod/web-0#n1",
+        )
+        .await;
         let seen = next(server).await;
         seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
         assert_eq!(
@@ -380,7 +422,11 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     assert_eq!(result.unwrap(), Action::await_change());
     let row = store.observe("prod/web").await.unwrap().record.unwrap();
     assert_eq!(row.holder, None, "the row is free for a new resource");
-    assert_eq!((row.term, row.token), (1, Some(grant.token)), "release keeps term and token");
+    assert_eq!(
+        (row.term, row.token),
+        (1, Some(grant.token)),
+        "release keeps term and token"
+    );
 }
 
 #[tokio::test]
@@ -416,7 +462,13 @@ async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
     let mut resource = lease(json!({}), &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let (result, _, metrics) = run(fixture, resource, async move |server| {
-        expect_event(server, "Warning", "ReconcileFailed", "releasing lock prod/web on delete failed").await;
+        expect_event(
+            server,
+            "Warning",
+            "ReconcileFailed",
+            "releasing lock prod/web on delete failed",
+        )
+        .await;
     })
     .await;
     assert!(matches!(result, Err(Error::Release { .. })), "{result:?}");
@@ -435,7 +487,13 @@ async fn an_unreachable_store_shows_in_conditions_and_one_event() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (result, store, metrics) = run(fixture, resource, async move |server| {
         expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
-        expect_event(server, "Warning", "StoreUnavailable", "store projects/p/instances/i/databases/d").await;
+        expect_event(
+            server,
+            "Warning",
+            "StoreUnavailable",
+            "store projects/p/instances/i/databases/d",
+        )
+        .await;
         let status = expect_status_apply(server, echo).await;
         let conditions = conditions(&status);
         assert_eq!(conditions["Valid"].0, "True");
@@ -452,9 +510,13 @@ async fn an_unreachable_store_shows_in_conditions_and_one_event() {
     // The same problem again: no second Event, no status write, and the
     // label is not touched while the holder is unknown.
     let status = rx.await.unwrap();
-    let (result, _, _) = run(fixture_with(store), lease(json!({}), &[FINALIZER], Some(status)), async move |server| {
-        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
-    })
+    let (result, _, _) = run(
+        fixture_with(store),
+        lease(json!({}), &[FINALIZER], Some(status)),
+        async move |server| {
+            expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
 }
@@ -505,7 +567,11 @@ async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
         assert_eq!(status["transitions"], json!(6));
         let conditions = conditions(&status);
         assert_eq!(conditions["Ready"].1, "NoLeader");
-        assert!(conditions["Ready"].2.contains("prod/web-0#c expired"), "{:?}", conditions["Ready"]);
+        assert!(
+            conditions["Ready"].2.contains("prod/web-0#c expired"),
+            "{:?}",
+            conditions["Ready"]
+        );
     })
     .await;
     result.unwrap();
