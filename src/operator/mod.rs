@@ -23,7 +23,9 @@
 
 pub mod http;
 pub mod metrics;
+pub mod rbac;
 pub mod reconcile;
+pub mod rollout;
 pub mod stores;
 
 use std::net::SocketAddr;

@@ -8,7 +8,9 @@
 //! 4. list the candidate pods *before* reading the row, so a pod that
 //!    acquired after our read cannot have its fresh `true` label repaired
 //!    away: a label seen before the read that the read does not back is stale;
-//! 5. read the row (creating the table the first time), repair labels,
+//! 5. with the readiness gate on, check the candidates' Deployments for a
+//!    strategy that would stall rollouts (`RolloutSafe`);
+//! 6. read the row (creating the table the first time), repair labels,
 //!    publish Events, and write status only when it changed.
 
 use std::collections::HashSet;
@@ -26,6 +28,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::metrics::{Metrics, Outcome};
+use super::rollout;
 use super::stores::StoreProvider;
 use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
 use crate::lease::{LeaseStore, Observation, StoreError};
@@ -203,6 +206,11 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let candidates = pods.list(&ListParams::default().labels(&valid.selector)).await?.items;
     let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
+    let rollout = if valid.readiness_gate {
+        Some(rollout_condition(lease, ctx, &namespace, &candidates, &old).await)
+    } else {
+        None
+    };
 
     let observed = match ctx.store(&valid).await {
         Ok(store) => store.observe(&valid.lock).await,
@@ -225,11 +233,14 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
                     .await;
             }
             let status = DistributedLeaseStatus {
-                conditions: vec![
+                conditions: [
                     valid_condition,
                     condition(&old, generation, "StoreReady", "False", reason, &message),
                     condition(&old, generation, "Ready", "False", "StoreNotReady", &message),
-                ],
+                ]
+                .into_iter()
+                .chain(rollout)
+                .collect(),
                 ..counts
             };
             write_status(&leases, &name, &old, status).await?;
@@ -240,7 +251,8 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let holder = observed.live_holder().map(str::to_string);
     repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, holder.as_deref()).await;
 
-    let status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
+    let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
+    status.conditions.extend(rollout);
     if status.holder != old.holder {
         let note = match &status.holder {
             Some(holder) => format!(
@@ -305,6 +317,49 @@ fn observed_status(
         renewed_at: record.and_then(|r| r.renewed_at).map(|t| t.to_rfc3339()),
         transitions,
         ..counts
+    }
+}
+
+/// `RolloutSafe`, for readiness-gated leases: whether a rolling update of the
+/// candidates' Deployments can make progress while only the leader is Ready.
+async fn rollout_condition(
+    lease: &DistributedLease,
+    ctx: &Context,
+    namespace: &str,
+    candidates: &[Pod],
+    old: &DistributedLeaseStatus,
+) -> Condition {
+    let generation = lease.metadata.generation;
+    let deployments = Api::namespaced(ctx.client.clone(), namespace);
+    match rollout::check(&deployments, candidates).await {
+        Ok(reasons) if reasons.is_empty() => condition(
+            old,
+            generation,
+            "RolloutSafe",
+            "True",
+            "NoStall",
+            "rolling updates of the candidates' Deployments can proceed with only the leader Ready",
+        ),
+        Ok(reasons) => {
+            let message = reasons.join("; ");
+            warn!(%message, "readiness gate would stall rollouts");
+            if changed_message(old, "RolloutSafe", "False", &message) {
+                ctx.publish(
+                    lease,
+                    EventType::Warning,
+                    "RolloutWouldStall",
+                    "CheckRollout",
+                    message.clone(),
+                )
+                .await;
+            }
+            condition(old, generation, "RolloutSafe", "False", "RolloutWouldStall", &message)
+        }
+        Err(e) => {
+            warn!(error = %e, "could not read the candidates' Deployments");
+            let message = format!("could not read the candidates' Deployments: {e}");
+            condition(old, generation, "RolloutSafe", "Unknown", "CheckFailed", &message)
+        }
     }
 }
 

@@ -132,6 +132,9 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         request.uri().path(),
         "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
     );
+    let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+    let (group, resource, verb) = rbac::request_attributes("GET", request.uri().path(), watch).unwrap();
+    assert!(rbac::allows(&group, &resource, verb), "{verb} {group}/{resource}");
     assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
     assert_eq!(*role_rx.borrow(), Role::Active);
     assert!(metrics.is_leader());

@@ -15,6 +15,7 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use super::*;
 use crate::lease::LeaseStore;
+use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::store::{Faults, MemoryStore};
 
@@ -68,6 +69,12 @@ struct Seen {
 impl Seen {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
         assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
+        let watch = self.query.get("watch").is_some_and(|w| w == "true");
+        let (group, resource, verb) = rbac::request_attributes(method, path, watch).expect("a resource path");
+        assert!(
+            rbac::allows(&group, &resource, verb),
+            "{method} {path} needs {verb} on {group}/{resource}, which operator::rbac::RULES does not grant"
+        );
         assert_eq!(
             self.content_type.as_deref(),
             content_type,
@@ -572,6 +579,48 @@ async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
             "{:?}",
             conditions["Ready"]
         );
+    })
+    .await;
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts() {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("prod/web", "prod/web-7d9f-a#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({"publishing": {"readinessGate": true}}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let mut gated = pod("web-7d9f-a", Some("true"), true);
+    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
+    gated["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![gated]).await;
+        let seen = next(server).await;
+        seen.assert("GET", "/apis/apps/v1/namespaces/prod/deployments/web", None);
+        seen.respond(
+            200,
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "prod"},
+                    "spec": {"replicas": 3, "strategy": {"rollingUpdate": {"maxUnavailable": 1}},
+                             "selector": {"matchLabels": {"app": "web"}}, "template": {}}}),
+        );
+        expect_event(
+            server,
+            "Warning",
+            "RolloutWouldStall",
+            "maxUnavailable resolves to 1 of 3",
+        )
+        .await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-7d9f-a#n").await;
+        let status = expect_status_apply(server, echo).await;
+        let conditions = conditions(&status);
+        assert_eq!(conditions["RolloutSafe"].0, "False");
+        assert_eq!(conditions["RolloutSafe"].1, "RolloutWouldStall");
+        assert_eq!(conditions["Ready"].0, "True");
     })
     .await;
     result.unwrap();
