@@ -600,4 +600,4 @@ fn pod_ready(pod: &Pod) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

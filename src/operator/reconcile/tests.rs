@@ -39,21 +39,27 @@ fn fixture() -> Fixture {
 
 /// A fixture whose store keeps the rows of an earlier one.
 fn fixture_with(store: MemoryStore) -> Fixture {
-    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: Some("operator-0".into()),
-    };
-    let stores = Arc::new(SingleStore(Arc::new(store.clone())));
-    let ctx = Arc::new(Context::new(client, reporter, stores, metrics.clone()));
+    let (ctx, server) = context_on(Arc::new(store.clone()), metrics.clone());
     Fixture {
         ctx,
         server,
         store,
         metrics,
     }
+}
+
+/// A context whose Kubernetes client talks to a scripted mock API server and
+/// whose store provider hands out `store` for every resource.
+fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("operator-0".into()),
+    };
+    let ctx = Arc::new(Context::new(client, reporter, Arc::new(SingleStore(store)), metrics));
+    (ctx, server)
 }
 
 /// One request as the mock API server saw it.
@@ -137,10 +143,17 @@ where
 {
     let Fixture {
         ctx,
-        mut server,
+        server,
         store,
         metrics,
     } = fixture;
+    (run_on(ctx, server, lease, script).await, store, metrics)
+}
+
+async fn run_on<F>(ctx: Arc<Context>, mut server: ApiServer, lease: Value, script: F) -> Result<Action>
+where
+    F: AsyncFnOnce(&mut ApiServer),
+{
     let lease: Arc<DistributedLease> = Arc::new(serde_json::from_value(lease).unwrap());
     // The reconcile owns the only client: when it finishes, the mock server
     // sees the connection close, so a missing request fails the script and
@@ -153,7 +166,7 @@ where
     if let Some((request, _)) = server.next_request().await {
         panic!("unexpected request: {} {}", request.method(), request.uri());
     }
-    (result, store, metrics)
+    result
 }
 
 fn lease(spec_patch: Value, finalizers: &[&str], status: Option<Value>) -> Value {
@@ -632,4 +645,74 @@ fn holder_identities_map_to_namespace_and_pod() {
     assert_eq!(holder_pod("eu/prod/web-0#ab12"), (Some("prod"), "web-0"));
     assert_eq!(holder_pod("web-0#ab12"), (None, "web-0"));
     assert_eq!(holder_pod("web-0"), (None, "web-0"));
+}
+
+/// The store side of a reconcile against any store: the table is created when
+/// missing, the row is read into status, and delete releases the row. Run here
+/// on the memory store; the Spanner store runs the same scenario against the
+/// emulator.
+pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let lock = format!("prod/web-{:08x}", rand::random::<u32>());
+    let spec = json!({"lockName": lock.clone()});
+
+    // No table yet, no row: the table is created and the lock shows as free.
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["term"], json!(0));
+        assert_eq!(status.get("holder"), None);
+        assert_eq!(conditions(&status)["StoreReady"].0, "True");
+        assert_eq!(conditions(&status)["Ready"].1, "NoLeader");
+        tx.send(status).unwrap();
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let free = rx.await.unwrap();
+
+    // A candidate takes the lock: status shows it with its token.
+    let grant = store
+        .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], Some(free));
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["term"], json!(1));
+        assert_eq!(status["token"], json!(grant.token.to_string()));
+        assert_eq!(status["transitions"], json!(1));
+    })
+    .await;
+    result.unwrap();
+
+    // Delete: the row is released by check-and-set, term and token kept.
+    let (ctx, server) = context_on(store.clone(), metrics);
+    let mut resource = lease(spec, &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe(&lock).await.unwrap().record.unwrap();
+    assert_eq!((row.holder, row.term, row.token), (None, 1, Some(grant.token)));
+}
+
+#[tokio::test]
+async fn store_side_on_the_memory_store() {
+    store_side_scenario(Arc::new(MemoryStore::new(11))).await;
 }
