@@ -44,6 +44,9 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     validation = Rule::new("duration(self.retryPeriod) < duration(self.renewDeadline)")
         .message("retryPeriod must be shorter than renewDeadline, or the leader cannot renew in time")
         .field_path(".retryPeriod"),
+    validation = Rule::new("duration(self.retryPeriod) > duration('0s')")
+        .message("retryPeriod must be greater than zero")
+        .field_path(".retryPeriod"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLeaseSpec {

@@ -180,7 +180,8 @@ fn the_crd_names_group_kind_and_columns() {
         rules,
         [
             "duration(self.renewDeadline) < duration(self.leaseDuration)",
-            "duration(self.retryPeriod) < duration(self.renewDeadline)"
+            "duration(self.retryPeriod) < duration(self.renewDeadline)",
+            "duration(self.retryPeriod) > duration('0s')",
         ]
     );
 }

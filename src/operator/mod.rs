@@ -154,7 +154,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    info!(address = %args.listen, "serving /metrics, /healthz and /readyz");
+    let address = listener.local_addr().unwrap_or(args.listen);
+    info!(%address, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http::router(registry, role_rx), shutdown.clone()));
 
     let client = Client::try_default()
