@@ -45,6 +45,8 @@ pub const INVALID_REQUEUE: Duration = Duration::from_secs(300);
 pub const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// After a failed Kubernetes call (error policy).
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
+/// After a write conflict.
+const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
 /// The fastest healthy requeue, whatever retryPeriod says.
 const MIN_REQUEUE: Duration = Duration::from_secs(1);
 
@@ -56,6 +58,14 @@ pub enum Error {
     Incomplete(&'static str),
     #[error("releasing lock {lock} on delete failed: {source}")]
     Release { lock: String, source: StoreError },
+}
+
+impl Error {
+    /// A write lost an optimistic-concurrency race (HTTP 409): the resource
+    /// changed under us, and the watch delivers the new version at once.
+    fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(status)) if status.code == 409)
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -131,6 +141,10 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
         ctx.metrics.reconciled(outcome, started.elapsed());
         match result {
             Ok((action, _)) => Ok(action),
+            Err(e) if e.is_conflict() => {
+                debug!(error = %e, "resource changed during reconcile; retrying");
+                Err(e)
+            }
             Err(e) => {
                 warn!(error = %e, "reconcile failed");
                 ctx.publish(
@@ -149,9 +163,14 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
     .await
 }
 
-/// The controller's error policy: Kubernetes call failures retry at a steady pace.
-pub fn error_policy(_lease: Arc<DistributedLease>, _error: &Error, _ctx: Arc<Context>) -> Action {
-    Action::requeue(ERROR_REQUEUE)
+/// The controller's error policy: a lost write race retries at once, other
+/// failures at a steady pace.
+pub fn error_policy(_lease: Arc<DistributedLease>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        Action::requeue(CONFLICT_REQUEUE)
+    } else {
+        Action::requeue(ERROR_REQUEUE)
+    }
 }
 
 async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Action, Outcome)> {

@@ -559,6 +559,27 @@ async fn a_forbidden_pod_list_is_an_error_with_an_event() {
 }
 
 #[tokio::test]
+async fn a_finalizer_race_retries_soon_without_a_warning_event() {
+    let resource = lease(json!({}), &[], None);
+    let (result, _, metrics) = run(fixture(), resource, async move |server| {
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        seen.respond(
+            409,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+                    "message": "the object has been modified"}),
+        );
+    })
+    .await;
+    let error = result.unwrap_err();
+    assert!(error.is_conflict(), "{error:?}");
+    assert_eq!(metrics.reconciles(Outcome::Error), 1);
+    let (ctx, _server) = context_on(Arc::new(MemoryStore::new(1)), metrics);
+    let lease = Arc::new(serde_json::from_value(lease(json!({}), &[], None)).unwrap());
+    assert_eq!(error_policy(lease, &error, ctx), Action::requeue(CONFLICT_REQUEUE));
+}
+
+#[tokio::test]
 async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
     let fixture = fixture();
     // Term 3 now; the status last showed term 1, so two acquisitions happened.
