@@ -92,6 +92,10 @@ pub struct Args {
     /// This replica's namespace, part of its identity.
     #[arg(long, env = "LEASEHOLD_POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
+    /// This cluster's name, as the sidecars put it in their identities
+    /// (`cluster/namespace/pod#nonce`), for locks shared across clusters.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
     /// Watch DistributedLeases in this namespace only (default: all namespaces).
     #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
@@ -137,7 +141,7 @@ impl Args {
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| FIELD_MANAGER.to_string());
-        Identity::new(None, self.pod_namespace.clone(), name)
+        Identity::new(self.cluster_name.clone(), self.pod_namespace.clone(), name)
     }
 }
 
@@ -166,7 +170,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         instance: Some(identity.to_string()),
     };
     let stores: Arc<dyn StoreProvider> = Arc::new(SpannerStores::default());
-    let ctx = Arc::new(Context::new(client.clone(), reporter, stores.clone(), metrics.clone()));
+    let ctx = Arc::new(
+        Context::new(client.clone(), reporter, stores.clone(), metrics.clone()).with_cluster(args.cluster_name.clone()),
+    );
     let controller = ControllerRun {
         ctx,
         namespace: args.watch_namespace.clone(),

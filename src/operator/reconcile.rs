@@ -76,6 +76,9 @@ pub struct Context {
     pub recorder: Recorder,
     pub stores: Arc<dyn StoreProvider>,
     pub metrics: Arc<Metrics>,
+    /// This cluster's name, as the sidecars put it in their identities; tells
+    /// a holder in another cluster from a local pod of the same name.
+    cluster: Option<String>,
     /// (database, table) pairs whose table is known to exist.
     schemas: Mutex<HashSet<(String, String)>>,
 }
@@ -87,8 +90,15 @@ impl Context {
             client,
             stores,
             metrics,
+            cluster: None,
             schemas: Mutex::default(),
         }
+    }
+
+    /// Names this cluster (see the sidecar's cluster name).
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
     }
 
     /// Publishes an Event; a failure is logged and counted, never fatal.
@@ -502,8 +512,7 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
             return Ok(None);
         };
         let live = observed.live_holder().is_some();
-        let ours = holder_pod(holder).0.is_none_or(|ns| ns == namespace);
-        if live && !ours {
+        if live && !HolderPod::parse(holder).is_local(ctx.cluster.as_deref(), namespace) {
             info!(%holder, "holder belongs to another namespace or cluster; not releasing");
             return Ok(None);
         }
@@ -553,8 +562,8 @@ async fn repair_labels(
         let labelled = pod.labels().get(label_key).is_some_and(|v| v == "true");
         let pod_name = pod.name_any();
         let holds = holder.is_some_and(|h| {
-            let (ns, name) = holder_pod(h);
-            name == pod_name && ns.is_none_or(|ns| ns == namespace)
+            let holder = HolderPod::parse(h);
+            holder.pod == pod_name && holder.may_be_local(ctx.cluster.as_deref(), &namespace)
         });
         if !labelled || holds {
             continue;
@@ -601,13 +610,43 @@ async fn repair_labels(
     }
 }
 
-/// The namespace (if present) and pod name of a holder identity
-/// `[cluster/][namespace/]pod#nonce`.
-fn holder_pod(holder: &str) -> (Option<&str>, &str) {
-    let without_nonce = holder.rsplit_once('#').map_or(holder, |(rest, _)| rest);
-    match without_nonce.rsplit_once('/') {
-        Some((before, pod)) => (Some(before.rsplit('/').next().unwrap_or(before)), pod),
-        None => (None, without_nonce),
+/// Where a holder identity `[cluster/][namespace/]pod#nonce` runs.
+#[derive(Debug, PartialEq, Eq)]
+struct HolderPod<'a> {
+    cluster: Option<&'a str>,
+    namespace: Option<&'a str>,
+    pod: &'a str,
+}
+
+impl<'a> HolderPod<'a> {
+    fn parse(holder: &'a str) -> Self {
+        let without_nonce = holder.rsplit_once('#').map_or(holder, |(rest, _)| rest);
+        let mut parts = without_nonce.rsplitn(3, '/');
+        let pod = parts.next().unwrap_or_default();
+        let namespace = parts.next();
+        let cluster = parts.next();
+        HolderPod {
+            cluster,
+            namespace,
+            pod,
+        }
+    }
+
+    /// Could be a pod in `namespace` of this cluster: when either side does
+    /// not name its cluster, assume it is. Used before clearing a label, where
+    /// the cautious answer is "maybe the holder".
+    fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+        let cluster_matches = match (self.cluster, cluster) {
+            (Some(theirs), Some(ours)) => theirs == ours,
+            _ => true,
+        };
+        cluster_matches && self.namespace.is_none_or(|ns| ns == namespace)
+    }
+
+    /// Certainly a pod in `namespace` of this cluster. Used before releasing,
+    /// where the cautious answer is "not ours": an unreleased lease expires.
+    fn is_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+        self.cluster == cluster && self.namespace.is_none_or(|ns| ns == namespace)
     }
 }
 

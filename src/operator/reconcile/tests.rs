@@ -661,11 +661,49 @@ async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts(
 }
 
 #[test]
-fn holder_identities_map_to_namespace_and_pod() {
-    assert_eq!(holder_pod("prod/web-0#ab12"), (Some("prod"), "web-0"));
-    assert_eq!(holder_pod("eu/prod/web-0#ab12"), (Some("prod"), "web-0"));
-    assert_eq!(holder_pod("web-0#ab12"), (None, "web-0"));
-    assert_eq!(holder_pod("web-0"), (None, "web-0"));
+fn holder_identities_map_to_cluster_namespace_and_pod() {
+    let parsed = |h| {
+        let p = HolderPod::parse(h);
+        (p.cluster, p.namespace, p.pod)
+    };
+    assert_eq!(parsed("eu/prod/web-0#ab12"), (Some("eu"), Some("prod"), "web-0"));
+    assert_eq!(parsed("prod/web-0#ab12"), (None, Some("prod"), "web-0"));
+    assert_eq!(parsed("web-0#ab12"), (None, None, "web-0"));
+    assert_eq!(parsed("web-0"), (None, None, "web-0"));
+
+    let eu = HolderPod::parse("eu/prod/web-0#n");
+    assert!(eu.may_be_local(None, "prod"), "an unnamed cluster may be eu");
+    assert!(!eu.is_local(None, "prod"), "but release needs certainty");
+    assert!(eu.is_local(Some("eu"), "prod"));
+    assert!(!eu.may_be_local(Some("us"), "prod"));
+    assert!(!eu.may_be_local(Some("eu"), "staging"));
+    assert!(HolderPod::parse("prod/web-0#n").is_local(None, "prod"));
+}
+
+#[tokio::test]
+async fn a_stale_label_on_a_local_pod_named_like_a_remote_holder_is_cleared() {
+    let store = MemoryStore::new(5);
+    store
+        .acquire("global/web", "us/prod/web-0#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let (ctx, server) = context_on(Arc::new(store), metrics);
+    let ctx = Arc::new(Arc::into_inner(ctx).unwrap().with_cluster(Some("eu".into())));
+    let resource = lease(json!({"lockName": "global/web"}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        let seen = next(server).await;
+        seen.assert("PATCH", "/api/v1/namespaces/prod/pods/web-0", Some(MERGE));
+        seen.respond(200, &pod("web-0", Some("false"), true));
+        expect_event(server, "Normal", "StaleLabelCleared", "web-0").await;
+        expect_event(server, "Normal", "HolderChanged", "us/prod/web-0#n").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("us/prod/web-0#n"));
+    })
+    .await;
+    result.unwrap();
 }
 
 /// The store side of a reconcile against any store: the table is created when
