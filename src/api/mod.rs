@@ -1,5 +1,197 @@
-//! The `DistributedLease` custom resource (owner: operator work).
+//! The `DistributedLease` custom resource: one lock, where it is stored, its
+//! timing, which pods are its candidates and how leadership is published.
+//!
+//! The CRD is generated from these types (`leasehold crd`); `crds/` holds a
+//! copy that a test keeps equal to the code. The schema rejects what it can
+//! (duration syntax, D > R > P in CEL); [`validate`] checks everything again,
+//! because a CRD installed from an older chart may not carry every rule.
 
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    Ok(String::new())
+mod validate;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use validate::{ValidLease, ValidationError, validate};
+
+/// The label key leaders are published under unless the resource says otherwise.
+pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
+/// The table the lease rows live in unless the resource says otherwise.
+pub const DEFAULT_TABLE: &str = "leasehold_leases";
+
+/// Go-style durations that both the API server's CEL `duration()` and
+/// `humantime` accept: integer amounts with units, e.g. `15s`, `1m30s`, `1500ms`.
+const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
+
+/// A lock elected among the pods the selector matches, stored in Cloud Spanner.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "leasehold.dev",
+    version = "v1alpha1",
+    kind = "DistributedLease",
+    shortname = "dlease",
+    namespaced,
+    status = "DistributedLeaseStatus",
+    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
+    printcolumn(name = "Term", type_ = "integer", json_path = ".status.term"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(
+    validation = Rule::new("duration(self.renewDeadline) < duration(self.leaseDuration)")
+        .message("renewDeadline must be shorter than leaseDuration: the difference is the safety gap")
+        .field_path(".renewDeadline"),
+    validation = Rule::new("duration(self.retryPeriod) < duration(self.renewDeadline)")
+        .message("retryPeriod must be shorter than renewDeadline, or the leader cannot renew in time")
+        .field_path(".retryPeriod"),
+    validation = Rule::new("duration(self.retryPeriod) > duration('0s')")
+        .message("retryPeriod must be greater than zero")
+        .field_path(".retryPeriod"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLeaseSpec {
+    /// The lock's name in the store. Resources in different clusters that
+    /// name the same lock and database elect one leader across all of them.
+    /// Defaults to `<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("lockName is immutable: create a new resource for another lock"))]
+    pub lock_name: Option<String>,
+    /// Where the lease row lives.
+    pub store: LeaseStoreSpec,
+    /// How long the store considers a lease valid after its last renewal (D).
+    #[serde(default = "default_lease_duration")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub lease_duration: String,
+    /// How long a leader keeps claiming without a successful renewal (R < D).
+    #[serde(default = "default_renew_deadline")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub renew_deadline: String,
+    /// How often the leader renews and followers poll (P < R).
+    #[serde(default = "default_retry_period")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub retry_period: String,
+    /// The candidate pods, in the resource's namespace. Must not be empty:
+    /// the operator rewrites the leader label on the pods it selects.
+    pub selector: LabelSelector,
+    /// How leadership is published on the candidate pods.
+    #[serde(default)]
+    pub publishing: PublishingSpec,
 }
+
+/// The lease store; only Cloud Spanner is offered in the resource (the
+/// memory store exists for tests and the demo).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseStoreSpec {
+    pub spanner: SpannerStoreSpec,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SpannerStoreSpec {
+    /// `projects/<project>/instances/<instance>/databases/<database>`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub database: String,
+    /// The lease table; the operator creates it when it is missing.
+    #[serde(default = "default_table")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z][A-Za-z0-9_]*$"))]
+    pub table: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishingSpec {
+    /// The pod label set to `"true"` on the leader and `"false"` on the others.
+    #[serde(default = "default_label_key")]
+    #[schemars(length(min = 1, max = 317))]
+    pub label_key: String,
+    /// Also publish a `leasehold.dev/leader` pod condition for pods that list
+    /// it as a readiness gate, so that only the leader is Ready. Standbys then
+    /// count as unavailable in rollouts.
+    #[serde(default)]
+    pub readiness_gate: bool,
+}
+
+impl Default for PublishingSpec {
+    fn default() -> Self {
+        PublishingSpec {
+            label_key: default_label_key(),
+            readiness_gate: false,
+        }
+    }
+}
+
+fn default_lease_duration() -> String {
+    "15s".into()
+}
+fn default_renew_deadline() -> String {
+    "10s".into()
+}
+fn default_retry_period() -> String {
+    "2s".into()
+}
+fn default_table() -> String {
+    DEFAULT_TABLE.into()
+}
+fn default_label_key() -> String {
+    DEFAULT_LABEL_KEY.into()
+}
+
+/// What the operator last saw; written by server-side apply.
+#[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLeaseStatus {
+    /// `Valid`, `StoreReady` and `Ready`.
+    #[serde(default)]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The identity (`[cluster/]namespace/pod#nonce`) holding a valid lease; absent when free or expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Acquisitions of this lock so far; never reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
+    /// The fencing token of the current (or last) term: the acquisition's
+    /// commit timestamp in nanoseconds since the epoch, as a decimal string
+    /// so that JSON readers with 53-bit numbers keep it exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// The store's commit time of the last acquisition or renewal (RFC 3339, nanoseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<String>,
+    /// Acquisitions the operator has counted since it first observed the lock.
+    #[serde(default)]
+    pub transitions: u64,
+    /// Pods the selector matches.
+    #[serde(default)]
+    pub candidates: u32,
+    /// Candidate pods that are Ready.
+    #[serde(default)]
+    pub ready_candidates: u32,
+    /// The resource generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl DistributedLease {
+    /// The lock name in the store: `spec.lockName`, else `<namespace>/<name>`.
+    pub fn lock_name(&self) -> String {
+        match &self.spec.lock_name {
+            Some(lock) => lock.clone(),
+            None => format!(
+                "{}/{}",
+                self.metadata.namespace.as_deref().unwrap_or("default"),
+                self.metadata.name.as_deref().unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// The CustomResourceDefinition as YAML, as `leasehold crd` prints it and `crds/` holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&DistributedLease::crd())
+}
+
+#[cfg(test)]
+mod tests;

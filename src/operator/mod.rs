@@ -1,10 +1,338 @@
-//! `leasehold operator` (in progress).
+//! `leasehold operator`: reconciles `DistributedLease` resources.
+//!
+//! # High availability
+//!
+//! Run several replicas; one reconciles, the others stand by. The active one
+//! is chosen by leasehold's own [`Elector`] on a lock row in Cloud Spanner
+//! (`--election-database`), not on the Kubernetes `coordination.k8s.io`
+//! Lease API. The reason is the rule the whole core is built on: expiry is
+//! judged on the *store's* clock. A Kubernetes Lease has no server clock —
+//! `renewTime` is written by the candidates from their own wall clocks, and
+//! nothing in the API compares it with a server time in the same operation —
+//! so a Lease-backed `LeaseStore` could not keep the `observe`/`acquire`
+//! contract or produce fencing tokens from commit timestamps. The operator
+//! talks to Spanner anyway (it creates tables and reads rows), so electing
+//! there adds no dependency and gives the operator the guarantees it gives
+//! its users. `--leader-election=false` runs a single replica without a lock.
+//!
+//! # Shutdown
+//!
+//! One [`CancellationToken`] owns shutdown: SIGTERM or SIGINT cancels it, the
+//! controller finishes the reconciles in flight, the elector releases the
+//! operator lock, the HTTP server drains; a second signal exits at once.
+
+pub mod http;
+pub mod metrics;
+pub mod rbac;
+pub mod reconcile;
+pub mod rollout;
+pub mod stores;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use self::http::Role;
+use self::metrics::Metrics;
+use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
+use self::stores::{SpannerStores, StoreProvider};
+use crate::api::{DEFAULT_TABLE, DistributedLease};
+use crate::lease::{Elector, Identity, LeaderContext, Timing};
+use crate::store::spanner::SpannerConfig;
+
+/// Without leader election nobody waits to take over, so reconciles in
+/// flight at shutdown get longer to finish.
+const STANDALONE_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
-
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("leasehold operator is not built yet")
+pub struct Args {
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    #[arg(long, env = "LEASEHOLD_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Reconcile only while this replica holds the operator lock (run several replicas).
+    #[arg(long, env = "LEASEHOLD_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Spanner database of the operator lock: projects/<p>/instances/<i>/databases/<d>.
+    #[arg(long, env = "LEASEHOLD_ELECTION_DATABASE")]
+    pub election_database: Option<String>,
+    /// Table of the operator lock (created when missing).
+    #[arg(long, env = "LEASEHOLD_ELECTION_TABLE", default_value = DEFAULT_TABLE)]
+    pub election_table: String,
+    /// Name of the operator lock.
+    #[arg(
+        long,
+        env = "LEASEHOLD_ELECTION_LOCK",
+        default_value = "leasehold-system/leasehold-operator"
+    )]
+    pub election_lock: String,
+    /// Operator lock duration (D).
+    #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_DURATION", default_value = "15s")]
+    pub election_lease_duration: String,
+    /// Operator lock renew deadline (R < D).
+    #[arg(long, env = "LEASEHOLD_ELECTION_RENEW_DEADLINE", default_value = "10s")]
+    pub election_renew_deadline: String,
+    /// Operator lock retry period (P < R).
+    #[arg(long, env = "LEASEHOLD_ELECTION_RETRY_PERIOD", default_value = "2s")]
+    pub election_retry_period: String,
+    /// This replica's pod name, part of its identity (defaults to the host name).
+    #[arg(long, env = "LEASEHOLD_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This replica's namespace, part of its identity.
+    #[arg(long, env = "LEASEHOLD_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// This cluster's name, as the sidecars put it in their identities
+    /// (`cluster/namespace/pod#nonce`), for locks shared across clusters.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// Watch DistributedLeases in this namespace only (default: all namespaces).
+    #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Reconciles running at once.
+    #[arg(long, env = "LEASEHOLD_OPERATOR_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: u16,
 }
 
-pub mod webhook;
+impl Args {
+    /// The operator lock, or `None` when election is off.
+    fn election(&self, identity: &Identity) -> anyhow::Result<Option<Election>> {
+        if !self.leader_election {
+            return Ok(None);
+        }
+        let Some(database) = self.election_database.clone() else {
+            anyhow::bail!(
+                "--election-database (LEASEHOLD_ELECTION_DATABASE) is required unless --leader-election=false"
+            );
+        };
+        let timing = Timing::parse(
+            &self.election_lease_duration,
+            &self.election_renew_deadline,
+            &self.election_retry_period,
+            Timing::default().jitter,
+        )
+        .context("invalid operator election timing (--election-lease-duration/-renew-deadline/-retry-period)")?;
+        Ok(Some(Election {
+            config: SpannerConfig {
+                database,
+                table: self.election_table.clone(),
+            },
+            timing,
+            lock: self.election_lock.clone(),
+            identity: identity.clone(),
+        }))
+    }
+
+    /// A fresh identity for this process run (one per run, shared by the
+    /// election and the Events this replica publishes).
+    fn identity(&self) -> Identity {
+        let name = self
+            .pod_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| FIELD_MANAGER.to_string());
+        Identity::new(self.cluster_name.clone(), self.pod_namespace.clone(), name)
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    exit_on_signals(shutdown.clone())?;
+    // Checked before anything connects, so a bad flag fails fast and clearly.
+    let identity = args.identity();
+    let election = args.election(&identity)?;
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let (role, role_rx) = watch::channel(Role::Starting);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let address = listener.local_addr().unwrap_or(args.listen);
+    info!(%address, "serving /metrics, /healthz and /readyz");
+    let server = tokio::spawn(http::serve(listener, http::router(registry, role_rx), shutdown.clone()));
+
+    let client = Client::try_default()
+        .await
+        .context("cannot configure the Kubernetes client")?;
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(identity.to_string()),
+    };
+    let stores: Arc<dyn StoreProvider> = Arc::new(SpannerStores::default());
+    let ctx = Arc::new(
+        Context::new(client.clone(), reporter, stores.clone(), metrics.clone()).with_cluster(args.cluster_name.clone()),
+    );
+    let controller = ControllerRun {
+        ctx,
+        namespace: args.watch_namespace.clone(),
+        concurrency: args.concurrency,
+        // The active replica stops claiming the operator lock first; its
+        // reconciles get one retry period before a successor may start.
+        grace: election.as_ref().map_or(STANDALONE_GRACE, |e| e.timing.retry_period),
+    };
+
+    let result = match election {
+        None => {
+            warn!("leader election is off: run exactly one replica");
+            role.send_replace(Role::Active);
+            metrics.set_leader(true);
+            controller.run(shutdown.clone()).await;
+            Ok(())
+        }
+        Some(election) => election.run(stores, controller, &role, &shutdown).await,
+    };
+    role.send_replace(Role::Stopping);
+    shutdown.cancel();
+    server
+        .await
+        .context("the HTTP server task failed")?
+        .context("the HTTP server failed")?;
+    result
+}
+
+/// The operator's own lock.
+struct Election {
+    config: SpannerConfig,
+    timing: Timing,
+    lock: String,
+    identity: Identity,
+}
+
+impl Election {
+    /// Campaigns for the operator lock and reconciles while it is held,
+    /// until `shutdown`; then the lock is released.
+    async fn run(
+        self,
+        stores: Arc<dyn StoreProvider>,
+        controller: ControllerRun,
+        role: &watch::Sender<Role>,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let Election {
+            config,
+            timing,
+            lock,
+            identity,
+        } = self;
+        let store = stores
+            .store(&config)
+            .await
+            .with_context(|| format!("cannot open the election store {}", config.database))?;
+        store.ensure_schema().await.with_context(|| {
+            format!(
+                "cannot create the election table {} in {}",
+                config.table, config.database
+            )
+        })?;
+        info!(%identity, %lock, database = %config.database, "campaigning for the operator lock");
+        let metrics = controller.ctx.metrics.clone();
+        let controller = Arc::new(controller);
+        let elector = Elector::new(lock, identity, timing);
+        let handle = elector.spawn_with_work(store, shutdown.clone(), move |leader: LeaderContext| {
+            let controller = controller.clone();
+            let metrics = metrics.clone();
+            async move {
+                info!(term = leader.term, token = %leader.token, "active: reconciling");
+                metrics.set_leader(true);
+                controller.run(leader.cancelled.clone()).await;
+                metrics.set_leader(false);
+                info!(term = leader.term, "no longer active: stopped reconciling");
+            }
+        });
+        let mut state = handle.subscribe();
+        loop {
+            let now = if state.borrow_and_update().leader {
+                Role::Active
+            } else {
+                Role::Standby
+            };
+            role.send_if_modified(|r| {
+                let changed = *r != now && *r != Role::Stopping;
+                if changed {
+                    *r = now;
+                }
+                changed
+            });
+            if state.changed().await.is_err() {
+                break;
+            }
+        }
+        handle.join().await;
+        Ok(())
+    }
+}
+
+/// The DistributedLease controller, run until `stop` fires.
+struct ControllerRun {
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    /// How long reconciles in flight may finish after `stop`. kube's graceful
+    /// shutdown also waits for the initial list of resources, which never
+    /// comes while the API server is unreachable; past this they are dropped.
+    grace: Duration,
+}
+
+impl ControllerRun {
+    async fn run(&self, stop: CancellationToken) {
+        let client = self.ctx.client.clone();
+        let api: Api<DistributedLease> = match &self.namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        };
+        let controller = Controller::new(api, watcher::Config::default().any_semantic())
+            .with_config(controller::Config::default().concurrency(self.concurrency))
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(reconcile, error_policy, self.ctx.clone())
+            .for_each(|result| async move {
+                match result {
+                    Ok((resource, _)) => debug!(resource = %resource, "reconciled"),
+                    Err(e) => warn!(error = %e, "controller"),
+                }
+            });
+        let grace_over = async {
+            stop.cancelled().await;
+            tokio::time::sleep(self.grace).await;
+        };
+        tokio::select! {
+            () = controller => {}
+            () = grace_over => warn!(grace = ?self.grace, "reconciles still running after the grace period; dropped"),
+        }
+    }
+}
+
+/// SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.
+fn exit_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM: shutting down (a second signal exits at once)"),
+            _ = interrupt.recv() => info!("SIGINT: shutting down (a second signal exits at once)"),
+        }
+        shutdown.cancel();
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        error!("second signal: exiting without finishing the shutdown");
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,323 @@
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::{Value, json};
+
+use super::*;
+
+const CRD_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/distributedlease.yaml");
+
+fn lease(spec: Value) -> DistributedLease {
+    serde_json::from_value(json!({
+        "apiVersion": "leasehold.dev/v1alpha1",
+        "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod"},
+        "spec": spec,
+    }))
+    .expect("test resource deserializes")
+}
+
+fn valid_spec() -> Value {
+    json!({
+        "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+        "selector": {"matchLabels": {"app": "web"}},
+    })
+}
+
+fn with(path: &[&str], value: Value) -> DistributedLease {
+    let mut spec = valid_spec();
+    let (last, parents) = path.split_last().expect("path not empty");
+    let mut node = &mut spec;
+    for key in parents {
+        node = node
+            .as_object_mut()
+            .expect("object")
+            .entry(*key)
+            .or_insert_with(|| json!({}));
+    }
+    node[*last] = value;
+    lease(spec)
+}
+
+#[test]
+fn crds_folder_matches_the_code() {
+    let generated = crd_yaml().expect("CRD serializes");
+    let on_disk = std::fs::read_to_string(CRD_FILE).unwrap_or_default();
+    assert!(
+        generated == on_disk,
+        "crds/distributedlease.yaml differs from the DistributedLease types; regenerate it with \
+         `cargo run -- crd > crds/distributedlease.yaml`"
+    );
+}
+
+/// The API server only accepts structural schemas
+/// (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#specifying-a-structural-schema).
+#[test]
+fn the_schema_is_structural() {
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&crd_yaml().unwrap()).unwrap();
+    let version = &crd.spec.versions[0];
+    let schema = serde_json::to_value(&version.schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+    let mut problems = Vec::new();
+    check_structural(&schema, "openAPIV3Schema", &mut problems);
+    assert_eq!(problems, Vec::<String>::new());
+    // Every printer column points at a field the schema has.
+    for column in version.additional_printer_columns.as_ref().unwrap() {
+        let path = column.json_path.trim_start_matches('.');
+        if path == "metadata.creationTimestamp" {
+            continue;
+        }
+        let mut node = &schema;
+        for part in path.split('.') {
+            node = &node["properties"][part];
+        }
+        assert_eq!(node["type"], json!(column.type_), "printer column {}", column.name);
+    }
+}
+
+fn check_structural(schema: &Value, at: &str, problems: &mut Vec<String>) {
+    let Some(object) = schema.as_object() else {
+        problems.push(format!("{at}: not an object"));
+        return;
+    };
+    for forbidden in [
+        "$ref",
+        "$schema",
+        "definitions",
+        "$defs",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "not",
+    ] {
+        if object.contains_key(forbidden) {
+            problems.push(format!("{at}: has {forbidden}"));
+        }
+    }
+    // Nothing in this CRD is meant to keep unknown fields.
+    if object.contains_key("x-kubernetes-preserve-unknown-fields") {
+        problems.push(format!("{at}: x-kubernetes-preserve-unknown-fields"));
+    }
+    let Some(kind) = object.get("type").and_then(Value::as_str) else {
+        problems.push(format!("{at}: no type"));
+        return;
+    };
+    match kind {
+        "object" => {
+            let properties = object.get("properties").and_then(Value::as_object);
+            let additional = object.get("additionalProperties");
+            if properties.is_some() && additional.is_some() {
+                problems.push(format!("{at}: both properties and additionalProperties"));
+            }
+            if let Some(properties) = properties {
+                for (name, child) in properties {
+                    check_structural(child, &format!("{at}.{name}"), problems);
+                }
+                for required in object.get("required").and_then(Value::as_array).into_iter().flatten() {
+                    if !properties.contains_key(required.as_str().unwrap_or_default()) {
+                        problems.push(format!("{at}: required {required} is not a property"));
+                    }
+                }
+            }
+            if let Some(additional) = additional {
+                check_structural(additional, &format!("{at}.*"), problems);
+            }
+        }
+        "array" => match object.get("items") {
+            Some(items) => {
+                check_structural(items, &format!("{at}[]"), problems);
+                if object.get("x-kubernetes-list-type") == Some(&json!("map")) {
+                    let keys = object["x-kubernetes-list-map-keys"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    let required = items["required"].as_array().cloned().unwrap_or_default();
+                    if keys.is_empty() || !keys.iter().all(|k| required.contains(k)) {
+                        problems.push(format!("{at}: list-map keys must be required in the items"));
+                    }
+                }
+            }
+            None => problems.push(format!("{at}: array without items")),
+        },
+        "string" | "integer" | "number" | "boolean" => {}
+        other => problems.push(format!("{at}: unknown type {other}")),
+    }
+    if let Some(rules) = object.get("x-kubernetes-validations").and_then(Value::as_array) {
+        for rule in rules {
+            if rule["rule"].as_str().is_none_or(str::is_empty) {
+                problems.push(format!("{at}: validation rule without a rule"));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_crd_names_group_kind_and_columns() {
+    let crd = DistributedLease::crd();
+    assert_eq!(crd.spec.group, "leasehold.dev");
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(crd.spec.names.short_names, Some(vec!["dlease".to_string()]));
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<_> = version
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(columns, ["Holder", "Term", "Age"]);
+    let spec = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap()["openAPIV3Schema"]["properties"]["spec"]
+        .clone();
+    let rules: Vec<&str> = spec["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "duration(self.renewDeadline) < duration(self.leaseDuration)",
+            "duration(self.retryPeriod) < duration(self.renewDeadline)",
+            "duration(self.retryPeriod) > duration('0s')",
+        ]
+    );
+}
+
+#[test]
+fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
+    let lease = lease(valid_spec());
+    assert_eq!(lease.spec.lease_duration, "15s");
+    assert_eq!(lease.spec.store.spanner.table, DEFAULT_TABLE);
+    assert_eq!(lease.spec.publishing.label_key, DEFAULT_LABEL_KEY);
+    let valid = validate(&lease).unwrap();
+    assert_eq!(valid.lock, "prod/web");
+    assert_eq!(valid.timing.lease_duration, Duration::from_secs(15));
+    assert_eq!(valid.timing.renew_deadline, Duration::from_secs(10));
+    assert_eq!(valid.timing.retry_period, Duration::from_secs(2));
+    assert_eq!(valid.selector, "app=web");
+    assert_eq!(valid.spanner.database, "projects/p/instances/i/databases/d");
+    assert!(!valid.readiness_gate);
+
+    let named = with(&["lockName"], json!("global/payments"));
+    assert_eq!(validate(&named).unwrap().lock, "global/payments");
+}
+
+#[test]
+fn each_invalid_field_gets_its_own_message() {
+    let cases: Vec<(DistributedLease, &str)> = vec![
+        (with(&["lockName"], json!(" ")), "spec.lockName must not be empty"),
+        (
+            with(&["lockName"], json!("a\nb")),
+            "spec.lockName must be at most 1024 characters",
+        ),
+        (
+            with(&["store", "spanner", "database"], json!("mydb")),
+            "spec.store.spanner.database must look like projects/<project>/instances/<instance>/databases/<database>, got \"mydb\"",
+        ),
+        (
+            with(
+                &["store", "spanner", "database"],
+                json!("projects/p/instances//databases/d"),
+            ),
+            "spec.store.spanner.database must look like",
+        ),
+        (
+            with(&["store", "spanner", "table"], json!("1leases")),
+            "spec.store.spanner.table must be a letter followed by",
+        ),
+        (
+            with(&["store", "spanner", "table"], json!("lease-table")),
+            "spec.store.spanner.table must be a letter followed by",
+        ),
+        (
+            with(&["leaseDuration"], json!("soon")),
+            "spec.leaseDuration: invalid duration \"soon\"",
+        ),
+        (
+            with(&["renewDeadline"], json!("0s")),
+            "spec.renewDeadline must be greater than zero",
+        ),
+        (
+            with(&["renewDeadline"], json!("20s")),
+            "spec.renewDeadline (20s) must be shorter than leaseDuration (15s)",
+        ),
+        (
+            with(&["retryPeriod"], json!("10s")),
+            "spec.retryPeriod (10s) must be shorter than renewDeadline (10s)",
+        ),
+        (
+            with(&["retryPeriod"], json!("9s")),
+            "spec.retryPeriod (9s) with jitter 0.2 can exceed renewDeadline (10s)",
+        ),
+        (with(&["selector"], json!({})), "spec.selector must not be empty"),
+        (
+            with(
+                &["selector"],
+                json!({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}),
+            ),
+            "spec.selector.matchExpressions[0] (key \"app\") takes no values",
+        ),
+        (
+            with(
+                &["selector"],
+                json!({"matchExpressions": [{"key": "app", "operator": "In"}]}),
+            ),
+            "spec.selector.matchExpressions[0] (key \"app\") needs values",
+        ),
+        (
+            with(
+                &["selector"],
+                json!({"matchExpressions": [{"key": "app", "operator": "Near", "values": ["x"]}]}),
+            ),
+            "spec.selector.matchExpressions[0] (key \"app\") has operator \"Near\"",
+        ),
+        (
+            with(&["publishing", "labelKey"], json!("leader!")),
+            "spec.publishing.labelKey must be a label key",
+        ),
+        (
+            with(&["publishing", "labelKey"], json!("Leasehold.Dev/leader")),
+            "spec.publishing.labelKey prefix must be a lowercase DNS subdomain",
+        ),
+        (
+            with(&["publishing", "labelKey"], json!(format!("x/{}", "a".repeat(64)))),
+            "spec.publishing.labelKey must be a label key",
+        ),
+    ];
+    let count = cases.len();
+    let mut messages = BTreeSet::new();
+    for (lease, expected) in cases {
+        let message = validate(&lease).unwrap_err().to_string();
+        assert!(message.starts_with(expected), "got {message:?}, want {expected:?}");
+        messages.insert(message);
+    }
+    assert_eq!(messages.len(), count, "every case has its own message: {messages:#?}");
+}
+
+#[test]
+fn selectors_with_expressions_render_for_the_api() {
+    let lease = with(
+        &["selector"],
+        json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}),
+    );
+    assert_eq!(validate(&lease).unwrap().selector, "app=web,tier in (a,b)");
+}
+
+#[test]
+fn status_serializes_camel_case_and_skips_absent_fields() {
+    let status = DistributedLeaseStatus {
+        holder: Some("prod/web-0#ab".into()),
+        term: Some(3),
+        token: Some("17".into()),
+        ready_candidates: 2,
+        ..Default::default()
+    };
+    assert_eq!(
+        serde_json::to_value(&status).unwrap(),
+        json!({"conditions": [], "holder": "prod/web-0#ab", "term": 3, "token": "17", "transitions": 0,
+               "candidates": 0, "readyCandidates": 2})
+    );
+}

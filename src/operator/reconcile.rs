@@ -1,0 +1,661 @@
+//! One reconcile of one `DistributedLease`, testable without the controller
+//! runtime: everything it touches comes in through [`Context`].
+//!
+//! Order of work, and why:
+//! 1. deletion: release the row by check-and-set, then drop the finalizer;
+//! 2. finalizer first, so a delete can never skip the release;
+//! 3. validate; an invalid spec is a status, not an error (no crash loop);
+//! 4. list the candidate pods *before* reading the row, so a pod that
+//!    acquired after our read cannot have its fresh `true` label repaired
+//!    away: a label seen before the read that the read does not back is stale;
+//! 5. with the readiness gate on, check the candidates' Deployments for a
+//!    strategy that would stall rollouts (`RolloutSafe`);
+//! 6. read the row (creating the table the first time), repair labels,
+//!    publish Events, and write status only when it changed.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::metrics::{Metrics, Outcome};
+use super::rollout;
+use super::stores::StoreProvider;
+use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
+use crate::lease::{LeaseStore, Observation, StoreError};
+
+/// The field manager of every status write.
+pub const FIELD_MANAGER: &str = "leasehold-operator";
+/// Held on every resource until its lock row is released.
+pub const FINALIZER: &str = "leasehold.dev/release";
+
+/// An invalid spec only changes when someone edits it, which triggers a
+/// reconcile anyway; this slow requeue just re-checks now and then.
+pub const INVALID_REQUEUE: Duration = Duration::from_secs(300);
+/// After a store error: soon enough to notice recovery, slow enough not to hammer.
+pub const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// After a failed Kubernetes call (error policy).
+pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
+/// After a write conflict.
+const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
+/// The fastest healthy requeue, whatever retryPeriod says.
+const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the resource has no {0}")]
+    Incomplete(&'static str),
+    #[error("releasing lock {lock} on delete failed: {source}")]
+    Release { lock: String, source: StoreError },
+}
+
+impl Error {
+    /// A write lost an optimistic-concurrency race (HTTP 409): the resource
+    /// changed under us, and the watch delivers the new version at once.
+    fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(status)) if status.code == 409)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What every reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub stores: Arc<dyn StoreProvider>,
+    pub metrics: Arc<Metrics>,
+    /// This cluster's name, as the sidecars put it in their identities; tells
+    /// a holder in another cluster from a local pod of the same name.
+    cluster: Option<String>,
+    /// (database, table) pairs whose table is known to exist.
+    schemas: Mutex<HashSet<(String, String)>>,
+}
+
+impl Context {
+    pub fn new(client: Client, reporter: Reporter, stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> Self {
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            stores,
+            metrics,
+            cluster: None,
+            schemas: Mutex::default(),
+        }
+    }
+
+    /// Names this cluster (see the sidecar's cluster name).
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// Publishes an Event; a failure is logged and counted, never fatal.
+    async fn publish(
+        &self,
+        lease: &DistributedLease,
+        kind: EventType,
+        reason: &'static str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_: kind,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &lease.object_ref(&())).await {
+            warn!(reason, error = %e, "could not publish event");
+            self.metrics.event_failed(reason);
+        }
+    }
+
+    /// The store for a valid lease, with its table created the first time.
+    async fn store(&self, valid: &ValidLease) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        let store = self.stores.store(&valid.spanner).await?;
+        let key = (valid.spanner.database.clone(), valid.spanner.table.clone());
+        let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
+        if !known {
+            store.ensure_schema().await?;
+            info!(database = %key.0, table = %key.1, "lease table ready");
+            self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+        }
+        Ok(store)
+    }
+}
+
+/// The controller's reconcile function.
+pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Result<Action> {
+    let span = info_span!(
+        "reconcile",
+        resource = %format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any()),
+        generation = lease.metadata.generation.unwrap_or_default(),
+    );
+    async move {
+        let started = Instant::now();
+        let result = reconcile_once(&lease, &ctx).await;
+        let outcome = result.as_ref().map_or(Outcome::Error, |(_, outcome)| *outcome);
+        ctx.metrics.reconciled(outcome, started.elapsed());
+        match result {
+            Ok((action, _)) => Ok(action),
+            Err(e) if e.is_conflict() => {
+                debug!(error = %e, "resource changed during reconcile; retrying");
+                Err(e)
+            }
+            Err(e) => {
+                warn!(error = %e, "reconcile failed");
+                ctx.publish(
+                    &lease,
+                    EventType::Warning,
+                    "ReconcileFailed",
+                    "Reconcile",
+                    e.to_string(),
+                )
+                .await;
+                Err(e)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// The controller's error policy: a lost write race retries at once, other
+/// failures at a steady pace.
+pub fn error_policy(_lease: Arc<DistributedLease>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        Action::requeue(CONFLICT_REQUEUE)
+    } else {
+        Action::requeue(ERROR_REQUEUE)
+    }
+}
+
+async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Action, Outcome)> {
+    let namespace = lease.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = lease.meta().name.clone().ok_or(Error::Incomplete("name"))?;
+    let leases: Api<DistributedLease> = Api::namespaced(ctx.client.clone(), &namespace);
+    let has_finalizer = lease.finalizers().iter().any(|f| f == FINALIZER);
+
+    if lease.meta().deletion_timestamp.is_some() {
+        if has_finalizer {
+            release_on_delete(lease, &namespace, ctx).await?;
+            remove_finalizer(&leases, lease).await?;
+        }
+        return Ok((Action::await_change(), Outcome::Ok));
+    }
+    if !has_finalizer {
+        add_finalizer(&leases, lease).await?;
+    }
+
+    let old = lease.status.clone().unwrap_or_default();
+    let generation = lease.metadata.generation;
+    let valid = match validate(lease) {
+        Ok(valid) => valid,
+        Err(e) => {
+            let message = e.to_string();
+            warn!(%message, "invalid spec");
+            if changed_message(&old, "Valid", "False", &message) {
+                ctx.publish(lease, EventType::Warning, "InvalidSpec", "Validate", message.clone())
+                    .await;
+            }
+            let status = DistributedLeaseStatus {
+                conditions: vec![
+                    condition(&old, generation, "Valid", "False", "InvalidSpec", &message),
+                    condition(
+                        &old,
+                        generation,
+                        "StoreReady",
+                        "Unknown",
+                        "InvalidSpec",
+                        "the spec is invalid",
+                    ),
+                    condition(&old, generation, "Ready", "False", "InvalidSpec", "the spec is invalid"),
+                ],
+                observed_generation: generation,
+                ..old.clone()
+            };
+            write_status(&leases, &name, &old, status).await?;
+            return Ok((Action::requeue(INVALID_REQUEUE), Outcome::Invalid));
+        }
+    };
+
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let candidates = pods.list(&ListParams::default().labels(&valid.selector)).await?.items;
+    let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
+    let rollout = if valid.readiness_gate {
+        Some(rollout_condition(lease, ctx, &namespace, &candidates, &old).await)
+    } else {
+        None
+    };
+
+    let observed = match ctx.store(&valid).await {
+        Ok(store) => store.observe(&valid.lock).await,
+        Err(e) => Err(e),
+    };
+    let valid_condition = condition(&old, generation, "Valid", "True", "SpecValid", "the spec is valid");
+    let counts = DistributedLeaseStatus {
+        candidates: u32::try_from(candidates.len()).unwrap_or(u32::MAX),
+        ready_candidates: u32::try_from(ready).unwrap_or(u32::MAX),
+        observed_generation: generation,
+        ..old.clone()
+    };
+    let observed = match observed {
+        Ok(observed) => observed,
+        Err(e) => {
+            let (reason, message) = store_problem(&valid, &e);
+            warn!(%message, "store not ready");
+            if changed_message(&old, "StoreReady", "False", &message) {
+                ctx.publish(lease, EventType::Warning, reason, "ReadLease", message.clone())
+                    .await;
+            }
+            let status = DistributedLeaseStatus {
+                conditions: [
+                    valid_condition,
+                    condition(&old, generation, "StoreReady", "False", reason, &message),
+                    condition(&old, generation, "Ready", "False", "StoreNotReady", &message),
+                ]
+                .into_iter()
+                .chain(rollout)
+                .collect(),
+                ..counts
+            };
+            write_status(&leases, &name, &old, status).await?;
+            return Ok((Action::requeue(STORE_ERROR_REQUEUE), Outcome::StoreError));
+        }
+    };
+
+    let holder = observed.live_holder().map(str::to_string);
+    repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, holder.as_deref()).await;
+
+    let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
+    status.conditions.extend(rollout);
+    if status.holder != old.holder {
+        let note = match &status.holder {
+            Some(holder) => format!(
+                "lock {} is held by {holder} (term {})",
+                valid.lock,
+                status.term.unwrap_or(0)
+            ),
+            None => format!("lock {} has no live holder", valid.lock),
+        };
+        info!(holder = status.holder.as_deref().unwrap_or(""), "holder changed");
+        ctx.publish(lease, EventType::Normal, "HolderChanged", "ReadLease", note)
+            .await;
+    }
+    write_status(&leases, &name, &old, status).await?;
+    Ok((Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)), Outcome::Ok))
+}
+
+/// The status after a successful read of the row.
+fn observed_status(
+    old: &DistributedLeaseStatus,
+    generation: Option<i64>,
+    valid: &ValidLease,
+    observed: &Observation,
+    valid_condition: Condition,
+    counts: DistributedLeaseStatus,
+) -> DistributedLeaseStatus {
+    let record = observed.record.as_ref();
+    // An absent row is term 0, so the very first acquisition counts as a transition.
+    let term = record.map_or(0, |r| r.term);
+    let transitions = match old.term {
+        Some(old_term) => old.transitions + term.saturating_sub(old_term),
+        None => old.transitions,
+    };
+    let holder = observed.live_holder().map(str::to_string);
+    let ready = match &holder {
+        Some(holder) => condition(
+            old,
+            generation,
+            "Ready",
+            "True",
+            "LeaderElected",
+            &format!("{holder} leads"),
+        ),
+        None => {
+            let message = match record.and_then(|r| r.holder.as_deref()) {
+                Some(expired) => format!("the lease of {expired} expired and no candidate has taken it"),
+                None => "no candidate holds the lease".to_string(),
+            };
+            condition(old, generation, "Ready", "False", "NoLeader", &message)
+        }
+    };
+    let table = format!("table {} in {} is ready", valid.spanner.table, valid.spanner.database);
+    DistributedLeaseStatus {
+        conditions: vec![
+            valid_condition,
+            condition(old, generation, "StoreReady", "True", "TableReady", &table),
+            ready,
+        ],
+        holder,
+        term: Some(term),
+        token: record.and_then(|r| r.token).map(|t| t.to_string()),
+        renewed_at: record.and_then(|r| r.renewed_at).map(|t| t.to_rfc3339()),
+        transitions,
+        ..counts
+    }
+}
+
+/// `RolloutSafe`, for readiness-gated leases: whether a rolling update of the
+/// candidates' Deployments can make progress while only the leader is Ready.
+async fn rollout_condition(
+    lease: &DistributedLease,
+    ctx: &Context,
+    namespace: &str,
+    candidates: &[Pod],
+    old: &DistributedLeaseStatus,
+) -> Condition {
+    let generation = lease.metadata.generation;
+    let deployments = Api::namespaced(ctx.client.clone(), namespace);
+    match rollout::check(&deployments, candidates).await {
+        Ok(reasons) if reasons.is_empty() => condition(
+            old,
+            generation,
+            "RolloutSafe",
+            "True",
+            "NoStall",
+            "rolling updates of the candidates' Deployments can proceed with only the leader Ready",
+        ),
+        Ok(reasons) => {
+            let message = reasons.join("; ");
+            warn!(%message, "readiness gate would stall rollouts");
+            if changed_message(old, "RolloutSafe", "False", &message) {
+                ctx.publish(
+                    lease,
+                    EventType::Warning,
+                    "RolloutWouldStall",
+                    "CheckRollout",
+                    message.clone(),
+                )
+                .await;
+            }
+            condition(old, generation, "RolloutSafe", "False", "RolloutWouldStall", &message)
+        }
+        Err(e) => {
+            warn!(error = %e, "could not read the candidates' Deployments");
+            let message = format!("could not read the candidates' Deployments: {e}");
+            condition(old, generation, "RolloutSafe", "Unknown", "CheckFailed", &message)
+        }
+    }
+}
+
+/// A condition, keeping its last transition time while its status stays the same.
+fn condition(
+    old: &DistributedLeaseStatus,
+    generation: Option<i64>,
+    kind: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> Condition {
+    let last_transition_time = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: kind.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+/// True unless the old status already carried this exact condition: Events
+/// for a persisting problem are published once, not on every requeue.
+fn changed_message(old: &DistributedLeaseStatus, kind: &str, status: &str, message: &str) -> bool {
+    !old.conditions
+        .iter()
+        .any(|c| c.type_ == kind && c.status == status && c.message == message)
+}
+
+/// Reason and message for a store that could not be used, naming what to fix.
+fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, String) {
+    let place = format!("{} (table {})", valid.spanner.database, valid.spanner.table);
+    match error {
+        StoreError::Invalid(e) => ("StoreMisconfigured", format!("store {place} cannot be used: {e}")),
+        StoreError::Unavailable(e) | StoreError::OutcomeUnknown(e) => {
+            ("StoreUnavailable", format!("store {place} is unavailable: {e}"))
+        }
+        StoreError::Lost { reason, .. } => ("StoreUnavailable", format!("store {place}: {reason}")),
+    }
+}
+
+/// Writes the status by server-side apply, only when it differs from what the
+/// resource already shows (so a steady state costs no writes).
+async fn write_status(
+    leases: &Api<DistributedLease>,
+    name: &str,
+    old: &DistributedLeaseStatus,
+    status: DistributedLeaseStatus,
+) -> Result<()> {
+    if *old == status {
+        debug!("status unchanged");
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": DistributedLease::api_version(&()),
+        "kind": DistributedLease::kind(&()),
+        "status": status,
+    });
+    leases
+        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Adds the finalizer by merge patch, guarded by the resource version so a
+/// concurrent finalizer change is not lost (the conflict retries).
+async fn add_finalizer(leases: &Api<DistributedLease>, lease: &DistributedLease) -> Result<()> {
+    let mut finalizers = lease.finalizers().to_vec();
+    finalizers.push(FINALIZER.into());
+    patch_finalizers(leases, lease, finalizers).await
+}
+
+async fn remove_finalizer(leases: &Api<DistributedLease>, lease: &DistributedLease) -> Result<()> {
+    let finalizers: Vec<String> = lease.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    patch_finalizers(leases, lease, finalizers).await
+}
+
+async fn patch_finalizers(
+    leases: &Api<DistributedLease>,
+    lease: &DistributedLease,
+    finalizers: Vec<String>,
+) -> Result<()> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": lease.resource_version(),
+            "finalizers": finalizers,
+        }
+    });
+    leases
+        .patch(&lease.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// On delete: frees the row by check-and-set with the holder and token just
+/// read, so a new resource with the same lock starts clean.
+///
+/// A live holder outside this namespace is left alone: another cluster's or
+/// namespace's resource may name the same lock, and its leader is not ours to
+/// depose. An invalid spec or a store that cannot hold the table has nothing
+/// to release; an unreachable store keeps the finalizer until it answers.
+async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
+    let Ok(valid) = validate(lease) else {
+        info!("invalid spec: no lock row to release");
+        return Ok(());
+    };
+    let attempt = async {
+        let store = ctx.stores.store(&valid.spanner).await?;
+        let observed = store.observe(&valid.lock).await?;
+        let Some(record) = observed.record.as_ref() else {
+            return Ok(None);
+        };
+        let (Some(holder), Some(token)) = (record.holder.as_deref(), record.token) else {
+            return Ok(None);
+        };
+        let live = observed.live_holder().is_some();
+        if live && !HolderPod::parse(holder).is_local(ctx.cluster.as_deref(), namespace) {
+            info!(%holder, "holder belongs to another namespace or cluster; not releasing");
+            return Ok(None);
+        }
+        match store.release(&valid.lock, holder, token).await {
+            Ok(()) | Err(StoreError::Lost { .. }) => Ok(Some(holder.to_string())),
+            Err(e) => Err(e),
+        }
+    };
+    match attempt.await {
+        Ok(Some(holder)) => {
+            info!(lock = %valid.lock, %holder, "released the lock row");
+            ctx.publish(
+                lease,
+                EventType::Normal,
+                "Released",
+                "Release",
+                format!("released lock {} held by {holder}", valid.lock),
+            )
+            .await;
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(StoreError::Invalid(e)) => {
+            warn!(error = %e, "store cannot hold the lock; nothing to release");
+            Ok(())
+        }
+        Err(source) => Err(Error::Release {
+            lock: valid.lock,
+            source,
+        }),
+    }
+}
+
+/// Sets the leader label back to `"false"` on candidates that show `"true"`
+/// but do not hold the lease (a sidecar that died before clearing it).
+/// Failures are reported and left for the next reconcile.
+async fn repair_labels(
+    lease: &DistributedLease,
+    ctx: &Context,
+    pods: &Api<Pod>,
+    candidates: &[Pod],
+    label_key: &str,
+    holder: Option<&str>,
+) {
+    let namespace = lease.namespace().unwrap_or_default();
+    for pod in candidates {
+        let labelled = pod.labels().get(label_key).is_some_and(|v| v == "true");
+        let pod_name = pod.name_any();
+        let holds = holder.is_some_and(|h| {
+            let holder = HolderPod::parse(h);
+            holder.pod == pod_name && holder.may_be_local(ctx.cluster.as_deref(), &namespace)
+        });
+        if !labelled || holds {
+            continue;
+        }
+        // Guarded by the resource version: if the pod changed since the list,
+        // the patch conflicts and the next reconcile decides again.
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": pod.resource_version(),
+                "labels": { label_key: "false" },
+            }
+        });
+        match pods
+            .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(pod = %pod_name, "cleared a stale leader label");
+                ctx.metrics.label_repaired();
+                ctx.publish(
+                    lease,
+                    EventType::Normal,
+                    "StaleLabelCleared",
+                    "RepairLabel",
+                    format!("pod {pod_name} had {label_key}=true without holding the lease"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                debug!(pod = %pod_name, "pod changed since listed; deciding next time");
+            }
+            Err(e) => {
+                warn!(pod = %pod_name, error = %e, "could not clear a stale leader label");
+                ctx.publish(
+                    lease,
+                    EventType::Warning,
+                    "LabelRepairFailed",
+                    "RepairLabel",
+                    format!("could not set {label_key}=false on pod {pod_name}: {e}"),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// Where a holder identity `[cluster/][namespace/]pod#nonce` runs.
+#[derive(Debug, PartialEq, Eq)]
+struct HolderPod<'a> {
+    cluster: Option<&'a str>,
+    namespace: Option<&'a str>,
+    pod: &'a str,
+}
+
+impl<'a> HolderPod<'a> {
+    fn parse(holder: &'a str) -> Self {
+        let without_nonce = holder.rsplit_once('#').map_or(holder, |(rest, _)| rest);
+        let mut parts = without_nonce.rsplitn(3, '/');
+        let pod = parts.next().unwrap_or_default();
+        let namespace = parts.next();
+        let cluster = parts.next();
+        HolderPod {
+            cluster,
+            namespace,
+            pod,
+        }
+    }
+
+    /// Could be a pod in `namespace` of this cluster: when either side does
+    /// not name its cluster, assume it is. Used before clearing a label, where
+    /// the cautious answer is "maybe the holder".
+    fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+        let cluster_matches = match (self.cluster, cluster) {
+            (Some(theirs), Some(ours)) => theirs == ours,
+            _ => true,
+        };
+        cluster_matches && self.namespace.is_none_or(|ns| ns == namespace)
+    }
+
+    /// Certainly a pod in `namespace` of this cluster. Used before releasing,
+    /// where the cautious answer is "not ours": an unreleased lease expires.
+    fn is_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+        self.cluster == cluster && self.namespace.is_none_or(|ns| ns == namespace)
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,777 @@
+//! Wire-level checks of every request a reconcile makes, in the style of
+//! kube-rs's ApiServerVerifier: a mock API server answers each request in
+//! the expected order after asserting method, path, query, content type and
+//! body; a request that is not expected fails the scenario.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle, SendResponse};
+
+use super::*;
+use crate::lease::LeaseStore;
+use crate::operator::rbac;
+use crate::operator::stores::SingleStore;
+use crate::store::{Faults, MemoryStore};
+
+type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
+const MERGE: &str = "application/merge-patch+json";
+const APPLY: &str = "application/apply-patch+yaml";
+
+struct Fixture {
+    ctx: Arc<Context>,
+    server: ApiServer,
+    store: MemoryStore,
+    metrics: Arc<Metrics>,
+}
+
+fn fixture() -> Fixture {
+    fixture_with(MemoryStore::new(7))
+}
+
+/// A fixture whose store keeps the rows of an earlier one.
+fn fixture_with(store: MemoryStore) -> Fixture {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let (ctx, server) = context_on(Arc::new(store.clone()), metrics.clone());
+    Fixture {
+        ctx,
+        server,
+        store,
+        metrics,
+    }
+}
+
+/// A context whose Kubernetes client talks to a scripted mock API server and
+/// whose store provider hands out `store` for every resource.
+fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("operator-0".into()),
+    };
+    let ctx = Arc::new(Context::new(client, reporter, Arc::new(SingleStore(store)), metrics));
+    (ctx, server)
+}
+
+/// One request as the mock API server saw it.
+struct Seen {
+    method: String,
+    path: String,
+    query: BTreeMap<String, String>,
+    content_type: Option<String>,
+    body: Value,
+    reply: SendResponse<Response<Body>>,
+}
+
+impl Seen {
+    fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
+        assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
+        let watch = self.query.get("watch").is_some_and(|w| w == "true");
+        let (group, resource, verb) = rbac::request_attributes(method, path, watch).expect("a resource path");
+        assert!(
+            rbac::allows(&group, &resource, verb),
+            "{method} {path} needs {verb} on {group}/{resource}, which operator::rbac::RULES does not grant"
+        );
+        assert_eq!(
+            self.content_type.as_deref(),
+            content_type,
+            "content type of {method} {path}"
+        );
+    }
+
+    fn respond(self, status: u16, body: &Value) {
+        let response = Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        self.reply.send_response(response);
+    }
+}
+
+async fn next(server: &mut ApiServer) -> Seen {
+    let (request, reply) = server
+        .next_request()
+        .await
+        .expect("reconcile ended without making the expected request");
+    let query = request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k.to_string(), v.replace("%3D", "=").replace("%2F", "/"))
+        })
+        .collect();
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let content_type = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = request.into_body().collect().await.unwrap().to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("request body is JSON")
+    };
+    Seen {
+        method,
+        path,
+        query,
+        content_type,
+        body,
+        reply,
+    }
+}
+
+/// Runs `reconcile` against the scripted API server; after it returns, the
+/// client is dropped and any request it made beyond the script fails the test.
+async fn run<F>(fixture: Fixture, lease: Value, script: F) -> (Result<Action>, MemoryStore, Arc<Metrics>)
+where
+    F: AsyncFnOnce(&mut ApiServer),
+{
+    let Fixture {
+        ctx,
+        server,
+        store,
+        metrics,
+    } = fixture;
+    (run_on(ctx, server, lease, script).await, store, metrics)
+}
+
+async fn run_on<F>(ctx: Arc<Context>, mut server: ApiServer, lease: Value, script: F) -> Result<Action>
+where
+    F: AsyncFnOnce(&mut ApiServer),
+{
+    let lease: Arc<DistributedLease> = Arc::new(serde_json::from_value(lease).unwrap());
+    // The reconcile owns the only client: when it finishes, the mock server
+    // sees the connection close, so a missing request fails the script and
+    // an extra one fails the check below.
+    let (result, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(reconcile(lease, ctx), script(&mut server))
+    })
+    .await
+    .expect("reconcile and script finished (an unanswered request would hang them)");
+    if let Some((request, _)) = server.next_request().await {
+        panic!("unexpected request: {} {}", request.method(), request.uri());
+    }
+    result
+}
+
+fn lease(spec_patch: Value, finalizers: &[&str], status: Option<Value>) -> Value {
+    let mut spec = json!({
+        "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+        "selector": {"matchLabels": {"app": "web"}},
+    });
+    for (k, v) in spec_patch.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    let mut lease = json!({
+        "apiVersion": "leasehold.dev/v1alpha1",
+        "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod", "uid": "u-1", "resourceVersion": "41", "generation": 3,
+                     "finalizers": finalizers},
+        "spec": spec,
+    });
+    if let Some(status) = status {
+        lease["status"] = status;
+    }
+    lease
+}
+
+fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
+    let mut labels = json!({"app": "web"});
+    if let Some(leader) = leader {
+        labels["leasehold.dev/leader"] = json!(leader);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "prod", "resourceVersion": format!("rv-{name}"), "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    })
+}
+
+fn pod_list(pods: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "100"}, "items": pods})
+}
+
+fn conditions(status: &Value) -> BTreeMap<String, (String, String, String)> {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["observedGeneration"], json!(3));
+            assert!(c["lastTransitionTime"].is_string());
+            let field = |f: &str| c[f].as_str().unwrap().to_string();
+            (field("type"), (field("status"), field("reason"), field("message")))
+        })
+        .collect()
+}
+
+async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_contains: &str) {
+    let seen = next(server).await;
+    seen.assert("POST", EVENTS, Some("application/json"));
+    let body = &seen.body;
+    assert_eq!(body["reason"], json!(reason));
+    assert_eq!(body["type"], json!(kind));
+    assert_eq!(body["reportingController"], json!(FIELD_MANAGER));
+    assert_eq!(body["reportingInstance"], json!("operator-0"));
+    assert_eq!(body["regarding"]["kind"], json!("DistributedLease"));
+    assert_eq!(body["regarding"]["name"], json!("web"));
+    assert_eq!(body["regarding"]["namespace"], json!("prod"));
+    let note = body["note"].as_str().unwrap();
+    assert!(
+        note.contains(note_contains),
+        "event note {note:?} should contain {note_contains:?}"
+    );
+    let echo = seen.body.clone();
+    seen.respond(201, &echo);
+}
+
+async fn expect_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
+    let seen = next(server).await;
+    seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
+    assert_eq!(seen.query.get("labelSelector").map(String::as_str), Some("app=web"));
+    seen.respond(200, &pod_list(pods));
+}
+
+/// Asserts a server-side apply of the status and returns the applied status.
+async fn expect_status_apply(server: &mut ApiServer, lease_echo: Value) -> Value {
+    let seen = next(server).await;
+    seen.assert("PATCH", &format!("{LEASES}/web/status"), Some(APPLY));
+    assert_eq!(seen.query.get("fieldManager").map(String::as_str), Some(FIELD_MANAGER));
+    assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
+    assert_eq!(seen.body["apiVersion"], json!("leasehold.dev/v1alpha1"));
+    assert_eq!(seen.body["kind"], json!("DistributedLease"));
+    assert_eq!(
+        seen.body.as_object().unwrap().len(),
+        3,
+        "only apiVersion, kind and status are applied"
+    );
+    let status = seen.body["status"].clone();
+    seen.respond(200, &lease_echo);
+    status
+}
+
+#[tokio::test]
+async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
+    let fixture = fixture();
+    let grant = fixture
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({}), &[], None);
+    let echo = resource.clone();
+    let (result, _, metrics) = run(fixture, resource, async move |server| {
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(
+            seen.body,
+            json!({"metadata": {"resourceVersion": "41", "finalizers": ["leasehold.dev/release"]}})
+        );
+        seen.respond(200, &echo);
+
+        expect_pod_list(
+            server,
+            vec![
+                pod("web-0", Some("true"), true),
+                pod("web-1", Some("true"), true),
+                pod("web-2", None, false),
+            ],
+        )
+        .await;
+
+        let seen = next(server).await;
+        seen.assert("PATCH", "/api/v1/namespaces/prod/pods/web-1", Some(MERGE));
+        assert_eq!(
+            seen.body,
+            json!({"metadata": {"resourceVersion": "rv-web-1", "labels": {"leasehold.dev/leader": "false"}}})
+        );
+        seen.respond(200, &pod("web-1", Some("false"), true));
+        expect_event(
+            server,
+            "Normal",
+            "StaleLabelCleared",
+            "pod web-1 had leasehold.dev/leader=true",
+        )
+        .await;
+        expect_event(
+            server,
+            "Normal",
+            "HolderChanged",
+            "lock prod/web is held by prod/web-0#n1 (term 1)",
+        )
+        .await;
+
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["term"], json!(1));
+        assert_eq!(status["token"], json!(grant.token.to_string()));
+        assert_eq!(status["renewedAt"], json!(grant.committed_at.to_rfc3339()));
+        assert_eq!(status["transitions"], json!(0));
+        assert_eq!(status["candidates"], json!(3));
+        assert_eq!(status["readyCandidates"], json!(2));
+        assert_eq!(status["observedGeneration"], json!(3));
+        let conditions = conditions(&status);
+        assert_eq!(conditions["Valid"].0, "True");
+        assert_eq!(
+            conditions["StoreReady"],
+            (
+                "True".into(),
+                "TableReady".into(),
+                "table leasehold_leases in projects/p/instances/i/databases/d is ready".into()
+            )
+        );
+        assert_eq!(
+            conditions["Ready"],
+            ("True".into(), "LeaderElected".into(), "prod/web-0#n1 leads".into())
+        );
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(metrics.reconciles(Outcome::Ok), 1);
+}
+
+#[tokio::test]
+async fn a_second_reconcile_of_an_unchanged_lock_only_lists_pods() {
+    let first = fixture();
+    first
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let store = first.store.clone();
+    let resource = lease(json!({}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (result, _, _) = run(first, resource.clone(), async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1").await;
+        tx.send(expect_status_apply(server, echo).await).unwrap();
+    })
+    .await;
+    result.unwrap();
+    let applied = rx.await.unwrap();
+
+    // The same lock, seen again with the status just written: nothing to write.
+    let (result, _, _) = run(
+        fixture_with(store),
+        lease(json!({}), &[FINALIZER], Some(applied)),
+        async move |server| {
+            expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn an_invalid_resource_gets_valid_false_naming_the_field_and_a_slow_requeue() {
+    let resource = lease(json!({"retryPeriod": "10s"}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (result, store, metrics) = run(fixture(), resource, async move |server| {
+        expect_event(
+            server,
+            "Warning",
+            "InvalidSpec",
+            "spec.retryPeriod (10s) must be shorter",
+        )
+        .await;
+        let status = expect_status_apply(server, echo).await;
+        let conditions = conditions(&status);
+        assert_eq!(
+            conditions["Valid"],
+            (
+                "False".into(),
+                "InvalidSpec".into(),
+                "spec.retryPeriod (10s) must be shorter than renewDeadline (10s), or the leader cannot renew in time"
+                    .into()
+            )
+        );
+        assert_eq!(conditions["StoreReady"].0, "Unknown");
+        assert_eq!(conditions["Ready"].0, "False");
+        assert_eq!(status.get("holder"), None);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(INVALID_REQUEUE));
+    assert_eq!(metrics.reconciles(Outcome::Invalid), 1);
+    assert_eq!(store.calls().reads, 0, "an invalid spec never reaches the store");
+}
+
+#[tokio::test]
+async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalizer() {
+    let fixture = fixture();
+    let grant = fixture
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut resource = lease(json!({}), &["example.com/other", FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let (result, store, _) = run(fixture, resource, async move |server| {
+        expect_event(
+            server,
+            "Normal",
+            "Released",
+            "released lock prod/web held by prod/web-0#n1",
+        )
+        .await;
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(
+            seen.body,
+            json!({"metadata": {"resourceVersion": "41", "finalizers": ["example.com/other"]}})
+        );
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe("prod/web").await.unwrap().record.unwrap();
+    assert_eq!(row.holder, None, "the row is free for a new resource");
+    assert_eq!(
+        (row.term, row.token),
+        (1, Some(grant.token)),
+        "release keeps term and token"
+    );
+}
+
+#[tokio::test]
+async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("global/payments", "eu/payments/api-0#n2", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut resource = lease(json!({"lockName": "global/payments"}), &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let (result, store, _) = run(fixture, resource, async move |server| {
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe("global/payments").await.unwrap().record.unwrap();
+    assert_eq!(row.holder.as_deref(), Some("eu/payments/api-0#n2"));
+}
+
+#[tokio::test]
+async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
+    let fixture = fixture();
+    fixture.store.set_faults(Faults {
+        down: true,
+        ..Faults::default()
+    });
+    let mut resource = lease(json!({}), &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let (result, _, metrics) = run(fixture, resource, async move |server| {
+        expect_event(
+            server,
+            "Warning",
+            "ReconcileFailed",
+            "releasing lock prod/web on delete failed",
+        )
+        .await;
+    })
+    .await;
+    assert!(matches!(result, Err(Error::Release { .. })), "{result:?}");
+    assert_eq!(metrics.reconciles(Outcome::Error), 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_store_shows_in_conditions_and_one_event() {
+    let fixture = fixture();
+    fixture.store.set_faults(Faults {
+        down: true,
+        ..Faults::default()
+    });
+    let resource = lease(json!({}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (result, store, metrics) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        expect_event(
+            server,
+            "Warning",
+            "StoreUnavailable",
+            "store projects/p/instances/i/databases/d",
+        )
+        .await;
+        let status = expect_status_apply(server, echo).await;
+        let conditions = conditions(&status);
+        assert_eq!(conditions["Valid"].0, "True");
+        assert_eq!(conditions["StoreReady"].0, "False");
+        assert_eq!(conditions["StoreReady"].1, "StoreUnavailable");
+        assert_eq!(conditions["Ready"].1, "StoreNotReady");
+        assert_eq!(status["candidates"], json!(1));
+        tx.send(status).unwrap();
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
+    assert_eq!(metrics.reconciles(Outcome::StoreError), 1);
+
+    // The same problem again: no second Event, no status write, and the
+    // label is not touched while the holder is unknown.
+    let status = rx.await.unwrap();
+    let (result, _, _) = run(
+        fixture_with(store),
+        lease(json!({}), &[FINALIZER], Some(status)),
+        async move |server| {
+            expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
+}
+
+#[tokio::test]
+async fn a_forbidden_pod_list_is_an_error_with_an_event() {
+    let resource = lease(json!({}), &[FINALIZER], None);
+    let (result, _, _) = run(fixture(), resource, async move |server| {
+        let seen = next(server).await;
+        seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
+        seen.respond(
+            403,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": "pods is forbidden: cannot list resource \"pods\""}),
+        );
+        expect_event(server, "Warning", "ReconcileFailed", "pods is forbidden").await;
+    })
+    .await;
+    assert!(matches!(result, Err(Error::Kube(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_finalizer_race_retries_soon_without_a_warning_event() {
+    let resource = lease(json!({}), &[], None);
+    let (result, _, metrics) = run(fixture(), resource, async move |server| {
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        seen.respond(
+            409,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+                    "message": "the object has been modified"}),
+        );
+    })
+    .await;
+    let error = result.unwrap_err();
+    assert!(error.is_conflict(), "{error:?}");
+    assert_eq!(metrics.reconciles(Outcome::Error), 1);
+    let (ctx, _server) = context_on(Arc::new(MemoryStore::new(1)), metrics);
+    let lease = Arc::new(serde_json::from_value(lease(json!({}), &[], None)).unwrap());
+    assert_eq!(error_policy(lease, &error, ctx), Action::requeue(CONFLICT_REQUEUE));
+}
+
+#[tokio::test]
+async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
+    let fixture = fixture();
+    // Term 3 now; the status last showed term 1, so two acquisitions happened.
+    for holder in ["prod/web-0#a", "prod/web-1#b", "prod/web-0#c"] {
+        fixture
+            .store
+            .acquire("prod/web", holder, Duration::from_millis(1))
+            .await
+            .unwrap();
+        // Past the 1 ms lease on the store's clock, so the next acquire (and the reconcile) sees it expired.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let old = json!({"holder": "prod/web-0#a", "term": 1, "transitions": 4, "conditions": []});
+    let resource = lease(json!({}), &[FINALIZER], Some(old));
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        let seen = next(server).await;
+        seen.assert("PATCH", "/api/v1/namespaces/prod/pods/web-0", Some(MERGE));
+        seen.respond(200, &pod("web-0", Some("false"), true));
+        expect_event(server, "Normal", "StaleLabelCleared", "web-0").await;
+        expect_event(server, "Normal", "HolderChanged", "lock prod/web has no live holder").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status.get("holder"), None);
+        assert_eq!(status["term"], json!(3));
+        assert_eq!(status["transitions"], json!(6));
+        let conditions = conditions(&status);
+        assert_eq!(conditions["Ready"].1, "NoLeader");
+        assert!(
+            conditions["Ready"].2.contains("prod/web-0#c expired"),
+            "{:?}",
+            conditions["Ready"]
+        );
+    })
+    .await;
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts() {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("prod/web", "prod/web-7d9f-a#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({"publishing": {"readinessGate": true}}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let mut gated = pod("web-7d9f-a", Some("true"), true);
+    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
+    gated["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![gated]).await;
+        let seen = next(server).await;
+        seen.assert("GET", "/apis/apps/v1/namespaces/prod/deployments/web", None);
+        seen.respond(
+            200,
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "prod"},
+                    "spec": {"replicas": 3, "strategy": {"rollingUpdate": {"maxUnavailable": 1}},
+                             "selector": {"matchLabels": {"app": "web"}}, "template": {}}}),
+        );
+        expect_event(
+            server,
+            "Warning",
+            "RolloutWouldStall",
+            "maxUnavailable resolves to 1 of 3",
+        )
+        .await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-7d9f-a#n").await;
+        let status = expect_status_apply(server, echo).await;
+        let conditions = conditions(&status);
+        assert_eq!(conditions["RolloutSafe"].0, "False");
+        assert_eq!(conditions["RolloutSafe"].1, "RolloutWouldStall");
+        assert_eq!(conditions["Ready"].0, "True");
+    })
+    .await;
+    result.unwrap();
+}
+
+#[test]
+fn holder_identities_map_to_cluster_namespace_and_pod() {
+    let parsed = |h| {
+        let p = HolderPod::parse(h);
+        (p.cluster, p.namespace, p.pod)
+    };
+    assert_eq!(parsed("eu/prod/web-0#ab12"), (Some("eu"), Some("prod"), "web-0"));
+    assert_eq!(parsed("prod/web-0#ab12"), (None, Some("prod"), "web-0"));
+    assert_eq!(parsed("web-0#ab12"), (None, None, "web-0"));
+    assert_eq!(parsed("web-0"), (None, None, "web-0"));
+
+    let eu = HolderPod::parse("eu/prod/web-0#n");
+    assert!(eu.may_be_local(None, "prod"), "an unnamed cluster may be eu");
+    assert!(!eu.is_local(None, "prod"), "but release needs certainty");
+    assert!(eu.is_local(Some("eu"), "prod"));
+    assert!(!eu.may_be_local(Some("us"), "prod"));
+    assert!(!eu.may_be_local(Some("eu"), "staging"));
+    assert!(HolderPod::parse("prod/web-0#n").is_local(None, "prod"));
+}
+
+#[tokio::test]
+async fn a_stale_label_on_a_local_pod_named_like_a_remote_holder_is_cleared() {
+    let store = MemoryStore::new(5);
+    store
+        .acquire("global/web", "us/prod/web-0#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let (ctx, server) = context_on(Arc::new(store), metrics);
+    let ctx = Arc::new(Arc::into_inner(ctx).unwrap().with_cluster(Some("eu".into())));
+    let resource = lease(json!({"lockName": "global/web"}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        let seen = next(server).await;
+        seen.assert("PATCH", "/api/v1/namespaces/prod/pods/web-0", Some(MERGE));
+        seen.respond(200, &pod("web-0", Some("false"), true));
+        expect_event(server, "Normal", "StaleLabelCleared", "web-0").await;
+        expect_event(server, "Normal", "HolderChanged", "us/prod/web-0#n").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("us/prod/web-0#n"));
+    })
+    .await;
+    result.unwrap();
+}
+
+/// The store side of a reconcile against any store: the table is created when
+/// missing, the row is read into status, and delete releases the row. Run here
+/// on the memory store; the Spanner store runs the same scenario against the
+/// emulator.
+pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let lock = format!("prod/web-{:08x}", rand::random::<u32>());
+    let spec = json!({"lockName": lock.clone()});
+
+    // No table yet, no row: the table is created and the lock shows as free.
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["term"], json!(0));
+        assert_eq!(status.get("holder"), None);
+        assert_eq!(conditions(&status)["StoreReady"].0, "True");
+        assert_eq!(conditions(&status)["Ready"].1, "NoLeader");
+        tx.send(status).unwrap();
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let free = rx.await.unwrap();
+
+    // A candidate takes the lock: status shows it with its token.
+    let grant = store
+        .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], Some(free));
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["term"], json!(1));
+        assert_eq!(status["token"], json!(grant.token.to_string()));
+        assert_eq!(status["transitions"], json!(1));
+    })
+    .await;
+    result.unwrap();
+
+    // Delete: the row is released by check-and-set, term and token kept.
+    let (ctx, server) = context_on(store.clone(), metrics);
+    let mut resource = lease(spec, &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe(&lock).await.unwrap().record.unwrap();
+    assert_eq!((row.holder, row.term, row.token), (None, 1, Some(grant.token)));
+}
+
+#[tokio::test]
+async fn store_side_on_the_memory_store() {
+    store_side_scenario(Arc::new(MemoryStore::new(11))).await;
+}

@@ -1,0 +1,152 @@
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+use http_body_util::BodyExt as _;
+use kube::client::Body;
+use tower_test::mock;
+
+use super::*;
+use crate::cli::{Cli, Command};
+use crate::lease::LeaseStore;
+use crate::operator::stores::SingleStore;
+use crate::store::MemoryStore;
+
+#[test]
+fn every_operator_flag_can_come_from_the_environment() {
+    let cli = Cli::command();
+    let operator = cli.find_subcommand("operator").expect("operator subcommand");
+    for arg in operator.get_arguments() {
+        if arg.is_positional() || ["help", "version"].contains(&arg.get_id().as_str()) {
+            continue;
+        }
+        let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+        assert!(
+            env.as_deref().is_some_and(|e| e.starts_with("LEASEHOLD_")),
+            "--{} has no LEASEHOLD_ env: {env:?}",
+            arg.get_id()
+        );
+    }
+}
+
+fn operator_args(args: &[&str]) -> Args {
+    let argv = ["leasehold", "operator"].iter().chain(args);
+    match Cli::try_parse_from(argv).unwrap().command {
+        Command::Operator(args) => args,
+        other => panic!("parsed {other:?}"),
+    }
+}
+
+#[test]
+fn election_needs_a_database_and_valid_timing_unless_turned_off() {
+    let err = operator_args(&[])
+        .election(&Identity::with_nonce("operator-0", "n"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("--election-database (LEASEHOLD_ELECTION_DATABASE) is required"),
+        "{err}"
+    );
+    assert!(
+        operator_args(&["--leader-election=false"])
+            .election(&Identity::with_nonce("operator-0", "n"))
+            .unwrap()
+            .is_none()
+    );
+
+    let db = "--election-database=projects/p/instances/i/databases/d";
+    let election = operator_args(&[db])
+        .election(&Identity::with_nonce("operator-0", "n"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(election.config.table, DEFAULT_TABLE);
+    assert_eq!(election.timing.lease_duration, Duration::from_secs(15));
+
+    let err = operator_args(&[db, "--election-renew-deadline=20s"])
+        .election(&Identity::with_nonce("operator-0", "n"))
+        .err()
+        .unwrap();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),
+        "{err}"
+    );
+}
+
+/// The controller watches resources only while this replica holds the
+/// operator lock; on shutdown it stops and the lock is released at once.
+#[tokio::test]
+async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
+    let (service, mut server) = mock::pair::<::http::Request<Body>, ::http::Response<Body>>();
+    let client = Client::new(service, "default");
+    let store = MemoryStore::new(3);
+    let lock = "leasehold-system/leasehold-operator";
+    // Another replica holds the lock for 400 ms and then dies without releasing.
+    store
+        .acquire(lock, "other-0#x", Duration::from_millis(400))
+        .await
+        .unwrap();
+
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store.clone())));
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let ctx = Arc::new(Context::new(
+        client,
+        Reporter::from(FIELD_MANAGER),
+        stores.clone(),
+        metrics.clone(),
+    ));
+    let controller = ControllerRun {
+        ctx,
+        namespace: Some("prod".into()),
+        concurrency: 1,
+        grace: Duration::from_millis(50),
+    };
+    let election = Election {
+        config: SpannerConfig {
+            database: "projects/p/instances/i/databases/d".into(),
+            table: DEFAULT_TABLE.into(),
+        },
+        timing: Timing::parse("300ms", "200ms", "50ms", 0.1).unwrap(),
+        lock: lock.into(),
+        identity: Identity::with_nonce("operator-1", "n"),
+    };
+    let (role, mut role_rx) = watch::channel(Role::Starting);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { election.run(stores, controller, &role, &shutdown).await }
+    });
+
+    role_rx.wait_for(|r| *r == Role::Standby).await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(200), server.next_request()).await;
+    assert!(early.is_err(), "a standby must not watch resources");
+    assert_eq!(*role_rx.borrow(), Role::Standby);
+
+    // Within D + P of the other replica's last renewal, this one takes over.
+    let (request, _reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+        .await
+        .expect("the controller started after the takeover")
+        .expect("a request");
+    assert_eq!(request.method(), "GET");
+    assert_eq!(
+        request.uri().path(),
+        "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+    );
+    let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+    let (group, resource, verb) = rbac::request_attributes("GET", request.uri().path(), watch).unwrap();
+    assert!(rbac::allows(&group, &resource, verb), "{verb} {group}/{resource}");
+    assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
+    assert_eq!(*role_rx.borrow(), Role::Active);
+    assert!(metrics.is_leader());
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("shutdown finished")
+        .unwrap()
+        .unwrap();
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    assert_eq!(row.holder, None, "the operator lock is released on shutdown");
+    assert_eq!(row.term, 2);
+    assert!(!metrics.is_leader());
+}
