@@ -103,6 +103,8 @@ pub struct Args {
     /// Reconciles running at once.
     #[arg(long, env = "LEASEHOLD_OPERATOR_CONCURRENCY", default_value_t = 4)]
     pub concurrency: u16,
+    #[command(flatten)]
+    pub webhook: webhook::WebhookArgs,
 }
 
 impl Args {
@@ -152,6 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Checked before anything connects, so a bad flag fails fast and clearly.
     let identity = args.identity();
     let election = args.election(&identity)?;
+    let injection = args.webhook.injection()?;
 
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
@@ -170,6 +173,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity.to_string()),
     };
+    // Every replica serves the webhook, active or standby: the Service
+    // routes admission requests to any of them.
+    let webhook = injection.map(|injection| {
+        let namespace = args.pod_namespace.clone().unwrap_or_else(|| "leasehold-system".into());
+        let (args, client, shutdown) = (args.webhook.clone(), client.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let served = webhook::run(&args, injection, &namespace, client, shutdown.clone()).await;
+            if let Err(e) = &served {
+                // Without its webhook the operator is broken: stop, visibly.
+                error!(error = %e, "the injection webhook failed; shutting down");
+                shutdown.cancel();
+            }
+            served
+        })
+    });
     let stores: Arc<dyn StoreProvider> = Arc::new(SpannerStores::default());
     let ctx = Arc::new(
         Context::new(client.clone(), reporter, stores.clone(), metrics.clone()).with_cluster(args.cluster_name.clone()),
@@ -195,6 +213,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     role.send_replace(Role::Stopping);
     shutdown.cancel();
+    if let Some(webhook) = webhook {
+        webhook
+            .await
+            .context("the webhook task failed")?
+            .context("the injection webhook failed")?;
+    }
     server
         .await
         .context("the HTTP server task failed")?

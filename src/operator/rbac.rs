@@ -13,11 +13,12 @@ pub struct Rule {
 }
 
 pub const RULES: &[Rule] = &[
-    // The controller's list+watch; finalizers by merge patch.
+    // The controller's list+watch; finalizers by merge patch; the injection
+    // webhook reads the lease a pod names.
     Rule {
         api_group: "leasehold.dev",
         resources: &["distributedleases"],
-        verbs: &["list", "watch", "patch"],
+        verbs: &["get", "list", "watch", "patch"],
     },
     // Status by server-side apply.
     Rule {
@@ -43,12 +44,28 @@ pub const RULES: &[Rule] = &[
         resources: &["events"],
         verbs: &["create", "patch"],
     },
+    // The injection webhook's self-signed CA goes into its configuration.
+    Rule {
+        api_group: "admissionregistration.k8s.io",
+        resources: &["mutatingwebhookconfigurations"],
+        verbs: &["get", "patch"],
+    },
 ];
 
-/// The rules as the `rules:` list of a ClusterRole.
-pub fn rules_yaml() -> String {
+/// Rules granted by a Role in the operator's own namespace only.
+pub const NAMESPACED_RULES: &[Rule] = &[
+    // The webhook certificate all replicas share (self-signed mode).
+    Rule {
+        api_group: "",
+        resources: &["secrets"],
+        verbs: &["get", "create"],
+    },
+];
+
+/// The rules as the `rules:` list of a ClusterRole ([`RULES`]) or Role.
+pub fn rules_yaml(rules: &[Rule]) -> String {
     let mut yaml = String::from("rules:\n");
-    for rule in RULES {
+    for rule in rules {
         yaml.push_str(&format!(
             "  - apiGroups: [\"{}\"]\n    resources: [{}]\n    verbs: [{}]\n",
             rule.api_group,
@@ -64,6 +81,7 @@ pub fn rules_yaml() -> String {
 pub fn allows(api_group: &str, resource: &str, verb: &str) -> bool {
     RULES
         .iter()
+        .chain(NAMESPACED_RULES)
         .any(|r| r.api_group == api_group && r.resources.contains(&resource) && r.verbs.contains(&verb))
 }
 
@@ -108,11 +126,13 @@ mod tests {
 
     #[test]
     fn the_doc_carries_exactly_these_rules() {
-        assert!(
-            DOC.contains(&rules_yaml()),
-            "docs/rbac-operator.md must contain the rules as rbac::rules_yaml() renders them:\n{}",
-            rules_yaml()
-        );
+        for rules in [RULES, NAMESPACED_RULES] {
+            assert!(
+                DOC.contains(&rules_yaml(rules)),
+                "docs/rbac-operator.md must contain the rules as rbac::rules_yaml() renders them:\n{}",
+                rules_yaml(rules)
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,8 @@ const TOKEN_DIR: &str = "/var/run/leasehold";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{0}")]
+    Config(String),
     #[error("certificate generation failed: {0}")]
     Certificate(#[from] rcgen::Error),
     #[error("TLS setup failed: {0}")]
@@ -51,11 +53,109 @@ pub enum Error {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("MutatingWebhookConfiguration {name}: {source}")]
     Configuration { name: String, source: kube::Error },
+    #[error("Secret {name}: {source}")]
+    Secret { name: String, source: kube::Error },
     #[error("MutatingWebhookConfiguration {0} has no webhooks to give the CA bundle to")]
     NoWebhooks(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The webhook's flags, part of `leasehold operator`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Serve the sidecar-injection webhook (HTTPS) on this address; off when unset.
+    #[arg(long = "webhook-listen", env = "LEASEHOLD_WEBHOOK_LISTEN")]
+    pub webhook_listen: Option<SocketAddr>,
+    /// Folder holding tls.crt and tls.key issued by cert-manager (which also
+    /// fills the caBundle); without it the operator makes a self-signed CA.
+    #[arg(long = "webhook-cert-dir", env = "LEASEHOLD_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+    /// The Service in front of the webhook (names in the certificate).
+    #[arg(
+        long = "webhook-service",
+        env = "LEASEHOLD_WEBHOOK_SERVICE",
+        default_value = "leasehold-webhook"
+    )]
+    pub webhook_service: String,
+    /// Secret, in the operator's namespace, holding the self-signed certificate.
+    #[arg(
+        long = "webhook-secret",
+        env = "LEASEHOLD_WEBHOOK_SECRET",
+        default_value = "leasehold-webhook-tls"
+    )]
+    pub webhook_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle gets the self-signed CA.
+    #[arg(
+        long = "webhook-configuration",
+        env = "LEASEHOLD_WEBHOOK_CONFIGURATION",
+        default_value = "leasehold-sidecar-injector"
+    )]
+    pub webhook_configuration: String,
+    /// Image of the injected sidecar (required with --webhook-listen).
+    #[arg(long = "sidecar-image", env = "LEASEHOLD_SIDECAR_IMAGE")]
+    pub sidecar_image: Option<String>,
+    #[arg(
+        long = "sidecar-cpu-request",
+        env = "LEASEHOLD_SIDECAR_CPU_REQUEST",
+        default_value = "10m"
+    )]
+    pub sidecar_cpu_request: String,
+    #[arg(
+        long = "sidecar-memory-request",
+        env = "LEASEHOLD_SIDECAR_MEMORY_REQUEST",
+        default_value = "32Mi"
+    )]
+    pub sidecar_memory_request: String,
+    #[arg(
+        long = "sidecar-memory-limit",
+        env = "LEASEHOLD_SIDECAR_MEMORY_LIMIT",
+        default_value = "64Mi"
+    )]
+    pub sidecar_memory_limit: String,
+}
+
+impl WebhookArgs {
+    /// The injected container's settings; checked before anything starts.
+    pub fn injection(&self) -> Result<Option<InjectionConfig>> {
+        if self.webhook_listen.is_none() {
+            return Ok(None);
+        }
+        let image = self.sidecar_image.clone().ok_or_else(|| {
+            Error::Config("--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen".into())
+        })?;
+        Ok(Some(InjectionConfig {
+            image,
+            http_port: 4040,
+            metrics_port: 9090,
+            cpu_request: self.sidecar_cpu_request.clone(),
+            memory_request: self.sidecar_memory_request.clone(),
+            memory_limit: self.sidecar_memory_limit.clone(),
+        }))
+    }
+}
+
+/// Prepares the certificate and serves the webhook until `shutdown`.
+pub async fn run(
+    args: &WebhookArgs,
+    injection: InjectionConfig,
+    namespace: &str,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let Some(addr) = args.webhook_listen else { return Ok(()) };
+    let bundle = match &args.webhook_cert_dir {
+        Some(dir) => CertificateBundle::from_dir(dir)?,
+        None => {
+            let bundle =
+                shared_self_signed(client.clone(), namespace, &args.webhook_secret, &args.webhook_service).await?;
+            patch_ca_bundle(client.clone(), &args.webhook_configuration, &bundle.ca_pem).await?;
+            bundle
+        }
+    };
+    let app = router(Arc::new(KubeLeaseLookup(client)), Arc::new(injection));
+    serve(addr, &bundle, app, shutdown).await
+}
 
 /// What the injected container looks like; from the operator's flags.
 #[derive(Debug, Clone)]
@@ -82,6 +182,20 @@ pub trait LeaseLookup: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<LeaseInjection>, String>> + Send;
+}
+
+/// Reads `DistributedLease`s from the API server.
+#[derive(Clone)]
+pub struct KubeLeaseLookup(pub kube::Client);
+
+impl LeaseLookup for KubeLeaseLookup {
+    async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
+        let api: Api<crate::api::DistributedLease> = Api::namespaced(self.0.clone(), namespace);
+        let lease = api.get_opt(name).await.map_err(|e| e.to_string())?;
+        Ok(lease.map(|l| LeaseInjection {
+            readiness_gate: l.spec.publishing.readiness_gate,
+        }))
+    }
 }
 
 /// The JSON patch that injects the sidecar, or `None` when the pod is not
@@ -372,6 +486,16 @@ impl CertificateBundle {
         })
     }
 
+    fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Self> {
+        let data = secret.data.as_ref()?;
+        let text = |key: &str| data.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok());
+        Some(CertificateBundle {
+            ca_pem: text("ca.crt")?,
+            cert_pem: text("tls.crt")?,
+            key_pem: text("tls.key")?,
+        })
+    }
+
     fn server_config(&self) -> Result<rustls::ServerConfig> {
         use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
         let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
@@ -390,6 +514,56 @@ impl CertificateBundle {
                 .map_err(|e| Error::Tls(e.to_string()))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
+    }
+}
+
+/// The self-signed bundle every operator replica serves: the first replica
+/// to start creates it in a Secret, the others read it (a replica that loses
+/// the creation race reads the winner's), so all present one CA.
+pub async fn shared_self_signed(
+    client: kube::Client,
+    namespace: &str,
+    secret: &str,
+    service: &str,
+) -> Result<CertificateBundle> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let wrap = |source| Error::Secret {
+        name: format!("{namespace}/{secret}"),
+        source,
+    };
+    if let Some(existing) = api.get_opt(secret).await.map_err(wrap)? {
+        return CertificateBundle::from_secret(&existing)
+            .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")));
+    }
+    let bundle = CertificateBundle::self_signed(service, namespace)?;
+    let created: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": secret, "namespace": namespace, "labels": {"app.kubernetes.io/name": "leasehold"}},
+        "stringData": {"ca.crt": bundle.ca_pem, "tls.crt": bundle.cert_pem, "tls.key": bundle.key_pem},
+    }))
+    .expect("a well-formed Secret");
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(crate::operator::reconcile::FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &created,
+        )
+        .await
+    {
+        Ok(_) => {
+            info!(secret = %format!("{namespace}/{secret}"), "created the webhook certificate");
+            Ok(bundle)
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let winner = api.get(secret).await.map_err(wrap)?;
+            CertificateBundle::from_secret(&winner)
+                .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")))
+        }
+        Err(e) => Err(wrap(e)),
     }
 }
 
@@ -770,6 +944,87 @@ mod tests {
         patch_ca_bundle(client, "leasehold", "CA PEM").await.unwrap();
         server.await.unwrap();
         assert_eq!(base64_encode(b"CA PEM"), "Q0EgUEVN");
+    }
+
+    #[tokio::test]
+    async fn the_first_replica_stores_the_certificate_and_later_ones_reuse_it() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let path = "/api/v1/namespaces/leasehold-system/secrets";
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("GET");
+            assert_eq!(
+                (request.method().as_str(), request.uri().path()),
+                ("GET", &*format!("{path}/leasehold-webhook-tls"))
+            );
+            let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+            send.send_response(
+                Response::builder()
+                    .status(404)
+                    .body(Body::from(not_found.to_string().into_bytes()))
+                    .unwrap(),
+            );
+            let (request, send) = handle.next_request().await.expect("POST");
+            assert_eq!((request.method().as_str(), request.uri().path()), ("POST", path));
+            assert_eq!(request.uri().query(), Some("&fieldManager=leasehold-operator"));
+            let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(body["type"], "kubernetes.io/tls");
+            assert_eq!(body["metadata"]["name"], "leasehold-webhook-tls");
+            assert!(body["stringData"]["tls.key"].as_str().unwrap().contains("PRIVATE KEY"));
+            // The API server stores stringData as base64 data: hand it back that way.
+            let mut stored = body.clone();
+            let data: serde_json::Map<String, Value> = body["stringData"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(base64_encode(v.as_str().unwrap().as_bytes()))))
+                .collect();
+            stored["data"] = json!(data);
+            stored.as_object_mut().unwrap().remove("stringData");
+            send.send_response(Response::new(Body::from(stored.to_string().into_bytes())));
+            stored
+        });
+        let first = shared_self_signed(client, "leasehold-system", "leasehold-webhook-tls", "leasehold-webhook")
+            .await
+            .unwrap();
+        let stored = server.await.unwrap();
+
+        // A second replica finds the Secret and serves the same certificate.
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("GET");
+            assert_eq!(request.method(), "GET");
+            send.send_response(Response::new(Body::from(stored.to_string().into_bytes())));
+        });
+        let second = shared_self_signed(client, "leasehold-system", "leasehold-webhook-tls", "leasehold-webhook")
+            .await
+            .unwrap();
+        assert_eq!(
+            (second.ca_pem, second.cert_pem, second.key_pem),
+            (first.ca_pem, first.cert_pem, first.key_pem)
+        );
+    }
+
+    #[test]
+    fn the_webhook_needs_a_sidecar_image_only_when_it_is_on() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            webhook: WebhookArgs,
+        }
+        assert!(Cli::parse_from(["x"]).webhook.injection().unwrap().is_none());
+        let err = Cli::parse_from(["x", "--webhook-listen", "0.0.0.0:8443"])
+            .webhook
+            .injection()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen"
+        );
+        let on = Cli::parse_from(["x", "--webhook-listen", "0.0.0.0:8443", "--sidecar-image", "img:1"]);
+        assert_eq!(on.webhook.injection().unwrap().unwrap().image, "img:1");
     }
 
     #[tokio::test]
