@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Change, Elector, ElectorHandle, Identity, LeaderState, LeaseStore, Timing};
 use crate::store::MemoryStore;
+use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore, create_emulator_database};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DemoStore {
@@ -217,6 +218,21 @@ async fn wait_for_leader(candidates: &[Candidate], after: Option<&LeaderState>, 
 async fn connect(store: DemoStore) -> Result<Arc<dyn LeaseStore>> {
     match store {
         DemoStore::Memory => Ok(Arc::new(MemoryStore::default())),
-        DemoStore::Spanner => Err(Error::Setup("the Spanner demo store is not wired yet".into())),
+        DemoStore::Spanner => {
+            if std::env::var("SPANNER_EMULATOR_HOST").map_or(true, |h| h.is_empty()) {
+                return Err(Error::Setup(
+                    "--store spanner elects on the Cloud Spanner emulator: set SPANNER_EMULATOR_HOST=host:port".into(),
+                ));
+            }
+            let endpoints = Endpoints::from_env();
+            let database = create_emulator_database(&endpoints, "leasehold-demo", "demo", "demo").await?;
+            let config = SpannerConfig {
+                database,
+                table: crate::api::DEFAULT_TABLE.into(),
+            };
+            Ok(Arc::new(
+                SpannerStore::connect_to(config, endpoints, DEFAULT_CALL_TIMEOUT).await?,
+            ))
+        }
     }
 }

@@ -12,3 +12,5 @@ pub mod operator;
 pub mod sidecar;
 pub mod sim;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;

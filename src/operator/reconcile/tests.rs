@@ -775,3 +775,16 @@ pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
 async fn store_side_on_the_memory_store() {
     store_side_scenario(Arc::new(MemoryStore::new(11))).await;
 }
+
+#[tokio::test]
+async fn store_side_on_the_spanner_emulator() {
+    use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
+    let emulator = crate::testing::Emulator::start_or_connect();
+    // A fresh database without the table: the reconcile must create it.
+    let config = emulator.create_database("operator_leases").await;
+    let store = SpannerStore::connect_to(config, emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+        .await
+        .unwrap();
+    assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
+    store_side_scenario(Arc::new(store)).await;
+}

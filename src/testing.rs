@@ -1,0 +1,240 @@
+//! Test support shared by the integration tests and the benchmarks: the
+//! Cloud Spanner emulator (found or started) and a TCP proxy the test
+//! controls. Not part of the product's behaviour.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::store::spanner::{Endpoints, SpannerConfig, create_emulator_database};
+
+/// How to get an emulator, printed when none is found.
+pub const HOW_TO_GET_THE_EMULATOR: &str = "no Cloud Spanner emulator found. Either run one and set \
+SPANNER_EMULATOR_HOST=host:port (and SPANNER_EMULATOR_REST=http://host:port for its admin gateway \
+unless it is the gRPC port + 10), or set SPANNER_EMULATOR_DIR to a folder holding gateway_main and \
+emulator_main, or `gcloud components install cloud-spanner-emulator`, or put both binaries on PATH";
+
+const PROJECT: &str = "leasehold-test";
+const INSTANCE: &str = "leasehold";
+
+/// A running emulator: one this process started (stopped on drop) or one
+/// named by `SPANNER_EMULATOR_HOST`.
+#[derive(Debug)]
+pub struct Emulator {
+    /// gRPC `host:port`, what `SPANNER_EMULATOR_HOST` holds.
+    pub host: String,
+    /// REST admin gateway, `http://host:port`.
+    pub rest: String,
+    child: Option<Child>,
+}
+
+impl Emulator {
+    /// Uses `SPANNER_EMULATOR_HOST` when set, else starts the emulator found
+    /// in `SPANNER_EMULATOR_DIR`, the gcloud SDK or `PATH`. Panics with
+    /// [`HOW_TO_GET_THE_EMULATOR`] when there is none: a test that needs it
+    /// never passes without it.
+    pub fn start_or_connect() -> Emulator {
+        match Self::try_start_or_connect() {
+            Ok(emulator) => emulator,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    pub fn try_start_or_connect() -> Result<Emulator, String> {
+        if let Ok(host) = std::env::var("SPANNER_EMULATOR_HOST")
+            && !host.is_empty()
+        {
+            let rest = std::env::var("SPANNER_EMULATOR_REST")
+                .ok()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| {
+                    let (name, port) = host.rsplit_once(':').unwrap_or((&host, "9010"));
+                    format!("http://{name}:{}", port.parse::<u16>().unwrap_or(9010) + 10)
+                });
+            return Ok(Emulator {
+                host,
+                rest,
+                child: None,
+            });
+        }
+        let dir = find_binaries().ok_or_else(|| HOW_TO_GET_THE_EMULATOR.to_string())?;
+        let (grpc, http) = (free_port(), free_port());
+        let mut command = Command::new(dir.join("gateway_main"));
+        command
+            .args([
+                "--hostname",
+                "127.0.0.1",
+                "--grpc_port",
+                &grpc.to_string(),
+                "--http_port",
+                &http.to_string(),
+            ])
+            .arg("--grpc_binary")
+            .arg(dir.join("emulator_main"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", dir.join("gateway_main").display()))?;
+        let emulator = Emulator {
+            host: format!("127.0.0.1:{grpc}"),
+            rest: format!("http://127.0.0.1:{http}"),
+            child: Some(child),
+        };
+        let started = Instant::now();
+        while !(port_open(grpc) && port_open(http)) {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err(format!(
+                    "the emulator in {} did not open ports {grpc}/{http} within 30 s",
+                    dir.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(emulator)
+    }
+
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            data: Some(format!("http://{}", self.host)),
+            admin: Some(self.rest.clone()),
+        }
+    }
+
+    /// A fresh database of its own, so tests run in parallel.
+    pub async fn create_database(&self, table: &str) -> SpannerConfig {
+        let name = format!("t{:016x}", rand::random::<u64>());
+        let database = create_emulator_database(&self.endpoints(), PROJECT, INSTANCE, &name)
+            .await
+            .unwrap_or_else(|e| panic!("creating database {name} on the emulator at {}: {e}", self.host));
+        SpannerConfig {
+            database,
+            table: table.to_string(),
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            // The gateway started emulator_main in its process group.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn find_binaries() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("gateway_main").is_file() && dir.join("emulator_main").is_file();
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(dir) = std::env::var("SPANNER_EMULATOR_DIR") {
+        candidates.push(dir.into());
+    }
+    if let Ok(root) = std::env::var("CLOUDSDK_ROOT_DIR") {
+        candidates.push(Path::new(&root).join("bin/cloud_spanner_emulator"));
+    }
+    if let Ok(out) = Command::new("gcloud")
+        .args(["info", "--format=value(installation.sdk_root)"])
+        .output()
+        && out.status.success()
+    {
+        let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        candidates.push(Path::new(&root).join("bin/cloud_spanner_emulator"));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path));
+    }
+    candidates.into_iter().find(|dir| has_both(dir))
+}
+
+/// A port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn port_open(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(100)).is_ok()
+}
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ProxyMode {
+    /// Forward both ways.
+    Forward,
+    /// Forward requests; hold every reply back by this long.
+    DelayReplies(Duration),
+    /// Close every connection and refuse new ones (S4: cut off from the store).
+    Cut,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `target`, switched by the test.
+#[derive(Debug, Clone)]
+pub struct TcpProxy {
+    pub addr: SocketAddr,
+    mode: Arc<watch::Sender<ProxyMode>>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: SocketAddr) -> TcpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy listener");
+        let addr = listener.local_addr().expect("proxy address");
+        let mode = Arc::new(watch::channel(ProxyMode::Forward).0);
+        let modes = mode.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if *modes.borrow() == ProxyMode::Cut {
+                    continue; // dropped: refused
+                }
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pipe(client_read, server_write, modes.subscribe(), false));
+                tokio::spawn(pipe(server_read, client_write, modes.subscribe(), true));
+            }
+        });
+        TcpProxy { addr, mode }
+    }
+
+    pub fn set(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<ProxyMode>,
+    replies: bool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read { Ok(0) | Err(_) => return, Ok(n) => n },
+            _ = mode.wait_for(|m| *m == ProxyMode::Cut) => return,
+        };
+        let current = *mode.borrow();
+        match current {
+            ProxyMode::Cut => return,
+            ProxyMode::DelayReplies(delay) if replies => tokio::time::sleep(delay).await,
+            _ => {}
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

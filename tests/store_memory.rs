@@ -1,0 +1,38 @@
+//! The conformance suite on the memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::lease::{Grant, LeaseStore, StoreError};
+use leasehold::store::conformance::Target;
+use leasehold::store::{Faults, MemoryStore};
+
+struct Memory(MemoryStore);
+
+#[async_trait]
+impl Target for Memory {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(self.0.clone())
+    }
+
+    async fn delete_row(&self, lock: &str) {
+        self.0.delete_row(lock);
+    }
+
+    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+        self.0.set_faults(Faults {
+            drop_reply_after_commit: 1.0,
+            ..Default::default()
+        });
+        let result = self.0.acquire(lock, holder, lease).await;
+        self.0.set_faults(Faults::default());
+        result
+    }
+}
+
+async fn memory() -> Memory {
+    Memory(MemoryStore::new(7))
+}
+
+leasehold::conformance_tests!(memory());
