@@ -7,8 +7,11 @@
 pub mod api;
 pub mod cli;
 pub mod demo;
+pub mod http;
 pub mod lease;
+pub mod metrics;
 pub mod operator;
+pub mod shutdown;
 pub mod sidecar;
 pub mod sim;
 pub mod store;

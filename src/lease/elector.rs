@@ -152,6 +152,11 @@ impl ElectorHandle {
         self.nudge.notify_one();
     }
 
+    /// What [`ElectorHandle::nudge`] uses, for a task that outlives a borrow.
+    pub fn nudger(&self) -> Arc<Notify> {
+        self.nudge.clone()
+    }
+
     /// Waits for the elector to finish (after shutdown, the release is done).
     pub async fn join(self) {
         if let Err(e) = self.task.await

@@ -150,7 +150,7 @@ impl Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    exit_on_signals(shutdown.clone())?;
+    crate::shutdown::exit_on_signals(shutdown.clone()).context("cannot listen for SIGTERM and SIGINT")?;
     // Checked before anything connects, so a bad flag fails fast and clearly.
     let identity = args.identity();
     let election = args.election(&identity)?;
@@ -335,27 +335,6 @@ impl ControllerRun {
             () = grace_over => warn!(grace = ?self.grace, "reconciles still running after the grace period; dropped"),
         }
     }
-}
-
-/// SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.
-fn exit_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = terminate.recv() => info!("SIGTERM: shutting down (a second signal exits at once)"),
-            _ = interrupt.recv() => info!("SIGINT: shutting down (a second signal exits at once)"),
-        }
-        shutdown.cancel();
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-        error!("second signal: exiting without finishing the shutdown");
-        std::process::exit(130);
-    });
-    Ok(())
 }
 
 #[cfg(test)]

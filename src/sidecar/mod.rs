@@ -1,8 +1,170 @@
-//! `leasehold sidecar` (in progress).
+//! `leasehold sidecar`: runs the elector next to the main container and
+//! publishes who leads: the local HTTP API, Prometheus metrics, an optional
+//! token file and, inside Kubernetes, the pod label, the readiness-gate
+//! condition and Events.
+//!
+//! Ordering: on loss or deadline the sidecar stops claiming first (HTTP 503
+//! and the watch event come from the elector's state at once; then the
+//! readiness condition) and only then fixes labels. On SIGTERM it stops
+//! claiming, waits the drain window, releases and exits 0; a second signal
+//! exits at once.
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+pub mod config;
+pub mod kube;
+pub mod token_file;
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("leasehold sidecar is not built yet")
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::IntoResponse;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::lease::{Elector, LeaderContext, LeaseStore};
+use crate::metrics::{MeteredStore, Metrics};
+pub use config::Args;
+use config::StoreChoice;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Timing(#[from] crate::lease::TimingError),
+    #[error("store: {0}")]
+    Store(#[from] crate::lease::StoreError),
+    #[error("Kubernetes: {0}")]
+    Kube(#[from] ::kube::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    Ok(run_sidecar(args).await?)
+}
+
+async fn run_sidecar(args: Args) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    crate::shutdown::exit_on_signals(shutdown.clone()).map_err(Error::Signals)?;
+    let kube = match args.kubernetes() {
+        true => Some(::kube::Client::try_default().await?),
+        false => None,
+    };
+    let settings = config::resolve(&args, kube.clone()).await?;
+    info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, "starting");
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
+    if args.create_table {
+        store.ensure_schema().await?;
+    }
+
+    let http = bind(args.http_addr).await?;
+    let metrics_listener = bind(args.metrics_addr).await?;
+
+    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);
+    let transitions = elector.transitions();
+    // Leader work here is the drain window: on a graceful stop the main
+    // container sees 503 first and gets time to finish before we release.
+    let (drain, draining) = (args.drain, shutdown.clone());
+    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
+        let draining = draining.clone();
+        async move {
+            ctx.cancelled.cancelled().await;
+            if draining.is_cancelled() {
+                info!(?drain, "stopped claiming; draining before the release");
+                tokio::time::sleep(drain).await;
+            }
+        }
+    });
+    let state = handle.subscribe();
+    let servers = CancellationToken::new();
+    let http_task = tokio::spawn(crate::http::serve(
+        http,
+        crate::http::router(state.clone()),
+        servers.clone(),
+    ));
+    let metrics_task = tokio::spawn(crate::http::serve(
+        metrics_listener,
+        metrics_router(registry),
+        servers.clone(),
+    ));
+    tokio::spawn(metrics.follow(state.clone()));
+    if let Some(path) = args.token_file.clone() {
+        tokio::spawn(token_file::follow(path, state.clone()));
+    }
+    let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
+        let publisher = kube::Publisher::new(client, pod, settings.publishing.clone());
+        tokio::spawn(publisher.run(state.clone(), transitions, handle.nudger(), shutdown.clone()))
+    });
+
+    handle.join().await;
+    info!("elector stopped");
+    if let Some(publisher) = publisher
+        && let Err(e) = publisher.await
+    {
+        warn!(error = %e, "the Kubernetes publisher ended abnormally");
+    }
+    servers.cancel();
+    for task in [http_task, metrics_task] {
+        if let Ok(Err(e)) = task.await {
+            warn!(error = %e, "HTTP server error");
+        }
+    }
+    Ok(())
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen { addr, source })
+}
+
+fn metrics_router(registry: Registry) -> axum::Router {
+    let registry = Arc::new(registry);
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                        Ok(()) => (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        )
+                            .into_response(),
+                        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                    }
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
+/// Opens the configured store.
+pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
+    Ok(match choice {
+        StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
+        StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+    })
+}
+
+/// The drain window, parsed like every duration flag.
+pub fn parse_drain(text: &str) -> Result<Duration, String> {
+    crate::lease::timing::parse_duration("drain", text).map_err(|e| e.to_string())
 }

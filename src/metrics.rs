@@ -1,0 +1,213 @@
+//! Prometheus metrics of the sidecar, and the store decorator that counts
+//! every store call (reads vs read-write transactions, latency, failures).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::lease::{Change, FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// observe, acquire, renew, release, ensure_schema.
+    pub op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub op: &'static str,
+    /// lost, unavailable, outcome_unknown, invalid.
+    pub kind: &'static str,
+}
+
+/// The sidecar's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    pub is_leader: Gauge,
+    pub transitions: Counter,
+    pub seconds_since_renew: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub store_calls: Family<OpLabels, Counter>,
+    pub store_failures: Family<FailureLabels, Counter>,
+    pub store_latency: Family<OpLabels, Histogram>,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let metrics = Metrics {
+            is_leader: Gauge::default(),
+            transitions: Counter::default(),
+            seconds_since_renew: Gauge::default(),
+            store_calls: Family::default(),
+            store_failures: Family::default(),
+            store_latency: Family::new_with_constructor(|| {
+                Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
+            }),
+        };
+        let r = registry.sub_registry_with_prefix("leasehold");
+        r.register("is_leader", "1 while this candidate leads", metrics.is_leader.clone());
+        r.register(
+            "transitions",
+            "Leadership acquisitions and losses",
+            metrics.transitions.clone(),
+        );
+        r.register(
+            "seconds_since_renew",
+            "Seconds since the last successful acquire or renew was sent (leaders only)",
+            metrics.seconds_since_renew.clone(),
+        );
+        r.register(
+            "store_calls",
+            "Store calls by operation (observe is a read, the rest read-write transactions)",
+            metrics.store_calls.clone(),
+        );
+        r.register(
+            "store_failures",
+            "Failed store calls by operation and kind",
+            metrics.store_failures.clone(),
+        );
+        r.register(
+            "store_latency_seconds",
+            "Store call latency by operation (renew is the renew latency)",
+            metrics.store_latency.clone(),
+        );
+        metrics
+    }
+
+    /// Follows the elector's state: leadership gauge, transitions, and the
+    /// time since the last renewal (refreshed every second).
+    pub async fn follow(self, mut state: tokio::sync::watch::Receiver<LeaderState>) {
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        let mut led = false;
+        loop {
+            let current = state.borrow_and_update().clone();
+            let leads = current.is_leader_at(Instant::now());
+            if leads != led {
+                self.transitions.inc();
+                led = leads;
+            }
+            self.is_leader.set(i64::from(leads));
+            let since = current
+                .renewed
+                .filter(|_| leads)
+                .map_or(0.0, |r| r.elapsed().as_secs_f64());
+            self.seconds_since_renew.set(since);
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() { return },
+                _ = ticker.tick() => {}
+            }
+        }
+    }
+}
+
+/// Counts and times every call into the wrapped store.
+pub struct MeteredStore {
+    inner: Arc<dyn LeaseStore>,
+    metrics: Metrics,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn LeaseStore>, metrics: Metrics) -> Self {
+        MeteredStore { inner, metrics }
+    }
+
+    async fn measure<T>(
+        &self,
+        op: &'static str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result = call.await;
+        self.metrics.store_calls.get_or_create(&OpLabels { op }).inc();
+        self.metrics
+            .store_latency
+            .get_or_create(&OpLabels { op })
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let kind = match e {
+                StoreError::Lost { .. } => "lost",
+                StoreError::Unavailable(_) => "unavailable",
+                StoreError::OutcomeUnknown(_) => "outcome_unknown",
+                StoreError::Invalid(_) => "invalid",
+            };
+            self.metrics
+                .store_failures
+                .get_or_create(&FailureLabels { op, kind })
+                .inc();
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MeteredStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.measure("ensure_schema", self.inner.ensure_schema()).await
+    }
+    async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
+        self.measure("observe", self.inner.observe(lock)).await
+    }
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+        self.measure("acquire", self.inner.acquire(lock, holder, lease)).await
+    }
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
+        self.measure("renew", self.inner.renew(lock, holder, token, lease))
+            .await
+    }
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+        self.measure("release", self.inner.release(lock, holder, token)).await
+    }
+}
+
+/// Whether a state change is one users care about (not a renewal).
+pub fn is_transition(change: &Change) -> bool {
+    !matches!(change, Change::Renewed | Change::Observed | Change::Starting)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Faults, MemoryStore};
+
+    #[tokio::test]
+    async fn the_metered_store_counts_calls_failures_and_latency() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let memory = MemoryStore::new(1);
+        let store = MeteredStore::new(Arc::new(memory.clone()), metrics.clone());
+        let grant = store.acquire("m", "a", Duration::from_secs(10)).await.unwrap();
+        store.observe("m").await.unwrap();
+        store
+            .renew("m", "a", grant.token, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(store.acquire("m", "b", Duration::from_secs(10)).await.is_err());
+        memory.set_faults(Faults {
+            down: true,
+            ..Default::default()
+        });
+        assert!(store.observe("m").await.is_err());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "leasehold_store_calls_total{op=\"acquire\"} 2",
+            "leasehold_store_calls_total{op=\"observe\"} 2",
+            "leasehold_store_calls_total{op=\"renew\"} 1",
+            "leasehold_store_failures_total{op=\"acquire\",kind=\"lost\"} 1",
+            "leasehold_store_failures_total{op=\"observe\",kind=\"unavailable\"} 1",
+            "leasehold_store_latency_seconds_count{op=\"renew\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}

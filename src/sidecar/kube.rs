@@ -1,0 +1,304 @@
+//! Publishing leadership on the pod: the leader label, the readiness-gate
+//! condition, Events, and the peer watch that makes handover fast.
+//!
+//! A new leader first sets "false" on every other candidate pod still
+//! labelled "true", then "true" on its own; a leader that stops claiming
+//! first sets its condition False, then its label "false". Writes retry with
+//! backoff; none of this ever touches the lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::{Notify, broadcast, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::config::{PodRef, Publishing};
+use crate::lease::{Change, LeaderState};
+
+/// The readiness-gate condition type.
+pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
+const FIELD_MANAGER: &str = "leasehold-sidecar";
+
+pub struct Publisher {
+    pods: Api<Pod>,
+    pod: PodRef,
+    publishing: Publishing,
+    recorder: Recorder,
+}
+
+impl Publisher {
+    pub fn new(client: kube::Client, pod: PodRef, publishing: Publishing) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(pod.name.clone()),
+        };
+        Publisher {
+            pods: Api::namespaced(client.clone(), &pod.namespace),
+            recorder: Recorder::new(client, reporter),
+            pod,
+            publishing,
+        }
+    }
+
+    /// Publishes every change of `state` until the elector is gone, then
+    /// leaves the pod labelled "false" and not ready.
+    pub async fn run(
+        self,
+        mut state: watch::Receiver<LeaderState>,
+        mut transitions: broadcast::Receiver<LeaderState>,
+        nudge: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) {
+        let gated = self.readiness_gated(&shutdown).await;
+        if let Some(selector) = self.publishing.selector.clone() {
+            tokio::spawn(watch_peers(
+                self.pods.clone(),
+                self.pod.name.clone(),
+                self.publishing.label_key.clone(),
+                selector,
+                state.clone(),
+                nudge,
+            ));
+        }
+        let mut published: Option<bool> = None;
+        loop {
+            let current = state.borrow_and_update().clone();
+            let leads = current.is_leader_at(Instant::now());
+            if published != Some(leads) {
+                self.publish(leads, gated).await;
+                published = Some(leads);
+            }
+            // A stalled elector does not publish its own deadline passing.
+            let deadline = current.deadline.filter(|_| leads);
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() { break },
+                Ok(transition) = transitions.recv() => self.announce(&transition).await,
+                _ = sleep_until(deadline) => {}
+            }
+        }
+        while let Ok(transition) = transitions.try_recv() {
+            self.announce(&transition).await;
+        }
+        if published != Some(false) {
+            self.publish(false, gated).await;
+        }
+    }
+
+    /// Whether our pod lists the leader condition as a readiness gate.
+    async fn readiness_gated(&self, shutdown: &CancellationToken) -> bool {
+        let get = || self.pods.get(&self.pod.name);
+        let pod = tokio::select! {
+            pod = get.retry(backoff()).notify(|e, d| warn!(error = %e, retry_in = ?d, "cannot read our own pod")) => pod,
+            _ = shutdown.cancelled() => return false,
+        };
+        match pod {
+            Ok(pod) => pod
+                .spec
+                .and_then(|s| s.readiness_gates)
+                .is_some_and(|gates| gates.iter().any(|g| g.condition_type == LEADER_CONDITION)),
+            Err(e) => {
+                warn!(error = %e, "cannot read our own pod; not publishing a readiness condition");
+                false
+            }
+        }
+    }
+
+    async fn publish(&self, leads: bool, gated: bool) {
+        if leads {
+            self.clear_other_leaders().await;
+            self.set_label(&self.pod.name, true).await;
+            if gated {
+                self.set_condition(true).await;
+            }
+        } else {
+            // Stop claiming first: readiness, then the label.
+            if gated {
+                self.set_condition(false).await;
+            }
+            self.set_label(&self.pod.name, false).await;
+        }
+    }
+
+    /// Sets "false" on every other candidate still labelled "true".
+    async fn clear_other_leaders(&self) {
+        let key = &self.publishing.label_key;
+        let selector = match &self.publishing.selector {
+            Some(s) if !s.is_empty() => format!("{s},{key}=true"),
+            _ => format!("{key}=true"),
+        };
+        let params = ListParams::default().labels(&selector);
+        let list = || self.pods.list(&params);
+        match list.retry(backoff()).await {
+            Ok(pods) => {
+                for other in pods
+                    .items
+                    .iter()
+                    .filter_map(|p| p.metadata.name.as_deref())
+                    .filter(|n| *n != self.pod.name)
+                {
+                    info!(pod = other, "clearing a stale leader label");
+                    self.set_label(other, false).await;
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot list candidate pods to clear stale leader labels"),
+        }
+    }
+
+    async fn set_label(&self, pod: &str, leader: bool) {
+        let patch =
+            Patch::Merge(json!({"metadata": {"labels": {self.publishing.label_key.clone(): leader.to_string()}}}));
+        let params = PatchParams::default();
+        let write = || self.pods.patch(pod, &params, &patch);
+        match write
+            .retry(backoff())
+            .notify(|e, d| debug!(error = %e, retry_in = ?d, "label write failed"))
+            .await
+        {
+            Ok(_) => debug!(pod, leader, "label set"),
+            Err(e) => warn!(pod, leader, error = %e, "cannot set the leader label"),
+        }
+    }
+
+    async fn set_condition(&self, leader: bool) {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+        let (status, reason) = if leader {
+            ("True", "Leader")
+        } else {
+            ("False", "Follower")
+        };
+        let patch = Patch::Strategic(json!({"status": {"conditions": [{
+            "type": LEADER_CONDITION,
+            "status": status,
+            "reason": reason,
+            "lastTransitionTime": now,
+        }]}}));
+        // Strategic merge: the API server merges conditions by type.
+        let params = PatchParams::default();
+        let write = || self.pods.patch_status(&self.pod.name, &params, &patch);
+        if let Err(e) = write.retry(backoff()).await {
+            warn!(leader, error = %e, "cannot set the readiness condition");
+        }
+    }
+
+    async fn announce(&self, transition: &LeaderState) {
+        let (type_, reason, note) = match &transition.change {
+            Change::Acquired => (
+                EventType::Normal,
+                "Acquired",
+                format!("leads term {} with token {}", transition.term, token(transition)),
+            ),
+            Change::Lost(why) => (
+                EventType::Warning,
+                "Lost",
+                format!("lost term {}: {why}", transition.term),
+            ),
+            Change::DeadlineMissed => (
+                EventType::Warning,
+                "Lost",
+                format!(
+                    "no renewal within the renew deadline; stopped claiming term {}",
+                    transition.term
+                ),
+            ),
+            Change::Released => (
+                EventType::Normal,
+                "Released",
+                format!("released term {}", transition.term),
+            ),
+            Change::ReleaseFailed(e) => (
+                EventType::Warning,
+                "ReleaseFailed",
+                format!("term {}: {e}; the lease will expire", transition.term),
+            ),
+            _ => return,
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Elect".into(),
+            secondary: None,
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(self.pod.name.clone()),
+            namespace: Some(self.pod.namespace.clone()),
+            uid: self.pod.uid.clone(),
+            ..Default::default()
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %e, reason, "cannot publish an Event");
+        }
+    }
+}
+
+fn token(state: &LeaderState) -> String {
+    state.token.map(|t| t.to_string()).unwrap_or_default()
+}
+
+fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(6)
+        .with_jitter()
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The pod name in a holder identity `[cluster/]namespace/pod#nonce`.
+pub fn holder_pod(holder: &str) -> &str {
+    let without_nonce = holder.rsplit_once('#').map_or(holder, |(pod, _)| pod);
+    without_nonce.rsplit('/').next().unwrap_or(without_nonce)
+}
+
+/// Nudges the elector when the current holder's pod turns its label to
+/// "false": it released, so acquire now instead of at the next poll.
+async fn watch_peers(
+    pods: Api<Pod>,
+    me: String,
+    label_key: String,
+    selector: String,
+    state: watch::Receiver<LeaderState>,
+    nudge: Arc<Notify>,
+) {
+    let config = watcher::Config::default().labels(&selector);
+    let mut events = std::pin::pin!(watcher::watcher(pods, config));
+    while let Some(event) = events.next().await {
+        let pod = match event {
+            Ok(watcher::Event::Apply(pod)) | Ok(watcher::Event::InitApply(pod)) => pod,
+            Ok(_) => continue,
+            Err(e) => {
+                debug!(error = %e, "pod watch error; the watcher retries");
+                continue;
+            }
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let released = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(&label_key))
+            .is_some_and(|v| v == "false");
+        let holder = state.borrow().holder.clone();
+        if name != me && released && holder.as_deref().map(holder_pod) == Some(name.as_str()) {
+            info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
+            nudge.notify_one();
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The token file: holder, term and token as JSON on a shared volume,
+//! replaced atomically (write a temporary file, then rename), so a reader
+//! never sees half a file.
+
+use std::path::{Path, PathBuf};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::http::LeaderView;
+use crate::lease::LeaderState;
+
+/// Writes `view` to `path` atomically.
+pub async fn write(path: &Path, view: &LeaderView) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(view).map_err(std::io::Error::other)?;
+    let temporary = path.with_extension("tmp");
+    tokio::fs::write(&temporary, json).await?;
+    tokio::fs::rename(&temporary, path).await
+}
+
+/// Rewrites the file on every change of leader, holder, term or token.
+pub async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
+    let mut last = None;
+    loop {
+        let view = LeaderView::of(&state.borrow_and_update(), Instant::now());
+        let key = (view.leader, view.holder.clone(), view.term, view.token.clone());
+        if last.as_ref() != Some(&key) {
+            if let Err(e) = write(&path, &view).await {
+                warn!(path = %path.display(), error = %e, "cannot write the token file");
+            }
+            last = Some(key);
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("leasehold-token-{:x}", rand::random::<u64>()));
+        tokio::fs::create_dir_all(&dir).await.unwrap();
+        let path = dir.join("token.json");
+        let state = LeaderState {
+            holder: Some("a#1".into()),
+            term: 3,
+            token: Some(crate::lease::FencingToken(42)),
+            ..Default::default()
+        };
+        write(&path, &LeaderView::of(&state, Instant::now())).await.unwrap();
+        let read: serde_json::Value = serde_json::from_slice(&tokio::fs::read(&path).await.unwrap()).unwrap();
+        assert_eq!(read["holder"], "a#1");
+        assert_eq!(read["term"], 3);
+        assert_eq!(read["token"], "42");
+        assert!(
+            !path.with_extension("tmp").exists(),
+            "the temporary file was renamed away"
+        );
+        tokio::fs::remove_dir_all(&dir).await.unwrap();
+    }
+}
