@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::lease::{Change, FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
+use crate::lease::{FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
@@ -167,11 +167,6 @@ impl LeaseStore for MeteredStore {
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
         self.measure("release", self.inner.release(lock, holder, token)).await
     }
-}
-
-/// Whether a state change is one users care about (not a renewal).
-pub fn is_transition(change: &Change) -> bool {
-    !matches!(change, Change::Renewed | Change::Observed | Change::Starting)
 }
 
 #[cfg(test)]

@@ -313,4 +313,55 @@ mod tests {
             })
         );
     }
+
+    #[tokio::test]
+    async fn with_lease_every_setting_comes_from_the_resource() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "prod");
+        let api_server = tokio::spawn(async move {
+            let (request, send) = server.next_request().await.expect("GET the lease");
+            assert_eq!(request.method(), "GET");
+            assert_eq!(
+                request.uri().path(),
+                "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web"
+            );
+            let lease = serde_json::json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "web", "namespace": "prod"},
+                "spec": {
+                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                    "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "publishing": {"readinessGate": true},
+                }
+            });
+            send.send_response(Response::new(Body::from(serde_json::to_vec(&lease).unwrap())));
+        });
+        let cli = Cli::parse_from([
+            "sidecar",
+            "--lease",
+            "web",
+            "--pod-name",
+            "web-0",
+            "--pod-namespace",
+            "prod",
+            "--kubernetes",
+            "true",
+        ]);
+        let s = resolve(&cli.args, Some(client)).await.unwrap();
+        api_server.await.unwrap();
+        assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
+        assert_eq!(s.timing.lease_duration, Duration::from_secs(6));
+        assert_eq!(
+            s.publishing,
+            Publishing {
+                label_key: "leasehold.dev/leader".into(),
+                selector: Some("app=web".into())
+            }
+        );
+        assert_eq!(s.pod.unwrap().name, "web-0");
+        assert!(s.identity.to_string().starts_with("prod/web-0#"));
+    }
 }

@@ -302,3 +302,268 @@ async fn watch_peers(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::Value;
+    use tower_test::mock::Handle;
+
+    type Server = Handle<Request<Body>, Response<Body>>;
+
+    fn publisher() -> (Publisher, Server) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "prod");
+        let pod = PodRef {
+            name: "web-0".into(),
+            namespace: "prod".into(),
+            uid: Some("uid-0".into()),
+        };
+        let publishing = Publishing {
+            label_key: "leasehold.dev/leader".into(),
+            selector: Some("app=web".into()),
+        };
+        (Publisher::new(client, pod, publishing), handle)
+    }
+
+    fn pod_json(name: &str, leader: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "prod", "resourceVersion": "1",
+                            "labels": {"app": "web", "leasehold.dev/leader": leader}}})
+    }
+
+    fn respond(send: tower_test::mock::SendResponse<Response<Body>>, body: Value) {
+        send.send_response(Response::new(Body::from(serde_json::to_vec(&body).unwrap())));
+    }
+
+    /// Takes the next request: (method, path?query, content type, JSON body).
+    async fn next(
+        server: &mut Server,
+    ) -> (
+        String,
+        String,
+        String,
+        Value,
+        tower_test::mock::SendResponse<Response<Body>>,
+    ) {
+        let (request, send) = server.next_request().await.expect("a request");
+        let method = request.method().to_string();
+        let uri = request.uri().to_string();
+        let content_type = request
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        (method, uri, content_type, body, send)
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_clears_other_leaders_then_labels_itself_then_becomes_ready() {
+        let (publisher, mut server) = publisher();
+        let api_server = tokio::spawn(async move {
+            let (method, uri, _, _, send) = next(&mut server).await;
+            assert_eq!(method, "GET");
+            assert_eq!(
+                uri,
+                "/api/v1/namespaces/prod/pods?&labelSelector=app%3Dweb%2Cleasehold.dev%2Fleader%3Dtrue"
+            );
+            respond(
+                send,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                                 "items": [pod_json("web-0", "true"), pod_json("web-1", "true")]}),
+            );
+
+            let (method, uri, content_type, body, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-1?"),
+                "the stale leader first"
+            );
+            assert_eq!(content_type, "application/merge-patch+json");
+            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "false"}}}));
+            respond(send, pod_json("web-1", "false"));
+
+            let (method, uri, content_type, body, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?"),
+                "then our own"
+            );
+            assert_eq!(content_type, "application/merge-patch+json");
+            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}}));
+            respond(send, pod_json("web-0", "true"));
+
+            let (method, uri, content_type, body, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-0/status?")
+            );
+            assert_eq!(content_type, "application/strategic-merge-patch+json");
+            let condition = &body["status"]["conditions"][0];
+            assert_eq!(condition["type"], "leasehold.dev/leader");
+            assert_eq!(condition["status"], "True");
+            assert_eq!(condition["reason"], "Leader");
+            assert!(condition["lastTransitionTime"].is_string());
+            respond(send, pod_json("web-0", "true"));
+        });
+        publisher.publish(true, true).await;
+        api_server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_stops_claiming_turns_unready_before_relabelling() {
+        let (publisher, mut server) = publisher();
+        let api_server = tokio::spawn(async move {
+            let (method, uri, content_type, body, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-0/status?")
+            );
+            assert_eq!(content_type, "application/strategic-merge-patch+json");
+            assert_eq!(body["status"]["conditions"][0]["status"], "False");
+            respond(send, pod_json("web-0", "true"));
+            let (method, uri, _, body, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?")
+            );
+            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "false"}}}));
+            respond(send, pod_json("web-0", "false"));
+        });
+        publisher.publish(false, true).await;
+        api_server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_a_readiness_gate_only_the_label_is_written() {
+        let (publisher, mut server) = publisher();
+        let api_server = tokio::spawn(async move {
+            let (method, uri, _, _, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?")
+            );
+            respond(send, pod_json("web-0", "false"));
+            assert!(
+                tokio::time::timeout(Duration::from_millis(100), server.next_request())
+                    .await
+                    .is_err(),
+                "no status patch for a pod without the gate"
+            );
+        });
+        publisher.publish(false, false).await;
+        api_server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_readiness_gate_is_read_from_our_own_pod() {
+        let (publisher, mut server) = publisher();
+        let api_server = tokio::spawn(async move {
+            let (method, uri, _, _, send) = next(&mut server).await;
+            assert_eq!(
+                (method.as_str(), uri.as_str()),
+                ("GET", "/api/v1/namespaces/prod/pods/web-0")
+            );
+            let mut pod = pod_json("web-0", "false");
+            pod["spec"] =
+                json!({"containers": [{"name": "app"}], "readinessGates": [{"conditionType": LEADER_CONDITION}]});
+            respond(send, pod);
+        });
+        assert!(publisher.readiness_gated(&CancellationToken::new()).await);
+        api_server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn acquisitions_losses_and_releases_become_events_on_the_pod() {
+        let (publisher, mut server) = publisher();
+        let api_server = tokio::spawn(async move {
+            let mut reasons = Vec::new();
+            for _ in 0..3 {
+                let (method, uri, _, body, send) = next(&mut server).await;
+                assert_eq!(
+                    (method.as_str(), uri.as_str()),
+                    ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events?")
+                );
+                assert_eq!(body["regarding"]["kind"], "Pod");
+                assert_eq!(body["regarding"]["name"], "web-0");
+                assert_eq!(body["regarding"]["uid"], "uid-0");
+                assert_eq!(body["reportingController"], "leasehold-sidecar");
+                reasons.push((
+                    body["reason"].as_str().unwrap().to_string(),
+                    body["type"].as_str().unwrap().to_string(),
+                ));
+                respond(send, body);
+            }
+            reasons
+        });
+        let state = |change: Change| LeaderState {
+            term: 4,
+            token: Some(crate::lease::FencingToken(9)),
+            change,
+            ..Default::default()
+        };
+        publisher.announce(&state(Change::Acquired)).await;
+        publisher.announce(&state(Change::Renewed)).await; // not news: no request
+        publisher.announce(&state(Change::DeadlineMissed)).await;
+        publisher.announce(&state(Change::Released)).await;
+        let reasons = api_server.await.unwrap();
+        assert_eq!(
+            reasons,
+            [
+                ("Acquired".into(), "Normal".into()),
+                ("Lost".into(), "Warning".into()),
+                ("Released".into(), "Normal".into())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_leaders_label_turning_false_nudges_the_elector() {
+        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods: Api<Pod> = Api::namespaced(kube::Client::new(service, "prod"), "prod");
+        let state = watch::channel(LeaderState {
+            holder: Some("prod/web-1#abc".into()),
+            ..Default::default()
+        })
+        .1;
+        let nudge = Arc::new(Notify::new());
+        tokio::spawn(watch_peers(
+            pods,
+            "web-0".into(),
+            "leasehold.dev/leader".into(),
+            "app=web".into(),
+            state,
+            nudge.clone(),
+        ));
+        let (method, uri, _, _, send) = next(&mut server).await;
+        assert_eq!(method, "GET");
+        assert!(
+            uri.starts_with("/api/v1/namespaces/prod/pods?") && uri.contains("labelSelector=app%3Dweb"),
+            "{uri}"
+        );
+        // The initial list shows the leader's pod with its label already "false".
+        respond(
+            send,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "5"},
+                             "items": [pod_json("web-1", "false")]}),
+        );
+        tokio::time::timeout(Duration::from_secs(5), nudge.notified())
+            .await
+            .expect("nudged");
+    }
+
+    #[test]
+    fn holder_identities_name_their_pod() {
+        assert_eq!(holder_pod("eu/prod/web-1#abc"), "web-1");
+        assert_eq!(holder_pod("prod/web-1#abc"), "web-1");
+        assert_eq!(holder_pod("web-1#abc"), "web-1");
+    }
+}
