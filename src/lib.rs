@@ -11,6 +11,7 @@ pub mod http;
 pub mod lease;
 pub mod metrics;
 pub mod operator;
+pub mod rbac;
 pub mod shutdown;
 pub mod sidecar;
 pub mod sim;

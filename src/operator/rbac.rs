@@ -4,13 +4,7 @@
 //! rules, and `docs/rbac-operator.md` carries them as a ClusterRole, so the
 //! chart's RBAC cannot drift from the code silently.
 
-/// One ClusterRole rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rule {
-    pub api_group: &'static str,
-    pub resources: &'static [&'static str],
-    pub verbs: &'static [&'static str],
-}
+pub use crate::rbac::{Rule, request_attributes, rules_yaml};
 
 pub const RULES: &[Rule] = &[
     // The controller's list+watch; finalizers by merge patch; the injection
@@ -62,60 +56,10 @@ pub const NAMESPACED_RULES: &[Rule] = &[
     },
 ];
 
-/// The rules as the `rules:` list of a ClusterRole ([`RULES`]) or Role.
-pub fn rules_yaml(rules: &[Rule]) -> String {
-    let mut yaml = String::from("rules:\n");
-    for rule in rules {
-        yaml.push_str(&format!(
-            "  - apiGroups: [\"{}\"]\n    resources: [{}]\n    verbs: [{}]\n",
-            rule.api_group,
-            rule.resources.join(", "),
-            rule.verbs.join(", ")
-        ));
-    }
-    yaml
-}
-
-/// Whether the rules allow `verb` on `resource` (with subresource, e.g.
-/// `distributedleases/status`) in `api_group`.
+/// Whether the operator's rules allow `verb` on `resource` in `api_group`.
 pub fn allows(api_group: &str, resource: &str, verb: &str) -> bool {
-    RULES
-        .iter()
-        .chain(NAMESPACED_RULES)
-        .any(|r| r.api_group == api_group && r.resources.contains(&resource) && r.verbs.contains(&verb))
-}
-
-/// The API group, resource (with subresource) and RBAC verb of a request
-/// path, for checking recorded requests against [`RULES`].
-pub fn request_attributes(method: &str, path: &str, watch: bool) -> Option<(String, String, &'static str)> {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (group, rest) = match parts.as_slice() {
-        ["api", _version, rest @ ..] => ("", rest),
-        ["apis", group, _version, rest @ ..] => (*group, rest),
-        _ => return None,
-    };
-    let rest = match rest {
-        ["namespaces", _namespace, rest @ ..] if !rest.is_empty() => rest,
-        rest => rest,
-    };
-    let (resource, named) = match rest {
-        [resource] => (resource.to_string(), false),
-        [resource, _name] => (resource.to_string(), true),
-        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
-        _ => return None,
-    };
-    let verb = match (method, named) {
-        ("GET", _) if watch => "watch",
-        ("GET", true) => "get",
-        ("GET", false) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "delete",
-        ("DELETE", false) => "deletecollection",
-        _ => return None,
-    };
-    Some((group.to_string(), resource, verb))
+    crate::rbac::grants(RULES, api_group, resource, verb)
+        || crate::rbac::grants(NAMESPACED_RULES, api_group, resource, verb)
 }
 
 #[cfg(test)]

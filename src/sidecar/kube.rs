@@ -351,6 +351,11 @@ mod tests {
         let (request, send) = server.next_request().await.expect("a request");
         let method = request.method().to_string();
         let uri = request.uri().to_string();
+        let watch = request.uri().query().is_some_and(|q| q.contains("watch=true"));
+        assert!(
+            super::super::rbac::allows_request(&method, request.uri().path(), watch),
+            "{method} {uri} is not in the sidecar's Role"
+        );
         let content_type = request
             .headers()
             .get("content-type")

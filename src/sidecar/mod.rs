@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod kube;
+pub mod rbac;
 pub mod token_file;
 
 use std::sync::Arc;

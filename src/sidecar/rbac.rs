@@ -1,0 +1,68 @@
+//! The Kubernetes permissions the sidecar uses, and nothing more: a Role in
+//! the candidates' namespace, bound to their ServiceAccount. The wire-level
+//! tests check every request against these rules, and
+//! `docs/rbac-sidecar.md` carries them.
+
+use crate::rbac::Rule;
+
+pub const RULES: &[Rule] = &[
+    // Our own pod (readiness gates); candidates to clear stale labels and to
+    // watch for a released leader; the leader label by merge patch.
+    Rule {
+        api_group: "",
+        resources: &["pods"],
+        verbs: &["get", "list", "watch", "patch"],
+    },
+    // The readiness-gate condition.
+    Rule {
+        api_group: "",
+        resources: &["pods/status"],
+        verbs: &["patch"],
+    },
+    // Events on acquisition, loss and release (repeats are patched into a series).
+    Rule {
+        api_group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+    // --lease: the DistributedLease that configures the sidecar.
+    Rule {
+        api_group: "leasehold.dev",
+        resources: &["distributedleases"],
+        verbs: &["get"],
+    },
+];
+
+/// Whether the sidecar's Role allows a request, for the wire-level tests.
+pub fn allows_request(method: &str, path: &str, watch: bool) -> bool {
+    crate::rbac::request_attributes(method, path, watch)
+        .is_some_and(|(group, resource, verb)| crate::rbac::grants(RULES, &group, &resource, verb))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doc_carries_exactly_these_rules() {
+        let doc = include_str!("../../docs/rbac-sidecar.md");
+        let rules = crate::rbac::rules_yaml(RULES);
+        assert!(doc.contains(&rules), "docs/rbac-sidecar.md must contain:\n{rules}");
+    }
+
+    #[test]
+    fn nothing_beyond_what_the_sidecar_calls() {
+        assert!(allows_request(
+            "PATCH",
+            "/api/v1/namespaces/prod/pods/web-0/status",
+            false
+        ));
+        assert!(allows_request("GET", "/api/v1/namespaces/prod/pods", true));
+        assert!(!allows_request("DELETE", "/api/v1/namespaces/prod/pods/web-0", false));
+        assert!(!allows_request(
+            "PATCH",
+            "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web",
+            false
+        ));
+    }
+}
