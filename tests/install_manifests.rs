@@ -1,0 +1,76 @@
+//! The install files agree with the code: RBAC grants exactly what the code
+//! calls, the chart ships the generated CRD, and the manifests validate
+//! against the Kubernetes schemas (scripts/check-manifests.py).
+
+use std::path::Path;
+use std::process::Command;
+
+use leasehold::operator::rbac::{NAMESPACED_RULES, RULES};
+use leasehold::rbac::rules_yaml;
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
+    let operator = rules_yaml(RULES);
+    let operator_namespaced = rules_yaml(NAMESPACED_RULES);
+    let sidecar = rules_yaml(leasehold::sidecar::rbac::RULES);
+    for (file, expected) in [
+        ("manifests/install.yaml", vec![&operator, &operator_namespaced]),
+        (
+            "charts/leasehold/templates/rbac-operator.yaml",
+            vec![&operator, &operator_namespaced],
+        ),
+        ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
+        ("manifests/examples/leader-only-service.yaml", vec![&sidecar]),
+        ("manifests/examples/readiness-gated.yaml", vec![&sidecar]),
+    ] {
+        let text = read(file);
+        for rules in expected {
+            assert!(text.contains(rules.as_str()), "{file} must grant exactly:\n{rules}");
+        }
+        // No other rules block sneaks in more.
+        let blocks = text.matches("\nrules:\n").count();
+        assert_eq!(
+            blocks,
+            text.matches("\nkind: Role\n").count() + text.matches("\nkind: ClusterRole\n").count(),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn the_chart_ships_the_generated_crd() {
+    assert_eq!(
+        read("charts/leasehold/crds/distributedlease.yaml"),
+        read("crds/distributedlease.yaml"),
+        "copy crds/distributedlease.yaml into charts/leasehold/crds/"
+    );
+    assert!(
+        read("manifests/install.yaml").contains(read("crds/distributedlease.yaml").trim_end()),
+        "install.yaml carries the CRD"
+    );
+}
+
+#[test]
+fn manifests_validate_against_the_kubernetes_schemas() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var("LEASEHOLD_VENV")
+        .map(|v| root.join(v))
+        .unwrap_or_else(|_| root.join(".venv"));
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-python.sh (it installs kubernetes-validate and jsonschema)",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .arg(root.join("scripts/check-manifests.py"))
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(": 0 problems"), "{stdout}");
+}
