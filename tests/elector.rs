@@ -286,3 +286,40 @@ async fn a_nudged_follower_takes_a_released_lease_without_waiting_for_its_poll()
         released_at.elapsed()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn new_timing_applies_from_the_next_term() {
+    let store = MemoryStore::new(9);
+    let shutdown = CancellationToken::new();
+    let a = candidate("a", &store, &shutdown);
+    let first = until(&a, |s| s.leader).await;
+    let longer = Timing::new(
+        Duration::from_secs(30),
+        Duration::from_secs(20),
+        Duration::from_secs(3),
+        0.0,
+    )
+    .unwrap();
+    a.set_timing(longer);
+    // The running term keeps its rules: deadlines stay send + 7 s.
+    let renewed = until(&a, |s| s.change == Change::Renewed && s.renewed > first.renewed).await;
+    assert_eq!(
+        renewed.deadline.unwrap() - renewed.renewed.unwrap(),
+        timing().renew_deadline
+    );
+    a.set_campaigning(false);
+    until(&a, |s| s.change == Change::Released).await;
+    a.set_campaigning(true);
+    let second = until(&a, |s| s.leader && s.term == 2).await;
+    assert_eq!(
+        second.deadline.unwrap() - second.renewed.unwrap(),
+        Duration::from_secs(20),
+        "the next term uses R = 20 s"
+    );
+    let row = store.observe(LOCK).await.unwrap().record.unwrap();
+    assert_eq!(
+        row.lease_duration,
+        Duration::from_secs(30),
+        "and tells the store D = 30 s"
+    );
+}

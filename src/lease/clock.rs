@@ -30,6 +30,10 @@ impl Jitter {
         Jitter { rng, fraction }
     }
 
+    pub fn set_fraction(&mut self, fraction: f64) {
+        self.fraction = fraction;
+    }
+
     /// `base` plus a random share of `base * fraction`.
     pub fn apply(&mut self, base: Duration) -> Duration {
         if self.fraction <= 0.0 {

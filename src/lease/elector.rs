@@ -117,13 +117,38 @@ pub struct Elector {
     transitions: broadcast::Sender<LeaderState>,
 }
 
-/// Controls a running elector.
+/// Steers a running elector; cheap to clone into other tasks.
+#[derive(Debug, Clone)]
+pub struct ElectorControl {
+    campaign: Arc<watch::Sender<bool>>,
+    timing: Arc<watch::Sender<Timing>>,
+    nudge: Arc<Notify>,
+}
+
+impl ElectorControl {
+    /// `false`: a leader steps down and releases, a follower stops trying.
+    pub fn set_campaigning(&self, campaigning: bool) {
+        self.campaign.send_replace(campaigning);
+    }
+
+    /// New timing, applied from the next term (a running term keeps the
+    /// deadline rules it was granted under).
+    pub fn set_timing(&self, timing: Timing) {
+        self.timing.send_replace(timing);
+    }
+
+    /// Look at the store now instead of at the next poll (graceful handover).
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+}
+
+/// A running elector: its state, its controls, its task.
 #[derive(Debug)]
 pub struct ElectorHandle {
     state: watch::Receiver<LeaderState>,
     transitions: broadcast::Sender<LeaderState>,
-    campaign: watch::Sender<bool>,
-    nudge: Arc<Notify>,
+    control: ElectorControl,
     task: JoinHandle<()>,
 }
 
@@ -142,19 +167,23 @@ impl ElectorHandle {
         self.state.borrow().clone()
     }
 
-    /// `false`: a leader steps down and releases, a follower stops trying.
+    pub fn control(&self) -> ElectorControl {
+        self.control.clone()
+    }
+
+    /// See [`ElectorControl::set_campaigning`].
     pub fn set_campaigning(&self, campaigning: bool) {
-        self.campaign.send_replace(campaigning);
+        self.control.set_campaigning(campaigning);
     }
 
-    /// Look at the store now instead of at the next poll (graceful handover).
+    /// See [`ElectorControl::set_timing`].
+    pub fn set_timing(&self, timing: Timing) {
+        self.control.set_timing(timing);
+    }
+
+    /// See [`ElectorControl::nudge`].
     pub fn nudge(&self) {
-        self.nudge.notify_one();
-    }
-
-    /// What [`ElectorHandle::nudge`] uses, for a task that outlives a borrow.
-    pub fn nudger(&self) -> Arc<Notify> {
-        self.nudge.clone()
+        self.control.nudge();
     }
 
     /// Waits for the elector to finish (after shutdown, the release is done).
@@ -181,6 +210,7 @@ struct Running {
     state: watch::Sender<LeaderState>,
     transitions: broadcast::Sender<LeaderState>,
     campaign: watch::Receiver<bool>,
+    timing_updates: watch::Receiver<Timing>,
     nudge: Arc<Notify>,
     jitter: Jitter,
     /// In a mutex only to make `Running` Sync; it is never contended.
@@ -255,6 +285,7 @@ impl Elector {
         };
         let (state_tx, state_rx) = watch::channel(initial);
         let (campaign_tx, campaign_rx) = watch::channel(true);
+        let (timing_tx, timing_rx) = watch::channel(self.timing);
         let nudge = Arc::new(Notify::new());
         let transitions = self.transitions.clone();
         let jitter = Jitter::new(self.timing.jitter, self.seed);
@@ -265,6 +296,7 @@ impl Elector {
             state: state_tx,
             transitions: transitions.clone(),
             campaign: campaign_rx,
+            timing_updates: timing_rx,
             nudge: nudge.clone(),
             jitter,
             work: std::sync::Mutex::new(Box::new(move |ctx| Box::pin(work(ctx)))),
@@ -273,8 +305,11 @@ impl Elector {
         ElectorHandle {
             state: state_rx,
             transitions,
-            campaign: campaign_tx,
-            nudge,
+            control: ElectorControl {
+                campaign: Arc::new(campaign_tx),
+                timing: Arc::new(timing_tx),
+                nudge,
+            },
             task,
         }
     }
@@ -312,6 +347,12 @@ impl Running {
         loop {
             if self.shutdown.is_cancelled() {
                 break;
+            }
+            if self.timing_updates.has_changed().unwrap_or(false) {
+                let timing = *self.timing_updates.borrow_and_update();
+                info!(lock = %self.elector.lock, ?timing, "new timing, from this term on");
+                self.elector.timing = timing;
+                self.jitter.set_fraction(timing.jitter);
             }
             if !*self.campaign.borrow() {
                 self.state.send_modify(|s| s.campaigning = false);

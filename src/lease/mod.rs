@@ -9,7 +9,7 @@ pub mod record;
 pub mod store;
 pub mod timing;
 
-pub use elector::{Change, Elector, ElectorHandle, LeaderContext, LeaderState};
+pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use record::{FencingToken, Grant, Identity, LeaseRecord, Observation, StoreTime};
 pub use store::{LeaseStore, StoreError};
 pub use timing::{Timing, TimingError};

@@ -11,6 +11,7 @@ use super::{Error, Result};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::{Identity, Timing};
 use crate::store::spanner::SpannerConfig;
+use tracing::{debug, info, warn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
@@ -224,6 +225,54 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
     }
 }
 
+/// Follows the `DistributedLease` after start. New timing applies from the
+/// next term; a new lock, store or label key needs a restart (a running
+/// elector cannot move its lease), which is logged.
+pub async fn watch_lease(
+    client: kube::Client,
+    pod: PodRef,
+    lease: String,
+    started: Settings,
+    set_timing: impl Fn(Timing),
+) {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api: Api<DistributedLease> = Api::namespaced(client, &pod.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
+    let mut events = std::pin::pin!(watcher::watcher(api, config));
+    let mut timing = started.timing;
+    while let Some(event) = events.next().await {
+        let resource = match event {
+            Ok(watcher::Event::Apply(r)) | Ok(watcher::Event::InitApply(r)) => r,
+            Ok(watcher::Event::Delete(_)) => {
+                warn!(%lease, "the DistributedLease was deleted; keeping the settings this sidecar started with");
+                continue;
+            }
+            Ok(_) => continue,
+            Err(e) => {
+                debug!(error = %e, "lease watch error; the watcher retries");
+                continue;
+            }
+        };
+        match validate(&resource) {
+            Ok(valid) => {
+                if valid.timing != timing {
+                    info!(%lease, timing = ?valid.timing, "the lease's timing changed; applies from the next term");
+                    set_timing(valid.timing);
+                    timing = valid.timing;
+                }
+                let moved = valid.lock != started.lock
+                    || StoreChoice::Spanner(valid.spanner) != started.store
+                    || valid.label_key != started.publishing.label_key;
+                if moved {
+                    warn!(%lease, "the lease's lock, store or label key changed; restart the pod to apply");
+                }
+            }
+            Err(e) => warn!(%lease, error = %e, "the DistributedLease is invalid now; keeping the current settings"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,5 +412,60 @@ mod tests {
         );
         assert_eq!(s.pod.unwrap().name, "web-0");
         assert!(s.identity.to_string().starts_with("prod/web-0#"));
+    }
+
+    #[tokio::test]
+    async fn a_timing_change_of_the_lease_reaches_the_elector() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "prod");
+        let started = settings(&["--lock", "prod/web", "--database", "projects/p/instances/i/databases/d"])
+            .await
+            .unwrap();
+        let pod = PodRef {
+            name: "web-0".into(),
+            namespace: "prod".into(),
+            uid: None,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(watch_lease(client, pod, "web".into(), started, move |t| {
+            tx.send(t).unwrap()
+        }));
+        let (request, send) = server.next_request().await.expect("the lease watch");
+        assert_eq!(request.method(), "GET");
+        assert_eq!(
+            request.uri().path(),
+            "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+        );
+        assert!(
+            request
+                .uri()
+                .query()
+                .unwrap()
+                .contains("fieldSelector=metadata.name%3Dweb"),
+            "{}",
+            request.uri()
+        );
+        assert!(super::super::rbac::allows_request("GET", request.uri().path(), true));
+        let list = serde_json::json!({
+            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList", "metadata": {"resourceVersion": "7"},
+            "items": [{
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "web", "namespace": "prod"},
+                "spec": {
+                    "lockName": "prod/web",
+                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                    "leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "3s",
+                    "selector": {"matchLabels": {"app": "web"}},
+                }
+            }]
+        });
+        send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
+        let timing = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(timing.renew_deadline, Duration::from_secs(20));
     }
 }

@@ -6,7 +6,6 @@
 //! first sets its condition False, then its label "false". Writes retry with
 //! backoff; none of this ever touches the lease.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -16,13 +15,13 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::config::{PodRef, Publishing};
-use crate::lease::{Change, LeaderState};
+use crate::lease::{Change, ElectorControl, LeaderState};
 
 /// The readiness-gate condition type.
 pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
@@ -55,7 +54,7 @@ impl Publisher {
         self,
         mut state: watch::Receiver<LeaderState>,
         mut transitions: broadcast::Receiver<LeaderState>,
-        nudge: Arc<Notify>,
+        control: ElectorControl,
         shutdown: CancellationToken,
     ) {
         let gated = self.readiness_gated(&shutdown).await;
@@ -66,7 +65,7 @@ impl Publisher {
                 self.publishing.label_key.clone(),
                 selector,
                 state.clone(),
-                nudge,
+                move || control.nudge(),
             ));
         }
         let mut published: Option<bool> = None;
@@ -275,7 +274,7 @@ async fn watch_peers(
     label_key: String,
     selector: String,
     state: watch::Receiver<LeaderState>,
-    nudge: Arc<Notify>,
+    nudge: impl Fn() + Send + 'static,
 ) {
     let config = watcher::Config::default().labels(&selector);
     let mut events = std::pin::pin!(watcher::watcher(pods, config));
@@ -298,7 +297,7 @@ async fn watch_peers(
         let holder = state.borrow().holder.clone();
         if name != me && released && holder.as_deref().map(holder_pod) == Some(name.as_str()) {
             info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
-            nudge.notify_one();
+            nudge();
         }
     }
 }
@@ -309,6 +308,8 @@ mod tests {
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::Value;
+    use std::sync::Arc;
+    use tokio::sync::Notify;
     use tower_test::mock::Handle;
 
     type Server = Handle<Request<Body>, Response<Body>>;
@@ -546,7 +547,10 @@ mod tests {
             "leasehold.dev/leader".into(),
             "app=web".into(),
             state,
-            nudge.clone(),
+            {
+                let nudge = nudge.clone();
+                move || nudge.notify_one()
+            },
         ));
         let (method, uri, _, _, send) = next(&mut server).await;
         assert_eq!(method, "GET");

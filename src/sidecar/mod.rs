@@ -104,9 +104,15 @@ async fn run_sidecar(args: Args) -> Result<()> {
     if let Some(path) = args.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }
+    if let (Some(client), Some(pod), Some(lease)) = (kube.clone(), settings.pod.clone(), args.lease.clone()) {
+        let control = handle.control();
+        tokio::spawn(config::watch_lease(client, pod, lease, settings.clone(), move |t| {
+            control.set_timing(t)
+        }));
+    }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = kube::Publisher::new(client, pod, settings.publishing.clone());
-        tokio::spawn(publisher.run(state.clone(), transitions, handle.nudger(), shutdown.clone()))
+        tokio::spawn(publisher.run(state.clone(), transitions, handle.control(), shutdown.clone()))
     });
 
     handle.join().await;

@@ -25,11 +25,12 @@ pub const RULES: &[Rule] = &[
         resources: &["events"],
         verbs: &["create", "patch"],
     },
-    // --lease: the DistributedLease that configures the sidecar.
+    // --lease: the DistributedLease that configures the sidecar, read at
+    // start and watched for timing changes.
     Rule {
         api_group: "leasehold.dev",
         resources: &["distributedleases"],
-        verbs: &["get"],
+        verbs: &["get", "list", "watch"],
     },
 ];
 
