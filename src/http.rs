@@ -20,6 +20,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::LeaderState;
+use crate::sidecar::health::AppHealth;
 
 /// The `/leader` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,6 +38,10 @@ pub struct LeaderView {
     pub expires_in: Option<f64>,
     pub identity: String,
     pub campaigning: bool,
+    /// Whether the main container is healthy (`null`: no health source, or
+    /// none can tell), and why; the sidecar campaigns only while it is.
+    pub app_healthy: Option<bool>,
+    pub app_health: Option<String>,
 }
 
 impl LeaderView {
@@ -53,6 +58,17 @@ impl LeaderView {
             expires_in: state.expires_in(now).filter(|_| leader).map(|d| d.as_secs_f64()),
             identity: state.identity.clone(),
             campaigning: state.campaigning,
+            app_healthy: None,
+            app_health: None,
+        }
+    }
+
+    pub fn with_health(self, health: &AppHealth) -> Self {
+        let reason = (!health.reason.is_empty()).then(|| health.reason.clone());
+        LeaderView {
+            app_healthy: health.healthy,
+            app_health: reason,
+            ..self
         }
     }
 
@@ -62,7 +78,14 @@ impl LeaderView {
     }
 }
 
-pub fn router(state: watch::Receiver<LeaderState>) -> Router {
+/// What the handlers read.
+#[derive(Clone)]
+pub struct ApiState {
+    pub leader: watch::Receiver<LeaderState>,
+    pub app: watch::Receiver<AppHealth>,
+}
+
+pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/leader", get(leader))
         .route("/", get(name))
@@ -71,8 +94,8 @@ pub fn router(state: watch::Receiver<LeaderState>) -> Router {
         .with_state(state)
 }
 
-async fn leader(State(state): State<watch::Receiver<LeaderState>>) -> impl IntoResponse {
-    let view = LeaderView::of(&state.borrow(), Instant::now());
+async fn leader(State(state): State<ApiState>) -> impl IntoResponse {
+    let view = LeaderView::of(&state.leader.borrow(), Instant::now()).with_health(&state.app.borrow());
     let status = if view.leader {
         StatusCode::OK
     } else {
@@ -81,14 +104,12 @@ async fn leader(State(state): State<watch::Receiver<LeaderState>>) -> impl IntoR
     (status, Json(view))
 }
 
-async fn name(State(state): State<watch::Receiver<LeaderState>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "name": state.borrow().holder.clone().unwrap_or_default() }))
+async fn name(State(state): State<ApiState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "name": state.leader.borrow().holder.clone().unwrap_or_default() }))
 }
 
-async fn watch_changes(
-    State(state): State<watch::Receiver<LeaderState>>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    Sse::new(changes(state)).keep_alive(KeepAlive::default())
+async fn watch_changes(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(changes(state.leader)).keep_alive(KeepAlive::default())
 }
 
 /// One event per change of (leader, holder, term, token), starting with the current state.

@@ -32,6 +32,8 @@ pub struct FailureLabels {
 #[derive(Clone)]
 pub struct Metrics {
     pub is_leader: Gauge,
+    /// 1 healthy, 0 unhealthy, -1 cannot tell.
+    pub app_healthy: Gauge,
     pub transitions: Counter,
     pub seconds_since_renew: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub store_calls: Family<OpLabels, Counter>,
@@ -43,6 +45,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Metrics {
             is_leader: Gauge::default(),
+            app_healthy: Gauge::default(),
             transitions: Counter::default(),
             seconds_since_renew: Gauge::default(),
             store_calls: Family::default(),
@@ -102,6 +105,23 @@ impl Metrics {
             tokio::select! {
                 changed = state.changed() => if changed.is_err() { return },
                 _ = ticker.tick() => {}
+            }
+        }
+    }
+}
+
+impl Metrics {
+    /// Follows the app's health as the sidecar acts on it.
+    pub async fn follow_app_health(self, mut health: tokio::sync::watch::Receiver<crate::sidecar::health::AppHealth>) {
+        loop {
+            let value = match health.borrow_and_update().healthy {
+                Some(true) => 1,
+                Some(false) => 0,
+                None => -1,
+            };
+            self.app_healthy.set(value);
+            if health.changed().await.is_err() {
+                return;
             }
         }
     }

@@ -2,180 +2,12 @@
 //! emulator, each reaching it through a TCP proxy the test controls, with the
 //! HTTP API checked in every phase.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
 
-use leasehold::lease::LeaseStore;
-use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerConfig, SpannerStore};
-use leasehold::testing::{Emulator, ProxyMode, TcpProxy, free_port};
-use serde_json::Value;
-
-const D: Duration = Duration::from_millis(2000);
-const R: Duration = Duration::from_millis(1500);
-const P: Duration = Duration::from_millis(300);
-const DRAIN: Duration = Duration::from_millis(200);
-
-/// A plain HTTP/1.1 GET: (status, JSON body); None when nothing answers.
-fn get(port: u16, path: &str) -> Option<(u16, Value)> {
-    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    Some((status, serde_json::from_str(body).unwrap_or(Value::Null)))
-}
-
-struct Sidecar {
-    name: String,
-    http: u16,
-    proxy: TcpProxy,
-    child: Child,
-}
-
-impl Sidecar {
-    fn start(name: &str, emulator: &Emulator, config: &SpannerConfig, proxy: TcpProxy, lock: &str) -> Sidecar {
-        let http = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-            .args([
-                "sidecar",
-                "--lock",
-                lock,
-                "--database",
-                &config.database,
-                "--table",
-                &config.table,
-            ])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "300ms",
-                "--drain",
-                "200ms",
-            ])
-            .args(["--pod-name", name, "--kubernetes", "false"])
-            .args([
-                "--http-addr",
-                &format!("127.0.0.1:{http}"),
-                "--metrics-addr",
-                &format!("127.0.0.1:{}", free_port()),
-            ])
-            .env("SPANNER_EMULATOR_HOST", proxy.addr.to_string())
-            .env("SPANNER_EMULATOR_REST", &emulator.rest)
-            .env("LEASEHOLD_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("leasehold sidecar starts");
-        Sidecar {
-            name: name.to_string(),
-            http,
-            proxy,
-            child,
-        }
-    }
-
-    fn leader(&self) -> Option<(u16, Value)> {
-        get(self.http, "/leader")
-    }
-
-    fn leads(&self) -> bool {
-        self.leader().is_some_and(|(status, _)| status == 200)
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} {}", self.name);
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Polls until exactly one of `sidecars` serves 200 on /leader; returns its index.
-fn wait_for_one_leader(sidecars: &[&Sidecar], within: Duration) -> Option<usize> {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        let leaders: Vec<usize> = (0..sidecars.len()).filter(|&i| sidecars[i].leads()).collect();
-        assert!(
-            leaders.len() <= 1,
-            "two sidecars serve 200 on /leader at once: {leaders:?}"
-        );
-        if let [one] = leaders.as_slice() {
-            return Some(*one);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-struct Cluster {
-    emulator: Emulator,
-    config: SpannerConfig,
-    sidecars: Vec<Sidecar>,
-    _runtime: tokio::runtime::Runtime,
-}
-
-fn cluster(lock: &str) -> Cluster {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let emulator = Emulator::start_or_connect();
-    let (config, proxies) = runtime.block_on(async {
-        let config = emulator.create_database("leasehold_leases").await;
-        let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
-            .await
-            .unwrap();
-        store.ensure_schema().await.unwrap();
-        let mut proxies = Vec::new();
-        for _ in 0..3 {
-            proxies.push(TcpProxy::start(emulator.host.parse().unwrap()).await);
-        }
-        (config, proxies)
-    });
-    let sidecars = proxies
-        .into_iter()
-        .enumerate()
-        .map(|(i, proxy)| Sidecar::start(&format!("pod-{i}"), &emulator, &config, proxy, lock))
-        .collect();
-    Cluster {
-        emulator,
-        config,
-        sidecars,
-        _runtime: runtime,
-    }
-}
-
-fn others(sidecars: &[Sidecar], except: usize) -> Vec<&Sidecar> {
-    sidecars
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != except)
-        .map(|(_, s)| s)
-        .collect()
-}
-
-fn token_of(view: &Value) -> String {
-    view["token"].as_str().unwrap_or_default().to_string()
-}
+use leasehold::testing::ProxyMode;
+use support::*;
 
 #[test]
 fn kill_9_of_the_leader_fails_over_within_d_plus_p() {
@@ -205,8 +37,6 @@ fn kill_9_of_the_leader_fails_over_within_d_plus_p() {
     assert!(after["term"].as_u64() > before["term"].as_u64());
     assert!(token_of(&after).parse::<i64>().unwrap() > token_of(&before).parse::<i64>().unwrap());
     println!("crash failover: {failover:?} (D={D:?}, P={P:?})");
-    drop(cluster.config);
-    drop(cluster.emulator);
 }
 
 #[test]

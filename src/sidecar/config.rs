@@ -74,8 +74,23 @@ pub struct Args {
     /// Write holder, term and token as JSON here, replaced atomically.
     #[arg(long, env = "LEASEHOLD_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// On SIGTERM: time between stopping to claim and releasing.
-    #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = super::parse_drain)]
+    /// Campaign only while this container of our pod is ready (from the pod watch).
+    #[arg(long, env = "LEASEHOLD_APP_CONTAINER")]
+    pub app_container: Option<String>,
+    /// Campaign only while this URL (http://127.0.0.1:port/path) answers 2xx.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]
+    pub app_health_url: Option<String>,
+    /// How often the app health URL is polled.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_INTERVAL", default_value = "2s", value_parser = super::parse_duration_flag)]
+    pub app_health_interval: Duration,
+    /// How long one poll of the app health URL may take.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_TIMEOUT", default_value = "1s", value_parser = super::parse_duration_flag)]
+    pub app_health_timeout: Duration,
+    /// Failed polls in a row that make the app unhealthy.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub app_health_failures: u32,
+    /// On SIGTERM or when the app turns unhealthy: time between stopping to claim and releasing.
+    #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = super::parse_duration_flag)]
     pub drain: Duration,
 }
 

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::config::{PodRef, Publishing};
+use super::health::AppHealth;
 use crate::lease::{Change, ElectorControl, LeaderState};
 
 /// The readiness-gate condition type.
@@ -54,6 +55,7 @@ impl Publisher {
         self,
         mut state: watch::Receiver<LeaderState>,
         mut transitions: broadcast::Receiver<LeaderState>,
+        mut app: watch::Receiver<AppHealth>,
         control: ElectorControl,
         shutdown: CancellationToken,
     ) {
@@ -81,6 +83,10 @@ impl Publisher {
             tokio::select! {
                 changed = state.changed() => if changed.is_err() { break },
                 Ok(transition) = transitions.recv() => self.announce(&transition).await,
+                Ok(()) = app.changed() => {
+                    let health = app.borrow_and_update().clone();
+                    self.announce_app_health(&health).await;
+                }
                 _ = sleep_until(deadline) => {}
             }
         }
@@ -227,16 +233,40 @@ impl Publisher {
             action: "Elect".into(),
             secondary: None,
         };
-        let reference = ObjectReference {
+        if let Err(e) = self.recorder.publish(&event, &self.pod_reference()).await {
+            warn!(error = %e, reason, "cannot publish an Event");
+        }
+    }
+}
+
+impl Publisher {
+    /// An Event on each change of the app's health.
+    async fn announce_app_health(&self, health: &AppHealth) {
+        let (type_, reason) = match health.healthy {
+            Some(true) => (EventType::Normal, "AppHealthy"),
+            Some(false) => (EventType::Warning, "AppUnhealthy"),
+            None => (EventType::Warning, "AppHealthUnknown"),
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(health.reason.clone()),
+            action: "Campaign".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &self.pod_reference()).await {
+            warn!(error = %e, reason, "cannot publish an Event");
+        }
+    }
+
+    fn pod_reference(&self) -> ObjectReference {
+        ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
             name: Some(self.pod.name.clone()),
             namespace: Some(self.pod.namespace.clone()),
             uid: self.pod.uid.clone(),
             ..Default::default()
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %e, reason, "cannot publish an Event");
         }
     }
 }

@@ -10,6 +10,7 @@
 //! exits at once.
 
 pub mod config;
+pub mod health;
 pub mod kube;
 pub mod rbac;
 pub mod token_file;
@@ -23,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::lease::{Elector, LeaderContext, LeaseStore};
+use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
 use crate::metrics::{MeteredStore, Metrics};
 pub use config::Args;
 use config::StoreChoice;
@@ -75,26 +76,25 @@ async fn run_sidecar(args: Args) -> Result<()> {
 
     let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);
     let transitions = elector.transitions();
-    // Leader work here is the drain window: on a graceful stop the main
-    // container sees 503 first and gets time to finish before we release.
-    let (drain, draining) = (args.drain, shutdown.clone());
-    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
-        let draining = draining.clone();
-        async move {
-            ctx.cancelled.cancelled().await;
-            if draining.is_cancelled() {
-                info!(?drain, "stopped claiming; draining before the release");
-                tokio::time::sleep(drain).await;
-            }
+    // Leader work here is the drain window: when stepping down on purpose
+    // (SIGTERM, the app turned unhealthy) the main container sees 503 first
+    // and gets time to finish before we release.
+    let drain = args.drain;
+    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| async move {
+        ctx.cancelled.cancelled().await;
+        if ctx.state.borrow().change == Change::SteppingDown {
+            info!(?drain, "stopped claiming; draining before the release");
+            tokio::time::sleep(drain).await;
         }
     });
     let state = handle.subscribe();
+    let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
     let servers = CancellationToken::new();
-    let http_task = tokio::spawn(crate::http::serve(
-        http,
-        crate::http::router(state.clone()),
-        servers.clone(),
-    ));
+    let api = crate::http::ApiState {
+        leader: state.clone(),
+        app: app.clone(),
+    };
+    let http_task = tokio::spawn(crate::http::serve(http, crate::http::router(api), servers.clone()));
     let metrics_task = tokio::spawn(crate::http::serve(
         metrics_listener,
         metrics_router(registry),
@@ -112,7 +112,13 @@ async fn run_sidecar(args: Args) -> Result<()> {
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = kube::Publisher::new(client, pod, settings.publishing.clone());
-        tokio::spawn(publisher.run(state.clone(), transitions, handle.control(), shutdown.clone()))
+        tokio::spawn(publisher.run(
+            state.clone(),
+            transitions,
+            app.clone(),
+            handle.control(),
+            shutdown.clone(),
+        ))
     });
 
     handle.join().await;
@@ -129,6 +135,51 @@ async fn run_sidecar(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Starts the configured app health sources; with none, the app counts as
+/// healthy and the sidecar always campaigns.
+fn start_health_sources(
+    args: &Args,
+    kube: Option<::kube::Client>,
+    pod: Option<config::PodRef>,
+    handle: &crate::lease::ElectorHandle,
+    metrics: Metrics,
+) -> tokio::sync::watch::Receiver<health::AppHealth> {
+    use health::Verdict;
+    let mut sources = Vec::new();
+    if let Some(url) = args.app_health_url.clone() {
+        let (tx, rx) = tokio::sync::watch::channel(Verdict::Unknown(format!("{url} not polled yet")));
+        let (interval, timeout, failures) = (
+            args.app_health_interval,
+            args.app_health_timeout,
+            args.app_health_failures,
+        );
+        tokio::spawn(health::poll_url(url, interval, timeout, failures, tx));
+        sources.push(("url", rx));
+    }
+    if let Some(container) = args.app_container.clone() {
+        match kube.zip(pod) {
+            Some((client, pod)) => {
+                let (tx, rx) = tokio::sync::watch::channel(Verdict::Unknown("pod not read yet".into()));
+                let pods = ::kube::Api::namespaced(client, &pod.namespace);
+                tokio::spawn(health::watch_container(pods, pod.name, container, tx));
+                sources.push(("container", rx));
+            }
+            None => warn!(%container, "--app-container needs the Kubernetes API; ignoring it"),
+        }
+    }
+    let (health_tx, health_rx) = tokio::sync::watch::channel(health::AppHealth::default());
+    if !sources.is_empty() {
+        // Campaign only once a source says the app is healthy.
+        handle.set_campaigning(false);
+        let control = handle.control();
+        tokio::spawn(health::follow(sources, health_tx, move |on| {
+            control.set_campaigning(on)
+        }));
+        tokio::spawn(metrics.follow_app_health(health_rx.clone()));
+    }
+    health_rx
 }
 
 async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
@@ -171,7 +222,7 @@ pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
     })
 }
 
-/// The drain window, parsed like every duration flag.
-pub fn parse_drain(text: &str) -> Result<Duration, String> {
-    crate::lease::timing::parse_duration("drain", text).map_err(|e| e.to_string())
+/// A duration flag ("5s", "250ms"); clap names the flag in its error.
+pub fn parse_duration_flag(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
 }
