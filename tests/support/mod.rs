@@ -20,6 +20,11 @@ pub const DRAIN: Duration = Duration::from_millis(200);
 
 /// A plain HTTP/1.1 GET: (status, JSON body); None when nothing answers.
 pub fn get(port: u16, path: &str) -> Option<(u16, Value)> {
+    get_text(port, path).map(|(status, body)| (status, serde_json::from_str(&body).unwrap_or(Value::Null)))
+}
+
+/// A plain HTTP/1.1 GET: (status, body text).
+pub fn get_text(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(
@@ -31,12 +36,13 @@ pub fn get(port: u16, path: &str) -> Option<(u16, Value)> {
     stream.read_to_string(&mut response).ok()?;
     let status = response.split(' ').nth(1)?.parse().ok()?;
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    Some((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+    Some((status, body.to_string()))
 }
 
 pub struct Sidecar {
     pub name: String,
     pub http: u16,
+    pub metrics: u16,
     pub proxy: TcpProxy,
     pub child: Child,
 }
@@ -50,7 +56,7 @@ impl Sidecar {
         lock: &str,
         extra: &[String],
     ) -> Sidecar {
-        let http = free_port();
+        let (http, metrics) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
             .args([
                 "sidecar",
@@ -61,24 +67,19 @@ impl Sidecar {
                 "--table",
                 &config.table,
             ])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "300ms",
-                "--drain",
-                "200ms",
-            ])
             .args(["--pod-name", name, "--kubernetes", "false"])
             .args([
                 "--http-addr",
                 &format!("127.0.0.1:{http}"),
                 "--metrics-addr",
-                &format!("127.0.0.1:{}", free_port()),
+                &format!("127.0.0.1:{metrics}"),
             ])
             .args(extra)
+            // Defaults as environment, so flags in `extra` override them.
+            .env("LEASEHOLD_LEASE_DURATION", "2s")
+            .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
+            .env("LEASEHOLD_RETRY_PERIOD", "300ms")
+            .env("LEASEHOLD_DRAIN", "200ms")
             .env("SPANNER_EMULATOR_HOST", proxy.addr.to_string())
             .env("SPANNER_EMULATOR_REST", &emulator.rest)
             .env("LEASEHOLD_LOG", "warn")
@@ -88,6 +89,7 @@ impl Sidecar {
         Sidecar {
             name: name.to_string(),
             http,
+            metrics,
             proxy,
             child,
         }

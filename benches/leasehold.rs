@@ -1,0 +1,419 @@
+//! leasehold's benchmarks, one command: `cargo bench --bench leasehold`.
+//! Starts its own Cloud Spanner emulator (see README) and sidecar processes,
+//! prints every raw figure and a summary; BENCHMARKS.md records a run.
+//!
+//! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
+//! scale it down for a quick look.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold::lease::{Elector, Identity, LeaseStore, Timing};
+use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
+use leasehold::testing::{Emulator, TcpProxy};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// min, median, p90, max in ms.
+fn summary(samples: &mut [Duration]) -> String {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "n={} min {:.1} ms, median {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        samples.len(),
+        millis(samples[0]),
+        millis(at(0.5)),
+        millis(at(0.9)),
+        millis(samples[samples.len() - 1])
+    )
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Replaces sidecar `i` with a fresh process (new identity, same proxy).
+fn restart(cluster: &mut Cluster, i: usize, lock: &str) {
+    let proxy = cluster.sidecars[i].proxy.clone();
+    let name = format!("pod-{i}-{}", rand_suffix());
+    let fresh = Sidecar::start(&name, &cluster.emulator, &cluster.config, proxy, lock, &[]);
+    let _ = std::mem::replace(&mut cluster.sidecars[i], fresh);
+}
+
+fn rand_suffix() -> String {
+    format!(
+        "{:06x}",
+        std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64 ^ 0x5eed
+    )
+}
+
+fn crash_failover(reps: u64) -> Vec<Duration> {
+    let lock = "bench-crash";
+    let mut cluster = cluster(lock);
+    let mut samples = Vec::new();
+    for rep in 0..reps {
+        let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+        let Some(leader) = wait_for_one_leader(&all, Duration::from_secs(30)) else {
+            eprintln!("crash rep {rep}: no leader; skipped");
+            continue;
+        };
+        // Let the followers settle into polling.
+        std::thread::sleep(P * 2);
+        cluster.sidecars[leader].signal("KILL");
+        let killed = Instant::now();
+        let rest = others(&cluster.sidecars, leader);
+        match wait_for_one_leader(&rest, D * 3) {
+            Some(_) => {
+                let took = killed.elapsed();
+                println!("crash failover rep {rep}: {:.0} ms", millis(took));
+                samples.push(took);
+            }
+            None => eprintln!("crash rep {rep}: no new leader within 3 D"),
+        }
+        restart(&mut cluster, leader, lock);
+    }
+    samples
+}
+
+fn graceful_handover(reps: u64) -> Vec<Duration> {
+    let lock = "bench-term";
+    let mut cluster = cluster(lock);
+    let mut samples = Vec::new();
+    for rep in 0..reps {
+        let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+        let Some(leader) = wait_for_one_leader(&all, Duration::from_secs(30)) else {
+            eprintln!("handover rep {rep}: no leader; skipped");
+            continue;
+        };
+        std::thread::sleep(P * 2);
+        cluster.sidecars[leader].signal("TERM");
+        let termed = Instant::now();
+        let rest = others(&cluster.sidecars, leader);
+        if wait_for_one_leader(&rest, D * 3).is_some() {
+            let took = termed.elapsed();
+            println!("graceful handover rep {rep}: {:.0} ms", millis(took));
+            samples.push(took);
+        }
+        let _ = cluster.sidecars[leader].child.wait();
+        restart(&mut cluster, leader, lock);
+    }
+    samples
+}
+
+/// The elector alone on the memory store: release, then the followers are
+/// nudged (what the pod watch does in a cluster).
+fn nudged_handover_in_process(reps: u64) -> Vec<Duration> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = Arc::new(leasehold::store::MemoryStore::default());
+        let timing = Timing::new(D, R, P, 0.1).unwrap();
+        let mut samples = Vec::new();
+        for rep in 0..reps {
+            let shutdown = CancellationToken::new();
+            let lock = format!("nudge-{rep}");
+            let handles: Vec<_> = (0..3)
+                .map(|i| {
+                    Elector::new(&lock, Identity::new(None, None, format!("c{i}")), timing)
+                        .spawn(store.clone(), shutdown.clone())
+                })
+                .collect();
+            let leader = loop {
+                if let Some(i) = handles.iter().position(|h| h.state().leader) {
+                    break i;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            tokio::time::sleep(P).await;
+            let started = Instant::now();
+            handles[leader].set_campaigning(false);
+            let mut released = handles[leader].subscribe();
+            let _ = released.wait_for(|s| s.holder.is_none()).await;
+            for (i, h) in handles.iter().enumerate() {
+                if i != leader {
+                    h.nudge();
+                }
+            }
+            loop {
+                if handles.iter().enumerate().any(|(i, h)| i != leader && h.state().leader) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            samples.push(started.elapsed());
+            shutdown.cancel();
+            for h in handles {
+                h.join().await;
+            }
+        }
+        samples
+    })
+}
+
+/// Counter values from a sidecar's /metrics.
+fn store_calls(sidecar: &Sidecar) -> BTreeMap<String, f64> {
+    let (_, text) = get_text(sidecar.metrics, "/metrics").unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("leasehold_store_calls_total{"))
+        .filter_map(|l| {
+            let op = l.split('"').nth(1)?.to_string();
+            let value = l.rsplit(' ').next()?.parse().ok()?;
+            Some((op, value))
+        })
+        .collect()
+}
+
+fn store_cost(seconds: u64) -> Vec<String> {
+    let lock = "bench-cost";
+    let defaults = |_| {
+        [
+            "--lease-duration",
+            "15s",
+            "--renew-deadline",
+            "10s",
+            "--retry-period",
+            "2s",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let cluster = cluster_with(lock, defaults);
+    let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+    let leader = wait_for_one_leader(&all, Duration::from_secs(60)).expect("a leader");
+    // The first race is over once every follower has observed the holder.
+    std::thread::sleep(Duration::from_secs(5));
+    let before: Vec<_> = cluster.sidecars.iter().map(store_calls).collect();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let after: Vec<_> = cluster.sidecars.iter().map(store_calls).collect();
+    let per_minute = 60.0 / seconds as f64;
+    let mut lines = Vec::new();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        let delta = |op: &str| (a.get(op).copied().unwrap_or(0.0) - b.get(op).copied().unwrap_or(0.0)) * per_minute;
+        let rw = delta("acquire") + delta("renew") + delta("release");
+        let role = if i == leader { "leader" } else { "follower" };
+        let line = format!(
+            "{role} {}: {:.1} read-write transactions/min (acquire {:.1}, renew {:.1}), {:.1} reads/min",
+            cluster.sidecars[i].name,
+            rw,
+            delta("acquire"),
+            delta("renew"),
+            delta("observe")
+        );
+        println!("{line}");
+        lines.push(line);
+        if i != leader {
+            assert_eq!(
+                rw, 0.0,
+                "a follower opened a read-write transaction while the lease was valid"
+            );
+        }
+    }
+    lines
+}
+
+/// RSS (KiB) and CPU seconds of a process, from /proc.
+fn usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    (rss, ticks / 100.0)
+}
+
+fn footprint(seconds: u64) -> String {
+    let lock = "bench-idle";
+    let emulator = Emulator::start_or_connect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (config, proxy) = runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+            .await
+            .unwrap();
+        store.ensure_schema().await.unwrap();
+        (config, TcpProxy::start(emulator.host.parse().unwrap()).await)
+    });
+    let defaults = [
+        "--lease-duration",
+        "15s",
+        "--renew-deadline",
+        "10s",
+        "--retry-period",
+        "2s",
+    ]
+    .map(String::from);
+    let sidecar = Sidecar::start("idle", &emulator, &config, proxy, lock, &defaults);
+    let only = [&sidecar];
+    wait_for_one_leader(&only, Duration::from_secs(30)).expect("it leads");
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, cpu_before) = usage(sidecar.child.id());
+    let mut rss_samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        rss_samples.push(usage(sidecar.child.id()).0);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (_, cpu_after) = usage(sidecar.child.id());
+    rss_samples.sort();
+    let binary = std::fs::metadata(env!("CARGO_BIN_EXE_leasehold"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let line = format!(
+        "idle leader sidecar over {seconds} s: RSS median {} KiB (max {} KiB), CPU {:.2} s = {:.3}% of one core; binary {:.1} MiB",
+        rss_samples[rss_samples.len() / 2],
+        rss_samples[rss_samples.len() - 1],
+        cpu_after - cpu_before,
+        (cpu_after - cpu_before) / seconds as f64 * 100.0,
+        binary as f64 / 1048576.0
+    );
+    println!("{line}");
+    line
+}
+
+fn many_locks(electors: usize, seconds: u64) -> String {
+    let emulator = Emulator::start_or_connect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        let spanner = SpannerStore::connect_to(config, emulator.endpoints(), DEFAULT_CALL_TIMEOUT).await.unwrap();
+        spanner.ensure_schema().await.unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = leasehold::metrics::Metrics::new(&mut registry);
+        let store: Arc<dyn LeaseStore> = Arc::new(leasehold::metrics::MeteredStore::new(Arc::new(spanner), metrics));
+        let timing = Timing::default();
+        let shutdown = CancellationToken::new();
+        let handles: Vec<_> = (0..electors)
+            .map(|i| Elector::new(format!("many/{i}"), Identity::new(None, None, format!("m{i}")), timing).spawn(store.clone(), shutdown.clone()))
+            .collect();
+        // Warm up: everyone acquires.
+        let warm = Instant::now();
+        while warm.elapsed() < Duration::from_secs(120) && handles.iter().filter(|h| h.state().leader).count() < electors {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let held_after_warmup = handles.iter().filter(|h| h.state().leader).count();
+        let renewals_before = renewals(&registry);
+        let mut transitions: Vec<_> = handles.iter().map(|h| h.transitions()).collect();
+        let started = Instant::now();
+        let mut min_held = electors;
+        while started.elapsed() < Duration::from_secs(seconds) {
+            min_held = min_held.min(handles.iter().filter(|h| h.state().leader).count());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let renewals_after = renewals(&registry);
+        let losses: usize = transitions.iter_mut().map(|t| std::iter::from_fn(|| t.try_recv().ok()).filter(|s| !s.leader).count()).sum();
+        let (p50, p99) = renew_quantiles(&registry);
+        shutdown.cancel();
+        for h in handles {
+            h.join().await;
+        }
+        let line = format!(
+            "{electors} electors (D/R/P 15s/10s/2s) on one emulator database for {seconds} s: {:.0} renewals/s, renew latency p50 <= {p50} ms, p99 <= {p99} ms (histogram buckets); {held_after_warmup} held after warm-up ({:.0} s), at least {min_held} held throughout, {losses} step-downs",
+            (renewals_after - renewals_before) / seconds as f64,
+            warm.elapsed().as_secs_f64() - seconds as f64,
+        );
+        println!("{line}");
+        line
+    })
+}
+
+fn scrape(registry: &prometheus_client::registry::Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
+fn renewals(registry: &prometheus_client::registry::Registry) -> f64 {
+    scrape(registry)
+        .lines()
+        .find(|l| l.starts_with("leasehold_store_calls_total{op=\"renew\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Upper bucket bounds (ms) holding the 50th and 99th percentile renewals.
+fn renew_quantiles(registry: &prometheus_client::registry::Registry) -> (String, String) {
+    let text = scrape(registry);
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("leasehold_store_latency_seconds_bucket{") && l.contains("op=\"renew\""))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((bound, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    let at = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, count)| *count >= total * q)
+            .map_or("?".to_string(), |(bound, _)| {
+                if bound.is_infinite() {
+                    "inf".into()
+                } else {
+                    format!("{:.0}", bound * 1000.0)
+                }
+            })
+    };
+    (at(0.5), at(0.99))
+}
+
+fn main() {
+    // `cargo bench` passes --bench; there is nothing to filter.
+    let reps = env_or("LEASEHOLD_BENCH_REPS", 20);
+    let seconds = env_or("LEASEHOLD_BENCH_SECONDS", 60);
+    let electors = env_or("LEASEHOLD_BENCH_ELECTORS", 1000) as usize;
+    println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
+    let mut crash = crash_failover(reps);
+    println!("== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)");
+    let mut term = graceful_handover(reps);
+    println!("== release + nudge in one process (what the pod watch triggers), memory store");
+    let mut nudged = nudged_handover_in_process(reps);
+    println!("== store cost at default timings (15s/10s/2s), {seconds} s");
+    let cost = store_cost(seconds);
+    println!("== footprint");
+    let idle = footprint(seconds);
+    println!("== many locks");
+    let many = many_locks(electors, seconds);
+
+    println!("\n== summary");
+    println!(
+        "crash failover: {}; median/D = {:.2}",
+        summary(&mut crash),
+        millis(median(&mut crash)) / millis(D)
+    );
+    println!("graceful handover (processes, no watch): {}", summary(&mut term));
+    println!("graceful handover (in process, nudged): {}", summary(&mut nudged));
+    for line in cost {
+        println!("store cost: {line}");
+    }
+    println!("footprint: {idle}");
+    println!("many locks: {many}");
+}
