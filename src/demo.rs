@@ -47,7 +47,7 @@ pub struct Args {
 pub enum Error {
     #[error(transparent)]
     Timing(#[from] crate::lease::TimingError),
-    #[error("store: {0}")]
+    #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("{0}")]
     Setup(String),

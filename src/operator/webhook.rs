@@ -43,7 +43,7 @@ const TOKEN_DIR: &str = "/var/run/leasehold";
 pub enum Error {
     #[error("{0}")]
     Config(String),
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Certificate(#[from] rcgen::Error),
     #[error("TLS setup failed: {0}")]
     Tls(String),

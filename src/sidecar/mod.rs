@@ -35,9 +35,9 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Timing(#[from] crate::lease::TimingError),
-    #[error("store: {0}")]
+    #[error("store")]
     Store(#[from] crate::lease::StoreError),
-    #[error("Kubernetes: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] ::kube::Error),
     #[error("cannot listen on {addr}: {source}")]
     Listen {

@@ -135,6 +135,22 @@ impl Queries {
     }
 }
 
+/// A statement on one lock's row: `@shard` and `@name` bound.
+fn keyed(sql: &str, lock: &str) -> google_cloud_spanner::statement::StatementBuilder {
+    Statement::builder(sql)
+        .add_param("shard", shard_of(lock))
+        .add_param("name", lock)
+}
+
+/// Reads the row and the store's clock inside a read-write transaction.
+async fn read_in(
+    tx: &google_cloud_spanner::transaction::ReadWriteTransaction,
+    queries: &Queries,
+    lock: &str,
+) -> google_cloud_spanner::Result<Observation> {
+    SpannerStore::read_row(lock, tx.execute_query(keyed(&queries.read, lock).build()).await?).await
+}
+
 /// FNV-1a 64 of the lock name, mod 1024: spreads hot lock sets over splits.
 pub fn shard_of(name: &str) -> i64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -260,12 +276,6 @@ impl SpannerStore {
 
     pub fn config(&self) -> &SpannerConfig {
         &self.config
-    }
-
-    fn base(&self, sql: &str, lock: &str) -> google_cloud_spanner::statement::StatementBuilder {
-        Statement::builder(sql)
-            .add_param("shard", shard_of(lock))
-            .add_param("name", lock)
     }
 
     /// Reads the row and the store's clock in `tx` (a read-only or read-write transaction's query).
@@ -444,7 +454,7 @@ impl LeaseStore for SpannerStore {
     }
 
     async fn observe(&self, lock: &str) -> Result<Observation> {
-        let statement = self.base(&self.queries.read, lock).build();
+        let statement = keyed(&self.queries.read, lock).build();
         let read = async {
             let rows = self.client.single_use().build().execute_query(statement).await?;
             Self::read_row(lock, rows).await
@@ -463,11 +473,7 @@ impl LeaseStore for SpannerStore {
             .transact("acquire", lock, move |tx| {
                 let (queries, lock, holder) = (queries.clone(), lock_owned.clone(), holder.clone());
                 async move {
-                    let read = Statement::builder(queries.read.as_str())
-                        .add_param("shard", shard_of(&lock))
-                        .add_param("name", lock.as_str())
-                        .build();
-                    let observed = Self::read_row(&lock, tx.execute_query(read).await?).await?;
+                    let observed = read_in(&tx, &queries, &lock).await?;
                     if let Some(current) = observed.live_holder() {
                         return Ok(Decision::Refused(format!("held by {current}")));
                     }
@@ -477,9 +483,7 @@ impl LeaseStore for SpannerStore {
                     } else {
                         &queries.insert
                     };
-                    let write = Statement::builder(sql.as_str())
-                        .add_param("shard", shard_of(&lock))
-                        .add_param("name", lock.as_str())
+                    let write = keyed(sql.as_str(), &lock)
                         .add_param("holder", holder.as_str())
                         .add_param("term", term as i64)
                         .add_param("lease_ms", lease_ms)
@@ -505,11 +509,7 @@ impl LeaseStore for SpannerStore {
             .transact("renew", lock, move |tx| {
                 let (queries, lock, holder) = (queries.clone(), lock_owned.clone(), holder.clone());
                 async move {
-                    let read = Statement::builder(queries.read.as_str())
-                        .add_param("shard", shard_of(&lock))
-                        .add_param("name", lock.as_str())
-                        .build();
-                    let observed = Self::read_row(&lock, tx.execute_query(read).await?).await?;
+                    let observed = read_in(&tx, &queries, &lock).await?;
                     let Some(record) = observed
                         .record
                         .filter(|r| r.holder.as_deref() == Some(holder.as_str()) && r.token == Some(token))
@@ -518,9 +518,7 @@ impl LeaseStore for SpannerStore {
                             "no longer held by {holder} with token {token}"
                         )));
                     };
-                    let write = Statement::builder(queries.renew.as_str())
-                        .add_param("shard", shard_of(&lock))
-                        .add_param("name", lock.as_str())
+                    let write = keyed(queries.renew.as_str(), &lock)
                         .add_param("holder", holder.as_str())
                         .add_param("token", token_to_timestamp(token))
                         .add_param("lease_ms", lease_ms)
@@ -545,9 +543,7 @@ impl LeaseStore for SpannerStore {
         self.transact("release", lock, move |tx| {
             let (queries, lock, holder) = (queries.clone(), lock_owned.clone(), holder.clone());
             async move {
-                let write = Statement::builder(queries.release.as_str())
-                    .add_param("shard", shard_of(&lock))
-                    .add_param("name", lock.as_str())
+                let write = keyed(queries.release.as_str(), &lock)
                     .add_param("holder", holder.as_str())
                     .add_param("token", token_to_timestamp(token))
                     .build();
@@ -571,6 +567,20 @@ pub async fn create_emulator_database(
     instance: &str,
     database: &str,
 ) -> Result<String> {
+    const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+    tokio::time::timeout(
+        ADMIN_TIMEOUT,
+        create_on_emulator(endpoints, project, instance, database),
+    )
+    .await
+    .map_err(|_| {
+        StoreError::Unavailable(format!(
+            "no answer from the Spanner emulator's admin API within {ADMIN_TIMEOUT:?}"
+        ))
+    })?
+}
+
+async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str, database: &str) -> Result<String> {
     let unavailable = |what: &str, e: &dyn std::fmt::Display| StoreError::Unavailable(format!("{what}: {e}"));
     let spanner = client(endpoints, DEFAULT_CALL_TIMEOUT).await?;
     let mut instances = spanner.instance_admin_builder();
