@@ -215,26 +215,43 @@ impl TcpProxy {
     }
 }
 
+/// Copies one direction. Replies under `DelayReplies` are shifted in time
+/// (each chunk goes out `delay` after it arrived), not queued behind each
+/// other, so a round trip costs one delay however the bytes are split.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<ProxyMode>,
     replies: bool,
 ) {
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, bytes)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = tokio::select! {
-            read = from.read(&mut buf) => match read { Ok(0) | Err(_) => return, Ok(n) => n },
-            _ = mode.wait_for(|m| *m == ProxyMode::Cut) => return,
+            read = from.read(&mut buf) => match read { Ok(0) | Err(_) => break, Ok(n) => n },
+            _ = mode.wait_for(|m| *m == ProxyMode::Cut) => break,
         };
-        let current = *mode.borrow();
-        match current {
-            ProxyMode::Cut => return,
-            ProxyMode::DelayReplies(delay) if replies => tokio::time::sleep(delay).await,
-            _ => {}
+        let at = match *mode.borrow() {
+            ProxyMode::Cut => break,
+            ProxyMode::DelayReplies(delay) if replies => tokio::time::Instant::now() + delay,
+            _ => tokio::time::Instant::now(),
+        };
+        if chunks.send((at, buf[..n].to_vec())).is_err() {
+            break;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+    }
+    if *mode.borrow() == ProxyMode::Cut {
+        writer.abort();
+    } else {
+        drop(chunks);
+        let _ = writer.await;
     }
 }

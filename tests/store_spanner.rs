@@ -56,8 +56,8 @@ impl Target for Spanner {
             data: Some(format!("http://{}", proxy.addr)),
             admin: Some(self.emulator.rest.clone()),
         };
-        let delay = Duration::from_millis(400);
-        for round_trips in [2.5, 3.5, 4.5] {
+        let delay = Duration::from_millis(500);
+        for round_trips in [2.5, 3.5, 2.5, 4.5] {
             let store = SpannerStore::connect_to(self.config.clone(), endpoints.clone(), delay.mul_f64(round_trips))
                 .await
                 .unwrap();

@@ -350,7 +350,8 @@ mod tests {
             ),
         ];
         for (argv, expected) in cases {
-            let err = settings(argv).await.unwrap_err().to_string();
+            // As the binary prints it: the error and its causes.
+            let err = format!("{:#}", anyhow::Error::from(settings(argv).await.unwrap_err()));
             assert!(err.contains(expected), "{argv:?}: got {err:?}, want {expected:?}");
         }
     }
