@@ -60,52 +60,29 @@ fn rand_suffix() -> String {
     )
 }
 
-fn crash_failover(reps: u64) -> Vec<Duration> {
-    let lock = "bench-crash";
+/// Signals the leader `reps` times and measures until another leads,
+/// replacing the signalled process each time.
+fn handovers(reps: u64, lock: &str, signal: &str, what: &str) -> Vec<Duration> {
     let mut cluster = cluster(lock);
     let mut samples = Vec::new();
     for rep in 0..reps {
         let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
         let Some(leader) = wait_for_one_leader(&all, Duration::from_secs(30)) else {
-            eprintln!("crash rep {rep}: no leader; skipped");
+            eprintln!("{what} rep {rep}: no leader; skipped");
             continue;
         };
         // Let the followers settle into polling.
         std::thread::sleep(P * 2);
-        cluster.sidecars[leader].signal("KILL");
-        let killed = Instant::now();
+        cluster.sidecars[leader].signal(signal);
+        let signalled = Instant::now();
         let rest = others(&cluster.sidecars, leader);
         match wait_for_one_leader(&rest, D * 3) {
             Some(_) => {
-                let took = killed.elapsed();
-                println!("crash failover rep {rep}: {:.0} ms", millis(took));
+                let took = signalled.elapsed();
+                println!("{what} rep {rep}: {:.0} ms", millis(took));
                 samples.push(took);
             }
-            None => eprintln!("crash rep {rep}: no new leader within 3 D"),
-        }
-        restart(&mut cluster, leader, lock);
-    }
-    samples
-}
-
-fn graceful_handover(reps: u64) -> Vec<Duration> {
-    let lock = "bench-term";
-    let mut cluster = cluster(lock);
-    let mut samples = Vec::new();
-    for rep in 0..reps {
-        let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
-        let Some(leader) = wait_for_one_leader(&all, Duration::from_secs(30)) else {
-            eprintln!("handover rep {rep}: no leader; skipped");
-            continue;
-        };
-        std::thread::sleep(P * 2);
-        cluster.sidecars[leader].signal("TERM");
-        let termed = Instant::now();
-        let rest = others(&cluster.sidecars, leader);
-        if wait_for_one_leader(&rest, D * 3).is_some() {
-            let took = termed.elapsed();
-            println!("graceful handover rep {rep}: {:.0} ms", millis(took));
-            samples.push(took);
+            None => eprintln!("{what} rep {rep}: no new leader within 3 D"),
         }
         let _ = cluster.sidecars[leader].child.wait();
         restart(&mut cluster, leader, lock);
@@ -178,20 +155,22 @@ fn store_calls(sidecar: &Sidecar) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// The sidecar's default timing (15s/10s/2s), overriding the tests' short one.
+fn default_timing_flags() -> [String; 6] {
+    [
+        "--lease-duration",
+        "15s",
+        "--renew-deadline",
+        "10s",
+        "--retry-period",
+        "2s",
+    ]
+    .map(String::from)
+}
+
 fn store_cost(seconds: u64) -> Vec<String> {
     let lock = "bench-cost";
-    let defaults = |_| {
-        [
-            "--lease-duration",
-            "15s",
-            "--renew-deadline",
-            "10s",
-            "--retry-period",
-            "2s",
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    let defaults = |_| default_timing_flags().to_vec();
     let cluster = cluster_with(lock, defaults);
     let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
     let leader = wait_for_one_leader(&all, Duration::from_secs(60)).expect("a leader");
@@ -257,15 +236,7 @@ fn footprint(seconds: u64) -> String {
         store.ensure_schema().await.unwrap();
         (config, TcpProxy::start(emulator.host.parse().unwrap()).await)
     });
-    let defaults = [
-        "--lease-duration",
-        "15s",
-        "--renew-deadline",
-        "10s",
-        "--retry-period",
-        "2s",
-    ]
-    .map(String::from);
+    let defaults = default_timing_flags();
     let sidecar = Sidecar::start("idle", &emulator, &config, proxy, lock, &defaults);
     let only = [&sidecar];
     wait_for_one_leader(&only, Duration::from_secs(30)).expect("it leads");
@@ -391,9 +362,9 @@ fn main() {
     let seconds = env_or("LEASEHOLD_BENCH_SECONDS", 60);
     let electors = env_or("LEASEHOLD_BENCH_ELECTORS", 1000) as usize;
     println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
-    let mut crash = crash_failover(reps);
+    let mut crash = handovers(reps, "bench-crash", "KILL", "crash failover");
     println!("== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)");
-    let mut term = graceful_handover(reps);
+    let mut term = handovers(reps, "bench-term", "TERM", "graceful handover");
     println!("== release + nudge in one process (what the pod watch triggers), memory store");
     let mut nudged = nudged_handover_in_process(reps);
     println!("== store cost at default timings (15s/10s/2s), {seconds} s");
