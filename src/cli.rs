@@ -61,7 +61,7 @@ impl Cli {
                 Ok(())
             }
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
-            Command::Sidecar(args) => block_on(sidecar::run(args)),
+            Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
         }
     }

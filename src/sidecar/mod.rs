@@ -50,11 +50,7 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    Ok(run_sidecar(args).await?)
-}
-
-async fn run_sidecar(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<()> {
     let shutdown = CancellationToken::new();
     crate::shutdown::exit_on_signals(shutdown.clone()).map_err(Error::Signals)?;
     let kube = match args.kubernetes() {
