@@ -276,8 +276,8 @@ fn many_locks(electors: usize, seconds: u64) -> String {
         let spanner = SpannerStore::connect_to(config, emulator.endpoints(), DEFAULT_CALL_TIMEOUT).await.unwrap();
         spanner.ensure_schema().await.unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = leasehold::metrics::Metrics::new(&mut registry);
-        let store: Arc<dyn LeaseStore> = Arc::new(leasehold::metrics::MeteredStore::new(Arc::new(spanner), metrics));
+        let metrics = leasehold::sidecar::metrics::Metrics::new(&mut registry);
+        let store: Arc<dyn LeaseStore> = Arc::new(leasehold::sidecar::metrics::MeteredStore::new(Arc::new(spanner), metrics));
         let timing = Timing::default();
         let shutdown = CancellationToken::new();
         let handles: Vec<_> = (0..electors)

@@ -7,9 +7,7 @@
 pub mod api;
 pub mod cli;
 pub mod demo;
-pub mod http;
 pub mod lease;
-pub mod metrics;
 pub mod operator;
 pub mod rbac;
 pub mod shutdown;

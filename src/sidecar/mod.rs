@@ -11,7 +11,9 @@
 
 pub mod config;
 pub mod health;
-pub mod kube;
+pub mod http;
+pub mod metrics;
+pub mod publish;
 pub mod rbac;
 pub mod token_file;
 
@@ -25,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
-use crate::metrics::{MeteredStore, Metrics};
+use crate::sidecar::metrics::{MeteredStore, Metrics};
 pub use config::Args;
 use config::StoreChoice;
 
@@ -86,12 +88,16 @@ pub async fn run(args: Args) -> Result<()> {
     let state = handle.subscribe();
     let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
     let servers = CancellationToken::new();
-    let api = crate::http::ApiState {
+    let api = crate::sidecar::http::ApiState {
         leader: state.clone(),
         app: app.clone(),
     };
-    let http_task = tokio::spawn(crate::http::serve(http, crate::http::router(api), servers.clone()));
-    let metrics_task = tokio::spawn(crate::http::serve(
+    let http_task = tokio::spawn(crate::sidecar::http::serve(
+        http,
+        crate::sidecar::http::router(api),
+        servers.clone(),
+    ));
+    let metrics_task = tokio::spawn(crate::sidecar::http::serve(
         metrics_listener,
         metrics_router(registry),
         servers.clone(),
@@ -107,7 +113,7 @@ pub async fn run(args: Args) -> Result<()> {
         }));
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
-        let publisher = kube::Publisher::new(client, pod, settings.publishing.clone());
+        let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
         tokio::spawn(publisher.run(
             state.clone(),
             transitions,

@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::http::LeaderView;
 use crate::lease::LeaderState;
+use crate::sidecar::http::LeaderView;
 
 /// Writes `view` to `path` atomically.
 pub async fn write(path: &Path, view: &LeaderView) -> std::io::Result<()> {

@@ -1,0 +1,121 @@
+//! Admission: looks up the lease a pod names and answers with the patch.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::Result;
+use super::certs::base64_encode;
+use super::patch::*;
+use axum::{Json, Router, routing::post};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::json;
+use tracing::{info, warn};
+
+/// Looks up the lease a pod names, in the pod's namespace.
+pub trait LeaseLookup: Send + Sync + 'static {
+    /// `Ok(None)`: no such lease.
+    fn lookup(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<LeaseInjection>, String>> + Send;
+}
+
+/// Reads `DistributedLease`s from the API server.
+#[derive(Clone)]
+pub struct KubeLeaseLookup(pub kube::Client);
+
+impl LeaseLookup for KubeLeaseLookup {
+    async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
+        let api: Api<crate::api::DistributedLease> = Api::namespaced(self.0.clone(), namespace);
+        let lease = api.get_opt(name).await.map_err(|e| e.to_string())?;
+        Ok(lease.map(|l| LeaseInjection {
+            readiness_gate: l.spec.publishing.readiness_gate,
+        }))
+    }
+}
+
+/// Answers one admission request. Never denies: on any doubt it admits,
+/// with a warning the user sees in `kubectl`.
+pub async fn admit<L: LeaseLookup>(
+    lookup: &L,
+    config: &InjectionConfig,
+    request: AdmissionRequest<Pod>,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(&request);
+    let Some(pod) = request.object.as_ref() else {
+        return response;
+    };
+    let Some(lease_name) = pod.metadata.annotations.as_ref().and_then(|a| a.get(LEASE_ANNOTATION)) else {
+        return response;
+    };
+    let namespace = request
+        .namespace
+        .clone()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_default();
+    let mut warnings = Vec::new();
+    let lease = match lookup.lookup(&namespace, lease_name).await {
+        Ok(Some(lease)) => Some(lease),
+        Ok(None) => {
+            warnings.push(format!(
+                "DistributedLease {namespace}/{lease_name} not found: sidecar injected without a readiness gate; it waits for the lease"
+            ));
+            None
+        }
+        Err(e) => {
+            warnings.push(format!(
+                "DistributedLease {namespace}/{lease_name} could not be read ({e}): injected without a readiness gate"
+            ));
+            None
+        }
+    };
+    let Some(patch) = injection_patch(pod, lease, config) else {
+        return response;
+    };
+    let response = match response.with_patch(patch) {
+        Ok(patched) => patched,
+        Err(e) => {
+            warn!(error = %e, "could not serialize the injection patch; admitting unchanged");
+            AdmissionResponse::from(&request)
+        }
+    };
+    info!(namespace, lease = %lease_name, pod = ?pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref()), "injected the leasehold sidecar");
+    let mut response = response;
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    response
+}
+
+/// The webhook's HTTP routes (served over TLS by [`serve`]).
+pub fn router<L: LeaseLookup>(lookup: Arc<L>, config: Arc<InjectionConfig>) -> Router {
+    Router::new().route(
+        "/mutate",
+        post(move |Json(review): Json<AdmissionReview<Pod>>| {
+            let (lookup, config) = (lookup.clone(), config.clone());
+            async move {
+                let request: Result<AdmissionRequest<Pod>, _> = review.try_into();
+                let response = match request {
+                    Ok(request) => admit(lookup.as_ref(), &config, request).await,
+                    Err(e) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
+                };
+                Json(review_json(response))
+            }
+        }),
+    )
+}
+
+/// The review as the API server reads it. kube-core serializes the patch
+/// bytes as a JSON array of numbers (kube-rs issue #1781); the admission API
+/// documents a base64 string, which is what Go's `[]byte` encoding produces.
+fn review_json(response: AdmissionResponse) -> serde_json::Value {
+    let mut review = serde_json::to_value(response.into_review()).unwrap_or_default();
+    if let Some(patch) = review.pointer_mut("/response/patch") {
+        let bytes: Vec<u8> = serde_json::from_value(patch.take()).unwrap_or_default();
+        *patch = json!(base64_encode(&bytes));
+    }
+    review
+}

@@ -1,0 +1,194 @@
+//! The webhook's certificate: self-signed and shared through a Secret, or
+//! issued elsewhere and read from disk; the caBundle patch.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Error, Result};
+use json_patch::Patch;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::api::{Api, Patch as KubePatch, PatchParams};
+use kube::core::DynamicObject;
+use serde_json::json;
+use tracing::info;
+
+#[derive(Debug, Clone)]
+pub struct CertificateBundle {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl CertificateBundle {
+    /// A fresh self-signed CA and a certificate it signs for `service.namespace.svc`.
+    pub fn self_signed(service: &str, namespace: &str) -> Result<Self> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "leasehold webhook CA");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = ca_params.self_signed(&ca_key)?;
+        let names = vec![
+            service.to_string(),
+            format!("{service}.{namespace}"),
+            format!("{service}.{namespace}.svc"),
+            format!("{service}.{namespace}.svc.cluster.local"),
+        ];
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(names)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{service}.{namespace}.svc"));
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok(CertificateBundle {
+            ca_pem: ca.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// A certificate issued elsewhere (cert-manager), read from a mounted Secret.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let read = |file: &str| {
+            let path = dir.join(file);
+            std::fs::read_to_string(&path).map_err(|source| Error::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        Ok(CertificateBundle {
+            ca_pem: read("ca.crt").unwrap_or_default(),
+            cert_pem: read("tls.crt")?,
+            key_pem: read("tls.key")?,
+        })
+    }
+
+    fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Self> {
+        let data = secret.data.as_ref()?;
+        let text = |key: &str| data.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok());
+        Some(CertificateBundle {
+            ca_pem: text("ca.crt")?,
+            cert_pem: text("tls.crt")?,
+            key_pem: text("tls.key")?,
+        })
+    }
+
+    pub(super) fn server_config(&self) -> Result<rustls::ServerConfig> {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Tls(format!("certificate: {e}")))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| Error::Tls(format!("key: {e}")))?;
+        // Both ring and aws-lc-rs are linked (kube and the Spanner client
+        // pick differently), so name the provider rather than rely on a default.
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| Error::Tls(e.to_string()))?
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .map_err(|e| Error::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
+/// The self-signed bundle every operator replica serves: the first replica
+/// to start creates it in a Secret, the others read it (a replica that loses
+/// the creation race reads the winner's), so all present one CA.
+pub async fn shared_self_signed(
+    client: kube::Client,
+    namespace: &str,
+    secret: &str,
+    service: &str,
+) -> Result<CertificateBundle> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let wrap = |source| Error::Secret {
+        name: format!("{namespace}/{secret}"),
+        source,
+    };
+    if let Some(existing) = api.get_opt(secret).await.map_err(wrap)? {
+        return CertificateBundle::from_secret(&existing)
+            .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")));
+    }
+    let bundle = CertificateBundle::self_signed(service, namespace)?;
+    let created: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": secret, "namespace": namespace, "labels": {"app.kubernetes.io/name": "leasehold"}},
+        "stringData": {"ca.crt": bundle.ca_pem, "tls.crt": bundle.cert_pem, "tls.key": bundle.key_pem},
+    }))
+    .expect("a well-formed Secret");
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(crate::operator::reconcile::FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &created,
+        )
+        .await
+    {
+        Ok(_) => {
+            info!(secret = %format!("{namespace}/{secret}"), "created the webhook certificate");
+            Ok(bundle)
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let winner = api.get(secret).await.map_err(wrap)?;
+            CertificateBundle::from_secret(&winner)
+                .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")))
+        }
+        Err(e) => Err(wrap(e)),
+    }
+}
+
+/// Gives every webhook of the configuration our CA bundle: a GET, then a
+/// JSON patch whose `test` ops make it fail if the list changed in between.
+pub async fn patch_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<()> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+    let wrap = |source| Error::Configuration {
+        name: name.to_string(),
+        source,
+    };
+    let current = api.get(name).await.map_err(wrap)?;
+    let webhooks = current.webhooks.unwrap_or_default();
+    if webhooks.is_empty() {
+        return Err(Error::NoWebhooks(name.to_string()));
+    }
+    let bundle = base64_encode(ca_pem.as_bytes());
+    let ops: Vec<serde_json::Value> = webhooks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, w)| {
+            [
+                json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": w.name}),
+                json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}),
+            ]
+        })
+        .collect();
+    let patch: Patch = serde_json::from_value(json!(ops)).expect("well-formed JSON patch");
+    api.patch(name, &PatchParams::default(), &KubePatch::<DynamicObject>::Json(patch))
+        .await
+        .map_err(wrap)?;
+    info!(
+        configuration = name,
+        webhooks = webhooks.len(),
+        "patched the webhook CA bundle"
+    );
+    Ok(())
+}
+
+pub(super) fn base64_encode(bytes: &[u8]) -> String {
+    use k8s_openapi::ByteString;
+    // ByteString serializes as standard base64, the form caBundle takes.
+    serde_json::to_value(ByteString(bytes.to_vec()))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}

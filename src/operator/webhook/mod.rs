@@ -1,0 +1,144 @@
+//! Sidecar injection: a mutating admission webhook served by the operator.
+//!
+//! A pod annotated `leasehold.dev/lease: <name>` gets the sidecar container
+//! (downward-API identity, resources, a locked-down security context), a
+//! shared emptyDir for the token file mounted read-only into the app
+//! containers, and the `leasehold.dev/leader` readiness gate when the lease
+//! asks for one. Other pods pass unchanged. A pod naming a lease that cannot
+//! be found is admitted with a warning (the sidecar waits for the lease), never
+//! rejected: leader election must not block scheduling.
+
+mod admission;
+mod certs;
+mod patch;
+mod server;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub use admission::{KubeLeaseLookup, LeaseLookup, admit, router};
+pub use certs::{CertificateBundle, patch_ca_bundle, shared_self_signed};
+pub use patch::{InjectionConfig, LEADER_CONDITION, LEASE_ANNOTATION, LeaseInjection, SIDECAR_NAME, injection_patch};
+pub use server::serve;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(String),
+    #[error("certificate generation failed")]
+    Certificate(#[from] rcgen::Error),
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("webhook listener on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("MutatingWebhookConfiguration {name}: {source}")]
+    Configuration { name: String, source: kube::Error },
+    #[error("Secret {name}: {source}")]
+    Secret { name: String, source: kube::Error },
+    #[error("MutatingWebhookConfiguration {0} has no webhooks to give the CA bundle to")]
+    NoWebhooks(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The webhook's flags, part of `leasehold operator`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Serve the sidecar-injection webhook (HTTPS) on this address; off when unset.
+    #[arg(long = "webhook-listen", env = "LEASEHOLD_WEBHOOK_LISTEN")]
+    pub webhook_listen: Option<SocketAddr>,
+    /// Folder holding tls.crt and tls.key issued by cert-manager (which also
+    /// fills the caBundle); without it the operator makes a self-signed CA.
+    #[arg(long = "webhook-cert-dir", env = "LEASEHOLD_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+    /// The Service in front of the webhook (names in the certificate).
+    #[arg(
+        long = "webhook-service",
+        env = "LEASEHOLD_WEBHOOK_SERVICE",
+        default_value = "leasehold-webhook"
+    )]
+    pub webhook_service: String,
+    /// Secret, in the operator's namespace, holding the self-signed certificate.
+    #[arg(
+        long = "webhook-secret",
+        env = "LEASEHOLD_WEBHOOK_SECRET",
+        default_value = "leasehold-webhook-tls"
+    )]
+    pub webhook_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle gets the self-signed CA.
+    #[arg(
+        long = "webhook-configuration",
+        env = "LEASEHOLD_WEBHOOK_CONFIGURATION",
+        default_value = "leasehold-sidecar-injector"
+    )]
+    pub webhook_configuration: String,
+    /// Image of the injected sidecar (required with --webhook-listen).
+    #[arg(long = "sidecar-image", env = "LEASEHOLD_SIDECAR_IMAGE")]
+    pub sidecar_image: Option<String>,
+    #[arg(
+        long = "sidecar-cpu-request",
+        env = "LEASEHOLD_SIDECAR_CPU_REQUEST",
+        default_value = "10m"
+    )]
+    pub sidecar_cpu_request: String,
+    #[arg(
+        long = "sidecar-memory-request",
+        env = "LEASEHOLD_SIDECAR_MEMORY_REQUEST",
+        default_value = "32Mi"
+    )]
+    pub sidecar_memory_request: String,
+    #[arg(
+        long = "sidecar-memory-limit",
+        env = "LEASEHOLD_SIDECAR_MEMORY_LIMIT",
+        default_value = "64Mi"
+    )]
+    pub sidecar_memory_limit: String,
+}
+
+impl WebhookArgs {
+    /// The injected container's settings; checked before anything starts.
+    pub fn injection(&self) -> Result<Option<InjectionConfig>> {
+        if self.webhook_listen.is_none() {
+            return Ok(None);
+        }
+        let image = self.sidecar_image.clone().ok_or_else(|| {
+            Error::Config("--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen".into())
+        })?;
+        Ok(Some(InjectionConfig {
+            image,
+            http_port: 4040,
+            metrics_port: 9090,
+            cpu_request: self.sidecar_cpu_request.clone(),
+            memory_request: self.sidecar_memory_request.clone(),
+            memory_limit: self.sidecar_memory_limit.clone(),
+        }))
+    }
+}
+
+/// Prepares the certificate and serves the webhook until `shutdown`.
+pub async fn run(
+    args: &WebhookArgs,
+    injection: InjectionConfig,
+    namespace: &str,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let Some(addr) = args.webhook_listen else { return Ok(()) };
+    let bundle = match &args.webhook_cert_dir {
+        Some(dir) => CertificateBundle::from_dir(dir)?,
+        None => {
+            let bundle =
+                shared_self_signed(client.clone(), namespace, &args.webhook_secret, &args.webhook_service).await?;
+            patch_ca_bundle(client.clone(), &args.webhook_configuration, &bundle.ca_pem).await?;
+            bundle
+        }
+    };
+    let app = router(Arc::new(KubeLeaseLookup(client)), Arc::new(injection));
+    serve(addr, &bundle, app, shutdown).await
+}
