@@ -106,7 +106,7 @@ async fn ensure_schema_creates_the_table_once_and_is_idempotent() {
         .unwrap();
     let before = store.observe("x").await.unwrap_err();
     assert!(
-        matches!(before, StoreError::Invalid(_)),
+        matches!(before, StoreError::Invalid { .. }),
         "a missing table is named, not retried: {before:?}"
     );
     assert!(before.to_string().contains("custom_leases"), "{before}");
@@ -149,7 +149,7 @@ async fn a_missing_database_is_named() {
         Err(e) => Err(e),
     };
     let err = result.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
     assert!(err.to_string().contains("nosuchdb"), "{err}");
 }
 
@@ -170,7 +170,7 @@ async fn an_unreachable_emulator_is_unavailable_promptly() {
         Err(e) => Err(e),
     };
     let err = result.unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "took {:?}",
@@ -196,7 +196,7 @@ async fn a_cut_connection_is_unavailable_and_the_lease_survives_it() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)),
+        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
         "{err:?}"
     );
     proxy.set(ProxyMode::Forward);

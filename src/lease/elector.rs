@@ -405,7 +405,7 @@ impl Running {
                     .record
                     .as_ref()
                     .and_then(|r| r.token)
-                    .ok_or_else(|| StoreError::Invalid(format!("lease {lock} is held by us but has no token")))?;
+                    .ok_or_else(|| StoreError::invalid(format!("lease {lock} is held by us but has no token")))?;
                 self.bounded(self.store.renew(&lock, &me, token, timing.lease_duration))
                     .await
             }
@@ -442,7 +442,7 @@ impl Running {
         let limit = now() + self.timing().renew_deadline;
         timeout_at(limit, call)
             .await
-            .unwrap_or_else(|_| Err(StoreError::OutcomeUnknown("store call timed out".into())))
+            .unwrap_or_else(|_| Err(StoreError::outcome_unknown("store call timed out")))
     }
 
     fn publish_observation(&self, observed: &Observation) {
@@ -550,7 +550,7 @@ impl Running {
                 Ok(Err(StoreError::Lost { reason, .. })) => {
                     break Ended::Lost(Change::Lost(reason));
                 }
-                Ok(Err(StoreError::Invalid(e))) => break Ended::Lost(Change::Lost(e)),
+                Ok(Err(e @ StoreError::Invalid { .. })) => break Ended::Lost(Change::Lost(e.chain())),
                 Ok(Err(e)) => {
                     // Keep trying until the deadline.
                     let delay = errors.next().unwrap_or(timing.retry_period);

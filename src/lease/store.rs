@@ -2,30 +2,93 @@
 //!
 //! All expiry judgements happen inside the store, on the store's clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::record::{FencingToken, Grant, Observation};
 
+/// The underlying error a store failure came from, kept for `{:#}` and logs.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a store operation did not succeed. The elector treats each kind
-/// differently, so stores must classify carefully.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// differently, so stores must classify carefully. `context` says what was
+/// being done; `source`, when there is one, is the error underneath.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Someone else holds a valid lease (acquire), or our token was
     /// superseded or released (renew, release). Not retried.
     #[error("lease {lock} is not ours: {reason}")]
     Lost { lock: String, reason: String },
     /// The store could not be reached or refused service; nothing happened.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    #[error("store unavailable: {context}")]
+    Unavailable {
+        context: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The write may or may not have committed (commit deadline exceeded,
     /// connection lost after sending). Never treated as success (S9).
-    #[error("outcome unknown: {0}")]
-    OutcomeUnknown(String),
+    #[error("outcome unknown: {context}")]
+    OutcomeUnknown {
+        context: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// Bad input or a missing table/database: retrying will not help.
-    #[error("invalid: {0}")]
-    Invalid(String),
+    #[error("invalid: {context}")]
+    Invalid {
+        context: String,
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+impl StoreError {
+    pub fn unavailable(context: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    pub fn outcome_unknown(context: impl Into<String>) -> Self {
+        StoreError::OutcomeUnknown {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    pub fn invalid(context: impl Into<String>) -> Self {
+        StoreError::Invalid {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// The same kind of failure, keeping `source` as its cause.
+    pub fn caused_by(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let cause: Option<Cause> = Some(Arc::new(source));
+        match self {
+            StoreError::Unavailable { context, .. } => StoreError::Unavailable { context, source: cause },
+            StoreError::OutcomeUnknown { context, .. } => StoreError::OutcomeUnknown { context, source: cause },
+            StoreError::Invalid { context, .. } => StoreError::Invalid { context, source: cause },
+            lost @ StoreError::Lost { .. } => lost,
+        }
+    }
+
+    /// The message and every cause below it, `: `-separated, for logs.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(cause) = next {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        text
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -429,9 +429,12 @@ fn changed_message(old: &DistributedLeaseStatus, kind: &str, status: &str, messa
 fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, String) {
     let place = format!("{} (table {})", valid.spanner.database, valid.spanner.table);
     match error {
-        StoreError::Invalid(e) => ("StoreMisconfigured", format!("store {place} cannot be used: {e}")),
-        StoreError::Unavailable(e) | StoreError::OutcomeUnknown(e) => {
-            ("StoreUnavailable", format!("store {place} is unavailable: {e}"))
+        StoreError::Invalid { .. } => (
+            "StoreMisconfigured",
+            format!("store {place} cannot be used: {}", error.chain()),
+        ),
+        StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. } => {
+            ("StoreUnavailable", format!("store {place}: {}", error.chain()))
         }
         StoreError::Lost { reason, .. } => ("StoreUnavailable", format!("store {place}: {reason}")),
     }
@@ -535,8 +538,8 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
             Ok(())
         }
         Ok(None) => Ok(()),
-        Err(StoreError::Invalid(e)) => {
-            warn!(error = %e, "store cannot hold the lock; nothing to release");
+        Err(e @ StoreError::Invalid { .. }) => {
+            warn!(error = %e.chain(), "store cannot hold the lock; nothing to release");
             Ok(())
         }
         Err(source) => Err(Error::Release {

@@ -153,9 +153,9 @@ impl MeteredStore {
         if let Err(e) = &result {
             let kind = match e {
                 StoreError::Lost { .. } => "lost",
-                StoreError::Unavailable(_) => "unavailable",
-                StoreError::OutcomeUnknown(_) => "outcome_unknown",
-                StoreError::Invalid(_) => "invalid",
+                StoreError::Unavailable { .. } => "unavailable",
+                StoreError::OutcomeUnknown { .. } => "outcome_unknown",
+                StoreError::Invalid { .. } => "invalid",
             };
             self.metrics
                 .store_failures

@@ -46,7 +46,7 @@ pub async fn racing_candidates_one_wins(target: &dyn Target, candidates: usize) 
     assert_eq!(winners.len(), 1, "exactly one racer must win: {results:?}");
     for r in results.iter().filter(|r| r.is_err()) {
         assert!(
-            matches!(r, Err(StoreError::Lost { .. } | StoreError::Unavailable(_))),
+            matches!(r, Err(StoreError::Lost { .. } | StoreError::Unavailable { .. })),
             "losers lose or retry later, never anything else: {r:?}"
         );
     }
@@ -190,7 +190,7 @@ pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
     if observed.live_holder() == Some("a") {
         // It did commit: saying "unavailable" (nothing happened) would be a lie.
         assert!(
-            matches!(result, Err(StoreError::OutcomeUnknown(_))),
+            matches!(result, Err(StoreError::OutcomeUnknown { .. })),
             "committed but reported {result:?}"
         );
         assert!(
@@ -199,7 +199,10 @@ pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
         );
     } else {
         assert!(
-            matches!(result, Err(StoreError::OutcomeUnknown(_) | StoreError::Unavailable(_))),
+            matches!(
+                result,
+                Err(StoreError::OutcomeUnknown { .. } | StoreError::Unavailable { .. })
+            ),
             "{result:?}"
         );
     }

@@ -143,7 +143,7 @@ impl MemoryStore {
     fn admit(state: &mut State, write: bool) -> Result<Effect> {
         let faults = state.faults.clone();
         if faults.down || (faults.unavailable > 0.0 && state.rng.random_bool(faults.unavailable)) {
-            return Err(StoreError::Unavailable("memory store outage (injected)".into()));
+            return Err(StoreError::unavailable("memory store outage (injected)"));
         }
         if write {
             state.calls.writes += 1;
@@ -170,8 +170,8 @@ impl MemoryStore {
             let mut state = self.lock();
             let effect = Self::admit(&mut state, true)?;
             if matches!(effect, Effect::UnknownWithoutCommit) {
-                Err(StoreError::OutcomeUnknown(
-                    "commit reply lost before commit (injected)".into(),
+                Err(StoreError::outcome_unknown(
+                    "commit reply lost before commit (injected)",
                 ))
             } else {
                 let commit = StoreTime(self.clock().0.max(state.last_commit + 1));
@@ -181,9 +181,9 @@ impl MemoryStore {
                     state.rows.insert(lock.to_string(), row);
                 }
                 match effect {
-                    Effect::CommitThenDropReply => Err(StoreError::OutcomeUnknown(
-                        "commit reply lost after commit (injected)".into(),
-                    )),
+                    Effect::CommitThenDropReply => {
+                        Err(StoreError::outcome_unknown("commit reply lost after commit (injected)"))
+                    }
                     _ => Ok(value),
                 }
             }

@@ -170,7 +170,7 @@ pub fn validate_table(table: &str) -> Result<()> {
     if valid {
         Ok(())
     } else {
-        Err(StoreError::Invalid(format!(
+        Err(StoreError::invalid(format!(
             "table {table:?} is not a valid Spanner identifier (a letter, then letters, digits or '_', at most 128)"
         )))
     }
@@ -181,7 +181,7 @@ pub fn validate_database(database: &str) -> Result<()> {
     let parts: Vec<&str> = database.split('/').collect();
     match parts.as_slice() {
         ["projects", p, "instances", i, "databases", d] if [p, i, d].iter().all(|s| !s.is_empty()) => Ok(()),
-        _ => Err(StoreError::Invalid(format!(
+        _ => Err(StoreError::invalid(format!(
             "database {database:?} is not of the form projects/<project>/instances/<instance>/databases/<database>"
         ))),
     }
@@ -210,30 +210,30 @@ fn classify(what: &str, error: &google_cloud_spanner::Error, committing: bool, d
         let text = status.message.as_str();
         return match status.code {
             Code::NotFound if text.contains("Database not found") || text.contains("Instance not found") => {
-                StoreError::Invalid(format!("{database}: {}", status.message))
+                StoreError::invalid(format!("{database}: {}", status.message))
             }
-            Code::NotFound if text.contains("Table not found") => StoreError::Invalid(format!(
+            Code::NotFound if text.contains("Table not found") => StoreError::invalid(format!(
                 "{database}: {} (run ensure_schema, or let the operator create it)",
                 status.message
             )),
-            Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated => StoreError::Invalid(message),
+            Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated => StoreError::invalid(message),
             // The emulator reports contention between racing transactions as
             // FAILED_PRECONDITION / NOT_FOUND on the transaction; production as
             // ABORTED once retries ran out. Either way: nothing we know of
             // committed; try again later.
-            Code::Aborted | Code::FailedPrecondition | Code::NotFound => StoreError::Unavailable(message),
+            Code::Aborted | Code::FailedPrecondition | Code::NotFound => StoreError::unavailable(message),
             Code::DeadlineExceeded | Code::Unavailable | Code::Cancelled | Code::Unknown | Code::Internal
                 if committing =>
             {
-                StoreError::OutcomeUnknown(message)
+                StoreError::outcome_unknown(message)
             }
-            _ => StoreError::Unavailable(message),
+            _ => StoreError::unavailable(message),
         };
     }
     if committing && (error.is_timeout() || error.is_io() || error.is_transport() || error.is_exhausted()) {
-        StoreError::OutcomeUnknown(message)
+        StoreError::outcome_unknown(message)
     } else {
-        StoreError::Unavailable(message)
+        StoreError::unavailable(message)
     }
 }
 
@@ -257,7 +257,7 @@ impl SpannerStore {
         let client = tokio::time::timeout(call_timeout, spanner.database_client(config.database.clone()).build())
             .await
             .map_err(|_| {
-                StoreError::Unavailable(format!(
+                StoreError::unavailable(format!(
                     "no answer from Spanner for {} within {call_timeout:?}",
                     config.database
                 ))
@@ -341,13 +341,13 @@ impl SpannerStore {
         let committing = committing.load(Ordering::SeqCst);
         let result = match outcome {
             Err(_) if committing => {
-                return Err(StoreError::OutcomeUnknown(format!(
+                return Err(StoreError::outcome_unknown(format!(
                     "{what} {lock}: no commit reply within {:?}",
                     self.call_timeout
                 )));
             }
             Err(_) => {
-                return Err(StoreError::Unavailable(format!(
+                return Err(StoreError::unavailable(format!(
                     "{what} {lock}: no reply within {:?}",
                     self.call_timeout
                 )));
@@ -373,7 +373,7 @@ impl SpannerStore {
     }
 
     fn committed(what: &str, at: Option<StoreTime>) -> Result<StoreTime> {
-        at.ok_or_else(|| StoreError::OutcomeUnknown(format!("{what}: Spanner returned no commit timestamp")))
+        at.ok_or_else(|| StoreError::outcome_unknown(format!("{what}: Spanner returned no commit timestamp")))
     }
 
     async fn admin(&self) -> Result<DatabaseAdmin> {
@@ -384,7 +384,7 @@ impl SpannerStore {
         builder
             .build()
             .await
-            .map_err(|e| StoreError::Unavailable(format!("Spanner admin client: {e}")))
+            .map_err(|e| StoreError::unavailable(format!("Spanner admin client: {e}")))
     }
 }
 
@@ -396,8 +396,8 @@ async fn client(endpoints: &Endpoints, call_timeout: Duration) -> Result<Spanner
     }
     tokio::time::timeout(call_timeout, builder.build())
         .await
-        .map_err(|_| StoreError::Unavailable(format!("no answer from Spanner within {call_timeout:?}")))?
-        .map_err(|e| StoreError::Unavailable(format!("cannot set up the Spanner client: {e}")))
+        .map_err(|_| StoreError::unavailable(format!("no answer from Spanner within {call_timeout:?}")))?
+        .map_err(|e| StoreError::unavailable(format!("cannot set up the Spanner client: {e}")))
 }
 
 #[async_trait]
@@ -421,7 +421,7 @@ impl LeaseStore for SpannerStore {
         };
         let count = tokio::time::timeout(self.call_timeout, count)
             .await
-            .map_err(|_| StoreError::Unavailable(format!("{database}: no answer within {:?}", self.call_timeout)))?
+            .map_err(|_| StoreError::unavailable(format!("{database}: no answer within {:?}", self.call_timeout)))?
             .map_err(|e| classify("looking for the lease table", &e, false, database))?;
         if count > 0 {
             return Ok(());
@@ -461,7 +461,7 @@ impl LeaseStore for SpannerStore {
         };
         tokio::time::timeout(self.call_timeout, read)
             .await
-            .map_err(|_| StoreError::Unavailable(format!("observe {lock}: no reply within {:?}", self.call_timeout)))?
+            .map_err(|_| StoreError::unavailable(format!("observe {lock}: no reply within {:?}", self.call_timeout)))?
             .map_err(|e| classify(&format!("observe {lock}"), &e, false, &self.config.database))
     }
 
@@ -574,14 +574,14 @@ pub async fn create_emulator_database(
     )
     .await
     .map_err(|_| {
-        StoreError::Unavailable(format!(
+        StoreError::unavailable(format!(
             "no answer from the Spanner emulator's admin API within {ADMIN_TIMEOUT:?}"
         ))
     })?
 }
 
 async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str, database: &str) -> Result<String> {
-    let unavailable = |what: &str, e: &dyn std::fmt::Display| StoreError::Unavailable(format!("{what}: {e}"));
+    let unavailable = |what: &str, e: &dyn std::fmt::Display| StoreError::unavailable(format!("{what}: {e}"));
     let spanner = client(endpoints, DEFAULT_CALL_TIMEOUT).await?;
     let mut instances = spanner.instance_admin_builder();
     let mut databases = spanner.database_admin_builder();
