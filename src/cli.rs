@@ -2,7 +2,9 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{demo, operator, sidecar, sim};
+#[cfg(feature = "simulate")]
+use crate::sim;
+use crate::{demo, operator, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,13 +42,16 @@ pub enum Command {
     Operator(operator::Args),
     /// Print the DistributedLease CustomResourceDefinition as YAML.
     Crd,
-    /// Run the deterministic safety simulation over many seeds.
+    /// Run the deterministic safety simulation over many seeds (built with
+    /// the `simulate` feature).
+    #[cfg(feature = "simulate")]
     Simulate(sim::Args),
 }
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let default_filter = match self.command {
+            #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
             Command::Demo(_) => "warn",
             _ => "info",
@@ -55,6 +60,7 @@ impl Cli {
         init_logging(self.log_format, &filter)?;
         match self.command {
             // Each seed runs a paused runtime of its own.
+            #[cfg(feature = "simulate")]
             Command::Simulate(args) => sim::run(args),
             Command::Crd => {
                 print!("{}", crate::api::crd_yaml()?);

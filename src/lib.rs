@@ -3,16 +3,30 @@
 //!
 //! Arrows point inward: `sidecar` and `operator` use `lease`, `store` and
 //! `api`; `lease` uses none of them.
+//!
+//! Cargo features pick the parts: the lease core and the memory store are
+//! always there; `spanner` adds the Cloud Spanner store, `kubernetes` the
+//! `DistributedLease` resource, `sidecar`, `operator` and `cli` the roles and
+//! the binary (default), `simulate` the safety simulation.
 
+#[cfg(feature = "kubernetes")]
 pub mod api;
+#[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
 pub mod demo;
 pub mod lease;
+#[cfg(feature = "operator")]
 pub mod operator;
+#[cfg(feature = "kubernetes")]
 pub mod rbac;
+#[cfg(any(feature = "sidecar", feature = "operator"))]
 pub mod shutdown;
+#[cfg(feature = "sidecar")]
 pub mod sidecar;
+#[cfg(feature = "simulate")]
 pub mod sim;
 pub mod store;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;

@@ -243,6 +243,14 @@ enum Decision<T> {
     Refused(String),
 }
 
+/// The Google clients are built without a TLS provider of their own (they
+/// would link aws-lc-rs beside the ring that kube and the webhook use), so
+/// they take the process default: ring, installed here once. Idempotent; an
+/// embedding program that installed its own provider keeps it.
+pub fn install_crypto_provider() {
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl SpannerStore {
     /// Connects with endpoints from the environment.
     pub async fn connect(config: SpannerConfig) -> Result<Self> {
@@ -390,6 +398,7 @@ impl SpannerStore {
 
 /// The root client: one per store, sharing its channels with the admin clients.
 async fn client(endpoints: &Endpoints, call_timeout: Duration) -> Result<Spanner> {
+    install_crypto_provider();
     let mut builder = Spanner::builder();
     if let Some(endpoint) = &endpoints.data {
         builder = builder.with_endpoint(endpoint.clone());
@@ -637,6 +646,21 @@ async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_google_clients_find_ring_as_the_process_tls_provider() {
+        // tonic and reqwest are built without a provider of their own and
+        // build their TLS config from the process default, which panics
+        // when none was installed.
+        install_crypto_provider();
+        let provider = rustls::crypto::CryptoProvider::get_default().expect("a process default provider");
+        let ring = rustls::crypto::ring::default_provider();
+        assert_eq!(
+            provider.cipher_suites.iter().map(|s| s.suite()).collect::<Vec<_>>(),
+            ring.cipher_suites.iter().map(|s| s.suite()).collect::<Vec<_>>()
+        );
+        let _client = rustls::ClientConfig::builder().with_root_certificates(rustls::RootCertStore::empty());
+    }
 
     #[test]
     fn shard_is_fnv1a_64_mod_1024() {

@@ -84,8 +84,8 @@ impl CertificateBundle {
             .map_err(|e| Error::Tls(format!("certificate: {e}")))?;
         let key =
             PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| Error::Tls(format!("key: {e}")))?;
-        // Both ring and aws-lc-rs are linked (kube and the Spanner client
-        // pick differently), so name the provider rather than rely on a default.
+        // ring is the one provider linked; name it rather than depend on
+        // whether the process default was installed yet.
         let mut config =
             rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
