@@ -13,4 +13,13 @@ fi
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches
+# The library example needs nothing but the lease core and the memory store.
+cargo check --no-default-features --example library
+# One emulator for the whole run (each test makes databases of its own);
+# tests that must own an emulator (to restart it) start a private one.
+if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
+  coproc EMULATOR { cargo run -q --example spanner-emulator; }
+  read -r line <&"${EMULATOR[0]}" || { echo "the Spanner emulator did not start" >&2; exit 1; }
+  export ${line?}
+fi
 cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}"
