@@ -10,6 +10,6 @@ pub mod store;
 pub mod timing;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
-pub use record::{FencingToken, Grant, Identity, LeaseRecord, Observation, StoreTime};
+pub use record::{FencingToken, Grant, Identity, InvalidIdentity, LeaseRecord, Observation, StoreTime};
 pub use store::{LeaseStore, StoreError};
 pub use timing::{Timing, TimingError};

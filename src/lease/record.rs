@@ -81,6 +81,43 @@ impl Identity {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+}
+
+/// A holder string that is not `[[cluster/]namespace/]name#nonce`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("holder {0:?} is not an identity of the form [[cluster/]namespace/]name#nonce")]
+pub struct InvalidIdentity(pub String);
+
+impl std::str::FromStr for Identity {
+    type Err = InvalidIdentity;
+
+    /// The inverse of `Display`. Two slash-separated parts are namespace and
+    /// name, three are cluster, namespace and name.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidIdentity(text.to_string());
+        let (path, nonce) = text.rsplit_once('#').ok_or_else(invalid)?;
+        let mut parts = path.rsplitn(3, '/');
+        let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(invalid)?;
+        let namespace = parts.next().map(str::to_string);
+        let cluster = parts.next().map(str::to_string);
+        if nonce.is_empty() || [&namespace, &cluster].into_iter().flatten().any(|p| p.is_empty() || p.contains('/')) {
+            return Err(invalid());
+        }
+        Ok(Identity {
+            cluster,
+            namespace,
+            name: name.to_string(),
+            nonce: nonce.to_string(),
+        })
+    }
 }
 
 impl fmt::Display for Identity {
@@ -204,6 +241,26 @@ mod tests {
         assert!(a.to_string().starts_with("eu/prod/pod-0#"));
         assert_ne!(a, b, "two process runs of the same pod must not share an identity");
         assert_eq!(Identity::with_nonce("p", "n").to_string(), "p#n");
+    }
+
+    #[test]
+    fn identity_parses_what_it_renders() {
+        for identity in [
+            Identity::new(Some("eu".into()), Some("prod".into()), "pod-0"),
+            Identity::new(None, Some("prod".into()), "pod-0"),
+            Identity::with_nonce("pod-0", "n1"),
+        ] {
+            let parsed: Identity = identity.to_string().parse().unwrap();
+            assert_eq!(parsed, identity);
+        }
+        let parsed: Identity = "eu/prod/web-0#ab".parse().unwrap();
+        assert_eq!(
+            (parsed.cluster(), parsed.namespace(), parsed.name()),
+            (Some("eu"), Some("prod"), "web-0")
+        );
+        for bad in ["", "web-0", "web-0#", "#n", "prod/#n", "/web-0#n", "a/b/c/d#n"] {
+            assert!(bad.parse::<Identity>().is_err(), "{bad:?} must be refused");
+        }
     }
 
     #[test]
