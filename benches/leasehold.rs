@@ -27,7 +27,7 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// min, median, p90, max in ms.
-fn summary(samples: &mut [Duration]) -> String {
+fn summary_of(samples: &mut [Duration]) -> String {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     format!(
@@ -356,35 +356,53 @@ fn renew_quantiles(registry: &prometheus_client::registry::Registry) -> (String,
     (at(0.5), at(0.99))
 }
 
+/// Benchmark sections, by the name that selects them on the command line.
+const SECTIONS: [&str; 4] = ["handover", "cost", "footprint", "many"];
+
 fn main() {
-    // `cargo bench` passes --bench; there is nothing to filter.
+    // `cargo bench` passes --bench; other arguments name the sections to run
+    // (`cargo bench --bench leasehold -- footprint`), none means all.
+    let chosen: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if let Some(unknown) = chosen.iter().find(|c| !SECTIONS.contains(&c.as_str())) {
+        eprintln!("unknown section {unknown:?}; sections: {}", SECTIONS.join(", "));
+        std::process::exit(2);
+    }
+    let run = |section: &str| chosen.is_empty() || chosen.iter().any(|c| c == section);
     let reps = env_or("LEASEHOLD_BENCH_REPS", 20);
     let seconds = env_or("LEASEHOLD_BENCH_SECONDS", 60);
     let electors = env_or("LEASEHOLD_BENCH_ELECTORS", 1000) as usize;
-    println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
-    let mut crash = handovers(reps, "bench-crash", "KILL", "crash failover");
-    println!("== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)");
-    let mut term = handovers(reps, "bench-term", "TERM", "graceful handover");
-    println!("== release + nudge in one process (what the pod watch triggers), memory store");
-    let mut nudged = nudged_handover_in_process(reps);
-    println!("== store cost at default timings (15s/10s/2s), {seconds} s");
-    let cost = store_cost(seconds);
-    println!("== footprint");
-    let idle = footprint(seconds);
-    println!("== many locks");
-    let many = many_locks(electors, seconds);
-
-    println!("\n== summary");
-    println!(
-        "crash failover: {}; median/D = {:.2}",
-        summary(&mut crash),
-        millis(median(&mut crash)) / millis(D)
-    );
-    println!("graceful handover (processes, no watch): {}", summary(&mut term));
-    println!("graceful handover (in process, nudged): {}", summary(&mut nudged));
-    for line in cost {
-        println!("store cost: {line}");
+    let mut summary = Vec::new();
+    if run("handover") {
+        println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
+        let mut crash = handovers(reps, "bench-crash", "KILL", "crash failover");
+        println!("== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)");
+        let mut term = handovers(reps, "bench-term", "TERM", "graceful handover");
+        println!("== release + nudge in one process (what the pod watch triggers), memory store");
+        let mut nudged = nudged_handover_in_process(reps);
+        summary.push(format!(
+            "crash failover: {}; median/D = {:.2}",
+            summary_of(&mut crash),
+            millis(median(&mut crash)) / millis(D)
+        ));
+        summary.push(format!("graceful handover (processes, no watch): {}", summary_of(&mut term)));
+        summary.push(format!("graceful handover (in process, nudged): {}", summary_of(&mut nudged)));
     }
-    println!("footprint: {idle}");
-    println!("many locks: {many}");
+    if run("cost") {
+        println!("== store cost at default timings (15s/10s/2s), {seconds} s");
+        for line in store_cost(seconds) {
+            summary.push(format!("store cost: {line}"));
+        }
+    }
+    if run("footprint") {
+        println!("== footprint");
+        summary.push(format!("footprint: {}", footprint(seconds)));
+    }
+    if run("many") {
+        println!("== many locks");
+        summary.push(format!("many locks: {}", many_locks(electors, seconds)));
+    }
+    println!("\n== summary");
+    for line in summary {
+        println!("{line}");
+    }
 }
