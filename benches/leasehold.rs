@@ -375,7 +375,9 @@ fn main() {
     if run("handover") {
         println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
         let mut crash = handovers(reps, "bench-crash", "KILL", "crash failover");
-        println!("== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)");
+        println!(
+            "== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)"
+        );
         let mut term = handovers(reps, "bench-term", "TERM", "graceful handover");
         println!("== release + nudge in one process (what the pod watch triggers), memory store");
         let mut nudged = nudged_handover_in_process(reps);
@@ -384,8 +386,14 @@ fn main() {
             summary_of(&mut crash),
             millis(median(&mut crash)) / millis(D)
         ));
-        summary.push(format!("graceful handover (processes, no watch): {}", summary_of(&mut term)));
-        summary.push(format!("graceful handover (in process, nudged): {}", summary_of(&mut nudged)));
+        summary.push(format!(
+            "graceful handover (processes, no watch): {}",
+            summary_of(&mut term)
+        ));
+        summary.push(format!(
+            "graceful handover (in process, nudged): {}",
+            summary_of(&mut nudged)
+        ));
     }
     if run("cost") {
         println!("== store cost at default timings (15s/10s/2s), {seconds} s");

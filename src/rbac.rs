@@ -24,6 +24,25 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
     yaml
 }
 
+/// Every `rules:` list in the YAML code blocks of a document, as written,
+/// so a test can compare a doc with the code for equality, not containment.
+#[cfg(test)]
+pub fn rules_lists_in(doc: &str) -> Vec<String> {
+    let mut lists = Vec::new();
+    for block in doc.split("```yaml\n").skip(1) {
+        let block = block.split("```").next().unwrap_or_default();
+        for list in block.split("rules:\n").skip(1) {
+            let items: String = list
+                .lines()
+                .take_while(|l| l.starts_with("  "))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            lists.push(format!("rules:\n{items}"));
+        }
+    }
+    lists
+}
+
 /// Whether `rules` allow `verb` on `resource` (with subresource, e.g.
 /// `distributedleases/status`) in `api_group`.
 pub fn grants(rules: &[Rule], api_group: &str, resource: &str, verb: &str) -> bool {
@@ -63,4 +82,31 @@ pub fn request_attributes(method: &str, path: &str, watch: bool) -> Option<(Stri
         _ => return None,
     };
     Some((group.to_string(), resource, verb))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PODS: &[Rule] = &[Rule {
+        api_group: "",
+        resources: &["pods"],
+        verbs: &["get"],
+    }];
+
+    #[test]
+    fn a_doc_with_an_extra_rule_is_not_equal_to_the_code() {
+        let exact = format!("text\n```yaml\nkind: Role\n{}```\n", rules_yaml(PODS));
+        assert_eq!(rules_lists_in(&exact), [rules_yaml(PODS)]);
+        let extra = exact.replace(
+            "```\n",
+            "  - apiGroups: [\"\"]\n    resources: [secrets]\n    verbs: [get]\n```\n",
+        );
+        assert_ne!(
+            rules_lists_in(&extra),
+            [rules_yaml(PODS)],
+            "containment would have passed"
+        );
+        assert!(extra.contains(&rules_yaml(PODS)));
+    }
 }

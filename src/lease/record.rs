@@ -108,7 +108,12 @@ impl std::str::FromStr for Identity {
         let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(invalid)?;
         let namespace = parts.next().map(str::to_string);
         let cluster = parts.next().map(str::to_string);
-        if nonce.is_empty() || [&namespace, &cluster].into_iter().flatten().any(|p| p.is_empty() || p.contains('/')) {
+        if nonce.is_empty()
+            || [&namespace, &cluster]
+                .into_iter()
+                .flatten()
+                .any(|p| p.is_empty() || p.contains('/'))
+        {
             return Err(invalid());
         }
         Ok(Identity {

@@ -47,8 +47,11 @@ mod tests {
     #[test]
     fn the_doc_carries_exactly_these_rules() {
         let doc = include_str!("../../docs/rbac-sidecar.md");
-        let rules = crate::rbac::rules_yaml(RULES);
-        assert!(doc.contains(&rules), "docs/rbac-sidecar.md must contain:\n{rules}");
+        assert_eq!(
+            crate::rbac::rules_lists_in(doc),
+            [crate::rbac::rules_yaml(RULES)],
+            "docs/rbac-sidecar.md must carry exactly the sidecar's rules"
+        );
     }
 
     #[test]
