@@ -10,6 +10,7 @@ pub mod demo;
 pub mod lease;
 pub mod operator;
 pub mod rbac;
+pub mod run;
 pub mod shutdown;
 pub mod sidecar;
 pub mod sim;
