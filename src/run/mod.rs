@@ -196,7 +196,10 @@ impl Runner {
 
     /// Ends the runner with `code`: the elector releases once we return.
     fn finish(&self, code: i32) {
-        self.outcome.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(code);
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(code);
         self.shutdown.cancel();
     }
 
@@ -242,7 +245,11 @@ impl Runner {
                 }
                 Ended::Exited(code) => match backoff {
                     Some(delay) => {
-                        warn!(code, ?delay, "the command failed; restarting after a backoff while leading");
+                        warn!(
+                            code,
+                            ?delay,
+                            "the command failed; restarting after a backoff while leading"
+                        );
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => {}
                             _ = ctx.cancelled.cancelled() => {

@@ -18,9 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::launch::{Launcher, Supervised};
 use super::watchdog::{Heartbeat, ProcessGroup, supervise};
 use super::*;
-use crate::lease::{
-    ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, StoreError, Timing,
-};
+use crate::lease::{ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, StoreError, Timing};
 use crate::store::MemoryStore;
 
 const LOCK: &str = "run-test";
@@ -282,7 +280,10 @@ fn checker() -> Checker {
 async fn until(what: impl Fn() -> bool) {
     let started = Instant::now();
     while !what() {
-        assert!(started.elapsed() < Duration::from_secs(120), "not reached in 120 simulated seconds");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "not reached in 120 simulated seconds"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -329,10 +330,7 @@ async fn the_checker_catches_a_grace_period_longer_than_the_gap() {
     assert!(grace_period(&timing(), Some(grace)).is_err());
     let checker = failover(grace, true).await;
     let violations = checker.violations();
-    assert!(
-        violations.iter().any(|v| v.contains("was alive")),
-        "{violations:?}"
-    );
+    assert!(violations.iter().any(|v| v.contains("was alive")), "{violations:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -362,7 +360,10 @@ async fn a_command_that_exits_0_ends_the_runner_and_releases() {
     let started = Instant::now();
     a.handle.join().await;
     assert_eq!(runner.exit_code(), 0);
-    assert!(started.elapsed() >= Duration::from_secs(30), "it ran to its end, renewing");
+    assert!(
+        started.elapsed() >= Duration::from_secs(30),
+        "it ran to its end, renewing"
+    );
     let row = checker.store.observe(LOCK).await.unwrap().record.unwrap();
     assert_eq!(row.holder, None, "released");
     let envs = a.envs.lock().unwrap();
@@ -387,7 +388,13 @@ async fn a_failing_command_ends_the_runner_with_its_code_or_restarts_with_the_fl
     assert_eq!(a.envs.lock().unwrap().len(), 1);
 
     let checker = self::checker();
-    let a = candidate("a", &checker, Duration::from_secs(1), fails, Some(Duration::from_secs(1)));
+    let a = candidate(
+        "a",
+        &checker,
+        Duration::from_secs(1),
+        fails,
+        Some(Duration::from_secs(1)),
+    );
     // Starts at 0, 3 (2 + 1), 7 (5 + 2), 13 (9 + 4): backoff doubles.
     tokio::time::sleep(Duration::from_millis(13_500)).await;
     let envs = a.envs.lock().unwrap().clone();
@@ -400,7 +407,11 @@ async fn a_failing_command_ends_the_runner_with_its_code_or_restarts_with_the_fl
     a.shutdown.cancel();
     let runner = a.runner.clone();
     a.handle.join().await;
-    assert_eq!(runner.exit_code(), 128 + libc::SIGTERM, "stopped by the runner's shutdown");
+    assert_eq!(
+        runner.exit_code(),
+        128 + libc::SIGTERM,
+        "stopped by the runner's shutdown"
+    );
     assert!(checker.violations().is_empty());
 }
 
@@ -445,7 +456,12 @@ mod supervise_loop {
         let (group, signals) = fake(polite);
         let (tx, rx) = mpsc::unbounded_channel();
         let start = Instant::now();
-        let task = tokio::spawn(supervise(group, rx, start + Duration::from_secs(5), Duration::from_secs(1)));
+        let task = tokio::spawn(supervise(
+            group,
+            rx,
+            start + Duration::from_secs(5),
+            Duration::from_secs(1),
+        ));
         tx.send(Heartbeat::Stop(libc::SIGINT)).unwrap();
         assert_eq!(task.await.unwrap(), 128 + libc::SIGINT);
         assert_eq!(*signals.lock().unwrap(), [libc::SIGINT]);
@@ -454,16 +470,28 @@ mod supervise_loop {
         let (group, signals) = fake(IGNORES_TERM);
         let (tx, rx) = mpsc::unbounded_channel();
         let start = Instant::now();
-        let task = tokio::spawn(supervise(group, rx, start + Duration::from_secs(5), Duration::from_secs(1)));
+        let task = tokio::spawn(supervise(
+            group,
+            rx,
+            start + Duration::from_secs(5),
+            Duration::from_secs(1),
+        ));
         drop(tx);
         assert_eq!(task.await.unwrap(), 128 + libc::SIGKILL);
-        assert_eq!(start.elapsed(), Duration::from_secs(1), "SIGTERM at once, SIGKILL after grace");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "SIGTERM at once, SIGKILL after grace"
+        );
         assert_eq!(*signals.lock().unwrap(), [libc::SIGTERM, libc::SIGKILL]);
     }
 
     #[test]
     fn heartbeats_cross_the_pipe_as_absolute_monotonic_time() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let at = Instant::now() + Duration::from_millis(1500);
             let Some(Heartbeat::Deadline(back)) = Heartbeat::decode(&Heartbeat::Deadline(at).encode()) else {

@@ -174,10 +174,7 @@ impl ProcessGroup for OsGroup {
 /// A shell's convention: the exit code, or 128 + the signal that ended it.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
 /// `leasehold __watchdog`: started by the runner, never by hand.
@@ -202,7 +199,10 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
         let mut stream = signal(kind)?;
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
-                debug!(signal = kind.as_raw_value(), "signal to the watchdog; the runner decides");
+                debug!(
+                    signal = kind.as_raw_value(),
+                    "signal to the watchdog; the runner decides"
+                );
             }
         });
     }
@@ -240,7 +240,11 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
         Ok(child) => child,
         Err(e) => {
             warn!(command = %args.command[0], error = %e, "cannot start the command");
-            return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
         }
     };
     // A group id of 0 would signal our own group: a child without an id has
