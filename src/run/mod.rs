@@ -132,14 +132,14 @@ pub async fn run(args: Args) -> Result<i32> {
     // The timing is read once: a grace period checked against one D − R
     // must not meet another, so a changed DistributedLease needs a restart.
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
-        let (_app_health, app) = tokio::sync::watch::channel(Default::default());
+        // No app health source: the command is the app, and it runs only while leading.
+        let (app_health, app) = tokio::sync::watch::channel(Default::default());
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
         let control = handle.control();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            // The sender lives as long as the publisher: the app is the command.
-            let _app_health = _app_health;
-            publisher.run(state, transitions, app, control, shutdown).await
+            publisher.run(state, transitions, app, control, shutdown).await;
+            drop(app_health);
         })
     });
     handle.join().await;
@@ -206,10 +206,11 @@ impl Runner {
     async fn lead(self: Arc<Self>, ctx: LeaderContext) {
         let mut backoff = self.restart;
         loop {
-            let Some(deadline) = ctx.state.borrow().deadline.filter(|_| ctx.still_leading()) else {
+            let leading = ctx.still_leading();
+            let state = ctx.state.borrow().clone();
+            let Some(deadline) = state.deadline.filter(|_| leading) else {
                 return;
             };
-            let state = ctx.state.borrow().clone();
             if let Some(path) = &self.token_file {
                 // Before the command starts, so it never reads a stale token.
                 let view = LeaderView::of(&state, tokio::time::Instant::now());
