@@ -16,9 +16,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use leasehold::lease::{LeaseRecord, LeaseStore};
-use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerConfig, SpannerStore};
+use leasehold::store::spanner::{SpannerConfig, SpannerStore};
 use leasehold::testing::Emulator;
-use support::{D, P, R};
+use support::{D, P, R, lease_database};
 
 const GRACE: Duration = Duration::from_millis(250);
 /// Starting `leasehold __watchdog` and the shell, and writing the first line.
@@ -64,14 +64,7 @@ fn setup() -> Setup {
         .build()
         .unwrap();
     let emulator = Emulator::start_or_connect();
-    let (config, store) = runtime.block_on(async {
-        let config = emulator.create_database("leasehold_leases").await;
-        let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
-            .await
-            .unwrap();
-        store.ensure_schema().await.unwrap();
-        (config, store)
-    });
+    let (config, store) = runtime.block_on(lease_database(&emulator));
     let dir = std::env::temp_dir().join(format!("leasehold-run-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("cmd.sh");
