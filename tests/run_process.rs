@@ -376,3 +376,87 @@ fn sigterm_to_the_runner_stops_its_command_returns_its_code_and_releases() {
     assert_one_at_a_time(&read_log(&setup.log));
     println!("SIGTERM handover: next command after {handover:?}");
 }
+
+/// A runner on the memory store (no emulator), in `dir`, running `sh -c SCRIPT`.
+fn run_alone(dir: &Path, extra: &[&str], script: &str) -> Runner {
+    let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["run", "--store", "memory", "--lock", "alone", "--kubernetes", "false"])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .current_dir(dir)
+        .env("LEASEHOLD_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("leasehold run starts");
+    Runner { child }
+}
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("leasehold-run-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn wait_for_file(path: &Path) -> String {
+    let started = Instant::now();
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) if text.ends_with('\n') => return text,
+            _ if started.elapsed() > Duration::from_secs(10) => panic!("{} was not written", path.display()),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+#[test]
+fn the_command_sees_its_token_in_env_and_token_file_and_leaves_nothing_running() {
+    let dir = temp_dir();
+    let mut runner = run_alone(
+        &dir,
+        &["--token-file", "token.json"],
+        r#"sleep 30 & echo $! > bg; cp token.json seen; echo "$LEASEHOLD_TOKEN $LEASEHOLD_TERM" > env"#,
+    );
+    let status = runner.wait_within(Duration::from_secs(10)).expect("the runner exits");
+    assert!(status.success(), "{status}");
+    let env = wait_for_file(&dir.join("env"));
+    let (token, term) = env.trim().split_once(' ').unwrap();
+    let seen: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("seen")).unwrap()).unwrap();
+    assert_eq!(
+        seen["token"], token,
+        "the token file was written before the command started"
+    );
+    assert_eq!(seen["leader"], true);
+    assert_eq!(term, "1");
+    let background: i32 = wait_for_file(&dir.join("bg")).trim().parse().unwrap();
+    assert!(
+        wait_for_exit(background, Duration::from_secs(1)).is_some(),
+        "what the command left in its group is killed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigint_reaches_the_command_and_a_killed_watchdog_takes_the_command_along() {
+    let dir = temp_dir();
+    let script = r#"trap 'echo int > sig; exit 5' INT; echo "$$ $PPID" > pids; while :; do sleep 0.05; done"#;
+    let mut runner = run_alone(&dir, &[], script);
+    wait_for_file(&dir.join("pids"));
+    runner.signal("INT");
+    let status = runner.wait_within(Duration::from_secs(5)).expect("the runner exits");
+    assert_eq!(status.code(), Some(5), "the command's code: {status}");
+    assert_eq!(wait_for_file(&dir.join("sig")), "int\n");
+
+    std::fs::remove_file(dir.join("pids")).unwrap();
+    let mut runner = run_alone(&dir, &[], script);
+    let pids = wait_for_file(&dir.join("pids"));
+    let (command, watchdog) = pids.trim().split_once(' ').unwrap();
+    let status = Command::new("kill").args(["-KILL", watchdog]).status().unwrap();
+    assert!(status.success());
+    assert!(
+        wait_for_exit(command.parse().unwrap(), Duration::from_secs(1)).is_some(),
+        "the command dies with its watchdog"
+    );
+    let status = runner.wait_within(Duration::from_secs(5)).expect("the runner exits");
+    assert_eq!(status.code(), Some(128 + 9), "as a command killed by SIGKILL: {status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
