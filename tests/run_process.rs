@@ -161,8 +161,10 @@ struct Line {
 }
 
 fn read_log(path: &Path) -> Vec<Line> {
-    std::fs::read_to_string(path)
-        .unwrap()
+    let text = std::fs::read_to_string(path).unwrap();
+    // A line still being appended is read at the next poll.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();

@@ -125,10 +125,9 @@ pub async fn run(args: Args) -> Result<i32> {
     let transitions = elector.transitions();
     let work = runner.clone();
     let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx| work.clone().lead(ctx));
+    // The token file is the command's: written before each start (see
+    // `lead`), not followed, so no second writer races that write.
     let state = handle.subscribe();
-    if let Some(path) = args.election.token_file.clone() {
-        tokio::spawn(token_file::follow(path, state.clone()));
-    }
     // The timing is read once: a grace period checked against one D − R
     // must not meet another, so a changed DistributedLease needs a restart.
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
