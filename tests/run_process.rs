@@ -462,3 +462,25 @@ fn sigint_reaches_the_command_and_a_killed_watchdog_takes_the_command_along() {
     assert_eq!(status.code(), Some(128 + 9), "as a command killed by SIGKILL: {status}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_second_signal_exits_the_runner_at_once_and_the_watchdog_still_stops_the_command() {
+    let dir = temp_dir();
+    // The command notes SIGINT and carries on: only SIGKILL ends it.
+    let script = r#"trap 'echo int >> sig' INT; echo "$$" > pid; while :; do sleep 0.05; done"#;
+    let mut runner = run_alone(&dir, &["--grace-period", "1s"], script);
+    let command: i32 = wait_for_file(&dir.join("pid")).trim().parse().unwrap();
+    runner.signal("INT");
+    wait_for_file(&dir.join("sig"));
+    runner.signal("INT");
+    let status = runner
+        .wait_within(Duration::from_millis(500))
+        .expect("the runner exits at once");
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(alive(command), "the grace period is not over yet");
+    assert!(
+        wait_for_exit(command, Duration::from_millis(1500)).is_some(),
+        "SIGKILL at the end of the grace period"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
