@@ -1,7 +1,7 @@
 //! leasehold: leader election for Kubernetes pods on Cloud Spanner, with
 //! fencing tokens.
 //!
-//! Arrows point inward: `sidecar` and `operator` use `lease`, `store` and
+//! Arrows point inward: `sidecar`, `run` and `operator` use `lease`, `store` and
 //! `api`; `lease` uses none of them.
 
 pub mod api;

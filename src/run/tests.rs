@@ -419,26 +419,44 @@ async fn a_failing_command_ends_the_runner_with_its_code_or_restarts_with_the_fl
 mod supervise_loop {
     use super::*;
 
-    fn fake(behaviour: Behaviour) -> (FakeGroup, Arc<Mutex<Vec<i32>>>) {
+    struct Supervising {
+        task: tokio::task::JoinHandle<i32>,
+        heartbeats: mpsc::UnboundedSender<Heartbeat>,
+        signals: Arc<Mutex<Vec<i32>>>,
+        start: Instant,
+    }
+
+    /// The loop around a fake command, deadline 5 s and grace 1 s from now.
+    fn supervising(behaviour: Behaviour) -> Supervising {
         let signals = Arc::new(Mutex::new(Vec::new()));
         let group = FakeGroup {
             exit: watch::channel(None).0,
             signals: signals.clone(),
             behaviour,
         };
-        (group, signals)
+        let (heartbeats, rx) = mpsc::unbounded_channel();
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(5);
+        let task = tokio::spawn(supervise(group, rx, deadline, Duration::from_secs(1)));
+        Supervising {
+            task,
+            heartbeats,
+            signals,
+            start,
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_later_deadline_postpones_the_stop_and_sigkill_follows_sigterm_by_grace() {
-        let (group, signals) = fake(IGNORES_TERM);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let start = Instant::now();
-        let grace = Duration::from_secs(1);
-        let task = tokio::spawn(supervise(group, rx, start + Duration::from_secs(5), grace));
+        let Supervising {
+            task,
+            heartbeats: tx,
+            signals,
+            start,
+        } = supervising(IGNORES_TERM);
         tokio::time::sleep(Duration::from_secs(4)).await;
         tx.send(Heartbeat::Deadline(start + Duration::from_secs(9))).unwrap();
-        // An older deadline arriving late never brings the stop forward… nor back.
+        // An older deadline arriving late does not bring the stop forward.
         tx.send(Heartbeat::Deadline(start + Duration::from_secs(6))).unwrap();
         tokio::time::sleep(Duration::from_millis(4_900)).await;
         assert!(signals.lock().unwrap().is_empty(), "nothing before the deadline");
@@ -453,29 +471,23 @@ mod supervise_loop {
             exits: None,
             on_term: Some(Duration::from_millis(100)),
         };
-        let (group, signals) = fake(polite);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let start = Instant::now();
-        let task = tokio::spawn(supervise(
-            group,
-            rx,
-            start + Duration::from_secs(5),
-            Duration::from_secs(1),
-        ));
+        let Supervising {
+            task,
+            heartbeats: tx,
+            signals,
+            start,
+        } = supervising(polite);
         tx.send(Heartbeat::Stop(libc::SIGINT)).unwrap();
         assert_eq!(task.await.unwrap(), 128 + libc::SIGINT);
         assert_eq!(*signals.lock().unwrap(), [libc::SIGINT]);
         assert_eq!(start.elapsed(), Duration::from_millis(100));
 
-        let (group, signals) = fake(IGNORES_TERM);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let start = Instant::now();
-        let task = tokio::spawn(supervise(
-            group,
-            rx,
-            start + Duration::from_secs(5),
-            Duration::from_secs(1),
-        ));
+        let Supervising {
+            task,
+            heartbeats: tx,
+            signals,
+            start,
+        } = supervising(IGNORES_TERM);
         drop(tx);
         assert_eq!(task.await.unwrap(), 128 + libc::SIGKILL);
         assert_eq!(
