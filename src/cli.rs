@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{demo, operator, sidecar};
+use crate::{demo, operator, run, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -46,6 +46,11 @@ pub enum Command {
     /// the `simulate` feature).
     #[cfg(feature = "simulate")]
     Simulate(sim::Args),
+    /// Run a command only while this candidate leads: `leasehold run [flags] -- COMMAND ARGS…`.
+    Run(run::Args),
+    /// Internal: supervises the command for `leasehold run`.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(run::watchdog::Args),
 }
 
 impl Cli {
@@ -69,15 +74,24 @@ impl Cli {
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
+            // The command's exit code is the runner's (and the watchdog's).
+            Command::Run(args) => std::process::exit(runtime()?.block_on(run::run(args))?),
+            Command::Watchdog(args) => std::process::exit(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(run::watchdog::run(args))?,
+            ),
         }
     }
 }
 
 fn block_on(task: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(task)
+    runtime()?.block_on(task)
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()
 }
 
 fn init_logging(format: LogFormat, filter: &str) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! leasehold: leader election for Kubernetes pods on Cloud Spanner, with
 //! fencing tokens.
 //!
-//! Arrows point inward: `sidecar` and `operator` use `lease`, `store` and
+//! Arrows point inward: `sidecar`, `run` and `operator` use `lease`, `store` and
 //! `api`; `lease` uses none of them.
 //!
 //! Cargo features pick the parts: the lease core and the memory store are
@@ -20,6 +20,8 @@ pub mod lease;
 pub mod operator;
 #[cfg(feature = "kubernetes")]
 pub mod rbac;
+#[cfg(feature = "sidecar")]
+pub mod run;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
 pub mod shutdown;
 #[cfg(feature = "sidecar")]

@@ -19,8 +19,9 @@ pub enum StoreKind {
     Spanner,
 }
 
+/// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct ElectionArgs {
     /// The DistributedLease (in the pod's namespace) to take every lease
     /// setting from; excludes --lock, --database, --table and the timing flags.
     #[arg(long, env = "LEASEHOLD_LEASE")]
@@ -65,15 +66,21 @@ pub struct Args {
     /// watch); default: when running in a cluster with POD_NAME set.
     #[arg(long, env = "LEASEHOLD_KUBERNETES")]
     pub kubernetes: Option<bool>,
+    /// Write holder, term and token as JSON here, replaced atomically.
+    #[arg(long, env = "LEASEHOLD_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub election: ElectionArgs,
     /// The local HTTP API.
     #[arg(long, env = "LEASEHOLD_HTTP_ADDR", default_value = "127.0.0.1:4040")]
     pub http_addr: SocketAddr,
     /// The /metrics listener.
     #[arg(long, env = "LEASEHOLD_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
-    /// Write holder, term and token as JSON here, replaced atomically.
-    #[arg(long, env = "LEASEHOLD_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
     /// Campaign only while this container of our pod is ready (from the pod watch).
     #[arg(long, env = "LEASEHOLD_APP_CONTAINER")]
     pub app_container: Option<String>,
@@ -94,7 +101,7 @@ pub struct Args {
     pub drain: Duration,
 }
 
-impl Args {
+impl ElectionArgs {
     pub fn kubernetes(&self) -> bool {
         self.kubernetes
             .unwrap_or_else(|| self.pod_name.is_some() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some())
@@ -134,7 +141,7 @@ pub struct Settings {
 }
 
 /// Checks the flags and, with --lease, reads the resource.
-pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settings> {
+pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Result<Settings> {
     let pod = match (&args.pod_name, &args.pod_namespace) {
         (Some(name), Some(namespace)) => Some(PodRef {
             name: name.clone(),
@@ -301,7 +308,7 @@ mod tests {
 
     async fn settings(argv: &[&str]) -> Result<Settings> {
         let cli = Cli::parse_from(std::iter::once("sidecar").chain(argv.iter().copied()));
-        resolve(&cli.args, None).await
+        resolve(&cli.args.election, None).await
     }
 
     #[tokio::test]
@@ -415,7 +422,7 @@ mod tests {
             "--kubernetes",
             "true",
         ]);
-        let s = resolve(&cli.args, Some(client)).await.unwrap();
+        let s = resolve(&cli.args.election, Some(client)).await.unwrap();
         api_server.await.unwrap();
         assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
         assert_eq!(s.timing.lease_duration, Duration::from_secs(6));

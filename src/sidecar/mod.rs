@@ -55,17 +55,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub async fn run(args: Args) -> Result<()> {
     let shutdown = CancellationToken::new();
     crate::shutdown::exit_on_signals(shutdown.clone()).map_err(Error::Signals)?;
-    let kube = match args.kubernetes() {
+    let kube = match args.election.kubernetes() {
         true => Some(::kube::Client::try_default().await?),
         false => None,
     };
-    let settings = config::resolve(&args, kube.clone()).await?;
+    let settings = config::resolve(&args.election, kube.clone()).await?;
     info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, "starting");
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
-    if args.create_table {
+    if args.election.create_table {
         store.ensure_schema().await?;
     }
 
@@ -103,10 +103,10 @@ pub async fn run(args: Args) -> Result<()> {
         servers.clone(),
     ));
     tokio::spawn(metrics.follow(state.clone()));
-    if let Some(path) = args.token_file.clone() {
+    if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }
-    if let (Some(client), Some(pod), Some(lease)) = (kube.clone(), settings.pod.clone(), args.lease.clone()) {
+    if let (Some(client), Some(pod), Some(lease)) = (kube.clone(), settings.pod.clone(), args.election.lease.clone()) {
         let control = handle.control();
         tokio::spawn(config::watch_lease(client, pod, lease, settings.clone(), move |t| {
             control.set_timing(t)

@@ -156,11 +156,7 @@ pub fn cluster_with(lock: &str, extra: impl Fn(usize) -> Vec<String>) -> Cluster
         .unwrap();
     let emulator = Emulator::start_or_connect();
     let (config, proxies) = runtime.block_on(async {
-        let config = emulator.create_database("leasehold_leases").await;
-        let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
-            .await
-            .unwrap();
-        store.ensure_schema().await.unwrap();
+        let (config, _) = lease_database(&emulator).await;
         let mut proxies = Vec::new();
         for _ in 0..3 {
             proxies.push(TcpProxy::start(emulator.host.parse().unwrap()).await);
@@ -178,6 +174,16 @@ pub fn cluster_with(lock: &str, extra: impl Fn(usize) -> Vec<String>) -> Cluster
         sidecars,
         runtime,
     }
+}
+
+/// A fresh database on `emulator` with the lease table, and a store on it.
+pub async fn lease_database(emulator: &Emulator) -> (SpannerConfig, SpannerStore) {
+    let config = emulator.create_database("leasehold_leases").await;
+    let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+        .await
+        .unwrap();
+    store.ensure_schema().await.unwrap();
+    (config, store)
 }
 
 pub fn others(sidecars: &[Sidecar], except: usize) -> Vec<&Sidecar> {

@@ -1,0 +1,293 @@
+//! `leasehold run -- COMMAND ARGS…`: campaigns like the sidecar and runs the
+//! command only while this candidate leads.
+//!
+//! The rule that makes it safe: the command is gone before the lease can
+//! expire in the store. The elector's deadline is `t_send + R` and the store
+//! keeps the lease until at least `t_send + D`; the stop sequence (SIGTERM to
+//! the command's process group, SIGKILL `grace` later) starts at the deadline
+//! at the latest, so it ends by `t_send + R + grace`, and `grace < D − R` is
+//! checked at start. The watchdog process (see [`watchdog`]) enforces the
+//! deadline even when the runner is stopped or dead.
+//!
+//! Exit: the command exiting on its own ends the runner (release, then exit
+//! with its code) unless `--restart-on-failure` restarts a failed one; losing
+//! leadership stops the command and the runner campaigns again; SIGTERM or
+//! SIGINT is passed to the command, then release and exit with its code.
+
+pub mod launch;
+pub mod watchdog;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::lease::{Elector, LeaderContext, Timing};
+use crate::sidecar::config::{self, ElectionArgs};
+use crate::sidecar::{http::LeaderView, publish, token_file};
+use launch::{Launcher, Supervised, WatchdogLauncher};
+use watchdog::Heartbeat;
+
+/// The longest wait between restarts of a failing command.
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    /// Time between SIGTERM and SIGKILL when the command is stopped; must be
+    /// shorter than D − R (lease duration − renew deadline) so the command is
+    /// gone before the lease can expire. Default: half of D − R.
+    #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::sidecar::parse_duration_flag)]
+    pub grace_period: Option<Duration>,
+    /// Restart a command that exits non-zero (after a backoff, while still
+    /// leader) instead of releasing and exiting with its code.
+    #[arg(long, env = "LEASEHOLD_RESTART_ON_FAILURE")]
+    pub restart_on_failure: bool,
+    /// The first wait before a restart; doubles on each failure in a term, up to 1 minute.
+    #[arg(long, env = "LEASEHOLD_RESTART_BACKOFF", default_value = "1s", value_parser = crate::sidecar::parse_duration_flag)]
+    pub restart_backoff: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Settings(#[from] crate::sidecar::Error),
+    #[error(
+        "--grace-period ({grace:?}) must be shorter than leaseDuration − renewDeadline ({gap:?}): \
+         the command must be gone before the lease can expire"
+    )]
+    GraceTooLong { grace: Duration, gap: Duration },
+    #[error("Kubernetes API")]
+    Kube(#[from] ::kube::Error),
+    #[error("store")]
+    Store(#[from] crate::lease::StoreError),
+    #[error("cannot find this executable to start the watchdog")]
+    Exe(#[source] std::io::Error),
+    #[error("signals")]
+    Signals(#[source] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The grace period, defaulted and checked against the safety gap.
+pub fn grace_period(timing: &Timing, grace: Option<Duration>) -> Result<Duration> {
+    let gap = timing.safety_gap();
+    match grace {
+        None => Ok(gap / 2),
+        Some(grace) if grace < gap => Ok(grace),
+        Some(grace) => Err(Error::GraceTooLong { grace, gap }),
+    }
+}
+
+/// Runs until the command exits on its own or a signal arrives; returns
+/// the exit code for the runner (the command's, or 0 if it never ran).
+pub async fn run(args: Args) -> Result<i32> {
+    let shutdown = CancellationToken::new();
+    let received = Arc::new(OnceLock::new());
+    let noted = received.clone();
+    crate::shutdown::exit_on_signals_noting(shutdown.clone(), move |signal| {
+        let _ = noted.set(signal);
+    })
+    .map_err(Error::Signals)?;
+    let kube = match args.election.kubernetes() {
+        true => Some(::kube::Client::try_default().await?),
+        false => None,
+    };
+    let settings = config::resolve(&args.election, kube.clone()).await?;
+    let grace = grace_period(&settings.timing, args.grace_period)?;
+    info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
+    let store = crate::sidecar::connect(&settings.store).await?;
+    if args.election.create_table {
+        store.ensure_schema().await?;
+    }
+    let launcher = WatchdogLauncher {
+        exe: std::env::current_exe().map_err(Error::Exe)?,
+        command: args.command.clone(),
+        grace,
+    };
+    let runner = Runner::new(
+        Arc::new(launcher),
+        args.restart_on_failure.then_some(args.restart_backoff),
+        shutdown.clone(),
+        received,
+        args.election.token_file.clone(),
+    );
+    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);
+    let transitions = elector.transitions();
+    let work = runner.clone();
+    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx| work.clone().lead(ctx));
+    // The token file is the command's: written before each start (see
+    // `lead`), not followed, so no second writer races that write.
+    let state = handle.subscribe();
+    // The timing is read once: a grace period checked against one D − R
+    // must not meet another, so a changed DistributedLease needs a restart.
+    let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
+        // No app health source: the command is the app, and it runs only while leading.
+        let (app_health, app) = tokio::sync::watch::channel(Default::default());
+        let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
+        let control = handle.control();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            publisher.run(state, transitions, app, control, shutdown).await;
+            drop(app_health);
+        })
+    });
+    handle.join().await;
+    if let Some(publisher) = publisher
+        && let Err(e) = publisher.await
+    {
+        warn!(error = %e, "the Kubernetes publisher ended abnormally");
+    }
+    Ok(runner.exit_code())
+}
+
+/// The leader work: the command, for as long as the term lasts.
+struct Runner {
+    launcher: Arc<dyn Launcher>,
+    /// `Some(first backoff)` with `--restart-on-failure`.
+    restart: Option<Duration>,
+    shutdown: CancellationToken,
+    /// The signal that shut the runner down, passed on to the command.
+    received: Arc<OnceLock<i32>>,
+    token_file: Option<PathBuf>,
+    /// The runner's exit code, once the command's outcome decides it.
+    outcome: Mutex<Option<i32>>,
+}
+
+/// How one run of the command ended.
+enum Ended {
+    /// It exited by itself.
+    Exited(i32),
+    /// We stopped it: the term ended.
+    Stopped(i32),
+}
+
+impl Runner {
+    fn new(
+        launcher: Arc<dyn Launcher>,
+        restart: Option<Duration>,
+        shutdown: CancellationToken,
+        received: Arc<OnceLock<i32>>,
+        token_file: Option<PathBuf>,
+    ) -> Arc<Self> {
+        Arc::new(Runner {
+            launcher,
+            restart,
+            shutdown,
+            received,
+            token_file,
+            outcome: Mutex::new(None),
+        })
+    }
+
+    fn exit_code(&self) -> i32 {
+        self.outcome.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(0)
+    }
+
+    /// Ends the runner with `code`: the elector releases once we return.
+    fn finish(&self, code: i32) {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(code);
+        self.shutdown.cancel();
+    }
+
+    async fn lead(self: Arc<Self>, ctx: LeaderContext) {
+        let mut backoff = self.restart;
+        loop {
+            let leading = ctx.still_leading();
+            let state = ctx.state.borrow().clone();
+            let Some(deadline) = state.deadline.filter(|_| leading) else {
+                return;
+            };
+            if let Some(path) = &self.token_file {
+                // Before the command starts, so it never reads a stale token.
+                let view = LeaderView::of(&state, tokio::time::Instant::now());
+                if let Err(e) = token_file::write(path, &view).await {
+                    warn!(path = %path.display(), error = %e, "cannot write the token file");
+                }
+            }
+            let env = vec![
+                ("LEASEHOLD_TOKEN", ctx.token.to_string()),
+                ("LEASEHOLD_TERM", ctx.term.to_string()),
+                ("LEASEHOLD_HOLDER", state.identity.clone()),
+            ];
+            let supervised = match self.launcher.start(env, deadline) {
+                Ok(supervised) => supervised,
+                Err(e) => {
+                    warn!(error = %e, "cannot start the watchdog; stepping down");
+                    return self.finish(126);
+                }
+            };
+            info!(term = ctx.term, token = %ctx.token, "leading: the command runs");
+            match self.supervise(&ctx, supervised).await {
+                Ended::Stopped(code) if self.shutdown.is_cancelled() => {
+                    info!(code, "the command stopped; releasing");
+                    return self.finish(code);
+                }
+                Ended::Stopped(code) => {
+                    warn!(code, "leadership ended: the command was stopped");
+                    return;
+                }
+                Ended::Exited(0) => {
+                    info!("the command exited 0; releasing");
+                    return self.finish(0);
+                }
+                Ended::Exited(code) => match backoff {
+                    Some(delay) => {
+                        warn!(
+                            code,
+                            ?delay,
+                            "the command failed; restarting after a backoff while leading"
+                        );
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = ctx.cancelled.cancelled() => {
+                                if self.shutdown.is_cancelled() {
+                                    self.finish(code);
+                                }
+                                return;
+                            }
+                        }
+                        backoff = Some((delay * 2).min(MAX_RESTART_BACKOFF));
+                    }
+                    None => {
+                        warn!(code, "the command failed; releasing");
+                        return self.finish(code);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Passes every renewal on to the watchdog until the command exits or the
+    /// term ends; then stops it and waits.
+    async fn supervise(&self, ctx: &LeaderContext, mut supervised: Supervised) -> Ended {
+        let mut state = ctx.state.clone();
+        loop {
+            tokio::select! {
+                code = &mut supervised.exit => return Ended::Exited(code.unwrap_or(1)),
+                _ = ctx.cancelled.cancelled() => break,
+                Ok(()) = state.changed() => {
+                    let current = state.borrow_and_update();
+                    if let (true, Some(deadline)) = (current.leader && current.token == Some(ctx.token), current.deadline) {
+                        let _ = supervised.heartbeats.send(Heartbeat::Deadline(deadline));
+                    }
+                }
+            }
+        }
+        let signal = self.received.get().copied().unwrap_or(libc::SIGTERM);
+        let _ = supervised.heartbeats.send(Heartbeat::Stop(signal));
+        Ended::Stopped(supervised.exit.await.unwrap_or(1))
+    }
+}
