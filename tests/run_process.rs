@@ -26,10 +26,12 @@ const START_MARGIN: Duration = Duration::from_millis(400);
 
 /// The command: `cmd.sh LOG TICKS CODE` writes `start`, then a `tick` every
 /// 50 ms (TICKS of them, forever with 0), then `exit` and exits CODE;
-/// SIGTERM writes `term` and exits 143.
+/// SIGTERM writes `term` and exits 143. The SIGTERM goes to the whole
+/// process group, so it can kill a `date` in flight: ask again.
 const SCRIPT: &str = r#"#!/bin/sh
 log="$1"
-line() { echo "$1 $LEASEHOLD_TOKEN $$ $(date +%s%N) $LEASEHOLD_TERM $LEASEHOLD_HOLDER" >> "$log"; }
+now() { date +%s%N || date +%s%N; }
+line() { echo "$1 $LEASEHOLD_TOKEN $$ $(now) $LEASEHOLD_TERM $LEASEHOLD_HOLDER" >> "$log"; }
 line start
 trap 'line term; exit 143' TERM
 n=0
