@@ -7,6 +7,7 @@
 pub mod api;
 pub mod cli;
 pub mod demo;
+pub mod inject;
 pub mod lease;
 pub mod operator;
 pub mod rbac;

@@ -79,8 +79,11 @@ fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>> {
         return Err(Error::Tls("certificate: no PEM certificate found".into()));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| Error::Tls(format!("key: {e}")))?;
-    let key = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| Error::Tls(format!("key: {e}")))?;
-    Ok(Arc::new(CertifiedKey::new(certs, key)))
+    // Checks that the key belongs to the certificate: a rotation read between
+    // the two files' updates must not pair a new certificate with an old key.
+    let key = CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
+        .map_err(|e| Error::Tls(format!("key: {e}")))?;
+    Ok(Arc::new(key))
 }
 
 /// The server's TLS settings around a certificate source.
