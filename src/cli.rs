@@ -90,6 +90,11 @@ fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
         eprintln!("{note}");
     }
     print!("{}", injected.yaml);
+    anyhow::ensure!(
+        injected.refused == 0,
+        "{} pod template(s) ask for the sidecar but were not injected (see above)",
+        injected.refused
+    );
     Ok(())
 }
 

@@ -59,6 +59,8 @@ pub enum Error {
 pub struct Injected {
     pub yaml: String,
     pub notes: Vec<String>,
+    /// Templates that ask for injection but cannot have it (a bad annotation).
+    pub refused: usize,
 }
 
 /// Where the pod template sits in each kind that has one.
@@ -92,18 +94,27 @@ pub fn inject(input: &str, config: &InjectionConfig) -> Result<Injected, Error> 
         .map(|d| {
             let key = (namespace(d).to_string(), name(d).to_string());
             let gate = d.pointer("/spec/publishing/readinessGate").and_then(Value::as_bool);
-            (key, LeaseInjection { readiness_gate: gate.unwrap_or(false) })
+            (
+                key,
+                LeaseInjection {
+                    readiness_gate: gate.unwrap_or(false),
+                },
+            )
         })
         .collect();
     let mut out = Injected::default();
     for (index, mut doc) in docs.into_iter().enumerate() {
-        let context = Context { index, leases: &leases, config };
+        let context = Context {
+            index,
+            leases: &leases,
+            config,
+        };
         if doc["kind"] == "List" {
             for item in doc["items"].as_array_mut().into_iter().flatten() {
-                context.one(item, &mut out.notes)?;
+                context.one(item, &mut out)?;
             }
         } else {
-            context.one(&mut doc, &mut out.notes)?;
+            context.one(&mut doc, &mut out)?;
         }
         out.yaml.push_str("---\n");
         out.yaml.push_str(&serde_yaml::to_string(&doc).map_err(Error::Write)?);
@@ -123,7 +134,9 @@ fn name(doc: &Value) -> &str {
 }
 
 fn namespace(doc: &Value) -> &str {
-    doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default")
+    doc.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
 }
 
 struct Context<'a> {
@@ -133,21 +146,23 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn one(&self, doc: &mut Value, notes: &mut Vec<String>) -> Result<(), Error> {
+    fn one(&self, doc: &mut Value, out: &mut Injected) -> Result<(), Error> {
         let kind = doc["kind"].as_str().unwrap_or("(no kind)").to_string();
         let what = format!("{kind} {}/{}", namespace(doc), name(doc));
         let Some(pointer) = template_pointer(&kind) else {
-            notes.push(format!("{what}: skipped: not a Pod or a workload with a pod template"));
+            out.notes
+                .push(format!("{what}: skipped: not a Pod or a workload with a pod template"));
             return Ok(());
         };
         let namespace = namespace(doc).to_string();
         let annotation = format!("/metadata/annotations/{}", LEASE_ANNOTATION.replace('/', "~1"));
         let on_workload = !pointer.is_empty() && doc.pointer(&annotation).is_some();
         let Some(template) = doc.pointer_mut(pointer) else {
-            notes.push(format!("{what}: skipped: no pod template at {pointer}"));
+            out.notes.push(format!("{what}: skipped: no pod template at {pointer}"));
             return Ok(());
         };
-        let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]});
+        let mut pod =
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]});
         let typed: Pod = serde_json::from_value(pod.clone()).map_err(|source| Error::Template {
             index: self.index,
             what: what.clone(),
@@ -174,13 +189,175 @@ impl Context<'_> {
                     Some(_) => "no readiness gate (the lease asks for none)",
                     None => "no readiness gate added: its DistributedLease is not in the input",
                 };
-                notes.push(format!("{what}: injected (lease {lease_name}; {gate})"));
+                out.notes.push(format!("{what}: injected (lease {lease_name}; {gate})"));
             }
-            Err(NotInjected::NotAnnotated) if on_workload => notes.push(format!(
+            Err(NotInjected::NotAnnotated) if on_workload => out.notes.push(format!(
                 "{what}: skipped: {LEASE_ANNOTATION} is on the {kind} itself; put it on the pod template ({pointer}/metadata/annotations)"
             )),
-            Err(reason) => notes.push(format!("{what}: skipped: {reason}")),
+            Err(reason) => {
+                out.refused += usize::from(reason.is_user_error());
+                out.notes.push(format!("{what}: skipped: {reason}"));
+            }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::webhook::SIDECAR_NAME;
+
+    /// The defaults of `leasehold inject`'s flags.
+    fn config() -> InjectionConfig {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        <Cli as clap::Parser>::parse_from(["inject"]).args.injection()
+    }
+
+    const INPUT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations: {leasehold.dev/lease: web}
+    spec:
+      containers: [{name: app, image: "web:1"}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report, namespace: shop}
+spec:
+  schedule: "@hourly"
+  jobTemplate:
+    spec:
+      template:
+        metadata: {annotations: {leasehold.dev/lease: report}}
+        spec:
+          restartPolicy: Never
+          containers: [{name: job, image: "report:1"}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: shop}
+data: {a: b}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: shop, annotations: {leasehold.dev/lease: db}}
+spec:
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: db, image: "db:1"}]
+---
+apiVersion: leasehold.dev/v1alpha1
+kind: DistributedLease
+metadata: {name: web, namespace: shop}
+spec:
+  publishing: {readinessGate: true}
+"#;
+
+    fn docs(yaml: &str) -> Vec<Value> {
+        use serde::Deserialize;
+        serde_yaml::Deserializer::from_str(yaml)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|d| !d.is_null())
+            .collect()
+    }
+
+    #[test]
+    fn annotated_templates_of_every_kind_get_the_webhook_patch_and_the_rest_is_explained() {
+        let out = inject(INPUT, &config()).unwrap();
+        let docs = docs(&out.yaml);
+        assert_eq!(docs.len(), 5, "every document is written back");
+        let web = &docs[0]["spec"]["template"]["spec"];
+        assert_eq!(web["initContainers"][0]["name"], SIDECAR_NAME);
+        assert_eq!(web["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(
+            web["readinessGates"],
+            json!([{"conditionType": "leasehold.dev/leader"}]),
+            "the lease in the input asks for the gate"
+        );
+        let report = &docs[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(report["initContainers"][0]["name"], SIDECAR_NAME);
+        assert!(report.get("readinessGates").is_none());
+        assert_eq!(
+            docs[2],
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "shop"}, "data": {"a": "b"}})
+        );
+        assert!(docs[3]["spec"]["template"]["spec"].get("initContainers").is_none());
+        assert_eq!(
+            out.notes,
+            [
+                "Deployment shop/web: injected (lease web; with the readiness gate)",
+                "CronJob shop/report: injected (lease report; no readiness gate added: its DistributedLease is not in the input)",
+                "ConfigMap shop/settings: skipped: not a Pod or a workload with a pod template",
+                "StatefulSet shop/db: skipped: leasehold.dev/lease is on the StatefulSet itself; put it on the pod template (/spec/template/metadata/annotations)",
+                "DistributedLease shop/web: skipped: not a Pod or a workload with a pod template",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_same_patch_as_the_webhook() {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default", "annotations": {LEASE_ANNOTATION: "l"}},
+            "spec": {"containers": [{"name": "app", "image": "a"}]},
+        }))
+        .unwrap();
+        let mut expected = serde_json::to_value(&pod).unwrap();
+        json_patch::patch(&mut expected, &injection_patch(&pod, None, &config()).unwrap()).unwrap();
+        let out = inject(&serde_yaml::to_string(&pod).unwrap(), &config()).unwrap();
+        assert_eq!(docs(&out.yaml), [expected]);
+    }
+
+    #[test]
+    fn injecting_twice_changes_nothing_and_lists_are_read_item_by_item() {
+        let once = inject(INPUT, &config()).unwrap();
+        let twice = inject(&once.yaml, &config()).unwrap();
+        assert_eq!(docs(&twice.yaml), docs(&once.yaml));
+        assert!(
+            twice.notes[0].ends_with("skipped: it already has a container named leasehold"),
+            "{:?}",
+            twice.notes
+        );
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": docs(INPUT)});
+        let from_list = inject(&serde_yaml::to_string(&list).unwrap(), &config()).unwrap();
+        assert_eq!(
+            docs(&from_list.yaml)[0]["items"].as_array().unwrap().as_slice(),
+            docs(&once.yaml).as_slice()
+        );
+    }
+
+    #[test]
+    fn a_bad_annotation_is_counted_as_refused() {
+        let input = INPUT.replace(
+            "annotations: {leasehold.dev/lease: web}",
+            "annotations: {leasehold.dev/lease: web, leasehold.dev/app-container: nope}",
+        );
+        let out = inject(&input, &config()).unwrap();
+        assert_eq!(out.refused, 1);
+        assert_eq!(
+            out.notes[0],
+            "Deployment shop/web: skipped: annotation leasehold.dev/app-container: the pod has no container \"nope\""
+        );
+        assert_eq!(inject(INPUT, &config()).unwrap().refused, 0);
+    }
+
+    #[test]
+    fn bad_yaml_names_the_document() {
+        let err = inject("kind: Pod\n---\nkind: [unclosed\n", &config()).unwrap_err();
+        assert!(err.to_string().starts_with("document 1: not YAML"), "{err}");
     }
 }

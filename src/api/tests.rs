@@ -341,7 +341,16 @@ fn the_crd_uses_only_formats_the_api_server_knows() {
     let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
     let mut found = Vec::new();
     formats(&crd, &mut found);
-    let known = ["int32", "int64", "float", "double", "byte", "date", "date-time", "password"];
+    let known = [
+        "int32",
+        "int64",
+        "float",
+        "double",
+        "byte",
+        "date",
+        "date-time",
+        "password",
+    ];
     let unknown: Vec<_> = found.iter().filter(|f| !known.contains(&f.as_str())).collect();
     assert!(unknown.is_empty(), "formats the API server warns about: {unknown:?}");
     assert!(found.iter().any(|f| f == "int64"));

@@ -86,7 +86,10 @@ mod tests {
     #[test]
     fn the_doc_limits_the_webhook_configuration_by_name() {
         let named = named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector");
-        assert!(named.contains("    resourceNames: [leasehold-sidecar-injector]\n"), "{named}");
+        assert!(
+            named.contains("    resourceNames: [leasehold-sidecar-injector]\n"),
+            "{named}"
+        );
         assert!(DOC.contains(&named), "docs/rbac-operator.md must contain:\n{named}");
         assert!(!rules_yaml(RULES).contains("mutatingwebhookconfigurations"));
     }

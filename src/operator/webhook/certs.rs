@@ -10,9 +10,9 @@ use json_patch::Patch;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, Patch as KubePatch, PatchParams};
 use kube::core::DynamicObject;
-use serde_json::json;
 use rustls::server::ResolvesServerCert;
 use rustls::sign::CertifiedKey;
+use serde_json::json;
 use tracing::{info, warn};
 
 #[derive(Debug, Clone)]
@@ -164,7 +164,9 @@ impl CertDir {
                     info!(dir = %self.dir.display(), "reloaded the webhook certificate");
                     *current = (stamps, key);
                 }
-                Err(e) => warn!(error = %e, "the webhook certificate changed but cannot be read; serving the previous one"),
+                Err(e) => {
+                    warn!(error = %e, "the webhook certificate changed but cannot be read; serving the previous one")
+                }
             },
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot check the webhook certificate; serving the previous one"),

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, Probe, ResourceRequirements, SeccompProfile,
-    SecurityContext, Volume, VolumeMount,
+    ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -48,8 +48,11 @@ const TOKEN_DIR: &str = "/var/run/leasehold";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SidecarMode {
     /// An init container with `restartPolicy: Always` (Kubernetes ≥ 1.29): the
-    /// kubelet starts it before the app containers and stops it after them
-    /// (https://kubernetes.io/docs/concepts/workloads/pods/sidecar-containers/),
+    /// kubelet starts it before the app containers and, on termination, stops
+    /// it only once every regular container has exited ("Once all regular
+    /// containers have completed, all init containers with restartPolicy
+    /// Always will be shut down", core/v1 Container.restartPolicy;
+    /// https://kubernetes.io/docs/concepts/workloads/pods/sidecar-containers/),
     /// so the lease is released only after the app has exited.
     Native,
     /// A regular container, for clusters older than 1.29: it starts and stops
@@ -197,7 +200,10 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     let app_container = match annotations.get(APP_CONTAINER_ANNOTATION) {
         Some(name) => {
             if !spec.containers.iter().any(|c| &c.name == name) {
-                return Err(bad(APP_CONTAINER_ANNOTATION, format!("the pod has no container {name:?}")));
+                return Err(bad(
+                    APP_CONTAINER_ANNOTATION,
+                    format!("the pod has no container {name:?}"),
+                ));
             }
             name.as_str()
         }
@@ -224,7 +230,16 @@ pub fn injection_patch(
     config: &InjectionConfig,
 ) -> Result<Patch, NotInjected> {
     let spec = pod.spec.as_ref().ok_or(NotInjected::NoSpec)?;
-    let choices = choices(pod, spec, config)?;
+    let annotated = pod
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .any(|(k, _)| k == LEASE_ANNOTATION);
+    if !annotated {
+        return Err(NotInjected::NotAnnotated);
+    }
+    // Before the pod's choices: an injected pod's own sidecar holds the metrics port.
     let has_sidecar = spec
         .containers
         .iter()
@@ -233,6 +248,7 @@ pub fn injection_patch(
     if has_sidecar {
         return Err(NotInjected::AlreadyInjected);
     }
+    let choices = choices(pod, spec, config)?;
     let mut ops = Vec::new();
     // The app containers read the token file from the shared volume.
     let app_mount = VolumeMount {

@@ -185,10 +185,13 @@ fn the_gate_is_added_only_when_the_lease_asks_and_never_twice() {
 fn an_already_injected_pod_is_left_alone() {
     for spec in [
         json!({"containers": [{"name": "app"}, {"name": SIDECAR_NAME}]}),
-        json!({"initContainers": [{"name": SIDECAR_NAME, "restartPolicy": "Always"}]}),
+        json!({"initContainers": [{"name": SIDECAR_NAME, "restartPolicy": "Always", "ports": [{"containerPort": 4041}]}]}),
     ] {
         let pod = pod(spec, true);
-        assert_eq!(injection_patch(&pod, GATED, &config()), Err(NotInjected::AlreadyInjected));
+        assert_eq!(
+            injection_patch(&pod, GATED, &config()),
+            Err(NotInjected::AlreadyInjected)
+        );
     }
 }
 
@@ -273,7 +276,10 @@ fn the_app_container_is_the_first_the_default_or_the_annotated_one() {
     };
     assert_eq!(app(&annotated(json!({}), two.clone())), "web");
     assert_eq!(
-        app(&annotated(json!({"kubectl.kubernetes.io/default-container": "worker"}), two.clone())),
+        app(&annotated(
+            json!({"kubectl.kubernetes.io/default-container": "worker"}),
+            two.clone()
+        )),
         "worker"
     );
     assert_eq!(
@@ -320,7 +326,6 @@ fn the_injected_environment_is_what_the_sidecar_reads() {
     assert_eq!(parsed.app_container.as_deref(), Some("app"));
     assert_eq!(parsed.lease.as_deref(), Some("scheduler"));
 }
-
 
 struct Leases(Result<Option<LeaseInjection>, String>);
 
@@ -698,7 +703,10 @@ mod server {
         // The server waits for the request it is serving...
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!server.task.is_finished(), "the server stopped with a request in flight");
+        assert!(
+            !server.task.is_finished(),
+            "the server stopped with a request in flight"
+        );
         // ...and new connections are no longer accepted.
         assert!(
             tls(server.addr, &bundle.ca_pem).await.is_err(),
