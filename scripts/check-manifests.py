@@ -50,7 +50,6 @@ FOREIGN_KINDS = {("cert-manager.io/v1", "Certificate"), ("monitoring.coreos.com/
 ALL_ON = {
     "global": {"imageRegistry": "registry.example.com"},
     "imagePullSecrets": [{"name": "regcred"}],
-    "operator": {"electionDatabase": "projects/p/instances/i/databases/d"},
     "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer"}},
     "sidecar": {"mode": "container", "rbac": {"namespaces": ["my-app", "batch"], "serviceAccountName": "scheduler"},
                 "admissionPolicy": {"enabled": True, "required": True}},

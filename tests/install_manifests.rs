@@ -105,3 +105,43 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(": 0 problems"), "{stdout}");
 }
+
+/// Every environment variable the chart and install.yaml give the operator is
+/// one `leasehold operator` reads (a misspelt name is silently ignored by
+/// the process), and the chart's sidecar defaults are the code's.
+#[test]
+fn the_operator_environment_and_sidecar_defaults_match_the_code() {
+    use clap::CommandFactory;
+    let cli = leasehold::cli::Cli::command();
+    let operator = cli.find_subcommand("operator").expect("an operator subcommand");
+    let known: Vec<String> = cli
+        .get_arguments()
+        .chain(operator.get_arguments())
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect();
+    for file in ["charts/leasehold/templates/deployment.yaml", "manifests/install.yaml"] {
+        let text = read(file);
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- name: "))
+            .filter(|n| n.starts_with("LEASEHOLD_"))
+            .collect();
+        assert!(names.contains(&"LEASEHOLD_SIDECAR_METRICS_PORT"), "{file}: {names:?}");
+        for name in names {
+            assert!(
+                known.iter().any(|r| r == name),
+                "{file} sets {name}, which the operator does not read"
+            );
+        }
+    }
+    let values: serde_yaml::Value = serde_yaml::from_str(&read("charts/leasehold/values.yaml")).unwrap();
+    assert_eq!(
+        values["sidecar"]["metricsPort"].as_u64(),
+        Some(leasehold::sidecar::interface::DEFAULT_METRICS_PORT.into())
+    );
+    assert_eq!(values["sidecar"]["mode"].as_str(), Some("native"));
+    assert!(read("manifests/install.yaml").contains(&format!(
+        "- name: LEASEHOLD_SIDECAR_METRICS_PORT\n              value: \"{}\"",
+        leasehold::sidecar::interface::DEFAULT_METRICS_PORT
+    )));
+}

@@ -75,7 +75,8 @@ pub struct InjectionConfig {
 /// The sidecar's flags shared by `leasehold operator` (webhook) and `leasehold inject`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SidecarArgs {
-    /// Image of the injected sidecar.
+    /// Image of the injected sidecar; required by the webhook, default for
+    /// `leasehold inject`: ghcr.io/leasehold/leasehold:<this version>.
     #[arg(long = "sidecar-image", env = "LEASEHOLD_SIDECAR_IMAGE")]
     pub sidecar_image: Option<String>,
     /// How the sidecar is injected unless a pod's leasehold.dev/sidecar-mode says otherwise.
