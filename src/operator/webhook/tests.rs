@@ -750,6 +750,25 @@ mod server {
     }
 
     #[tokio::test]
+    async fn shutdown_does_not_wait_for_a_client_that_never_starts_tls() {
+        let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+        let timeouts = Timeouts {
+            handshake: Duration::from_secs(3600),
+            header_read: Duration::from_secs(3600),
+        };
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts).await;
+        let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        // An idle, fully set-up connection does not hold shutdown either.
+        let _idle = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        server.shutdown.cancel();
+        tokio::time::timeout(GUARD, server.task)
+            .await
+            .expect("shutdown ends without waiting for silent or idle clients")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn a_client_that_never_finishes_its_headers_is_dropped() {
         let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
         let timeouts = Timeouts {
