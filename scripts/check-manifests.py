@@ -30,7 +30,9 @@ Prints one line per problem and exits 1 when there is any.
 import copy
 import pathlib
 import re
+import shutil
 import sys
+import tempfile
 
 import celpy
 import helm_python
@@ -246,7 +248,11 @@ def check_files(paths, schemas):
 
 def render(values):
     """The chart rendered by Helm's Go SDK, as a list of objects."""
-    chart = helm_python.Chart.load(str(CHART))
+    return render_dir(CHART, values)
+
+
+def render_dir(chart_dir, values):
+    chart = helm_python.Chart.load(str(chart_dir))
     rendered = chart.render(values, name=RELEASE, namespace=RELEASE_NAMESPACE, is_install=True)
     docs = []
     for template, text in sorted(rendered.items()):
@@ -295,12 +301,36 @@ def check_helm(schemas):
     roles = [d["metadata"]["name"] for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != RELEASE_NAMESPACE]
     if roles and not all(r.startswith(RELEASE) for r in roles):
         problems.append(f"chart: sidecar Roles {roles} are not named after the release; two releases would collide")
+    check_service_monitor_template(chart)
     # A parent chart passes `global` to its subcharts.
     try:
         chart.validate_schema({"global": {"anything": 1}})
     except helm_python.HelmError as e:
         problems.append(f"values.schema.json rejects `global`, so the chart cannot be a subchart: {e}")
     return results
+
+
+def check_service_monitor_template(chart):
+    """The Go SDK renders offline without the cluster's API list (no
+    --api-versions), so the ServiceMonitor never renders above; render a copy
+    whose capability test is true, to check the template itself."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy_dir = pathlib.Path(tmp) / "leasehold"
+        shutil.copytree(CHART, copy_dir)
+        template = copy_dir / "templates" / "servicemonitor.yaml"
+        text = template.read_text()
+        capability = '(.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")'
+        if capability not in text:
+            problems.append("servicemonitor.yaml: not guarded by the monitoring.coreos.com/v1 capability")
+            return
+        template.write_text(text.replace(capability, "true"))
+        docs = render_dir(copy_dir, {"metrics": {"serviceMonitor": {"enabled": True}}})
+        monitors = [d for d in docs if d.get("kind") == "ServiceMonitor"]
+        ports = {p.get("name") for d in docs if d.get("kind") == "Service" for p in d["spec"]["ports"]}
+        if len(monitors) != 1:
+            problems.append(f"servicemonitor.yaml: {len(monitors)} ServiceMonitors where the API exists, expected 1")
+        elif not all(e["port"] in ports for e in monitors[0]["spec"]["endpoints"]):
+            problems.append(f"ServiceMonitor scrapes a port no Service has ({ports})")
 
 
 # --- webhook opt-in ---------------------------------------------------------
