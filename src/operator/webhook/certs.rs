@@ -74,15 +74,17 @@ fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>> {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
     let certs = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::Tls(format!("certificate: {e}")))?;
+        .map_err(|source| Error::Pem {
+            what: "certificate",
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(Error::Tls("certificate: no PEM certificate found".into()));
+        return Err(Error::NoCertificate);
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| Error::Tls(format!("key: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| Error::Pem { what: "key", source })?;
     // Checks that the key belongs to the certificate: a rotation read between
     // the two files' updates must not pair a new certificate with an old key.
-    let key = CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
-        .map_err(|e| Error::Tls(format!("key: {e}")))?;
+    let key = CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())?;
     Ok(Arc::new(key))
 }
 
@@ -90,8 +92,7 @@ fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>> {
 pub(super) fn server_config(certificates: Arc<dyn ResolvesServerCert>) -> Result<rustls::ServerConfig> {
     // Name the provider rather than rely on a process-wide default.
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(certificates);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -199,7 +200,7 @@ pub async fn shared_self_signed(
     };
     if let Some(existing) = api.get_opt(secret).await.map_err(wrap)? {
         return CertificateBundle::from_secret(&existing)
-            .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")));
+            .ok_or_else(|| Error::IncompleteSecret(format!("{namespace}/{secret}")));
     }
     let bundle = CertificateBundle::self_signed(service, namespace)?;
     let created: Secret = serde_json::from_value(json!({
@@ -225,7 +226,7 @@ pub async fn shared_self_signed(
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let winner = api.get(secret).await.map_err(wrap)?;
             CertificateBundle::from_secret(&winner)
-                .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")))
+                .ok_or_else(|| Error::IncompleteSecret(format!("{namespace}/{secret}")))
         }
         Err(e) => Err(wrap(e)),
     }

@@ -35,8 +35,18 @@ pub enum Error {
     Config(String),
     #[error("certificate generation failed")]
     Certificate(#[from] rcgen::Error),
-    #[error("TLS setup failed: {0}")]
-    Tls(String),
+    #[error("TLS setup failed")]
+    Tls(#[from] rustls::Error),
+    #[error("the webhook {what} is not PEM")]
+    Pem {
+        what: &'static str,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("the webhook certificate file holds no certificate")]
+    NoCertificate,
+    #[error("Secret {0} lacks ca.crt, tls.crt or tls.key")]
+    IncompleteSecret(String),
     #[error("reading {path}: {source}")]
     Read { path: String, source: std::io::Error },
     #[error("webhook listener on {addr}: {source}")]
