@@ -574,42 +574,6 @@ fn the_webhook_needs_a_sidecar_image_only_when_it_is_on() {
     assert_eq!((injection.mode, injection.metrics_port), (SidecarMode::Container, 9555));
 }
 
-#[tokio::test]
-async fn the_self_signed_certificate_serves_tls_that_its_ca_verifies() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
-    assert!(bundle.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(fixed(&bundle).unwrap()).unwrap()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (stream, _) = listener.accept().await.unwrap();
-        let mut tls = acceptor.accept(stream).await.unwrap();
-        tls.write_all(b"hello").await.unwrap();
-        tls.shutdown().await.unwrap();
-    });
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    roots
-        .add(CertificateDer::from_pem_slice(bundle.ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = ServerName::try_from("leasehold-webhook.leasehold-system.svc").unwrap();
-    let mut tls = connector
-        .connect(name, stream)
-        .await
-        .expect("the CA verifies the serving certificate");
-    let mut greeting = String::new();
-    tls.read_to_string(&mut greeting).await.unwrap();
-    assert_eq!(greeting, "hello");
-}
-
 mod server {
     //! The HTTPS server over real sockets on 127.0.0.1. Timeouts here are
     //! short so the tests end soon; `GUARD` only keeps a broken server from
@@ -671,13 +635,61 @@ mod server {
         Running { addr, shutdown, task }
     }
 
+    impl Running {
+        /// Shuts the server down; it must end within GUARD.
+        async fn stop(self, why: &str) {
+            self.shutdown.cancel();
+            tokio::time::timeout(GUARD, self.task)
+                .await
+                .unwrap_or_else(|_| panic!("{why}"))
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    /// The body of `GET /` over TLS, trusting the bundle's CA.
+    async fn get(server: &Running, bundle: &CertificateBundle) -> String {
+        let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let response = read_to_close(&mut client).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response.rsplit("\r\n\r\n").next().unwrap().to_string()
+    }
+
+    fn bundle() -> CertificateBundle {
+        CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap()
+    }
+
+    fn timeouts(handshake_ms: u64, header_read_ms: u64) -> Timeouts {
+        Timeouts {
+            handshake: Duration::from_millis(handshake_ms),
+            header_read: Duration::from_millis(header_read_ms),
+        }
+    }
+
     fn hello() -> axum::Router {
         axum::Router::new().route("/", axum::routing::get(|| async { "hello" }))
     }
 
     #[tokio::test]
+    async fn the_self_signed_certificate_serves_tls_that_its_ca_verifies() {
+        let bundle = bundle();
+        assert!(bundle.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        let server = start(fixed(&bundle).unwrap(), hello(), Timeouts::default()).await;
+        assert_eq!(
+            get(&server, &bundle).await,
+            "hello",
+            "the CA verifies the serving certificate"
+        );
+        server.stop("the server shuts down").await;
+    }
+
+    #[tokio::test]
     async fn a_request_in_flight_completes_on_shutdown() {
-        let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+        let bundle = bundle();
         let entered = Arc::new(tokio::sync::Notify::new());
         let release = Arc::new(tokio::sync::Notify::new());
         let (e, r) = (entered.clone(), release.clone());
@@ -716,21 +728,13 @@ mod server {
         let response = read_to_close(&mut client).await.expect("the response arrives");
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(response.ends_with("admitted"), "{response}");
-        tokio::time::timeout(GUARD, server.task)
-            .await
-            .expect("the server ends once the request is done")
-            .unwrap()
-            .unwrap();
+        server.stop("the server ends once the request is done").await;
     }
 
     #[tokio::test]
     async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
-        let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
-        let timeouts = Timeouts {
-            handshake: Duration::from_millis(200),
-            header_read: Duration::from_secs(60),
-        };
-        let server = start(fixed(&bundle).unwrap(), hello(), timeouts).await;
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(200, 60_000)).await;
         // TCP only: never a ClientHello.
         let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
         assert_eq!(
@@ -738,52 +742,33 @@ mod server {
             Some(String::new()),
             "the server must close a connection that never starts TLS"
         );
-        // The server still serves others.
-        let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        assert!(read_to_close(&mut client).await.unwrap().ends_with("hello"));
-        server.shutdown.cancel();
-        server.task.await.unwrap().unwrap();
+        assert_eq!(get(&server, &bundle).await, "hello", "the server still serves others");
+        server.stop("the server shuts down").await;
     }
 
     #[tokio::test]
     async fn shutdown_does_not_wait_for_a_client_that_never_starts_tls() {
-        let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
-        let timeouts = Timeouts {
-            handshake: Duration::from_secs(3600),
-            header_read: Duration::from_secs(3600),
-        };
-        let server = start(fixed(&bundle).unwrap(), hello(), timeouts).await;
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(3_600_000, 3_600_000)).await;
         let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
         // An idle, fully set-up connection does not hold shutdown either.
         let _idle = tls(server.addr, &bundle.ca_pem).await.unwrap();
-        server.shutdown.cancel();
-        tokio::time::timeout(GUARD, server.task)
-            .await
-            .expect("shutdown ends without waiting for silent or idle clients")
-            .unwrap()
-            .unwrap();
+        server
+            .stop("shutdown ends without waiting for silent or idle clients")
+            .await;
     }
 
     #[tokio::test]
     async fn a_client_that_never_finishes_its_headers_is_dropped() {
-        let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
-        let timeouts = Timeouts {
-            handshake: Duration::from_secs(60),
-            header_read: Duration::from_millis(200),
-        };
-        let server = start(fixed(&bundle).unwrap(), hello(), timeouts).await;
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(60_000, 200)).await;
         let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
         client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
         let answer = read_to_close(&mut client)
             .await
             .expect("the server must close a connection whose headers never end");
         assert!(!answer.contains("hello"), "{answer}");
-        server.shutdown.cancel();
-        server.task.await.unwrap().unwrap();
+        server.stop("the server shuts down").await;
     }
 
     /// Writes the bundle as cert-manager's Secret mount has it: new files
@@ -800,12 +785,12 @@ mod server {
     async fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
         let dir = std::env::temp_dir().join(format!("leasehold-cert-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let first = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+        let first = bundle();
         write_cert(&dir, &first);
         let server = start(Arc::new(CertDir::open(&dir).unwrap()), hello(), Timeouts::default()).await;
         tls(server.addr, &first.ca_pem).await.expect("the first certificate");
 
-        let second = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+        let second = bundle();
         write_cert(&dir, &second);
         tls(server.addr, &second.ca_pem)
             .await
@@ -820,8 +805,7 @@ mod server {
         tls(server.addr, &second.ca_pem)
             .await
             .expect("the last good certificate stays");
-        server.shutdown.cancel();
-        server.task.await.unwrap().unwrap();
+        server.stop("the server shuts down").await;
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
