@@ -7,20 +7,57 @@
    objects against the CRD's own openAPIV3Schema.
 3. The chart's values.yaml validates against values.schema.json, and every
    `.Values.x.y` a template uses exists in values.yaml.
-4. The Dockerfile is multi-stage, runs as non-root, fetches nothing by ADD.
-5. The checks themselves work: a broken Deployment must fail step 2.
+4. The Dockerfile is multi-stage, runs as a numeric non-root USER, fetches
+   nothing by ADD.
+5. Every pod spec (manifests, the rendered chart, `leasehold inject` output)
+   can start as non-root: the kubelet verifies runAsNonRoot only against a
+   numeric user, so runAsNonRoot needs a numeric, non-zero runAsUser; our own
+   image runs as 65532:65532.
+6. Real Helm (helm-python-sdk, Helm v4's Go SDK): lint, validate_schema and
+   render, with default values and with every optional part on; the rendered
+   objects pass step 2 and step 5.
+7. The injection webhook is opt-in: its selectors, as the API server reads
+   them, call it for labelled namespaces or pods only, once, never in
+   kube-system or the release namespace.
+8. The sidecar's ValidatingAdmissionPolicy, rendered by Helm, evaluated with
+   cel-python on requests it must allow and requests it must deny.
+9. The checks themselves work: planted bugs must fail each check.
+Files given as arguments (e.g. `leasehold inject` output) get steps 2 and 5,
+and their leasehold sidecars must be native (init containers, restartPolicy
+Always).
 Prints one line per problem and exits 1 when there is any.
 """
+import copy
 import pathlib
 import re
+import shutil
 import sys
+import tempfile
 
+import celpy
+import helm_python
 import jsonschema
 import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.33.0"
+CHART = ROOT / "charts" / "leasehold"
+RELEASE, RELEASE_NAMESPACE = "lh", "leasehold-system"
+OUR_IMAGE = "ghcr.io/leasehold/leasehold"
+SIDECAR_USER = 65532
+# Kinds of other projects' CRDs that kubernetes-validate has no schema for.
+FOREIGN_KINDS = {("cert-manager.io/v1", "Certificate"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Every optional part of the chart turned on.
+ALL_ON = {
+    "global": {"imageRegistry": "registry.example.com"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer"}},
+    "sidecar": {"mode": "container", "rbac": {"namespaces": ["my-app", "batch"], "serviceAccountName": "scheduler"},
+                "admissionPolicy": {"enabled": True, "required": True}},
+    "metrics": {"serviceMonitor": {"enabled": True}},
+    "podDisruptionBudget": {"enabled": True},
+}
 problems = []
 
 
@@ -51,6 +88,8 @@ def validate(doc, where, schemas):
         except jsonschema.ValidationError as e:
             return f"{where}: {key[1]} {doc['metadata'].get('name')}: {e.message}"
         return None
+    if key in FOREIGN_KINDS:
+        return None
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
@@ -71,6 +110,7 @@ def check_manifests(schemas):
             error = validate(doc, path.relative_to(ROOT), schemas)
             if error:
                 problems.append(error)
+            problems.extend(non_root_problems(doc, path.relative_to(ROOT)))
     return count
 
 
@@ -115,10 +155,394 @@ def check_dockerfile():
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     if len(stages) < 2:
         problems.append("Dockerfile: not multi-stage")
-    if not users or users[-1].split(":")[0] in ("root", "0"):
-        problems.append("Dockerfile: the final stage must run as a non-root USER")
+    if not users or not re.fullmatch(r"[1-9][0-9]*:[0-9]+", users[-1]):
+        problems.append("Dockerfile: the final stage must run as a numeric non-root USER uid:gid "
+                        "(the kubelet cannot verify runAsNonRoot for a user name)")
+    elif users[-1] != f"{SIDECAR_USER}:{SIDECAR_USER}":
+        problems.append(f"Dockerfile: USER {users[-1]}, but the pod specs run it as {SIDECAR_USER}:{SIDECAR_USER}")
     if re.search(r"^ADD\s+https?://", text, re.M):
         problems.append("Dockerfile: ADD of a remote URL")
+
+# --- non-root ---------------------------------------------------------------
+
+TEMPLATE_PATHS = {
+    "Pod": (),
+    "Deployment": ("spec", "template"), "StatefulSet": ("spec", "template"), "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"), "Job": ("spec", "template"), "ReplicationController": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+def pod_specs(doc):
+    """The pod specs in an object (a List's items too)."""
+    if doc.get("kind") == "List":
+        for item in doc.get("items") or []:
+            yield from pod_specs(item)
+        return
+    path = TEMPLATE_PATHS.get(doc.get("kind"))
+    if path is None:
+        return
+    node = doc
+    for part in path:
+        node = (node or {}).get(part)
+    if node and node.get("spec"):
+        yield node["spec"]
+
+
+def non_root_problems(doc, where):
+    """Containers the kubelet would refuse or run as root."""
+    found = []
+    name = f"{where}: {doc.get('kind')} {(doc.get('metadata') or {}).get('name')}"
+    for spec in pod_specs(doc):
+        pod_sc = spec.get("securityContext") or {}
+        for field in ("initContainers", "containers"):
+            for container in spec.get(field) or []:
+                sc = container.get("securityContext") or {}
+                effective = {k: sc.get(k, pod_sc.get(k)) for k in ("runAsNonRoot", "runAsUser", "runAsGroup")}
+                user = effective["runAsUser"]
+                what = f"{name}: container {container.get('name')}"
+                if user == 0:
+                    found.append(f"{what}: runAsUser 0 is root")
+                if effective["runAsNonRoot"] and not (isinstance(user, int) and user > 0):
+                    found.append(f"{what}: runAsNonRoot without a numeric runAsUser: the kubelet cannot verify "
+                                 "a non-numeric image user and refuses to start it (CreateContainerConfigError)")
+                if str(container.get("image", "")).startswith(OUR_IMAGE):
+                    want = {"runAsNonRoot": True, "runAsUser": SIDECAR_USER, "runAsGroup": SIDECAR_USER}
+                    if effective != want:
+                        found.append(f"{what}: leasehold's image must run with {want}, has {effective}")
+    return found
+
+
+def native_sidecar_problems(doc, where):
+    """Injected leasehold sidecars must be native sidecars."""
+    found = []
+    for spec in pod_specs(doc):
+        names = [c.get("name") for c in spec.get("containers") or []]
+        native = [c for c in spec.get("initContainers") or [] if c.get("name") == "leasehold"]
+        if "leasehold" in names:
+            found.append(f"{where}: {doc.get('kind')} {doc['metadata'].get('name')}: the sidecar is a regular container")
+        elif not native:
+            found.append(f"{where}: {doc.get('kind')} {doc['metadata'].get('name')}: no leasehold sidecar")
+        elif native[0].get("restartPolicy") != "Always":
+            found.append(f"{where}: {doc.get('kind')} {doc['metadata'].get('name')}: the sidecar init container "
+                         "lacks restartPolicy: Always (it would block the app containers)")
+    return found
+
+
+def check_files(paths, schemas):
+    """`leasehold inject` output and the like: valid, non-root, native sidecars."""
+    for path in paths:
+        path = pathlib.Path(path)
+        docs = load_all(path)
+        if not any(True for d in docs for _ in pod_specs(d)):
+            problems.append(f"{path}: no pod specs")
+        for doc in docs:
+            error = validate(doc, path.name, schemas)
+            if error:
+                problems.append(error)
+            problems.extend(non_root_problems(doc, path.name))
+            problems.extend(native_sidecar_problems(doc, path.name))
+
+
+# --- Helm -------------------------------------------------------------------
+
+def render(values):
+    """The chart rendered by Helm's Go SDK, as a list of objects."""
+    return render_dir(CHART, values)
+
+
+def render_dir(chart_dir, values):
+    chart = helm_python.Chart.load(str(chart_dir))
+    rendered = chart.render(values, name=RELEASE, namespace=RELEASE_NAMESPACE, is_install=True)
+    docs = []
+    for template, text in sorted(rendered.items()):
+        if template.endswith(".txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d is not None)
+    return docs
+
+
+def check_helm(schemas):
+    """Lint, schema and render with Helm itself, default values and everything on."""
+    chart = helm_python.Chart.load(str(CHART))
+    results = {}
+    for label, values in (("default values", {}), ("every optional part on", ALL_ON)):
+        report = helm_python.lint(str(CHART), values, namespace=RELEASE_NAMESPACE)
+        for message in report["messages"]:
+            if message["severity"] >= 3:
+                problems.append(f"helm lint ({label}): {message['path']}: {message['error']}")
+        problems.extend(f"helm lint ({label}): {e}" for e in report["errors"])
+        try:
+            chart.validate_schema(values)
+        except helm_python.HelmError as e:
+            problems.append(f"helm validate_schema ({label}): {e}")
+        try:
+            docs = render(values)
+        except helm_python.HelmError as e:
+            problems.append(f"helm render ({label}): {e}")
+            continue
+        where = f"chart ({label})"
+        for doc in docs:
+            error = validate(doc, where, schemas)
+            if error:
+                problems.append(error)
+            problems.extend(non_root_problems(doc, where))
+        results[label] = docs
+    docs = results.get("every optional part on", [])
+    kinds = {d["kind"] for d in docs}
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Certificate", "Role",
+                 "PodDisruptionBudget", "MutatingWebhookConfiguration"):
+        if kind not in kinds:
+            problems.append(f"chart (every optional part on): no {kind} rendered")
+    # Offline rendering has no monitoring.coreos.com API: no ServiceMonitor,
+    # which the API server would reject on a cluster without the Prometheus operator.
+    if "ServiceMonitor" in kinds:
+        problems.append("chart: a ServiceMonitor is rendered although the cluster has no monitoring.coreos.com/v1")
+    roles = [d["metadata"]["name"] for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != RELEASE_NAMESPACE]
+    if roles and not all(r.startswith(RELEASE) for r in roles):
+        problems.append(f"chart: sidecar Roles {roles} are not named after the release; two releases would collide")
+    check_service_monitor_template(chart)
+    # A parent chart passes `global` to its subcharts.
+    try:
+        chart.validate_schema({"global": {"anything": 1}})
+    except helm_python.HelmError as e:
+        problems.append(f"values.schema.json rejects `global`, so the chart cannot be a subchart: {e}")
+    return results
+
+
+def check_service_monitor_template(chart):
+    """The Go SDK renders offline without the cluster's API list (no
+    --api-versions), so the ServiceMonitor never renders above; render a copy
+    whose capability test is true, to check the template itself."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy_dir = pathlib.Path(tmp) / "leasehold"
+        shutil.copytree(CHART, copy_dir)
+        template = copy_dir / "templates" / "servicemonitor.yaml"
+        text = template.read_text()
+        capability = '(.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")'
+        if capability not in text:
+            problems.append("servicemonitor.yaml: not guarded by the monitoring.coreos.com/v1 capability")
+            return
+        template.write_text(text.replace(capability, "true"))
+        docs = render_dir(copy_dir, {"metrics": {"serviceMonitor": {"enabled": True}}})
+        monitors = [d for d in docs if d.get("kind") == "ServiceMonitor"]
+        ports = {p.get("name") for d in docs if d.get("kind") == "Service" for p in d["spec"]["ports"]}
+        if len(monitors) != 1:
+            problems.append(f"servicemonitor.yaml: {len(monitors)} ServiceMonitors where the API exists, expected 1")
+        elif not all(e["port"] in ports for e in monitors[0]["spec"]["endpoints"]):
+            problems.append(f"ServiceMonitor scrapes a port no Service has ({ports})")
+
+
+# --- webhook opt-in ---------------------------------------------------------
+
+def selector_matches(selector, labels):
+    """metav1.LabelSelector semantics (apimachinery labels.Selector); an empty selector matches all."""
+    selector = selector or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def webhook_calls(configuration, namespace, ns_labels, pod_labels):
+    """How many of the configuration's webhooks the API server calls for a pod CREATE."""
+    ns_labels = dict(ns_labels, **{"kubernetes.io/metadata.name": namespace})
+    return sum(
+        1 for w in configuration["webhooks"]
+        if selector_matches(w.get("namespaceSelector"), ns_labels) and selector_matches(w.get("objectSelector"), pod_labels)
+    )
+
+
+def webhook_selector_problems(configuration, release_namespace, where):
+    on, off = {"leasehold.dev/inject": "enabled"}, {"leasehold.dev/inject": "disabled"}
+    cases = [
+        ("an unlabelled pod in an unlabelled namespace", "my-app", {}, {}, 0),
+        ("a labelled pod in an unlabelled namespace", "my-app", {}, on, 1),
+        ("an unlabelled pod in a labelled namespace", "my-app", on, {}, 1),
+        ("a labelled pod in a labelled namespace", "my-app", on, on, 1),
+        ("a pod opting out in a labelled namespace", "my-app", on, off, 0),
+        ("a labelled pod in a namespace opting out", "my-app", off, on, 0),
+        ("a labelled pod in kube-system", "kube-system", on, on, 0),
+        ("a labelled pod in the release namespace", release_namespace, on, on, 0),
+    ]
+    found = []
+    for what, namespace, ns_labels, pod_labels, want in cases:
+        got = webhook_calls(configuration, namespace, ns_labels, pod_labels)
+        if got != want:
+            found.append(f"{where}: {what}: the webhook is called {got} times, expected {want}")
+    return found
+
+
+def check_webhook_opt_in(helm_docs):
+    for path in [ROOT / "manifests" / "install.yaml"]:
+        for doc in load_all(path):
+            if doc.get("kind") == "MutatingWebhookConfiguration":
+                problems.extend(webhook_selector_problems(doc, "leasehold-system", path.relative_to(ROOT)))
+    for label, docs in helm_docs.items():
+        configurations = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        if not configurations:
+            problems.append(f"chart ({label}): no MutatingWebhookConfiguration")
+        for doc in configurations:
+            problems.extend(webhook_selector_problems(doc, RELEASE_NAMESPACE, f"chart ({label})"))
+
+
+# --- the sidecar's ValidatingAdmissionPolicy ---------------------------------
+
+def sidecar_request(username="system:serviceaccount:my-app:scheduler", pod_name="web-0", subresource=""):
+    return {"username": username, "extra": {"authentication.kubernetes.io/pod-name": [pod_name]},
+            "subResource": subresource}
+
+
+def base_pod(name="web-0"):
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "my-app", "labels": {"app": "web", "leasehold.dev/leader": "false"},
+                     "annotations": {"leasehold.dev/lease": "web"}},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}], "serviceAccountName": "scheduler"},
+        "status": {"phase": "Running", "podIP": "10.0.0.7",
+                   "conditions": [{"type": "Ready", "status": "False"}, {"type": "leasehold.dev/leader", "status": "False"}]},
+    }
+
+
+def changed(mutate, name="web-0"):
+    pod = base_pod(name)
+    mutate(pod)
+    return pod
+
+
+def set_label(key, value):
+    return lambda p: p["metadata"]["labels"].__setitem__(key, value)
+
+
+def set_condition(kind, status):
+    def mutate(pod):
+        for c in pod["status"]["conditions"]:
+            if c["type"] == kind:
+                c["status"] = status
+    return mutate
+
+
+# (what, request, old pod, new pod, allowed)
+POLICY_CASES = [
+    ("the sidecar sets the leader label on a peer", sidecar_request(), base_pod("web-1"),
+     changed(set_label("leasehold.dev/leader", "true"), "web-1"), True),
+    ("the sidecar adds the leader label to a pod without labels", sidecar_request(),
+     changed(lambda p: p["metadata"].pop("labels")), changed(lambda p: p["metadata"].__setitem__("labels", {"leasehold.dev/leader": "true"})), True),
+    ("the sidecar sets its own leader condition", sidecar_request(subresource="status"), base_pod(),
+     changed(set_condition("leasehold.dev/leader", "True")), True),
+    ("the sidecar adds its first leader condition", sidecar_request(subresource="status"),
+     changed(lambda p: p["status"].pop("conditions")),
+     changed(lambda p: p["status"].__setitem__("conditions", [{"type": "leasehold.dev/leader", "status": "True"}])), True),
+    ("someone else changes any label", sidecar_request(username="system:serviceaccount:my-app:other"), base_pod(),
+     changed(set_label("app", "evil")), True),
+    ("the sidecar changes another label", sidecar_request(), base_pod(), changed(set_label("app", "evil")), False),
+    ("the sidecar adds another label", sidecar_request(), base_pod(), changed(set_label("tier", "x")), False),
+    ("the sidecar removes another label", sidecar_request(), base_pod(),
+     changed(lambda p: p["metadata"]["labels"].pop("app")), False),
+    ("the sidecar changes a pod's image", sidecar_request(), base_pod(),
+     changed(lambda p: p["spec"]["containers"][0].__setitem__("image", "evil:1")), False),
+    ("the sidecar changes an annotation", sidecar_request(), base_pod(),
+     changed(lambda p: p["metadata"]["annotations"].__setitem__("leasehold.dev/lease", "other")), False),
+    ("the sidecar adds a finalizer", sidecar_request(), base_pod(),
+     changed(lambda p: p["metadata"].__setitem__("finalizers", ["x/y"])), False),
+    ("the sidecar sets another pod's leader condition", sidecar_request(subresource="status"), base_pod("web-1"),
+     changed(set_condition("leasehold.dev/leader", "True"), "web-1"), False),
+    ("the sidecar sets its own Ready condition", sidecar_request(subresource="status"), base_pod(),
+     changed(set_condition("Ready", "True")), False),
+    ("the sidecar changes its own phase", sidecar_request(subresource="status"), base_pod(),
+     changed(lambda p: p["status"].__setitem__("phase", "Failed")), False),
+    ("a token not bound to a pod writes status", dict(sidecar_request(subresource="status"), extra={}), base_pod(),
+     changed(set_condition("leasehold.dev/leader", "True")), False),
+]
+
+
+def evaluate(expression, activation):
+    env = celpy.Environment()
+    try:
+        result = env.program(env.compile(expression)).evaluate(celpy.json_to_cel(activation))
+    except Exception as e:  # a compile or evaluation error fails the request (failurePolicy: Fail)
+        return e
+    return result
+
+
+def policy_decision(policy, request, old, new):
+    """True when the policy admits the request, as the API server decides it."""
+    spec = policy["spec"]
+    req = {"userInfo": {"username": request["username"], "extra": request["extra"]},
+           "subResource": request["subResource"], "operation": "UPDATE"}
+    activation = {"object": new, "oldObject": old, "request": req}
+    for condition in spec.get("matchConditions") or []:
+        if evaluate(condition["expression"], activation) is not True and evaluate(condition["expression"], activation) != True:  # noqa: E712
+            return True, "not matched"
+    variables = {}
+    for variable in spec.get("variables") or []:
+        variables[variable["name"]] = evaluate(variable["expression"], dict(activation, variables=variables))
+    activation["variables"] = variables
+    for validation in spec["validations"]:
+        result = evaluate(validation["expression"], activation)
+        if result != True:  # noqa: E712  (celpy's BoolType compares equal to True)
+            return False, validation.get("message", validation["expression"])
+    return True, "allowed"
+
+
+def admission_policy_problems(policy, where):
+    found = []
+    for what, request, old, new, allowed in POLICY_CASES:
+        got, why = policy_decision(policy, request, copy.deepcopy(old), copy.deepcopy(new))
+        if got != allowed:
+            found.append(f"{where}: {what}: {'allowed' if got else 'denied'} ({why}), expected "
+                         f"{'allowed' if allowed else 'denied'}")
+    return found
+
+
+def check_admission_policy(helm_docs):
+    docs = helm_docs.get("every optional part on", [])
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    for policy in policies:
+        problems.extend(admission_policy_problems(policy, "chart ValidatingAdmissionPolicy"))
+        bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                    and d["spec"]["policyName"] == policy["metadata"]["name"]]
+        if not bindings or bindings[0]["spec"].get("validationActions") != ["Deny"]:
+            problems.append("chart: the sidecar's ValidatingAdmissionPolicy has no binding that denies")
+    return policies
+
+
+# --- the checks catch planted bugs -------------------------------------------
+
+def check_checks_catch_planted_bugs(policies):
+    no_user = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "planted"},
+               "spec": {"template": {"spec": {"securityContext": {"runAsNonRoot": True},
+                                              "containers": [{"name": "c", "image": "i"}]}}}}
+    if not non_root_problems(no_user, "self-test"):
+        problems.append("self-test: runAsNonRoot without runAsUser passed the non-root check")
+    regular = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "planted"},
+               "spec": {"containers": [{"name": "app", "image": "i"}, {"name": "leasehold", "image": OUR_IMAGE}]}}
+    if not native_sidecar_problems(regular, "self-test"):
+        problems.append("self-test: a regular-container sidecar passed the native-sidecar check")
+    everything = {"webhooks": [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}}]}
+    if not webhook_selector_problems(everything, "leasehold-system", "self-test"):
+        problems.append("self-test: a webhook called for every pod passed the opt-in check")
+    for policy in policies:
+        permissive = copy.deepcopy(policy)
+        permissive["spec"]["validations"] = [{"expression": "true"}]
+        if not admission_policy_problems(permissive, "self-test"):
+            problems.append("self-test: a policy that allows everything passed the admission policy check")
+        broken = copy.deepcopy(policy)
+        broken["spec"]["validations"][0]["expression"] = "object.metadata.nolabels.all(k, true)"
+        if not admission_policy_problems(broken, "self-test"):
+            problems.append("self-test: a policy whose CEL fails to evaluate passed the admission policy check")
+
 
 
 def main():
@@ -129,6 +553,13 @@ def main():
     check_validator_catches_errors(schemas)
     check_chart()
     check_dockerfile()
+    helm_docs = check_helm(schemas)
+    check_webhook_opt_in(helm_docs)
+    policies = check_admission_policy(helm_docs)
+    if not policies:
+        problems.append("chart (every optional part on): no ValidatingAdmissionPolicy to check")
+    check_checks_catch_planted_bugs(policies)
+    check_files(sys.argv[1:], schemas)
     for problem in problems:
         print(problem)
     print(f"checked {objects} manifest objects against Kubernetes {K8S_VERSION}: {len(problems)} problems")

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{demo, operator, run, sidecar};
+use crate::{demo, inject, operator, run, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +42,10 @@ pub enum Command {
     Operator(operator::Args),
     /// Print the DistributedLease CustomResourceDefinition as YAML.
     Crd,
+    /// Inject the sidecar into annotated Pods and pod templates in YAML (files
+    /// or stdin) as the webhook would; the result goes to stdout, what was
+    /// skipped and why to stderr.
+    Inject(inject::Args),
     /// Run the deterministic safety simulation over many seeds (built with
     /// the `simulate` feature).
     #[cfg(feature = "simulate")]
@@ -71,6 +75,7 @@ impl Cli {
                 print!("{}", crate::api::crd_yaml()?);
                 Ok(())
             }
+            Command::Inject(args) => run_inject(&args),
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
@@ -84,6 +89,32 @@ impl Cli {
             ),
         }
     }
+}
+
+fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Read;
+    let mut input = String::new();
+    let stdin = args.files.is_empty() || args.files.iter().any(|f| f.as_os_str() == "-");
+    if stdin {
+        std::io::stdin().read_to_string(&mut input).context("reading stdin")?;
+    }
+    for file in args.files.iter().filter(|f| f.as_os_str() != "-") {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        input.push_str("\n---\n");
+        input.push_str(&text);
+    }
+    let injected = inject::inject(&input, &args.injection())?;
+    for note in &injected.notes {
+        eprintln!("{note}");
+    }
+    print!("{}", injected.yaml);
+    anyhow::ensure!(
+        injected.refused == 0,
+        "{} pod template(s) ask for the sidecar but were not injected (see above)",
+        injected.refused
+    );
+    Ok(())
 }
 
 fn block_on(task: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {

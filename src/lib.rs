@@ -15,6 +15,8 @@ pub mod api;
 pub mod cli;
 #[cfg(feature = "cli")]
 pub mod demo;
+#[cfg(feature = "operator")]
+pub mod inject;
 pub mod lease;
 #[cfg(feature = "operator")]
 pub mod operator;

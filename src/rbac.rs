@@ -43,6 +43,19 @@ pub fn rules_lists_in(doc: &str) -> Vec<String> {
     lists
 }
 
+/// Rules limited to the objects `names` (a YAML flow list's items, e.g. a
+/// chart expression), as items to append to a `rules:` list.
+pub fn named_rules_yaml(rules: &[Rule], names: &str) -> String {
+    rules_yaml(rules)
+        .trim_start_matches("rules:\n")
+        .lines()
+        .map(|line| format!("{line}\n"))
+        .collect::<Vec<_>>()
+        .chunks(3)
+        .map(|rule| format!("{}    resourceNames: [{names}]\n", rule.concat()))
+        .collect()
+}
+
 /// Whether `rules` allow `verb` on `resource` (with subresource, e.g.
 /// `distributedleases/status`) in `api_group`.
 pub fn grants(rules: &[Rule], api_group: &str, resource: &str, verb: &str) -> bool {

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use leasehold::operator::rbac::{NAMESPACED_RULES, RULES};
-use leasehold::rbac::rules_yaml;
+use leasehold::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION_RULES};
+use leasehold::rbac::{named_rules_yaml, rules_yaml};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -17,11 +17,23 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
     let operator = rules_yaml(RULES);
     let operator_namespaced = rules_yaml(NAMESPACED_RULES);
     let sidecar = rules_yaml(leasehold::sidecar::rbac::RULES);
+    // The operator may touch its own webhook configuration only.
+    let webhook_static = format!(
+        "{operator}{}",
+        named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector")
+    );
+    let webhook_chart = format!(
+        "{operator}{}",
+        named_rules_yaml(
+            WEBHOOK_CONFIGURATION_RULES,
+            "{{ include \"leasehold.fullname\" . }}-sidecar-injector"
+        )
+    );
     for (file, expected) in [
-        ("manifests/install.yaml", vec![&operator, &operator_namespaced]),
+        ("manifests/install.yaml", vec![&webhook_static, &operator_namespaced]),
         (
             "charts/leasehold/templates/rbac-operator.yaml",
-            vec![&operator, &operator_namespaced],
+            vec![&webhook_chart, &operator_namespaced],
         ),
         ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
         ("manifests/examples/leader-only-service.yaml", vec![&sidecar]),
@@ -63,14 +75,73 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     let python = venv.join("bin/python");
     assert!(
         python.exists(),
-        "{} is missing: run scripts/setup-python.sh (it installs kubernetes-validate and jsonschema)",
+        "{} is missing: run scripts/setup-python.sh (it installs kubernetes-validate, jsonschema, helm-python-sdk and cel-python)",
         python.display()
     );
+    // What `leasehold inject` makes of the examples is checked like the
+    // manifests: strict schemas, the non-root rule, native sidecars.
+    let examples: Vec<_> = std::fs::read_dir(root.join("manifests/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    let injected = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .arg("inject")
+        .args(&examples)
+        .output()
+        .expect("leasehold inject runs");
+    let notes = String::from_utf8_lossy(&injected.stderr);
+    assert!(injected.status.success(), "{notes}");
+    assert_eq!(notes.matches(": injected").count(), 2, "{notes}");
+    let output = std::env::temp_dir().join(format!("leasehold-injected-examples-{}.yaml", std::process::id()));
+    std::fs::write(&output, &injected.stdout).unwrap();
     let out = Command::new(&python)
         .arg(root.join("scripts/check-manifests.py"))
+        .arg(&output)
         .output()
         .expect("python runs");
+    std::fs::remove_file(&output).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(": 0 problems"), "{stdout}");
+}
+
+/// Every environment variable the chart and install.yaml give the operator is
+/// one `leasehold operator` reads (a misspelt name is silently ignored by
+/// the process), and the chart's sidecar defaults are the code's.
+#[test]
+fn the_operator_environment_and_sidecar_defaults_match_the_code() {
+    use clap::CommandFactory;
+    let cli = leasehold::cli::Cli::command();
+    let operator = cli.find_subcommand("operator").expect("an operator subcommand");
+    let known: Vec<String> = cli
+        .get_arguments()
+        .chain(operator.get_arguments())
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect();
+    for file in ["charts/leasehold/templates/deployment.yaml", "manifests/install.yaml"] {
+        let text = read(file);
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- name: "))
+            .filter(|n| n.starts_with("LEASEHOLD_"))
+            .collect();
+        assert!(names.contains(&"LEASEHOLD_SIDECAR_METRICS_PORT"), "{file}: {names:?}");
+        for name in names {
+            assert!(
+                known.iter().any(|r| r == name),
+                "{file} sets {name}, which the operator does not read"
+            );
+        }
+    }
+    let values: serde_yaml::Value = serde_yaml::from_str(&read("charts/leasehold/values.yaml")).unwrap();
+    assert_eq!(
+        values["sidecar"]["metricsPort"].as_u64(),
+        Some(leasehold::sidecar::interface::DEFAULT_METRICS_PORT.into())
+    );
+    assert_eq!(values["sidecar"]["mode"].as_str(), Some("native"));
+    assert!(read("manifests/install.yaml").contains(&format!(
+        "- name: LEASEHOLD_SIDECAR_METRICS_PORT\n              value: \"{}\"",
+        leasehold::sidecar::interface::DEFAULT_METRICS_PORT
+    )));
 }

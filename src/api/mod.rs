@@ -141,6 +141,7 @@ fn default_label_key() -> String {
 /// What the operator last saw; written by server-side apply.
 #[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = unsigned_as_int64)]
 pub struct DistributedLeaseStatus {
     /// `Valid`, `StoreReady` and `Ready`.
     #[serde(default)]
@@ -184,6 +185,24 @@ impl DistributedLease {
                 self.metadata.namespace.as_deref().unwrap_or("default"),
                 self.metadata.name.as_deref().unwrap_or_default()
             ),
+        }
+    }
+}
+
+/// schemars writes `format: uint32`/`uint64` for unsigned integers; the API
+/// server knows only int32 and int64 and warns on every create of a CRD with
+/// another format. int64 holds every u32 and every count we keep (`minimum: 0` stays).
+fn unsigned_as_int64(schema: &mut schemars::Schema) {
+    if let Some(format) = schema.get_mut("format")
+        && matches!(format.as_str(), Some("uint32" | "uint64"))
+    {
+        *format = "int64".into();
+    }
+    if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for property in properties.values_mut() {
+            if let Ok(property) = <&mut schemars::Schema>::try_from(property) {
+                unsigned_as_int64(property);
+            }
         }
     }
 }

@@ -321,3 +321,37 @@ fn status_serializes_camel_case_and_skips_absent_fields() {
                "candidates": 0, "readyCandidates": 2})
     );
 }
+
+/// The API server warns on a CRD whose schema uses formats it does not know
+/// (apiextensions' `supportedFormats`); schemars' `uint32`/`uint64` are such.
+#[test]
+fn the_crd_uses_only_formats_the_api_server_knows() {
+    fn formats(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(format)) = map.get("format") {
+                    out.push(format.clone());
+                }
+                map.values().for_each(|v| formats(v, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| formats(v, out)),
+            _ => {}
+        }
+    }
+    let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    let mut found = Vec::new();
+    formats(&crd, &mut found);
+    let known = [
+        "int32",
+        "int64",
+        "float",
+        "double",
+        "byte",
+        "date",
+        "date-time",
+        "password",
+    ];
+    let unknown: Vec<_> = found.iter().filter(|f| !known.contains(&f.as_str())).collect();
+    assert!(unknown.is_empty(), "formats the API server warns about: {unknown:?}");
+    assert!(found.iter().any(|f| f == "int64"));
+}

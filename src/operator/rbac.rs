@@ -4,7 +4,7 @@
 //! rules, and `docs/rbac-operator.md` carries them as a ClusterRole, so the
 //! chart's RBAC cannot drift from the code silently.
 
-pub use crate::rbac::{Rule, request_attributes, rules_yaml};
+pub use crate::rbac::{Rule, named_rules_yaml, request_attributes, rules_yaml};
 
 pub const RULES: &[Rule] = &[
     // The controller's list+watch; finalizers by merge patch; the injection
@@ -38,13 +38,16 @@ pub const RULES: &[Rule] = &[
         resources: &["events"],
         verbs: &["create", "patch"],
     },
-    // The injection webhook's self-signed CA goes into its configuration.
-    Rule {
-        api_group: "admissionregistration.k8s.io",
-        resources: &["mutatingwebhookconfigurations"],
-        verbs: &["get", "patch"],
-    },
 ];
+
+/// Rules granted for named objects only (`resourceNames`): the injection
+/// webhook's self-signed CA goes into its own configuration
+/// (--webhook-configuration), and into no other.
+pub const WEBHOOK_CONFIGURATION_RULES: &[Rule] = &[Rule {
+    api_group: "admissionregistration.k8s.io",
+    resources: &["mutatingwebhookconfigurations"],
+    verbs: &["get", "patch"],
+}];
 
 /// Rules granted by a Role in the operator's own namespace only.
 pub const NAMESPACED_RULES: &[Rule] = &[
@@ -58,8 +61,9 @@ pub const NAMESPACED_RULES: &[Rule] = &[
 
 /// Whether the operator's rules allow `verb` on `resource` in `api_group`.
 pub fn allows(api_group: &str, resource: &str, verb: &str) -> bool {
-    crate::rbac::grants(RULES, api_group, resource, verb)
-        || crate::rbac::grants(NAMESPACED_RULES, api_group, resource, verb)
+    [RULES, NAMESPACED_RULES, WEBHOOK_CONFIGURATION_RULES]
+        .iter()
+        .any(|rules| crate::rbac::grants(rules, api_group, resource, verb))
 }
 
 #[cfg(test)]
@@ -75,6 +79,17 @@ mod tests {
             [rules_yaml(RULES), rules_yaml(NAMESPACED_RULES)],
             "docs/rbac-operator.md must carry exactly the ClusterRole and Role rules, as rbac::rules_yaml() renders them"
         );
+    }
+
+    #[test]
+    fn the_doc_limits_the_webhook_configuration_by_name() {
+        let named = named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector");
+        assert!(
+            named.contains("    resourceNames: [leasehold-sidecar-injector]\n"),
+            "{named}"
+        );
+        assert!(DOC.contains(&named), "docs/rbac-operator.md must contain:\n{named}");
+        assert!(!rules_yaml(RULES).contains("mutatingwebhookconfigurations"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kube::Api;
 
-use super::{Error, Result};
+use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::{Identity, Timing};
 use crate::store::spanner::SpannerConfig;
@@ -24,7 +24,7 @@ pub enum StoreKind {
 pub struct ElectionArgs {
     /// The DistributedLease (in the pod's namespace) to take every lease
     /// setting from; excludes --lock, --database, --table and the timing flags.
-    #[arg(long, env = "LEASEHOLD_LEASE")]
+    #[arg(long, env = interface::ENV_LEASE)]
     pub lease: Option<String>,
     /// Standalone: the store.
     #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
@@ -51,13 +51,13 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_CREATE_TABLE")]
     pub create_table: bool,
     /// This candidate's name; inside Kubernetes the pod name (downward API).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, env = interface::ENV_POD_NAME)]
     pub pod_name: Option<String>,
     /// The pod's namespace (downward API).
-    #[arg(long, env = "POD_NAMESPACE")]
+    #[arg(long, env = interface::ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
     /// The pod's UID (downward API), for Events about the pod.
-    #[arg(long, env = "POD_UID")]
+    #[arg(long, env = interface::ENV_POD_UID)]
     pub pod_uid: Option<String>,
     /// The cluster's name, part of the identity for locks shared across clusters.
     #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
@@ -67,7 +67,7 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_KUBERNETES")]
     pub kubernetes: Option<bool>,
     /// Write holder, term and token as JSON here, replaced atomically.
-    #[arg(long, env = "LEASEHOLD_TOKEN_FILE")]
+    #[arg(long, env = interface::ENV_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
 }
 
@@ -76,13 +76,13 @@ pub struct Args {
     #[command(flatten)]
     pub election: ElectionArgs,
     /// The local HTTP API.
-    #[arg(long, env = "LEASEHOLD_HTTP_ADDR", default_value = "127.0.0.1:4040")]
+    #[arg(long, env = interface::ENV_HTTP_ADDR, default_value_t = interface::default_http_addr())]
     pub http_addr: SocketAddr,
     /// The /metrics listener.
-    #[arg(long, env = "LEASEHOLD_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    #[arg(long, env = interface::ENV_METRICS_ADDR, default_value_t = interface::default_metrics_addr())]
     pub metrics_addr: SocketAddr,
     /// Campaign only while this container of our pod is ready (from the pod watch).
-    #[arg(long, env = "LEASEHOLD_APP_CONTAINER")]
+    #[arg(long, env = interface::ENV_APP_CONTAINER)]
     pub app_container: Option<String>,
     /// Campaign only while this URL (http://127.0.0.1:port/path) answers 2xx.
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod health;
 pub mod http;
+pub mod interface;
 pub mod metrics;
 pub mod publish;
 pub mod rbac;

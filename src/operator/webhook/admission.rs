@@ -61,7 +61,8 @@ pub async fn admit<L: LeaseLookup>(
         Ok(Some(lease)) => Some(lease),
         Ok(None) => {
             warnings.push(format!(
-                "DistributedLease {namespace}/{lease_name} not found: sidecar injected without a readiness gate; it waits for the lease"
+                "DistributedLease {namespace}/{lease_name} not found: sidecar injected without a readiness gate; \
+                 the sidecar waits until the DistributedLease exists"
             ));
             None
         }
@@ -72,18 +73,25 @@ pub async fn admit<L: LeaseLookup>(
             None
         }
     };
-    let Some(patch) = injection_patch(pod, lease, config) else {
-        return response;
+    let pod_name = pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref());
+    let patch = match injection_patch(pod, lease, config) {
+        Ok(patch) => patch,
+        Err(reason) if reason.is_user_error() => {
+            warn!(namespace, lease = %lease_name, pod = ?pod_name, %reason, "sidecar not injected");
+            let mut response = response;
+            response.warnings = Some(vec![format!("leasehold sidecar not injected: {reason}")]);
+            return response;
+        }
+        Err(_) => return response,
     };
-    let response = match response.with_patch(patch) {
+    let mut response = match response.with_patch(patch) {
         Ok(patched) => patched,
         Err(e) => {
             warn!(error = %e, "could not serialize the injection patch; admitting unchanged");
-            AdmissionResponse::from(&request)
+            return AdmissionResponse::from(&request);
         }
     };
-    info!(namespace, lease = %lease_name, pod = ?pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref()), "injected the leasehold sidecar");
-    let mut response = response;
+    info!(namespace, lease = %lease_name, pod = ?pod_name, "injected the leasehold sidecar");
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
     }

@@ -1,16 +1,19 @@
 //! The webhook's certificate: self-signed and shared through a Secret, or
 //! issued elsewhere and read from disk; the caBundle patch.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use super::{Error, Result};
 use json_patch::Patch;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, Patch as KubePatch, PatchParams};
 use kube::core::DynamicObject;
+use rustls::server::ResolvesServerCert;
+use rustls::sign::CertifiedKey;
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Debug, Clone)]
 pub struct CertificateBundle {
@@ -51,22 +54,6 @@ impl CertificateBundle {
         })
     }
 
-    /// A certificate issued elsewhere (cert-manager), read from a mounted Secret.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let read = |file: &str| {
-            let path = dir.join(file);
-            std::fs::read_to_string(&path).map_err(|source| Error::Read {
-                path: path.display().to_string(),
-                source,
-            })
-        };
-        Ok(CertificateBundle {
-            ca_pem: read("ca.crt").unwrap_or_default(),
-            cert_pem: read("tls.crt")?,
-            key_pem: read("tls.key")?,
-        })
-    }
-
     fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Self> {
         let data = secret.data.as_ref()?;
         let text = |key: &str| data.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok());
@@ -77,24 +64,121 @@ impl CertificateBundle {
         })
     }
 
-    pub(super) fn server_config(&self) -> Result<rustls::ServerConfig> {
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::Tls(format!("certificate: {e}")))?;
-        let key =
-            PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| Error::Tls(format!("key: {e}")))?;
-        // ring is the one provider linked; name it rather than depend on
-        // whether the process default was installed yet.
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| Error::Tls(e.to_string()))?
-                .with_no_client_auth()
-                .with_single_cert(certs, key)
-                .map_err(|e| Error::Tls(e.to_string()))?;
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(config)
+    /// The certificate chain and key as rustls serves them.
+    pub fn certified_key(&self) -> Result<Arc<CertifiedKey>> {
+        certified_key(self.cert_pem.as_bytes(), self.key_pem.as_bytes())
+    }
+}
+
+fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| Error::Pem {
+            what: "certificate",
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(Error::NoCertificate);
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| Error::Pem { what: "key", source })?;
+    // Checks that the key belongs to the certificate: a rotation read between
+    // the two files' updates must not pair a new certificate with an old key.
+    let key = CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())?;
+    Ok(Arc::new(key))
+}
+
+/// The server's TLS settings around a certificate source.
+pub(super) fn server_config(certificates: Arc<dyn ResolvesServerCert>) -> Result<rustls::ServerConfig> {
+    // Name the provider rather than rely on a process-wide default.
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(certificates);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// One certificate for the server's lifetime (the self-signed one).
+pub fn fixed(bundle: &CertificateBundle) -> Result<Arc<dyn ResolvesServerCert>> {
+    Ok(Arc::new(rustls::sign::SingleCertAndKey::from(bundle.certified_key()?)))
+}
+
+/// `tls.crt` and `tls.key` in a folder (a Secret cert-manager renews),
+/// re-read on the first handshake after either file changes, so a rotated
+/// certificate is served without a restart. The kubelet updates a mounted
+/// Secret by swapping a symlink to a new folder, so the files' identity
+/// (inode and mtime, following the link) changes with every update.
+#[derive(Debug)]
+pub struct CertDir {
+    dir: PathBuf,
+    current: Mutex<(FileStamps, Arc<CertifiedKey>)>,
+}
+
+type FileStamps = [(u64, Option<SystemTime>); 2];
+
+impl CertDir {
+    const FILES: [&str; 2] = ["tls.crt", "tls.key"];
+
+    /// Reads the certificate now; a folder without a usable one is an error.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let stamps = Self::stamps(dir)?;
+        let key = Self::load(dir)?;
+        Ok(CertDir {
+            dir: dir.to_path_buf(),
+            current: Mutex::new((stamps, key)),
+        })
+    }
+
+    fn stamps(dir: &Path) -> Result<FileStamps> {
+        use std::os::unix::fs::MetadataExt;
+        let stamp = |file: &str| {
+            let path = dir.join(file);
+            std::fs::metadata(&path)
+                .map(|m| (m.ino(), m.modified().ok()))
+                .map_err(|source| Error::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+        };
+        Ok([stamp(Self::FILES[0])?, stamp(Self::FILES[1])?])
+    }
+
+    fn load(dir: &Path) -> Result<Arc<CertifiedKey>> {
+        let read = |file: &str| {
+            let path = dir.join(file);
+            std::fs::read(&path).map_err(|source| Error::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        certified_key(&read(Self::FILES[0])?, &read(Self::FILES[1])?)
+    }
+
+    /// The certificate to serve: re-read when the files changed; on a
+    /// failed read (a rotation half done) the previous one, tried again next time.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match Self::stamps(&self.dir) {
+            Ok(stamps) if stamps != current.0 => match Self::load(&self.dir) {
+                Ok(key) => {
+                    info!(dir = %self.dir.display(), "reloaded the webhook certificate");
+                    *current = (stamps, key);
+                }
+                Err(e) => {
+                    warn!(error = %e, "the webhook certificate changed but cannot be read; serving the previous one")
+                }
+            },
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "cannot check the webhook certificate; serving the previous one"),
+        }
+        current.1.clone()
+    }
+}
+
+impl ResolvesServerCert for CertDir {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
     }
 }
 
@@ -116,7 +200,7 @@ pub async fn shared_self_signed(
     };
     if let Some(existing) = api.get_opt(secret).await.map_err(wrap)? {
         return CertificateBundle::from_secret(&existing)
-            .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")));
+            .ok_or_else(|| Error::IncompleteSecret(format!("{namespace}/{secret}")));
     }
     let bundle = CertificateBundle::self_signed(service, namespace)?;
     let created: Secret = serde_json::from_value(json!({
@@ -142,7 +226,7 @@ pub async fn shared_self_signed(
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let winner = api.get(secret).await.map_err(wrap)?;
             CertificateBundle::from_secret(&winner)
-                .ok_or_else(|| Error::Tls(format!("Secret {namespace}/{secret} lacks ca.crt, tls.crt or tls.key")))
+                .ok_or_else(|| Error::IncompleteSecret(format!("{namespace}/{secret}")))
         }
         Err(e) => Err(wrap(e)),
     }

@@ -21,9 +21,13 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub use admission::{KubeLeaseLookup, LeaseLookup, admit, router};
-pub use certs::{CertificateBundle, patch_ca_bundle, shared_self_signed};
-pub use patch::{InjectionConfig, LEADER_CONDITION, LEASE_ANNOTATION, LeaseInjection, SIDECAR_NAME, injection_patch};
-pub use server::serve;
+pub use certs::{CertDir, CertificateBundle, fixed, patch_ca_bundle, shared_self_signed};
+pub use patch::{
+    APP_CONTAINER_ANNOTATION, DEFAULT_IMAGE, INJECT_LABEL, InjectionConfig, LEADER_CONDITION, LEASE_ANNOTATION,
+    LeaseInjection, METRICS_PORT_ANNOTATION, NotInjected, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_USER,
+    SidecarArgs, SidecarMode, injection_patch,
+};
+pub use server::{Timeouts, bind, serve};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -31,8 +35,18 @@ pub enum Error {
     Config(String),
     #[error("certificate generation failed")]
     Certificate(#[from] rcgen::Error),
-    #[error("TLS setup failed: {0}")]
-    Tls(String),
+    #[error("TLS setup failed")]
+    Tls(#[from] rustls::Error),
+    #[error("the webhook {what} is not PEM")]
+    Pem {
+        what: &'static str,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("the webhook certificate file holds no certificate")]
+    NoCertificate,
+    #[error("Secret {0} lacks ca.crt, tls.crt or tls.key")]
+    IncompleteSecret(String),
     #[error("reading {path}: {source}")]
     Read { path: String, source: std::io::Error },
     #[error("webhook listener on {addr}: {source}")]
@@ -78,27 +92,9 @@ pub struct WebhookArgs {
         default_value = "leasehold-sidecar-injector"
     )]
     pub webhook_configuration: String,
-    /// Image of the injected sidecar (required with --webhook-listen).
-    #[arg(long = "sidecar-image", env = "LEASEHOLD_SIDECAR_IMAGE")]
-    pub sidecar_image: Option<String>,
-    #[arg(
-        long = "sidecar-cpu-request",
-        env = "LEASEHOLD_SIDECAR_CPU_REQUEST",
-        default_value = "10m"
-    )]
-    pub sidecar_cpu_request: String,
-    #[arg(
-        long = "sidecar-memory-request",
-        env = "LEASEHOLD_SIDECAR_MEMORY_REQUEST",
-        default_value = "32Mi"
-    )]
-    pub sidecar_memory_request: String,
-    #[arg(
-        long = "sidecar-memory-limit",
-        env = "LEASEHOLD_SIDECAR_MEMORY_LIMIT",
-        default_value = "64Mi"
-    )]
-    pub sidecar_memory_limit: String,
+    /// The injected sidecar (--sidecar-image is required with --webhook-listen).
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
 }
 
 impl WebhookArgs {
@@ -107,17 +103,10 @@ impl WebhookArgs {
         if self.webhook_listen.is_none() {
             return Ok(None);
         }
-        let image = self.sidecar_image.clone().ok_or_else(|| {
+        let image = self.sidecar.sidecar_image.clone().ok_or_else(|| {
             Error::Config("--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen".into())
         })?;
-        Ok(Some(InjectionConfig {
-            image,
-            http_port: 4040,
-            metrics_port: 9090,
-            cpu_request: self.sidecar_cpu_request.clone(),
-            memory_request: self.sidecar_memory_request.clone(),
-            memory_limit: self.sidecar_memory_limit.clone(),
-        }))
+        Ok(Some(self.sidecar.injection(image)))
     }
 }
 
@@ -130,15 +119,15 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let Some(addr) = args.webhook_listen else { return Ok(()) };
-    let bundle = match &args.webhook_cert_dir {
-        Some(dir) => CertificateBundle::from_dir(dir)?,
+    let certificates: Arc<dyn rustls::server::ResolvesServerCert> = match &args.webhook_cert_dir {
+        Some(dir) => Arc::new(CertDir::open(dir)?),
         None => {
             let bundle =
                 shared_self_signed(client.clone(), namespace, &args.webhook_secret, &args.webhook_service).await?;
             patch_ca_bundle(client.clone(), &args.webhook_configuration, &bundle.ca_pem).await?;
-            bundle
+            fixed(&bundle)?
         }
     };
     let app = router(Arc::new(KubeLeaseLookup(client)), Arc::new(injection));
-    serve(addr, &bundle, app, shutdown).await
+    serve(bind(addr).await?, certificates, app, Timeouts::default(), shutdown).await
 }

@@ -14,8 +14,9 @@ use serde_json::json;
 fn config() -> InjectionConfig {
     InjectionConfig {
         image: "ghcr.io/leasehold/leasehold:0.1.0".into(),
-        http_port: 4040,
-        metrics_port: 9090,
+        mode: SidecarMode::Native,
+        http_port: crate::sidecar::interface::DEFAULT_HTTP_PORT,
+        metrics_port: crate::sidecar::interface::DEFAULT_METRICS_PORT,
         cpu_request: "10m".into(),
         memory_request: "32Mi".into(),
         memory_limit: "64Mi".into(),
@@ -54,7 +55,10 @@ const GATED: Option<LeaseInjection> = Some(LeaseInjection { readiness_gate: true
 
 #[test]
 fn pods_without_the_annotation_pass_unchanged() {
-    assert!(injection_patch(&pod(json!({}), false), GATED, &config()).is_none());
+    assert_eq!(
+        injection_patch(&pod(json!({}), false), GATED, &config()),
+        Err(NotInjected::NotAnnotated)
+    );
 }
 
 #[test]
@@ -65,13 +69,18 @@ fn a_bare_pod_gets_the_sidecar_the_volume_and_the_gate_as_new_lists() {
         paths(&patch),
         [
             "/spec/containers/0/volumeMounts",
-            "/spec/containers/-",
+            "/spec/initContainers",
             "/spec/volumes",
             "/spec/readinessGates"
         ]
     );
     let doc = apply(&pod, &patch);
-    let sidecar = &doc["spec"]["containers"][1];
+    // A native sidecar: an init container the kubelet keeps running, started
+    // before the app containers and stopped after them
+    // (https://kubernetes.io/docs/concepts/workloads/pods/sidecar-containers/).
+    let sidecar = &doc["spec"]["initContainers"][0];
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(doc["spec"]["containers"].as_array().unwrap().len(), 1);
     assert_eq!(sidecar["name"], "leasehold");
     assert_eq!(sidecar["image"], "ghcr.io/leasehold/leasehold:0.1.0");
     assert_eq!(sidecar["args"], json!(["sidecar"]));
@@ -88,6 +97,13 @@ fn a_bare_pod_gets_the_sidecar_the_volume_and_the_gate_as_new_lists() {
     assert_eq!(sidecar["env"][2]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
     assert_eq!(sidecar["env"][3]["value"], "scheduler");
     assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
+    // Numeric, or the kubelet cannot verify runAsNonRoot and refuses to start it.
+    assert_eq!(sidecar["securityContext"]["runAsUser"], 65532);
+    assert_eq!(sidecar["securityContext"]["runAsGroup"], 65532);
+    assert_eq!(env_value(sidecar, "LEASEHOLD_APP_CONTAINER"), "app");
+    assert_eq!(env_value(sidecar, "LEASEHOLD_METRICS_ADDR"), "0.0.0.0:4041");
+    assert_eq!(sidecar["ports"][0]["containerPort"], 4041);
+    assert_eq!(sidecar["livenessProbe"]["httpGet"]["port"], 4041);
     assert_eq!(sidecar["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(sidecar["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(sidecar["resources"]["limits"]["memory"], "64Mi");
@@ -115,6 +131,7 @@ fn existing_lists_probes_and_gates_are_kept_and_appended_to() {
                 "livenessProbe": {"tcpSocket": {"port": 8080}},
                 "volumeMounts": [{"name": "data", "mountPath": "/data"}],
             }],
+            "initContainers": [{"name": "migrate", "image": "app:1"}],
             "volumes": [{"name": "data", "emptyDir": {}}],
             "readinessGates": [{"conditionType": "example.com/warm"}],
         }),
@@ -125,7 +142,7 @@ fn existing_lists_probes_and_gates_are_kept_and_appended_to() {
         paths(&patch),
         [
             "/spec/containers/0/volumeMounts/-",
-            "/spec/containers/-",
+            "/spec/initContainers/-",
             "/spec/volumes/-",
             "/spec/readinessGates/-"
         ]
@@ -166,8 +183,148 @@ fn the_gate_is_added_only_when_the_lease_asks_and_never_twice() {
 
 #[test]
 fn an_already_injected_pod_is_left_alone() {
-    let pod = pod(json!({"containers": [{"name": "app"}, {"name": SIDECAR_NAME}]}), true);
-    assert!(injection_patch(&pod, GATED, &config()).is_none());
+    for spec in [
+        json!({"containers": [{"name": "app"}, {"name": SIDECAR_NAME}]}),
+        json!({"initContainers": [{"name": SIDECAR_NAME, "restartPolicy": "Always", "ports": [{"containerPort": 4041}]}]}),
+    ] {
+        let pod = pod(spec, true);
+        assert_eq!(
+            injection_patch(&pod, GATED, &config()),
+            Err(NotInjected::AlreadyInjected)
+        );
+    }
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("no {name} in {container}"))
+}
+
+fn annotated(annotations: Value, spec: Value) -> Pod {
+    let mut pod = pod(spec, true);
+    let extra: std::collections::BTreeMap<String, String> = serde_json::from_value(annotations).unwrap();
+    pod.metadata.annotations.as_mut().unwrap().extend(extra);
+    pod
+}
+
+#[test]
+fn container_mode_puts_the_sidecar_among_the_containers() {
+    let by_annotation = annotated(json!({SIDECAR_MODE_ANNOTATION: "container"}), json!({}));
+    let by_flag = pod(json!({}), true);
+    let flag_config = InjectionConfig {
+        mode: SidecarMode::Container,
+        ..config()
+    };
+    for (pod, config) in [(&by_annotation, config()), (&by_flag, flag_config)] {
+        let doc = apply(pod, &injection_patch(pod, GATED, &config).unwrap());
+        assert_eq!(doc["spec"]["containers"][1]["name"], SIDECAR_NAME);
+        assert!(doc["spec"]["containers"][1].get("restartPolicy").is_none());
+        assert!(doc["spec"].get("initContainers").is_none());
+    }
+    // The annotation also picks native mode over a container-mode default.
+    let native = annotated(json!({SIDECAR_MODE_ANNOTATION: "native"}), json!({}));
+    let config = InjectionConfig {
+        mode: SidecarMode::Container,
+        ..config()
+    };
+    let doc = apply(&native, &injection_patch(&native, GATED, &config).unwrap());
+    assert_eq!(doc["spec"]["initContainers"][0]["restartPolicy"], "Always");
+}
+
+#[test]
+fn the_metrics_port_follows_the_annotation_and_never_collides() {
+    let pod = annotated(json!({METRICS_PORT_ANNOTATION: "9555"}), json!({}));
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    let sidecar = &doc["spec"]["initContainers"][0];
+    assert_eq!(env_value(sidecar, "LEASEHOLD_METRICS_ADDR"), "0.0.0.0:9555");
+    assert_eq!(sidecar["ports"][0]["containerPort"], 9555);
+    assert_eq!(sidecar["livenessProbe"]["httpGet"]["port"], 9555);
+    for bad in ["0", "70000", "metrics", "4040"] {
+        let pod = annotated(json!({METRICS_PORT_ANNOTATION: bad}), json!({}));
+        let err = injection_patch(&pod, GATED, &config()).unwrap_err();
+        assert!(err.is_user_error(), "{bad}: {err}");
+        assert!(err.to_string().contains(METRICS_PORT_ANNOTATION), "{err}");
+    }
+    // The app already listens on the default metrics port: say so, do not
+    // inject a sidecar that cannot bind.
+    let busy = pod_with_port(crate::sidecar::interface::DEFAULT_METRICS_PORT);
+    let err = injection_patch(&busy, GATED, &config()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "annotation leasehold.dev/metrics-port: port 4041 is declared by container app; choose another metrics port"
+    );
+}
+
+fn pod_with_port(port: u16) -> Pod {
+    pod(
+        json!({"containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": port}]}]}),
+        true,
+    )
+}
+
+#[test]
+fn the_app_container_is_the_first_the_default_or_the_annotated_one() {
+    let two = json!({"containers": [{"name": "web", "image": "a"}, {"name": "worker", "image": "b"}]});
+    let app = |pod: &Pod| {
+        let doc = apply(pod, &injection_patch(pod, GATED, &config()).unwrap());
+        env_value(&doc["spec"]["initContainers"][0], "LEASEHOLD_APP_CONTAINER").to_string()
+    };
+    assert_eq!(app(&annotated(json!({}), two.clone())), "web");
+    assert_eq!(
+        app(&annotated(
+            json!({"kubectl.kubernetes.io/default-container": "worker"}),
+            two.clone()
+        )),
+        "worker"
+    );
+    assert_eq!(
+        app(&annotated(
+            json!({"kubectl.kubernetes.io/default-container": "web", APP_CONTAINER_ANNOTATION: "worker"}),
+            two.clone()
+        )),
+        "worker"
+    );
+    let missing = annotated(json!({APP_CONTAINER_ANNOTATION: "db"}), two);
+    assert_eq!(
+        injection_patch(&missing, GATED, &config()).unwrap_err().to_string(),
+        "annotation leasehold.dev/app-container: the pod has no container \"db\""
+    );
+}
+
+/// Every variable the patch sets is one the sidecar reads (its clap `env`),
+/// and every value parses as that flag: one owner for names and formats.
+#[test]
+fn the_injected_environment_is_what_the_sidecar_reads() {
+    use clap::CommandFactory;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sidecar: crate::sidecar::Args,
+    }
+    let command = Cli::command();
+    let pod = pod(json!({}), true);
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    let mut args = vec!["sidecar".to_string()];
+    for var in doc["spec"]["initContainers"][0]["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap();
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e == name))
+            .unwrap_or_else(|| panic!("the sidecar reads no variable {name}"));
+        if let Some(value) = var["value"].as_str() {
+            args.push(format!("--{}={value}", arg.get_long().unwrap()));
+        }
+    }
+    let parsed = <Cli as clap::Parser>::try_parse_from(&args).unwrap().sidecar;
+    assert_eq!(parsed.http_addr.to_string(), "127.0.0.1:4040");
+    assert_eq!(parsed.metrics_addr.to_string(), "0.0.0.0:4041");
+    assert_eq!(parsed.app_container.as_deref(), Some("app"));
+    assert_eq!(parsed.election.lease.as_deref(), Some("scheduler"));
 }
 
 struct Leases(Result<Option<LeaseInjection>, String>);
@@ -237,9 +394,37 @@ async fn a_missing_lease_is_admitted_with_a_warning_not_rejected() {
         let warning = answer["response"]["warnings"][0].as_str().unwrap();
         assert!(warning.contains("DistributedLease prod/scheduler"), "{warning}");
         let patched = apply(&pod, &decoded_patch(&answer));
-        assert_eq!(patched["spec"]["containers"][1]["name"], "leasehold");
+        assert_eq!(patched["spec"]["initContainers"][0]["name"], "leasehold");
         assert!(patched["spec"].get("readinessGates").is_none());
     }
+}
+
+/// The sidecar waits for a missing lease (it does not exit), and the warning
+/// the user sees in kubectl says exactly that.
+#[tokio::test]
+async fn the_missing_lease_warning_says_the_sidecar_waits() {
+    let answer = post(Leases(Ok(None)), review(&pod(json!({}), true))).await;
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "DistributedLease prod/scheduler not found: sidecar injected without a readiness gate; \
+             the sidecar waits until the DistributedLease exists"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn a_bad_annotation_is_admitted_uninjected_with_a_warning() {
+    let pod = annotated(json!({SIDECAR_MODE_ANNOTATION: "sometimes"}), json!({}));
+    let answer = post(Leases(Ok(GATED)), review(&pod)).await;
+    assert_eq!(answer["response"]["allowed"], true);
+    assert!(answer["response"].get("patch").is_none());
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "leasehold sidecar not injected: annotation leasehold.dev/sidecar-mode: \"sometimes\" is neither \"native\" nor \"container\""
+        ])
+    );
 }
 
 #[tokio::test]
@@ -371,41 +556,277 @@ fn the_webhook_needs_a_sidecar_image_only_when_it_is_on() {
         "--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen"
     );
     let on = Cli::parse_from(["x", "--webhook-listen", "0.0.0.0:8443", "--sidecar-image", "img:1"]);
-    assert_eq!(on.webhook.injection().unwrap().unwrap().image, "img:1");
+    let injection = on.webhook.injection().unwrap().unwrap();
+    assert_eq!(injection.image, "img:1");
+    assert_eq!(injection.mode, SidecarMode::Native, "native sidecars by default");
+    let container = Cli::parse_from([
+        "x",
+        "--webhook-listen",
+        "0.0.0.0:8443",
+        "--sidecar-image",
+        "img:1",
+        "--sidecar-mode",
+        "container",
+        "--sidecar-metrics-port",
+        "9555",
+    ]);
+    let injection = container.webhook.injection().unwrap().unwrap();
+    assert_eq!((injection.mode, injection.metrics_port), (SidecarMode::Container, 9555));
 }
 
-#[tokio::test]
-async fn the_self_signed_certificate_serves_tls_that_its_ca_verifies() {
+mod server {
+    //! The HTTPS server over real sockets on 127.0.0.1. Timeouts here are
+    //! short so the tests end soon; `GUARD` only keeps a broken server from
+    //! hanging the suite (it is a failure, never a measurement).
+    use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let bundle = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
-    assert!(bundle.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(bundle.server_config().unwrap()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (stream, _) = listener.accept().await.unwrap();
-        let mut tls = acceptor.accept(stream).await.unwrap();
-        tls.write_all(b"hello").await.unwrap();
-        tls.shutdown().await.unwrap();
-    });
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    roots
-        .add(CertificateDer::from_pem_slice(bundle.ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = ServerName::try_from("leasehold-webhook.leasehold-system.svc").unwrap();
-    let mut tls = connector
-        .connect(name, stream)
-        .await
-        .expect("the CA verifies the serving certificate");
-    let mut greeting = String::new();
-    tls.read_to_string(&mut greeting).await.unwrap();
-    assert_eq!(greeting, "hello");
+    use tokio_util::sync::CancellationToken;
+
+    const GUARD: Duration = Duration::from_secs(20);
+
+    fn connector(ca_pem: &str) -> tokio_rustls::TlsConnector {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tokio_rustls::TlsConnector::from(Arc::new(client))
+    }
+
+    async fn tls(
+        addr: std::net::SocketAddr,
+        ca_pem: &str,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("leasehold-webhook.leasehold-system.svc").unwrap();
+        connector(ca_pem).connect(name, stream).await
+    }
+
+    /// Reads until the peer closes; `None` if it never does within GUARD.
+    async fn read_to_close(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+        let mut bytes = Vec::new();
+        match tokio::time::timeout(GUARD, stream.read_to_end(&mut bytes)).await {
+            Ok(_) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Err(_) => None,
+        }
+    }
+
+    struct Running {
+        addr: std::net::SocketAddr,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<Result<()>>,
+    }
+
+    async fn start(
+        certificates: Arc<dyn rustls::server::ResolvesServerCert>,
+        app: axum::Router,
+        timeouts: Timeouts,
+    ) -> Running {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, certificates, app, timeouts, shutdown.clone()));
+        Running { addr, shutdown, task }
+    }
+
+    impl Running {
+        /// Shuts the server down; it must end within GUARD.
+        async fn stop(self, why: &str) {
+            self.shutdown.cancel();
+            tokio::time::timeout(GUARD, self.task)
+                .await
+                .unwrap_or_else(|_| panic!("{why}"))
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    /// The body of `GET /` over TLS, trusting the bundle's CA.
+    async fn get(server: &Running, bundle: &CertificateBundle) -> String {
+        let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let response = read_to_close(&mut client).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response.rsplit("\r\n\r\n").next().unwrap().to_string()
+    }
+
+    fn bundle() -> CertificateBundle {
+        CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap()
+    }
+
+    fn timeouts(handshake_ms: u64, header_read_ms: u64) -> Timeouts {
+        Timeouts {
+            handshake: Duration::from_millis(handshake_ms),
+            header_read: Duration::from_millis(header_read_ms),
+        }
+    }
+
+    fn hello() -> axum::Router {
+        axum::Router::new().route("/", axum::routing::get(|| async { "hello" }))
+    }
+
+    #[tokio::test]
+    async fn the_self_signed_certificate_serves_tls_that_its_ca_verifies() {
+        let bundle = bundle();
+        assert!(bundle.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        let server = start(fixed(&bundle).unwrap(), hello(), Timeouts::default()).await;
+        assert_eq!(
+            get(&server, &bundle).await,
+            "hello",
+            "the CA verifies the serving certificate"
+        );
+        server.stop("the server shuts down").await;
+    }
+
+    #[tokio::test]
+    async fn a_request_in_flight_completes_on_shutdown() {
+        let bundle = bundle();
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let (e, r) = (entered.clone(), release.clone());
+        let app = axum::Router::new().route(
+            "/mutate",
+            axum::routing::post(move || {
+                let (e, r) = (e.clone(), r.clone());
+                async move {
+                    e.notify_one();
+                    r.notified().await;
+                    "admitted"
+                }
+            }),
+        );
+        let server = start(fixed(&bundle).unwrap(), app, Timeouts::default()).await;
+        let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        client
+            .write_all(b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        entered.notified().await;
+        server.shutdown.cancel();
+        // The server waits for the request it is serving...
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !server.task.is_finished(),
+            "the server stopped with a request in flight"
+        );
+        // ...and new connections are no longer accepted.
+        assert!(
+            tls(server.addr, &bundle.ca_pem).await.is_err(),
+            "accepted a connection after shutdown"
+        );
+        release.notify_one();
+        let response = read_to_close(&mut client).await.expect("the response arrives");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("admitted"), "{response}");
+        server.stop("the server ends once the request is done").await;
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(200, 60_000)).await;
+        // TCP only: never a ClientHello.
+        let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        assert_eq!(
+            read_to_close(&mut silent).await,
+            Some(String::new()),
+            "the server must close a connection that never starts TLS"
+        );
+        assert_eq!(get(&server, &bundle).await, "hello", "the server still serves others");
+        server.stop("the server shuts down").await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_does_not_wait_for_a_client_that_never_starts_tls() {
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(3_600_000, 3_600_000)).await;
+        let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        // An idle, fully set-up connection does not hold shutdown either.
+        let _idle = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        server
+            .stop("shutdown ends without waiting for silent or idle clients")
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_headers_is_dropped() {
+        let bundle = bundle();
+        let server = start(fixed(&bundle).unwrap(), hello(), timeouts(60_000, 200)).await;
+        let mut client = tls(server.addr, &bundle.ca_pem).await.unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+        let answer = read_to_close(&mut client)
+            .await
+            .expect("the server must close a connection whose headers never end");
+        assert!(!answer.contains("hello"), "{answer}");
+        server.stop("the server shuts down").await;
+    }
+
+    /// Writes the bundle as cert-manager's Secret mount has it: new files
+    /// swapped in by rename (the kubelet swaps a symlink to a new folder).
+    fn write_cert(dir: &std::path::Path, bundle: &CertificateBundle) {
+        for (file, text) in [("tls.crt", &bundle.cert_pem), ("tls.key", &bundle.key_pem)] {
+            let staged = dir.join(format!(".{file}.new"));
+            std::fs::write(&staged, text).unwrap();
+            std::fs::rename(&staged, dir.join(file)).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
+        let dir = std::env::temp_dir().join(format!("leasehold-cert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = bundle();
+        write_cert(&dir, &first);
+        let server = start(Arc::new(CertDir::open(&dir).unwrap()), hello(), Timeouts::default()).await;
+        tls(server.addr, &first.ca_pem).await.expect("the first certificate");
+
+        let second = bundle();
+        write_cert(&dir, &second);
+        tls(server.addr, &second.ca_pem)
+            .await
+            .expect("the rotated certificate, without a restart");
+        assert!(
+            tls(server.addr, &first.ca_pem).await.is_err(),
+            "the old certificate is no longer served"
+        );
+
+        // A rotation caught half-way (an unreadable key) keeps the last good one.
+        std::fs::write(dir.join("tls.key"), "not a key").unwrap();
+        tls(server.addr, &second.ca_pem)
+            .await
+            .expect("the last good certificate stays");
+        server.stop("the server shuts down").await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_without_a_certificate_is_an_error_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("leasehold-nocert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = CertDir::open(&dir).unwrap_err();
+        assert!(err.to_string().contains("tls.crt"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_key_that_does_not_match_the_certificate_is_refused() {
+    let a = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+    let b = CertificateBundle::self_signed("leasehold-webhook", "leasehold-system").unwrap();
+    let mixed = CertificateBundle {
+        key_pem: b.key_pem,
+        ..a.clone()
+    };
+    assert!(a.certified_key().is_ok());
+    assert!(mixed.certified_key().is_err());
 }

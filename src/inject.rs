@@ -1,0 +1,363 @@
+//! `leasehold inject`: the webhook's injection, offline. Reads Kubernetes
+//! YAML (several documents, `List`s), injects the sidecar into every Pod and
+//! pod template annotated `leasehold.dev/lease` with the same patch the
+//! webhook sends, and says what it skipped and why. For GitOps, and to see
+//! what the webhook will do.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use crate::operator::webhook::{
+    DEFAULT_IMAGE, InjectionConfig, LEASE_ANNOTATION, LeaseInjection, NotInjected, SidecarArgs, injection_patch,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// YAML files to read; none or "-": standard input.
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+}
+
+impl Args {
+    pub fn injection(&self) -> InjectionConfig {
+        self.sidecar.injection(DEFAULT_IMAGE.to_string())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("document {index}: not YAML")]
+    Parse {
+        index: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("document {index} ({what}): the pod template does not read as a Pod")]
+    Template {
+        index: usize,
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("document {index} ({what}): the injection patch does not apply")]
+    Patch {
+        index: usize,
+        what: String,
+        #[source]
+        source: json_patch::PatchError,
+    },
+    #[error("writing YAML")]
+    Write(#[source] serde_yaml::Error),
+}
+
+/// The YAML out and one line per document about what happened to it.
+#[derive(Debug, Default)]
+pub struct Injected {
+    pub yaml: String,
+    pub notes: Vec<String>,
+    /// Templates that ask for injection but cannot have it (a bad annotation).
+    pub refused: usize,
+}
+
+/// Where the pod template sits in each kind that has one.
+fn template_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some(""),
+        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => {
+            Some("/spec/template")
+        }
+        "CronJob" => Some("/spec/jobTemplate/spec/template"),
+        _ => None,
+    }
+}
+
+/// Injects every annotated pod template in `input` (YAML, several documents).
+pub fn inject(input: &str, config: &InjectionConfig) -> Result<Injected, Error> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(input).enumerate() {
+        let doc = Value::deserialize(document).map_err(|source| Error::Parse { index, source })?;
+        if !doc.is_null() {
+            docs.push(doc);
+        }
+    }
+    // The readiness gate comes from the lease: use the DistributedLeases in
+    // the same input, as the webhook would read them from the cluster.
+    let leases: BTreeMap<(String, String), LeaseInjection> = docs
+        .iter()
+        .flat_map(|d| items(d))
+        .filter(|d| d["kind"] == "DistributedLease")
+        .map(|d| {
+            let key = (namespace(d).to_string(), name(d).to_string());
+            let gate = d.pointer("/spec/publishing/readinessGate").and_then(Value::as_bool);
+            (
+                key,
+                LeaseInjection {
+                    readiness_gate: gate.unwrap_or(false),
+                },
+            )
+        })
+        .collect();
+    let mut out = Injected::default();
+    for (index, mut doc) in docs.into_iter().enumerate() {
+        let context = Context {
+            index,
+            leases: &leases,
+            config,
+        };
+        if doc["kind"] == "List" {
+            for item in doc["items"].as_array_mut().into_iter().flatten() {
+                context.one(item, &mut out)?;
+            }
+        } else {
+            context.one(&mut doc, &mut out)?;
+        }
+        out.yaml.push_str("---\n");
+        out.yaml.push_str(&serde_yaml::to_string(&doc).map_err(Error::Write)?);
+    }
+    Ok(out)
+}
+
+fn items(doc: &Value) -> Vec<&Value> {
+    match doc["items"].as_array() {
+        Some(items) if doc["kind"] == "List" => items.iter().collect(),
+        _ => vec![doc],
+    }
+}
+
+fn name(doc: &Value) -> &str {
+    doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+}
+
+fn namespace(doc: &Value) -> &str {
+    doc.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+struct Context<'a> {
+    index: usize,
+    leases: &'a BTreeMap<(String, String), LeaseInjection>,
+    config: &'a InjectionConfig,
+}
+
+impl Context<'_> {
+    fn one(&self, doc: &mut Value, out: &mut Injected) -> Result<(), Error> {
+        let kind = doc["kind"].as_str().unwrap_or("(no kind)").to_string();
+        let what = format!("{kind} {}/{}", namespace(doc), name(doc));
+        let Some(pointer) = template_pointer(&kind) else {
+            out.notes
+                .push(format!("{what}: skipped: not a Pod or a workload with a pod template"));
+            return Ok(());
+        };
+        let namespace = namespace(doc).to_string();
+        let annotation = format!("/metadata/annotations/{}", LEASE_ANNOTATION.replace('/', "~1"));
+        let on_workload = !pointer.is_empty() && doc.pointer(&annotation).is_some();
+        let Some(template) = doc.pointer_mut(pointer) else {
+            out.notes.push(format!("{what}: skipped: no pod template at {pointer}"));
+            return Ok(());
+        };
+        let mut pod =
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]});
+        let typed: Pod = serde_json::from_value(pod.clone()).map_err(|source| Error::Template {
+            index: self.index,
+            what: what.clone(),
+            source,
+        })?;
+        let lease_name = typed
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEASE_ANNOTATION))
+            .cloned()
+            .unwrap_or_default();
+        let lease = self.leases.get(&(namespace.clone(), lease_name.clone())).copied();
+        match injection_patch(&typed, lease, self.config) {
+            Ok(patch) => {
+                json_patch::patch(&mut pod, &patch).map_err(|source| Error::Patch {
+                    index: self.index,
+                    what: what.clone(),
+                    source,
+                })?;
+                template["spec"] = pod["spec"].take();
+                let gate = match lease {
+                    Some(lease) if lease.readiness_gate => "with the readiness gate",
+                    Some(_) => "no readiness gate (the lease asks for none)",
+                    None => "no readiness gate added: its DistributedLease is not in the input",
+                };
+                out.notes.push(format!("{what}: injected (lease {lease_name}; {gate})"));
+            }
+            Err(NotInjected::NotAnnotated) if on_workload => out.notes.push(format!(
+                "{what}: skipped: {LEASE_ANNOTATION} is on the {kind} itself; put it on the pod template ({pointer}/metadata/annotations)"
+            )),
+            Err(reason) => {
+                out.refused += usize::from(reason.is_user_error());
+                out.notes.push(format!("{what}: skipped: {reason}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::webhook::SIDECAR_NAME;
+
+    /// The defaults of `leasehold inject`'s flags.
+    fn config() -> InjectionConfig {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        <Cli as clap::Parser>::parse_from(["inject"]).args.injection()
+    }
+
+    const INPUT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations: {leasehold.dev/lease: web}
+    spec:
+      containers: [{name: app, image: "web:1"}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report, namespace: shop}
+spec:
+  schedule: "@hourly"
+  jobTemplate:
+    spec:
+      template:
+        metadata: {annotations: {leasehold.dev/lease: report}}
+        spec:
+          restartPolicy: Never
+          containers: [{name: job, image: "report:1"}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: shop}
+data: {a: b}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: shop, annotations: {leasehold.dev/lease: db}}
+spec:
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: db, image: "db:1"}]
+---
+apiVersion: leasehold.dev/v1alpha1
+kind: DistributedLease
+metadata: {name: web, namespace: shop}
+spec:
+  publishing: {readinessGate: true}
+"#;
+
+    fn docs(yaml: &str) -> Vec<Value> {
+        use serde::Deserialize;
+        serde_yaml::Deserializer::from_str(yaml)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|d| !d.is_null())
+            .collect()
+    }
+
+    #[test]
+    fn annotated_templates_of_every_kind_get_the_webhook_patch_and_the_rest_is_explained() {
+        let out = inject(INPUT, &config()).unwrap();
+        let docs = docs(&out.yaml);
+        assert_eq!(docs.len(), 5, "every document is written back");
+        let web = &docs[0]["spec"]["template"]["spec"];
+        assert_eq!(web["initContainers"][0]["name"], SIDECAR_NAME);
+        assert_eq!(web["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(
+            web["readinessGates"],
+            json!([{"conditionType": "leasehold.dev/leader"}]),
+            "the lease in the input asks for the gate"
+        );
+        let report = &docs[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(report["initContainers"][0]["name"], SIDECAR_NAME);
+        assert!(report.get("readinessGates").is_none());
+        assert_eq!(
+            docs[2],
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "shop"}, "data": {"a": "b"}})
+        );
+        assert!(docs[3]["spec"]["template"]["spec"].get("initContainers").is_none());
+        assert_eq!(
+            out.notes,
+            [
+                "Deployment shop/web: injected (lease web; with the readiness gate)",
+                "CronJob shop/report: injected (lease report; no readiness gate added: its DistributedLease is not in the input)",
+                "ConfigMap shop/settings: skipped: not a Pod or a workload with a pod template",
+                "StatefulSet shop/db: skipped: leasehold.dev/lease is on the StatefulSet itself; put it on the pod template (/spec/template/metadata/annotations)",
+                "DistributedLease shop/web: skipped: not a Pod or a workload with a pod template",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_same_patch_as_the_webhook() {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default", "annotations": {LEASE_ANNOTATION: "l"}},
+            "spec": {"containers": [{"name": "app", "image": "a"}]},
+        }))
+        .unwrap();
+        let mut expected = serde_json::to_value(&pod).unwrap();
+        json_patch::patch(&mut expected, &injection_patch(&pod, None, &config()).unwrap()).unwrap();
+        let out = inject(&serde_yaml::to_string(&pod).unwrap(), &config()).unwrap();
+        assert_eq!(docs(&out.yaml), [expected]);
+    }
+
+    #[test]
+    fn injecting_twice_changes_nothing_and_lists_are_read_item_by_item() {
+        let once = inject(INPUT, &config()).unwrap();
+        let twice = inject(&once.yaml, &config()).unwrap();
+        assert_eq!(docs(&twice.yaml), docs(&once.yaml));
+        assert!(
+            twice.notes[0].ends_with("skipped: it already has a container named leasehold"),
+            "{:?}",
+            twice.notes
+        );
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": docs(INPUT)});
+        let from_list = inject(&serde_yaml::to_string(&list).unwrap(), &config()).unwrap();
+        assert_eq!(
+            docs(&from_list.yaml)[0]["items"].as_array().unwrap().as_slice(),
+            docs(&once.yaml).as_slice()
+        );
+    }
+
+    #[test]
+    fn a_bad_annotation_is_counted_as_refused() {
+        let input = INPUT.replace(
+            "annotations: {leasehold.dev/lease: web}",
+            "annotations: {leasehold.dev/lease: web, leasehold.dev/app-container: nope}",
+        );
+        let out = inject(&input, &config()).unwrap();
+        assert_eq!(out.refused, 1);
+        assert_eq!(
+            out.notes[0],
+            "Deployment shop/web: skipped: annotation leasehold.dev/app-container: the pod has no container \"nope\""
+        );
+        assert_eq!(inject(INPUT, &config()).unwrap().refused, 0);
+    }
+
+    #[test]
+    fn bad_yaml_names_the_document() {
+        let err = inject("kind: Pod\n---\nkind: [unclosed\n", &config()).unwrap_err();
+        assert!(err.to_string().starts_with("document 1: not YAML"), "{err}");
+    }
+}

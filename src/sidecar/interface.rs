@@ -1,0 +1,35 @@
+//! The sidecar's outside interface: the environment variables it reads and
+//! its default ports. The flags in `config.rs` and the injection patch
+//! (webhook and `leasehold inject`) both read these, so they cannot drift.
+
+/// The DistributedLease to follow (`--lease`).
+pub const ENV_LEASE: &str = "LEASEHOLD_LEASE";
+/// The pod's name, namespace and UID, from the downward API.
+pub const ENV_POD_NAME: &str = "POD_NAME";
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+pub const ENV_POD_UID: &str = "POD_UID";
+/// `--http-addr`: the local HTTP API.
+pub const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
+/// `--metrics-addr`: the Prometheus listener.
+pub const ENV_METRICS_ADDR: &str = "LEASEHOLD_METRICS_ADDR";
+/// `--token-file`.
+pub const ENV_TOKEN_FILE: &str = "LEASEHOLD_TOKEN_FILE";
+/// `--app-container`: the container whose readiness leadership follows.
+pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
+
+/// The local HTTP API's port (on 127.0.0.1).
+pub const DEFAULT_HTTP_PORT: u16 = 4040;
+/// The metrics port (on 0.0.0.0, so Prometheus can scrape it). Every
+/// container of a pod shares one network namespace, so this port must not be
+/// one the app is likely to use: 9090 is Prometheus' own, 9091-9999 are the
+/// exporters' registered range and 9464 is the OpenTelemetry Prometheus
+/// exporter's default. leasehold keeps its pair together: 4040 API, 4041 metrics.
+pub const DEFAULT_METRICS_PORT: u16 = 4041;
+
+pub fn default_http_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT))
+}
+
+pub fn default_metrics_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([0, 0, 0, 0], DEFAULT_METRICS_PORT))
+}
