@@ -77,10 +77,10 @@ impl Cli {
             }
             Command::Inject(args) => run_inject(&args),
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
-            Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
+            Command::Sidecar(args) => one_thread()?.block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
             // The command's exit code is the runner's (and the watchdog's).
-            Command::Run(args) => std::process::exit(runtime()?.block_on(run::run(args))?),
+            Command::Run(args) => std::process::exit(one_thread()?.block_on(run::run(args))?),
             Command::Watchdog(args) => std::process::exit(
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -123,6 +123,16 @@ fn block_on(task: impl std::future::Future<Output = anyhow::Result<()>>) -> anyh
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()
+}
+
+/// The sidecar and the runner run in every candidate pod, so their footprint
+/// is multiplied by the fleet, and their work is mostly waiting: one thread
+/// runs it, and the few blocking calls (file writes) share a small pool.
+fn one_thread() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(2)
+        .enable_all()
+        .build()
 }
 
 fn init_logging(format: LogFormat, filter: &str) -> anyhow::Result<()> {
