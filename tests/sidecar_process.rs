@@ -93,17 +93,57 @@ fn a_leader_cut_off_from_the_store_reports_follower_by_r() {
 
 #[test]
 fn sigterm_releases_and_a_follower_leads_without_waiting_for_expiry() {
-    let mut cluster = cluster("term");
+    let mut cluster = cluster_with("term", |_| vec!["--drain".into(), "0s".into()]);
     let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
     let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
     cluster.sidecars[first].signal("TERM");
     let termed = Instant::now();
     let rest = others(&cluster.sidecars, first);
-    // Released, so well before the lease would have expired (D).
-    let next = wait_for_one_leader(&rest, DRAIN + P + Duration::from_millis(700));
+    // No drain: released at once, so well before the lease would have
+    // expired (D); one poll plus the same 0.7 s margin as with a drain.
+    let next = wait_for_one_leader(&rest, P + Duration::from_millis(700));
+    let handover = termed.elapsed();
+    assert!(next.is_some(), "no new leader within P + 0.7 s");
+    println!("graceful handover without a drain: {handover:?} (P={P:?}, D={D:?})");
+    let status = cluster.sidecars[first].child.wait().unwrap();
+    assert!(status.success(), "SIGTERM exits 0: {status}");
+}
+
+/// SIGTERM: 503 at once, then the drain window, then the release. With a
+/// drain of 1.5 s a skipped drain cannot pass: no follower may lead before
+/// it has elapsed (the release comes after it), and one leads within
+/// drain + P + 0.7 s (one poll, plus the test's 20 ms polling and process
+/// scheduling on a loaded machine).
+#[test]
+fn sigterm_stops_claiming_drains_then_releases() {
+    const LONG_DRAIN: Duration = Duration::from_millis(1500);
+    let mut cluster = cluster_with("drain", |_| vec!["--drain".into(), "1500ms".into()]);
+    let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
+    cluster.sidecars[first].signal("TERM");
+    let termed = Instant::now();
+    let rest = others(&cluster.sidecars, first);
+    let mut stopped_claiming = None;
+    while termed.elapsed() < LONG_DRAIN {
+        if stopped_claiming.is_none() && !cluster.sidecars[first].leads() {
+            stopped_claiming = Some(termed.elapsed());
+        }
+        assert!(
+            rest.iter().all(|s| !s.leads()),
+            "a follower leads {:?} after SIGTERM, before the drain ({LONG_DRAIN:?}) elapsed",
+            termed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped_claiming = stopped_claiming.expect("the leader answers 503 during its drain");
+    assert!(
+        stopped_claiming < LONG_DRAIN / 2,
+        "503 comes first, not after the drain: {stopped_claiming:?}"
+    );
+    let next = wait_for_one_leader(&rest, P + Duration::from_millis(700));
     let handover = termed.elapsed();
     assert!(next.is_some(), "no new leader within drain + P + 0.7 s");
-    println!("graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
+    println!("drained handover: {handover:?} (drain={LONG_DRAIN:?}, 503 after {stopped_claiming:?}, P={P:?})");
     let status = cluster.sidecars[first].child.wait().unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
 }

@@ -77,14 +77,7 @@ pub async fn run(args: Args) -> Result<()> {
     // Leader work here is the drain window: when stepping down on purpose
     // (SIGTERM, the app turned unhealthy) the main container sees 503 first
     // and gets time to finish before we release.
-    let drain = args.drain;
-    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| async move {
-        ctx.cancelled.cancelled().await;
-        if ctx.state.borrow().change == Change::SteppingDown {
-            info!(?drain, "stopped claiming; draining before the release");
-            tokio::time::sleep(drain).await;
-        }
-    });
+    let handle = elector.spawn_with_work(store, shutdown.clone(), drain_on_step_down(args.drain));
     let state = handle.subscribe();
     let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
     let servers = CancellationToken::new();
@@ -137,6 +130,26 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sidecar's leader work: when the term ends on purpose (SIGTERM, the
+/// app turned unhealthy) wait `drain` before the elector releases; a lost
+/// term ends at once.
+fn drain_on_step_down(drain: Duration) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
+    move |ctx: LeaderContext| {
+        Box::pin(async move {
+            ctx.cancelled.cancelled().await;
+            // The cancellation can arrive (it follows the shutdown token)
+            // before the elector publishes why the term ended: read the
+            // reason only once the state no longer claims.
+            let mut state = ctx.state.clone();
+            let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
+            if ended.is_ok_and(|change| change == Change::SteppingDown) {
+                info!(?drain, "stopped claiming; draining before the release");
+                tokio::time::sleep(drain).await;
+            }
+        })
+    }
 }
 
 /// Starts the configured app health sources; with none, the app counts as
@@ -227,4 +240,51 @@ pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
 /// A duration flag ("5s", "250ms"); clap names the flag in its error.
 pub fn parse_duration_flag(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{Identity, Timing};
+    use crate::store::MemoryStore;
+
+    /// SIGTERM: 503 at once, the drain, then the release. On a current-thread
+    /// runtime with paused time the leader work wakes on shutdown in the same
+    /// turn as the elector, so a check made before the elector says
+    /// "stepping down" would skip the drain.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_claiming_then_drains_then_releases() {
+        let drain = Duration::from_secs(5);
+        let store = MemoryStore::new(1);
+        let timing = Timing::new(
+            Duration::from_secs(15),
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+            0.0,
+        )
+        .unwrap();
+        let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), timing);
+        let shutdown = CancellationToken::new();
+        let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), drain_on_step_down(drain));
+        let mut state = handle.subscribe();
+        state.wait_for(|s| s.leader).await.unwrap();
+        shutdown.cancel();
+        state.wait_for(|s| !s.leader).await.unwrap();
+        let stopped = tokio::time::Instant::now();
+        let joined = tokio::spawn(handle.join());
+        tokio::time::sleep(drain - Duration::from_millis(1)).await;
+        let held = store.observe("drain").await.unwrap();
+        assert!(
+            held.live_holder().is_some(),
+            "released {:?} into a {drain:?} drain",
+            stopped.elapsed()
+        );
+        joined.await.unwrap();
+        assert!(stopped.elapsed() >= drain);
+        assert_eq!(
+            store.observe("drain").await.unwrap().live_holder(),
+            None,
+            "released after the drain"
+        );
+    }
 }
