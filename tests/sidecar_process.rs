@@ -147,3 +147,57 @@ fn sigterm_stops_claiming_drains_then_releases() {
     let status = cluster.sidecars[first].child.wait().unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
 }
+
+/// A store unreachable at start, with `--create-table` on a fresh database:
+/// the sidecar stays up, says on /healthz what to fix, and creates the table
+/// and leads once the store answers.
+#[test]
+fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let emulator = leasehold::testing::Emulator::start_or_connect();
+    let (config, proxy) = runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        (
+            config,
+            leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()).await,
+        )
+    });
+    proxy.set(ProxyMode::Cut);
+    let mut sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, "start", &["--create-table".into()]);
+    let started = Instant::now();
+    let problem = loop {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        if let Some((503, text)) = get_text(sidecar.http, "/healthz") {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no start-up problem on /healthz"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(problem.contains("fix: check the database name"), "{problem}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+    let (status, view) = sidecar.leader().unwrap();
+    assert_eq!(status, 503);
+    assert!(
+        view["storeError"].as_str().is_some_and(|e| e.contains("fix:")),
+        "{view}"
+    );
+
+    sidecar.proxy.set(ProxyMode::Forward);
+    let healed = Instant::now();
+    while !sidecar.leads() {
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "not leading after the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+}

@@ -15,6 +15,7 @@ pub mod http;
 pub mod metrics;
 pub mod publish;
 pub mod rbac;
+pub mod starting;
 pub mod token_file;
 
 use std::sync::Arc;
@@ -64,10 +65,17 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
-    if args.create_table {
-        store.ensure_schema().await?;
-    }
+    let (starting_tx, starting) = tokio::sync::watch::channel(None);
+    let choice = settings.store.clone();
+    let opened = starting::StartingStore::spawn(
+        move || {
+            let choice = choice.clone();
+            Box::pin(async move { connect(&choice).await })
+        },
+        args.create_table,
+        starting_tx,
+    );
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(Arc::new(opened), metrics.clone()));
 
     let http = bind(args.http_addr).await?;
     let metrics_listener = bind(args.metrics_addr).await?;
@@ -84,15 +92,16 @@ pub async fn run(args: Args) -> Result<()> {
     let api = crate::sidecar::http::ApiState {
         leader: state.clone(),
         app: app.clone(),
+        starting,
     };
     let http_task = tokio::spawn(crate::sidecar::http::serve(
         http,
-        crate::sidecar::http::router(api),
+        crate::sidecar::http::router(api.clone()),
         servers.clone(),
     ));
     let metrics_task = tokio::spawn(crate::sidecar::http::serve(
         metrics_listener,
-        metrics_router(registry),
+        metrics_router(registry, api.clone()),
         servers.clone(),
     ));
     tokio::spawn(metrics.follow(state.clone()));
@@ -203,7 +212,7 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
         .map_err(|source| Error::Listen { addr, source })
 }
 
-fn metrics_router(registry: Registry) -> axum::Router {
+fn metrics_router(registry: Registry, api: crate::sidecar::http::ApiState) -> axum::Router {
     let registry = Arc::new(registry);
     axum::Router::new()
         .route(
@@ -226,11 +235,12 @@ fn metrics_router(registry: Registry) -> axum::Router {
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
+        .with_state(api)
 }
 
 /// Opens the configured store.
-pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
+pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>, crate::lease::StoreError> {
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
         StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
