@@ -111,8 +111,24 @@ pub enum StoreChoice {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publishing {
     pub label_key: String,
-    /// Candidate pods, as a label selector string.
-    pub selector: Option<String>,
+    /// The candidate pods of this lock, as a label selector string.
+    pub selector: String,
+    /// Labels the sidecar keeps on its own pod so that the selector finds it
+    /// (standalone; with --lease the pod template carries them).
+    pub candidate_labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Publishing {
+    /// Standalone: candidates of `lock` are the pods labelled with it.
+    fn standalone(lock: &str) -> Self {
+        use super::publish::{LOCK_LABEL, lock_label_value};
+        let value = lock_label_value(lock);
+        Publishing {
+            label_key: DEFAULT_LABEL_KEY.into(),
+            selector: format!("{LOCK_LABEL}={value}"),
+            candidate_labels: [(LOCK_LABEL.to_string(), value)].into(),
+        }
+    }
 }
 
 /// The pod this sidecar runs in.
@@ -189,7 +205,8 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 store: StoreChoice::Spanner(valid.spanner),
                 publishing: Publishing {
                     label_key: valid.label_key,
-                    selector: Some(valid.selector),
+                    selector: valid.selector,
+                    candidate_labels: Default::default(),
                 },
                 pod: Some(pod.clone()),
             })
@@ -226,14 +243,11 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 crate::store::spanner::validate_table(&config.table)?;
             }
             Ok(Settings {
+                publishing: Publishing::standalone(&lock),
                 lock,
                 identity,
                 timing,
                 store,
-                publishing: Publishing {
-                    label_key: DEFAULT_LABEL_KEY.into(),
-                    selector: None,
-                },
                 pod,
             })
         }
@@ -423,7 +437,8 @@ mod tests {
             s.publishing,
             Publishing {
                 label_key: "leasehold.dev/leader".into(),
-                selector: Some("app=web".into())
+                selector: "app=web".into(),
+                candidate_labels: Default::default(),
             }
         );
         assert_eq!(s.pod.unwrap().name, "web-0");
