@@ -80,9 +80,17 @@ async fn sidecar(api: &ApiServer, store: &MemoryStore, argv: &[&str]) -> Elector
 
 async fn world() -> World {
     let api = ApiServer::new(Some(leasehold::sidecar::rbac::allows_request));
-    api.insert("/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases", lease());
+    api.insert(
+        "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases",
+        lease(),
+    );
     for i in 0..3 {
-        let pod = pods::pod(&format!("web-{i}"), NAMESPACE, json!({"app": "web"}), Some(LEADER_CONDITION));
+        let pod = pods::pod(
+            &format!("web-{i}"),
+            NAMESPACE,
+            json!({"app": "web"}),
+            Some(LEADER_CONDITION),
+        );
         api.insert(&pods::collection(NAMESPACE), pod);
     }
     let violations = Arc::new(Mutex::new(Vec::new()));
@@ -100,14 +108,25 @@ async fn world() -> World {
             (names.len() > 1).then(|| format!("{what} on {names:?} at {:?}", Instant::now()))
         };
         let labelled = claiming("label true", &|p| pods::label(p, LABEL) == Some("true"));
-        let ready = claiming("condition True", &|p| pods::condition(p, LEADER_CONDITION) == Some("True"));
+        let ready = claiming("condition True", &|p| {
+            pods::condition(p, LEADER_CONDITION) == Some("True")
+        });
         seen.lock().unwrap().extend(labelled.into_iter().chain(ready));
     });
     let store = MemoryStore::new(7);
     let mut candidates = Vec::new();
     for i in 0..3 {
         let name = format!("web-{i}");
-        let argv = ["--lease", "web", "--pod-name", &name, "--pod-namespace", NAMESPACE, "--kubernetes", "true"];
+        let argv = [
+            "--lease",
+            "web",
+            "--pod-name",
+            &name,
+            "--pod-namespace",
+            NAMESPACE,
+            "--kubernetes",
+            "true",
+        ];
         let elector = sidecar(&api, &store, &argv).await;
         candidates.push(Candidate { name, elector });
     }
@@ -149,7 +168,11 @@ impl World {
                 .iter()
                 .map(|c| {
                     let pod = self.api.get(&pods::collection(NAMESPACE), &c.name).unwrap();
-                    json!([c.name, pods::label(&pod, LABEL), pods::condition(&pod, LEADER_CONDITION)])
+                    json!([
+                        c.name,
+                        pods::label(&pod, LABEL),
+                        pods::condition(&pod, LEADER_CONDITION)
+                    ])
                 })
                 .collect();
             assert!(
@@ -169,8 +192,15 @@ impl World {
 
     fn assert_no_violations(&self) {
         let violations = self.violations.lock().unwrap();
-        assert!(violations.is_empty(), "two claims at once with the API up: {violations:?}");
-        assert!(self.api.forbidden().is_empty(), "outside the Role: {:?}", self.api.forbidden());
+        assert!(
+            violations.is_empty(),
+            "two claims at once with the API up: {violations:?}"
+        );
+        assert!(
+            self.api.forbidden().is_empty(),
+            "outside the Role: {:?}",
+            self.api.forbidden()
+        );
     }
 }
 
@@ -195,7 +225,6 @@ async fn outage_while_the_leader_changes(outage: Duration) -> Duration {
     world.candidates[old].elector.set_campaigning(true);
     tokio::time::sleep_until(down + outage).await;
     world.api.set_down(false);
-    let up = Instant::now();
 
     let took = world.converge(CONVERGES_WITHIN).await;
     let truth = world.truth().await.unwrap();
@@ -204,9 +233,7 @@ async fn outage_while_the_leader_changes(outage: Duration) -> Duration {
     tokio::time::sleep(P * 5).await;
     assert!(world.matches(Some(&truth)), "diverged again");
     world.assert_no_violations();
-    println!(
-        "outage {outage:?}: new leader after {handed_over:?}; converged {took:?} after the API server returned"
-    );
+    println!("outage {outage:?}: new leader after {handed_over:?}; converged {took:?} after the API server returned");
     took
 }
 
@@ -230,13 +257,25 @@ async fn labels_and_conditions_converge_after_a_10min_api_outage() {
 #[tokio::test(start_paused = true)]
 async fn the_readiness_gate_is_read_from_the_watched_pod_not_once_at_start() {
     let api = ApiServer::new(Some(leasehold::sidecar::rbac::allows_request));
-    api.insert("/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases", lease());
+    api.insert(
+        "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases",
+        lease(),
+    );
     api.insert(
         &pods::collection(NAMESPACE),
         pods::pod("web-0", NAMESPACE, json!({"app": "web"}), Some(LEADER_CONDITION)),
     );
     let store = MemoryStore::new(1);
-    let argv = ["--lease", "web", "--pod-name", "web-0", "--pod-namespace", NAMESPACE, "--kubernetes", "true"];
+    let argv = [
+        "--lease",
+        "web",
+        "--pod-name",
+        "web-0",
+        "--pod-namespace",
+        NAMESPACE,
+        "--kubernetes",
+        "true",
+    ];
     let cli = Cli::parse_from(std::iter::once("sidecar").chain(argv));
     let settings = resolve(&cli.args, Some(api.client(NAMESPACE))).await.unwrap();
     api.set_down(true);
@@ -245,7 +284,13 @@ async fn the_readiness_gate_is_read_from_the_watched_pod_not_once_at_start() {
     let handle = elector.spawn(Arc::new(store), CancellationToken::new());
     let publisher = Publisher::new(api.client(NAMESPACE), settings.pod.unwrap(), settings.publishing);
     let (_app_tx, app) = tokio::sync::watch::channel(Default::default());
-    tokio::spawn(publisher.run(handle.subscribe(), transitions, app, handle.control(), CancellationToken::new()));
+    tokio::spawn(publisher.run(
+        handle.subscribe(),
+        transitions,
+        app,
+        handle.control(),
+        CancellationToken::new(),
+    ));
     tokio::time::sleep(Duration::from_secs(60)).await;
     api.set_down(false);
     let up = Instant::now();
@@ -254,7 +299,10 @@ async fn the_readiness_gate_is_read_from_the_watched_pod_not_once_at_start() {
         if pods::condition(&pod, LEADER_CONDITION) == Some("True") && pods::label(&pod, LABEL) == Some("true") {
             break;
         }
-        assert!(up.elapsed() < CONVERGES_WITHIN, "the gated leader never became Ready: {pod}");
+        assert!(
+            up.elapsed() < CONVERGES_WITHIN,
+            "the gated leader never became Ready: {pod}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -271,7 +319,18 @@ async fn standalone_clears_only_candidates_of_its_own_lock() {
         pods::pod("other-0", NAMESPACE, json!({"app": "other", LABEL: "true"}), None),
     );
     let store = MemoryStore::new(1);
-    let argv = ["--lock", "web", "--store", "memory", "--pod-name", "web-0", "--pod-namespace", NAMESPACE, "--kubernetes", "true"];
+    let argv = [
+        "--lock",
+        "web",
+        "--store",
+        "memory",
+        "--pod-name",
+        "web-0",
+        "--pod-namespace",
+        NAMESPACE,
+        "--kubernetes",
+        "true",
+    ];
     let handle = sidecar(&api, &store, &argv).await;
     let mut state = handle.subscribe();
     state.wait_for(|s| s.leader).await.unwrap();
@@ -282,6 +341,10 @@ async fn standalone_clears_only_candidates_of_its_own_lock() {
     }
     tokio::time::sleep(P * 3).await;
     let other = api.get(&collection, "other-0").unwrap();
-    assert_eq!(pods::label(&other, LABEL), Some("true"), "another app's leader was unlabelled: {other}");
+    assert_eq!(
+        pods::label(&other, LABEL),
+        Some("true"),
+        "another app's leader was unlabelled: {other}"
+    );
     assert!(api.forbidden().is_empty());
 }

@@ -213,7 +213,12 @@ impl Publisher {
         if !observed.peers_listed {
             return None;
         }
-        let others = || observed.peers.values().filter(|p| p.metadata.name.as_deref() != Some(me));
+        let others = || {
+            observed
+                .peers
+                .values()
+                .filter(|p| p.metadata.name.as_deref() != Some(me))
+        };
         if let Some(peer) = others().find(|p| condition(p) == Some("True")) {
             return Some(Write::Condition {
                 pod: peer.metadata.name.clone().unwrap_or_default(),
@@ -409,7 +414,9 @@ async fn next_result(
     Some((write, result))
 }
 
-async fn next_refresh(refresh: &mut Option<BoxFuture<'static, Result<Pod, kube::Error>>>) -> Option<Result<Pod, kube::Error>> {
+async fn next_refresh(
+    refresh: &mut Option<BoxFuture<'static, Result<Pod, kube::Error>>>,
+) -> Option<Result<Pod, kube::Error>> {
     let result = refresh.as_mut()?.await;
     *refresh = None;
     Some(result)
@@ -529,7 +536,6 @@ impl Announcer {
             warn!(error = %e, reason, "cannot publish an Event");
         }
     }
-
 }
 
 fn token(state: &LeaderState) -> String {
@@ -557,9 +563,9 @@ pub fn lock_label_value(lock: &str) -> String {
     if valid {
         return lock.to_string();
     }
-    let hash = lock
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = lock.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let readable: String = lock
         .chars()
         .map(|c| if allowed(c) { c } else { '-' })
@@ -680,17 +686,29 @@ mod tests {
         let stale = pod(&api, "web-1")["metadata"]["resourceVersion"].clone();
         let (_state, rx) = watch::channel(leading());
         start(publisher(&api), rx);
-        until(&api, "ready", |api| pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")).await;
+        until(&api, "ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
+        })
+        .await;
 
         let patches = patches(&api);
-        let order: Vec<(&str, &str)> = patches.iter().map(|r| (r.uri.as_str(), r.content_type.as_str())).collect();
+        let order: Vec<(&str, &str)> = patches
+            .iter()
+            .map(|r| (r.uri.as_str(), r.content_type.as_str()))
+            .collect();
         assert_eq!(
             order,
             [
-                ("/api/v1/namespaces/prod/pods/web-1/status?", "application/strategic-merge-patch+json"),
+                (
+                    "/api/v1/namespaces/prod/pods/web-1/status?",
+                    "application/strategic-merge-patch+json"
+                ),
                 ("/api/v1/namespaces/prod/pods/web-1?", "application/merge-patch+json"),
                 ("/api/v1/namespaces/prod/pods/web-0?", "application/merge-patch+json"),
-                ("/api/v1/namespaces/prod/pods/web-0/status?", "application/strategic-merge-patch+json"),
+                (
+                    "/api/v1/namespaces/prod/pods/web-0/status?",
+                    "application/strategic-merge-patch+json"
+                ),
             ],
             "the stale leader's readiness, then its label, then ours, then our readiness"
         );
@@ -713,8 +731,16 @@ mod tests {
             .filter(|r| r.method == "GET" && r.uri.contains("watch=true"))
             .map(|r| r.uri)
             .collect();
-        assert!(watches.iter().any(|u| u.contains("fieldSelector=metadata.name%3Dweb-0")), "{watches:?}");
-        assert!(watches.iter().any(|u| u.contains("labelSelector=app%3Dweb")), "{watches:?}");
+        assert!(
+            watches
+                .iter()
+                .any(|u| u.contains("fieldSelector=metadata.name%3Dweb-0")),
+            "{watches:?}"
+        );
+        assert!(
+            watches.iter().any(|u| u.contains("labelSelector=app%3Dweb")),
+            "{watches:?}"
+        );
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(pods::label(&pod(&api, "web-1"), KEY), Some("false"));
     }
@@ -725,7 +751,10 @@ mod tests {
         add_pod(&api, "web-0", "true", Some("True"), true);
         let (_state, rx) = watch::channel(LeaderState::default());
         start(publisher(&api), rx);
-        until(&api, "labelled false", |api| pods::label(&pod(api, "web-0"), KEY) == Some("false")).await;
+        until(&api, "labelled false", |api| {
+            pods::label(&pod(api, "web-0"), KEY) == Some("false")
+        })
+        .await;
         let patches = patches(&api);
         assert_eq!(patches.len(), 2, "{patches:?}");
         assert_eq!(patches[0].uri, "/api/v1/namespaces/prod/pods/web-0/status?");
@@ -741,10 +770,17 @@ mod tests {
         add_pod(&api, "web-0", "true", None, false);
         let (_state, rx) = watch::channel(LeaderState::default());
         start(publisher(&api), rx);
-        until(&api, "labelled false", |api| pods::label(&pod(api, "web-0"), KEY) == Some("false")).await;
+        until(&api, "labelled false", |api| {
+            pods::label(&pod(api, "web-0"), KEY) == Some("false")
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(10)).await;
         let patches = patches(&api);
-        assert_eq!(patches.len(), 1, "no status patch for a pod without the gate: {patches:?}");
+        assert_eq!(
+            patches.len(),
+            1,
+            "no status patch for a pod without the gate: {patches:?}"
+        );
     }
 
     /// A brief leader's late clear cannot undo the real leader's "true": the
@@ -753,7 +789,10 @@ mod tests {
     async fn a_late_clear_fails_on_the_resource_version_it_saw() {
         let api = api();
         add_pod(&api, "web-1", "true", None, false);
-        let seen = pod(&api, "web-1")["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let seen = pod(&api, "web-1")["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
         // The real leader re-labels its pod meanwhile (a new resourceVersion).
         let mut relabelled = pod(&api, "web-1");
         relabelled["metadata"]["labels"]["touched"] = json!("yes");
@@ -806,7 +845,10 @@ mod tests {
         let before = api.requests().len();
         state.send_replace(LeaderState::default());
         let stopped = Instant::now();
-        until(&api, "not ready", |api| pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("False")).await;
+        until(&api, "not ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("False")
+        })
+        .await;
         // Only the watches' reconnection (capped backoff) stands between;
         // no write backoff does.
         assert!(stopped.elapsed() <= 2 * BACKOFF_CAP, "{:?}", stopped.elapsed());
@@ -828,7 +870,12 @@ mod tests {
             change,
             ..Default::default()
         };
-        for change in [Change::Acquired, Change::Renewed, Change::DeadlineMissed, Change::Released] {
+        for change in [
+            Change::Acquired,
+            Change::Renewed,
+            Change::DeadlineMissed,
+            Change::Released,
+        ] {
             publisher.announcer.announce(&state(change)).await;
         }
         let posts: Vec<Recorded> = api.requests().into_iter().filter(|r| r.method == "POST").collect();
@@ -836,7 +883,11 @@ mod tests {
             .iter()
             .map(|r| (r.body["reason"].as_str().unwrap(), r.body["type"].as_str().unwrap()))
             .collect();
-        assert_eq!(reasons, [("Acquired", "Normal"), ("Lost", "Warning"), ("Released", "Normal")], "renewals are not news");
+        assert_eq!(
+            reasons,
+            [("Acquired", "Normal"), ("Lost", "Warning"), ("Released", "Normal")],
+            "renewals are not news"
+        );
         for post in &posts {
             assert_eq!(post.path(), "/apis/events.k8s.io/v1/namespaces/prod/events");
             assert_eq!(post.body["regarding"]["kind"], "Pod");
@@ -858,16 +909,33 @@ mod tests {
         let store = crate::store::MemoryStore::new(1);
         let lease = Duration::from_secs(3600);
         let grant = store.acquire("web", "prod/web-1#abc", lease).await.unwrap();
-        let timing =
-            crate::lease::Timing::new(Duration::from_secs(120), Duration::from_secs(60), Duration::from_secs(30), 0.0)
-                .unwrap();
-        let elector = crate::lease::Elector::new("web", crate::lease::Identity::new(None, Some("prod".into()), "web-0"), timing);
+        let timing = crate::lease::Timing::new(
+            Duration::from_secs(120),
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            0.0,
+        )
+        .unwrap();
+        let elector = crate::lease::Elector::new(
+            "web",
+            crate::lease::Identity::new(None, Some("prod".into()), "web-0"),
+            timing,
+        );
         let transitions = elector.transitions();
         let handle = elector.spawn(std::sync::Arc::new(store.clone()), CancellationToken::new());
         let mut state = handle.subscribe();
-        state.wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc")).await.unwrap();
+        state
+            .wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc"))
+            .await
+            .unwrap();
         let app = watch::channel(AppHealth::default());
-        tokio::spawn(publisher(&api).run(handle.subscribe(), transitions, app.1, handle.control(), CancellationToken::new()));
+        tokio::spawn(publisher(&api).run(
+            handle.subscribe(),
+            transitions,
+            app.1,
+            handle.control(),
+            CancellationToken::new(),
+        ));
         tokio::time::sleep(Duration::from_secs(1)).await;
 
         store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
@@ -876,7 +944,11 @@ mod tests {
         api.insert(&pods::collection("prod"), released);
         let at = Instant::now();
         state.wait_for(|s| s.leader).await.unwrap();
-        assert!(at.elapsed() < Duration::from_secs(1), "acquired only after {:?}", at.elapsed());
+        assert!(
+            at.elapsed() < Duration::from_secs(1),
+            "acquired only after {:?}",
+            at.elapsed()
+        );
     }
 
     #[test]
@@ -890,13 +962,19 @@ mod tests {
     fn a_lock_becomes_a_valid_label_value_naming_it() {
         assert_eq!(lock_label_value("scheduler"), "scheduler");
         let value = lock_label_value("prod/web");
-        assert!(value.starts_with("prod-web-") && value.len() == "prod-web-".len() + 16, "{value}");
+        assert!(
+            value.starts_with("prod-web-") && value.len() == "prod-web-".len() + 16,
+            "{value}"
+        );
         assert_ne!(value, lock_label_value("prod-web/"), "distinct locks, distinct values");
         assert_eq!(value, lock_label_value("prod/web"), "stable");
         for lock in ["/", "x".repeat(200).as_str(), "-a-", "a b"] {
             let value = lock_label_value(lock);
             assert!(value.len() <= 63, "{value}");
-            assert!(value.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)), "{value}");
+            assert!(
+                value.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)),
+                "{value}"
+            );
             assert!(value.starts_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
             assert!(value.ends_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
         }

@@ -42,9 +42,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body::Frame;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use http_body::Frame;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
@@ -317,7 +317,11 @@ impl State {
             ("GET", None) if watch => {
                 let since: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
                 let (tx, rx) = mpsc::unbounded_channel();
-                for change in self.history.iter().filter(|c| c.rv > since && c.collection == collection) {
+                for change in self
+                    .history
+                    .iter()
+                    .filter(|c| c.rv > since && c.collection == collection)
+                {
                     if let Some(event) = watch_event(change, &labels, &fields) {
                         let _ = tx.send(event);
                     }
@@ -353,7 +357,11 @@ impl State {
                 let mut object = body;
                 let name = match object["metadata"]["name"].as_str() {
                     Some(name) => name.to_string(),
-                    None => format!("{}{}", object["metadata"]["generateName"].as_str().unwrap_or("object-"), self.rv + 1),
+                    None => format!(
+                        "{}{}",
+                        object["metadata"]["generateName"].as_str().unwrap_or("object-"),
+                        self.rv + 1
+                    ),
                 };
                 if self.objects.get(&collection).is_some_and(|c| c.contains_key(&name)) {
                     return Answer::Json(StatusCode::CONFLICT, status_json(409, "AlreadyExists", &name));
@@ -376,7 +384,14 @@ impl State {
         }
     }
 
-    fn patch(&mut self, collection: &str, name: &str, subresource: Option<&str>, content_type: &str, patch: Value) -> Answer {
+    fn patch(
+        &mut self,
+        collection: &str,
+        name: &str,
+        subresource: Option<&str>,
+        content_type: &str,
+        patch: Value,
+    ) -> Answer {
         let Some(current) = self.objects.get(collection).and_then(|c| c.get(name)).cloned() else {
             return Answer::Json(StatusCode::NOT_FOUND, status_json(404, "NotFound", name));
         };
