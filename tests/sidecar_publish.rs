@@ -58,6 +58,22 @@ fn lease() -> Value {
                     "publishing": {"readinessGate": true}}})
 }
 
+/// The flags of a sidecar in pod `name` following the DistributedLease "web".
+fn lease_argv(name: &str) -> Vec<String> {
+    [
+        "--lease",
+        "web",
+        "--pod-name",
+        name,
+        "--pod-namespace",
+        NAMESPACE,
+        "--kubernetes",
+        "true",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// One sidecar: settings from the DistributedLease, an elector on the
 /// shared memory store, and the Kubernetes publisher.
 async fn sidecar(api: &ApiServer, store: &MemoryStore, argv: &[&str]) -> ElectorHandle {
@@ -117,17 +133,8 @@ async fn world() -> World {
     let mut candidates = Vec::new();
     for i in 0..3 {
         let name = format!("web-{i}");
-        let argv = [
-            "--lease",
-            "web",
-            "--pod-name",
-            &name,
-            "--pod-namespace",
-            NAMESPACE,
-            "--kubernetes",
-            "true",
-        ];
-        let elector = sidecar(&api, &store, &argv).await;
+        let argv = lease_argv(&name);
+        let elector = sidecar(&api, &store, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await;
         candidates.push(Candidate { name, elector });
     }
     World {
@@ -266,17 +273,7 @@ async fn the_readiness_gate_is_read_from_the_watched_pod_not_once_at_start() {
         pods::pod("web-0", NAMESPACE, json!({"app": "web"}), Some(LEADER_CONDITION)),
     );
     let store = MemoryStore::new(1);
-    let argv = [
-        "--lease",
-        "web",
-        "--pod-name",
-        "web-0",
-        "--pod-namespace",
-        NAMESPACE,
-        "--kubernetes",
-        "true",
-    ];
-    let cli = Cli::parse_from(std::iter::once("sidecar").chain(argv));
+    let cli = Cli::parse_from(std::iter::once("sidecar").chain(lease_argv("web-0").iter().map(String::as_str)));
     let settings = resolve(&cli.args, Some(api.client(NAMESPACE))).await.unwrap();
     api.set_down(true);
     let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);

@@ -252,6 +252,20 @@ pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>, crate:
     })
 }
 
+/// The longest wait between two attempts at anything the sidecar retries
+/// against the Kubernetes API or, at start, the store (before jitter, which
+/// adds up to as much again): a write, a watch, a connection.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// Exponential from 100 ms to [`BACKOFF_CAP`], jittered, never giving up.
+pub fn capped_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(BACKOFF_CAP)
+        .with_jitter()
+        .without_max_times()
+}
+
 /// A duration flag ("5s", "250ms"); clap names the flag in its error.
 pub fn parse_duration_flag(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
@@ -271,13 +285,7 @@ mod tests {
     async fn shutdown_stops_claiming_then_drains_then_releases() {
         let drain = Duration::from_secs(5);
         let store = MemoryStore::new(1);
-        let timing = Timing::new(
-            Duration::from_secs(15),
-            Duration::from_secs(10),
-            Duration::from_secs(2),
-            0.0,
-        )
-        .unwrap();
+        let timing = Timing::default();
         let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), timing);
         let shutdown = CancellationToken::new();
         let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), drain_on_step_down(drain));

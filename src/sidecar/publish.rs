@@ -50,9 +50,7 @@ pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
 /// campaigns for, so a leader clears only its own lock's candidates.
 pub const LOCK_LABEL: &str = "leasehold.dev/lock";
 const FIELD_MANAGER: &str = "leasehold-sidecar";
-/// The longest wait between two attempts at a write (before jitter, which
-/// adds up to as much again); also the cap of the pod watches' backoff.
-pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+pub use super::BACKOFF_CAP;
 /// How long a sidecar whose elector has ended keeps trying to leave its pod
 /// labelled "false" and not ready.
 const FINAL_WRITES_WITHIN: Duration = Duration::from_secs(5);
@@ -424,23 +422,13 @@ async fn next_refresh(
 
 fn write_backoff() -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(BACKOFF_CAP)
-        .with_jitter()
-        .without_max_times()
-        .build()
+    super::capped_backoff().build()
 }
 
 /// The backoff of the sidecar's watches: capped at [`BACKOFF_CAP`], so a
 /// watch is back within that after the API server returns.
 pub fn watch_backoff() -> kube::runtime::watcher::ExponentialBackoff {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(BACKOFF_CAP)
-        .with_jitter()
-        .without_max_times()
-        .into()
+    super::capped_backoff().into()
 }
 
 /// Events on the pod: acquisitions, losses, releases and the app's health;
@@ -646,13 +634,7 @@ mod tests {
             down: true,
             ..Default::default()
         });
-        let timing = crate::lease::Timing::new(
-            Duration::from_secs(15),
-            Duration::from_secs(10),
-            Duration::from_secs(2),
-            0.0,
-        )
-        .unwrap();
+        let timing = crate::lease::Timing::default();
         let elector = crate::lease::Elector::new("idle", crate::lease::Identity::new(None, None, "x"), timing);
         let transitions = elector.transitions();
         let handle = elector.spawn(std::sync::Arc::new(store), CancellationToken::new());

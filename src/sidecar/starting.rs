@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -22,8 +22,6 @@ use crate::lease::{FencingToken, Grant, LeaseStore, Observation, StoreError};
 
 /// How often a start-up problem that persists is logged again.
 pub const REPORT_EVERY: Duration = Duration::from_secs(30);
-/// The longest wait between two connection attempts.
-pub const CONNECT_BACKOFF_CAP: Duration = Duration::from_secs(5);
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -111,12 +109,7 @@ async fn open(
     report: Arc<Report>,
     store: watch::Sender<Option<Arc<dyn LeaseStore>>>,
 ) {
-    let mut backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(CONNECT_BACKOFF_CAP)
-        .with_jitter()
-        .without_max_times()
-        .build();
+    let mut backoff = super::capped_backoff().build();
     let timed_out = || StoreError::unavailable(format!("no answer within {CONNECT_TIMEOUT:?}"));
     loop {
         let attempt = async {
@@ -137,7 +130,7 @@ async fn open(
             }
             Err(e) => {
                 report.failed(&e);
-                tokio::time::sleep(backoff.next().unwrap_or(CONNECT_BACKOFF_CAP)).await;
+                tokio::time::sleep(backoff.next().unwrap_or(super::BACKOFF_CAP)).await;
             }
         }
     }
@@ -261,13 +254,7 @@ mod tests {
                 problem_tx,
             )
         };
-        let timing = Timing::new(
-            Duration::from_secs(15),
-            Duration::from_secs(10),
-            Duration::from_secs(2),
-            0.0,
-        )
-        .unwrap();
+        let timing = Timing::default();
         let elector = Elector::new("start", Identity::new(None, None, "pod-0"), timing);
         let handle = elector.spawn(Arc::new(store), tokio_util::sync::CancellationToken::new());
         let mut state = handle.subscribe();
