@@ -7,7 +7,8 @@
 //! and the watch event come from the elector's state at once; then the
 //! readiness condition) and only then fixes labels. On SIGTERM it stops
 //! claiming, waits the drain window, releases and exits 0; a second signal
-//! exits at once.
+//! exits at once. The HTTP API starts before the store is reached: a store
+//! unreachable at start is retried and reported (`starting`), not an exit.
 
 pub mod config;
 pub mod health;
