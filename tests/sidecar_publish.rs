@@ -88,7 +88,7 @@ async fn sidecar(api: &ApiServer, store: &MemoryStore, argv: &[&str]) -> Elector
     let publisher = Publisher::new(api.client(NAMESPACE), settings.pod.expect("a pod"), settings.publishing);
     let (app_tx, app) = tokio::sync::watch::channel(Default::default());
     tokio::spawn(async move {
-        publisher.run(handle_state, transitions, app, control, shutdown).await;
+        publisher.run(handle_state, transitions, app, control).await;
         drop(app_tx);
     });
     handle
@@ -281,13 +281,7 @@ async fn the_readiness_gate_is_read_from_the_watched_pod_not_once_at_start() {
     let handle = elector.spawn(Arc::new(store), CancellationToken::new());
     let publisher = Publisher::new(api.client(NAMESPACE), settings.pod.unwrap(), settings.publishing);
     let (_app_tx, app) = tokio::sync::watch::channel(Default::default());
-    tokio::spawn(publisher.run(
-        handle.subscribe(),
-        transitions,
-        app,
-        handle.control(),
-        CancellationToken::new(),
-    ));
+    tokio::spawn(publisher.run(handle.subscribe(), transitions, app, handle.control()));
     tokio::time::sleep(Duration::from_secs(60)).await;
     api.set_down(false);
     let up = Instant::now();

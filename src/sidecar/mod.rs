@@ -122,13 +122,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
-        tokio::spawn(publisher.run(
-            state.clone(),
-            transitions,
-            app.clone(),
-            handle.control(),
-            shutdown.clone(),
-        ))
+        tokio::spawn(publisher.run(state.clone(), transitions, app.clone(), handle.control()))
     });
 
     handle.join().await;

@@ -36,7 +36,6 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::config::{PodRef, Publishing};
@@ -284,7 +283,6 @@ impl Publisher {
         transitions: broadcast::Receiver<LeaderState>,
         app: watch::Receiver<AppHealth>,
         control: ElectorControl,
-        _shutdown: CancellationToken,
     ) {
         let announcer = tokio::spawn(self.announcer.clone().run(transitions, app));
         let me = self.pod.name.clone();
@@ -577,6 +575,7 @@ mod tests {
     use super::*;
     use crate::sidecar::api_server::{ApiServer, Recorded, pods};
     use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
 
     const KEY: &str = "leasehold.dev/leader";
 
@@ -640,9 +639,7 @@ mod tests {
         let handle = elector.spawn(std::sync::Arc::new(store), CancellationToken::new());
         let app = watch::channel(AppHealth::default());
         tokio::spawn(async move {
-            publisher
-                .run(state, transitions, app.1, handle.control(), CancellationToken::new())
-                .await;
+            publisher.run(state, transitions, app.1, handle.control()).await;
             drop((app.0, handle));
         })
     }
@@ -911,13 +908,7 @@ mod tests {
             .await
             .unwrap();
         let app = watch::channel(AppHealth::default());
-        tokio::spawn(publisher(&api).run(
-            handle.subscribe(),
-            transitions,
-            app.1,
-            handle.control(),
-            CancellationToken::new(),
-        ));
+        tokio::spawn(publisher(&api).run(handle.subscribe(), transitions, app.1, handle.control()));
         tokio::time::sleep(Duration::from_secs(1)).await;
 
         store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
