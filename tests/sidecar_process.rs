@@ -6,6 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use leasehold::lease::LeaseStore;
 use leasehold::testing::ProxyMode;
 use support::*;
 
@@ -196,6 +197,60 @@ fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
         assert!(
             healed.elapsed() < Duration::from_secs(20),
             "not leading after the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+}
+
+/// The lease table missing at start (no `--create-table`): the sidecar stays
+/// up and says how to get the table; once someone creates it, it leads.
+#[test]
+fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let emulator = leasehold::testing::Emulator::start_or_connect();
+    let (config, proxy) = runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        (
+            config,
+            leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()).await,
+        )
+    });
+    let mut sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, "table", &[]);
+    let started = Instant::now();
+    let problem = loop {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        if let Some((503, text)) = get_text(sidecar.http, "/healthz") {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no start-up problem on /healthz"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(problem.contains("--create-table"), "{problem}");
+    runtime.block_on(async {
+        let store = leasehold::store::spanner::SpannerStore::connect_to(
+            config.clone(),
+            emulator.endpoints(),
+            leasehold::store::spanner::DEFAULT_CALL_TIMEOUT,
+        )
+        .await
+        .unwrap();
+        store.ensure_schema().await.unwrap();
+    });
+    let created = Instant::now();
+    while !sidecar.leads() {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        // The elector retries at its backoff, capped at P.
+        assert!(
+            created.elapsed() < P * 2 + Duration::from_secs(5),
+            "not leading after the table appeared"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
