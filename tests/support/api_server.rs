@@ -19,8 +19,9 @@
 //! * `application/merge-patch+json` is RFC 7386; in
 //!   `application/strategic-merge-patch+json` lists named `conditions` merge
 //!   by their `type` (`PodStatus.Conditions` is `patchStrategy=merge,
-//!   patchMergeKey=type` in `staging/src/k8s.io/api/core/v1/types.go`),
-//!   other lists are replaced.
+//!   patchMergeKey=type` in `staging/src/k8s.io/api/core/v1/types.go`; the
+//!   OpenAPI-generated `k8s_openapi::api::core::v1::PodStatus::merge_from`
+//!   merges them as a map keyed by `type` too), other lists are replaced.
 //! * A PATCH of `…/status` changes only `status`; a PATCH of the object
 //!   itself leaves `status` alone (the pod strategies' `PrepareForUpdate`,
 //!   `pkg/registry/core/pod/strategy.go`). A patch that changes nothing
