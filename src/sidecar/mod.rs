@@ -72,16 +72,18 @@ pub async fn run(args: Args) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let (starting_tx, starting) = tokio::sync::watch::channel(None);
-    let choice = settings.store.clone();
-    let opened = starting::StartingStore::spawn(
+    let (choice, metered) = (settings.store.clone(), metrics.clone());
+    let store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
         move || {
-            let choice = choice.clone();
-            Box::pin(async move { connect(&choice).await })
+            let (choice, metrics) = (choice.clone(), metered.clone());
+            Box::pin(async move {
+                let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&choice).await?, metrics));
+                Ok(store)
+            })
         },
         args.create_table,
         starting_tx,
-    );
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(Arc::new(opened), metrics.clone()));
+    ));
 
     let http = bind(args.http_addr).await?;
     let metrics_listener = bind(args.metrics_addr).await?;
