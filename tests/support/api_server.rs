@@ -33,7 +33,8 @@
 //!   DELETED (`convertToWatchEvent` in
 //!   `staging/src/k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go`).
 //! * [`ApiServer::set_down`]: every call fails as a refused connection and
-//!   open watches end, as when the API server is unreachable.
+//!   open watches end, as when the API server is unreachable;
+//!   [`ApiServer::fail_when`]: chosen requests answer 500.
 
 #![allow(dead_code)] // each test uses its own share
 
@@ -87,6 +88,7 @@ struct Watch {
 }
 
 type Observer = Box<dyn FnMut(&Snapshot) + Send>;
+type Failing = Box<dyn Fn(&str, &str) -> bool + Send>;
 
 /// The state an observer sees after each change.
 pub struct Snapshot<'a> {
@@ -110,6 +112,7 @@ struct State {
     requests: Vec<Recorded>,
     forbidden: Vec<String>,
     observers: Vec<Observer>,
+    failing: Option<Failing>,
 }
 
 /// The model; cheap to clone, clones share the state.
@@ -167,6 +170,12 @@ impl ApiServer {
             state.watches.clear();
         }
         state.notify_observers();
+    }
+
+    /// Requests for which `fails(method, path)` holds answer 500, as an
+    /// API server that is up but cannot serve them; `None` heals.
+    pub fn fail_when(&self, fails: Option<fn(&str, &str) -> bool>) {
+        self.lock().failing = fails.map(|f| Box::new(f) as Failing);
     }
 
     /// Called after every change (and every up/down switch).
@@ -237,6 +246,11 @@ impl ApiServer {
             let answer = if self.authorize.is_some_and(|allowed| !allowed(&method, &path, watch)) {
                 state.forbidden.push(format!("{method} {uri}"));
                 Answer::Json(StatusCode::FORBIDDEN, status_json(403, "Forbidden", "not in the Role"))
+            } else if state.failing.as_ref().is_some_and(|fails| fails(&method, &path)) {
+                Answer::Json(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    status_json(500, "InternalError", "injected failure"),
+                )
             } else {
                 state.handle(&method, &path, &query, &content_type, body, watch)
             };
