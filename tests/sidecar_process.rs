@@ -92,68 +92,67 @@ fn a_leader_cut_off_from_the_store_reports_follower_by_r() {
     assert!(!leader.leads());
 }
 
-#[test]
-fn sigterm_releases_and_a_follower_leads_without_waiting_for_expiry() {
-    let mut cluster = cluster_with("term", |_| vec!["--drain".into(), "0s".into()]);
-    let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
-    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
-    cluster.sidecars[first].signal("TERM");
-    let termed = Instant::now();
-    let rest = others(&cluster.sidecars, first);
-    // No drain: released at once, so well before the lease would have
-    // expired (D); one poll plus the same 0.7 s margin as with a drain.
-    let next = wait_for_one_leader(&rest, P + Duration::from_millis(700));
-    let handover = termed.elapsed();
-    assert!(next.is_some(), "no new leader within P + 0.7 s");
-    println!("graceful handover without a drain: {handover:?} (P={P:?}, D={D:?})");
-    let status = cluster.sidecars[first].child.wait().unwrap();
-    assert!(status.success(), "SIGTERM exits 0: {status}");
-}
-
-/// SIGTERM: 503 at once, then the drain window, then the release. With a
-/// drain of 1.5 s a skipped drain cannot pass: no follower may lead before
-/// it has elapsed (the release comes after it), and one leads within
+/// SIGTERM to the leader with `--drain drain`: it answers 503 at once, waits
+/// the drain, releases, and exits 0. No follower may lead before the drain
+/// has elapsed (the release comes after it), and one leads within
 /// drain + P + 0.7 s (one poll, plus the test's 20 ms polling and process
-/// scheduling on a loaded machine).
-#[test]
-fn sigterm_stops_claiming_drains_then_releases() {
-    const LONG_DRAIN: Duration = Duration::from_millis(1500);
-    let mut cluster = cluster_with("drain", |_| vec!["--drain".into(), "1500ms".into()]);
+/// scheduling on a loaded machine) — well before the lease would expire (D).
+fn sigterm_handover(lock: &str, drain: Duration) {
+    let mut cluster = cluster_with(lock, |_| vec!["--drain".into(), format!("{}ms", drain.as_millis())]);
     let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
     let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
     cluster.sidecars[first].signal("TERM");
     let termed = Instant::now();
     let rest = others(&cluster.sidecars, first);
     let mut stopped_claiming = None;
-    while termed.elapsed() < LONG_DRAIN {
+    while termed.elapsed() < drain {
         if stopped_claiming.is_none() && !cluster.sidecars[first].leads() {
             stopped_claiming = Some(termed.elapsed());
         }
         assert!(
             rest.iter().all(|s| !s.leads()),
-            "a follower leads {:?} after SIGTERM, before the drain ({LONG_DRAIN:?}) elapsed",
+            "a follower leads {:?} after SIGTERM, before the drain ({drain:?}) elapsed",
             termed.elapsed()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let stopped_claiming = stopped_claiming.expect("the leader answers 503 during its drain");
-    assert!(
-        stopped_claiming < LONG_DRAIN / 2,
-        "503 comes first, not after the drain: {stopped_claiming:?}"
-    );
+    if !drain.is_zero() {
+        let stopped_claiming = stopped_claiming.expect("the leader answers 503 during its drain");
+        assert!(
+            stopped_claiming < drain / 2,
+            "503 comes first, not after the drain: {stopped_claiming:?}"
+        );
+    }
     let next = wait_for_one_leader(&rest, P + Duration::from_millis(700));
     let handover = termed.elapsed();
     assert!(next.is_some(), "no new leader within drain + P + 0.7 s");
-    println!("drained handover: {handover:?} (drain={LONG_DRAIN:?}, 503 after {stopped_claiming:?}, P={P:?})");
+    println!("graceful handover: {handover:?} (drain={drain:?}, 503 after {stopped_claiming:?}, P={P:?}, D={D:?})");
     let status = cluster.sidecars[first].child.wait().unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
 }
 
-/// A store unreachable at start, with `--create-table` on a fresh database:
-/// the sidecar stays up, says on /healthz what to fix, and creates the table
-/// and leads once the store answers.
 #[test]
-fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
+fn sigterm_releases_and_a_follower_leads_without_waiting_for_expiry() {
+    sigterm_handover("term", Duration::ZERO);
+}
+
+/// With a drain of 1.5 s a skipped drain cannot pass.
+#[test]
+fn sigterm_stops_claiming_drains_then_releases() {
+    sigterm_handover("drain", Duration::from_millis(1500));
+}
+
+/// One sidecar on a fresh database (no table) behind its own proxy.
+fn sidecar_on_a_fresh_database(
+    lock: &str,
+    mode: ProxyMode,
+    extra: &[String],
+) -> (
+    tokio::runtime::Runtime,
+    leasehold::testing::Emulator,
+    leasehold::store::spanner::SpannerConfig,
+    Sidecar,
+) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -167,20 +166,49 @@ fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
             leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()).await,
         )
     });
-    proxy.set(ProxyMode::Cut);
-    let mut sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, "start", &["--create-table".into()]);
+    proxy.set(mode);
+    let sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, lock, extra);
+    (runtime, emulator, config, sidecar)
+}
+
+/// The start-up problem /healthz reports (503), checking the sidecar stays up.
+fn start_up_problem(sidecar: &mut Sidecar) -> String {
     let started = Instant::now();
-    let problem = loop {
+    loop {
         assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
         if let Some((503, text)) = get_text(sidecar.http, "/healthz") {
-            break text;
+            return text;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "no start-up problem on /healthz"
         );
         std::thread::sleep(Duration::from_millis(50));
-    };
+    }
+}
+
+/// Waits until the sidecar leads and /healthz says ok.
+fn leads_within(sidecar: &mut Sidecar, within: Duration) {
+    let since = Instant::now();
+    while !sidecar.leads() {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        assert!(
+            since.elapsed() < within,
+            "not leading {within:?} after the store became usable"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+}
+
+/// A store unreachable at start, with `--create-table` on a fresh database:
+/// the sidecar stays up, says on /healthz what to fix, and creates the table
+/// and leads once the store answers.
+#[test]
+fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
+    let (_runtime, _emulator, _config, mut sidecar) =
+        sidecar_on_a_fresh_database("start", ProxyMode::Cut, &["--create-table".into()]);
+    let problem = start_up_problem(&mut sidecar);
     assert!(problem.contains("fix: check the database name"), "{problem}");
     std::thread::sleep(Duration::from_secs(2));
     assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
@@ -192,47 +220,17 @@ fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
     );
 
     sidecar.proxy.set(ProxyMode::Forward);
-    let healed = Instant::now();
-    while !sidecar.leads() {
-        assert!(
-            healed.elapsed() < Duration::from_secs(20),
-            "not leading after the store came back"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+    // The connection is retried with backoff capped at 5 s (up to 10 s
+    // jittered), then the table is created and the elector observes.
+    leads_within(&mut sidecar, Duration::from_secs(20));
 }
 
 /// The lease table missing at start (no `--create-table`): the sidecar stays
 /// up and says how to get the table; once someone creates it, it leads.
 #[test]
 fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let emulator = leasehold::testing::Emulator::start_or_connect();
-    let (config, proxy) = runtime.block_on(async {
-        let config = emulator.create_database("leasehold_leases").await;
-        (
-            config,
-            leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()).await,
-        )
-    });
-    let mut sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, "table", &[]);
-    let started = Instant::now();
-    let problem = loop {
-        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
-        if let Some((503, text)) = get_text(sidecar.http, "/healthz") {
-            break text;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no start-up problem on /healthz"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (runtime, emulator, config, mut sidecar) = sidecar_on_a_fresh_database("table", ProxyMode::Forward, &[]);
+    let problem = start_up_problem(&mut sidecar);
     assert!(problem.contains("--create-table"), "{problem}");
     runtime.block_on(async {
         let store = leasehold::store::spanner::SpannerStore::connect_to(
@@ -244,15 +242,6 @@ fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
         .unwrap();
         store.ensure_schema().await.unwrap();
     });
-    let created = Instant::now();
-    while !sidecar.leads() {
-        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
-        // The elector retries at its backoff, capped at P.
-        assert!(
-            created.elapsed() < P * 2 + Duration::from_secs(5),
-            "not leading after the table appeared"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+    // The elector retries at its backoff, capped at P.
+    leads_within(&mut sidecar, P * 2 + Duration::from_secs(5));
 }
