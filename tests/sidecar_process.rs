@@ -6,6 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use leasehold::lease::LeaseStore;
 use leasehold::testing::ProxyMode;
 use support::*;
 
@@ -91,19 +92,156 @@ fn a_leader_cut_off_from_the_store_reports_follower_by_r() {
     assert!(!leader.leads());
 }
 
-#[test]
-fn sigterm_releases_and_a_follower_leads_without_waiting_for_expiry() {
-    let mut cluster = cluster("term");
+/// SIGTERM to the leader with `--drain drain`: it answers 503 at once, waits
+/// the drain, releases, and exits 0. No follower may lead before the drain
+/// has elapsed (the release comes after it), and one leads within
+/// drain + P + 0.7 s (one poll, plus the test's 20 ms polling and process
+/// scheduling on a loaded machine) — well before the lease would expire (D).
+fn sigterm_handover(lock: &str, drain: Duration) {
+    let mut cluster = cluster_with(lock, |_| vec!["--drain".into(), format!("{}ms", drain.as_millis())]);
     let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
     let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
     cluster.sidecars[first].signal("TERM");
     let termed = Instant::now();
     let rest = others(&cluster.sidecars, first);
-    // Released, so well before the lease would have expired (D).
-    let next = wait_for_one_leader(&rest, DRAIN + P + Duration::from_millis(700));
+    let mut stopped_claiming = None;
+    while termed.elapsed() < drain {
+        if stopped_claiming.is_none() && !cluster.sidecars[first].leads() {
+            stopped_claiming = Some(termed.elapsed());
+        }
+        assert!(
+            rest.iter().all(|s| !s.leads()),
+            "a follower leads {:?} after SIGTERM, before the drain ({drain:?}) elapsed",
+            termed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !drain.is_zero() {
+        let stopped_claiming = stopped_claiming.expect("the leader answers 503 during its drain");
+        assert!(
+            stopped_claiming < drain / 2,
+            "503 comes first, not after the drain: {stopped_claiming:?}"
+        );
+    }
+    let next = wait_for_one_leader(&rest, P + Duration::from_millis(700));
     let handover = termed.elapsed();
     assert!(next.is_some(), "no new leader within drain + P + 0.7 s");
-    println!("graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
+    println!("graceful handover: {handover:?} (drain={drain:?}, 503 after {stopped_claiming:?}, P={P:?}, D={D:?})");
     let status = cluster.sidecars[first].child.wait().unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
+}
+
+#[test]
+fn sigterm_releases_and_a_follower_leads_without_waiting_for_expiry() {
+    sigterm_handover("term", Duration::ZERO);
+}
+
+/// With a drain of 1.5 s a skipped drain cannot pass.
+#[test]
+fn sigterm_stops_claiming_drains_then_releases() {
+    sigterm_handover("drain", Duration::from_millis(1500));
+}
+
+/// One sidecar on a fresh database (no table) behind its own proxy.
+fn sidecar_on_a_fresh_database(
+    lock: &str,
+    mode: ProxyMode,
+    extra: &[String],
+) -> (
+    tokio::runtime::Runtime,
+    leasehold::testing::Emulator,
+    leasehold::store::spanner::SpannerConfig,
+    Sidecar,
+) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let emulator = leasehold::testing::Emulator::start_or_connect();
+    let (config, proxy) = runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        (
+            config,
+            leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()).await,
+        )
+    });
+    proxy.set(mode);
+    let sidecar = Sidecar::start("pod-0", &emulator, &config, proxy, lock, extra);
+    (runtime, emulator, config, sidecar)
+}
+
+/// The start-up problem /healthz reports (503), checking the sidecar stays up.
+fn start_up_problem(sidecar: &mut Sidecar) -> String {
+    let started = Instant::now();
+    loop {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        if let Some((503, text)) = get_text(sidecar.http, "/healthz") {
+            return text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no start-up problem on /healthz"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the sidecar leads and /healthz says ok.
+fn leads_within(sidecar: &mut Sidecar, within: Duration) {
+    let since = Instant::now();
+    while !sidecar.leads() {
+        assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+        assert!(
+            since.elapsed() < within,
+            "not leading {within:?} after the store became usable"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get_text(sidecar.http, "/healthz").map(|(s, _)| s), Some(200));
+}
+
+/// A store unreachable at start, with `--create-table` on a fresh database:
+/// the sidecar stays up, says on /healthz what to fix, and creates the table
+/// and leads once the store answers.
+#[test]
+fn a_store_unreachable_at_start_is_retried_and_reported_not_an_exit() {
+    let (_runtime, _emulator, _config, mut sidecar) =
+        sidecar_on_a_fresh_database("start", ProxyMode::Cut, &["--create-table".into()]);
+    let problem = start_up_problem(&mut sidecar);
+    assert!(problem.contains("fix: check the database name"), "{problem}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(sidecar.child.try_wait().unwrap().is_none(), "the sidecar exited");
+    let (status, view) = sidecar.leader().unwrap();
+    assert_eq!(status, 503);
+    assert!(
+        view["storeError"].as_str().is_some_and(|e| e.contains("fix:")),
+        "{view}"
+    );
+
+    sidecar.proxy.set(ProxyMode::Forward);
+    // The connection is retried with backoff capped at 5 s (up to 10 s
+    // jittered), then the table is created and the elector observes.
+    leads_within(&mut sidecar, Duration::from_secs(20));
+}
+
+/// The lease table missing at start (no `--create-table`): the sidecar stays
+/// up and says how to get the table; once someone creates it, it leads.
+#[test]
+fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
+    let (runtime, emulator, config, mut sidecar) = sidecar_on_a_fresh_database("table", ProxyMode::Forward, &[]);
+    let problem = start_up_problem(&mut sidecar);
+    assert!(problem.contains("--create-table"), "{problem}");
+    runtime.block_on(async {
+        let store = leasehold::store::spanner::SpannerStore::connect_to(
+            config.clone(),
+            emulator.endpoints(),
+            leasehold::store::spanner::DEFAULT_CALL_TIMEOUT,
+        )
+        .await
+        .unwrap();
+        store.ensure_schema().await.unwrap();
+    });
+    // The elector retries at its backoff, capped at P.
+    leads_within(&mut sidecar, P * 2 + Duration::from_secs(5));
 }

@@ -135,9 +135,8 @@ pub async fn run(args: Args) -> Result<i32> {
         let (app_health, app) = tokio::sync::watch::channel(Default::default());
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
         let control = handle.control();
-        let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            publisher.run(state, transitions, app, control, shutdown).await;
+            publisher.run(state, transitions, app, control).await;
             drop(app_health);
         })
     });

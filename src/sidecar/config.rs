@@ -118,8 +118,24 @@ pub enum StoreChoice {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publishing {
     pub label_key: String,
-    /// Candidate pods, as a label selector string.
-    pub selector: Option<String>,
+    /// The candidate pods of this lock, as a label selector string.
+    pub selector: String,
+    /// Labels the sidecar keeps on its own pod so that the selector finds it
+    /// (standalone; with --lease the pod template carries them).
+    pub candidate_labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Publishing {
+    /// Standalone: candidates of `lock` are the pods labelled with it.
+    fn standalone(lock: &str) -> Self {
+        use super::publish::{LOCK_LABEL, lock_label_value};
+        let value = lock_label_value(lock);
+        Publishing {
+            label_key: DEFAULT_LABEL_KEY.into(),
+            selector: format!("{LOCK_LABEL}={value}"),
+            candidate_labels: [(LOCK_LABEL.to_string(), value)].into(),
+        }
+    }
 }
 
 /// The pod this sidecar runs in.
@@ -196,7 +212,8 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 store: StoreChoice::Spanner(valid.spanner),
                 publishing: Publishing {
                     label_key: valid.label_key,
-                    selector: Some(valid.selector),
+                    selector: valid.selector,
+                    candidate_labels: Default::default(),
                 },
                 pod: Some(pod.clone()),
             })
@@ -233,14 +250,11 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 crate::store::spanner::validate_table(&config.table)?;
             }
             Ok(Settings {
+                publishing: Publishing::standalone(&lock),
                 lock,
                 identity,
                 timing,
                 store,
-                publishing: Publishing {
-                    label_key: DEFAULT_LABEL_KEY.into(),
-                    selector: None,
-                },
                 pod,
             })
         }
@@ -258,10 +272,11 @@ pub async fn watch_lease(
     set_timing: impl Fn(Timing),
 ) {
     use futures::StreamExt;
-    use kube::runtime::watcher;
+    use kube::runtime::{WatchStreamExt, watcher};
     let api: Api<DistributedLease> = Api::namespaced(client, &pod.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
-    let mut events = std::pin::pin!(watcher::watcher(api, config));
+    let events = watcher::watcher(api, config).backoff(super::publish::watch_backoff());
+    let mut events = std::pin::pin!(events);
     let mut timing = started.timing;
     while let Some(event) = events.next().await {
         let resource = match event {
@@ -386,20 +401,18 @@ mod tests {
         );
     }
 
+    const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
+
+    fn api_server() -> crate::sidecar::api_server::ApiServer {
+        crate::sidecar::api_server::ApiServer::new(Some(crate::sidecar::rbac::allows_request))
+    }
+
     #[tokio::test]
     async fn with_lease_every_setting_comes_from_the_resource() {
-        use http::{Request, Response};
-        use kube::client::Body;
-        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "prod");
-        let api_server = tokio::spawn(async move {
-            let (request, send) = server.next_request().await.expect("GET the lease");
-            assert_eq!(request.method(), "GET");
-            assert_eq!(
-                request.uri().path(),
-                "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web"
-            );
-            let lease = serde_json::json!({
+        let api = api_server();
+        api.insert(
+            LEASES,
+            serde_json::json!({
                 "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
                 "metadata": {"name": "web", "namespace": "prod"},
                 "spec": {
@@ -408,9 +421,8 @@ mod tests {
                     "selector": {"matchLabels": {"app": "web"}},
                     "publishing": {"readinessGate": true},
                 }
-            });
-            send.send_response(Response::new(Body::from(serde_json::to_vec(&lease).unwrap())));
-        });
+            }),
+        );
         let cli = Cli::parse_from([
             "sidecar",
             "--lease",
@@ -422,15 +434,18 @@ mod tests {
             "--kubernetes",
             "true",
         ]);
-        let s = resolve(&cli.args.election, Some(client)).await.unwrap();
-        api_server.await.unwrap();
+        let s = resolve(&cli.args.election, Some(api.client("prod"))).await.unwrap();
+        let requests: Vec<(String, String)> = api.requests().into_iter().map(|r| (r.method, r.uri)).collect();
+        assert_eq!(requests, [("GET".to_string(), format!("{LEASES}/web"))]);
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
         assert_eq!(s.timing.lease_duration, Duration::from_secs(6));
         assert_eq!(
             s.publishing,
             Publishing {
                 label_key: "leasehold.dev/leader".into(),
-                selector: Some("app=web".into())
+                selector: "app=web".into(),
+                candidate_labels: Default::default(),
             }
         );
         assert_eq!(s.pod.unwrap().name, "web-0");
@@ -438,11 +453,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn standalone_candidates_are_the_pods_labelled_with_the_lock() {
+        let s = settings(&["--lock", "scheduler", "--store", "memory"]).await.unwrap();
+        assert_eq!(s.publishing.selector, "leasehold.dev/lock=scheduler");
+        assert_eq!(
+            s.publishing.candidate_labels,
+            [("leasehold.dev/lock".to_string(), "scheduler".to_string())].into()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_timing_change_of_the_lease_reaches_the_elector() {
-        use http::{Request, Response};
-        use kube::client::Body;
-        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "prod");
+        let api = api_server();
+        let lease = |lease_duration: &str, renew_deadline: &str| {
+            serde_json::json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "web", "namespace": "prod"},
+                "spec": {
+                    "lockName": "prod/web",
+                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                    "leaseDuration": lease_duration, "renewDeadline": renew_deadline, "retryPeriod": "2s",
+                    "selector": {"matchLabels": {"app": "web"}},
+                }
+            })
+        };
+        api.insert(LEASES, lease("15s", "10s"));
         let started = settings(&["--lock", "prod/web", "--database", "projects/p/instances/i/databases/d"])
             .await
             .unwrap();
@@ -452,43 +487,30 @@ mod tests {
             uid: None,
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(watch_lease(client, pod, "web".into(), started, move |t| {
+        tokio::spawn(watch_lease(api.client("prod"), pod, "web".into(), started, move |t| {
             tx.send(t).unwrap()
         }));
-        let (request, send) = server.next_request().await.expect("the lease watch");
-        assert_eq!(request.method(), "GET");
-        assert_eq!(
-            request.uri().path(),
-            "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
-        );
-        assert!(
-            request
-                .uri()
-                .query()
-                .unwrap()
-                .contains("fieldSelector=metadata.name%3Dweb"),
-            "{}",
-            request.uri()
-        );
-        assert!(super::super::rbac::allows_request("GET", request.uri().path(), true));
-        let list = serde_json::json!({
-            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList", "metadata": {"resourceVersion": "7"},
-            "items": [{
-                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
-                "metadata": {"name": "web", "namespace": "prod"},
-                "spec": {
-                    "lockName": "prod/web",
-                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
-                    "leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "3s",
-                    "selector": {"matchLabels": {"app": "web"}},
+        api.wait_for_requests(2).await;
+        api.insert(LEASES, lease("30s", "20s"));
+        let changed = async {
+            while let Some(timing) = rx.recv().await {
+                if timing.renew_deadline == Duration::from_secs(20) {
+                    return timing;
                 }
-            }]
-        });
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
-        let timing = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            }
+            panic!("the watch ended")
+        };
+        let timing = tokio::time::timeout(Duration::from_secs(5), changed)
             .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(timing.renew_deadline, Duration::from_secs(20));
+            .expect("the new timing");
+        assert_eq!(timing.lease_duration, Duration::from_secs(30));
+        let watch = api
+            .requests()
+            .into_iter()
+            .find(|r| r.uri.contains("watch=true"))
+            .expect("a watch");
+        assert_eq!(watch.path(), LEASES);
+        assert!(watch.uri.contains("fieldSelector=metadata.name%3Dweb"), "{}", watch.uri);
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -161,7 +161,8 @@ pub fn container_verdict(pod: &Pod, container: &str) -> Verdict {
 /// Watches our own pod for the main container's readiness.
 pub async fn watch_container(pods: Api<Pod>, pod: String, container: String, verdict: watch::Sender<Verdict>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
-    let mut events = std::pin::pin!(watcher::watcher(pods, config));
+    let events = watcher::watcher(pods, config).backoff(super::publish::watch_backoff());
+    let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let next = match event {
             Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => container_verdict(&p, &container),
@@ -252,51 +253,53 @@ mod tests {
         assert!(matches!(container_verdict(&pod, "other"), Verdict::Unknown(_)));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_pod_event_with_the_main_container_not_ready_stops_the_campaign() {
-        use http::{Request, Response};
-        use kube::client::Body;
-        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let pods: Api<Pod> = Api::namespaced(kube::Client::new(service, "prod"), "prod");
+        use crate::sidecar::api_server::{ApiServer, pods};
+        let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
+        let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
+        pod["status"]["containerStatuses"] = serde_json::json!([
+            {"name": "app", "ready": true, "restartCount": 0, "image": "app", "imageID": ""},
+            {"name": "leasehold", "ready": true, "restartCount": 0, "image": "lh", "imageID": ""},
+        ]);
+        api.insert(&pods::collection("prod"), pod.clone());
+        api.insert(
+            &pods::collection("prod"),
+            pods::pod("web-1", "prod", serde_json::json!({"app": "web"}), None),
+        );
+        let pods_api: Api<Pod> = Api::namespaced(api.client("prod"), "prod");
         let (verdict_tx, verdict_rx) = watch::channel(Verdict::Unknown("pod not read yet".into()));
-        tokio::spawn(watch_container(pods, "web-0".into(), "app".into(), verdict_tx));
+        tokio::spawn(watch_container(pods_api, "web-0".into(), "app".into(), verdict_tx));
         let (health_tx, mut health_rx) = watch::channel(AppHealth::default());
         let (campaign_tx, mut campaign_rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(follow(vec![("container", verdict_rx)], health_tx, move |on| {
             campaign_tx.send(on).unwrap()
         }));
+        assert_eq!(campaign_rx.recv().await, Some(true), "ready: campaign");
 
-        let (request, send) = server.next_request().await.expect("the pod watch");
-        assert_eq!(request.method(), "GET");
-        assert_eq!(request.uri().path(), "/api/v1/namespaces/prod/pods");
-        assert!(
-            request
-                .uri()
-                .query()
-                .unwrap()
-                .contains("fieldSelector=metadata.name%3Dweb-0"),
-            "{}",
-            request.uri()
+        // The app container turns unready (restarted once).
+        pod["status"]["containerStatuses"][0]["ready"] = serde_json::json!(false);
+        pod["status"]["containerStatuses"][0]["restartCount"] = serde_json::json!(1);
+        api.insert(&pods::collection("prod"), pod);
+        assert_eq!(
+            campaign_rx.recv().await,
+            Some(false),
+            "not ready: stop campaigning (a leader releases)"
         );
-        assert!(crate::sidecar::rbac::allows_request("GET", request.uri().path(), false));
-        let list = serde_json::json!({
-            "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "3"},
-            "items": [{
-                "metadata": {"name": "web-0", "namespace": "prod"},
-                "status": {"containerStatuses": [
-                    {"name": "app", "ready": false, "restartCount": 1, "image": "app", "imageID": ""},
-                    {"name": "leasehold", "ready": true, "restartCount": 0, "image": "lh", "imageID": ""},
-                ]}
-            }]
-        });
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
-        let on = tokio::time::timeout(Duration::from_secs(5), campaign_rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(!on, "not ready: stop campaigning (a leader releases)");
-        let health = health_rx.wait_for(|h| h.healthy.is_some()).await.unwrap().clone();
-        assert_eq!(health.healthy, Some(false));
+        let health = health_rx.wait_for(|h| h.healthy == Some(false)).await.unwrap().clone();
         assert_eq!(health.reason, "container: container app is not ready (restarts: 1)");
+
+        let watch = api
+            .requests()
+            .into_iter()
+            .find(|r| r.uri.contains("watch=true"))
+            .expect("a watch of our pod");
+        assert_eq!(watch.path(), "/api/v1/namespaces/prod/pods");
+        assert!(
+            watch.uri.contains("fieldSelector=metadata.name%3Dweb-0"),
+            "{}",
+            watch.uri
+        );
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 }

@@ -1,10 +1,10 @@
 //! The sidecar's local HTTP API, for the main container: who leads, as JSON
 //! (200 only while this pod leads, so it doubles as a probe), the classic
 //! contrib leader-elector `{"name": …}`, a server-sent event stream of
-//! changes, and health.
+//! changes and renewals, and health.
 
 use std::convert::Infallible;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
@@ -36,12 +36,19 @@ pub struct LeaderView {
     pub since: Option<String>,
     /// Seconds until this leader stops claiming unless it renews.
     pub expires_in: Option<f64>,
+    /// Leader only: RFC 3339 wall-clock time after which this view must not
+    /// be acted on, whatever the sidecar does meanwhile (it may be stalled).
+    /// The deadline (send time of the last renewal + R) minus a margin.
+    pub valid_until: Option<String>,
     pub identity: String,
     pub campaigning: bool,
     /// Whether the main container is healthy (`null`: no health source, or
     /// none can tell), and why; the sidecar campaigns only while it is.
     pub app_healthy: Option<bool>,
     pub app_health: Option<String>,
+    /// The last store error while following (e.g. unreachable since start),
+    /// with what to fix.
+    pub store_error: Option<String>,
 }
 
 impl LeaderView {
@@ -56,10 +63,15 @@ impl LeaderView {
                 .since
                 .map(|t: SystemTime| humantime::format_rfc3339_millis(t).to_string()),
             expires_in: state.expires_in(now).filter(|_| leader).map(|d| d.as_secs_f64()),
+            valid_until: valid_until(state, now).map(|t| humantime::format_rfc3339_millis(t).to_string()),
             identity: state.identity.clone(),
             campaigning: state.campaigning,
             app_healthy: None,
             app_health: None,
+            store_error: match &state.change {
+                crate::lease::Change::StoreError(e) => Some(e.clone()),
+                _ => None,
+            },
         }
     }
 
@@ -72,10 +84,29 @@ impl LeaderView {
         }
     }
 
-    /// What a watcher is told about; renewals are not news.
-    fn key(&self) -> (bool, Option<String>, u64, Option<String>) {
-        (self.leader, self.holder.clone(), self.term, self.token.clone())
+    /// What a watcher is told about: a new leader, holder, term or token,
+    /// and each renewal (it extends `validUntil`).
+    pub fn key(&self) -> (bool, Option<String>, u64, Option<String>, Option<String>) {
+        (
+            self.leader,
+            self.holder.clone(),
+            self.term,
+            self.token.clone(),
+            self.valid_until.clone(),
+        )
     }
+}
+
+/// The share of R kept back from `validUntil`: it covers delivering the view
+/// (file, event) and the wall clock stepping against the monotonic one.
+const VALID_UNTIL_MARGIN: f64 = 0.1;
+
+/// The wall-clock time until which a leader's view may be acted on.
+fn valid_until(state: &LeaderState, now: Instant) -> Option<SystemTime> {
+    let (deadline, renewed) = state.deadline.zip(state.renewed).filter(|_| state.is_leader_at(now))?;
+    let margin = (deadline - renewed).mul_f64(VALID_UNTIL_MARGIN);
+    let left = deadline.saturating_duration_since(now).saturating_sub(margin);
+    Some(SystemTime::now() + left).filter(|_| left > Duration::ZERO)
 }
 
 /// What the handlers read.
@@ -83,6 +114,8 @@ impl LeaderView {
 pub struct ApiState {
     pub leader: watch::Receiver<LeaderState>,
     pub app: watch::Receiver<AppHealth>,
+    /// Why the sidecar cannot work yet (the store not reached since start), if so.
+    pub starting: watch::Receiver<Option<String>>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -90,8 +123,21 @@ pub fn router(state: ApiState) -> Router {
         .route("/leader", get(leader))
         .route("/", get(name))
         .route("/watch", get(watch_changes))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .with_state(state)
+}
+
+/// 200 `ok`, or 503 saying why the sidecar cannot do its job: its elector
+/// has stopped, or the store has not been reached since start.
+pub async fn healthz(State(state): State<ApiState>) -> (StatusCode, String) {
+    // The elector owns the state's sender: closed means it has ended.
+    if state.leader.has_changed().is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the elector has stopped".into());
+    }
+    match state.starting.borrow().clone() {
+        Some(problem) => (StatusCode::SERVICE_UNAVAILABLE, problem),
+        None => (StatusCode::OK, "ok".into()),
+    }
 }
 
 async fn leader(State(state): State<ApiState>) -> impl IntoResponse {
@@ -104,15 +150,20 @@ async fn leader(State(state): State<ApiState>) -> impl IntoResponse {
     (status, Json(view))
 }
 
+/// The classic contrib leader-elector's answer: the leader's pod name, which
+/// its clients compare with `$HOSTNAME` (the full identity is in `/leader`).
 async fn name(State(state): State<ApiState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "name": state.leader.borrow().holder.clone().unwrap_or_default() }))
+    let holder = state.leader.borrow().holder.clone().unwrap_or_default();
+    let name = crate::sidecar::publish::holder_pod(&holder);
+    Json(serde_json::json!({ "name": name }))
 }
 
 async fn watch_changes(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     Sse::new(changes(state.leader)).keep_alive(KeepAlive::default())
 }
 
-/// One event per change of (leader, holder, term, token), starting with the current state.
+/// One event per change of (leader, holder, term, token) and per renewal,
+/// starting with the current state.
 pub fn changes(state: watch::Receiver<LeaderState>) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut last = None;
     WatchStream::new(state).filter_map(move |s| {
@@ -135,4 +186,108 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, shutdown: Can
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    fn api(state: LeaderState) -> (ApiState, watch::Sender<LeaderState>, watch::Sender<Option<String>>) {
+        let (leader_tx, leader) = watch::channel(state);
+        let (starting_tx, starting) = watch::channel(None);
+        let app = watch::channel(AppHealth::default()).1;
+        (ApiState { leader, app, starting }, leader_tx, starting_tx)
+    }
+
+    async fn get(state: &ApiState, path: &str) -> (StatusCode, String) {
+        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn root_answers_the_leaders_pod_name_like_the_contrib_leader_elector() {
+        let (state, _tx, _s) = api(LeaderState {
+            holder: Some("eu/prod/web-1#1f2e3d4c".into()),
+            ..Default::default()
+        });
+        let (status, body) = get(&state, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            serde_json::json!({"name": "web-1"})
+        );
+        let (_, leader) = get(&state, "/leader").await;
+        let leader: serde_json::Value = serde_json::from_str(&leader).unwrap();
+        assert_eq!(
+            leader["holder"], "eu/prod/web-1#1f2e3d4c",
+            "the full identity stays in /leader"
+        );
+    }
+
+    #[tokio::test]
+    async fn healthz_tells_when_the_elector_has_ended_or_the_store_was_never_reached() {
+        let (state, leader_tx, starting_tx) = api(LeaderState::default());
+        assert_eq!(get(&state, "/healthz").await, (StatusCode::OK, "ok".into()));
+        starting_tx.send_replace(Some("cannot reach the store: down; fix: check --database".into()));
+        assert_eq!(
+            get(&state, "/healthz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot reach the store: down; fix: check --database".into()
+            )
+        );
+        starting_tx.send_replace(None);
+        drop(leader_tx);
+        assert_eq!(
+            get(&state, "/healthz").await,
+            (StatusCode::SERVICE_UNAVAILABLE, "the elector has stopped".into())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leaders_view_is_valid_until_its_deadline_less_a_margin_and_each_renewal_extends_it() {
+        let renewed = Instant::now();
+        let r = Duration::from_secs(10);
+        let leading = LeaderState {
+            leader: true,
+            holder: Some("a#1".into()),
+            term: 1,
+            token: Some(crate::lease::FencingToken(7)),
+            deadline: Some(renewed + r),
+            renewed: Some(renewed),
+            ..Default::default()
+        };
+        let wall = SystemTime::now();
+        let view = LeaderView::of(&leading, Instant::now());
+        let until = humantime::parse_rfc3339(view.valid_until.as_deref().unwrap()).unwrap();
+        // R = 10 s less the 10 % margin, to the millisecond of the rendering.
+        let expected = wall + Duration::from_secs(9);
+        assert!(
+            until.duration_since(expected).unwrap_or_else(|e| e.duration()) < Duration::from_millis(50),
+            "{view:?}"
+        );
+        // Past deadline − margin the view is no longer valid, and a follower's never is.
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(LeaderView::of(&leading, Instant::now()).valid_until, None);
+        assert_eq!(
+            LeaderView::of(&LeaderState::default(), Instant::now()).valid_until,
+            None
+        );
+
+        // /watch: an event per renewal, carrying the extended bound.
+        let (tx, rx) = watch::channel(leading.clone());
+        let mut events = std::pin::pin!(changes(rx));
+        assert!(events.next().await.is_some());
+        tx.send_modify(|s| {
+            s.renewed = Some(Instant::now());
+            s.deadline = Some(Instant::now() + r);
+        });
+        let renewal = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+        assert!(renewal.is_ok_and(|e| e.is_some()), "no event for the renewal");
+    }
 }

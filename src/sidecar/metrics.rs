@@ -57,6 +57,11 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("leasehold");
         r.register("is_leader", "1 while this candidate leads", metrics.is_leader.clone());
         r.register(
+            "app_healthy",
+            "Whether the main container is healthy: 1 yes, 0 no, -1 cannot tell (no health source answers)",
+            metrics.app_healthy.clone(),
+        );
+        r.register(
             "transitions",
             "Leadership acquisitions and losses",
             metrics.transitions.clone(),
@@ -193,6 +198,28 @@ impl LeaseStore for MeteredStore {
 mod tests {
     use super::*;
     use crate::store::{Faults, MemoryStore};
+
+    #[tokio::test]
+    async fn metrics_shows_every_gauge_the_readme_documents() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics.app_healthy.set(-1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let readme = include_str!("../../README.md");
+        for gauge in [
+            "leasehold_is_leader",
+            "leasehold_app_healthy",
+            "leasehold_seconds_since_renew",
+        ] {
+            assert!(readme.contains(gauge), "README documents {gauge}");
+            assert!(
+                text.contains(&format!("# TYPE {gauge} gauge")),
+                "{gauge} missing in\n{text}"
+            );
+        }
+        assert!(text.contains("leasehold_app_healthy -1"), "{text}");
+    }
 
     #[tokio::test]
     async fn the_metered_store_counts_calls_failures_and_latency() {

@@ -7,7 +7,8 @@
 //! and the watch event come from the elector's state at once; then the
 //! readiness condition) and only then fixes labels. On SIGTERM it stops
 //! claiming, waits the drain window, releases and exits 0; a second signal
-//! exits at once.
+//! exits at once. The HTTP API starts before the store is reached: a store
+//! unreachable at start is retried and reported (`starting`), not an exit.
 
 pub mod config;
 pub mod health;
@@ -16,7 +17,13 @@ pub mod interface;
 pub mod metrics;
 pub mod publish;
 pub mod rbac;
+pub mod starting;
 pub mod token_file;
+
+/// The API server model the wire-level tests share (tests only).
+#[cfg(test)]
+#[path = "../../tests/support/api_server.rs"]
+pub(crate) mod api_server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,10 +72,19 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
-    if args.election.create_table {
-        store.ensure_schema().await?;
-    }
+    let (starting_tx, starting) = tokio::sync::watch::channel(None);
+    let (choice, metered) = (settings.store.clone(), metrics.clone());
+    let store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
+        move || {
+            let (choice, metrics) = (choice.clone(), metered.clone());
+            Box::pin(async move {
+                let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&choice).await?, metrics));
+                Ok(store)
+            })
+        },
+        args.election.create_table,
+        starting_tx,
+    ));
 
     let http = bind(args.http_addr).await?;
     let metrics_listener = bind(args.metrics_addr).await?;
@@ -78,29 +94,23 @@ pub async fn run(args: Args) -> Result<()> {
     // Leader work here is the drain window: when stepping down on purpose
     // (SIGTERM, the app turned unhealthy) the main container sees 503 first
     // and gets time to finish before we release.
-    let drain = args.drain;
-    let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| async move {
-        ctx.cancelled.cancelled().await;
-        if ctx.state.borrow().change == Change::SteppingDown {
-            info!(?drain, "stopped claiming; draining before the release");
-            tokio::time::sleep(drain).await;
-        }
-    });
+    let handle = elector.spawn_with_work(store, shutdown.clone(), drain_on_step_down(args.drain));
     let state = handle.subscribe();
     let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
     let servers = CancellationToken::new();
     let api = crate::sidecar::http::ApiState {
         leader: state.clone(),
         app: app.clone(),
+        starting,
     };
     let http_task = tokio::spawn(crate::sidecar::http::serve(
         http,
-        crate::sidecar::http::router(api),
+        crate::sidecar::http::router(api.clone()),
         servers.clone(),
     ));
     let metrics_task = tokio::spawn(crate::sidecar::http::serve(
         metrics_listener,
-        metrics_router(registry),
+        metrics_router(registry, api.clone()),
         servers.clone(),
     ));
     tokio::spawn(metrics.follow(state.clone()));
@@ -115,13 +125,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
-        tokio::spawn(publisher.run(
-            state.clone(),
-            transitions,
-            app.clone(),
-            handle.control(),
-            shutdown.clone(),
-        ))
+        tokio::spawn(publisher.run(state.clone(), transitions, app.clone(), handle.control()))
     });
 
     handle.join().await;
@@ -138,6 +142,26 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sidecar's leader work: when the term ends on purpose (SIGTERM, the
+/// app turned unhealthy) wait `drain` before the elector releases; a lost
+/// term ends at once.
+fn drain_on_step_down(drain: Duration) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
+    move |ctx: LeaderContext| {
+        Box::pin(async move {
+            ctx.cancelled.cancelled().await;
+            // The cancellation can arrive (it follows the shutdown token)
+            // before the elector publishes why the term ended: read the
+            // reason only once the state no longer claims.
+            let mut state = ctx.state.clone();
+            let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
+            if ended.is_ok_and(|change| change == Change::SteppingDown) {
+                info!(?drain, "stopped claiming; draining before the release");
+                tokio::time::sleep(drain).await;
+            }
+        })
+    }
 }
 
 /// Starts the configured app health sources; with none, the app counts as
@@ -191,7 +215,7 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
         .map_err(|source| Error::Listen { addr, source })
 }
 
-fn metrics_router(registry: Registry) -> axum::Router {
+fn metrics_router(registry: Registry, api: crate::sidecar::http::ApiState) -> axum::Router {
     let registry = Arc::new(registry);
     axum::Router::new()
         .route(
@@ -214,18 +238,74 @@ fn metrics_router(registry: Registry) -> axum::Router {
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
+        .with_state(api)
 }
 
 /// Opens the configured store.
-pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
+pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>, crate::lease::StoreError> {
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
         StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
     })
 }
 
+/// The longest wait between two attempts at anything the sidecar retries
+/// against the Kubernetes API or, at start, the store (before jitter, which
+/// adds up to as much again): a write, a watch, a connection.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// Exponential from 100 ms to [`BACKOFF_CAP`], jittered, never giving up.
+pub fn capped_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(BACKOFF_CAP)
+        .with_jitter()
+        .without_max_times()
+}
+
 /// A duration flag ("5s", "250ms"); clap names the flag in its error.
 pub fn parse_duration_flag(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{Identity, Timing};
+    use crate::store::MemoryStore;
+
+    /// SIGTERM: 503 at once, the drain, then the release. On a current-thread
+    /// runtime with paused time the leader work wakes on shutdown in the same
+    /// turn as the elector, so a check made before the elector says
+    /// "stepping down" would skip the drain.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_claiming_then_drains_then_releases() {
+        let drain = Duration::from_secs(5);
+        let store = MemoryStore::new(1);
+        let timing = Timing::default();
+        let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), timing);
+        let shutdown = CancellationToken::new();
+        let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), drain_on_step_down(drain));
+        let mut state = handle.subscribe();
+        state.wait_for(|s| s.leader).await.unwrap();
+        shutdown.cancel();
+        state.wait_for(|s| !s.leader).await.unwrap();
+        let stopped = tokio::time::Instant::now();
+        let joined = tokio::spawn(handle.join());
+        tokio::time::sleep(drain - Duration::from_millis(1)).await;
+        let held = store.observe("drain").await.unwrap();
+        assert!(
+            held.live_holder().is_some(),
+            "released {:?} into a {drain:?} drain",
+            stopped.elapsed()
+        );
+        joined.await.unwrap();
+        assert!(stopped.elapsed() >= drain);
+        assert_eq!(
+            store.observe("drain").await.unwrap().live_holder(),
+            None,
+            "released after the drain"
+        );
+    }
 }

@@ -1,38 +1,153 @@
 //! Publishing leadership on the pod: the leader label, the readiness-gate
 //! condition, Events, and the peer watch that makes handover fast.
 //!
-//! A new leader first sets "false" on every other candidate pod still
-//! labelled "true", then "true" on its own; a leader that stops claiming
-//! first sets its condition False, then its label "false". Writes retry with
-//! backoff; none of this ever touches the lease.
+//! Level-triggered: the desired state (this pod leads or not, from the
+//! elector) is compared with the observed state (our pod and the other
+//! candidates, from two pod watches and the answers to our own writes), and
+//! the first difference is written, one write at a time, until they match,
+//! for as long as the sidecar runs. A failed write is retried with capped
+//! backoff; a write counts only by the object the API server returns, never
+//! because it was sent. Whatever else changes our label or condition, the
+//! watch shows it and it is written back.
+//!
+//! Order: a leader first sets the condition False and the label "false" on
+//! every other candidate still claiming, then its own label "true", then
+//! (readiness-gated pods) its own condition True; a pod that stops leading
+//! first sets its condition False, then its label "false". When the desired
+//! state flips, the write in flight and any backoff are dropped at once, so
+//! stopping to claim never waits behind retries of another write.
+//!
+//! Every write carries the `resourceVersion` we observed as a precondition
+//! (409 Conflict when the pod changed since): a late "false" from a brief
+//! leader cannot undo the real leader's "true", and a late "true" from a
+//! deposed one cannot undo a clear. On a conflict we read the pod again and
+//! decide anew. None of this ever touches the lease.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::config::{PodRef, Publishing};
 use super::health::AppHealth;
+use super::starting::Throttle;
 use crate::lease::{Change, ElectorControl, LeaderState};
 
 /// The readiness-gate condition type.
 pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
+/// Standalone (no `--lease`): the label naming the lock a candidate pod
+/// campaigns for, so a leader clears only its own lock's candidates.
+pub const LOCK_LABEL: &str = "leasehold.dev/lock";
 const FIELD_MANAGER: &str = "leasehold-sidecar";
+pub use super::BACKOFF_CAP;
+/// How long a sidecar whose elector has ended keeps trying to leave its pod
+/// labelled "false" and not ready.
+const FINAL_WRITES_WITHIN: Duration = Duration::from_secs(5);
+/// How often a write that keeps failing is logged again.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Publisher {
     pods: Api<Pod>,
     pod: PodRef,
     publishing: Publishing,
-    recorder: Recorder,
+    announcer: Announcer,
+}
+
+/// What the pods look like: from the watches and the answers to our writes.
+#[derive(Debug, Default)]
+struct Observed {
+    own: Option<Pod>,
+    /// The candidates the selector matches (our own pod among them, maybe).
+    peers: BTreeMap<String, Pod>,
+    /// The peer list is complete (the watch's initial list arrived).
+    peers_listed: bool,
+    /// The initial list being received, while the watch (re)starts.
+    relisting: Option<BTreeMap<String, Pod>>,
+}
+
+impl Observed {
+    fn apply(&mut self, me: &str, pod: Pod) {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if name == me {
+            self.own = Some(pod.clone());
+        }
+        if self.peers.contains_key(&name) || name != me {
+            self.peers.insert(name, pod);
+        }
+    }
+
+    fn peer_event(&mut self, event: watcher::Event<Pod>) {
+        let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+        match event {
+            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
+            watcher::Event::InitApply(pod) => {
+                self.relisting.get_or_insert_default().insert(name(&pod), pod);
+            }
+            watcher::Event::InitDone => {
+                self.peers = self.relisting.take().unwrap_or_default();
+                self.peers_listed = true;
+            }
+            watcher::Event::Apply(pod) => {
+                self.peers.insert(name(&pod), pod);
+            }
+            watcher::Event::Delete(pod) => {
+                self.peers.remove(&name(&pod));
+            }
+        }
+    }
+}
+
+/// One write towards the desired state.
+#[derive(Debug, Clone, PartialEq)]
+enum Write {
+    /// `leader` on `pod`'s label (and, for our own pod, the candidate labels).
+    Label { pod: String, leader: bool, version: String },
+    /// `leader` as `pod`'s leader condition.
+    Condition { pod: String, leader: bool, version: String },
+}
+
+impl Write {
+    fn pod(&self) -> &str {
+        match self {
+            Write::Label { pod, .. } | Write::Condition { pod, .. } => pod,
+        }
+    }
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn condition(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == LEADER_CONDITION)
+        .map(|c| c.status.as_str())
+}
+
+fn version(pod: &Pod) -> String {
+    pod.metadata.resource_version.clone().unwrap_or_default()
+}
+
+/// Whether the pod lists the leader condition as a readiness gate.
+fn readiness_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|g| g.condition_type == LEADER_CONDITION))
 }
 
 impl Publisher {
@@ -41,156 +156,305 @@ impl Publisher {
             controller: FIELD_MANAGER.into(),
             instance: Some(pod.name.clone()),
         };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: pod.uid.clone(),
+            ..Default::default()
+        };
         Publisher {
             pods: Api::namespaced(client.clone(), &pod.namespace),
-            recorder: Recorder::new(client, reporter),
+            announcer: Announcer {
+                recorder: Recorder::new(client, reporter),
+                pod: reference,
+            },
             pod,
             publishing,
         }
     }
 
-    /// Publishes every change of `state` until the elector is gone, then
-    /// leaves the pod labelled "false" and not ready.
+    /// The next write towards `leads`, or `None` when the pods match it
+    /// (or cannot be judged yet: our pod not seen, or, to claim, the other
+    /// candidates not listed).
+    fn next_write(&self, leads: bool, observed: &Observed) -> Option<Write> {
+        let me = &self.pod.name;
+        let own = observed.own.as_ref()?;
+        let gated = readiness_gated(own);
+        let key = &self.publishing.label_key;
+        let own_labels_are = |leader: bool| {
+            label(own, key) == Some(if leader { "true" } else { "false" })
+                && self
+                    .publishing
+                    .candidate_labels
+                    .iter()
+                    .all(|(k, v)| label(own, k) == Some(v.as_str()))
+        };
+        let own_label = |leader| Write::Label {
+            pod: me.clone(),
+            leader,
+            version: version(own),
+        };
+        let own_condition = |leader| Write::Condition {
+            pod: me.clone(),
+            leader,
+            version: version(own),
+        };
+        if !leads {
+            if gated && condition(own) != Some("False") {
+                return Some(own_condition(false));
+            }
+            return (!own_labels_are(false)).then(|| own_label(false));
+        }
+        if !observed.peers_listed {
+            return None;
+        }
+        let others = || {
+            observed
+                .peers
+                .values()
+                .filter(|p| p.metadata.name.as_deref() != Some(me))
+        };
+        if let Some(peer) = others().find(|p| condition(p) == Some("True")) {
+            return Some(Write::Condition {
+                pod: peer.metadata.name.clone().unwrap_or_default(),
+                leader: false,
+                version: version(peer),
+            });
+        }
+        if let Some(peer) = others().find(|p| label(p, key) == Some("true")) {
+            return Some(Write::Label {
+                pod: peer.metadata.name.clone().unwrap_or_default(),
+                leader: false,
+                version: version(peer),
+            });
+        }
+        if !own_labels_are(true) {
+            return Some(own_label(true));
+        }
+        (gated && condition(own) != Some("True")).then(|| own_condition(true))
+    }
+
+    /// Sends one write; the pod as the API server answers it.
+    fn perform(&self, write: &Write) -> BoxFuture<'static, Result<Pod, kube::Error>> {
+        let pods = self.pods.clone();
+        let params = PatchParams::default();
+        match write.clone() {
+            Write::Label { pod, leader, version } => {
+                let mut labels = serde_json::Map::new();
+                labels.insert(self.publishing.label_key.clone(), json!(leader.to_string()));
+                if pod == self.pod.name {
+                    for (k, v) in &self.publishing.candidate_labels {
+                        labels.insert(k.clone(), json!(v));
+                    }
+                }
+                let patch = Patch::Merge(json!({"metadata": {"resourceVersion": version, "labels": labels}}));
+                Box::pin(async move { pods.patch(&pod, &params, &patch).await })
+            }
+            Write::Condition { pod, leader, version } => {
+                let (status, reason, message) = match (leader, pod == self.pod.name) {
+                    (true, _) => ("True", "Leader", "this pod holds the lease"),
+                    (false, true) => ("False", "Follower", "this pod does not hold the lease"),
+                    (false, false) => ("False", "NotLeader", "cleared by the new leader"),
+                };
+                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+                // Strategic merge: the API server merges conditions by type.
+                let patch = Patch::Strategic(json!({
+                    "metadata": {"resourceVersion": version},
+                    "status": {"conditions": [{
+                        "type": LEADER_CONDITION,
+                        "status": status,
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": now,
+                    }]}
+                }));
+                Box::pin(async move { pods.patch_status(&pod, &params, &patch).await })
+            }
+        }
+    }
+
+    /// Publishes until the elector is gone, then leaves the pod labelled
+    /// "false" and not ready (bounded by [`FINAL_WRITES_WITHIN`]).
     pub async fn run(
         self,
         mut state: watch::Receiver<LeaderState>,
-        mut transitions: broadcast::Receiver<LeaderState>,
-        mut app: watch::Receiver<AppHealth>,
+        transitions: broadcast::Receiver<LeaderState>,
+        app: watch::Receiver<AppHealth>,
         control: ElectorControl,
-        shutdown: CancellationToken,
     ) {
-        let gated = self.readiness_gated(&shutdown).await;
-        if let Some(selector) = self.publishing.selector.clone() {
-            tokio::spawn(watch_peers(
-                self.pods.clone(),
-                self.pod.name.clone(),
-                self.publishing.label_key.clone(),
-                selector,
-                state.clone(),
-                move || control.nudge(),
-            ));
-        }
-        let mut published: Option<bool> = None;
+        let announcer = tokio::spawn(self.announcer.clone().run(transitions, app));
+        let me = self.pod.name.clone();
+        let own_config = watcher::Config::default().fields(&format!("metadata.name={me}"));
+        let mut own_events = std::pin::pin!(watcher::watcher(self.pods.clone(), own_config).backoff(watch_backoff()));
+        let peer_config = watcher::Config::default().labels(&self.publishing.selector);
+        let mut peer_events = std::pin::pin!(watcher::watcher(self.pods.clone(), peer_config).backoff(watch_backoff()));
+
+        let mut observed = Observed::default();
+        let mut in_flight: Option<(Write, BoxFuture<'static, Result<Pod, kube::Error>>)> = None;
+        let mut refresh: Option<BoxFuture<'static, Result<Pod, kube::Error>>> = None;
+        let mut backoff = write_backoff();
+        let mut retry_at: Option<Instant> = None;
+        let mut report = Throttle::new(REPORT_EVERY);
+        let mut desired = false;
+        let mut ending: Option<Instant> = None;
         loop {
-            let current = state.borrow_and_update().clone();
-            let leads = current.is_leader_at(Instant::now());
-            if published != Some(leads) {
-                self.publish(leads, gated).await;
-                published = Some(leads);
+            let current = state.borrow().clone();
+            let leads = ending.is_none() && current.is_leader_at(Instant::now());
+            if leads != desired {
+                // Stop (or start) claiming now: nothing waits behind a
+                // write towards the old state or its backoff.
+                desired = leads;
+                in_flight = None;
+                retry_at = None;
+                backoff = write_backoff();
+            }
+            let next = self.next_write(desired, &observed);
+            if in_flight.as_ref().is_some_and(|(w, _)| Some(w) != next.as_ref()) {
+                in_flight = None;
+            }
+            if let Some(end) = ending
+                && (next.is_none() || Instant::now() >= end)
+            {
+                break;
+            }
+            if in_flight.is_none() && refresh.is_none() && retry_at.is_none_or(|at| Instant::now() >= at) {
+                retry_at = None;
+                in_flight = next.map(|write| {
+                    let future = self.perform(&write);
+                    (write, future)
+                });
             }
             // A stalled elector does not publish its own deadline passing.
-            let deadline = current.deadline.filter(|_| leads);
+            let deadline = current.deadline.filter(|_| desired);
             tokio::select! {
-                changed = state.changed() => if changed.is_err() { break },
-                Ok(transition) = transitions.recv() => self.announce(&transition).await,
-                Ok(()) = app.changed() => {
-                    let health = app.borrow_and_update().clone();
-                    self.announce_app_health(&health).await;
-                }
+                changed = state.changed(), if ending.is_none() => if changed.is_err() {
+                    ending = Some(Instant::now() + FINAL_WRITES_WITHIN);
+                },
                 _ = sleep_until(deadline) => {}
+                _ = sleep_until(ending) => {}
+                _ = sleep_until(retry_at) => {}
+                Some(event) = own_events.next() => match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => observed.own = Some(pod),
+                    Ok(watcher::Event::Delete(_)) => observed.own = None,
+                    // The watch (re)connected: the API server answers again.
+                    Ok(watcher::Event::InitDone) => retry_at = None,
+                    Ok(watcher::Event::Init) => {}
+                    Err(e) => debug!(error = %e, "our pod's watch failed; it retries with backoff"),
+                },
+                Some(event) = peer_events.next() => match event {
+                    Ok(event) => {
+                        if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = &event {
+                            self.nudge_on_release(pod, &current, &control);
+                        }
+                        observed.peer_event(event);
+                    }
+                    Err(e) => debug!(error = %e, "the candidates' watch failed; it retries with backoff"),
+                },
+                Some((write, result)) = next_result(&mut in_flight) => match result {
+                    Ok(pod) => {
+                        debug!(?write, "written");
+                        observed.apply(&me, pod);
+                        backoff = write_backoff();
+                        report.reset();
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        debug!(?write, "the pod changed since we read it; reading it again");
+                        let (pods, name) = (self.pods.clone(), write.pod().to_string());
+                        refresh = Some(Box::pin(async move { pods.get(&name).await }));
+                    }
+                    Err(e) => {
+                        let delay = backoff.next().unwrap_or(BACKOFF_CAP);
+                        if let Some(failures) = report.due(Instant::now()) {
+                            warn!(?write, error = %e, failures, retry_in = ?delay, "cannot publish leadership on the pod; retrying");
+                        }
+                        retry_at = Some(Instant::now() + delay);
+                    }
+                },
+                Some(read) = next_refresh(&mut refresh) => match read {
+                    Ok(pod) => observed.apply(&me, pod),
+                    Err(e) => {
+                        debug!(error = %e, "cannot read the pod again");
+                        retry_at = Some(Instant::now() + backoff.next().unwrap_or(BACKOFF_CAP));
+                    }
+                },
             }
         }
-        while let Ok(transition) = transitions.try_recv() {
-            self.announce(&transition).await;
+        if ending.is_some_and(|end| Instant::now() >= end) {
+            warn!("the elector has stopped; giving up leaving the pod labelled false and not ready");
         }
-        if published != Some(false) {
-            self.publish(false, gated).await;
-        }
+        // Events still queued (the release) get a moment to go out.
+        let _ = tokio::time::timeout(Duration::from_secs(2), announcer).await;
     }
 
-    /// Whether our pod lists the leader condition as a readiness gate.
-    async fn readiness_gated(&self, shutdown: &CancellationToken) -> bool {
-        let get = || self.pods.get(&self.pod.name);
-        let pod = tokio::select! {
-            pod = get.retry(backoff()).notify(|e, d| warn!(error = %e, retry_in = ?d, "cannot read our own pod")) => pod,
-            _ = shutdown.cancelled() => return false,
-        };
-        match pod {
-            Ok(pod) => pod
-                .spec
-                .and_then(|s| s.readiness_gates)
-                .is_some_and(|gates| gates.iter().any(|g| g.condition_type == LEADER_CONDITION)),
-            Err(e) => {
-                warn!(error = %e, "cannot read our own pod; not publishing a readiness condition");
-                false
+    /// The current holder's pod turned its label to "false": it released,
+    /// so acquire now instead of at the next poll.
+    fn nudge_on_release(&self, pod: &Pod, state: &LeaderState, control: &ElectorControl) {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let released = label(pod, &self.publishing.label_key) == Some("false");
+        if name != self.pod.name && released && state.holder.as_deref().map(holder_pod) == Some(name) {
+            info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
+            control.nudge();
+        }
+    }
+}
+
+async fn next_result(
+    in_flight: &mut Option<(Write, BoxFuture<'static, Result<Pod, kube::Error>>)>,
+) -> Option<(Write, Result<Pod, kube::Error>)> {
+    let (write, future) = in_flight.as_mut()?;
+    let result = future.await;
+    let write = write.clone();
+    *in_flight = None;
+    Some((write, result))
+}
+
+async fn next_refresh(
+    refresh: &mut Option<BoxFuture<'static, Result<Pod, kube::Error>>>,
+) -> Option<Result<Pod, kube::Error>> {
+    let result = refresh.as_mut()?.await;
+    *refresh = None;
+    Some(result)
+}
+
+fn write_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    super::capped_backoff().build()
+}
+
+/// The backoff of the sidecar's watches: capped at [`BACKOFF_CAP`], so a
+/// watch is back within that after the API server returns.
+pub fn watch_backoff() -> kube::runtime::watcher::ExponentialBackoff {
+    super::capped_backoff().into()
+}
+
+/// Events on the pod: acquisitions, losses, releases and the app's health;
+/// a task of its own, so an Event never delays a label or condition.
+#[derive(Clone)]
+struct Announcer {
+    recorder: Recorder,
+    pod: ObjectReference,
+}
+
+impl Announcer {
+    async fn run(self, mut transitions: broadcast::Receiver<LeaderState>, mut app: watch::Receiver<AppHealth>) {
+        let mut app_open = true;
+        loop {
+            tokio::select! {
+                transition = transitions.recv() => match transition {
+                    Ok(transition) => self.announce(&transition).await,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => warn!(missed, "Events fell behind"),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                changed = app.changed(), if app_open => match changed {
+                    Ok(()) => {
+                        let health = app.borrow_and_update().clone();
+                        self.announce_app_health(&health).await;
+                    }
+                    Err(_) => app_open = false,
+                },
             }
-        }
-    }
-
-    async fn publish(&self, leads: bool, gated: bool) {
-        if leads {
-            self.clear_other_leaders().await;
-            self.set_label(&self.pod.name, true).await;
-            if gated {
-                self.set_condition(true).await;
-            }
-        } else {
-            // Stop claiming first: readiness, then the label.
-            if gated {
-                self.set_condition(false).await;
-            }
-            self.set_label(&self.pod.name, false).await;
-        }
-    }
-
-    /// Sets "false" on every other candidate still labelled "true".
-    async fn clear_other_leaders(&self) {
-        let key = &self.publishing.label_key;
-        let selector = match &self.publishing.selector {
-            Some(s) if !s.is_empty() => format!("{s},{key}=true"),
-            _ => format!("{key}=true"),
-        };
-        let params = ListParams::default().labels(&selector);
-        let list = || self.pods.list(&params);
-        match list.retry(backoff()).await {
-            Ok(pods) => {
-                for other in pods
-                    .items
-                    .iter()
-                    .filter_map(|p| p.metadata.name.as_deref())
-                    .filter(|n| *n != self.pod.name)
-                {
-                    info!(pod = other, "clearing a stale leader label");
-                    self.set_label(other, false).await;
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot list candidate pods to clear stale leader labels"),
-        }
-    }
-
-    async fn set_label(&self, pod: &str, leader: bool) {
-        let patch =
-            Patch::Merge(json!({"metadata": {"labels": {self.publishing.label_key.clone(): leader.to_string()}}}));
-        let params = PatchParams::default();
-        let write = || self.pods.patch(pod, &params, &patch);
-        match write
-            .retry(backoff())
-            .notify(|e, d| debug!(error = %e, retry_in = ?d, "label write failed"))
-            .await
-        {
-            Ok(_) => debug!(pod, leader, "label set"),
-            Err(e) => warn!(pod, leader, error = %e, "cannot set the leader label"),
-        }
-    }
-
-    async fn set_condition(&self, leader: bool) {
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-        let (status, reason) = if leader {
-            ("True", "Leader")
-        } else {
-            ("False", "Follower")
-        };
-        let patch = Patch::Strategic(json!({"status": {"conditions": [{
-            "type": LEADER_CONDITION,
-            "status": status,
-            "reason": reason,
-            "lastTransitionTime": now,
-        }]}}));
-        // Strategic merge: the API server merges conditions by type.
-        let params = PatchParams::default();
-        let write = || self.pods.patch_status(&self.pod.name, &params, &patch);
-        if let Err(e) = write.retry(backoff()).await {
-            warn!(leader, error = %e, "cannot set the readiness condition");
         }
     }
 
@@ -233,13 +497,13 @@ impl Publisher {
             action: "Elect".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &self.pod_reference()).await {
+        if let Err(e) = self.recorder.publish(&event, &self.pod).await {
             warn!(error = %e, reason, "cannot publish an Event");
         }
     }
 }
 
-impl Publisher {
+impl Announcer {
     /// An Event on each change of the app's health.
     async fn announce_app_health(&self, health: &AppHealth) {
         let (type_, reason) = match health.healthy {
@@ -254,33 +518,14 @@ impl Publisher {
             action: "Campaign".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &self.pod_reference()).await {
+        if let Err(e) = self.recorder.publish(&event, &self.pod).await {
             warn!(error = %e, reason, "cannot publish an Event");
-        }
-    }
-
-    fn pod_reference(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(self.pod.name.clone()),
-            namespace: Some(self.pod.namespace.clone()),
-            uid: self.pod.uid.clone(),
-            ..Default::default()
         }
     }
 }
 
 fn token(state: &LeaderState) -> String {
     state.token.map(|t| t.to_string()).unwrap_or_default()
-}
-
-fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .with_max_times(6)
-        .with_jitter()
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -290,313 +535,399 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// A label value naming `lock` for [`LOCK_LABEL`]: the lock itself when it
+/// is a valid label value (at most 63 characters of `[A-Za-z0-9._-]`,
+/// alphanumeric at both ends), else its valid characters, shortened, and a
+/// hash of the whole name (FNV-1a, stable across versions and platforms).
+pub fn lock_label_value(lock: &str) -> String {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let valid = !lock.is_empty()
+        && lock.len() <= 63
+        && lock.chars().all(allowed)
+        && lock.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && lock.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        return lock.to_string();
+    }
+    let hash = lock.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let readable: String = lock
+        .chars()
+        .map(|c| if allowed(c) { c } else { '-' })
+        .skip_while(|c| !c.is_ascii_alphanumeric())
+        .take(46)
+        .collect();
+    match readable.is_empty() {
+        true => format!("h{hash:016x}"),
+        false => format!("{readable}-{hash:016x}"),
+    }
+}
+
 /// The pod name in a holder identity `[cluster/]namespace/pod#nonce`.
 pub fn holder_pod(holder: &str) -> &str {
     let without_nonce = holder.rsplit_once('#').map_or(holder, |(pod, _)| pod);
     without_nonce.rsplit('/').next().unwrap_or(without_nonce)
 }
 
-/// Nudges the elector when the current holder's pod turns its label to
-/// "false": it released, so acquire now instead of at the next poll.
-async fn watch_peers(
-    pods: Api<Pod>,
-    me: String,
-    label_key: String,
-    selector: String,
-    state: watch::Receiver<LeaderState>,
-    nudge: impl Fn() + Send + 'static,
-) {
-    let config = watcher::Config::default().labels(&selector);
-    let mut events = std::pin::pin!(watcher::watcher(pods, config));
-    while let Some(event) = events.next().await {
-        let pod = match event {
-            Ok(watcher::Event::Apply(pod)) | Ok(watcher::Event::InitApply(pod)) => pod,
-            Ok(_) => continue,
-            Err(e) => {
-                debug!(error = %e, "pod watch error; the watcher retries");
-                continue;
-            }
-        };
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let released = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(&label_key))
-            .is_some_and(|v| v == "false");
-        let holder = state.borrow().holder.clone();
-        if name != me && released && holder.as_deref().map(holder_pod) == Some(name.as_str()) {
-            info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
-            nudge();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{Request, Response};
-    use kube::client::Body;
+    use crate::sidecar::api_server::{ApiServer, Recorded, pods};
     use serde_json::Value;
-    use std::sync::Arc;
-    use tokio::sync::Notify;
-    use tower_test::mock::Handle;
+    use tokio_util::sync::CancellationToken;
 
-    type Server = Handle<Request<Body>, Response<Body>>;
+    const KEY: &str = "leasehold.dev/leader";
 
-    fn publisher() -> (Publisher, Server) {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "prod");
+    fn api() -> ApiServer {
+        ApiServer::new(Some(crate::sidecar::rbac::allows_request))
+    }
+
+    fn publisher(api: &ApiServer) -> Publisher {
         let pod = PodRef {
             name: "web-0".into(),
             namespace: "prod".into(),
             uid: Some("uid-0".into()),
         };
         let publishing = Publishing {
-            label_key: "leasehold.dev/leader".into(),
-            selector: Some("app=web".into()),
+            label_key: KEY.into(),
+            selector: "app=web".into(),
+            candidate_labels: Default::default(),
         };
-        (Publisher::new(client, pod, publishing), handle)
+        Publisher::new(api.client("prod"), pod, publishing)
     }
 
-    fn pod_json(name: &str, leader: &str) -> Value {
-        json!({"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "prod", "resourceVersion": "1",
-                            "labels": {"app": "web", "leasehold.dev/leader": leader}}})
-    }
-
-    fn respond(send: tower_test::mock::SendResponse<Response<Body>>, body: Value) {
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&body).unwrap())));
-    }
-
-    /// Takes the next request: (method, path?query, content type, JSON body).
-    async fn next(
-        server: &mut Server,
-    ) -> (
-        String,
-        String,
-        String,
-        Value,
-        tower_test::mock::SendResponse<Response<Body>>,
-    ) {
-        let (request, send) = server.next_request().await.expect("a request");
-        let method = request.method().to_string();
-        let uri = request.uri().to_string();
-        let watch = request.uri().query().is_some_and(|q| q.contains("watch=true"));
-        assert!(
-            super::super::rbac::allows_request(&method, request.uri().path(), watch),
-            "{method} {uri} is not in the sidecar's Role"
+    fn add_pod(api: &ApiServer, name: &str, leader: &str, condition: Option<&str>, gated: bool) {
+        let mut pod = pods::pod(
+            name,
+            "prod",
+            json!({"app": "web", KEY: leader}),
+            gated.then_some(LEADER_CONDITION),
         );
-        let content_type = request
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let bytes = request.into_body().collect_bytes().await.unwrap();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        (method, uri, content_type, body, send)
+        if let Some(status) = condition {
+            pod["status"]["conditions"] = json!([{"type": LEADER_CONDITION, "status": status}]);
+        }
+        api.insert(&pods::collection("prod"), pod);
     }
 
-    #[tokio::test]
+    fn pod(api: &ApiServer, name: &str) -> Value {
+        api.get(&pods::collection("prod"), name).unwrap()
+    }
+
+    fn leading() -> LeaderState {
+        let now = Instant::now();
+        LeaderState {
+            leader: true,
+            holder: Some("prod/web-0#abc".into()),
+            deadline: Some(now + Duration::from_secs(3600)),
+            renewed: Some(now),
+            ..Default::default()
+        }
+    }
+
+    /// Runs the publisher with `state`; the elector's controls come from a
+    /// real elector that never acquires (its store is down).
+    fn start(publisher: Publisher, state: watch::Receiver<LeaderState>) -> tokio::task::JoinHandle<()> {
+        let store = crate::store::MemoryStore::new(1);
+        store.set_faults(crate::store::Faults {
+            down: true,
+            ..Default::default()
+        });
+        let timing = crate::lease::Timing::default();
+        let elector = crate::lease::Elector::new("idle", crate::lease::Identity::new(None, None, "x"), timing);
+        let transitions = elector.transitions();
+        let handle = elector.spawn(std::sync::Arc::new(store), CancellationToken::new());
+        let app = watch::channel(AppHealth::default());
+        tokio::spawn(async move {
+            publisher.run(state, transitions, app.1, handle.control()).await;
+            drop((app.0, handle));
+        })
+    }
+
+    /// Waits (paused time) until `done` holds for the model, at most a minute.
+    async fn until(api: &ApiServer, what: &str, done: impl Fn(&ApiServer) -> bool) {
+        let started = Instant::now();
+        while !done(api) {
+            assert!(started.elapsed() < Duration::from_secs(60), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn patches(api: &ApiServer) -> Vec<Recorded> {
+        api.requests().into_iter().filter(|r| r.method == "PATCH").collect()
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_new_leader_clears_other_leaders_then_labels_itself_then_becomes_ready() {
-        let (publisher, mut server) = publisher();
-        let api_server = tokio::spawn(async move {
-            let (method, uri, _, _, send) = next(&mut server).await;
-            assert_eq!(method, "GET");
-            assert_eq!(
-                uri,
-                "/api/v1/namespaces/prod/pods?&labelSelector=app%3Dweb%2Cleasehold.dev%2Fleader%3Dtrue"
-            );
-            respond(
-                send,
-                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                                 "items": [pod_json("web-0", "true"), pod_json("web-1", "true")]}),
-            );
+        let api = api();
+        add_pod(&api, "web-0", "false", None, true);
+        add_pod(&api, "web-1", "true", Some("True"), true);
+        let stale = pod(&api, "web-1")["metadata"]["resourceVersion"].clone();
+        let (_state, rx) = watch::channel(leading());
+        start(publisher(&api), rx);
+        until(&api, "ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
+        })
+        .await;
 
-            let (method, uri, content_type, body, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-1?"),
-                "the stale leader first"
-            );
-            assert_eq!(content_type, "application/merge-patch+json");
-            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "false"}}}));
-            respond(send, pod_json("web-1", "false"));
-
-            let (method, uri, content_type, body, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?"),
-                "then our own"
-            );
-            assert_eq!(content_type, "application/merge-patch+json");
-            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}}));
-            respond(send, pod_json("web-0", "true"));
-
-            let (method, uri, content_type, body, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-0/status?")
-            );
-            assert_eq!(content_type, "application/strategic-merge-patch+json");
-            let condition = &body["status"]["conditions"][0];
-            assert_eq!(condition["type"], "leasehold.dev/leader");
-            assert_eq!(condition["status"], "True");
-            assert_eq!(condition["reason"], "Leader");
-            assert!(condition["lastTransitionTime"].is_string());
-            respond(send, pod_json("web-0", "true"));
-        });
-        publisher.publish(true, true).await;
-        api_server.await.unwrap();
+        let patches = patches(&api);
+        let order: Vec<(&str, &str)> = patches
+            .iter()
+            .map(|r| (r.uri.as_str(), r.content_type.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (
+                    "/api/v1/namespaces/prod/pods/web-1/status?",
+                    "application/strategic-merge-patch+json"
+                ),
+                ("/api/v1/namespaces/prod/pods/web-1?", "application/merge-patch+json"),
+                ("/api/v1/namespaces/prod/pods/web-0?", "application/merge-patch+json"),
+                (
+                    "/api/v1/namespaces/prod/pods/web-0/status?",
+                    "application/strategic-merge-patch+json"
+                ),
+            ],
+            "the stale leader's readiness, then its label, then ours, then our readiness"
+        );
+        let cleared = &patches[0].body;
+        assert_eq!(cleared["metadata"]["resourceVersion"], stale, "guarded by what we saw");
+        assert_eq!(cleared["status"]["conditions"][0]["type"], LEADER_CONDITION);
+        assert_eq!(cleared["status"]["conditions"][0]["status"], "False");
+        let unlabelled = &patches[1].body;
+        assert_eq!(unlabelled["metadata"]["labels"], json!({KEY: "false"}));
+        assert!(unlabelled["metadata"]["resourceVersion"].is_string());
+        assert_eq!(patches[2].body["metadata"]["labels"], json!({KEY: "true"}));
+        let condition = &patches[3].body["status"]["conditions"][0];
+        assert_eq!(condition["status"], "True");
+        assert_eq!(condition["reason"], "Leader");
+        assert!(condition["lastTransitionTime"].is_string());
+        // The watches: our pod by name, the candidates by the lease's selector.
+        let watches: Vec<String> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.uri.contains("watch=true"))
+            .map(|r| r.uri)
+            .collect();
+        assert!(
+            watches
+                .iter()
+                .any(|u| u.contains("fieldSelector=metadata.name%3Dweb-0")),
+            "{watches:?}"
+        );
+        assert!(
+            watches.iter().any(|u| u.contains("labelSelector=app%3Dweb")),
+            "{watches:?}"
+        );
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+        assert_eq!(pods::label(&pod(&api, "web-1"), KEY), Some("false"));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_leader_that_stops_claiming_turns_unready_before_relabelling() {
-        let (publisher, mut server) = publisher();
-        let api_server = tokio::spawn(async move {
-            let (method, uri, content_type, body, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-0/status?")
-            );
-            assert_eq!(content_type, "application/strategic-merge-patch+json");
-            assert_eq!(body["status"]["conditions"][0]["status"], "False");
-            respond(send, pod_json("web-0", "true"));
-            let (method, uri, _, body, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?")
-            );
-            assert_eq!(body, json!({"metadata": {"labels": {"leasehold.dev/leader": "false"}}}));
-            respond(send, pod_json("web-0", "false"));
-        });
-        publisher.publish(false, true).await;
-        api_server.await.unwrap();
+        let api = api();
+        add_pod(&api, "web-0", "true", Some("True"), true);
+        let (_state, rx) = watch::channel(LeaderState::default());
+        start(publisher(&api), rx);
+        until(&api, "labelled false", |api| {
+            pods::label(&pod(api, "web-0"), KEY) == Some("false")
+        })
+        .await;
+        let patches = patches(&api);
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(patches[0].uri, "/api/v1/namespaces/prod/pods/web-0/status?");
+        assert_eq!(patches[0].body["status"]["conditions"][0]["status"], "False");
+        assert_eq!(patches[0].body["status"]["conditions"][0]["reason"], "Follower");
+        assert_eq!(patches[1].uri, "/api/v1/namespaces/prod/pods/web-0?");
+        assert_eq!(patches[1].body["metadata"]["labels"], json!({KEY: "false"}));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn without_a_readiness_gate_only_the_label_is_written() {
-        let (publisher, mut server) = publisher();
-        let api_server = tokio::spawn(async move {
-            let (method, uri, _, _, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("PATCH", "/api/v1/namespaces/prod/pods/web-0?")
-            );
-            respond(send, pod_json("web-0", "false"));
-            assert!(
-                tokio::time::timeout(Duration::from_millis(100), server.next_request())
-                    .await
-                    .is_err(),
-                "no status patch for a pod without the gate"
-            );
-        });
-        publisher.publish(false, false).await;
-        api_server.await.unwrap();
+        let api = api();
+        add_pod(&api, "web-0", "true", None, false);
+        let (_state, rx) = watch::channel(LeaderState::default());
+        start(publisher(&api), rx);
+        until(&api, "labelled false", |api| {
+            pods::label(&pod(api, "web-0"), KEY) == Some("false")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let patches = patches(&api);
+        assert_eq!(
+            patches.len(),
+            1,
+            "no status patch for a pod without the gate: {patches:?}"
+        );
     }
 
-    #[tokio::test]
-    async fn the_readiness_gate_is_read_from_our_own_pod() {
-        let (publisher, mut server) = publisher();
-        let api_server = tokio::spawn(async move {
-            let (method, uri, _, _, send) = next(&mut server).await;
-            assert_eq!(
-                (method.as_str(), uri.as_str()),
-                ("GET", "/api/v1/namespaces/prod/pods/web-0")
-            );
-            let mut pod = pod_json("web-0", "false");
-            pod["spec"] =
-                json!({"containers": [{"name": "app"}], "readinessGates": [{"conditionType": LEADER_CONDITION}]});
-            respond(send, pod);
+    /// A brief leader's late clear cannot undo the real leader's "true": the
+    /// pod changed since the clear was decided, and the API server answers 409.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_clear_fails_on_the_resource_version_it_saw() {
+        let api = api();
+        add_pod(&api, "web-1", "true", None, false);
+        let seen = pod(&api, "web-1")["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // The real leader re-labels its pod meanwhile (a new resourceVersion).
+        let mut relabelled = pod(&api, "web-1");
+        relabelled["metadata"]["labels"]["touched"] = json!("yes");
+        api.insert(&pods::collection("prod"), relabelled);
+        let late = publisher(&api).perform(&Write::Label {
+            pod: "web-1".into(),
+            leader: false,
+            version: seen,
         });
-        assert!(publisher.readiness_gated(&CancellationToken::new()).await);
-        api_server.await.unwrap();
+        match late.await {
+            Err(kube::Error::Api(e)) => assert_eq!(e.code, 409, "{e:?}"),
+            other => panic!("a stale clear must conflict: {other:?}"),
+        }
+        assert_eq!(pods::label(&pod(&api, "web-1"), KEY), Some("true"));
     }
 
-    #[tokio::test]
+    /// Level-triggered: whatever else changes our label, the leader writes it back.
+    #[tokio::test(start_paused = true)]
+    async fn our_label_and_condition_are_reasserted_when_something_else_changes_them() {
+        let api = api();
+        add_pod(&api, "web-0", "false", None, true);
+        let (_state, rx) = watch::channel(leading());
+        start(publisher(&api), rx);
+        let claims = |api: &ApiServer| {
+            let p = pod(api, "web-0");
+            pods::label(&p, KEY) == Some("true") && pods::condition(&p, LEADER_CONDITION) == Some("True")
+        };
+        until(&api, "claiming", claims).await;
+        let mut changed = pod(&api, "web-0");
+        changed["metadata"]["labels"][KEY] = json!("false");
+        changed["status"]["conditions"][0]["status"] = json!("False");
+        api.insert(&pods::collection("prod"), changed);
+        assert!(!claims(&api));
+        until(&api, "claiming again", claims).await;
+    }
+
+    /// Writes towards "leader" failing for a minute (backoff at its cap, the
+    /// API server otherwise up) do not delay stopping to claim once that is
+    /// what the elector says: no backoff and no write in flight stands between.
+    #[tokio::test(start_paused = true)]
+    async fn stopping_to_claim_never_waits_behind_retries_of_another_write() {
+        let api = api();
+        add_pod(&api, "web-0", "true", Some("True"), true);
+        add_pod(&api, "web-1", "true", None, false);
+        api.fail_when(Some(|method, path| method == "PATCH" && path.contains("/pods/web-1")));
+        let (state, rx) = watch::channel(leading());
+        start(publisher(&api), rx);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let failed = patches(&api).iter().filter(|r| r.status == 500).count();
+        assert!(
+            (6..60).contains(&failed),
+            "retried with capped backoff: {failed} attempts in a minute"
+        );
+        let before = api.requests().len();
+        state.send_replace(LeaderState::default());
+        let stopped = Instant::now();
+        until(&api, "not ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("False")
+        })
+        .await;
+        assert!(
+            stopped.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            stopped.elapsed()
+        );
+        let after: Vec<Recorded> = api.requests()[before..]
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .cloned()
+            .collect();
+        assert_eq!(after[0].uri, "/api/v1/namespaces/prod/pods/web-0/status?", "{after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn acquisitions_losses_and_releases_become_events_on_the_pod() {
-        let (publisher, mut server) = publisher();
-        let api_server = tokio::spawn(async move {
-            let mut reasons = Vec::new();
-            for _ in 0..3 {
-                let (method, uri, _, body, send) = next(&mut server).await;
-                assert_eq!(
-                    (method.as_str(), uri.as_str()),
-                    ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events?")
-                );
-                assert_eq!(body["regarding"]["kind"], "Pod");
-                assert_eq!(body["regarding"]["name"], "web-0");
-                assert_eq!(body["regarding"]["uid"], "uid-0");
-                assert_eq!(body["reportingController"], "leasehold-sidecar");
-                reasons.push((
-                    body["reason"].as_str().unwrap().to_string(),
-                    body["type"].as_str().unwrap().to_string(),
-                ));
-                respond(send, body);
-            }
-            reasons
-        });
+        let api = api();
+        let publisher = publisher(&api);
         let state = |change: Change| LeaderState {
             term: 4,
             token: Some(crate::lease::FencingToken(9)),
             change,
             ..Default::default()
         };
-        publisher.announce(&state(Change::Acquired)).await;
-        publisher.announce(&state(Change::Renewed)).await; // not news: no request
-        publisher.announce(&state(Change::DeadlineMissed)).await;
-        publisher.announce(&state(Change::Released)).await;
-        let reasons = api_server.await.unwrap();
+        for change in [
+            Change::Acquired,
+            Change::Renewed,
+            Change::DeadlineMissed,
+            Change::Released,
+        ] {
+            publisher.announcer.announce(&state(change)).await;
+        }
+        let posts: Vec<Recorded> = api.requests().into_iter().filter(|r| r.method == "POST").collect();
+        let reasons: Vec<(&str, &str)> = posts
+            .iter()
+            .map(|r| (r.body["reason"].as_str().unwrap(), r.body["type"].as_str().unwrap()))
+            .collect();
         assert_eq!(
             reasons,
-            [
-                ("Acquired".into(), "Normal".into()),
-                ("Lost".into(), "Warning".into()),
-                ("Released".into(), "Normal".into())
-            ]
+            [("Acquired", "Normal"), ("Lost", "Warning"), ("Released", "Normal")],
+            "renewals are not news"
         );
+        for post in &posts {
+            assert_eq!(post.path(), "/apis/events.k8s.io/v1/namespaces/prod/events");
+            assert_eq!(post.body["regarding"]["kind"], "Pod");
+            assert_eq!(post.body["regarding"]["name"], "web-0");
+            assert_eq!(post.body["regarding"]["uid"], "uid-0");
+            assert_eq!(post.body["reportingController"], "leasehold-sidecar");
+        }
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 
-    #[tokio::test]
-    async fn the_leaders_label_turning_false_nudges_the_elector() {
-        let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let pods: Api<Pod> = Api::namespaced(kube::Client::new(service, "prod"), "prod");
-        let state = watch::channel(LeaderState {
-            holder: Some("prod/web-1#abc".into()),
-            ..Default::default()
-        })
-        .1;
-        let nudge = Arc::new(Notify::new());
-        tokio::spawn(watch_peers(
-            pods,
-            "web-0".into(),
-            "leasehold.dev/leader".into(),
-            "app=web".into(),
-            state,
-            {
-                let nudge = nudge.clone();
-                move || nudge.notify_one()
-            },
-        ));
-        let (method, uri, _, _, send) = next(&mut server).await;
-        assert_eq!(method, "GET");
-        assert!(
-            uri.starts_with("/api/v1/namespaces/prod/pods?") && uri.contains("labelSelector=app%3Dweb"),
-            "{uri}"
+    /// The holder's pod turning its label to "false" makes a follower look
+    /// at the store at once instead of at its next poll (P = 30 s here).
+    #[tokio::test(start_paused = true)]
+    async fn the_leaders_label_turning_false_makes_a_follower_acquire_at_once() {
+        use crate::lease::LeaseStore;
+        let api = api();
+        add_pod(&api, "web-0", "false", None, false);
+        add_pod(&api, "web-1", "true", None, false);
+        let store = crate::store::MemoryStore::new(1);
+        let lease = Duration::from_secs(3600);
+        let grant = store.acquire("web", "prod/web-1#abc", lease).await.unwrap();
+        let timing = crate::lease::Timing::new(
+            Duration::from_secs(120),
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            0.0,
+        )
+        .unwrap();
+        let elector = crate::lease::Elector::new(
+            "web",
+            crate::lease::Identity::new(None, Some("prod".into()), "web-0"),
+            timing,
         );
-        // The initial list shows the leader's pod with its label already "false".
-        respond(
-            send,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "5"},
-                             "items": [pod_json("web-1", "false")]}),
-        );
-        tokio::time::timeout(Duration::from_secs(5), nudge.notified())
+        let transitions = elector.transitions();
+        let handle = elector.spawn(std::sync::Arc::new(store.clone()), CancellationToken::new());
+        let mut state = handle.subscribe();
+        state
+            .wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc"))
             .await
-            .expect("nudged");
+            .unwrap();
+        let app = watch::channel(AppHealth::default());
+        tokio::spawn(publisher(&api).run(handle.subscribe(), transitions, app.1, handle.control()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
+        let mut released = pod(&api, "web-1");
+        released["metadata"]["labels"][KEY] = json!("false");
+        api.insert(&pods::collection("prod"), released);
+        let at = Instant::now();
+        state.wait_for(|s| s.leader).await.unwrap();
+        assert!(
+            at.elapsed() < Duration::from_secs(1),
+            "acquired only after {:?}",
+            at.elapsed()
+        );
     }
 
     #[test]
@@ -604,5 +935,27 @@ mod tests {
         assert_eq!(holder_pod("eu/prod/web-1#abc"), "web-1");
         assert_eq!(holder_pod("prod/web-1#abc"), "web-1");
         assert_eq!(holder_pod("web-1#abc"), "web-1");
+    }
+
+    #[test]
+    fn a_lock_becomes_a_valid_label_value_naming_it() {
+        assert_eq!(lock_label_value("scheduler"), "scheduler");
+        let value = lock_label_value("prod/web");
+        assert!(
+            value.starts_with("prod-web-") && value.len() == "prod-web-".len() + 16,
+            "{value}"
+        );
+        assert_ne!(value, lock_label_value("prod-web/"), "distinct locks, distinct values");
+        assert_eq!(value, lock_label_value("prod/web"), "stable");
+        for lock in ["/", "x".repeat(200).as_str(), "-a-", "a b"] {
+            let value = lock_label_value(lock);
+            assert!(value.len() <= 63, "{value}");
+            assert!(
+                value.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)),
+                "{value}"
+            );
+            assert!(value.starts_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
+            assert!(value.ends_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
+        }
     }
 }

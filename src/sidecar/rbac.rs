@@ -6,14 +6,16 @@
 use crate::rbac::Rule;
 
 pub const RULES: &[Rule] = &[
-    // Our own pod (readiness gates); candidates to clear stale labels and to
-    // watch for a released leader; the leader label by merge patch.
+    // Our own pod (readiness gates, re-read after a 409); candidates to clear
+    // stale labels and to watch for a released leader; the leader label by
+    // merge patch.
     Rule {
         api_group: "",
         resources: &["pods"],
         verbs: &["get", "list", "watch", "patch"],
     },
-    // The readiness-gate condition.
+    // The readiness-gate condition: ours, and False on another candidate
+    // still claiming when we lead.
     Rule {
         api_group: "",
         resources: &["pods/status"],

@@ -1,6 +1,8 @@
-//! The token file: holder, term and token as JSON on a shared volume,
-//! replaced atomically (write a temporary file, then rename), so a reader
-//! never sees half a file.
+//! The token file: the `/leader` document (holder, term, token and, while
+//! leading, `validUntil`) as JSON on a shared volume, replaced atomically
+//! (write a temporary file, then rename), so a reader never sees half a
+//! file. Rewritten on every change and every renewal, so `validUntil` moves
+//! forward while the sidecar works and stays put when it stalls.
 
 use std::path::{Path, PathBuf};
 
@@ -19,12 +21,13 @@ pub async fn write(path: &Path, view: &LeaderView) -> std::io::Result<()> {
     tokio::fs::rename(&temporary, path).await
 }
 
-/// Rewrites the file on every change of leader, holder, term or token.
+/// Rewrites the file on every change of leader, holder, term or token, and
+/// on every renewal.
 pub async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
     let mut last = None;
     loop {
         let view = LeaderView::of(&state.borrow_and_update(), Instant::now());
-        let key = (view.leader, view.holder.clone(), view.term, view.token.clone());
+        let key = view.key();
         if last.as_ref() != Some(&key) {
             if let Err(e) = write(&path, &view).await {
                 warn!(path = %path.display(), error = %e, "cannot write the token file");
@@ -46,10 +49,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("leasehold-token-{:x}", rand::random::<u64>()));
         tokio::fs::create_dir_all(&dir).await.unwrap();
         let path = dir.join("token.json");
+        let now = Instant::now();
         let state = LeaderState {
+            leader: true,
             holder: Some("a#1".into()),
             term: 3,
             token: Some(crate::lease::FencingToken(42)),
+            deadline: Some(now + std::time::Duration::from_secs(10)),
+            renewed: Some(now),
             ..Default::default()
         };
         write(&path, &LeaderView::of(&state, Instant::now())).await.unwrap();
@@ -57,6 +64,8 @@ mod tests {
         assert_eq!(read["holder"], "a#1");
         assert_eq!(read["term"], 3);
         assert_eq!(read["token"], "42");
+        let valid_until = humantime::parse_rfc3339(read["validUntil"].as_str().expect("validUntil")).unwrap();
+        assert!(valid_until > std::time::SystemTime::now(), "{read}");
         assert!(
             !path.with_extension("tmp").exists(),
             "the temporary file was renamed away"
