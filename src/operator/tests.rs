@@ -37,43 +37,66 @@ fn operator_args(args: &[&str]) -> Args {
 }
 
 #[test]
-fn election_needs_a_database_and_valid_timing_unless_turned_off() {
-    let err = operator_args(&[])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .err()
-        .unwrap()
-        .to_string();
+fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
+    let identity = Identity::with_nonce("operator-0", "n");
+    let election = |args: &[&str]| operator_args(args).election(&identity);
+
+    // The default needs no infrastructure: a Lease in the pod's namespace.
+    let Some(Election::Lease(lease)) = election(&["--pod-namespace=leasehold-system"]).unwrap() else {
+        panic!("the default election is a Kubernetes Lease")
+    };
+    assert_eq!(
+        (lease.name.as_str(), lease.namespace.as_str()),
+        (DEFAULT_LEASE_NAME, "leasehold-system")
+    );
+    assert_eq!(lease.timing.lease_duration, Duration::from_secs(15));
+    let err = election(&[]).err().unwrap().to_string();
     assert!(
-        err.contains("--election-database (LEASEHOLD_ELECTION_DATABASE) is required"),
+        err.contains("--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace"),
         "{err}"
     );
+    let err = format!(
+        "{:#}",
+        election(&[
+            "--pod-namespace=x",
+            "--election-lease-duration=1500ms",
+            "--election-renew-deadline=1s",
+            "--election-retry-period=200ms"
+        ])
+        .err()
+        .unwrap()
+    );
     assert!(
-        operator_args(&["--leader-election=false"])
-            .election(&Identity::with_nonce("operator-0", "n"))
-            .unwrap()
-            .is_none()
+        err.contains("--election-lease-duration (1.5s) must be a whole number of seconds"),
+        "{err}"
     );
 
-    let db = "--election-database=projects/p/instances/i/databases/d";
-    let election = operator_args(&[db])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .unwrap()
-        .unwrap();
-    assert_eq!(election.config.table, DEFAULT_TABLE);
-    assert_eq!(election.timing.lease_duration, Duration::from_secs(15));
+    let err = election(&["--election-backend=spanner"]).err().unwrap().to_string();
+    assert!(
+        err.contains("--election-database (LEASEHOLD_ELECTION_DATABASE) is required for --election-backend=spanner"),
+        "{err}"
+    );
+    assert!(election(&["--leader-election=false"]).unwrap().is_none());
 
-    let err = operator_args(&[db, "--election-renew-deadline=20s"])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .err()
-        .unwrap();
-    let err = format!("{err:#}");
+    let db = "--election-database=projects/p/instances/i/databases/d";
+    let Some(Election::Spanner(spanner)) = election(&["--election-backend=spanner", db]).unwrap() else {
+        panic!("spanner election")
+    };
+    assert_eq!(spanner.config.table, DEFAULT_TABLE);
+
+    let err = format!(
+        "{:#}",
+        election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
+            .err()
+            .unwrap()
+    );
     assert!(
         err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),
         "{err}"
     );
 }
 
-/// The controller watches resources only while this replica holds the
+/// Spanner backend: the controller watches resources only while this replica holds the
 /// operator lock; on shutdown it stops and the lock is released at once.
 #[tokio::test]
 async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
@@ -90,7 +113,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store.clone())));
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let ctx = Arc::new(Context::new(
-        client,
+        client.clone(),
         Reporter::from(FIELD_MANAGER),
         stores.clone(),
         metrics.clone(),
@@ -101,7 +124,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         concurrency: 1,
         grace: Duration::from_millis(50),
     };
-    let election = Election {
+    let election = Election::Spanner(SpannerElection {
         config: SpannerConfig {
             database: "projects/p/instances/i/databases/d".into(),
             table: DEFAULT_TABLE.into(),
@@ -109,12 +132,12 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         timing: Timing::parse("300ms", "200ms", "50ms", 0.1).unwrap(),
         lock: lock.into(),
         identity: Identity::with_nonce("operator-1", "n"),
-    };
+    });
     let (role, mut role_rx) = watch::channel(Role::Starting);
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { election.run(stores, controller, &role, &shutdown).await }
+        async move { election.run(client, stores, controller, &role, &shutdown).await }
     });
 
     role_rx.wait_for(|r| *r == Role::Standby).await.unwrap();
@@ -133,8 +156,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
     );
     let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-    let (group, resource, verb) = rbac::request_attributes("GET", request.uri().path(), watch).unwrap();
-    assert!(rbac::allows(&group, &resource, verb), "{verb} {group}/{resource}");
+    assert!(rbac::allows_request("GET", request.uri().path(), watch));
     assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
     assert_eq!(*role_rx.borrow(), Role::Active);
     assert!(metrics.is_leader());

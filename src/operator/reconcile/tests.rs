@@ -76,10 +76,10 @@ impl Seen {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
         assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
         let watch = self.query.get("watch").is_some_and(|w| w == "true");
-        let (group, resource, verb) = rbac::request_attributes(method, path, watch).expect("a resource path");
+        let request = rbac::request_attributes(method, path, watch).expect("a resource path");
         assert!(
-            rbac::allows(&group, &resource, verb),
-            "{method} {path} needs {verb} on {group}/{resource}, which operator::rbac::RULES does not grant"
+            rbac::allows(&request),
+            "{method} {path} needs {request:?}, which operator::rbac::RULES does not grant"
         );
         assert_eq!(
             self.content_type.as_deref(),
