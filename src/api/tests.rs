@@ -182,8 +182,28 @@ fn the_crd_names_group_kind_and_columns() {
             "duration(self.renewDeadline) < duration(self.leaseDuration)",
             "duration(self.retryPeriod) < duration(self.renewDeadline)",
             "duration(self.retryPeriod) > duration('0s')",
+            "has(self.lockName) == has(oldSelf.lockName)",
         ]
     );
+}
+
+/// `lockName: self == oldSelf` is a transition rule the API server skips
+/// when the field is added or removed (a transition rule runs only when the
+/// old object has the field too); the parent-level rule covers both.
+#[test]
+fn lock_name_can_be_neither_changed_nor_added_nor_removed() {
+    let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let field_rules = &spec["properties"]["lockName"]["x-kubernetes-validations"];
+    assert_eq!(field_rules[0]["rule"], json!("self == oldSelf"));
+    let parent = spec["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == json!("has(self.lockName) == has(oldSelf.lockName)"))
+        .expect("a spec-level rule compares presence of lockName in old and new");
+    assert_eq!(parent["fieldPath"], json!(".lockName"));
+    assert!(parent["message"].as_str().unwrap().contains("cannot be added or removed"));
 }
 
 #[test]
