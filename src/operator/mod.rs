@@ -30,10 +30,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::core::SelectorExt as _;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, ResourceExt as _};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -45,7 +48,7 @@ use self::http::Role;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{SpannerStores, StoreProvider};
-use crate::api::{DEFAULT_TABLE, DistributedLease};
+use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::{Identity, Timing};
 use crate::store::spanner::SpannerConfig;
 
@@ -268,16 +271,33 @@ pub struct ControllerRun {
 }
 
 impl ControllerRun {
+    /// Watches the resources and the pods: one pod watch fills the cache the
+    /// reconciles read candidates from and triggers the leases whose
+    /// selectors match a pod that changed, so counts and label repair follow
+    /// pod events instead of a list per lease per retry period.
     async fn run(&self, stop: CancellationToken) {
         let client = self.ctx.client.clone();
-        let api: Api<DistributedLease> = match &self.namespace {
-            Some(namespace) => Api::namespaced(client, namespace),
-            None => Api::all(client),
+        let (leases, pods): (Api<DistributedLease>, Api<Pod>) = match &self.namespace {
+            Some(namespace) => (
+                Api::namespaced(client.clone(), namespace),
+                Api::namespaced(client, namespace),
+            ),
+            None => (Api::all(client.clone()), Api::all(client)),
         };
-        let controller = Controller::new(api, watcher::Config::default().any_semantic())
+        let (pod_cache, pod_writer) = reflector::store();
+        let pod_events = watcher::watcher(pods, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(keep_what_reconciles_read)
+            .reflect(pod_writer)
+            .touched_objects();
+        let ctx = Arc::new(self.ctx.with_pods(pod_cache));
+        let controller = Controller::new(leases, watcher::Config::default().any_semantic());
+        let known_leases = controller.store();
+        let controller = controller
+            .watches_stream(pod_events, move |pod| leases_selecting(&known_leases.state(), &pod))
             .with_config(controller::Config::default().concurrency(self.concurrency))
             .graceful_shutdown_on(stop.clone().cancelled_owned())
-            .run(reconcile, error_policy, self.ctx.clone())
+            .run(reconcile, error_policy, ctx)
             .for_each(|result| async move {
                 match result {
                     Ok((resource, _)) => debug!(resource = %resource, "reconciled"),
@@ -293,6 +313,33 @@ impl ControllerRun {
             () = grace_over => warn!(grace = ?self.grace, "reconciles still running after the grace period; dropped"),
         }
     }
+}
+
+/// Drops what no reconcile reads (spec, managed fields, annotations), so the
+/// cache of every pod in the watched namespaces stays small: candidates are
+/// found by labels, counted by conditions and phase, repaired by name and
+/// resourceVersion, and mapped to Deployments by owner references.
+fn keep_what_reconciles_read(pod: &mut Pod) {
+    pod.spec = None;
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            conditions: status.conditions.take(),
+            phase: status.phase.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// The leases in the pod's namespace whose selector matches the pod.
+fn leases_selecting(leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
+    leases
+        .iter()
+        .filter(|lease| lease.namespace() == pod.namespace())
+        .filter(|lease| validate(lease).is_ok_and(|valid| valid.selector.matches(pod.labels())))
+        .map(|lease| ObjectRef::from_obj(lease.as_ref()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 //! a step-by-step model of that controller code.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -26,7 +27,7 @@ use kube::{Api, ResourceExt};
 
 /// The Deployments owning `pods`, by the ReplicaSet naming convention
 /// (`<deployment>-<pod-template-hash>`), so one GET per Deployment suffices.
-pub fn owning_deployments(pods: &[Pod]) -> BTreeSet<String> {
+pub fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
             let hash = pod.labels().get("pod-template-hash")?;
@@ -124,7 +125,7 @@ fn resolve(value: Option<&IntOrString>, replicas: i32, round_up: bool) -> i32 {
 }
 
 /// Reads the Deployments owning `pods` and returns the stall reasons found.
-pub async fn check(deployments: &Api<Deployment>, pods: &[Pod]) -> Result<Vec<String>, kube::Error> {
+pub async fn check(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<String>, kube::Error> {
     let mut reasons = Vec::new();
     for name in owning_deployments(pods) {
         if let Some(deployment) = deployments.get_opt(&name).await?
@@ -215,7 +216,11 @@ mod tests {
                         modelled.completed(),
                         "{replicas} replicas, {strategy}, leader moves to new: {moves}; model ended at {modelled:?}"
                     );
-                    if modelled.completed() { completes += 1 } else { stalls += 1 }
+                    if modelled.completed() {
+                        completes += 1
+                    } else {
+                        stalls += 1
+                    }
                 }
             }
         }
@@ -243,7 +248,7 @@ mod tests {
         let mut found = 0;
         for document in serde_yaml::Deserializer::from_str(text) {
             let value = serde_yaml::Value::deserialize(document).unwrap();
-            if value["kind"] != serde_yaml::Value::from("Deployment") {
+            if value["kind"] != "Deployment" {
                 continue;
             }
             let deployment: Deployment = serde_yaml::from_value(value).unwrap();
@@ -273,18 +278,23 @@ mod tests {
             max_unavailable: 0,
         };
         assert!(!rollout_completes(zero, 3, true));
-        assert!(rollout_completes(zero, 1, true), "one replica: the new pod leads, the old one goes");
+        assert!(
+            rollout_completes(zero, 1, true),
+            "one replica: the new pod leads, the old one goes"
+        );
     }
 
     #[test]
     fn deployments_are_found_from_the_replica_set_owner_and_template_hash() {
-        let pod = |name: &str, owner: &str, hash: &str| -> Pod {
-            serde_json::from_value(json!({"metadata": {
-                "name": name, "labels": {"pod-template-hash": hash},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
-                                     "controller": true}],
-            }}))
-            .unwrap()
+        let pod = |name: &str, owner: &str, hash: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {
+                    "name": name, "labels": {"pod-template-hash": hash},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
+                                         "controller": true}],
+                }}))
+                .unwrap(),
+            )
         };
         let pods = [
             pod("a", "web-7d9f", "7d9f"),

@@ -145,19 +145,30 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert!(early.is_err(), "a standby must not watch resources");
     assert_eq!(*role_rx.borrow(), Role::Standby);
 
-    // Within D + P of the other replica's last renewal, this one takes over.
-    let (request, _reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
-        .await
-        .expect("the controller started after the takeover")
-        .expect("a request");
-    assert_eq!(request.method(), "GET");
+    // Within D + P of the other replica's last renewal, this one takes over
+    // and lists the resources and the pods (one watch each, in any order).
+    let mut paths = Vec::new();
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let (request, reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+            .await
+            .expect("the controller started after the takeover")
+            .expect("a request");
+        assert_eq!(request.method(), "GET");
+        let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+        assert!(rbac::allows_request("GET", request.uri().path(), watch));
+        paths.push(request.uri().path().to_string());
+        assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
+        replies.push(reply);
+    }
+    paths.sort();
     assert_eq!(
-        request.uri().path(),
-        "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+        paths,
+        [
+            "/api/v1/namespaces/prod/pods",
+            "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+        ]
     );
-    let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-    assert!(rbac::allows_request("GET", request.uri().path(), watch));
-    assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
     assert_eq!(*role_rx.borrow(), Role::Active);
     assert!(metrics.is_leader());
 
@@ -171,4 +182,65 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert_eq!(row.holder, None, "the operator lock is released on shutdown");
     assert_eq!(row.term, 2);
     assert!(!metrics.is_leader());
+}
+
+/// A pod event reconciles exactly the leases in its namespace whose
+/// selector matches it.
+#[test]
+fn pod_events_map_to_the_leases_selecting_the_pod() {
+    let lease = |name: &str, namespace: &str, labels: serde_json::Value| -> Arc<DistributedLease> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                         "selector": {"matchLabels": labels}},
+            }))
+            .unwrap(),
+        )
+    };
+    let leases = [
+        lease("web", "prod", serde_json::json!({"app": "web"})),
+        lease(
+            "web-canary",
+            "prod",
+            serde_json::json!({"app": "web", "track": "canary"}),
+        ),
+        lease("web", "staging", serde_json::json!({"app": "web"})),
+        lease("empty", "prod", serde_json::json!({})),
+    ];
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": "prod", "labels": {"app": "web"}},
+    }))
+    .unwrap();
+    let names: Vec<String> = leases_selecting(&leases, &pod)
+        .into_iter()
+        .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+        .collect();
+    assert_eq!(names, ["prod/web"], "an empty selector is invalid and selects nothing");
+}
+
+/// The pod cache keeps what reconciles read and drops the rest.
+#[test]
+fn the_pod_cache_keeps_labels_owners_conditions_and_phase_only() {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7",
+                     "labels": {"app": "web"}, "annotations": {"big": "x"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
+        "spec": {"containers": [{"name": "app", "image": "i"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap();
+    keep_what_reconciles_read(&mut pod);
+    let kept = serde_json::to_value(&pod).unwrap();
+    assert_eq!(
+        kept,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7", "labels": {"app": "web"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        })
+    );
 }

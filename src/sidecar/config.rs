@@ -189,7 +189,7 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 store: StoreChoice::Spanner(valid.spanner),
                 publishing: Publishing {
                     label_key: valid.label_key,
-                    selector: Some(valid.selector),
+                    selector: Some(valid.selector.to_string()),
                 },
                 pod: Some(pod.clone()),
             })

@@ -57,18 +57,35 @@ impl Rollout {
         loop {
             self.rounds += 1;
             assert!(self.rounds < 1000, "no fixed point: {self:?}");
-            let before = (self.old.spec, self.new.spec, self.old.pods.clone(), self.new.pods.clone(), self.leader);
+            let before = (
+                self.old.spec,
+                self.new.spec,
+                self.old.pods.clone(),
+                self.new.pods.clone(),
+                self.leader,
+            );
             self.deployment_controller();
             self.replica_set_controllers();
             self.elect();
-            if before == (self.old.spec, self.new.spec, self.old.pods.clone(), self.new.pods.clone(), self.leader) {
+            if before
+                == (
+                    self.old.spec,
+                    self.new.spec,
+                    self.old.pods.clone(),
+                    self.new.pods.clone(),
+                    self.leader,
+                )
+            {
                 return self;
             }
         }
     }
 
     pub fn completed(&self) -> bool {
-        self.old.spec == 0 && self.old.pods.is_empty() && self.new.spec == self.replicas && self.new.pods.len() as i32 == self.replicas
+        self.old.spec == 0
+            && self.old.pods.is_empty()
+            && self.new.spec == self.replicas
+            && self.new.pods.len() as i32 == self.replicas
     }
 
     pub fn old_pods(&self) -> usize {
