@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{demo, operator, sidecar, sim};
+use crate::{check, demo, operator, sidecar, sim};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,6 +40,8 @@ pub enum Command {
     Operator(operator::Args),
     /// Print the DistributedLease CustomResourceDefinition as YAML.
     Crd,
+    /// Report what is wrong with an install, in plain words.
+    Check(check::Args),
     /// Run the deterministic safety simulation over many seeds.
     Simulate(sim::Args),
 }
@@ -48,7 +50,7 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let default_filter = match self.command {
             Command::Simulate(_) => "error",
-            Command::Demo(_) => "warn",
+            Command::Demo(_) | Command::Check(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -63,6 +65,7 @@ impl Cli {
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
+            Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
         }
     }
 }

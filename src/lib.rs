@@ -5,6 +5,7 @@
 //! `api`; `lease` uses none of them.
 
 pub mod api;
+pub mod check;
 pub mod cli;
 pub mod demo;
 pub mod lease;
