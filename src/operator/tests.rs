@@ -28,6 +28,25 @@ fn every_operator_flag_can_come_from_the_environment() {
     }
 }
 
+/// A controller for namespace `prod` on `client` and `stores`, with a short
+/// grace period, and its metrics.
+pub(crate) fn controller_on(client: Client, stores: Arc<dyn StoreProvider>) -> (ControllerRun, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let ctx = Arc::new(Context::new(
+        client,
+        Reporter::from(FIELD_MANAGER),
+        stores,
+        metrics.clone(),
+    ));
+    let controller = ControllerRun {
+        ctx,
+        namespace: Some("prod".into()),
+        concurrency: 1,
+        grace: Duration::from_millis(50),
+    };
+    (controller, metrics)
+}
+
 fn operator_args(args: &[&str]) -> Args {
     let argv = ["leasehold", "operator"].iter().chain(args);
     match Cli::try_parse_from(argv).unwrap().command {
@@ -111,19 +130,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         .unwrap();
 
     let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store.clone())));
-    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Reporter::from(FIELD_MANAGER),
-        stores.clone(),
-        metrics.clone(),
-    ));
-    let controller = ControllerRun {
-        ctx,
-        namespace: Some("prod".into()),
-        concurrency: 1,
-        grace: Duration::from_millis(50),
-    };
+    let (controller, metrics) = controller_on(client.clone(), stores.clone());
     let election = Election::Spanner(SpannerElection {
         config: SpannerConfig {
             database: "projects/p/instances/i/databases/d".into(),

@@ -8,8 +8,6 @@ use std::sync::Mutex;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use kube::client::Body;
-use kube::runtime::events::Reporter;
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tower_test::mock::{self, Handle};
@@ -17,7 +15,6 @@ use tower_test::mock::{self, Handle};
 use super::*;
 use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
-use crate::operator::reconcile::{Context, FIELD_MANAGER};
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
 
@@ -131,20 +128,8 @@ fn replica(api: &Shared, name: &str) -> Replica {
     let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(serve(server, api.clone()));
     let client = Client::new(service, "default");
-    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let stores = Arc::new(SingleStore(Arc::new(MemoryStore::new(1))));
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Reporter::from(FIELD_MANAGER),
-        stores,
-        metrics.clone(),
-    ));
-    let controller = ControllerRun {
-        ctx,
-        namespace: Some("prod".into()),
-        concurrency: 1,
-        grace: Duration::from_millis(50),
-    };
+    let (controller, metrics) = crate::operator::tests::controller_on(client.clone(), stores);
     let election = LeaseElection::new(
         DEFAULT_LEASE_NAME.into(),
         "leasehold-system".into(),

@@ -467,58 +467,47 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     );
 }
 
+/// Deletes a resource naming `spec`'s lock, which `holder` holds: only the
+/// finalizer goes, the row keeps its holder. `pods`: what the pod watch lists,
+/// when the reconcile needs to look.
+async fn expect_delete_keeps_the_holder(spec: Value, lock: &str, holder: &str, pods: Option<Vec<Value>>) {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire(lock, holder, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut resource = lease(spec, &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let (result, store, _) = run(fixture, resource, async move |server| {
+        if let Some(pods) = pods {
+            expect_pod_list(server, pods).await;
+        }
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    assert_eq!(row.holder.as_deref(), Some(holder), "the live holder keeps its lease");
+}
+
 /// S8: a holder whose pod still runs believes it leads; releasing its row
 /// under it would let a second leader in while it works. Deleting the
 /// resource just drops the finalizer; the sidecar releases on shutdown.
 #[tokio::test]
 async fn deleting_leaves_a_live_holder_whose_pod_runs_alone() {
-    let fixture = fixture();
-    fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
-    let mut resource = lease(json!({}), &[FINALIZER], None);
-    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    let echo = resource.clone();
-    let (result, store, _) = run(fixture, resource, async move |server| {
-        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
-        let seen = next(server).await;
-        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
-        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
-        seen.respond(200, &echo);
-    })
-    .await;
-    assert_eq!(result.unwrap(), Action::await_change());
-    let row = store.observe("prod/web").await.unwrap().record.unwrap();
-    assert_eq!(
-        row.holder.as_deref(),
-        Some("prod/web-0#n1"),
-        "the live holder keeps its lease"
-    );
+    let pods = vec![pod("web-0", Some("true"), true)];
+    expect_delete_keeps_the_holder(json!({}), "prod/web", "prod/web-0#n1", Some(pods)).await;
 }
 
 #[tokio::test]
 async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
-    let fixture = fixture();
-    fixture
-        .store
-        .acquire("global/payments", "eu/payments/api-0#n2", Duration::from_secs(15))
-        .await
-        .unwrap();
-    let mut resource = lease(json!({"lockName": "global/payments"}), &[FINALIZER], None);
-    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    let echo = resource.clone();
-    let (result, store, _) = run(fixture, resource, async move |server| {
-        let seen = next(server).await;
-        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
-        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
-        seen.respond(200, &echo);
-    })
-    .await;
-    assert_eq!(result.unwrap(), Action::await_change());
-    let row = store.observe("global/payments").await.unwrap().record.unwrap();
-    assert_eq!(row.holder.as_deref(), Some("eu/payments/api-0#n2"));
+    let spec = json!({"lockName": "global/payments"});
+    expect_delete_keeps_the_holder(spec, "global/payments", "eu/payments/api-0#n2", None).await;
 }
 
 #[tokio::test]
