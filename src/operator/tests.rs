@@ -251,3 +251,101 @@ fn the_pod_cache_keeps_labels_owners_conditions_and_phase_only() {
         })
     );
 }
+
+/// The running controller: the pod watch's first list fills the cache the
+/// reconcile reads its candidates from (no pod list per lease), and the
+/// status it writes counts them.
+#[tokio::test]
+async fn the_controller_counts_candidates_from_its_pod_watch() {
+    use serde_json::{Value, json};
+    use std::sync::Mutex;
+
+    let (service, mut server) = mock::pair::<::http::Request<Body>, ::http::Response<Body>>();
+    let store = MemoryStore::new(9);
+    store
+        .acquire("prod/web", "prod/web-0#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store)));
+    let (controller, metrics) = controller_on(Client::new(service, "default"), stores);
+    let lease = json!({
+        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod", "uid": "u", "resourceVersion": "5", "generation": 1,
+                     "finalizers": [reconcile::FINALIZER]},
+        "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                 "selector": {"matchLabels": {"app": "web"}}},
+    });
+    let pod = |name: &str, app: &str, ready: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "prod", "resourceVersion": "3",
+                            "labels": {"app": app, "leasehold.dev/leader": "false"}},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]}})
+    };
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
+                      "items": [pod("web-0", "web", "True"), pod("web-1", "web", "False"), pod("db-0", "db", "True")]});
+    let statuses: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let unexpected: Arc<Mutex<Vec<String>>> = Arc::default();
+    let serving = {
+        let (statuses, unexpected, lease) = (statuses.clone(), unexpected.clone(), lease.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some((request, reply)) = server.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_string();
+                let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+                if !rbac::allows_request(&method, &path, watch) {
+                    unexpected.lock().unwrap().push(format!("not granted: {method} {path}"));
+                }
+                let bytes = request.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let answer = match (method.as_str(), path.as_str()) {
+                    (_, _) if watch => {
+                        held.push(reply);
+                        continue;
+                    }
+                    ("GET", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases") => json!({
+                        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList",
+                        "metadata": {"resourceVersion": "6"}, "items": [lease]}),
+                    ("GET", "/api/v1/namespaces/prod/pods") => pods.clone(),
+                    ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
+                        statuses.lock().unwrap().push(body["status"].clone());
+                        lease.clone()
+                    }
+                    ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events") => body,
+                    _ => {
+                        unexpected.lock().unwrap().push(format!("{method} {path}"));
+                        json!({})
+                    }
+                };
+                let response = ::http::Response::builder()
+                    .status(if method == "POST" { 201 } else { 200 })
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap();
+                reply.send_response(response);
+            }
+        })
+    };
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while statuses.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the controller reconciled the lease");
+    stop.cancel();
+    running.await.unwrap();
+    serving.abort();
+    let status = statuses.lock().unwrap()[0].clone();
+    assert_eq!(
+        (status["candidates"].clone(), status["readyCandidates"].clone()),
+        (json!(2), json!(1))
+    );
+    assert_eq!(status["holder"], json!("prod/web-0#n"));
+    assert_eq!(unexpected.lock().unwrap().clone(), Vec::<String>::new());
+    assert!(metrics.reconciles(metrics::Outcome::Ok) >= 1);
+}
