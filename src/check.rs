@@ -4,7 +4,8 @@
 //!
 //! * the DistributedLease CRD missing, or different from this release's;
 //! * the injection webhook's configuration missing, its `caBundle` empty or
-//!   not the CA in the webhook Secret (stale), or its Service missing;
+//!   not the CA in the webhook Secret (stale), its Service missing or
+//!   without a ready endpoint (not reachable);
 //! * RBAC the operator needs that the account running the check lacks
 //!   (SelfSubjectAccessReview per rule: run it as the operator's
 //!   ServiceAccount to check the operator's RBAC);
@@ -23,6 +24,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
@@ -224,10 +226,7 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
         };
         let services: Api<Service> = Api::namespaced(client.clone(), &service.namespace);
         match services.get_opt(&service.name).await {
-            Ok(Some(_)) => report.ok(format!(
-                "webhook {}: Service {}/{} exists",
-                webhook.name, service.namespace, service.name
-            )),
+            Ok(Some(_)) => check_endpoints(client, &webhook.name, &service.namespace, &service.name, report).await,
             Ok(None) => report.error(format!(
                 "webhook {}: Service {}/{} is missing, so admission requests cannot reach the operator",
                 webhook.name, service.namespace, service.name
@@ -237,6 +236,36 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
                 service.namespace, service.name
             )),
         }
+    }
+}
+
+/// Whether some ready pod serves the webhook's Service, from its
+/// EndpointSlices (`kubernetes.io/service-name` label).
+async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, service: &str, report: &mut Report) {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("kubernetes.io/service-name={service}");
+    match slices.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => {
+            let ready = list
+                .items
+                .iter()
+                .flat_map(|slice| slice.endpoints.iter().flatten())
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+                .count();
+            if ready == 0 {
+                report.error(format!(
+                    "webhook {webhook}: no ready pod serves Service {namespace}/{service}, so the webhook is not \
+                     reachable (is the operator running?)"
+                ));
+            } else {
+                report.ok(format!(
+                    "webhook {webhook}: Service {namespace}/{service} has {ready} ready endpoint(s)"
+                ));
+            }
+        }
+        Err(e) => report.error(format!(
+            "cannot read the endpoints of Service {namespace}/{service}: {e}"
+        )),
     }
 }
 

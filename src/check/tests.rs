@@ -23,6 +23,8 @@ struct Cluster {
     webhook: Option<Value>,
     secret_ca: Option<&'static str>,
     services: Vec<(&'static str, &'static str)>,
+    /// Ready endpoints behind each Service.
+    ready_endpoints: usize,
     /// (group, resource, verb) the account may not do.
     denied: Vec<(&'static str, &'static str, &'static str)>,
     leases: Vec<Value>,
@@ -73,6 +75,15 @@ impl Cluster {
             ("GET", ["api", "v1", "namespaces", namespace, "services", name]) => {
                 let exists = self.services.contains(&(*namespace, *name));
                 found(exists.then(|| json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace}})))
+            }
+            ("GET", ["apis", "discovery.k8s.io", "v1", "namespaces", _, "endpointslices"]) => {
+                assert!(query.contains("labelSelector=kubernetes.io%2Fservice-name%3D"), "{query}");
+                let endpoints: Vec<Value> = (0..self.ready_endpoints)
+                    .map(|i| json!({"addresses": [format!("10.0.0.{i}")], "conditions": {"ready": true}}))
+                    .chain([json!({"addresses": ["10.0.0.99"], "conditions": {"ready": false}})])
+                    .collect();
+                let slice = json!({"addressType": "IPv4", "metadata": {"name": "s"}, "endpoints": endpoints});
+                (200, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": [slice]}))
             }
             ("POST", ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
                 let attributes = &body["spec"]["resourceAttributes"];
@@ -203,6 +214,7 @@ fn healthy() -> Cluster {
         webhook: Some(webhook("CA-1", ("leasehold-system", "leasehold-webhook"))),
         secret_ca: Some("CA-1"),
         services: vec![("leasehold-system", "leasehold-webhook")],
+        ready_endpoints: 2,
         leases: vec![lease(
             "web",
             json!({}),
@@ -234,7 +246,7 @@ async fn a_healthy_install_reports_only_ok() {
     for expected in [
         "CRD distributedleases.leasehold.dev is installed and matches this leasehold",
         "webhook inject.leasehold.dev: caBundle is set",
-        "Service leasehold-system/leasehold-webhook exists",
+        "Service leasehold-system/leasehold-webhook has 2 ready endpoint(s)",
         "this account has every permission the operator needs",
         "DistributedLease prod/web: 2 candidate(s)",
     ] {
@@ -335,6 +347,20 @@ async fn a_missing_crd_and_webhook_say_how_to_install_them() {
         cluster.requests
     );
     assert_eq!(cluster.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_webhook_without_a_ready_operator_pod_is_not_reachable() {
+    let mut cluster = healthy();
+    cluster.ready_endpoints = 0;
+    let (report, cluster) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    assert!(
+        errors.contains("webhook inject.leasehold.dev: no ready pod serves Service leasehold-system/leasehold-webhook"),
+        "{errors}"
+    );
+    assert_eq!(report.errors(), 1, "{report:#?}");
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
 }
 
 #[test]
