@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{demo, inject, operator, run, sidecar};
+use crate::{check, demo, inject, operator, run, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +42,8 @@ pub enum Command {
     Operator(operator::Args),
     /// Print the DistributedLease CustomResourceDefinition as YAML.
     Crd,
+    /// Report what is wrong with an install, in plain words.
+    Check(check::Args),
     /// Inject the sidecar into annotated Pods and pod templates in YAML (files
     /// or stdin) as the webhook would; the result goes to stdout, what was
     /// skipped and why to stderr.
@@ -62,7 +64,7 @@ impl Cli {
         let default_filter = match self.command {
             #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
-            Command::Demo(_) => "warn",
+            Command::Demo(_) | Command::Check(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -87,6 +89,7 @@ impl Cli {
                     .build()?
                     .block_on(run::watchdog::run(args))?,
             ),
+            Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
         }
     }
 }

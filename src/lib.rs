@@ -11,6 +11,8 @@
 
 #[cfg(feature = "kubernetes")]
 pub mod api;
+#[cfg(feature = "operator")]
+pub mod check;
 #[cfg(feature = "cli")]
 pub mod cli;
 #[cfg(feature = "cli")]

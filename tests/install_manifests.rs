@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use leasehold::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION_RULES};
-use leasehold::rbac::{named_rules_yaml, rules_yaml};
+use leasehold::operator::election::DEFAULT_LEASE_NAME;
+use leasehold::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
+use leasehold::rbac::rules_yaml;
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -17,29 +18,17 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
     let operator = rules_yaml(RULES);
     let operator_namespaced = rules_yaml(NAMESPACED_RULES);
     let sidecar = rules_yaml(leasehold::sidecar::rbac::RULES);
-    // The operator may touch its own webhook configuration only.
-    let webhook_static = format!(
-        "{operator}{}",
-        named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector")
-    );
-    let webhook_chart = format!(
-        "{operator}{}",
-        named_rules_yaml(
-            WEBHOOK_CONFIGURATION_RULES,
-            "{{ include \"leasehold.fullname\" . }}-sidecar-injector"
-        )
-    );
     for (file, expected) in [
-        ("manifests/install.yaml", vec![&webhook_static, &operator_namespaced]),
+        ("manifests/install.yaml", vec![&operator, &operator_namespaced]),
         (
             "charts/leasehold/templates/rbac-operator.yaml",
-            vec![&webhook_chart, &operator_namespaced],
+            vec![&operator, &operator_namespaced],
         ),
         ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
         ("manifests/examples/leader-only-service.yaml", vec![&sidecar]),
         ("manifests/examples/readiness-gated.yaml", vec![&sidecar]),
     ] {
-        let text = read(file);
+        let text = as_release_leasehold(&read(file));
         for rules in expected {
             assert!(text.contains(rules.as_str()), "{file} must grant exactly:\n{rules}");
         }
@@ -50,6 +39,28 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
             text.matches("\nkind: Role\n").count() + text.matches("\nkind: ClusterRole\n").count(),
             "{file}"
         );
+    }
+}
+
+/// The chart names release-scoped objects after the release; the rules name
+/// them as a release called `leasehold` does.
+fn as_release_leasehold(template: &str) -> String {
+    template.replace("{{ include \"leasehold.fullname\" . }}", "leasehold")
+}
+
+/// The objects the operator's RBAC is limited to by name are the ones the
+/// shipped operator is told to use.
+#[test]
+fn the_operator_uses_the_objects_its_rbac_names() {
+    for file in ["charts/leasehold/templates/deployment.yaml", "manifests/install.yaml"] {
+        let text = as_release_leasehold(&read(file));
+        for (env, name) in [
+            ("LEASEHOLD_ELECTION_LEASE_NAME", DEFAULT_LEASE_NAME),
+            ("LEASEHOLD_WEBHOOK_CONFIGURATION", WEBHOOK_CONFIGURATION),
+        ] {
+            let setting = format!("- name: {env}\n              value: {name}\n");
+            assert!(text.contains(&setting), "{file} must set {env} to {name}");
+        }
     }
 }
 

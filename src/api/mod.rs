@@ -47,6 +47,11 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     validation = Rule::new("duration(self.retryPeriod) > duration('0s')")
         .message("retryPeriod must be greater than zero")
         .field_path(".retryPeriod"),
+    // The field's own `self == oldSelf` runs only when both versions have
+    // it; this transition rule on the parent catches adding and removing.
+    validation = Rule::new("has(self.lockName) == has(oldSelf.lockName)")
+        .message("lockName cannot be added or removed: create a new resource for another lock")
+        .field_path(".lockName"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLeaseSpec {

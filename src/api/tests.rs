@@ -182,7 +182,32 @@ fn the_crd_names_group_kind_and_columns() {
             "duration(self.renewDeadline) < duration(self.leaseDuration)",
             "duration(self.retryPeriod) < duration(self.renewDeadline)",
             "duration(self.retryPeriod) > duration('0s')",
+            "has(self.lockName) == has(oldSelf.lockName)",
         ]
+    );
+}
+
+/// `lockName: self == oldSelf` is a transition rule the API server skips
+/// when the field is added or removed (a transition rule runs only when the
+/// old object has the field too); the parent-level rule covers both.
+#[test]
+fn lock_name_can_be_neither_changed_nor_added_nor_removed() {
+    let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let field_rules = &spec["properties"]["lockName"]["x-kubernetes-validations"];
+    assert_eq!(field_rules[0]["rule"], json!("self == oldSelf"));
+    let parent = spec["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == json!("has(self.lockName) == has(oldSelf.lockName)"))
+        .expect("a spec-level rule compares presence of lockName in old and new");
+    assert_eq!(parent["fieldPath"], json!(".lockName"));
+    assert!(
+        parent["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be added or removed")
     );
 }
 
@@ -197,7 +222,7 @@ fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
     assert_eq!(valid.timing.lease_duration, Duration::from_secs(15));
     assert_eq!(valid.timing.renew_deadline, Duration::from_secs(10));
     assert_eq!(valid.timing.retry_period, Duration::from_secs(2));
-    assert_eq!(valid.selector, "app=web");
+    assert_eq!(valid.selector.to_string(), "app=web");
     assert_eq!(valid.spanner.database, "projects/p/instances/i/databases/d");
     assert!(!valid.readiness_gate);
 
@@ -303,7 +328,7 @@ fn selectors_with_expressions_render_for_the_api() {
         &["selector"],
         json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}),
     );
-    assert_eq!(validate(&lease).unwrap().selector, "app=web,tier in (a,b)");
+    assert_eq!(validate(&lease).unwrap().selector.to_string(), "app=web,tier in (a,b)");
 }
 
 #[test]

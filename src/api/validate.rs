@@ -13,8 +13,8 @@ pub struct ValidLease {
     pub lock: String,
     pub spanner: SpannerConfig,
     pub timing: Timing,
-    /// The candidate selector in API string form (`app=x,tier in (a,b)`).
-    pub selector: String,
+    /// The candidate selector; `to_string()` gives the API form (`app=x,tier in (a,b)`).
+    pub selector: Selector,
     pub label_key: String,
     pub readiness_gate: bool,
 }
@@ -110,7 +110,7 @@ fn check_table(table: &str) -> Result<()> {
     }
 }
 
-fn check_selector(lease: &DistributedLease) -> Result<String> {
+fn check_selector(lease: &DistributedLease) -> Result<Selector> {
     let selector = &lease.spec.selector;
     let empty = selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
         && selector.match_expressions.as_ref().is_none_or(|e| e.is_empty());
@@ -135,8 +135,7 @@ fn check_selector(lease: &DistributedLease) -> Result<String> {
             });
         }
     }
-    let parsed = Selector::try_from(selector.clone()).map_err(|e| invalid("spec.selector", e.0))?;
-    Ok(parsed.to_string())
+    Selector::try_from(selector.clone()).map_err(|e| invalid("spec.selector", e.0))
 }
 
 /// A Kubernetes qualified name: `[prefix/]name`, the prefix a DNS subdomain.

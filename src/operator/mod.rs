@@ -2,25 +2,20 @@
 //!
 //! # High availability
 //!
-//! Run several replicas; one reconciles, the others stand by. The active one
-//! is chosen by leasehold's own [`Elector`] on a lock row in Cloud Spanner
-//! (`--election-database`), not on the Kubernetes `coordination.k8s.io`
-//! Lease API. The reason is the rule the whole core is built on: expiry is
-//! judged on the *store's* clock. A Kubernetes Lease has no server clock —
-//! `renewTime` is written by the candidates from their own wall clocks, and
-//! nothing in the API compares it with a server time in the same operation —
-//! so a Lease-backed `LeaseStore` could not keep the `observe`/`acquire`
-//! contract or produce fencing tokens from commit timestamps. The operator
-//! talks to Spanner anyway (it creates tables and reads rows), so electing
-//! there adds no dependency and gives the operator the guarantees it gives
-//! its users. `--leader-election=false` runs a single replica without a lock.
+//! Run several replicas; one reconciles, the others stand by. By default the
+//! active one holds a `coordination.k8s.io` Lease in the operator's namespace
+//! (client-go's leader election), so HA needs no infrastructure beyond the
+//! cluster; `--election-backend=spanner` elects on a lock row in Cloud
+//! Spanner instead, with store-clock expiry and fencing tokens (see
+//! [`election`]). `--leader-election=false` runs a single replica without a lock.
 //!
 //! # Shutdown
 //!
 //! One [`CancellationToken`] owns shutdown: SIGTERM or SIGINT cancels it, the
-//! controller finishes the reconciles in flight, the elector releases the
-//! operator lock, the HTTP server drains; a second signal exits at once.
+//! controller finishes the reconciles in flight, the election releases the
+//! operator's lock, the HTTP server drains; a second signal exits at once.
 
+pub mod election;
 pub mod http;
 pub mod metrics;
 pub mod rbac;
@@ -35,22 +30,26 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::core::SelectorExt as _;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, ResourceExt as _};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use self::election::{Backend, DEFAULT_LEASE_NAME, Election, LeaseElection, SpannerElection};
 use self::http::Role;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{SpannerStores, StoreProvider};
-use crate::api::{DEFAULT_TABLE, DistributedLease};
-use crate::lease::{Elector, Identity, LeaderContext, Timing};
+use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
+use crate::lease::{Identity, Timing};
 use crate::store::spanner::SpannerConfig;
 
 /// Without leader election nobody waits to take over, so reconciles in
@@ -65,20 +64,31 @@ pub struct Args {
     /// Reconcile only while this replica holds the operator lock (run several replicas).
     #[arg(long, env = "LEASEHOLD_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_election: bool,
-    /// Spanner database of the operator lock: projects/<p>/instances/<i>/databases/<d>.
+    /// Where the operator's election lives: a Kubernetes Lease (no extra
+    /// infrastructure) or a lock row in Cloud Spanner.
+    #[arg(long, env = "LEASEHOLD_ELECTION_BACKEND", value_enum, default_value_t = Backend::Lease)]
+    pub election_backend: Backend,
+    /// Name of the operator's coordination.k8s.io Lease (lease backend).
+    #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
+    pub election_lease_name: String,
+    /// Namespace of the operator's Lease (lease backend; default: --pod-namespace).
+    #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_NAMESPACE")]
+    pub election_lease_namespace: Option<String>,
+    /// Spanner database of the operator lock (spanner backend):
+    /// projects/<p>/instances/<i>/databases/<d>.
     #[arg(long, env = "LEASEHOLD_ELECTION_DATABASE")]
     pub election_database: Option<String>,
-    /// Table of the operator lock (created when missing).
+    /// Table of the operator lock (spanner backend; created when missing).
     #[arg(long, env = "LEASEHOLD_ELECTION_TABLE", default_value = DEFAULT_TABLE)]
     pub election_table: String,
-    /// Name of the operator lock.
+    /// Name of the operator lock (spanner backend).
     #[arg(
         long,
         env = "LEASEHOLD_ELECTION_LOCK",
         default_value = "leasehold-system/leasehold-operator"
     )]
     pub election_lock: String,
-    /// Operator lock duration (D).
+    /// Operator lock duration (D; whole seconds with the lease backend).
     #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_DURATION", default_value = "15s")]
     pub election_lease_duration: String,
     /// Operator lock renew deadline (R < D).
@@ -108,16 +118,11 @@ pub struct Args {
 }
 
 impl Args {
-    /// The operator lock, or `None` when election is off.
+    /// The operator's election, or `None` when it is off.
     fn election(&self, identity: &Identity) -> anyhow::Result<Option<Election>> {
         if !self.leader_election {
             return Ok(None);
         }
-        let Some(database) = self.election_database.clone() else {
-            anyhow::bail!(
-                "--election-database (LEASEHOLD_ELECTION_DATABASE) is required unless --leader-election=false"
-            );
-        };
         let timing = Timing::parse(
             &self.election_lease_duration,
             &self.election_renew_deadline,
@@ -125,15 +130,43 @@ impl Args {
             Timing::default().jitter,
         )
         .context("invalid operator election timing (--election-lease-duration/-renew-deadline/-retry-period)")?;
-        Ok(Some(Election {
-            config: SpannerConfig {
-                database,
-                table: self.election_table.clone(),
-            },
-            timing,
-            lock: self.election_lock.clone(),
-            identity: identity.clone(),
-        }))
+        let election = match self.election_backend {
+            Backend::Lease => {
+                let Some(namespace) = self
+                    .election_lease_namespace
+                    .clone()
+                    .or_else(|| self.pod_namespace.clone())
+                else {
+                    anyhow::bail!(
+                        "--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace \
+                         (LEASEHOLD_POD_NAMESPACE) is required for --election-backend=lease"
+                    );
+                };
+                Election::Lease(LeaseElection::new(
+                    self.election_lease_name.clone(),
+                    namespace,
+                    identity.clone(),
+                    timing,
+                )?)
+            }
+            Backend::Spanner => {
+                let Some(database) = self.election_database.clone() else {
+                    anyhow::bail!(
+                        "--election-database (LEASEHOLD_ELECTION_DATABASE) is required for --election-backend=spanner"
+                    );
+                };
+                Election::Spanner(SpannerElection {
+                    config: SpannerConfig {
+                        database,
+                        table: self.election_table.clone(),
+                    },
+                    timing,
+                    lock: self.election_lock.clone(),
+                    identity: identity.clone(),
+                })
+            }
+        };
+        Ok(Some(election))
     }
 
     /// A fresh identity for this process run (one per run, shared by the
@@ -198,7 +231,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         // The active replica stops claiming the operator lock first; its
         // reconciles get one retry period before a successor may start.
-        grace: election.as_ref().map_or(STANDALONE_GRACE, |e| e.timing.retry_period),
+        grace: election.as_ref().map_or(STANDALONE_GRACE, Election::retry_period),
     };
 
     let result = match election {
@@ -209,7 +242,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             controller.run(shutdown.clone()).await;
             Ok(())
         }
-        Some(election) => election.run(stores, controller, &role, &shutdown).await,
+        Some(election) => Ok(election.run(client, stores, controller, &role, &shutdown).await?),
     };
     role.send_replace(Role::Stopping);
     shutdown.cancel();
@@ -226,80 +259,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     result
 }
 
-/// The operator's own lock.
-struct Election {
-    config: SpannerConfig,
-    timing: Timing,
-    lock: String,
-    identity: Identity,
-}
-
-impl Election {
-    /// Campaigns for the operator lock and reconciles while it is held,
-    /// until `shutdown`; then the lock is released.
-    async fn run(
-        self,
-        stores: Arc<dyn StoreProvider>,
-        controller: ControllerRun,
-        role: &watch::Sender<Role>,
-        shutdown: &CancellationToken,
-    ) -> anyhow::Result<()> {
-        let Election {
-            config,
-            timing,
-            lock,
-            identity,
-        } = self;
-        let store = stores
-            .store(&config)
-            .await
-            .with_context(|| format!("cannot open the election store {}", config.database))?;
-        store.ensure_schema().await.with_context(|| {
-            format!(
-                "cannot create the election table {} in {}",
-                config.table, config.database
-            )
-        })?;
-        info!(%identity, %lock, database = %config.database, "campaigning for the operator lock");
-        let metrics = controller.ctx.metrics.clone();
-        let controller = Arc::new(controller);
-        let elector = Elector::new(lock, identity, timing);
-        let handle = elector.spawn_with_work(store, shutdown.clone(), move |leader: LeaderContext| {
-            let controller = controller.clone();
-            let metrics = metrics.clone();
-            async move {
-                info!(term = leader.term, token = %leader.token, "active: reconciling");
-                metrics.set_leader(true);
-                controller.run(leader.cancelled.clone()).await;
-                metrics.set_leader(false);
-                info!(term = leader.term, "no longer active: stopped reconciling");
-            }
-        });
-        let mut state = handle.subscribe();
-        loop {
-            let now = if state.borrow_and_update().leader {
-                Role::Active
-            } else {
-                Role::Standby
-            };
-            role.send_if_modified(|r| {
-                let changed = *r != now && *r != Role::Stopping;
-                if changed {
-                    *r = now;
-                }
-                changed
-            });
-            if state.changed().await.is_err() {
-                break;
-            }
-        }
-        handle.join().await;
-        Ok(())
-    }
-}
-
 /// The DistributedLease controller, run until `stop` fires.
-struct ControllerRun {
+pub struct ControllerRun {
     ctx: Arc<Context>,
     namespace: Option<String>,
     concurrency: u16,
@@ -310,16 +271,33 @@ struct ControllerRun {
 }
 
 impl ControllerRun {
+    /// Watches the resources and the pods: one pod watch fills the cache the
+    /// reconciles read candidates from and triggers the leases whose
+    /// selectors match a pod that changed, so counts and label repair follow
+    /// pod events instead of a list per lease per retry period.
     async fn run(&self, stop: CancellationToken) {
         let client = self.ctx.client.clone();
-        let api: Api<DistributedLease> = match &self.namespace {
-            Some(namespace) => Api::namespaced(client, namespace),
-            None => Api::all(client),
+        let (leases, pods): (Api<DistributedLease>, Api<Pod>) = match &self.namespace {
+            Some(namespace) => (
+                Api::namespaced(client.clone(), namespace),
+                Api::namespaced(client, namespace),
+            ),
+            None => (Api::all(client.clone()), Api::all(client)),
         };
-        let controller = Controller::new(api, watcher::Config::default().any_semantic())
+        let (pod_cache, pod_writer) = reflector::store();
+        let pod_events = watcher::watcher(pods, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(keep_what_reconciles_read)
+            .reflect(pod_writer)
+            .touched_objects();
+        let ctx = Arc::new(self.ctx.with_pods(pod_cache));
+        let controller = Controller::new(leases, watcher::Config::default().any_semantic());
+        let known_leases = controller.store();
+        let controller = controller
+            .watches_stream(pod_events, move |pod| leases_selecting(&known_leases.state(), &pod))
             .with_config(controller::Config::default().concurrency(self.concurrency))
             .graceful_shutdown_on(stop.clone().cancelled_owned())
-            .run(reconcile, error_policy, self.ctx.clone())
+            .run(reconcile, error_policy, ctx)
             .for_each(|result| async move {
                 match result {
                     Ok((resource, _)) => debug!(resource = %resource, "reconciled"),
@@ -335,6 +313,33 @@ impl ControllerRun {
             () = grace_over => warn!(grace = ?self.grace, "reconciles still running after the grace period; dropped"),
         }
     }
+}
+
+/// Drops what no reconcile reads (spec, managed fields, annotations), so the
+/// cache of every pod in the watched namespaces stays small: candidates are
+/// found by labels, counted by conditions and phase, repaired by name and
+/// resourceVersion, and mapped to Deployments by owner references.
+fn keep_what_reconciles_read(pod: &mut Pod) {
+    pod.spec = None;
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            conditions: status.conditions.take(),
+            phase: status.phase.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// The leases in the pod's namespace whose selector matches the pod.
+fn leases_selecting(leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
+    leases
+        .iter()
+        .filter(|lease| lease.namespace() == pod.namespace())
+        .filter(|lease| validate(lease).is_ok_and(|valid| valid.selector.matches(pod.labels())))
+        .map(|lease| ObjectRef::from_obj(lease.as_ref()))
+        .collect()
 }
 
 #[cfg(test)]

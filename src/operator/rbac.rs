@@ -4,7 +4,13 @@
 //! rules, and `docs/rbac-operator.md` carries them as a ClusterRole, so the
 //! chart's RBAC cannot drift from the code silently.
 
-pub use crate::rbac::{Rule, named_rules_yaml, request_attributes, rules_yaml};
+pub use crate::rbac::{RequestAttributes, Rule, request_attributes, rules_yaml};
+
+use super::election::DEFAULT_LEASE_NAME;
+
+/// The injection webhook's MutatingWebhookConfiguration, as the chart names
+/// it for a release called `leasehold` (and `--webhook-configuration`'s default).
+pub const WEBHOOK_CONFIGURATION: &str = "leasehold-sidecar-injector";
 
 pub const RULES: &[Rule] = &[
     // The controller's list+watch; finalizers by merge patch; the injection
@@ -13,41 +19,44 @@ pub const RULES: &[Rule] = &[
         api_group: "leasehold.dev",
         resources: &["distributedleases"],
         verbs: &["get", "list", "watch", "patch"],
+        resource_names: &[],
     },
     // Status by server-side apply.
     Rule {
         api_group: "leasehold.dev",
         resources: &["distributedleases/status"],
         verbs: &["patch"],
+        resource_names: &[],
     },
     // Candidate counts and stale leader label repair.
     Rule {
         api_group: "",
         resources: &["pods"],
-        verbs: &["list", "patch"],
+        verbs: &["list", "watch", "patch"],
+        resource_names: &[],
     },
     // The rollout check for readiness-gated leases.
     Rule {
         api_group: "apps",
         resources: &["deployments"],
         verbs: &["get"],
+        resource_names: &[],
     },
     // kube's event recorder creates events and patches repeats into series.
     Rule {
         api_group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
+    },
+    // The injection webhook's self-signed CA goes into its configuration.
+    Rule {
+        api_group: "admissionregistration.k8s.io",
+        resources: &["mutatingwebhookconfigurations"],
+        verbs: &["get", "patch"],
+        resource_names: &[WEBHOOK_CONFIGURATION],
     },
 ];
-
-/// Rules granted for named objects only (`resourceNames`): the injection
-/// webhook's self-signed CA goes into its own configuration
-/// (--webhook-configuration), and into no other.
-pub const WEBHOOK_CONFIGURATION_RULES: &[Rule] = &[Rule {
-    api_group: "admissionregistration.k8s.io",
-    resources: &["mutatingwebhookconfigurations"],
-    verbs: &["get", "patch"],
-}];
 
 /// Rules granted by a Role in the operator's own namespace only.
 pub const NAMESPACED_RULES: &[Rule] = &[
@@ -56,14 +65,33 @@ pub const NAMESPACED_RULES: &[Rule] = &[
         api_group: "",
         resources: &["secrets"],
         verbs: &["get", "create"],
+        resource_names: &[],
+    },
+    // Leader election on a coordination.k8s.io Lease (the default): create
+    // it the first time (RBAC cannot limit create by name), then read and
+    // renew only the operator's own Lease.
+    Rule {
+        api_group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["create"],
+        resource_names: &[],
+    },
+    Rule {
+        api_group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "update"],
+        resource_names: &[DEFAULT_LEASE_NAME],
     },
 ];
 
-/// Whether the operator's rules allow `verb` on `resource` in `api_group`.
-pub fn allows(api_group: &str, resource: &str, verb: &str) -> bool {
-    [RULES, NAMESPACED_RULES, WEBHOOK_CONFIGURATION_RULES]
-        .iter()
-        .any(|rules| crate::rbac::grants(rules, api_group, resource, verb))
+/// Whether the operator's rules allow `request`.
+pub fn allows(request: &RequestAttributes) -> bool {
+    crate::rbac::grants(RULES, request) || crate::rbac::grants(NAMESPACED_RULES, request)
+}
+
+/// Whether the operator's rules allow a request by method and path.
+pub fn allows_request(method: &str, path: &str, watch: bool) -> bool {
+    request_attributes(method, path, watch).is_some_and(|request| allows(&request))
 }
 
 #[cfg(test)]
@@ -74,63 +102,108 @@ mod tests {
 
     #[test]
     fn the_doc_carries_exactly_these_rules() {
-        let cluster_role =
-            rules_yaml(RULES) + &named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector");
         assert_eq!(
             crate::rbac::rules_lists_in(DOC),
-            [cluster_role, rules_yaml(NAMESPACED_RULES)],
+            [rules_yaml(RULES), rules_yaml(NAMESPACED_RULES)],
             "docs/rbac-operator.md must carry exactly the ClusterRole and Role rules, as rbac::rules_yaml() renders them"
         );
     }
 
     #[test]
-    fn the_doc_limits_the_webhook_configuration_by_name() {
-        let named = named_rules_yaml(WEBHOOK_CONFIGURATION_RULES, "leasehold-sidecar-injector");
-        assert!(
-            named.contains("    resourceNames: [leasehold-sidecar-injector]\n"),
-            "{named}"
-        );
-        assert!(DOC.contains(&named), "docs/rbac-operator.md must contain:\n{named}");
-        assert!(!rules_yaml(RULES).contains("mutatingwebhookconfigurations"));
-    }
-
-    #[test]
-    fn request_paths_map_to_group_resource_and_verb() {
+    fn request_paths_map_to_group_resource_name_and_verb() {
         let cases = [
-            ("GET", "/api/v1/namespaces/prod/pods", false, ("", "pods", "list")),
+            ("GET", "/api/v1/namespaces/prod/pods", false, ("", "pods", None, "list")),
             (
                 "PATCH",
                 "/api/v1/namespaces/prod/pods/web-0",
                 false,
-                ("", "pods", "patch"),
+                ("", "pods", Some("web-0"), "patch"),
             ),
             (
                 "PATCH",
                 "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status",
                 false,
-                ("leasehold.dev", "distributedleases/status", "patch"),
+                ("leasehold.dev", "distributedleases/status", Some("web"), "patch"),
             ),
             (
                 "GET",
                 "/apis/leasehold.dev/v1alpha1/distributedleases",
                 true,
-                ("leasehold.dev", "distributedleases", "watch"),
+                ("leasehold.dev", "distributedleases", None, "watch"),
             ),
             (
                 "POST",
                 "/apis/events.k8s.io/v1/namespaces/prod/events",
                 false,
-                ("events.k8s.io", "events", "create"),
+                ("events.k8s.io", "events", None, "create"),
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/leasehold-system/leases/leasehold-operator",
+                false,
+                ("coordination.k8s.io", "leases", Some("leasehold-operator"), "update"),
             ),
         ];
-        for (method, path, watch, (group, resource, verb)) in cases {
+        for (method, path, watch, (group, resource, name, verb)) in cases {
             assert_eq!(
                 request_attributes(method, path, watch),
-                Some((group.to_string(), resource.to_string(), verb)),
+                Some(RequestAttributes {
+                    api_group: group.into(),
+                    resource: resource.into(),
+                    name: name.map(str::to_string),
+                    verb,
+                }),
                 "{method} {path}"
             );
         }
-        assert!(allows("", "pods", "patch"));
-        assert!(!allows("", "pods", "delete"));
+        assert!(allows_request("PATCH", "/api/v1/namespaces/prod/pods/web-0", false));
+        assert!(!allows_request("DELETE", "/api/v1/namespaces/prod/pods/web-0", false));
+    }
+
+    /// Named rules grant only the objects they name: the operator's own Lease
+    /// and the chart's webhook configuration, nothing else of their kind.
+    #[test]
+    fn leases_and_webhook_configurations_are_limited_to_our_own() {
+        let lease = "/apis/coordination.k8s.io/v1/namespaces/leasehold-system/leases";
+        assert!(allows_request("GET", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
+        assert!(allows_request("PUT", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
+        assert!(allows_request("POST", lease, false), "create cannot be limited by name");
+        assert!(!allows_request("PUT", &format!("{lease}/kube-scheduler"), false));
+        assert!(!allows_request("GET", &format!("{lease}/kube-scheduler"), false));
+        assert!(!allows_request(
+            "DELETE",
+            &format!("{lease}/{DEFAULT_LEASE_NAME}"),
+            false
+        ));
+
+        let hooks = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+        assert!(allows_request(
+            "GET",
+            &format!("{hooks}/{WEBHOOK_CONFIGURATION}"),
+            false
+        ));
+        assert!(allows_request(
+            "PATCH",
+            &format!("{hooks}/{WEBHOOK_CONFIGURATION}"),
+            false
+        ));
+        assert!(!allows_request(
+            "PATCH",
+            &format!("{hooks}/istio-sidecar-injector"),
+            false
+        ));
+        assert!(!allows_request("GET", hooks, false), "no list of every configuration");
+    }
+
+    /// One owner per name: the flags' defaults are the names the rules grant.
+    #[test]
+    fn the_named_objects_are_the_flag_defaults() {
+        use clap::Parser as _;
+        let cli = crate::cli::Cli::try_parse_from(["leasehold", "operator"]).unwrap();
+        let crate::cli::Command::Operator(args) = cli.command else {
+            panic!("operator args")
+        };
+        assert_eq!(args.webhook.webhook_configuration, WEBHOOK_CONFIGURATION);
+        assert_eq!(args.election_lease_name, DEFAULT_LEASE_NAME);
     }
 }

@@ -2,16 +2,20 @@
 //! runtime: everything it touches comes in through [`Context`].
 //!
 //! Order of work, and why:
-//! 1. deletion: release the row by check-and-set, then drop the finalizer;
-//! 2. finalizer first, so a delete can never skip the release;
+//! 1. deletion: release the row by check-and-set only when its holder is
+//!    gone (no candidate pod of that name runs), then drop the finalizer;
+//! 2. finalizer first, so a delete can never skip that decision;
 //! 3. validate; an invalid spec is a status, not an error (no crash loop);
-//! 4. list the candidate pods *before* reading the row, so a pod that
-//!    acquired after our read cannot have its fresh `true` label repaired
-//!    away: a label seen before the read that the read does not back is stale;
+//! 4. take the candidate pods from the pod watch's cache *before* reading
+//!    the row, so a pod that acquired after our read cannot have its fresh
+//!    `true` label repaired away: a label seen before the read that the read
+//!    does not back is stale;
 //! 5. with the readiness gate on, check the candidates' Deployments for a
 //!    strategy that would stall rollouts (`RolloutSafe`);
 //! 6. read the row (creating the table the first time), repair labels,
-//!    publish Events, and write status only when it changed.
+//!    publish Events, and write status only when something users see
+//!    changed (holder, term, token, conditions, counts): a renewal alone
+//!    writes nothing, so a steady lease costs no writes and no extra reconcile.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -19,9 +23,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
+use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -49,6 +55,8 @@ pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
 const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
 /// The fastest healthy requeue, whatever retryPeriod says.
 const MIN_REQUEUE: Duration = Duration::from_secs(1);
+/// How long a reconcile waits for the pod watch's first list.
+const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -58,6 +66,8 @@ pub enum Error {
     Incomplete(&'static str),
     #[error("releasing lock {lock} on delete failed: {source}")]
     Release { lock: String, source: StoreError },
+    #[error("the pod watch has not listed the pods yet")]
+    PodsNotListed,
 }
 
 impl Error {
@@ -79,8 +89,10 @@ pub struct Context {
     /// This cluster's name, as the sidecars put it in their identities; tells
     /// a holder in another cluster from a local pod of the same name.
     cluster: Option<String>,
+    /// The pod watch's cache: the candidates of every lease.
+    pods: Store<Pod>,
     /// (database, table) pairs whose table is known to exist.
-    schemas: Mutex<HashSet<(String, String)>>,
+    schemas: Arc<Mutex<HashSet<(String, String)>>>,
 }
 
 impl Context {
@@ -91,8 +103,54 @@ impl Context {
             stores,
             metrics,
             cluster: None,
-            schemas: Mutex::default(),
+            pods: kube::runtime::reflector::store().0,
+            schemas: Arc::default(),
         }
+    }
+
+    /// This context reading candidates from `pods`, the cache of one run's
+    /// pod watch (see [`candidates_of`]).
+    pub fn with_pods(&self, pods: Store<Pod>) -> Context {
+        Context {
+            client: self.client.clone(),
+            recorder: self.recorder.clone(),
+            stores: self.stores.clone(),
+            metrics: self.metrics.clone(),
+            cluster: self.cluster.clone(),
+            pods,
+            schemas: self.schemas.clone(),
+        }
+    }
+
+    /// Waits until the pod watch has listed the pods once.
+    async fn pods_listed(&self) -> Result<()> {
+        tokio::time::timeout(POD_CACHE_WAIT, self.pods.wait_until_ready())
+            .await
+            .map_err(|_| Error::PodsNotListed)?
+            .map_err(|_| Error::PodsNotListed)
+    }
+
+    /// Whether a pod of this name runs in `namespace` (exists and has not
+    /// finished), from the pod watch's cache.
+    async fn pod_runs(&self, namespace: &str, name: &str) -> Result<bool> {
+        self.pods_listed().await?;
+        let pod = self.pods.get(&ObjectRef::new(name).within(namespace));
+        Ok(pod.is_some_and(|pod| {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        }))
+    }
+
+    /// The candidate pods of a lease, from the pod watch's cache, once it
+    /// has listed the pods.
+    async fn candidates(&self, namespace: &str, selector: &Selector) -> Result<Vec<Arc<Pod>>> {
+        self.pods_listed().await?;
+        Ok(self
+            .pods
+            .state()
+            .into_iter()
+            .filter(|pod| pod.namespace().as_deref() == Some(namespace) && selector.matches(pod.labels()))
+            .collect())
     }
 
     /// Names this cluster (see the sidecar's cluster name).
@@ -233,7 +291,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     };
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let candidates = pods.list(&ListParams::default().labels(&valid.selector)).await?.items;
+    let candidates = ctx.candidates(&namespace, &valid.selector).await?;
     let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
     let rollout = if valid.readiness_gate {
         Some(rollout_condition(lease, ctx, &namespace, &candidates, &old).await)
@@ -355,7 +413,7 @@ async fn rollout_condition(
     lease: &DistributedLease,
     ctx: &Context,
     namespace: &str,
-    candidates: &[Pod],
+    candidates: &[Arc<Pod>],
     old: &DistributedLeaseStatus,
 ) -> Condition {
     let generation = lease.metadata.generation;
@@ -440,15 +498,21 @@ fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, Strin
     }
 }
 
-/// Writes the status by server-side apply, only when it differs from what the
-/// resource already shows (so a steady state costs no writes).
+/// Writes the status by server-side apply, only when something users see
+/// differs from what the resource already shows: `renewedAt` alone moves on
+/// every renewal and is refreshed only with another change, so a steady
+/// lease costs no writes (and no watch event, so no extra reconcile).
 async fn write_status(
     leases: &Api<DistributedLease>,
     name: &str,
     old: &DistributedLeaseStatus,
     status: DistributedLeaseStatus,
 ) -> Result<()> {
-    if *old == status {
+    let visible = |s: &DistributedLeaseStatus| DistributedLeaseStatus {
+        renewed_at: None,
+        ..s.clone()
+    };
+    if visible(old) == visible(&status) {
         debug!("status unchanged");
         return Ok(());
     }
@@ -494,52 +558,68 @@ async fn patch_finalizers(
 }
 
 /// On delete: frees the row by check-and-set with the holder and token just
-/// read, so a new resource with the same lock starts clean.
+/// read, so a new resource with the same lock starts clean, but only when
+/// the holder is gone: a live holder whose pod still runs keeps its lease
+/// (its sidecar still believes it leads, and releases on its own shutdown
+/// after its work stopped, S8); deleting the resource then just drops the
+/// finalizer.
 ///
-/// A live holder outside this namespace is left alone: another cluster's or
-/// namespace's resource may name the same lock, and its leader is not ours to
-/// depose. An invalid spec or a store that cannot hold the table has nothing
-/// to release; an unreachable store keeps the finalizer until it answers.
+/// A live holder outside this namespace is left alone too: another
+/// cluster's or namespace's resource may name the same lock, and its leader
+/// is not ours to depose. An invalid spec or a store that cannot hold the
+/// table has nothing to release; an unreachable store keeps the finalizer
+/// until it answers.
 async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
     let Ok(valid) = validate(lease) else {
         info!("invalid spec: no lock row to release");
         return Ok(());
     };
-    let attempt = async {
-        let store = ctx.stores.store(&valid.spanner).await?;
-        let observed = store.observe(&valid.lock).await?;
-        let Some(record) = observed.record.as_ref() else {
-            return Ok(None);
-        };
-        let (Some(holder), Some(token)) = (record.holder.as_deref(), record.token) else {
-            return Ok(None);
-        };
-        let live = observed.live_holder().is_some();
-        if live && !HolderPod::parse(holder).is_local(ctx.cluster.as_deref(), namespace) {
-            info!(%holder, "holder belongs to another namespace or cluster; not releasing");
-            return Ok(None);
+    let observed = match ctx.stores.store(&valid.spanner).await {
+        Ok(store) => store.observe(&valid.lock).await.map(|observed| (store, observed)),
+        Err(e) => Err(e),
+    };
+    let (store, observed) = match observed {
+        Ok(found) => found,
+        Err(e @ StoreError::Invalid { .. }) => {
+            warn!(error = %e.chain(), "store cannot hold the lock; nothing to release");
+            return Ok(());
         }
-        match store.release(&valid.lock, holder, token).await {
-            Ok(()) | Err(StoreError::Lost { .. }) => Ok(Some(holder.to_string())),
-            Err(e) => Err(e),
+        Err(source) => {
+            return Err(Error::Release {
+                lock: valid.lock,
+                source,
+            });
         }
     };
-    match attempt.await {
-        Ok(Some(holder)) => {
+    let Some((holder, token)) = observed
+        .record
+        .as_ref()
+        .and_then(|record| Some((record.holder.clone()?, record.token?)))
+    else {
+        return Ok(());
+    };
+    if observed.live_holder().is_some() {
+        let pod = HolderPod::parse(&holder);
+        if !pod.is_local(ctx.cluster.as_deref(), namespace) {
+            info!(%holder, "holder belongs to another namespace or cluster; not releasing");
+            return Ok(());
+        }
+        if ctx.pod_runs(namespace, pod.pod).await? {
+            info!(%holder, "the holder's pod still runs; its sidecar releases the lease itself");
+            return Ok(());
+        }
+    }
+    match store.release(&valid.lock, &holder, token).await {
+        Ok(()) | Err(StoreError::Lost { .. }) => {
             info!(lock = %valid.lock, %holder, "released the lock row");
             ctx.publish(
                 lease,
                 EventType::Normal,
                 "Released",
                 "Release",
-                format!("released lock {} held by {holder}", valid.lock),
+                format!("released lock {} held by {holder}, whose pod is gone", valid.lock),
             )
             .await;
-            Ok(())
-        }
-        Ok(None) => Ok(()),
-        Err(e @ StoreError::Invalid { .. }) => {
-            warn!(error = %e.chain(), "store cannot hold the lock; nothing to release");
             Ok(())
         }
         Err(source) => Err(Error::Release {
@@ -556,7 +636,7 @@ async fn repair_labels(
     lease: &DistributedLease,
     ctx: &Context,
     pods: &Api<Pod>,
-    candidates: &[Pod],
+    candidates: &[Arc<Pod>],
     label_key: &str,
     holder: Option<&str>,
 ) {

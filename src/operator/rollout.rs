@@ -1,20 +1,33 @@
 //! Would a rolling update of the candidates' Deployment stall?
 //!
-//! With the readiness gate on, only the leader is Ready: a Deployment counts
-//! every standby as unavailable, so a rolling update can only proceed when
-//! `maxUnavailable >= replicas - 1`. New pods come up as standbys and never
-//! become Ready, so with a smaller budget the rollout waits forever.
+//! With the readiness gate on, only the leader is Ready, so a Deployment
+//! counts every standby as unavailable. The Deployment controller
+//! (kubernetes `pkg/controller/deployment/rolling.go`) removes old pods in
+//! two ways only: `cleanupUnhealthyReplicas` deletes unready old pods, at most
+//! `maxScaledDown = allPods − (replicas − maxUnavailable) − unavailableNewPods`
+//! of them, and `scaleDownOldReplicaSetsForRollingUpdate` deletes ready ones
+//! only while `availablePods > replicas − maxUnavailable`. While the leader
+//! stays on an old pod, the one available pod is that leader, and new pods
+//! (standbys) never become available: the old leader goes only when
+//! `1 > replicas − maxUnavailable`, i.e. `maxUnavailable ≥ replicas`. When
+//! leadership moves to the new ReplicaSet as soon as it has a pod (a lease
+//! that prefers the newest version), the new leader is the available pod and
+//! `maxScaledDown = oldPods + 1 − replicas + maxUnavailable`, so the old
+//! standbys all go when `maxUnavailable ≥ replicas − 1`. `Recreate` always
+//! completes. [`rollout_completes`] encodes this; the tests check it against
+//! a step-by-step model of that controller code.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Api, ResourceExt};
 
 /// The Deployments owning `pods`, by the ReplicaSet naming convention
 /// (`<deployment>-<pod-template-hash>`), so one GET per Deployment suffices.
-pub fn owning_deployments(pods: &[Pod]) -> BTreeSet<String> {
+pub fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
             let hash = pod.labels().get("pod-template-hash")?;
@@ -27,35 +40,77 @@ pub fn owning_deployments(pods: &[Pod]) -> BTreeSet<String> {
         .collect()
 }
 
+/// A Deployment's strategy with its budgets resolved for its replica count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Recreate,
+    RollingUpdate { max_surge: i32, max_unavailable: i32 },
+}
+
+impl Strategy {
+    /// Resolves the budgets as the Deployment controller does
+    /// (`deploymentutil.ResolveFenceposts` and `MaxUnavailable`): surge
+    /// rounds up, unavailability rounds down, both default to 25%; both zero
+    /// becomes one unavailable; unavailability is capped at the replicas.
+    pub fn of(spec: &DeploymentSpec) -> Strategy {
+        let replicas = spec.replicas.unwrap_or(1);
+        let strategy = spec.strategy.as_ref();
+        if strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate") {
+            return Strategy::Recreate;
+        }
+        let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
+        let max_surge = resolve(rolling.and_then(|r| r.max_surge.as_ref()), replicas, true);
+        let mut max_unavailable = resolve(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas, false);
+        if max_surge == 0 && max_unavailable == 0 {
+            max_unavailable = 1;
+        }
+        Strategy::RollingUpdate {
+            max_surge,
+            max_unavailable: max_unavailable.min(replicas.max(0)),
+        }
+    }
+}
+
+/// Whether a rollout of `replicas` readiness-gated candidates (only the
+/// leader Ready) completes under `strategy`.
+///
+/// `leader_moves_to_new`: leadership moves to a pod of the new ReplicaSet as
+/// soon as one runs (a lease that prefers the newest version); otherwise it
+/// stays on old pods while any is left. See the module docs for the rule.
+pub fn rollout_completes(strategy: Strategy, replicas: i32, leader_moves_to_new: bool) -> bool {
+    match strategy {
+        Strategy::Recreate => true,
+        _ if replicas <= 0 => true,
+        Strategy::RollingUpdate { max_unavailable, .. } => {
+            let needed = if leader_moves_to_new { replicas - 1 } else { replicas };
+            max_unavailable >= needed
+        }
+    }
+}
+
 /// Why a rolling update of `deployment` would stall under the readiness
 /// gate, or `None` when it would not.
 pub fn stall_reason(deployment: &Deployment) -> Option<String> {
     let spec = &deployment.spec;
     let replicas = spec.replicas.unwrap_or(1);
-    let strategy = spec.strategy.as_ref();
-    if strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate") {
+    let strategy = Strategy::of(spec);
+    if rollout_completes(strategy, replicas, false) {
         return None;
     }
-    let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
-    let surge = resolve(rolling.and_then(|r| r.max_surge.as_ref()), replicas, true);
-    let mut unavailable = resolve(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas, false);
-    // The Deployment controller's own rule: both zero would never progress.
-    if surge == 0 && unavailable == 0 {
-        unavailable = 1;
-    }
-    let needed = replicas - 1;
-    (unavailable < needed).then(|| {
-        format!(
-            "deployment {}: maxUnavailable resolves to {unavailable} of {replicas} replicas; with the readiness gate only \
-             the leader is Ready, so a rolling update stalls unless maxUnavailable is at least {needed}. Raise it, use \
-             the Recreate strategy, or route with the leader label instead of the readiness gate",
-            deployment.name_any()
-        )
-    })
+    let Strategy::RollingUpdate { max_unavailable, .. } = strategy else {
+        return None;
+    };
+    Some(format!(
+        "deployment {}: maxUnavailable resolves to {max_unavailable} of {replicas} replicas; with the readiness gate \
+         only the leader is Ready, so a rolling update stalls with the old leader left unless maxUnavailable is at \
+         least {replicas} (100%). Raise it, use the Recreate strategy, or route with the leader label instead of the \
+         readiness gate",
+        deployment.name_any()
+    ))
 }
 
-/// An int-or-percent budget as the Deployment controller resolves it:
-/// surge rounds up, unavailability rounds down; the default is 25%.
+/// An int-or-percent budget as the Deployment controller resolves it
+/// (`intstr.GetScaledValueFromIntOrPercent`); the default is 25%.
 fn resolve(value: Option<&IntOrString>, replicas: i32, round_up: bool) -> i32 {
     let percent = |p: i32| {
         let scaled = i64::from(p) * i64::from(replicas);
@@ -70,7 +125,7 @@ fn resolve(value: Option<&IntOrString>, replicas: i32, round_up: bool) -> i32 {
 }
 
 /// Reads the Deployments owning `pods` and returns the stall reasons found.
-pub async fn check(deployments: &Api<Deployment>, pods: &[Pod]) -> Result<Vec<String>, kube::Error> {
+pub async fn check(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<String>, kube::Error> {
     let mut reasons = Vec::new();
     for name in owning_deployments(pods) {
         if let Some(deployment) = deployments.get_opt(&name).await?
@@ -83,9 +138,14 @@ pub async fn check(deployments: &Api<Deployment>, pods: &[Pod]) -> Result<Vec<St
 }
 
 #[cfg(test)]
+mod model;
+
+#[cfg(test)]
 mod tests {
+    use serde::Deserialize as _;
     use serde_json::json;
 
+    use super::model::Rollout;
     use super::*;
 
     fn deployment(replicas: i32, strategy: serde_json::Value) -> Deployment {
@@ -97,38 +157,144 @@ mod tests {
     }
 
     #[test]
-    fn a_rollout_stalls_when_fewer_than_replicas_minus_one_may_be_unavailable() {
+    fn a_rollout_stalls_unless_max_unavailable_covers_every_replica() {
         let cases = [
             (3, json!({}), true), // 25% of 3 rounds down to 0
             (3, json!({"rollingUpdate": {"maxUnavailable": 1}}), true),
-            (3, json!({"rollingUpdate": {"maxUnavailable": 2}}), false),
-            (3, json!({"rollingUpdate": {"maxUnavailable": "50%"}}), true),
-            (3, json!({"rollingUpdate": {"maxUnavailable": "67%"}}), false),
-            (2, json!({"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 0}}), false),
-            (2, json!({"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}), true),
-            (1, json!({}), false),
+            (3, json!({"rollingUpdate": {"maxUnavailable": 2, "maxSurge": 1}}), true),
+            (3, json!({"rollingUpdate": {"maxUnavailable": 3}}), false),
+            (3, json!({"rollingUpdate": {"maxUnavailable": 5}}), false),
+            (3, json!({"rollingUpdate": {"maxUnavailable": "67%"}}), true),
+            (3, json!({"rollingUpdate": {"maxUnavailable": "100%"}}), false),
+            (2, json!({"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 0}}), true),
+            (1, json!({}), true),
+            (1, json!({"rollingUpdate": {"maxUnavailable": 1}}), false),
             (5, json!({"type": "Recreate"}), false),
         ];
         for (replicas, strategy, stalls) in cases {
             let reason = stall_reason(&deployment(replicas, strategy.clone()));
             assert_eq!(reason.is_some(), stalls, "{replicas} replicas, {strategy}: {reason:?}");
         }
-        let reason = stall_reason(&deployment(3, json!({"rollingUpdate": {"maxUnavailable": 1}}))).unwrap();
+        let reason = stall_reason(&deployment(3, json!({"rollingUpdate": {"maxUnavailable": 2}}))).unwrap();
         assert!(
-            reason.starts_with("deployment web: maxUnavailable resolves to 1 of 3 replicas"),
+            reason.starts_with("deployment web: maxUnavailable resolves to 2 of 3 replicas")
+                && reason.contains("at least 3 (100%)"),
             "{reason}"
+        );
+    }
+
+    /// Every strategy on a grid: the rule and the step-by-step model of the
+    /// Deployment controller agree, with leadership staying on old pods and
+    /// with leadership moving to the new ReplicaSet.
+    #[test]
+    fn the_rule_agrees_with_the_deployment_controller_model() {
+        let budgets = [
+            json!(0),
+            json!(1),
+            json!(2),
+            json!(3),
+            json!(6),
+            json!("25%"),
+            json!("50%"),
+            json!("100%"),
+        ];
+        let mut strategies = vec![json!({"type": "Recreate"}), json!({})];
+        for surge in &budgets {
+            for unavailable in &budgets {
+                strategies.push(json!({"rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}));
+            }
+        }
+        let (mut completes, mut stalls) = (0, 0);
+        for replicas in 1..=6 {
+            for strategy in &strategies {
+                let deployment = deployment(replicas, strategy.clone());
+                let resolved = Strategy::of(&deployment.spec);
+                for moves in [false, true] {
+                    let modelled = Rollout::new(replicas, resolved, moves).run();
+                    assert_eq!(
+                        rollout_completes(resolved, replicas, moves),
+                        modelled.completed(),
+                        "{replicas} replicas, {strategy}, leader moves to new: {moves}; model ended at {modelled:?}"
+                    );
+                    if modelled.completed() {
+                        completes += 1
+                    } else {
+                        stalls += 1
+                    }
+                }
+            }
+        }
+        assert!(completes > 100 && stalls > 100, "{completes} complete, {stalls} stall");
+    }
+
+    /// The rule this replaced (`maxUnavailable >= replicas - 1` with the
+    /// leader on old pods) is caught by the model.
+    #[test]
+    fn the_model_catches_the_off_by_one_rule() {
+        let strategy = Strategy::RollingUpdate {
+            max_surge: 1,
+            max_unavailable: 2,
+        };
+        let old_rule = 2 >= 3 - 1;
+        let modelled = Rollout::new(3, strategy, false).run();
+        assert!(old_rule && !modelled.completed(), "{modelled:?}");
+        assert_eq!(modelled.old_pods(), 1, "the old leader is left: {modelled:?}");
+    }
+
+    /// The shipped readiness-gated example completes a rollout in the model.
+    #[test]
+    fn the_readiness_gated_example_rolls_out() {
+        let text = include_str!("../../manifests/examples/readiness-gated.yaml");
+        let mut found = 0;
+        for document in serde_yaml::Deserializer::from_str(text) {
+            let value = serde_yaml::Value::deserialize(document).unwrap();
+            if value["kind"] != "Deployment" {
+                continue;
+            }
+            let deployment: Deployment = serde_yaml::from_value(value).unwrap();
+            let replicas = deployment.spec.replicas.unwrap_or(1);
+            let strategy = Strategy::of(&deployment.spec);
+            assert_eq!(stall_reason(&deployment), None);
+            let modelled = Rollout::new(replicas, strategy, false).run();
+            assert!(modelled.completed(), "{modelled:?}");
+            found += 1;
+        }
+        assert_eq!(found, 1);
+    }
+
+    /// With leadership moving to the new ReplicaSet one unavailable pod less
+    /// suffices: the shipped example's old strategy then completes.
+    #[test]
+    fn moving_leadership_to_the_new_replica_set_needs_one_unavailable_pod_less() {
+        let strategy = Strategy::RollingUpdate {
+            max_surge: 1,
+            max_unavailable: 2,
+        };
+        assert!(!rollout_completes(strategy, 3, false));
+        assert!(rollout_completes(strategy, 3, true));
+        assert!(Rollout::new(3, strategy, true).run().completed());
+        let zero = Strategy::RollingUpdate {
+            max_surge: 1,
+            max_unavailable: 0,
+        };
+        assert!(!rollout_completes(zero, 3, true));
+        assert!(
+            rollout_completes(zero, 1, true),
+            "one replica: the new pod leads, the old one goes"
         );
     }
 
     #[test]
     fn deployments_are_found_from_the_replica_set_owner_and_template_hash() {
-        let pod = |name: &str, owner: &str, hash: &str| -> Pod {
-            serde_json::from_value(json!({"metadata": {
-                "name": name, "labels": {"pod-template-hash": hash},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
-                                     "controller": true}],
-            }}))
-            .unwrap()
+        let pod = |name: &str, owner: &str, hash: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {
+                    "name": name, "labels": {"pod-template-hash": hash},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
+                                         "controller": true}],
+                }}))
+                .unwrap(),
+            )
         };
         let pods = [
             pod("a", "web-7d9f", "7d9f"),

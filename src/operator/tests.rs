@@ -28,6 +28,25 @@ fn every_operator_flag_can_come_from_the_environment() {
     }
 }
 
+/// A controller for namespace `prod` on `client` and `stores`, with a short
+/// grace period, and its metrics.
+pub(crate) fn controller_on(client: Client, stores: Arc<dyn StoreProvider>) -> (ControllerRun, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let ctx = Arc::new(Context::new(
+        client,
+        Reporter::from(FIELD_MANAGER),
+        stores,
+        metrics.clone(),
+    ));
+    let controller = ControllerRun {
+        ctx,
+        namespace: Some("prod".into()),
+        concurrency: 1,
+        grace: Duration::from_millis(50),
+    };
+    (controller, metrics)
+}
+
 fn operator_args(args: &[&str]) -> Args {
     let argv = ["leasehold", "operator"].iter().chain(args);
     match Cli::try_parse_from(argv).unwrap().command {
@@ -37,43 +56,66 @@ fn operator_args(args: &[&str]) -> Args {
 }
 
 #[test]
-fn election_needs_a_database_and_valid_timing_unless_turned_off() {
-    let err = operator_args(&[])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .err()
-        .unwrap()
-        .to_string();
+fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
+    let identity = Identity::with_nonce("operator-0", "n");
+    let election = |args: &[&str]| operator_args(args).election(&identity);
+
+    // The default needs no infrastructure: a Lease in the pod's namespace.
+    let Some(Election::Lease(lease)) = election(&["--pod-namespace=leasehold-system"]).unwrap() else {
+        panic!("the default election is a Kubernetes Lease")
+    };
+    assert_eq!(
+        (lease.name.as_str(), lease.namespace.as_str()),
+        (DEFAULT_LEASE_NAME, "leasehold-system")
+    );
+    assert_eq!(lease.timing.lease_duration, Duration::from_secs(15));
+    let err = election(&[]).err().unwrap().to_string();
     assert!(
-        err.contains("--election-database (LEASEHOLD_ELECTION_DATABASE) is required"),
+        err.contains("--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace"),
         "{err}"
     );
+    let err = format!(
+        "{:#}",
+        election(&[
+            "--pod-namespace=x",
+            "--election-lease-duration=1500ms",
+            "--election-renew-deadline=1s",
+            "--election-retry-period=200ms"
+        ])
+        .err()
+        .unwrap()
+    );
     assert!(
-        operator_args(&["--leader-election=false"])
-            .election(&Identity::with_nonce("operator-0", "n"))
-            .unwrap()
-            .is_none()
+        err.contains("--election-lease-duration (1.5s) must be a whole number of seconds"),
+        "{err}"
     );
 
-    let db = "--election-database=projects/p/instances/i/databases/d";
-    let election = operator_args(&[db])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .unwrap()
-        .unwrap();
-    assert_eq!(election.config.table, DEFAULT_TABLE);
-    assert_eq!(election.timing.lease_duration, Duration::from_secs(15));
+    let err = election(&["--election-backend=spanner"]).err().unwrap().to_string();
+    assert!(
+        err.contains("--election-database (LEASEHOLD_ELECTION_DATABASE) is required for --election-backend=spanner"),
+        "{err}"
+    );
+    assert!(election(&["--leader-election=false"]).unwrap().is_none());
 
-    let err = operator_args(&[db, "--election-renew-deadline=20s"])
-        .election(&Identity::with_nonce("operator-0", "n"))
-        .err()
-        .unwrap();
-    let err = format!("{err:#}");
+    let db = "--election-database=projects/p/instances/i/databases/d";
+    let Some(Election::Spanner(spanner)) = election(&["--election-backend=spanner", db]).unwrap() else {
+        panic!("spanner election")
+    };
+    assert_eq!(spanner.config.table, DEFAULT_TABLE);
+
+    let err = format!(
+        "{:#}",
+        election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
+            .err()
+            .unwrap()
+    );
     assert!(
         err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),
         "{err}"
     );
 }
 
-/// The controller watches resources only while this replica holds the
+/// Spanner backend: the controller watches resources only while this replica holds the
 /// operator lock; on shutdown it stops and the lock is released at once.
 #[tokio::test]
 async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
@@ -88,20 +130,8 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         .unwrap();
 
     let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store.clone())));
-    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
-    let ctx = Arc::new(Context::new(
-        client,
-        Reporter::from(FIELD_MANAGER),
-        stores.clone(),
-        metrics.clone(),
-    ));
-    let controller = ControllerRun {
-        ctx,
-        namespace: Some("prod".into()),
-        concurrency: 1,
-        grace: Duration::from_millis(50),
-    };
-    let election = Election {
+    let (controller, metrics) = controller_on(client.clone(), stores.clone());
+    let election = Election::Spanner(SpannerElection {
         config: SpannerConfig {
             database: "projects/p/instances/i/databases/d".into(),
             table: DEFAULT_TABLE.into(),
@@ -109,12 +139,12 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         timing: Timing::parse("300ms", "200ms", "50ms", 0.1).unwrap(),
         lock: lock.into(),
         identity: Identity::with_nonce("operator-1", "n"),
-    };
+    });
     let (role, mut role_rx) = watch::channel(Role::Starting);
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { election.run(stores, controller, &role, &shutdown).await }
+        async move { election.run(client, stores, controller, &role, &shutdown).await }
     });
 
     role_rx.wait_for(|r| *r == Role::Standby).await.unwrap();
@@ -122,20 +152,30 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert!(early.is_err(), "a standby must not watch resources");
     assert_eq!(*role_rx.borrow(), Role::Standby);
 
-    // Within D + P of the other replica's last renewal, this one takes over.
-    let (request, _reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
-        .await
-        .expect("the controller started after the takeover")
-        .expect("a request");
-    assert_eq!(request.method(), "GET");
+    // Within D + P of the other replica's last renewal, this one takes over
+    // and lists the resources and the pods (one watch each, in any order).
+    let mut paths = Vec::new();
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let (request, reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+            .await
+            .expect("the controller started after the takeover")
+            .expect("a request");
+        assert_eq!(request.method(), "GET");
+        let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+        assert!(rbac::allows_request("GET", request.uri().path(), watch));
+        paths.push(request.uri().path().to_string());
+        assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
+        replies.push(reply);
+    }
+    paths.sort();
     assert_eq!(
-        request.uri().path(),
-        "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+        paths,
+        [
+            "/api/v1/namespaces/prod/pods",
+            "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases"
+        ]
     );
-    let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-    let (group, resource, verb) = rbac::request_attributes("GET", request.uri().path(), watch).unwrap();
-    assert!(rbac::allows(&group, &resource, verb), "{verb} {group}/{resource}");
-    assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
     assert_eq!(*role_rx.borrow(), Role::Active);
     assert!(metrics.is_leader());
 
@@ -149,4 +189,163 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert_eq!(row.holder, None, "the operator lock is released on shutdown");
     assert_eq!(row.term, 2);
     assert!(!metrics.is_leader());
+}
+
+/// A pod event reconciles exactly the leases in its namespace whose
+/// selector matches it.
+#[test]
+fn pod_events_map_to_the_leases_selecting_the_pod() {
+    let lease = |name: &str, namespace: &str, labels: serde_json::Value| -> Arc<DistributedLease> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                         "selector": {"matchLabels": labels}},
+            }))
+            .unwrap(),
+        )
+    };
+    let leases = [
+        lease("web", "prod", serde_json::json!({"app": "web"})),
+        lease(
+            "web-canary",
+            "prod",
+            serde_json::json!({"app": "web", "track": "canary"}),
+        ),
+        lease("web", "staging", serde_json::json!({"app": "web"})),
+        lease("empty", "prod", serde_json::json!({})),
+    ];
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": "prod", "labels": {"app": "web"}},
+    }))
+    .unwrap();
+    let names: Vec<String> = leases_selecting(&leases, &pod)
+        .into_iter()
+        .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+        .collect();
+    assert_eq!(names, ["prod/web"], "an empty selector is invalid and selects nothing");
+}
+
+/// The pod cache keeps what reconciles read and drops the rest.
+#[test]
+fn the_pod_cache_keeps_labels_owners_conditions_and_phase_only() {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7",
+                     "labels": {"app": "web"}, "annotations": {"big": "x"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
+        "spec": {"containers": [{"name": "app", "image": "i"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap();
+    keep_what_reconciles_read(&mut pod);
+    let kept = serde_json::to_value(&pod).unwrap();
+    assert_eq!(
+        kept,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7", "labels": {"app": "web"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        })
+    );
+}
+
+/// The running controller: the pod watch's first list fills the cache the
+/// reconcile reads its candidates from (no pod list per lease), and the
+/// status it writes counts them.
+#[tokio::test]
+async fn the_controller_counts_candidates_from_its_pod_watch() {
+    use serde_json::{Value, json};
+    use std::sync::Mutex;
+
+    let (service, mut server) = mock::pair::<::http::Request<Body>, ::http::Response<Body>>();
+    let store = MemoryStore::new(9);
+    store
+        .acquire("prod/web", "prod/web-0#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store)));
+    let (controller, metrics) = controller_on(Client::new(service, "default"), stores);
+    let lease = json!({
+        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod", "uid": "u", "resourceVersion": "5", "generation": 1,
+                     "finalizers": [reconcile::FINALIZER]},
+        "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                 "selector": {"matchLabels": {"app": "web"}}},
+    });
+    let pod = |name: &str, app: &str, ready: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "prod", "resourceVersion": "3",
+                            "labels": {"app": app, "leasehold.dev/leader": "false"}},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]}})
+    };
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
+                      "items": [pod("web-0", "web", "True"), pod("web-1", "web", "False"), pod("db-0", "db", "True")]});
+    let statuses: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let unexpected: Arc<Mutex<Vec<String>>> = Arc::default();
+    let serving = {
+        let (statuses, unexpected, lease) = (statuses.clone(), unexpected.clone(), lease.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some((request, reply)) = server.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_string();
+                let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+                if !rbac::allows_request(&method, &path, watch) {
+                    unexpected.lock().unwrap().push(format!("not granted: {method} {path}"));
+                }
+                let bytes = request.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let answer = match (method.as_str(), path.as_str()) {
+                    (_, _) if watch => {
+                        held.push(reply);
+                        continue;
+                    }
+                    ("GET", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases") => json!({
+                        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList",
+                        "metadata": {"resourceVersion": "6"}, "items": [lease]}),
+                    ("GET", "/api/v1/namespaces/prod/pods") => pods.clone(),
+                    ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
+                        statuses.lock().unwrap().push(body["status"].clone());
+                        lease.clone()
+                    }
+                    ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events") => body,
+                    _ => {
+                        unexpected.lock().unwrap().push(format!("{method} {path}"));
+                        json!({})
+                    }
+                };
+                let response = ::http::Response::builder()
+                    .status(if method == "POST" { 201 } else { 200 })
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap();
+                reply.send_response(response);
+            }
+        })
+    };
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while statuses.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the controller reconciled the lease");
+    stop.cancel();
+    running.await.unwrap();
+    serving.abort();
+    let status = statuses.lock().unwrap()[0].clone();
+    assert_eq!(
+        (status["candidates"].clone(), status["readyCandidates"].clone()),
+        (json!(2), json!(1))
+    );
+    assert_eq!(status["holder"], json!("prod/web-0#n"));
+    assert_eq!(unexpected.lock().unwrap().clone(), Vec::<String>::new());
+    assert!(metrics.reconciles(metrics::Outcome::Ok) >= 1);
 }

@@ -212,7 +212,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 store: StoreChoice::Spanner(valid.spanner),
                 publishing: Publishing {
                     label_key: valid.label_key,
-                    selector: valid.selector,
+                    selector: valid.selector.to_string(),
                     candidate_labels: Default::default(),
                 },
                 pod: Some(pod.clone()),

@@ -13,6 +13,7 @@ pub const RULES: &[Rule] = &[
         api_group: "",
         resources: &["pods"],
         verbs: &["get", "list", "watch", "patch"],
+        resource_names: &[],
     },
     // The readiness-gate condition: ours, and False on another candidate
     // still claiming when we lead.
@@ -20,12 +21,14 @@ pub const RULES: &[Rule] = &[
         api_group: "",
         resources: &["pods/status"],
         verbs: &["patch"],
+        resource_names: &[],
     },
     // Events on acquisition, loss and release (repeats are patched into a series).
     Rule {
         api_group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
     },
     // --lease: the DistributedLease that configures the sidecar, read at
     // start and watched for timing changes.
@@ -33,13 +36,13 @@ pub const RULES: &[Rule] = &[
         api_group: "leasehold.dev",
         resources: &["distributedleases"],
         verbs: &["get", "list", "watch"],
+        resource_names: &[],
     },
 ];
 
 /// Whether the sidecar's Role allows a request, for the wire-level tests.
 pub fn allows_request(method: &str, path: &str, watch: bool) -> bool {
-    crate::rbac::request_attributes(method, path, watch)
-        .is_some_and(|(group, resource, verb)| crate::rbac::grants(RULES, &group, &resource, verb))
+    crate::rbac::request_attributes(method, path, watch).is_some_and(|request| crate::rbac::grants(RULES, &request))
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use std::time::Duration;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use kube::client::Body;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle, SendResponse};
@@ -19,7 +21,13 @@ use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::store::{Faults, MemoryStore};
 
-type ApiServer = Handle<Request<Body>, Response<Body>>;
+/// The scripted API server, and the pod watch that fills the reconcile's
+/// pod cache: a reconcile that needs candidates waits until the script
+/// lists the pods ([`expect_pod_list`]).
+struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+    pods: Writer<Pod>,
+}
 
 const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
@@ -52,14 +60,15 @@ fn fixture_with(store: MemoryStore) -> Fixture {
 /// A context whose Kubernetes client talks to a scripted mock API server and
 /// whose store provider hands out `store` for every resource.
 fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
-    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some("operator-0".into()),
     };
-    let ctx = Arc::new(Context::new(client, reporter, Arc::new(SingleStore(store)), metrics));
-    (ctx, server)
+    let (cache, pods) = reflector::store();
+    let ctx = Context::new(client, reporter, Arc::new(SingleStore(store)), metrics).with_pods(cache);
+    (Arc::new(ctx), ApiServer { handle, pods })
 }
 
 /// One request as the mock API server saw it.
@@ -76,10 +85,10 @@ impl Seen {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
         assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
         let watch = self.query.get("watch").is_some_and(|w| w == "true");
-        let (group, resource, verb) = rbac::request_attributes(method, path, watch).expect("a resource path");
+        let request = rbac::request_attributes(method, path, watch).expect("a resource path");
         assert!(
-            rbac::allows(&group, &resource, verb),
-            "{method} {path} needs {verb} on {group}/{resource}, which operator::rbac::RULES does not grant"
+            rbac::allows(&request),
+            "{method} {path} needs {request:?}, which operator::rbac::RULES does not grant"
         );
         assert_eq!(
             self.content_type.as_deref(),
@@ -99,6 +108,7 @@ impl Seen {
 
 async fn next(server: &mut ApiServer) -> Seen {
     let (request, reply) = server
+        .handle
         .next_request()
         .await
         .expect("reconcile ended without making the expected request");
@@ -163,7 +173,7 @@ where
     })
     .await
     .expect("reconcile and script finished (an unanswered request would hang them)");
-    if let Some((request, _)) = server.next_request().await {
+    if let Some((request, _)) = server.handle.next_request().await {
         panic!("unexpected request: {} {}", request.method(), request.uri());
     }
     result
@@ -202,10 +212,6 @@ fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
     })
 }
 
-fn pod_list(pods: Vec<Value>) -> Value {
-    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "100"}, "items": pods})
-}
-
 fn conditions(status: &Value) -> BTreeMap<String, (String, String, String)> {
     status["conditions"]
         .as_array()
@@ -240,11 +246,15 @@ async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_con
     seen.respond(201, &echo);
 }
 
+/// The pod watch lists the pods (an initial list: Init, one InitApply per
+/// pod, InitDone); until then a reconcile that needs candidates waits.
 async fn expect_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
-    let seen = next(server).await;
-    seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
-    assert_eq!(seen.query.get("labelSelector").map(String::as_str), Some("app=web"));
-    seen.respond(200, &pod_list(pods));
+    server.pods.apply_watcher_event(&watcher::Event::Init);
+    for pod in pods {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        server.pods.apply_watcher_event(&watcher::Event::InitApply(pod));
+    }
+    server.pods.apply_watcher_event(&watcher::Event::InitDone);
 }
 
 /// Asserts a server-side apply of the status and returns the applied status.
@@ -346,9 +356,9 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
 }
 
 #[tokio::test]
-async fn a_second_reconcile_of_an_unchanged_lock_only_lists_pods() {
+async fn a_renewal_alone_writes_no_status() {
     let first = fixture();
-    first
+    let grant = first
         .store
         .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
         .await
@@ -366,7 +376,13 @@ async fn a_second_reconcile_of_an_unchanged_lock_only_lists_pods() {
     result.unwrap();
     let applied = rx.await.unwrap();
 
-    // The same lock, seen again with the status just written: nothing to write.
+    // The holder renewed (renewedAt moved) and nothing users see changed:
+    // no status write, so no watch event and no extra reconcile per renewal.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .renew("prod/web", "prod/web-0#n1", grant.token, Duration::from_secs(15))
+        .await
+        .unwrap();
     let (result, _, _) = run(
         fixture_with(store),
         lease(json!({}), &[FINALIZER], Some(applied)),
@@ -423,11 +439,13 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
+        // web-0 is gone (killed without releasing); web-1 runs.
+        expect_pod_list(server, vec![pod("web-1", Some("false"), false)]).await;
         expect_event(
             server,
             "Normal",
             "Released",
-            "released lock prod/web held by prod/web-0#n1",
+            "released lock prod/web held by prod/web-0#n1, whose pod is gone",
         )
         .await;
         let seen = next(server).await;
@@ -449,18 +467,23 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     );
 }
 
-#[tokio::test]
-async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
+/// Deletes a resource naming `spec`'s lock, which `holder` holds: only the
+/// finalizer goes, the row keeps its holder. `pods`: what the pod watch lists,
+/// when the reconcile needs to look.
+async fn expect_delete_keeps_the_holder(spec: Value, lock: &str, holder: &str, pods: Option<Vec<Value>>) {
     let fixture = fixture();
     fixture
         .store
-        .acquire("global/payments", "eu/payments/api-0#n2", Duration::from_secs(15))
+        .acquire(lock, holder, Duration::from_secs(15))
         .await
         .unwrap();
-    let mut resource = lease(json!({"lockName": "global/payments"}), &[FINALIZER], None);
+    let mut resource = lease(spec, &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
+        if let Some(pods) = pods {
+            expect_pod_list(server, pods).await;
+        }
         let seen = next(server).await;
         seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
         assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
@@ -468,8 +491,23 @@ async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
-    let row = store.observe("global/payments").await.unwrap().record.unwrap();
-    assert_eq!(row.holder.as_deref(), Some("eu/payments/api-0#n2"));
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    assert_eq!(row.holder.as_deref(), Some(holder), "the live holder keeps its lease");
+}
+
+/// S8: a holder whose pod still runs believes it leads; releasing its row
+/// under it would let a second leader in while it works. Deleting the
+/// resource just drops the finalizer; the sidecar releases on shutdown.
+#[tokio::test]
+async fn deleting_leaves_a_live_holder_whose_pod_runs_alone() {
+    let pods = vec![pod("web-0", Some("true"), true)];
+    expect_delete_keeps_the_holder(json!({}), "prod/web", "prod/web-0#n1", Some(pods)).await;
+}
+
+#[tokio::test]
+async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
+    let spec = json!({"lockName": "global/payments"});
+    expect_delete_keeps_the_holder(spec, "global/payments", "eu/payments/api-0#n2", None).await;
 }
 
 #[tokio::test]
@@ -539,23 +577,6 @@ async fn an_unreachable_store_shows_in_conditions_and_one_event() {
     )
     .await;
     assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
-}
-
-#[tokio::test]
-async fn a_forbidden_pod_list_is_an_error_with_an_event() {
-    let resource = lease(json!({}), &[FINALIZER], None);
-    let (result, _, _) = run(fixture(), resource, async move |server| {
-        let seen = next(server).await;
-        seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
-        seen.respond(
-            403,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-                    "message": "pods is forbidden: cannot list resource \"pods\""}),
-        );
-        expect_event(server, "Warning", "ReconcileFailed", "pods is forbidden").await;
-    })
-    .await;
-    assert!(matches!(result, Err(Error::Kube(_))), "{result:?}");
 }
 
 #[tokio::test]
@@ -753,12 +774,14 @@ pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
     .await;
     result.unwrap();
 
-    // Delete: the row is released by check-and-set, term and token kept.
+    // Delete after the holder's pod is gone: the row is released by
+    // check-and-set, term and token kept.
     let (ctx, server) = context_on(store.clone(), metrics);
     let mut resource = lease(spec, &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![]).await;
         expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
         let seen = next(server).await;
         seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));

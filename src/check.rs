@@ -1,0 +1,413 @@
+//! `leasehold check`: what is wrong with an install, in plain words (like
+//! `linkerd check`). It reads the cluster through the kubeconfig (or the
+//! in-cluster account) and reports, one line each:
+//!
+//! * the DistributedLease CRD missing, or different from this release's;
+//! * the injection webhook's configuration missing, its `caBundle` empty or
+//!   not the CA in the webhook Secret (stale), its Service missing or
+//!   without a ready endpoint (not reachable);
+//! * RBAC the operator needs that the account running the check lacks
+//!   (SelfSubjectAccessReview per rule: run it as the operator's
+//!   ServiceAccount to check the operator's RBAC);
+//! * a DistributedLease that is invalid or selects no pod;
+//! * a readiness-gated lease whose Deployment's strategy stalls rollouts
+//!   (the rule of [`crate::operator::rollout`], the one owner);
+//! * a lease whose store the operator reports unreachable (`StoreReady=False`).
+//!
+//! A failed read is a finding too, never a crash. The exit status is 1 when
+//! any finding is an error.
+
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+
+use crate::api::{DistributedLease, validate};
+use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
+use crate::operator::rollout;
+
+/// The webhook Secret unless `--webhook-secret` says otherwise (the
+/// operator's own default).
+pub const DEFAULT_WEBHOOK_SECRET: &str = "leasehold-webhook-tls";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Namespace the operator is installed in (its webhook Secret and Lease).
+    #[arg(long, env = "LEASEHOLD_CHECK_NAMESPACE", default_value = "leasehold-system")]
+    pub namespace: String,
+    /// The injection webhook's MutatingWebhookConfiguration.
+    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_CONFIGURATION", default_value = WEBHOOK_CONFIGURATION)]
+    pub webhook_configuration: String,
+    /// The Secret holding the webhook's CA (`ca.crt`).
+    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_SECRET", default_value = DEFAULT_WEBHOOK_SECRET)]
+    pub webhook_secret: String,
+    /// Check DistributedLeases in this namespace only (default: all namespaces).
+    #[arg(long, env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("{0} problem(s) found")]
+    Problems(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Ok,
+    Warning,
+    Error,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    pub message: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mark = match self.severity {
+            Severity::Ok => "[ok]   ",
+            Severity::Warning => "[warn] ",
+            Severity::Error => "[error]",
+        };
+        write!(f, "{mark} {}", self.message)
+    }
+}
+
+/// The findings, in the order of the checks.
+#[derive(Debug, Default)]
+pub struct Report(pub Vec<Finding>);
+
+impl Report {
+    fn ok(&mut self, message: impl Into<String>) {
+        self.push(Severity::Ok, message);
+    }
+    fn warn(&mut self, message: impl Into<String>) {
+        self.push(Severity::Warning, message);
+    }
+    fn error(&mut self, message: impl Into<String>) {
+        self.push(Severity::Error, message);
+    }
+    fn push(&mut self, severity: Severity, message: impl Into<String>) {
+        self.0.push(Finding {
+            severity,
+            message: message.into(),
+        });
+    }
+
+    pub fn errors(&self) -> usize {
+        self.0.iter().filter(|f| f.severity == Severity::Error).count()
+    }
+}
+
+pub async fn run(args: Args) -> Result<(), Error> {
+    let client = Client::try_default().await.map_err(Error::Client)?;
+    let report = check(client, &args).await;
+    for finding in &report.0 {
+        println!("{finding}");
+    }
+    match report.errors() {
+        0 => Ok(()),
+        n => Err(Error::Problems(n)),
+    }
+}
+
+/// Runs every check against the cluster `client` talks to.
+pub async fn check(client: Client, args: &Args) -> Report {
+    let mut report = Report::default();
+    let crd_installed = check_crd(&client, &mut report).await;
+    check_webhook(&client, args, &mut report).await;
+    check_rbac(&client, args, &mut report).await;
+    if crd_installed {
+        check_leases(&client, args, &mut report).await;
+    }
+    report
+}
+
+/// Whether the CRD is installed (in any version).
+async fn check_crd(client: &Client, report: &mut Report) -> bool {
+    let wanted = DistributedLease::crd();
+    let name = wanted.name_any();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match api.get_opt(&name).await {
+        Ok(None) => {
+            report.error(format!(
+                "CRD {name} is not installed: install the chart or apply crds/distributedlease.yaml"
+            ));
+            false
+        }
+        Ok(Some(installed)) => {
+            let schema = |crd: &CustomResourceDefinition| serde_json::to_value(&crd.spec.versions).ok();
+            if schema(&installed) == schema(&wanted) {
+                report.ok(format!("CRD {name} is installed and matches this leasehold"));
+            } else {
+                report.error(format!(
+                    "CRD {name} differs from this leasehold's (an older or newer release): apply this release's \
+                     crds/distributedlease.yaml (Helm does not upgrade CRDs)"
+                ));
+            }
+            true
+        }
+        Err(e) => {
+            report.error(format!("cannot read CRD {name}: {e}"));
+            false
+        }
+    }
+}
+
+async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
+    let name = &args.webhook_configuration;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let configuration = match api.get_opt(name).await {
+        Ok(Some(configuration)) => configuration,
+        Ok(None) => {
+            report.warn(format!(
+                "webhook configuration {name} is missing: pods are not injected (install the chart with \
+                 webhook.enabled, or add sidecars with `leasehold inject`)"
+            ));
+            return;
+        }
+        Err(e) => {
+            report.error(format!("cannot read webhook configuration {name}: {e}"));
+            return;
+        }
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
+    let ca = match secrets.get_opt(&args.webhook_secret).await {
+        Ok(secret) => secret.and_then(|s| s.data?.get("ca.crt").map(|ca| ca.0.clone())),
+        Err(e) => {
+            report.warn(format!(
+                "cannot read Secret {}/{} to compare the webhook CA: {e}",
+                args.namespace, args.webhook_secret
+            ));
+            None
+        }
+    };
+    let webhooks = configuration.webhooks.unwrap_or_default();
+    if webhooks.is_empty() {
+        report.error(format!("webhook configuration {name} has no webhooks"));
+    }
+    for webhook in webhooks {
+        let client_config = &webhook.client_config;
+        let bundle = client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.as_slice())
+            .unwrap_or_default();
+        if bundle.is_empty() {
+            report.error(format!(
+                "webhook {}: caBundle is empty, so the API server cannot call it (is the operator running? with \
+                 cert-manager, is its cainjector?)",
+                webhook.name
+            ));
+        } else if ca.as_ref().is_some_and(|ca| ca.as_slice() != bundle) {
+            report.error(format!(
+                "webhook {}: caBundle is stale: it is not the CA in Secret {}/{} (restart the operator, or check \
+                 cert-manager's cainjector)",
+                webhook.name, args.namespace, args.webhook_secret
+            ));
+        } else {
+            report.ok(format!("webhook {}: caBundle is set", webhook.name));
+        }
+        let Some(service) = &client_config.service else {
+            continue;
+        };
+        let services: Api<Service> = Api::namespaced(client.clone(), &service.namespace);
+        match services.get_opt(&service.name).await {
+            Ok(Some(_)) => check_endpoints(client, &webhook.name, &service.namespace, &service.name, report).await,
+            Ok(None) => report.error(format!(
+                "webhook {}: Service {}/{} is missing, so admission requests cannot reach the operator",
+                webhook.name, service.namespace, service.name
+            )),
+            Err(e) => report.error(format!(
+                "cannot read Service {}/{}: {e}",
+                service.namespace, service.name
+            )),
+        }
+    }
+}
+
+/// Whether some ready pod serves the webhook's Service, from its
+/// EndpointSlices (`kubernetes.io/service-name` label).
+async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, service: &str, report: &mut Report) {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("kubernetes.io/service-name={service}");
+    match slices.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => {
+            let ready = list
+                .items
+                .iter()
+                .flat_map(|slice| slice.endpoints.iter().flatten())
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+                .count();
+            if ready == 0 {
+                report.error(format!(
+                    "webhook {webhook}: no ready pod serves Service {namespace}/{service}, so the webhook is not \
+                     reachable (is the operator running?)"
+                ));
+            } else {
+                report.ok(format!(
+                    "webhook {webhook}: Service {namespace}/{service} has {ready} ready endpoint(s)"
+                ));
+            }
+        }
+        Err(e) => report.error(format!(
+            "cannot read the endpoints of Service {namespace}/{service}: {e}"
+        )),
+    }
+}
+
+/// One SelfSubjectAccessReview per verb of every operator rule.
+async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    let scoped = RULES
+        .iter()
+        .map(|r| (r, None))
+        .chain(NAMESPACED_RULES.iter().map(|r| (r, Some(args.namespace.as_str()))));
+    for (rule, namespace) in scoped {
+        for resource in rule.resources {
+            let (resource, subresource) = match resource.split_once('/') {
+                Some((resource, sub)) => (resource, Some(sub.to_string())),
+                None => (*resource, None),
+            };
+            for verb in rule.verbs {
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(ResourceAttributes {
+                            group: Some(rule.api_group.to_string()),
+                            resource: Some(resource.to_string()),
+                            subresource: subresource.clone(),
+                            verb: Some(verb.to_string()),
+                            namespace: namespace.map(str::to_string),
+                            name: rule.resource_names.first().map(|n| n.to_string()),
+                            ..ResourceAttributes::default()
+                        }),
+                        ..SelfSubjectAccessReviewSpec::default()
+                    },
+                    ..SelfSubjectAccessReview::default()
+                };
+                let what = format!(
+                    "{verb} {}{}{}",
+                    if rule.api_group.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{}/", rule.api_group)
+                    },
+                    resource,
+                    subresource.as_ref().map(|s| format!("/{s}")).unwrap_or_default()
+                );
+                match reviews.create(&PostParams::default(), &review).await {
+                    Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+                    Ok(_) => missing.push(what),
+                    Err(e) => {
+                        report.error(format!("cannot review RBAC (SelfSubjectAccessReview): {e}"));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    if missing.is_empty() {
+        report.ok("this account has every permission the operator needs (see docs/rbac-operator.md)");
+    } else {
+        report.error(format!(
+            "this account lacks permissions the operator needs: {} (see docs/rbac-operator.md; run the check as \
+             the operator's ServiceAccount to check the operator itself)",
+            missing.join(", ")
+        ));
+    }
+}
+
+async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
+    let api: Api<DistributedLease> = match &args.lease_namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let leases = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            report.error(format!("cannot list DistributedLeases: {e}"));
+            return;
+        }
+    };
+    if leases.is_empty() {
+        report.ok("no DistributedLeases yet");
+    }
+    for lease in leases {
+        check_lease(client, &lease, report).await;
+    }
+}
+
+async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Report) {
+    let namespace = lease.namespace().unwrap_or_default();
+    let id = format!("DistributedLease {namespace}/{}", lease.name_any());
+    let valid = match validate(lease) {
+        Ok(valid) => valid,
+        Err(e) => {
+            report.error(format!("{id} is invalid: {e}"));
+            return;
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let selector = valid.selector.to_string();
+    let candidates = match pods.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
+        Err(e) => {
+            report.error(format!("{id}: cannot list its pods: {e}"));
+            return;
+        }
+    };
+    let mut healthy = true;
+    if candidates.is_empty() {
+        healthy = false;
+        report.warn(format!(
+            "{id} has no candidates: no pod in {namespace} matches the selector {selector}"
+        ));
+    }
+    if valid.readiness_gate {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+        match rollout::check(&deployments, &candidates).await {
+            Ok(reasons) => {
+                for reason in reasons {
+                    healthy = false;
+                    report.warn(format!("{id} (readiness gate): {reason}"));
+                }
+            }
+            Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),
+        }
+    }
+    let conditions = lease
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    if let Some(store) = conditions
+        .iter()
+        .find(|c| c.type_ == "StoreReady" && c.status == "False")
+    {
+        healthy = false;
+        report.error(format!(
+            "{id}: its store is not usable ({}): {}",
+            store.reason, store.message
+        ));
+    }
+    if healthy {
+        report.ok(format!("{id}: {} candidate(s)", candidates.len()));
+    }
+}
+
+#[cfg(test)]
+mod tests;

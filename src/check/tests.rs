@@ -1,0 +1,384 @@
+//! `leasehold check` against a fake API server that answers by path from a
+//! described cluster, records every request, and checks that each access
+//! review asks about a permission the operator's RBAC data grants.
+
+use std::sync::Mutex;
+
+use clap::{CommandFactory, Parser};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::ByteString;
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use super::*;
+use crate::cli::{Cli, Command};
+use crate::rbac::RequestAttributes;
+
+/// The cluster the fake API server shows.
+#[derive(Default)]
+struct Cluster {
+    crd: Option<Value>,
+    webhook: Option<Value>,
+    secret_ca: Option<&'static str>,
+    services: Vec<(&'static str, &'static str)>,
+    /// Ready endpoints behind each Service.
+    ready_endpoints: usize,
+    /// (group, resource, verb) the account may not do.
+    denied: Vec<(&'static str, &'static str, &'static str)>,
+    leases: Vec<Value>,
+    pods: Vec<Value>,
+    deployments: Vec<Value>,
+    /// Requests nobody expected, and access reviews the operator's rules do not grant.
+    unexpected: Vec<String>,
+    requests: Vec<String>,
+}
+
+fn base64(text: &str) -> Value {
+    serde_json::to_value(ByteString(text.as_bytes().to_vec())).unwrap()
+}
+
+fn not_found() -> (u16, Value) {
+    (
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+    )
+}
+
+fn labels_match(selector: &str, pod: &Value) -> bool {
+    selector.split(',').all(|term| {
+        let (key, value) = term.split_once('=').unwrap();
+        pod["metadata"]["labels"][key] == json!(value)
+    })
+}
+
+impl Cluster {
+    fn answer(&mut self, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
+        self.requests.push(format!("{method} {path}"));
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let found = |v: Option<Value>| v.map_or_else(not_found, |v| (200, v));
+        match (method, parts.as_slice()) {
+            ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", "distributedleases.leasehold.dev"]) => {
+                found(self.crd.clone())
+            }
+            ("GET", ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", name])
+                if *name == WEBHOOK_CONFIGURATION =>
+            {
+                found(self.webhook.clone())
+            }
+            ("GET", ["api", "v1", "namespaces", "leasehold-system", "secrets", name]) if *name == DEFAULT_WEBHOOK_SECRET => {
+                found(self.secret_ca.map(|ca| {
+                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {"ca.crt": base64(ca)}})
+                }))
+            }
+            ("GET", ["api", "v1", "namespaces", namespace, "services", name]) => {
+                let exists = self.services.contains(&(*namespace, *name));
+                found(exists.then(|| json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace}})))
+            }
+            ("GET", ["apis", "discovery.k8s.io", "v1", "namespaces", _, "endpointslices"]) => {
+                assert!(query.contains("labelSelector=kubernetes.io%2Fservice-name%3D"), "{query}");
+                let endpoints: Vec<Value> = (0..self.ready_endpoints)
+                    .map(|i| json!({"addresses": [format!("10.0.0.{i}")], "conditions": {"ready": true}}))
+                    .chain([json!({"addresses": ["10.0.0.99"], "conditions": {"ready": false}})])
+                    .collect();
+                let slice = json!({"addressType": "IPv4", "metadata": {"name": "s"}, "endpoints": endpoints});
+                (200, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": [slice]}))
+            }
+            ("POST", ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
+                let attributes = &body["spec"]["resourceAttributes"];
+                let text = |k: &str| attributes[k].as_str().unwrap_or_default().to_string();
+                let resource = match text("subresource").as_str() {
+                    "" => text("resource"),
+                    sub => format!("{}/{sub}", text("resource")),
+                };
+                let request = RequestAttributes {
+                    api_group: text("group"),
+                    resource: resource.clone(),
+                    name: attributes["name"].as_str().map(str::to_string),
+                    verb: Box::leak(text("verb").into_boxed_str()),
+                };
+                if !crate::operator::rbac::allows(&request) {
+                    self.unexpected.push(format!("review of {request:?}, which the operator's rules do not grant"));
+                }
+                let allowed = !self
+                    .denied
+                    .iter()
+                    .any(|(g, r, v)| *g == text("group") && *r == resource && *v == text("verb"));
+                let mut answer = body.clone();
+                answer["status"] = json!({"allowed": allowed});
+                (201, answer)
+            }
+            ("GET", ["apis", "leasehold.dev", "v1alpha1", "distributedleases"]) => (
+                200,
+                json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList", "metadata": {}, "items": self.leases}),
+            ),
+            ("GET", ["api", "v1", "namespaces", "prod", "pods"]) => {
+                let selector = query
+                    .split('&')
+                    .find_map(|p| p.strip_prefix("labelSelector="))
+                    .unwrap_or_default()
+                    .replace("%3D", "=")
+                    .replace("%2C", ",");
+                let items: Vec<&Value> = self.pods.iter().filter(|p| labels_match(&selector, p)).collect();
+                (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
+            }
+            ("GET", ["apis", "apps", "v1", "namespaces", "prod", "deployments", name]) => {
+                found(self.deployments.iter().find(|d| d["metadata"]["name"] == json!(name)).cloned())
+            }
+            _ => {
+                self.unexpected.push(format!("{method} {path}?{query}"));
+                not_found()
+            }
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Cluster>>;
+
+async fn check_against(cluster: Cluster) -> (Report, Shared) {
+    let cluster = Arc::new(Mutex::new(cluster));
+    let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
+    let serving = cluster.clone();
+    tokio::spawn(async move {
+        while let Some((request, reply)) = server.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let bytes = request.into_body().collect().await.unwrap().to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (status, body) = serving.lock().unwrap().answer(&method, &path, &query, body);
+            reply.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let args = check_args(&[]);
+    let report = check(Client::new(service, "default"), &args).await;
+    (report, cluster)
+}
+
+fn check_args(args: &[&str]) -> Args {
+    let argv = ["leasehold", "check"].iter().chain(args);
+    match Cli::try_parse_from(argv).unwrap().command {
+        Command::Check(args) => args,
+        other => panic!("parsed {other:?}"),
+    }
+}
+
+fn webhook(ca: &str, service: (&str, &str)) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION},
+        "webhooks": [{"name": "inject.leasehold.dev", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                      "clientConfig": {"caBundle": base64(ca),
+                                       "service": {"namespace": service.0, "name": service.1, "path": "/inject"}}}],
+    })
+}
+
+fn lease(name: &str, spec: Value, status: Option<Value>) -> Value {
+    let mut full = json!({
+        "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+        "selector": {"matchLabels": {"app": name}},
+    });
+    for (k, v) in spec.as_object().unwrap() {
+        full[k] = v.clone();
+    }
+    let mut lease = json!({
+        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+        "metadata": {"name": name, "namespace": "prod"}, "spec": full,
+    });
+    if let Some(status) = status {
+        lease["status"] = status;
+    }
+    lease
+}
+
+fn pod(name: &str, app: &str, replica_set: Option<(&str, &str)>) -> Value {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "namespace": "prod", "labels": {"app": app}}});
+    if let Some((rs, hash)) = replica_set {
+        pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        pod["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": "u", "controller": true}]);
+    }
+    pod
+}
+
+fn healthy() -> Cluster {
+    Cluster {
+        crd: Some(serde_json::to_value(DistributedLease::crd()).unwrap()),
+        webhook: Some(webhook("CA-1", ("leasehold-system", "leasehold-webhook"))),
+        secret_ca: Some("CA-1"),
+        services: vec![("leasehold-system", "leasehold-webhook")],
+        ready_endpoints: 2,
+        leases: vec![lease(
+            "web",
+            json!({}),
+            Some(
+                json!({"conditions": [{"type": "StoreReady", "status": "True", "reason": "TableReady",
+                                        "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+            ),
+        )],
+        pods: vec![pod("web-0", "web", None), pod("web-1", "web", None)],
+        ..Cluster::default()
+    }
+}
+
+fn messages(report: &Report, severity: Severity) -> Vec<String> {
+    report
+        .0
+        .iter()
+        .filter(|f| f.severity == severity)
+        .map(|f| f.message.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_healthy_install_reports_only_ok() {
+    let (report, cluster) = check_against(healthy()).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    assert_eq!(messages(&report, Severity::Warning), Vec::<String>::new());
+    let ok = messages(&report, Severity::Ok).join("\n");
+    for expected in [
+        "CRD distributedleases.leasehold.dev is installed and matches this leasehold",
+        "webhook inject.leasehold.dev: caBundle is set",
+        "Service leasehold-system/leasehold-webhook has 2 ready endpoint(s)",
+        "this account has every permission the operator needs",
+        "DistributedLease prod/web: 2 candidate(s)",
+    ] {
+        assert!(ok.contains(expected), "{expected:?} missing from:\n{ok}");
+    }
+    let cluster = cluster.lock().unwrap();
+    assert_eq!(cluster.unexpected, Vec::<String>::new());
+    let reviews = cluster
+        .requests
+        .iter()
+        .filter(|r| r.contains("selfsubjectaccessreviews"))
+        .count();
+    let verbs: usize = RULES
+        .iter()
+        .chain(NAMESPACED_RULES)
+        .map(|r| r.resources.len() * r.verbs.len())
+        .sum();
+    assert_eq!(reviews, verbs, "one review per verb of every rule");
+}
+
+#[tokio::test]
+async fn every_problem_is_named_in_plain_words() {
+    let mut cluster = healthy();
+    // An older CRD: the lockName rule at spec level is missing.
+    let mut old_crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    old_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
+        .as_array_mut()
+        .unwrap()
+        .pop();
+    cluster.crd = Some(old_crd);
+    cluster.webhook = Some(webhook("CA-OLD", ("leasehold-system", "leasehold-webhook")));
+    cluster.services.clear();
+    cluster.denied = vec![("coordination.k8s.io", "leases", "update"), ("", "pods", "watch")];
+    let ready = json!({"type": "StoreReady", "status": "False", "reason": "StoreUnavailable",
+                       "message": "store projects/p/instances/i/databases/d: deadline exceeded",
+                       "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    cluster.leases = vec![
+        lease("lonely", json!({}), None),
+        lease("gated", json!({"publishing": {"readinessGate": true}}), None),
+        lease("down", json!({}), Some(json!({"conditions": [ready]}))),
+        lease("bad", json!({"retryPeriod": "10s"}), None),
+    ];
+    cluster.pods = vec![
+        pod("gated-7d9f-a", "gated", Some(("gated-7d9f", "7d9f"))),
+        pod("down-0", "down", None),
+    ];
+    cluster.deployments = vec![json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gated", "namespace": "prod"},
+        "spec": {"replicas": 3, "strategy": {"rollingUpdate": {"maxUnavailable": 2, "maxSurge": 1}},
+                 "selector": {"matchLabels": {"app": "gated"}}, "template": {}},
+    })];
+    let (report, cluster) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    let warnings = messages(&report, Severity::Warning).join("\n");
+    for expected in [
+        "CRD distributedleases.leasehold.dev differs from this leasehold's",
+        "webhook inject.leasehold.dev: caBundle is stale: it is not the CA in Secret leasehold-system/leasehold-webhook-tls",
+        "webhook inject.leasehold.dev: Service leasehold-system/leasehold-webhook is missing",
+        "lacks permissions the operator needs: watch pods, update coordination.k8s.io/leases",
+        "DistributedLease prod/down: its store is not usable (StoreUnavailable): store projects/p/instances/i/databases/d: deadline exceeded",
+        "DistributedLease prod/bad is invalid: spec.retryPeriod (10s) must be shorter than renewDeadline (10s)",
+    ] {
+        assert!(errors.contains(expected), "{expected:?} missing from errors:\n{errors}");
+    }
+    for expected in [
+        "DistributedLease prod/lonely has no candidates: no pod in prod matches the selector app=lonely",
+        "DistributedLease prod/gated (readiness gate): deployment gated: maxUnavailable resolves to 2 of 3 replicas",
+    ] {
+        assert!(
+            warnings.contains(expected),
+            "{expected:?} missing from warnings:\n{warnings}"
+        );
+    }
+    assert_eq!(report.errors(), 6, "{report:#?}");
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_missing_crd_and_webhook_say_how_to_install_them() {
+    let mut cluster = healthy();
+    cluster.crd = None;
+    cluster.webhook = None;
+    let (report, cluster) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    assert!(
+        errors.contains("CRD distributedleases.leasehold.dev is not installed: install the chart or apply crds/distributedlease.yaml"),
+        "{errors}"
+    );
+    let warnings = messages(&report, Severity::Warning).join("\n");
+    assert!(
+        warnings.contains("webhook configuration leasehold-sidecar-injector is missing"),
+        "{warnings}"
+    );
+    let cluster = cluster.lock().unwrap();
+    assert!(
+        !cluster.requests.iter().any(|r| r.contains("/apis/leasehold.dev/")),
+        "no lease list without the CRD: {:?}",
+        cluster.requests
+    );
+    assert_eq!(cluster.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_webhook_without_a_ready_operator_pod_is_not_reachable() {
+    let mut cluster = healthy();
+    cluster.ready_endpoints = 0;
+    let (report, cluster) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    assert!(
+        errors.contains("webhook inject.leasehold.dev: no ready pod serves Service leasehold-system/leasehold-webhook"),
+        "{errors}"
+    );
+    assert_eq!(report.errors(), 1, "{report:#?}");
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+#[test]
+fn check_flags_come_from_the_environment_and_default_to_the_operators_names() {
+    let cli = Cli::command();
+    let check = cli.find_subcommand("check").expect("check subcommand");
+    for arg in check.get_arguments() {
+        if ["help", "version"].contains(&arg.get_id().as_str()) {
+            continue;
+        }
+        let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+        assert!(env.is_some_and(|e| e.starts_with("LEASEHOLD_")), "--{}", arg.get_id());
+    }
+    let operator = match Cli::try_parse_from(["leasehold", "operator"]).unwrap().command {
+        Command::Operator(args) => args,
+        other => panic!("parsed {other:?}"),
+    };
+    let args = check_args(&[]);
+    assert_eq!(args.webhook_secret, operator.webhook.webhook_secret);
+    assert_eq!(args.webhook_configuration, operator.webhook.webhook_configuration);
+}
