@@ -120,7 +120,11 @@ async fn tokens_increase_across_a_dropped_and_recreated_table() {
 #[tokio::test]
 async fn the_row_carries_the_fnv_shard_in_its_key() {
     let fixture = postgres().await;
-    fixture.store.acquire("prod/scheduler", "a", Duration::from_secs(30)).await.unwrap();
+    fixture
+        .store
+        .acquire("prod/scheduler", "a", Duration::from_secs(30))
+        .await
+        .unwrap();
     let (client, connection) = tokio_postgres::connect(&fixture.server.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -183,7 +187,11 @@ async fn an_unreachable_server_is_unavailable_promptly() {
             "nothing was sent, so nothing happened: {err:?}"
         );
     }
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -107,7 +107,9 @@ mod tests {
             let err = validate_table(bad, "Spanner", 128).unwrap_err().to_string();
             assert!(err.contains("is not a valid Spanner identifier"), "{bad}: {err}");
         }
-        let err = validate_table(&"x".repeat(49), "PostgreSQL", 48).unwrap_err().to_string();
+        let err = validate_table(&"x".repeat(49), "PostgreSQL", 48)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("at most 48"), "{err}");
     }
 

@@ -293,10 +293,9 @@ impl PostgresStore {
                 Ok(Err(failed)) => failed,
                 Err(_) => {
                     return Err(match effect {
-                        Effect::Write => StoreError::outcome_unknown(format!(
-                            "{what}: no reply within {:?}",
-                            self.call_timeout
-                        )),
+                        Effect::Write => {
+                            StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
+                        }
                         Effect::Read => {
                             StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout))
                         }
@@ -475,7 +474,10 @@ mod tests {
         let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?bogus=1"))
             .unwrap_err()
             .chain();
-        assert!(err.contains("is not a PostgreSQL URL") && !err.contains("hunter2"), "{err}");
+        assert!(
+            err.contains("is not a PostgreSQL URL") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,5 +1,11 @@
-//! The Redis store, on the `redis` crate's auto-reconnecting
-//! `ConnectionManager`.
+//! The Redis store, on the `redis` crate's multiplexed connection.
+//!
+//! One connection per store, opened on first use and dropped after an I/O
+//! error or timeout so the next call opens a new one. Not the crate's
+//! `ConnectionManager`: it queues a request behind its reconnect attempts,
+//! so a timeout could not tell "never sent" (nothing happened) from "sent,
+//! reply lost" (unknown outcome); here connecting and sending are timed
+//! apart.
 //!
 //! Per lock, two keys sharing one hash tag (so they live in one Cluster slot):
 //!
@@ -53,8 +59,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::StoreUrl;
 use crate::lease::store::Result;
@@ -145,7 +151,9 @@ impl Scripts {
 #[derive(Clone)]
 pub struct RedisStore {
     config: RedisConfig,
-    connection: ConnectionManager,
+    client: redis::Client,
+    /// The open connection, if any; replaced after an I/O error or timeout.
+    connection: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
     call_timeout: Duration,
     scripts: Arc<Scripts>,
 }
@@ -246,15 +254,10 @@ impl RedisStore {
     pub fn connect_with(config: RedisConfig, call_timeout: Duration) -> Result<Self> {
         validate_prefix(&config.prefix)?;
         let client = parse_url(&config.url)?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(call_timeout))
-            .set_response_timeout(Some(call_timeout))
-            .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| StoreError::invalid("setting up the Redis connection").caused_by(e))?;
         Ok(RedisStore {
             config,
-            connection,
+            client,
+            connection: Arc::default(),
             call_timeout,
             scripts: Arc::new(Scripts::new()),
         })
@@ -268,6 +271,31 @@ impl RedisStore {
     pub fn keys(&self, lock: &str) -> [String; 2] {
         let prefix = &self.config.prefix;
         [format!("{prefix}{{{lock}}}:lease"), format!("{prefix}{{{lock}}}:fence")]
+    }
+
+    /// The open connection, or a new one. Failing here sent nothing.
+    async fn connection(&self, what: &str) -> Result<MultiplexedConnection> {
+        let mut open = self.connection.lock().await;
+        if let Some(connection) = open.as_ref() {
+            return Ok(connection.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.call_timeout))
+            .set_response_timeout(None);
+        let connection = tokio::time::timeout(
+            self.call_timeout,
+            self.client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
+        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis")).caused_by(e))?;
+        *open = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Drops the connection so that the next call opens a new one.
+    async fn forget_connection(&self) {
+        *self.connection.lock().await = None;
     }
 
     /// Runs a script once (never retried: a lost reply may hide a write),
@@ -287,13 +315,23 @@ impl RedisStore {
         for arg in args {
             invocation.arg(arg);
         }
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection(what).await?;
         match tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut connection)).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(what, e, effect)),
-            Err(_) => Err(match effect {
-                Effect::Write => StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout)),
-                Effect::Read => StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)),
+            Ok(Err(e)) => {
+                if !matches!(e.kind(), ErrorKind::Server(_)) {
+                    self.forget_connection().await;
+                }
+                Err(classify(what, e, effect))
+            }
+            Err(_) => Err({
+                self.forget_connection().await;
+                match effect {
+                    Effect::Write => {
+                        StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
+                    }
+                    Effect::Read => StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)),
+                }
             }),
         }
     }
@@ -435,7 +473,9 @@ mod tests {
     #[test]
     fn urls_and_prefixes_are_checked_without_showing_the_password() {
         parse_url(&StoreUrl::new("redis://:pw@cache:6379/0")).unwrap();
-        let err = parse_url(&StoreUrl::new("rediss://:hunter2@cache:6380")).unwrap_err().chain();
+        let err = parse_url(&StoreUrl::new("rediss://:hunter2@cache:6380"))
+            .unwrap_err()
+            .chain();
         assert!(err.contains("asks for TLS") && !err.contains("hunter2"), "{err}");
         let err = parse_url(&StoreUrl::new("http://:hunter2@cache")).unwrap_err().chain();
         assert!(err.contains("is not a Redis URL") && !err.contains("hunter2"), "{err}");

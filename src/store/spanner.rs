@@ -29,8 +29,8 @@ use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use google_cloud_wkt::Timestamp;
 use tracing::info;
 
-use crate::lease::store::Result;
 use super::shard_of;
+use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
 /// Where the lease table lives.

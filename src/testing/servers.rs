@@ -44,7 +44,11 @@ fn stop(child: &mut Child, signal: &str) {
 
 /// The folder holding initdb, postgres and pg_isready.
 fn postgres_bin() -> Option<PathBuf> {
-    let complete = |dir: &Path| ["initdb", "postgres", "pg_isready"].iter().all(|b| dir.join(b).is_file());
+    let complete = |dir: &Path| {
+        ["initdb", "postgres", "pg_isready"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(dir) = std::env::var("LEASEHOLD_PG_BIN") {
         candidates.push(dir.into());
@@ -126,7 +130,16 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> PathBuf {
     initdb
         .arg("-D")
         .arg(&data)
-        .args(["-U", "leasehold", "-A", "trust", "--no-sync", "--no-instructions", "-E", "UTF8"])
+        .args([
+            "-U",
+            "leasehold",
+            "-A",
+            "trust",
+            "--no-sync",
+            "--no-instructions",
+            "-E",
+            "UTF8",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     as_user(&mut initdb, user);
@@ -140,7 +153,11 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> PathBuf {
     );
     // Another test may have won the race; either copy is as good.
     if std::fs::rename(&data, &template).is_err() {
-        assert!(template.join("PG_VERSION").is_file(), "no template at {}", template.display());
+        assert!(
+            template.join("PG_VERSION").is_file(),
+            "no template at {}",
+            template.display()
+        );
     }
     let _ = std::fs::remove_dir_all(&building);
     template
@@ -172,7 +189,14 @@ impl PostgresServer {
             .arg(&data)
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
-            .args(["-c", "fsync=off", "-c", "shared_buffers=16MB", "-c", "max_connections=40"])
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_connections=40",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
