@@ -10,6 +10,9 @@ use kube::Api;
 use super::{Error, Result};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::{Identity, Timing};
+use crate::store::StoreUrl;
+use crate::store::postgres::PostgresConfig;
+use crate::store::redis::RedisConfig;
 use crate::store::spanner::SpannerConfig;
 use tracing::{debug, info, warn};
 
@@ -17,6 +20,8 @@ use tracing::{debug, info, warn};
 pub enum StoreKind {
     Memory,
     Spanner,
+    Postgres,
+    Redis,
 }
 
 #[derive(Debug, clap::Args)]
@@ -31,9 +36,16 @@ pub struct Args {
     /// Standalone: the Spanner database, projects/<p>/instances/<i>/databases/<d>.
     #[arg(long, env = "LEASEHOLD_DATABASE")]
     pub database: Option<String>,
-    /// Standalone: the lease table.
+    /// Standalone: the lease table (Spanner, PostgreSQL).
     #[arg(long, env = "LEASEHOLD_TABLE")]
     pub table: Option<String>,
+    /// Standalone: the PostgreSQL or Redis URL, credentials included
+    /// (postgres://user:password@host/db, redis://:password@host:6379/0).
+    #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
+    /// A file holding the store URL (a mounted Secret), instead of --store-url.
+    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE")]
+    pub store_url_file: Option<PathBuf>,
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
     pub lock: Option<String>,
@@ -105,6 +117,25 @@ impl Args {
 pub enum StoreChoice {
     Memory,
     Spanner(SpannerConfig),
+    Postgres(PostgresConfig),
+    Redis(RedisConfig),
+}
+
+/// The store URL from --store-url or --store-url-file (read now, trimmed).
+fn store_url(args: &Args) -> Result<Option<StoreUrl>> {
+    match (&args.store_url, &args.store_url_file) {
+        (Some(_), Some(_)) => Err(Error::Config("--store-url contradicts --store-url-file".into())),
+        (Some(url), None) => Ok(Some(StoreUrl::new(url.as_str()))),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Config(format!("--store-url-file {}: {e}", path.display())))?;
+            match text.trim() {
+                "" => Err(Error::Config(format!("--store-url-file {} is empty", path.display()))),
+                url => Ok(Some(StoreUrl::new(url))),
+            }
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// Where and how leadership is published on the pod.
@@ -160,6 +191,7 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 ("--store", args.store.is_some()),
                 ("--database", args.database.is_some()),
                 ("--table", args.table.is_some()),
+                ("--store-url", args.store_url.is_some()),
                 ("--lock", args.lock.is_some()),
                 ("--lease-duration", args.lease_duration.is_some()),
                 ("--renew-deadline", args.renew_deadline.is_some()),
@@ -205,9 +237,51 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 args.retry_period.as_deref().unwrap_or("2s"),
                 0.1,
             )?;
+            let url = store_url(args)?;
             let store = match (args.store, &args.database) {
+                (Some(kind @ (StoreKind::Postgres | StoreKind::Redis)), database) => {
+                    let flag = if kind == StoreKind::Postgres {
+                        "postgres"
+                    } else {
+                        "redis"
+                    };
+                    if database.is_some() {
+                        return Err(Error::Config(format!("--database contradicts --store {flag}")));
+                    }
+                    let url = url.ok_or_else(|| {
+                        Error::Config(format!("--store {flag} needs --store-url or --store-url-file"))
+                    })?;
+                    if kind == StoreKind::Postgres {
+                        let config = PostgresConfig {
+                            url,
+                            table: args.table.clone().unwrap_or_else(|| DEFAULT_TABLE.into()),
+                        };
+                        crate::store::postgres::validate_table(&config.table)?;
+                        crate::store::postgres::parse_url(&config.url)?;
+                        StoreChoice::Postgres(config)
+                    } else {
+                        if args.table.is_some() {
+                            return Err(Error::Config(
+                                "--table contradicts --store redis (keys, not tables)".into(),
+                            ));
+                        }
+                        let config = RedisConfig {
+                            url,
+                            prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+                        };
+                        crate::store::redis::parse_url(&config.url)?;
+                        StoreChoice::Redis(config)
+                    }
+                }
+                (_, _) if url.is_some() => {
+                    return Err(Error::Config(
+                        "--store-url (or --store-url-file) needs --store postgres or --store redis".into(),
+                    ));
+                }
                 (None, None) => {
-                    return Err(Error::Config("--store memory|spanner (or --lease) is required".into()));
+                    return Err(Error::Config(
+                        "--store memory|spanner|postgres|redis (or --lease) is required".into(),
+                    ));
                 }
                 (Some(StoreKind::Memory), Some(_)) => {
                     return Err(Error::Config("--database contradicts --store memory".into()));
@@ -308,7 +382,79 @@ mod tests {
     async fn standalone_settings_need_a_lock_and_a_store_and_agree_with_each_other() {
         let cases: &[(&[&str], &str)] = &[
             (&["--store", "memory"], "--lock (or --lease) is required"),
-            (&["--lock", "l"], "--store memory|spanner (or --lease) is required"),
+            (
+                &["--lock", "l"],
+                "--store memory|spanner|postgres|redis (or --lease) is required",
+            ),
+            (
+                &["--lock", "l", "--store", "postgres"],
+                "--store postgres needs --store-url or --store-url-file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--table",
+                    "t",
+                ],
+                "--table contradicts --store redis",
+            ),
+            (
+                &["--lock", "l", "--store", "memory", "--store-url", "redis://h"],
+                "--store-url (or --store-url-file) needs --store postgres or --store redis",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--store-url-file",
+                    "/f",
+                ],
+                "--store-url contradicts --store-url-file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url-file",
+                    "/nonexistent/url",
+                ],
+                "--store-url-file /nonexistent/url: No such file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url",
+                    "postgres://u:hunter2@db/x?sslmode=require",
+                ],
+                "asks for sslmode=require",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url",
+                    "postgres://db/x",
+                    "--table",
+                    "bad-name",
+                ],
+                "is not a valid PostgreSQL identifier",
+            ),
             (
                 &["--lock", "l", "--store", "spanner"],
                 "--store spanner needs --database",
@@ -377,6 +523,46 @@ mod tests {
                 table: DEFAULT_TABLE.into()
             })
         );
+    }
+
+    #[tokio::test]
+    async fn standalone_postgres_and_redis_settings_read_the_url_from_a_flag_or_a_file() {
+        let dir = std::env::temp_dir().join(format!("leasehold-url-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("url");
+        std::fs::write(&file, "postgres://app:hunter2@db:5432/leases\n").unwrap();
+        let s = settings(&[
+            "--lock",
+            "l",
+            "--store",
+            "postgres",
+            "--store-url-file",
+            file.to_str().unwrap(),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            s.store,
+            StoreChoice::Postgres(PostgresConfig {
+                url: StoreUrl::new("postgres://app:hunter2@db:5432/leases"),
+                table: DEFAULT_TABLE.into()
+            })
+        );
+        assert!(
+            !format!("{:?}", s.store).contains("hunter2"),
+            "settings are logged with Debug"
+        );
+        let s = settings(&["--lock", "l", "--store", "redis", "--store-url", "redis://cache:6379/0"])
+            .await
+            .unwrap();
+        assert_eq!(
+            s.store,
+            StoreChoice::Redis(RedisConfig {
+                url: StoreUrl::new("redis://cache:6379/0"),
+                prefix: crate::store::redis::DEFAULT_PREFIX.into()
+            })
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

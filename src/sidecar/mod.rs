@@ -221,6 +221,8 @@ pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
         StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+        StoreChoice::Postgres(config) => Arc::new(crate::store::postgres::PostgresStore::connect(config.clone())?),
+        StoreChoice::Redis(config) => Arc::new(crate::store::redis::RedisStore::connect(config.clone())?),
     })
 }
 
