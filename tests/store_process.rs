@@ -113,7 +113,10 @@ fn sigterm_hands_over(sidecars: &[Sidecar], store: &str) {
     let bound = DRAIN + P.mul_f64(1.1) + MARGIN;
     let next = wait_for_one_leader(&rest, bound);
     let handover = termed.elapsed();
-    assert!(next.is_some(), "{store}: no new leader within drain + 1.1·P + margin = {bound:?}");
+    assert!(
+        next.is_some(),
+        "{store}: no new leader within drain + 1.1·P + margin = {bound:?}"
+    );
     println!("{store} graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
 }
 

@@ -122,10 +122,10 @@ pub enum StoreChoice {
 }
 
 /// The store URL from --store-url or --store-url-file (read now, trimmed).
-fn store_url(args: &Args) -> Result<Option<StoreUrl>> {
-    match (&args.store_url, &args.store_url_file) {
+pub fn store_url(url: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<StoreUrl>> {
+    match (url, file) {
         (Some(_), Some(_)) => Err(Error::Config("--store-url contradicts --store-url-file".into())),
-        (Some(url), None) => Ok(Some(StoreUrl::new(url.as_str()))),
+        (Some(url), None) => Ok(Some(StoreUrl::new(url))),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Error::Config(format!("--store-url-file {}: {e}", path.display())))?;
@@ -136,6 +136,77 @@ fn store_url(args: &Args) -> Result<Option<StoreUrl>> {
         }
         (None, None) => Ok(None),
     }
+}
+
+/// The standalone store from its flags: --store, --database, --table and the
+/// URL (from [`store_url`]); every contradiction named by its flags.
+pub fn choose_store(
+    kind: Option<StoreKind>,
+    database: Option<&str>,
+    table: Option<&str>,
+    url: Option<StoreUrl>,
+) -> Result<StoreChoice> {
+    let store = match (kind, database) {
+        (Some(kind @ (StoreKind::Postgres | StoreKind::Redis)), database) => {
+            let flag = if kind == StoreKind::Postgres {
+                "postgres"
+            } else {
+                "redis"
+            };
+            if database.is_some() {
+                return Err(Error::Config(format!("--database contradicts --store {flag}")));
+            }
+            let url =
+                url.ok_or_else(|| Error::Config(format!("--store {flag} needs --store-url or --store-url-file")))?;
+            if kind == StoreKind::Postgres {
+                let config = PostgresConfig {
+                    url,
+                    table: table.unwrap_or(DEFAULT_TABLE).to_string(),
+                };
+                crate::store::postgres::validate_table(&config.table)?;
+                crate::store::postgres::parse_url(&config.url)?;
+                StoreChoice::Postgres(config)
+            } else {
+                if table.is_some() {
+                    return Err(Error::Config(
+                        "--table contradicts --store redis (keys, not tables)".into(),
+                    ));
+                }
+                let config = RedisConfig {
+                    url,
+                    prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+                };
+                crate::store::redis::parse_url(&config.url)?;
+                StoreChoice::Redis(config)
+            }
+        }
+        (_, _) if url.is_some() => {
+            return Err(Error::Config(
+                "--store-url (or --store-url-file) needs --store postgres or --store redis".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(Error::Config(
+                "--store memory|spanner|postgres|redis (or --lease) is required".into(),
+            ));
+        }
+        (Some(StoreKind::Memory), Some(_)) => {
+            return Err(Error::Config("--database contradicts --store memory".into()));
+        }
+        (Some(StoreKind::Memory), None) => StoreChoice::Memory,
+        (_, Some(database)) => StoreChoice::Spanner(SpannerConfig {
+            database: database.to_string(),
+            table: table.unwrap_or(DEFAULT_TABLE).to_string(),
+        }),
+        (Some(StoreKind::Spanner), None) => {
+            return Err(Error::Config("--store spanner needs --database".into()));
+        }
+    };
+    if let StoreChoice::Spanner(config) = &store {
+        crate::store::spanner::validate_database(&config.database)?;
+        crate::store::spanner::validate_table(&config.table)?;
+    }
+    Ok(store)
 }
 
 /// Where and how leadership is published on the pod.
@@ -237,68 +308,8 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 args.retry_period.as_deref().unwrap_or("2s"),
                 0.1,
             )?;
-            let url = store_url(args)?;
-            let store = match (args.store, &args.database) {
-                (Some(kind @ (StoreKind::Postgres | StoreKind::Redis)), database) => {
-                    let flag = if kind == StoreKind::Postgres {
-                        "postgres"
-                    } else {
-                        "redis"
-                    };
-                    if database.is_some() {
-                        return Err(Error::Config(format!("--database contradicts --store {flag}")));
-                    }
-                    let url = url.ok_or_else(|| {
-                        Error::Config(format!("--store {flag} needs --store-url or --store-url-file"))
-                    })?;
-                    if kind == StoreKind::Postgres {
-                        let config = PostgresConfig {
-                            url,
-                            table: args.table.clone().unwrap_or_else(|| DEFAULT_TABLE.into()),
-                        };
-                        crate::store::postgres::validate_table(&config.table)?;
-                        crate::store::postgres::parse_url(&config.url)?;
-                        StoreChoice::Postgres(config)
-                    } else {
-                        if args.table.is_some() {
-                            return Err(Error::Config(
-                                "--table contradicts --store redis (keys, not tables)".into(),
-                            ));
-                        }
-                        let config = RedisConfig {
-                            url,
-                            prefix: crate::store::redis::DEFAULT_PREFIX.into(),
-                        };
-                        crate::store::redis::parse_url(&config.url)?;
-                        StoreChoice::Redis(config)
-                    }
-                }
-                (_, _) if url.is_some() => {
-                    return Err(Error::Config(
-                        "--store-url (or --store-url-file) needs --store postgres or --store redis".into(),
-                    ));
-                }
-                (None, None) => {
-                    return Err(Error::Config(
-                        "--store memory|spanner|postgres|redis (or --lease) is required".into(),
-                    ));
-                }
-                (Some(StoreKind::Memory), Some(_)) => {
-                    return Err(Error::Config("--database contradicts --store memory".into()));
-                }
-                (Some(StoreKind::Memory), None) => StoreChoice::Memory,
-                (_, Some(database)) => StoreChoice::Spanner(SpannerConfig {
-                    database: database.clone(),
-                    table: args.table.clone().unwrap_or_else(|| DEFAULT_TABLE.into()),
-                }),
-                (Some(StoreKind::Spanner), None) => {
-                    return Err(Error::Config("--store spanner needs --database".into()));
-                }
-            };
-            if let StoreChoice::Spanner(config) = &store {
-                crate::store::spanner::validate_database(&config.database)?;
-                crate::store::spanner::validate_table(&config.table)?;
-            }
+            let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
+            let store = choose_store(args.store, args.database.as_deref(), args.table.as_deref(), url)?;
             Ok(Settings {
                 lock,
                 identity,
