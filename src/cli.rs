@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{demo, operator, sidecar, sim};
+use crate::{advise, demo, operator, sidecar, sim};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,13 +42,15 @@ pub enum Command {
     Crd,
     /// Run the deterministic safety simulation over many seeds.
     Simulate(sim::Args),
+    /// Measure a store's round trips and suggest lease timing (D/R/P).
+    Advise(advise::Args),
 }
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let default_filter = match self.command {
             Command::Simulate(_) => "error",
-            Command::Demo(_) => "warn",
+            Command::Demo(_) | Command::Advise(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -63,6 +65,7 @@ impl Cli {
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => block_on(async { Ok(sidecar::run(args).await?) }),
             Command::Operator(args) => block_on(operator::run(args)),
+            Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! Arrows point inward: `sidecar` and `operator` use `lease`, `store` and
 //! `api`; `lease` uses none of them.
 
+pub mod advise;
 pub mod api;
 pub mod cli;
 pub mod demo;
