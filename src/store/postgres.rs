@@ -208,6 +208,11 @@ fn classify(what: &str, error: tokio_postgres::Error, effect: Effect) -> StoreEr
         }
         .caused_by(error);
     }
+    // A parameter the driver could not encode never left this process (the
+    // driver has no public kind for it; its message is fixed).
+    if error.to_string().starts_with("error serializing parameter") {
+        return StoreError::invalid(format!("{what}: a parameter could not be encoded")).caused_by(error);
+    }
     // No answer: the connection closed or broke while the statement was out.
     match effect {
         Effect::Write => StoreError::outcome_unknown(format!("{what}: the connection ended before the reply")),
