@@ -8,7 +8,7 @@ use std::time::Duration;
 use kube::Api;
 
 use super::{Error, Result};
-use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
+use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
 use crate::lease::{Identity, Timing};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
@@ -135,6 +135,50 @@ pub fn store_url(url: Option<&str>, file: Option<&std::path::Path>) -> Result<Op
             }
         }
         (None, None) => Ok(None),
+    }
+}
+
+/// The store a `DistributedLease` names. PostgreSQL and Redis URLs come
+/// from the Secret it references, which the webhook mounts into the sidecar
+/// and names with LEASEHOLD_STORE_URL_FILE.
+fn lease_store(store: &ValidStore, args: &Args) -> Result<StoreChoice> {
+    let url = || -> Result<StoreUrl> {
+        store_url(None, args.store_url_file.as_deref())?.ok_or_else(|| {
+            Error::Config(format!(
+                "the lease's store is {store}: mount that Secret key and pass its path as --store-url-file \
+                 (LEASEHOLD_STORE_URL_FILE)"
+            ))
+        })
+    };
+    Ok(match store {
+        ValidStore::Spanner(config) => StoreChoice::Spanner(config.clone()),
+        ValidStore::Postgres { table, .. } => {
+            let config = PostgresConfig {
+                url: url()?,
+                table: table.clone(),
+            };
+            crate::store::postgres::parse_url(&config.url)?;
+            StoreChoice::Postgres(config)
+        }
+        ValidStore::Redis { .. } => {
+            let config = RedisConfig {
+                url: url()?,
+                prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+            };
+            crate::store::redis::parse_url(&config.url)?;
+            StoreChoice::Redis(config)
+        }
+    })
+}
+
+/// Whether a lease still names the store a sidecar started on (the URL
+/// behind a Secret is not compared: it is read once at start).
+fn same_store(store: &ValidStore, started: &StoreChoice) -> bool {
+    match (store, started) {
+        (ValidStore::Spanner(a), StoreChoice::Spanner(b)) => a == b,
+        (ValidStore::Postgres { table, .. }, StoreChoice::Postgres(b)) => *table == b.table,
+        (ValidStore::Redis { .. }, StoreChoice::Redis(_)) => true,
+        _ => false,
     }
 }
 
@@ -289,7 +333,7 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 lock: valid.lock,
                 identity,
                 timing: valid.timing,
-                store: StoreChoice::Spanner(valid.spanner),
+                store: lease_store(&valid.store, args)?,
                 publishing: Publishing {
                     label_key: valid.label_key,
                     selector: Some(valid.selector),
@@ -362,7 +406,7 @@ pub async fn watch_lease(
                     timing = valid.timing;
                 }
                 let moved = valid.lock != started.lock
-                    || StoreChoice::Spanner(valid.spanner) != started.store
+                    || !same_store(&valid.store, &started.store)
                     || valid.label_key != started.publishing.label_key;
                 if moved {
                     warn!(%lease, "the lease's lock, store or label key changed; restart the pod to apply");
