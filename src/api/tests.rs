@@ -365,7 +365,12 @@ fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
         "[has(self.spanner), has(self.postgres), has(self.redis)].filter(x, x).size() == 1"
     );
     let fields = |kind: &str| -> Vec<String> {
-        store["properties"][kind]["properties"].as_object().unwrap().keys().cloned().collect()
+        store["properties"][kind]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
     };
     assert_eq!(fields("postgres"), ["table", "urlSecretRef"]);
     assert_eq!(fields("redis"), ["urlSecretRef"]);

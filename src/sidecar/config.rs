@@ -671,6 +671,62 @@ mod tests {
         assert!(s.identity.to_string().starts_with("prod/web-0#"));
     }
 
+    /// A PostgreSQL lease: the URL comes from the file the webhook mounts
+    /// from the named Secret; without it, the error says what to mount.
+    #[tokio::test]
+    async fn a_postgres_lease_takes_its_url_from_the_mounted_secret_file() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let file = std::env::temp_dir().join(format!("leasehold-url-{:08x}", rand::random::<u32>()));
+        std::fs::write(&file, "postgres://app:pw@db/leases").unwrap();
+        for with_file in [true, false] {
+            let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let client = kube::Client::new(service, "prod");
+            tokio::spawn(async move {
+                let (_, send) = server.next_request().await.expect("GET the lease");
+                let lease = serde_json::json!({
+                    "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                    "metadata": {"name": "web", "namespace": "prod"},
+                    "spec": {
+                        "store": {"postgres": {"urlSecretRef": {"name": "leases-db"}, "table": "web_leases"}},
+                        "selector": {"matchLabels": {"app": "web"}},
+                    }
+                });
+                send.send_response(Response::new(Body::from(serde_json::to_vec(&lease).unwrap())));
+            });
+            let mut argv = vec![
+                "sidecar",
+                "--lease",
+                "web",
+                "--pod-name",
+                "web-0",
+                "--pod-namespace",
+                "prod",
+            ];
+            if with_file {
+                argv.extend(["--store-url-file", file.to_str().unwrap()]);
+            }
+            let cli = Cli::parse_from(argv);
+            let resolved = resolve(&cli.args, Some(client)).await;
+            if with_file {
+                assert_eq!(
+                    resolved.unwrap().store,
+                    StoreChoice::Postgres(PostgresConfig {
+                        url: StoreUrl::new("postgres://app:pw@db/leases"),
+                        table: "web_leases".into()
+                    })
+                );
+            } else {
+                let err = resolved.unwrap_err().to_string();
+                assert!(
+                    err.contains("Secret leases-db key url") && err.contains("--store-url-file"),
+                    "{err}"
+                );
+            }
+        }
+        std::fs::remove_file(&file).unwrap();
+    }
+
     #[tokio::test]
     async fn a_timing_change_of_the_lease_reaches_the_elector() {
         use http::{Request, Response};
