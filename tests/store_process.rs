@@ -1,6 +1,7 @@
 //! Whole processes on PostgreSQL and Redis: three `leasehold sidecar`
 //! processes on one private server, each reaching it through a TCP proxy;
-//! kill -9 of the leader and a graceful handover, timed.
+//! kill -9 of the leader and a graceful handover, timed, and a leader
+//! paused past its lease (SIGSTOP) resuming as a follower.
 //!
 //! Bounds, from D = 2 s, R = 1.5 s, P = 300 ms (standalone jitter 10 %):
 //! after kill -9 the lease ends at most D after the killed leader's last
@@ -54,10 +55,21 @@ fn sidecars(
     (runtime, sidecars)
 }
 
+/// The folder of URL files, removed on drop.
+struct UrlFiles(std::path::PathBuf);
+
+impl Drop for UrlFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Flags for PostgreSQL: the first sidecar creates the table; the URL comes
 /// from a file, as from a mounted Secret.
-fn postgres_sidecars(server: &PostgresServer, dir: &std::path::Path) -> (tokio::runtime::Runtime, Vec<Sidecar>) {
-    sidecars(server.addr(), "pg-lock", |i, proxy| {
+fn postgres_sidecars(server: &PostgresServer) -> (tokio::runtime::Runtime, Vec<Sidecar>, UrlFiles) {
+    let dir = std::env::temp_dir().join(format!("leasehold-urls-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (runtime, sidecars) = sidecars(server.addr(), "pg-lock", |i, proxy| {
         let file = dir.join(format!("url-{i}"));
         std::fs::write(&file, server.url_at(proxy)).unwrap();
         let mut flags = vec![
@@ -70,7 +82,8 @@ fn postgres_sidecars(server: &PostgresServer, dir: &std::path::Path) -> (tokio::
             flags.push("--create-table".into());
         }
         (flags, Vec::new())
-    })
+    });
+    (runtime, sidecars, UrlFiles(dir))
 }
 
 /// Flags for Redis: the URL from the environment.
@@ -120,26 +133,54 @@ fn sigterm_hands_over(sidecars: &[Sidecar], store: &str) {
     println!("{store} graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
 }
 
+/// S1: a leader stopped past D resumes as a follower, never with its old token.
+fn a_paused_leader_resumes_as_a_follower(sidecars: &[Sidecar], store: &str) {
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
+    let paused = &sidecars[first];
+    let (_, before) = paused.leader().unwrap();
+    paused.signal("STOP");
+    let rest = others(sidecars, first);
+    let next = wait_for_one_leader(&rest, failover_bound()).unwrap_or_else(|| panic!("{store}: nobody took over"));
+    let (_, usurper) = rest[next].leader().unwrap();
+    paused.signal("CONT");
+    for _ in 0..20 {
+        let (status, view) = paused.leader().expect("the resumed sidecar answers");
+        assert_eq!(status, 503, "{store}: the resumed sidecar claims leadership: {view}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let (_, resumed) = paused.leader().unwrap();
+    assert_ne!(token_of(&resumed), token_of(&before), "{store}: {resumed}");
+    assert_eq!(resumed["holder"], usurper["holder"]);
+    assert!(rest[next].leads(), "{store}: the new leader keeps leading");
+}
+
+#[test]
+fn postgres_a_paused_leader_resumes_as_a_follower() {
+    let server = PostgresServer::start();
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
+    a_paused_leader_resumes_as_a_follower(&sidecars, "postgres");
+}
+
+#[test]
+fn redis_a_paused_leader_resumes_as_a_follower() {
+    let server = RedisServer::start();
+    let (_runtime, sidecars) = redis_sidecars(&server);
+    a_paused_leader_resumes_as_a_follower(&sidecars, "redis");
+}
+
 #[test]
 fn postgres_kill_9_of_the_leader_fails_over_within_d_plus_p() {
     let server = PostgresServer::start();
-    let dir = std::env::temp_dir().join(format!("leasehold-urls-{:08x}", rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_runtime, sidecars) = postgres_sidecars(&server, &dir);
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
     kill_9_fails_over(&sidecars, "postgres");
-    drop(sidecars);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn postgres_sigterm_releases_and_a_follower_leads_before_expiry() {
     let server = PostgresServer::start();
-    let dir = std::env::temp_dir().join(format!("leasehold-urls-{:08x}", rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_runtime, sidecars) = postgres_sidecars(&server, &dir);
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
     sigterm_hands_over(&sidecars, "postgres");
-    drop(sidecars);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
