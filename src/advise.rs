@@ -6,7 +6,8 @@
 //!   P ≥ 250 ms keeps a follower's polling to at most 4 reads a second.
 //! * R − P is the budget for renewals that fail or crawl: at least two more
 //!   periods (two retries after a miss), and at least 4 × the slowest
-//!   renewal seen, so that p99 stays under a quarter of the budget.
+//!   renewal seen, so that p99 stays under a quarter of the budget (the
+//!   share the sidecar warns at, [`AT_RISK_SHARE`]).
 //! * D − R, the safety gap, absorbs process pauses and clock-rate drift
 //!   between the leader and the store: at least R / 2 (drift up to 50 %) and
 //!   at least 1 s.
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lease::{Identity, LeaseStore, Timing, TimingError};
+use crate::sidecar::budget::AT_RISK_SHARE;
 use crate::sidecar::config::{StoreKind, choose_store, store_url};
 
 #[derive(Debug, clap::Args)]
@@ -98,7 +100,7 @@ pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingErro
     const STEP: Duration = Duration::from_millis(50);
     let (p99, max) = (renewals.quantile(0.99), renewals.max());
     let p = ceil_to((p99 * 20).max(Duration::from_millis(250)), STEP);
-    let budget = (p * 2).max(max * 4);
+    let budget = (p * 2).max(max.div_f64(AT_RISK_SHARE));
     let r = ceil_to(p + budget, STEP);
     let gap = (r / 2).max(Duration::from_secs(1));
     let d = ceil_to(r + gap, STEP);

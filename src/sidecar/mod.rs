@@ -9,6 +9,7 @@
 //! claiming, waits the drain window, releases and exits 0; a second signal
 //! exits at once.
 
+pub mod budget;
 pub mod config;
 pub mod health;
 pub mod http;
@@ -64,7 +65,8 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
+    let budgeted = budget::RenewBudget::new(connect(&settings.store).await?, &settings.timing, &mut registry);
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(Arc::new(budgeted), metrics.clone()));
     if args.create_table {
         store.ensure_schema().await?;
     }
