@@ -5,6 +5,8 @@
 # Needs the Cloud Spanner emulator: SPANNER_EMULATOR_HOST (one already
 # running), SPANNER_EMULATOR_DIR (folder with gateway_main and emulator_main),
 # the gcloud SDK's cloud-spanner-emulator component, or both binaries on PATH.
+# Needs the PostgreSQL server binaries and redis-server too (the PostgreSQL
+# and Redis tests start private servers); .ci/run installs them when missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -x scripts/setup-python.sh ]]; then

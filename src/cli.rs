@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{check, demo, inject, operator, run, sidecar};
+use crate::{advise, check, demo, inject, operator, run, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +57,8 @@ pub enum Command {
     /// Internal: supervises the command for `leasehold run`.
     #[command(name = "__watchdog", hide = true)]
     Watchdog(run::watchdog::Args),
+    /// Measure a store's round trips and suggest lease timing (D/R/P).
+    Advise(advise::Args),
 }
 
 impl Cli {
@@ -64,7 +66,7 @@ impl Cli {
         let default_filter = match self.command {
             #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
-            Command::Demo(_) | Command::Check(_) => "warn",
+            Command::Demo(_) | Command::Check(_) | Command::Advise(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -90,6 +92,7 @@ impl Cli {
                     .block_on(run::watchdog::run(args))?,
             ),
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
+            Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
         }
     }
 }

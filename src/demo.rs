@@ -10,8 +10,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Change, Elector, ElectorHandle, Identity, LeaderState, LeaseStore, Timing};
-use crate::store::MemoryStore;
+use crate::store::postgres::{PostgresConfig, PostgresStore};
+use crate::store::redis::{RedisConfig, RedisStore};
 use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore, create_emulator_database};
+use crate::store::{MemoryStore, StoreUrl};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DemoStore {
@@ -19,6 +21,10 @@ pub enum DemoStore {
     Memory,
     /// The Cloud Spanner emulator at SPANNER_EMULATOR_HOST.
     Spanner,
+    /// PostgreSQL (or CockroachDB) at --store-url.
+    Postgres,
+    /// Redis at --store-url.
+    Redis,
 }
 
 #[derive(Debug, clap::Args)]
@@ -29,6 +35,10 @@ pub struct Args {
     /// Store to elect on.
     #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_enum, default_value_t = DemoStore::Memory)]
     pub store: DemoStore,
+    /// The PostgreSQL or Redis URL for --store postgres|redis; the demo
+    /// creates the lease table when missing and uses a fresh lock.
+    #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
     /// Lease duration D.
     #[arg(long, env = "LEASEHOLD_LEASE_DURATION", default_value = "3s")]
     pub lease_duration: String,
@@ -99,7 +109,7 @@ impl Timeline {
 
 pub async fn run(args: Args) -> Result<()> {
     let timing = Timing::parse(&args.lease_duration, &args.renew_deadline, &args.retry_period, 0.1)?;
-    let store = connect(args.store).await?;
+    let store = connect(args.store, args.store_url.as_deref()).await?;
     store.ensure_schema().await?;
     let lock = format!("demo-{:08x}", rand::random::<u32>());
     let timeline = Timeline { start: Instant::now() };
@@ -215,10 +225,24 @@ async fn wait_for_leader(candidates: &[Candidate], after: Option<&LeaderState>, 
     }
 }
 
-async fn connect(store: DemoStore) -> Result<Arc<dyn LeaseStore>> {
-    match store {
-        DemoStore::Memory => Ok(Arc::new(MemoryStore::default())),
-        DemoStore::Spanner => {
+async fn connect(store: DemoStore, url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
+    match (store, url.map(StoreUrl::new)) {
+        (DemoStore::Postgres | DemoStore::Redis, None) => {
+            Err(Error::Setup("--store postgres|redis needs --store-url".into()))
+        }
+        (DemoStore::Memory | DemoStore::Spanner, Some(_)) => Err(Error::Setup(
+            "--store-url needs --store postgres or --store redis".into(),
+        )),
+        (DemoStore::Postgres, Some(url)) => Ok(Arc::new(PostgresStore::connect(PostgresConfig {
+            url,
+            table: crate::api::DEFAULT_TABLE.into(),
+        })?)),
+        (DemoStore::Redis, Some(url)) => Ok(Arc::new(RedisStore::connect(RedisConfig {
+            url,
+            prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+        })?)),
+        (DemoStore::Memory, None) => Ok(Arc::new(MemoryStore::default())),
+        (DemoStore::Spanner, None) => {
             if std::env::var("SPANNER_EMULATOR_HOST").map_or(true, |h| h.is_empty()) {
                 return Err(Error::Setup(
                     "--store spanner elects on the Cloud Spanner emulator: set SPANNER_EMULATOR_HOST=host:port".into(),

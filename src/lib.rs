@@ -9,6 +9,8 @@
 //! `DistributedLease` resource, `sidecar`, `operator` and `cli` the roles and
 //! the binary (default), `simulate` the safety simulation.
 
+#[cfg(feature = "cli")]
+pub mod advise;
 #[cfg(feature = "kubernetes")]
 pub mod api;
 #[cfg(feature = "operator")]

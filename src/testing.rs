@@ -1,6 +1,9 @@
 //! Test support shared by the integration tests and the benchmarks: the
-//! Cloud Spanner emulator (found or started) and a TCP proxy the test
-//! controls. Not part of the product's behaviour.
+//! Cloud Spanner emulator (found or started), private PostgreSQL and Redis
+//! servers ([`servers`]) and a TCP proxy the test controls. Not part of the
+//! product's behaviour.
+
+pub mod servers;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
@@ -165,7 +168,7 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-fn port_open(port: u16) -> bool {
+pub(crate) fn port_open(port: u16) -> bool {
     std::net::TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(100)).is_ok()
 }
 

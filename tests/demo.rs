@@ -57,3 +57,42 @@ fn bad_timing_is_one_clear_line_naming_the_field() {
     assert!(!out.status.success());
     assert!(stderr.contains("retryPeriod: invalid duration \"10x\""), "{stderr}");
 }
+
+/// `leasehold demo --store postgres|redis --store-url …` on private servers.
+#[test]
+fn the_demo_runs_on_postgres_and_redis() {
+    let postgres = leasehold::testing::servers::PostgresServer::start();
+    let redis = leasehold::testing::servers::RedisServer::start();
+    for (store, url) in [("postgres", postgres.url()), ("redis", redis.url())] {
+        let out = leasehold(&[
+            "demo",
+            "--store",
+            store,
+            "--store-url",
+            &url,
+            "--lease-duration",
+            "600ms",
+            "--renew-deadline",
+            "400ms",
+            "--retry-period",
+            "100ms",
+            "--hold",
+            "300ms",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{store} demo failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(&format!("on the {store} store")), "{stdout}");
+        assert!(stdout.contains("tokens strictly increased: yes"), "{stdout}");
+    }
+    let out = leasehold(&["demo", "--store", "redis"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--store postgres|redis needs --store-url"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -13,7 +13,7 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use validate::{ValidLease, ValidationError, validate};
+pub use validate::{ValidLease, ValidStore, ValidationError, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
@@ -24,7 +24,7 @@ pub const DEFAULT_TABLE: &str = "leasehold_leases";
 /// `humantime` accept: integer amounts with units, e.g. `15s`, `1m30s`, `1500ms`.
 const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
 
-/// A lock elected among the pods the selector matches, stored in Cloud Spanner.
+/// A lock elected among the pods the selector matches, stored in Cloud Spanner, PostgreSQL or Redis.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[kube(
     group = "leasehold.dev",
@@ -84,12 +84,55 @@ pub struct DistributedLeaseSpec {
     pub publishing: PublishingSpec,
 }
 
-/// The lease store; only Cloud Spanner is offered in the resource (the
-/// memory store exists for tests and the demo).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+/// The lease store: exactly one of Cloud Spanner, PostgreSQL (or
+/// CockroachDB) and Redis. Credentials for PostgreSQL and Redis come from a
+/// Secret the resource names, never from the resource itself.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("[has(self.spanner), has(self.postgres), has(self.redis)].filter(x, x).size() == 1")
+        .message("set exactly one of spanner, postgres and redis"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseStoreSpec {
-    pub spanner: SpannerStoreSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spanner: Option<SpannerStoreSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresStoreSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisStoreSpec>,
+}
+
+/// A key of a Secret in the resource's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key holding the URL.
+    #[serde(default = "default_url_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// PostgreSQL or CockroachDB; the URL (`postgres://user:password@host/db`)
+/// is read from a Secret mounted into the sidecar.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresStoreSpec {
+    pub url_secret_ref: SecretKeyRef,
+    /// The lease table; `--create-table` on a sidecar creates it when missing.
+    #[serde(default = "default_table")]
+    #[schemars(length(min = 1, max = 48), regex(pattern = r"^[A-Za-z][A-Za-z0-9_]*$"))]
+    pub table: String,
+}
+
+/// Redis; the URL (`redis://:password@host:6379/0`) is read from a Secret
+/// mounted into the sidecar.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisStoreSpec {
+    pub url_secret_ref: SecretKeyRef,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
@@ -138,6 +181,9 @@ fn default_retry_period() -> String {
 }
 fn default_table() -> String {
     DEFAULT_TABLE.into()
+}
+fn default_url_key() -> String {
+    "url".into()
 }
 fn default_label_key() -> String {
     DEFAULT_LABEL_KEY.into()

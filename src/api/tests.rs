@@ -215,7 +215,7 @@ fn lock_name_can_be_neither_changed_nor_added_nor_removed() {
 fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
     let lease = lease(valid_spec());
     assert_eq!(lease.spec.lease_duration, "15s");
-    assert_eq!(lease.spec.store.spanner.table, DEFAULT_TABLE);
+    assert_eq!(lease.spec.store.spanner.as_ref().unwrap().table, DEFAULT_TABLE);
     assert_eq!(lease.spec.publishing.label_key, DEFAULT_LABEL_KEY);
     let valid = validate(&lease).unwrap();
     assert_eq!(valid.lock, "prod/web");
@@ -223,7 +223,13 @@ fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
     assert_eq!(valid.timing.renew_deadline, Duration::from_secs(10));
     assert_eq!(valid.timing.retry_period, Duration::from_secs(2));
     assert_eq!(valid.selector.to_string(), "app=web");
-    assert_eq!(valid.spanner.database, "projects/p/instances/i/databases/d");
+    assert_eq!(
+        valid.store,
+        ValidStore::Spanner(crate::store::spanner::SpannerConfig {
+            database: "projects/p/instances/i/databases/d".into(),
+            table: DEFAULT_TABLE.into()
+        })
+    );
     assert!(!valid.readiness_gate);
 
     let named = with(&["lockName"], json!("global/payments"));
@@ -320,6 +326,79 @@ fn each_invalid_field_gets_its_own_message() {
         messages.insert(message);
     }
     assert_eq!(messages.len(), count, "every case has its own message: {messages:#?}");
+}
+
+/// PostgreSQL and Redis leases name a Secret key, never a URL; exactly one
+/// store, said by CEL in the schema and again by [`validate`].
+#[test]
+fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
+    let secret = json!({"urlSecretRef": {"name": "leases-db"}});
+    let postgres = with(&["store"], json!({"postgres": secret}));
+    assert_eq!(
+        validate(&postgres).unwrap().store,
+        ValidStore::Postgres {
+            url_secret: SecretKeyRef {
+                name: "leases-db".into(),
+                key: "url".into()
+            },
+            table: DEFAULT_TABLE.into()
+        }
+    );
+    let redis = with(
+        &["store"],
+        json!({"redis": {"urlSecretRef": {"name": "cache", "key": "redis-url"}}}),
+    );
+    let valid = validate(&redis).unwrap();
+    assert_eq!(
+        valid.store.to_string(),
+        "Redis at the URL in Secret cache key redis-url"
+    );
+    let cases: Vec<(DistributedLease, &str)> = vec![
+        (
+            with(&["store", "postgres"], secret.clone()),
+            "spec.store must set exactly one of spanner, postgres and redis",
+        ),
+        (with(&["store"], json!({})), "spec.store must set exactly one"),
+        (
+            with(&["store"], json!({"postgres": {"urlSecretRef": {"name": "Leases_DB"}}})),
+            "spec.store.postgres.urlSecretRef.name must be a Secret name",
+        ),
+        (
+            with(
+                &["store"],
+                json!({"redis": {"urlSecretRef": {"name": "c", "key": "a/b"}}}),
+            ),
+            "spec.store.redis.urlSecretRef.key must be a Secret key",
+        ),
+        (
+            with(
+                &["store"],
+                json!({"postgres": {"urlSecretRef": {"name": "db"}, "table": "t".repeat(49)}}),
+            ),
+            "spec.store.postgres.table must be a letter followed by up to 47",
+        ),
+    ];
+    for (lease, expected) in cases {
+        let message = validate(&lease).unwrap_err().to_string();
+        assert!(message.starts_with(expected), "got {message:?}, want {expected:?}");
+    }
+    // No field of the store schema can hold a URL or a password.
+    let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    let store = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["store"];
+    assert_eq!(
+        store["x-kubernetes-validations"][0]["rule"],
+        "[has(self.spanner), has(self.postgres), has(self.redis)].filter(x, x).size() == 1"
+    );
+    let fields = |kind: &str| -> Vec<String> {
+        store["properties"][kind]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(fields("postgres"), ["table", "urlSecretRef"]);
+    assert_eq!(fields("redis"), ["urlSecretRef"]);
 }
 
 #[test]

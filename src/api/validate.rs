@@ -3,15 +3,50 @@
 
 use kube::core::Selector;
 
-use super::DistributedLease;
+use super::{DistributedLease, SecretKeyRef};
 use crate::lease::{Timing, TimingError};
 use crate::store::spanner::SpannerConfig;
+
+/// The store a valid lease names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidStore {
+    Spanner(SpannerConfig),
+    /// The URL is in the Secret, mounted into the sidecar.
+    Postgres {
+        url_secret: SecretKeyRef,
+        table: String,
+    },
+    Redis {
+        url_secret: SecretKeyRef,
+    },
+}
+
+impl std::fmt::Display for ValidStore {
+    /// Where the leases are, for conditions and logs; never a credential.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValidStore::Spanner(c) => write!(f, "{} (table {})", c.database, c.table),
+            ValidStore::Postgres { url_secret, table } => write!(
+                f,
+                "PostgreSQL at the URL in Secret {} key {} (table {table})",
+                url_secret.name, url_secret.key
+            ),
+            ValidStore::Redis { url_secret } => {
+                write!(
+                    f,
+                    "Redis at the URL in Secret {} key {}",
+                    url_secret.name, url_secret.key
+                )
+            }
+        }
+    }
+}
 
 /// A spec that passed [`validate`], with the values parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidLease {
     pub lock: String,
-    pub spanner: SpannerConfig,
+    pub store: ValidStore,
     pub timing: Timing,
     /// The candidate selector; `to_string()` gives the API form (`app=x,tier in (a,b)`).
     pub selector: Selector,
@@ -55,9 +90,7 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
             ));
         }
     }
-    let spanner = &spec.store.spanner;
-    check_database(&spanner.database)?;
-    check_table(&spanner.table)?;
+    let store = check_store(&spec.store)?;
     let timing = Timing::parse(
         &spec.lease_duration,
         &spec.renew_deadline,
@@ -68,15 +101,82 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     check_label_key(&spec.publishing.label_key)?;
     Ok(ValidLease {
         lock: lease.lock_name(),
-        spanner: SpannerConfig {
-            database: spanner.database.clone(),
-            table: spanner.table.clone(),
-        },
+        store,
         timing,
         selector,
         label_key: spec.publishing.label_key.clone(),
         readiness_gate: spec.publishing.readiness_gate,
     })
+}
+
+/// Exactly one store, each field checked; a Secret reference, never a URL.
+fn check_store(store: &super::LeaseStoreSpec) -> Result<ValidStore> {
+    let set = [store.spanner.is_some(), store.postgres.is_some(), store.redis.is_some()];
+    if set.iter().filter(|s| **s).count() != 1 {
+        return Err(invalid(
+            "spec.store",
+            "must set exactly one of spanner, postgres and redis",
+        ));
+    }
+    if let Some(spanner) = &store.spanner {
+        check_database(&spanner.database)?;
+        check_table(&spanner.table, "spec.store.spanner.table", 128)?;
+        return Ok(ValidStore::Spanner(SpannerConfig {
+            database: spanner.database.clone(),
+            table: spanner.table.clone(),
+        }));
+    }
+    if let Some(postgres) = &store.postgres {
+        check_secret(&postgres.url_secret_ref, "spec.store.postgres.urlSecretRef")?;
+        check_table(&postgres.table, "spec.store.postgres.table", 48)?;
+        return Ok(ValidStore::Postgres {
+            url_secret: postgres.url_secret_ref.clone(),
+            table: postgres.table.clone(),
+        });
+    }
+    let redis = store.redis.as_ref().expect("exactly one store is set");
+    check_secret(&redis.url_secret_ref, "spec.store.redis.urlSecretRef")?;
+    Ok(ValidStore::Redis {
+        url_secret: redis.url_secret_ref.clone(),
+    })
+}
+
+/// A Secret name (a DNS subdomain) and a Secret data key.
+fn check_secret(secret: &SecretKeyRef, field: &'static str) -> Result<()> {
+    let name_ok = !secret.name.is_empty()
+        && secret.name.len() <= 253
+        && secret.name.split('.').all(|l| {
+            !l.is_empty()
+                && l.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && l.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    if !name_ok {
+        return Err(ValidationError::Field {
+            field: format!("{field}.name"),
+            message: format!(
+                "must be a Secret name (a lowercase DNS subdomain), got {:?}",
+                secret.name
+            ),
+        });
+    }
+    let key_ok = !secret.key.is_empty()
+        && secret.key.len() <= 253
+        && secret
+            .key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if !key_ok {
+        return Err(ValidationError::Field {
+            field: format!("{field}.key"),
+            message: format!(
+                "must be a Secret key (letters, digits, '-', '_' or '.'), got {:?}",
+                secret.key
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn check_database(database: &str) -> Result<()> {
@@ -95,17 +195,20 @@ fn check_database(database: &str) -> Result<()> {
     }
 }
 
-fn check_table(table: &str) -> Result<()> {
+fn check_table(table: &str, field: &'static str, max_len: usize) -> Result<()> {
     let mut chars = table.chars();
     let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && table.len() <= 128;
+        && table.len() <= max_len;
     if identifier {
         Ok(())
     } else {
         Err(invalid(
-            "spec.store.spanner.table",
-            format!("must be a letter followed by up to 127 letters, digits or underscores, got {table:?}"),
+            field,
+            format!(
+                "must be a letter followed by up to {} letters, digits or underscores, got {table:?}",
+                max_len - 1
+            ),
         ))
     }
 }

@@ -31,10 +31,13 @@ impl StoreTime {
     }
 }
 
-/// The fencing token: the store's commit timestamp of the acquisition, in
-/// nanoseconds since the epoch. It strictly increases across terms, so a
-/// downstream system that accepts only tokens >= the highest it has seen
-/// rejects a deposed leader's late writes.
+/// The fencing token, handed out by the store at each acquisition (Spanner:
+/// the commit timestamp in nanoseconds since the epoch; PostgreSQL: a
+/// sequence started at the server's clock in nanoseconds; Redis: a per-lock
+/// counter following the server's clock in microseconds). Only its order
+/// means anything: it strictly increases across terms, so a downstream
+/// system that accepts only tokens >= the highest it has seen rejects a
+/// deposed leader's late writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct FencingToken(pub i64);

@@ -183,8 +183,9 @@ impl Context {
 
     /// The store for a valid lease, with its table created the first time.
     async fn store(&self, valid: &ValidLease) -> Result<Arc<dyn LeaseStore>, StoreError> {
-        let store = self.stores.store(&valid.spanner).await?;
-        let key = (valid.spanner.database.clone(), valid.spanner.table.clone());
+        let config = spanner_of(valid)?;
+        let store = self.stores.store(config).await?;
+        let key = (config.database.clone(), config.table.clone());
         let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
         if !known {
             store.ensure_schema().await?;
@@ -192,6 +193,18 @@ impl Context {
             self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
         }
         Ok(store)
+    }
+}
+
+/// The operator reads and prepares Spanner stores. PostgreSQL and Redis
+/// leases are elected by their sidecars from the URL in a Secret the
+/// operator does not read, so it reports them as not readable here.
+fn spanner_of(valid: &ValidLease) -> Result<&crate::store::spanner::SpannerConfig, StoreError> {
+    match &valid.store {
+        crate::api::ValidStore::Spanner(config) => Ok(config),
+        other => Err(StoreError::invalid(format!(
+            "{other}: the operator does not read PostgreSQL or Redis leases yet (the sidecars elect on them)"
+        ))),
     }
 }
 
@@ -391,7 +404,10 @@ fn observed_status(
             condition(old, generation, "Ready", "False", "NoLeader", &message)
         }
     };
-    let table = format!("table {} in {} is ready", valid.spanner.table, valid.spanner.database);
+    let table = match &valid.store {
+        crate::api::ValidStore::Spanner(c) => format!("table {} in {} is ready", c.table, c.database),
+        other => format!("{other} is ready"),
+    };
     DistributedLeaseStatus {
         conditions: vec![
             valid_condition,
@@ -485,7 +501,7 @@ fn changed_message(old: &DistributedLeaseStatus, kind: &str, status: &str, messa
 
 /// Reason and message for a store that could not be used, naming what to fix.
 fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, String) {
-    let place = format!("{} (table {})", valid.spanner.database, valid.spanner.table);
+    let place = valid.store.to_string();
     match error {
         StoreError::Invalid { .. } => (
             "StoreMisconfigured",
@@ -574,10 +590,12 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
         info!("invalid spec: no lock row to release");
         return Ok(());
     };
-    let observed = match ctx.stores.store(&valid.spanner).await {
-        Ok(store) => store.observe(&valid.lock).await.map(|observed| (store, observed)),
-        Err(e) => Err(e),
-    };
+    let observed = async {
+        let store = ctx.stores.store(spanner_of(&valid)?).await?;
+        let observed = store.observe(&valid.lock).await?;
+        Ok((store, observed))
+    }
+    .await;
     let (store, observed) = match observed {
         Ok(found) => found,
         Err(e @ StoreError::Invalid { .. }) => {

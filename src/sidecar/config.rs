@@ -8,8 +8,11 @@ use std::time::Duration;
 use kube::Api;
 
 use super::{Error, Result, interface};
-use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
+use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
 use crate::lease::{Identity, Timing};
+use crate::store::StoreUrl;
+use crate::store::postgres::PostgresConfig;
+use crate::store::redis::RedisConfig;
 use crate::store::spanner::SpannerConfig;
 use tracing::{debug, info, warn};
 
@@ -17,6 +20,8 @@ use tracing::{debug, info, warn};
 pub enum StoreKind {
     Memory,
     Spanner,
+    Postgres,
+    Redis,
 }
 
 /// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
@@ -32,9 +37,16 @@ pub struct ElectionArgs {
     /// Standalone: the Spanner database, projects/<p>/instances/<i>/databases/<d>.
     #[arg(long, env = "LEASEHOLD_DATABASE")]
     pub database: Option<String>,
-    /// Standalone: the lease table.
+    /// Standalone: the lease table (Spanner, PostgreSQL).
     #[arg(long, env = "LEASEHOLD_TABLE")]
     pub table: Option<String>,
+    /// Standalone: the PostgreSQL or Redis URL, credentials included
+    /// (postgres://user:password@host/db, redis://:password@host:6379/0).
+    #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
+    /// A file holding the store URL (a mounted Secret), instead of --store-url.
+    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE")]
+    pub store_url_file: Option<PathBuf>,
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
     pub lock: Option<String>,
@@ -112,6 +124,140 @@ impl ElectionArgs {
 pub enum StoreChoice {
     Memory,
     Spanner(SpannerConfig),
+    Postgres(PostgresConfig),
+    Redis(RedisConfig),
+}
+
+/// The store URL from --store-url or --store-url-file (read now, trimmed).
+pub fn store_url(url: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<StoreUrl>> {
+    match (url, file) {
+        (Some(_), Some(_)) => Err(Error::Config("--store-url contradicts --store-url-file".into())),
+        (Some(url), None) => Ok(Some(StoreUrl::new(url))),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Config(format!("--store-url-file {}: {e}", path.display())))?;
+            match text.trim() {
+                "" => Err(Error::Config(format!("--store-url-file {} is empty", path.display()))),
+                url => Ok(Some(StoreUrl::new(url))),
+            }
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// The store a `DistributedLease` names. PostgreSQL and Redis URLs come
+/// from the Secret it references, which the webhook mounts into the sidecar
+/// and names with LEASEHOLD_STORE_URL_FILE.
+fn lease_store(store: &ValidStore, args: &ElectionArgs) -> Result<StoreChoice> {
+    let url = || -> Result<StoreUrl> {
+        store_url(None, args.store_url_file.as_deref())?.ok_or_else(|| {
+            Error::Config(format!(
+                "the lease's store is {store}: mount that Secret key and pass its path as --store-url-file \
+                 (LEASEHOLD_STORE_URL_FILE)"
+            ))
+        })
+    };
+    Ok(match store {
+        ValidStore::Spanner(config) => StoreChoice::Spanner(config.clone()),
+        ValidStore::Postgres { table, .. } => {
+            let config = PostgresConfig {
+                url: url()?,
+                table: table.clone(),
+            };
+            crate::store::postgres::parse_url(&config.url)?;
+            StoreChoice::Postgres(config)
+        }
+        ValidStore::Redis { .. } => {
+            let config = RedisConfig {
+                url: url()?,
+                prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+            };
+            crate::store::redis::parse_url(&config.url)?;
+            StoreChoice::Redis(config)
+        }
+    })
+}
+
+/// Whether a lease still names the store a sidecar started on (the URL
+/// behind a Secret is not compared: it is read once at start).
+fn same_store(store: &ValidStore, started: &StoreChoice) -> bool {
+    match (store, started) {
+        (ValidStore::Spanner(a), StoreChoice::Spanner(b)) => a == b,
+        (ValidStore::Postgres { table, .. }, StoreChoice::Postgres(b)) => *table == b.table,
+        (ValidStore::Redis { .. }, StoreChoice::Redis(_)) => true,
+        _ => false,
+    }
+}
+
+/// The standalone store from its flags: --store, --database, --table and the
+/// URL (from [`store_url`]); every contradiction named by its flags.
+pub fn choose_store(
+    kind: Option<StoreKind>,
+    database: Option<&str>,
+    table: Option<&str>,
+    url: Option<StoreUrl>,
+) -> Result<StoreChoice> {
+    let store = match (kind, database) {
+        (Some(kind @ (StoreKind::Postgres | StoreKind::Redis)), database) => {
+            let flag = if kind == StoreKind::Postgres {
+                "postgres"
+            } else {
+                "redis"
+            };
+            if database.is_some() {
+                return Err(Error::Config(format!("--database contradicts --store {flag}")));
+            }
+            let url =
+                url.ok_or_else(|| Error::Config(format!("--store {flag} needs --store-url or --store-url-file")))?;
+            if kind == StoreKind::Postgres {
+                let config = PostgresConfig {
+                    url,
+                    table: table.unwrap_or(DEFAULT_TABLE).to_string(),
+                };
+                crate::store::postgres::validate_table(&config.table)?;
+                crate::store::postgres::parse_url(&config.url)?;
+                StoreChoice::Postgres(config)
+            } else {
+                if table.is_some() {
+                    return Err(Error::Config(
+                        "--table contradicts --store redis (keys, not tables)".into(),
+                    ));
+                }
+                let config = RedisConfig {
+                    url,
+                    prefix: crate::store::redis::DEFAULT_PREFIX.into(),
+                };
+                crate::store::redis::parse_url(&config.url)?;
+                StoreChoice::Redis(config)
+            }
+        }
+        (_, _) if url.is_some() => {
+            return Err(Error::Config(
+                "--store-url (or --store-url-file) needs --store postgres or --store redis".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(Error::Config(
+                "--store memory|spanner|postgres|redis (or --lease) is required".into(),
+            ));
+        }
+        (Some(StoreKind::Memory), Some(_)) => {
+            return Err(Error::Config("--database contradicts --store memory".into()));
+        }
+        (Some(StoreKind::Memory), None) => StoreChoice::Memory,
+        (_, Some(database)) => StoreChoice::Spanner(SpannerConfig {
+            database: database.to_string(),
+            table: table.unwrap_or(DEFAULT_TABLE).to_string(),
+        }),
+        (Some(StoreKind::Spanner), None) => {
+            return Err(Error::Config("--store spanner needs --database".into()));
+        }
+    };
+    if let StoreChoice::Spanner(config) = &store {
+        crate::store::spanner::validate_database(&config.database)?;
+        crate::store::spanner::validate_table(&config.table)?;
+    }
+    Ok(store)
 }
 
 /// Where and how leadership is published on the pod.
@@ -183,6 +329,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 ("--store", args.store.is_some()),
                 ("--database", args.database.is_some()),
                 ("--table", args.table.is_some()),
+                ("--store-url", args.store_url.is_some()),
                 ("--lock", args.lock.is_some()),
                 ("--lease-duration", args.lease_duration.is_some()),
                 ("--renew-deadline", args.renew_deadline.is_some()),
@@ -209,7 +356,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 lock: valid.lock,
                 identity,
                 timing: valid.timing,
-                store: StoreChoice::Spanner(valid.spanner),
+                store: lease_store(&valid.store, args)?,
                 publishing: Publishing {
                     label_key: valid.label_key,
                     selector: valid.selector.to_string(),
@@ -229,26 +376,8 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 args.retry_period.as_deref().unwrap_or("2s"),
                 0.1,
             )?;
-            let store = match (args.store, &args.database) {
-                (None, None) => {
-                    return Err(Error::Config("--store memory|spanner (or --lease) is required".into()));
-                }
-                (Some(StoreKind::Memory), Some(_)) => {
-                    return Err(Error::Config("--database contradicts --store memory".into()));
-                }
-                (Some(StoreKind::Memory), None) => StoreChoice::Memory,
-                (_, Some(database)) => StoreChoice::Spanner(SpannerConfig {
-                    database: database.clone(),
-                    table: args.table.clone().unwrap_or_else(|| DEFAULT_TABLE.into()),
-                }),
-                (Some(StoreKind::Spanner), None) => {
-                    return Err(Error::Config("--store spanner needs --database".into()));
-                }
-            };
-            if let StoreChoice::Spanner(config) = &store {
-                crate::store::spanner::validate_database(&config.database)?;
-                crate::store::spanner::validate_table(&config.table)?;
-            }
+            let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
+            let store = choose_store(args.store, args.database.as_deref(), args.table.as_deref(), url)?;
             Ok(Settings {
                 publishing: Publishing::standalone(&lock),
                 lock,
@@ -299,7 +428,7 @@ pub async fn watch_lease(
                     timing = valid.timing;
                 }
                 let moved = valid.lock != started.lock
-                    || StoreChoice::Spanner(valid.spanner) != started.store
+                    || !same_store(&valid.store, &started.store)
                     || valid.label_key != started.publishing.label_key;
                 if moved {
                     warn!(%lease, "the lease's lock, store or label key changed; restart the pod to apply");
@@ -330,7 +459,79 @@ mod tests {
     async fn standalone_settings_need_a_lock_and_a_store_and_agree_with_each_other() {
         let cases: &[(&[&str], &str)] = &[
             (&["--store", "memory"], "--lock (or --lease) is required"),
-            (&["--lock", "l"], "--store memory|spanner (or --lease) is required"),
+            (
+                &["--lock", "l"],
+                "--store memory|spanner|postgres|redis (or --lease) is required",
+            ),
+            (
+                &["--lock", "l", "--store", "postgres"],
+                "--store postgres needs --store-url or --store-url-file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--table",
+                    "t",
+                ],
+                "--table contradicts --store redis",
+            ),
+            (
+                &["--lock", "l", "--store", "memory", "--store-url", "redis://h"],
+                "--store-url (or --store-url-file) needs --store postgres or --store redis",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--store-url-file",
+                    "/f",
+                ],
+                "--store-url contradicts --store-url-file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url-file",
+                    "/nonexistent/url",
+                ],
+                "--store-url-file /nonexistent/url: No such file",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url",
+                    "postgres://u:hunter2@db/x?sslmode=require",
+                ],
+                "asks for sslmode=require",
+            ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "postgres",
+                    "--store-url",
+                    "postgres://db/x",
+                    "--table",
+                    "bad-name",
+                ],
+                "is not a valid PostgreSQL identifier",
+            ),
             (
                 &["--lock", "l", "--store", "spanner"],
                 "--store spanner needs --database",
@@ -408,6 +609,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn standalone_postgres_and_redis_settings_read_the_url_from_a_flag_or_a_file() {
+        let dir = std::env::temp_dir().join(format!("leasehold-url-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("url");
+        std::fs::write(&file, "postgres://app:hunter2@db:5432/leases\n").unwrap();
+        let s = settings(&[
+            "--lock",
+            "l",
+            "--store",
+            "postgres",
+            "--store-url-file",
+            file.to_str().unwrap(),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            s.store,
+            StoreChoice::Postgres(PostgresConfig {
+                url: StoreUrl::new("postgres://app:hunter2@db:5432/leases"),
+                table: DEFAULT_TABLE.into()
+            })
+        );
+        assert!(
+            !format!("{:?}", s.store).contains("hunter2"),
+            "settings are logged with Debug"
+        );
+        let s = settings(&["--lock", "l", "--store", "redis", "--store-url", "redis://cache:6379/0"])
+            .await
+            .unwrap();
+        assert_eq!(
+            s.store,
+            StoreChoice::Redis(RedisConfig {
+                url: StoreUrl::new("redis://cache:6379/0"),
+                prefix: crate::store::redis::DEFAULT_PREFIX.into()
+            })
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
     async fn with_lease_every_setting_comes_from_the_resource() {
         let api = api_server();
         api.insert(
@@ -450,6 +691,62 @@ mod tests {
         );
         assert_eq!(s.pod.unwrap().name, "web-0");
         assert!(s.identity.to_string().starts_with("prod/web-0#"));
+    }
+
+    /// A PostgreSQL lease: the URL comes from the file the webhook mounts
+    /// from the named Secret; without it, the error says what to mount.
+    #[tokio::test]
+    async fn a_postgres_lease_takes_its_url_from_the_mounted_secret_file() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let file = std::env::temp_dir().join(format!("leasehold-url-{:08x}", rand::random::<u32>()));
+        std::fs::write(&file, "postgres://app:pw@db/leases").unwrap();
+        for with_file in [true, false] {
+            let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let client = kube::Client::new(service, "prod");
+            tokio::spawn(async move {
+                let (_, send) = server.next_request().await.expect("GET the lease");
+                let lease = serde_json::json!({
+                    "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                    "metadata": {"name": "web", "namespace": "prod"},
+                    "spec": {
+                        "store": {"postgres": {"urlSecretRef": {"name": "leases-db"}, "table": "web_leases"}},
+                        "selector": {"matchLabels": {"app": "web"}},
+                    }
+                });
+                send.send_response(Response::new(Body::from(serde_json::to_vec(&lease).unwrap())));
+            });
+            let mut argv = vec![
+                "sidecar",
+                "--lease",
+                "web",
+                "--pod-name",
+                "web-0",
+                "--pod-namespace",
+                "prod",
+            ];
+            if with_file {
+                argv.extend(["--store-url-file", file.to_str().unwrap()]);
+            }
+            let cli = Cli::parse_from(argv);
+            let resolved = resolve(&cli.args.election, Some(client)).await;
+            if with_file {
+                assert_eq!(
+                    resolved.unwrap().store,
+                    StoreChoice::Postgres(PostgresConfig {
+                        url: StoreUrl::new("postgres://app:pw@db/leases"),
+                        table: "web_leases".into()
+                    })
+                );
+            } else {
+                let err = resolved.unwrap_err().to_string();
+                assert!(
+                    err.contains("Secret leases-db key url") && err.contains("--store-url-file"),
+                    "{err}"
+                );
+            }
+        }
+        std::fs::remove_file(&file).unwrap();
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@
 //! exits at once. The HTTP API starts before the store is reached: a store
 //! unreachable at start is retried and reported (`starting`), not an exit.
 
+pub mod budget;
 pub mod config;
 pub mod health;
 pub mod http;
@@ -74,7 +75,7 @@ pub async fn run(args: Args) -> Result<()> {
     let metrics = Metrics::new(&mut registry);
     let (starting_tx, starting) = tokio::sync::watch::channel(None);
     let (choice, metered) = (settings.store.clone(), metrics.clone());
-    let store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
+    let starting_store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
         move || {
             let (choice, metrics) = (choice.clone(), metered.clone());
             Box::pin(async move {
@@ -84,6 +85,12 @@ pub async fn run(args: Args) -> Result<()> {
         },
         args.election.create_table,
         starting_tx,
+    ));
+    // The renewal budget watches what the elector sees: every call, once connected.
+    let store: Arc<dyn LeaseStore> = Arc::new(budget::RenewBudget::new(
+        starting_store,
+        &settings.timing,
+        &mut registry,
     ));
 
     let http = bind(args.http_addr).await?;
@@ -247,6 +254,8 @@ pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>, crate:
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
         StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+        StoreChoice::Postgres(config) => Arc::new(crate::store::postgres::PostgresStore::connect(config.clone())?),
+        StoreChoice::Redis(config) => Arc::new(crate::store::redis::RedisStore::connect(config.clone())?),
     })
 }
 

@@ -4,8 +4,131 @@
 #[cfg(feature = "testing")]
 pub mod conformance;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "spanner")]
 pub mod spanner;
 
 pub use crate::lease::store::{LeaseStore, Result, StoreError};
 pub use memory::{Faults, MemoryStore};
+
+/// FNV-1a 64 of the lock name, mod 1024: the leading primary-key column of
+/// the SQL stores, so that a hot set of locks spreads over splits (Spanner)
+/// and ranges (CockroachDB) instead of one key range.
+pub fn shard_of(name: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % 1024) as i64
+}
+
+/// A table name usable in SQL text: a letter, then letters, digits or `_`,
+/// at most `max_len` characters. `dialect` names the store in the error.
+pub fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> {
+    let mut chars = table.chars();
+    let valid = table.len() <= max_len
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "table {table:?} is not a valid {dialect} identifier (a letter, then letters, digits or '_', at most {max_len})"
+        )))
+    }
+}
+
+/// A store URL that may carry a password: shown with the password replaced,
+/// so settings can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl(String);
+
+impl StoreUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        StoreUrl(url.into().trim().to_string())
+    }
+
+    /// The URL itself, for the driver only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `scheme://user:***@host/...`: the password (between the first `:` after
+    /// `//` and the last `@` before the path) replaced.
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(start) = url.find("://").map(|i| i + 3) else {
+            return "<not a URL>".into();
+        };
+        let authority_end = url[start..].find(['/', '?']).map_or(url.len(), |i| start + i);
+        let authority = &url[start..authority_end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+                let masked = if userinfo.contains(':') { ":***" } else { "" };
+                format!("{}{user}{masked}{}", &url[..start], &url[start + at..])
+            }
+            None => url.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_is_fnv1a_64_mod_1024() {
+        // FNV-1a 64 of "" is the offset basis; of "a" it is 0xaf63dc4c8601ec8c.
+        assert_eq!(shard_of(""), (0xcbf2_9ce4_8422_2325_u64 % 1024) as i64);
+        assert_eq!(shard_of("a"), (0xaf63_dc4c_8601_ec8c_u64 % 1024) as i64);
+        assert!((0..1024).contains(&shard_of("prod/scheduler")));
+    }
+
+    #[test]
+    fn table_names_are_identifiers() {
+        validate_table("leasehold_leases", "Spanner", 128).unwrap();
+        validate_table("L1", "Spanner", 128).unwrap();
+        for bad in [
+            "",
+            "1abc",
+            "lease-table",
+            "leases; DROP TABLE x",
+            "a b",
+            &"x".repeat(129),
+        ] {
+            let err = validate_table(bad, "Spanner", 128).unwrap_err().to_string();
+            assert!(err.contains("is not a valid Spanner identifier"), "{bad}: {err}");
+        }
+        let err = validate_table(&"x".repeat(49), "PostgreSQL", 48)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 48"), "{err}");
+    }
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        let shown = |u: &str| StoreUrl::new(u).redacted();
+        assert_eq!(
+            shown("postgres://app:s3cr@t@db:5432/leases?sslmode=disable"),
+            "postgres://app:***@db:5432/leases?sslmode=disable"
+        );
+        assert_eq!(shown("redis://:pw@cache:6379/0"), "redis://:***@cache:6379/0");
+        assert_eq!(shown("redis://cache:6379"), "redis://cache:6379");
+        assert_eq!(shown("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(shown("host=db password=x"), "<not a URL>");
+        let debug = format!("{:?}", StoreUrl::new("redis://u:hunter2@h"));
+        assert!(!debug.contains("hunter2"), "{debug}");
+    }
+}

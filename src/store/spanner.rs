@@ -29,6 +29,7 @@ use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use google_cloud_wkt::Timestamp;
 use tracing::info;
 
+use super::shard_of;
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -151,29 +152,9 @@ async fn read_in(
     SpannerStore::read_row(lock, tx.execute_query(keyed(&queries.read, lock).build()).await?).await
 }
 
-/// FNV-1a 64 of the lock name, mod 1024: spreads hot lock sets over splits.
-pub fn shard_of(name: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in name.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (hash % 1024) as i64
-}
-
-/// A table name usable in SQL text: a letter, then letters, digits or `_`.
+/// A table name usable in Spanner SQL text.
 pub fn validate_table(table: &str) -> Result<()> {
-    let mut chars = table.chars();
-    let valid = table.len() <= 128
-        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(StoreError::invalid(format!(
-            "table {table:?} is not a valid Spanner identifier (a letter, then letters, digits or '_', at most 128)"
-        )))
-    }
+    super::validate_table(table, "Spanner", 128)
 }
 
 /// `projects/P/instances/I/databases/D`, each part non-empty.
@@ -660,31 +641,6 @@ mod tests {
             ring.cipher_suites.iter().map(|s| s.suite()).collect::<Vec<_>>()
         );
         let _client = rustls::ClientConfig::builder().with_root_certificates(rustls::RootCertStore::empty());
-    }
-
-    #[test]
-    fn shard_is_fnv1a_64_mod_1024() {
-        // FNV-1a 64 of "" is the offset basis; of "a" it is 0xaf63dc4c8601ec8c.
-        assert_eq!(shard_of(""), (0xcbf2_9ce4_8422_2325_u64 % 1024) as i64);
-        assert_eq!(shard_of("a"), (0xaf63_dc4c_8601_ec8c_u64 % 1024) as i64);
-        assert!((0..1024).contains(&shard_of("prod/scheduler")));
-    }
-
-    #[test]
-    fn table_names_are_identifiers() {
-        validate_table("leasehold_leases").unwrap();
-        validate_table("L1").unwrap();
-        for bad in [
-            "",
-            "1abc",
-            "lease-table",
-            "leases; DROP TABLE x",
-            "a b",
-            &"x".repeat(129),
-        ] {
-            let err = validate_table(bad).unwrap_err().to_string();
-            assert!(err.contains("is not a valid Spanner identifier"), "{bad}: {err}");
-        }
     }
 
     #[test]

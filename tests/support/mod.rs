@@ -58,17 +58,33 @@ impl Sidecar {
         lock: &str,
         extra: &[String],
     ) -> Sidecar {
+        let store = [
+            "--database".to_string(),
+            config.database.clone(),
+            "--table".to_string(),
+            config.table.clone(),
+        ];
+        let env = [
+            ("SPANNER_EMULATOR_HOST".to_string(), proxy.addr.to_string()),
+            ("SPANNER_EMULATOR_REST".to_string(), emulator.rest.clone()),
+        ];
+        Sidecar::launch(name, proxy, lock, &store, &env, extra)
+    }
+
+    /// A sidecar on any store: `store` are its store flags, `env` its store
+    /// environment; `proxy` is the test's handle on its store connection.
+    pub fn launch(
+        name: &str,
+        proxy: TcpProxy,
+        lock: &str,
+        store: &[String],
+        env: &[(String, String)],
+        extra: &[String],
+    ) -> Sidecar {
         let (http, metrics) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-            .args([
-                "sidecar",
-                "--lock",
-                lock,
-                "--database",
-                &config.database,
-                "--table",
-                &config.table,
-            ])
+            .args(["sidecar", "--lock", lock])
+            .args(store)
             .args(["--pod-name", name, "--kubernetes", "false"])
             .args([
                 "--http-addr",
@@ -82,8 +98,7 @@ impl Sidecar {
             .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
             .env("LEASEHOLD_RETRY_PERIOD", "300ms")
             .env("LEASEHOLD_DRAIN", "200ms")
-            .env("SPANNER_EMULATOR_HOST", proxy.addr.to_string())
-            .env("SPANNER_EMULATOR_REST", &emulator.rest)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("LEASEHOLD_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()

@@ -1,0 +1,167 @@
+//! Watches how much of the renewal budget R − P the store's renewals use: a
+//! leader whose renewals take a large share of it has little room left for
+//! a slow or failed one before its deadline. Exposed as the gauge
+//! `leasehold_renew_budget_used` (p99 of the last renewals ÷ (R − P)) and a
+//! warning when it crosses [`AT_RISK_SHARE`], the same margin
+//! `leasehold advise` keeps when it suggests a timing.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::advise::Latencies;
+use crate::lease::store::Result;
+use crate::lease::{FencingToken, Grant, LeaseStore, Observation, Timing};
+
+/// Renewal p99 above this share of R − P puts the timing at risk.
+pub const AT_RISK_SHARE: f64 = 0.25;
+/// Renewals the p99 is taken over.
+const WINDOW: usize = 100;
+/// Renewals needed before judging.
+const MIN_SAMPLES: usize = 20;
+
+/// A store decorator that times renewals against the budget.
+pub struct RenewBudget {
+    store: Arc<dyn LeaseStore>,
+    budget: Duration,
+    samples: Mutex<VecDeque<Duration>>,
+    used: Gauge<f64, AtomicU64>,
+    at_risk: AtomicBool,
+}
+
+impl RenewBudget {
+    pub fn new(store: Arc<dyn LeaseStore>, timing: &Timing, registry: &mut Registry) -> Self {
+        let used = Gauge::<f64, AtomicU64>::default();
+        registry.sub_registry_with_prefix("leasehold").register(
+            "renew_budget_used",
+            "p99 of the last 100 renewals as a share of R - P; above 0.25 the timing is at risk",
+            used.clone(),
+        );
+        RenewBudget {
+            store,
+            budget: timing.renew_deadline.saturating_sub(timing.retry_period),
+            samples: Mutex::new(VecDeque::with_capacity(WINDOW)),
+            used,
+            at_risk: AtomicBool::new(false),
+        }
+    }
+
+    /// The share of the budget the p99 renewal uses, once there are enough renewals.
+    pub fn used(&self) -> Option<f64> {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.len() < MIN_SAMPLES || self.budget.is_zero() {
+            return None;
+        }
+        let p99 = Latencies::new(samples.iter().copied().collect()).quantile(0.99);
+        Some(p99.as_secs_f64() / self.budget.as_secs_f64())
+    }
+
+    fn record(&self, latency: Duration) {
+        {
+            let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+            if samples.len() == WINDOW {
+                samples.pop_front();
+            }
+            samples.push_back(latency);
+        }
+        let Some(used) = self.used() else { return };
+        self.used.set(used);
+        let at_risk = used > AT_RISK_SHARE;
+        if at_risk != self.at_risk.swap(at_risk, std::sync::atomic::Ordering::Relaxed) {
+            if at_risk {
+                warn!(
+                    used = format!("{:.0} %", used * 100.0),
+                    budget = ?self.budget,
+                    "renewals use more than a quarter of R - P: a slow renewal may miss the deadline; \
+                     run `leasehold advise` against this store and raise R (and D)"
+                );
+            } else {
+                info!(
+                    used = format!("{:.0} %", used * 100.0),
+                    "renewals are back within their budget"
+                );
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for RenewBudget {
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        self.store.ensure_schema().await
+    }
+
+    async fn observe(&self, lock: &str) -> Result<Observation> {
+        self.store.observe(lock).await
+    }
+
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+        self.store.acquire(lock, holder, lease).await
+    }
+
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
+        let sent = Instant::now();
+        let renewed = self.store.renew(lock, holder, token, lease).await;
+        if renewed.is_ok() {
+            self.record(sent.elapsed());
+        }
+        renewed
+    }
+
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+        self.store.release(lock, holder, token).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Faults, MemoryStore};
+
+    async fn renewals(latency: Duration) -> (RenewBudget, Registry) {
+        let memory = MemoryStore::new(1);
+        memory.set_faults(Faults {
+            latency,
+            ..Default::default()
+        });
+        let mut registry = Registry::default();
+        let timing = Timing::parse("2s", "600ms", "200ms", 0.1).unwrap();
+        let budget = RenewBudget::new(Arc::new(memory), &timing, &mut registry);
+        let lease = Duration::from_secs(30);
+        let grant = budget.acquire("l", "a", lease).await.unwrap();
+        for _ in 0..MIN_SAMPLES {
+            budget.renew("l", "a", grant.token, lease).await.unwrap();
+        }
+        (budget, registry)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_renewals_are_reported_as_a_share_of_r_minus_p() {
+        // 2 × 60 ms per call against R − P = 400 ms: 30 %.
+        let (budget, registry) = renewals(Duration::from_millis(60)).await;
+        let used = budget.used().unwrap();
+        assert!((used - 0.3).abs() < 0.01, "{used}");
+        assert!(budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("leasehold_renew_budget_used 0.3"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fast_renewals_are_not_at_risk() {
+        let (budget, _) = renewals(Duration::from_millis(5)).await;
+        assert!(budget.used().unwrap() < AT_RISK_SHARE);
+        assert!(!budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+    }
+}

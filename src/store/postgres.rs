@@ -1,0 +1,494 @@
+//! The PostgreSQL store (and CockroachDB, which speaks its protocol), on
+//! `tokio-postgres` with a small `deadpool-postgres` pool.
+//!
+//! * acquire, renew and release are one SQL statement each, run in its own
+//!   implicit transaction (S7): the statement *is* the commit, so there is no
+//!   window between a decision and its write, and each costs one round trip.
+//!   Renew and release are check-and-set on holder *and* token (S6, S8).
+//! * Expiry is judged by the server's clock, `clock_timestamp()`, evaluated
+//!   while the statement holds the row's lock (S3). `now()` would be the
+//!   transaction's *start*, which can precede a long wait for that lock.
+//! * The fencing token is `nextval()` of one sequence (`CACHE 1`, so values
+//!   are handed out in call order), called in the `UPDATE` that takes an
+//!   existing row, i.e. after the row lock is held, so a later term always
+//!   draws a later value. The sequence is not tied to the table: a deleted
+//!   and recreated row keeps drawing from it. `ensure_schema` starts it at the
+//!   server's clock in nanoseconds, so even a dropped and recreated sequence
+//!   starts above every token handed out before (unless the server clock went
+//!   back), and tokens look like the Spanner store's commit timestamps.
+//! * A statement whose reply is lost (connection closed, timeout) may have
+//!   committed: an unknown outcome (S9), never success and never "nothing
+//!   happened". An error the server returns for the statement means it did
+//!   not commit; serialization failures and deadlocks (SQLSTATE 40001, 40P01;
+//!   CockroachDB's retry errors) are retried with jittered backoff.
+//! * Followers poll with a plain `SELECT` (MVCC, no locks).
+//!
+//! CockroachDB: the same SQL runs unchanged (sequences, `INSERT … ON
+//! CONFLICT … DO UPDATE … WHERE`, `RETURNING`, `clock_timestamp()`). The
+//! differences: `clock_timestamp()` is the wall clock of whichever node
+//! serves the statement, so two candidates connected to different nodes see
+//! clocks up to the cluster's `--max-offset` (500 ms by default) apart; keep
+//! D − R well above it. Its transactions are SERIALIZABLE, so racing
+//! acquisitions surface as 40001 retry errors (retried here). A sequence is a
+//! single hot key there; one `nextval` per acquisition, not per renewal, keeps
+//! that cheap. The explicit `shard` column does what CockroachDB's hash-sharded
+//! indexes do.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{NoTls, Row};
+use tracing::{debug, info};
+
+use super::{StoreUrl, shard_of};
+use crate::lease::store::Result;
+use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+
+/// Where the lease table lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresConfig {
+    /// `postgres://user:password@host:port/database?…` (or key=value form).
+    pub url: StoreUrl,
+    /// Table name; the token sequence is `<table>_token_seq`.
+    pub table: String,
+}
+
+/// How long one store call may take before it is abandoned.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections per store: one elector needs one; the rest absorb a racing
+/// observe and a slow reconnect.
+const POOL_SIZE: usize = 4;
+/// Attempts of one statement that the server refused with a serialization
+/// failure or deadlock before the call is reported unavailable.
+const CONTENTION_ATTEMPTS: usize = 4;
+
+/// PostgreSQL truncates identifiers at 63 bytes; the sequence name adds 10.
+pub fn validate_table(table: &str) -> Result<()> {
+    super::validate_table(table, "PostgreSQL", 48)
+}
+
+/// Checks the URL parses and does not ask for TLS, which this build does not
+/// offer (`sslmode=require`); the password never appears in the error.
+pub fn parse_url(url: &StoreUrl) -> Result<tokio_postgres::Config> {
+    let config = tokio_postgres::Config::from_str(url.expose())
+        .map_err(|e| StoreError::invalid(format!("store URL {url:?} is not a PostgreSQL URL")).caused_by(e))?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(StoreError::invalid(format!(
+            "store URL {url:?} asks for sslmode=require, but this build connects without TLS; \
+             reach the database over a private network or a TLS-terminating proxy (e.g. cloud-sql-proxy)"
+        )));
+    }
+    if config.get_hosts().is_empty() {
+        return Err(StoreError::invalid(format!("store URL {url:?} names no host")));
+    }
+    Ok(config)
+}
+
+/// The SQL texts, built once per table.
+#[derive(Debug)]
+struct Queries {
+    observe: String,
+    acquire: String,
+    renew: String,
+    release: String,
+    create_sequence: String,
+    create_table: String,
+}
+
+impl Queries {
+    fn new(table: &str) -> Self {
+        let sequence = format!("{table}_token_seq");
+        Queries {
+            // The LEFT JOIN returns the server's clock even when the row is absent.
+            observe: format!(
+                "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms \
+                 FROM (SELECT 1) AS clock LEFT JOIN {table} AS t ON t.shard = $1 AND t.name = $2"
+            ),
+            // Absent: insert term 1. Present: take it only when free or
+            // expired by the server's clock, judged under the row lock.
+            acquire: format!(
+                "INSERT INTO {table} AS t (shard, name, holder, term, token, renewed_at, lease_ms) \
+                 VALUES ($1, $2, $3, 1, nextval('{sequence}'), clock_timestamp(), $4) \
+                 ON CONFLICT (shard, name) DO UPDATE SET holder = excluded.holder, term = t.term + 1, \
+                 token = nextval('{sequence}'), renewed_at = clock_timestamp(), lease_ms = excluded.lease_ms \
+                 WHERE t.holder IS NULL OR t.renewed_at + t.lease_ms * INTERVAL '1 millisecond' < clock_timestamp() \
+                 RETURNING t.term, t.token, t.renewed_at"
+            ),
+            renew: format!(
+                "UPDATE {table} SET renewed_at = clock_timestamp(), lease_ms = $5 \
+                 WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 RETURNING term, renewed_at"
+            ),
+            release: format!(
+                "UPDATE {table} SET holder = NULL WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 \
+                 RETURNING term"
+            ),
+            // START WITH is filled in with the server's clock at creation.
+            create_sequence: format!("CREATE SEQUENCE IF NOT EXISTS {sequence} AS BIGINT CACHE 1 START WITH "),
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\n  shard BIGINT NOT NULL,\n  name TEXT NOT NULL,\n  \
+                 holder TEXT,\n  term BIGINT NOT NULL,\n  token BIGINT NOT NULL,\n  \
+                 renewed_at TIMESTAMPTZ NOT NULL,\n  lease_ms BIGINT NOT NULL,\n  PRIMARY KEY (shard, name)\n)"
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL-backed [`LeaseStore`].
+#[derive(Clone)]
+pub struct PostgresStore {
+    config: PostgresConfig,
+    pool: Pool,
+    call_timeout: Duration,
+    queries: Arc<Queries>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a failed call may have changed the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    /// A read: a lost reply changed nothing.
+    Read,
+    /// A write: a lost reply means it may have committed.
+    Write,
+}
+
+fn store_time(t: SystemTime) -> StoreTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => StoreTime(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+        Err(e) => StoreTime(-i64::try_from(e.duration().as_nanos()).unwrap_or(i64::MAX)),
+    }
+}
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The server refused the statement for contention: it did not commit, and
+/// running it again is safe.
+fn is_contention(error: &tokio_postgres::Error) -> bool {
+    matches!(
+        error.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+/// Sorts a driver error into the kinds the elector acts on.
+fn classify(what: &str, error: tokio_postgres::Error, effect: Effect) -> StoreError {
+    if let Some(db) = error.as_db_error() {
+        // The server answered: the statement did not commit.
+        let code = db.code();
+        let invalid = *code == SqlState::UNDEFINED_TABLE
+            || *code == SqlState::UNDEFINED_OBJECT
+            || *code == SqlState::INVALID_CATALOG_NAME
+            || *code == SqlState::INSUFFICIENT_PRIVILEGE
+            || *code == SqlState::INVALID_PASSWORD
+            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            || code.code().starts_with("42");
+        let hint = if *code == SqlState::UNDEFINED_TABLE {
+            " (run ensure_schema: --create-table, or let the operator create it)"
+        } else {
+            ""
+        };
+        let context = format!("{what}: SQLSTATE {}{hint}", code.code());
+        return match invalid {
+            true => StoreError::invalid(context),
+            false => StoreError::unavailable(context),
+        }
+        .caused_by(error);
+    }
+    // A parameter the driver could not encode never left this process (the
+    // driver has no public kind for it; its message is fixed).
+    if error.to_string().starts_with("error serializing parameter") {
+        return StoreError::invalid(format!("{what}: a parameter could not be encoded")).caused_by(error);
+    }
+    // No answer: the connection closed or broke while the statement was out.
+    match effect {
+        Effect::Write => StoreError::outcome_unknown(format!("{what}: the connection ended before the reply")),
+        Effect::Read => StoreError::unavailable(format!("{what}: the connection ended before the reply")),
+    }
+    .caused_by(error)
+}
+
+impl PostgresStore {
+    /// A store on `config.url`; connects lazily, so an unreachable server
+    /// shows up as `Unavailable` on the first call, not here.
+    pub fn connect(config: PostgresConfig) -> Result<Self> {
+        Self::connect_with(config, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// As [`connect`](Self::connect); every call is bounded by `call_timeout`.
+    pub fn connect_with(config: PostgresConfig, call_timeout: Duration) -> Result<Self> {
+        validate_table(&config.table)?;
+        let mut pg = parse_url(&config.url)?;
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(call_timeout);
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name("leasehold");
+        }
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                // A closed connection is dropped on return; a broken one shows
+                // up on its next statement.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(call_timeout))
+            .create_timeout(Some(call_timeout))
+            .recycle_timeout(Some(call_timeout))
+            .build()
+            .map_err(|e| StoreError::invalid("building the PostgreSQL connection pool").caused_by(e))?;
+        Ok(PostgresStore {
+            queries: Arc::new(Queries::new(&config.table)),
+            config,
+            pool,
+            call_timeout,
+        })
+    }
+
+    pub fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    /// Runs one statement on a pooled connection. Contention errors are
+    /// retried with jittered exponential backoff while the call's time lasts;
+    /// everything else is classified once.
+    async fn run(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        effect: Effect,
+    ) -> Result<Vec<Row>> {
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(5))
+            .with_max_delay(Duration::from_millis(200))
+            .with_max_times(CONTENTION_ATTEMPTS - 1)
+            .with_jitter()
+            .build();
+        loop {
+            let client = tokio::time::timeout_at(deadline, self.pool.get())
+                .await
+                .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
+                .map_err(|e| StoreError::unavailable(format!("{what}: no connection to PostgreSQL")).caused_by(e))?;
+            let attempt = async {
+                let statement = client.prepare_cached(sql).await.map_err(|e| (e, Effect::Read))?;
+                client.query(&statement, params).await.map_err(|e| (e, effect))
+            };
+            let failed = match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(failed)) => failed,
+                Err(_) => {
+                    return Err(match effect {
+                        Effect::Write => {
+                            StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
+                        }
+                        Effect::Read => {
+                            StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout))
+                        }
+                    });
+                }
+            };
+            let (error, effect) = failed;
+            if is_contention(&error)
+                && let Some(pause) = backoff.next()
+                && tokio::time::Instant::now() + pause < deadline
+            {
+                debug!(%what, ?pause, error = %error, "contention; trying again");
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            return Err(classify(what, error, effect));
+        }
+    }
+
+    fn read_observation(lock: &str, row: &Row) -> std::result::Result<Observation, tokio_postgres::Error> {
+        let now: SystemTime = row.try_get("now")?;
+        let term: Option<i64> = row.try_get("term")?;
+        let record = match term {
+            None => None,
+            Some(term) => {
+                let token: i64 = row.try_get("token")?;
+                let renewed_at: SystemTime = row.try_get("renewed_at")?;
+                let lease_ms: i64 = row.try_get("lease_ms")?;
+                Some(LeaseRecord {
+                    name: lock.to_string(),
+                    holder: row.try_get("holder")?,
+                    term: term as u64,
+                    token: Some(FencingToken(token)),
+                    renewed_at: Some(store_time(renewed_at)),
+                    lease_duration: Duration::from_millis(lease_ms.max(0) as u64),
+                })
+            }
+        };
+        Ok(Observation {
+            record,
+            now: store_time(now),
+        })
+    }
+}
+
+/// A reply the store sent back that does not have the expected shape.
+fn bad_reply(what: &str, error: tokio_postgres::Error) -> StoreError {
+    StoreError::invalid(format!("{what}: unexpected reply from PostgreSQL")).caused_by(error)
+}
+
+#[async_trait]
+impl LeaseStore for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        let what = format!("creating table {}", self.config.table);
+        // The sequence starts at the server's clock in nanoseconds (µs precision).
+        let rows = self
+            .run(
+                &what,
+                "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT * 1000 AS now_ns",
+                &[],
+                Effect::Read,
+            )
+            .await?;
+        let now_ns: i64 = rows
+            .first()
+            .ok_or_else(|| StoreError::invalid(format!("{what}: the clock query returned no row")))?
+            .try_get("now_ns")
+            .map_err(|e| bad_reply(&what, e))?;
+        let create_sequence = format!("{}{now_ns}", self.queries.create_sequence);
+        for sql in [create_sequence.as_str(), self.queries.create_table.as_str()] {
+            // DDL is idempotent (IF NOT EXISTS); a lost reply is retried by the next call.
+            self.run(&what, sql, &[], Effect::Read).await?;
+        }
+        info!(table = %self.config.table, "lease table ready");
+        Ok(())
+    }
+
+    async fn observe(&self, lock: &str) -> Result<Observation> {
+        let what = format!("observe {lock}");
+        let rows = self
+            .run(&what, &self.queries.observe, &[&shard_of(lock), &lock], Effect::Read)
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::invalid(format!("{what}: the clock query returned no row")))?;
+        Self::read_observation(lock, row).map_err(|e| bad_reply(&what, e))
+    }
+
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+        let what = format!("acquire {lock}");
+        let rows = self
+            .run(
+                &what,
+                &self.queries.acquire,
+                &[&shard_of(lock), &lock, &holder, &lease_ms(lease)],
+                Effect::Write,
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: "held by an unexpired lease".into(),
+            });
+        };
+        let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;
+        let token: i64 = row.try_get("token").map_err(|e| bad_reply(&what, e))?;
+        let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
+        Ok(Grant {
+            term: term as u64,
+            token: FencingToken(token),
+            committed_at: store_time(renewed_at),
+        })
+    }
+
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
+        let what = format!("renew {lock}");
+        let rows = self
+            .run(
+                &what,
+                &self.queries.renew,
+                &[&shard_of(lock), &lock, &holder, &token.0, &lease_ms(lease)],
+                Effect::Write,
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: format!("no longer held by {holder} with token {token}"),
+            });
+        };
+        let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;
+        let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
+        Ok(Grant {
+            term: term as u64,
+            token,
+            committed_at: store_time(renewed_at),
+        })
+    }
+
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+        let what = format!("release {lock}");
+        let rows = self
+            .run(
+                &what,
+                &self.queries.release,
+                &[&shard_of(lock), &lock, &holder, &token.0],
+                Effect::Write,
+            )
+            .await?;
+        match rows.len() {
+            1 => Ok(()),
+            _ => Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: format!("not held by {holder} with token {token}"),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_without_showing_the_password() {
+        let ok = parse_url(&StoreUrl::new("postgres://app:pw@db:5432/leases")).unwrap();
+        assert_eq!(ok.get_dbname(), Some("leases"));
+        let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?sslmode=require"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sslmode=require") && !err.contains("hunter2"), "{err}");
+        let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?bogus=1"))
+            .unwrap_err()
+            .chain();
+        assert!(
+            err.contains("is not a PostgreSQL URL") && !err.contains("hunter2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn table_names_fit_postgres_identifiers_with_the_sequence_suffix() {
+        validate_table("leasehold_leases").unwrap();
+        let err = validate_table(&"t".repeat(49)).unwrap_err().to_string();
+        assert!(err.contains("PostgreSQL identifier"), "{err}");
+    }
+}

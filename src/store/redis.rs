@@ -1,0 +1,485 @@
+//! The Redis store, on the `redis` crate's multiplexed connection.
+//!
+//! One connection per store, opened on first use and dropped after an I/O
+//! error or timeout so the next call opens a new one. Not the crate's
+//! `ConnectionManager`: it queues a request behind its reconnect attempts,
+//! so a timeout could not tell "never sent" (nothing happened) from "sent,
+//! reply lost" (unknown outcome); here connecting and sending are timed
+//! apart.
+//!
+//! Per lock, two keys sharing one hash tag (so they live in one Cluster slot):
+//!
+//! * `leasehold:{<lock>}:lease`, a hash (holder, token, term, renewed_us,
+//!   lease_ms) whose TTL is the lease: `PEXPIRE lease_ms` on every acquire and
+//!   renew. Redis itself judges expiry by its own clock; the key is gone when
+//!   the lease ends.
+//! * `leasehold:{<lock>}:fence`, a hash that never expires: the term counter
+//!   (`HINCRBY`) and the last token handed out.
+//!
+//! acquire, renew and release are Lua scripts, so each check and its write are
+//! one atomic step on the server (S7); renew and release compare holder *and*
+//! token (S6, S8). observe is a script too, returning `TIME` with the row.
+//!
+//! The fencing token is the per-lock counter, advanced as
+//! `max(last + 1, server clock in µs)`: it strictly increases while the fence
+//! key lives, and it still increases past tokens the store forgot (the fence
+//! key deleted, or lost in a failover, below) as long as the serving Redis's
+//! clock is later than the forgotten acquisition. Microseconds keep it exact
+//! in Lua's doubles (2^53 µs is the year 2255).
+//!
+//! # What a Redis failover can lose, and what still holds
+//!
+//! Redis replicates asynchronously: a primary acknowledges a script before a
+//! replica has it. When a replica is promoted (Sentinel, Cluster, a managed
+//! service), the last acknowledged acquisitions and renewals may be gone:
+//!
+//! * Lost acquisition: the new primary shows the lock free, another candidate
+//!   acquires, and the old holder keeps claiming until its renew fails, at
+//!   most R after its last successful renew. For up to R two pods believe they
+//!   lead. Mutual exclusion of *belief* does not survive a failover.
+//! * Lost renewal: the lease ends earlier than its holder thinks (a renewal
+//!   lost), so a follower may take it while the holder still claims, again
+//!   for at most R.
+//! * TTLs move to the new primary's clock; a skew between the machines
+//!   shifts every expiry by that skew.
+//!
+//! What still holds: the new holder's token exceeds every token handed out
+//! before, lost or not, unless the new primary's clock is behind the old
+//! one's by more than the time from the lost acquisition to the new one
+//! (usually seconds of failover). So downstream systems that fence, accepting
+//! a write only with a token >= the highest seen, reject the deposed leader's
+//! writes as soon as the new leader has written once. `WAIT` would narrow the
+//! window but not close it (an acknowledged-by-one-replica write can still be
+//! lost with another replica promoted); there is deliberately no second
+//! "shadow" lock key: a second key in the same asynchronously replicated
+//! store is not mutual exclusion. Where a failover must not produce two
+//! believing leaders, use PostgreSQL with synchronous replication or Spanner.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::StoreUrl;
+use crate::lease::store::Result;
+use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+
+/// Where the leases live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]`.
+    pub url: StoreUrl,
+    /// Key prefix, `leasehold:` by default; keys are `<prefix>{<lock>}:lease`
+    /// and `<prefix>{<lock>}:fence`.
+    pub prefix: String,
+}
+
+/// The key prefix unless configured otherwise.
+pub const DEFAULT_PREFIX: &str = "leasehold:";
+/// How long one store call may take before it is abandoned.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TIME as µs, exact in a Lua number.
+const NOW_US: &str = "local clock = redis.call('TIME')\n\
+                      local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])\n";
+
+/// KEYS: lease, fence. ARGV: holder, lease_ms.
+/// Returns {0, holder} when held, {1, term, token, now_us} when taken.
+const ACQUIRE: &str = "
+local current = redis.call('HGET', KEYS[1], 'holder')
+if current then return {0, current} end
+local term = redis.call('HINCRBY', KEYS[2], 'term', 1)
+local last = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
+local token = math.max(last + 1, now_us)
+local token_text = string.format('%.0f', token)
+redis.call('HSET', KEYS[2], 'token', token_text, 'lease_ms', ARGV[2])
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token_text, 'term', term,
+           'renewed_us', string.format('%.0f', now_us), 'lease_ms', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, term, token, now_us}
+";
+
+/// KEYS: lease. ARGV: holder, token, lease_ms.
+/// Returns {0} when not ours, {1, term, now_us} when renewed.
+const RENEW: &str = "
+local row = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term')
+if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then return {0} end
+redis.call('HSET', KEYS[1], 'renewed_us', string.format('%.0f', now_us), 'lease_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, tonumber(row[3]), now_us}
+";
+
+/// KEYS: lease. ARGV: holder, token. Returns 1 when released, 0 when not ours.
+/// The fence key keeps term and token.
+const RELEASE: &str = "
+local row = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// KEYS: lease, fence. Returns {now_us, holder, token, term, renewed_us,
+/// lease_ms, fence_term, fence_token, fence_lease_ms}, absent fields nil.
+const OBSERVE: &str = "
+local lease = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
+local fence = redis.call('HMGET', KEYS[2], 'term', 'token', 'lease_ms')
+return {now_us, lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3]}
+";
+
+struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    observe: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let with_clock = |body: &str| Script::new(&format!("{NOW_US}{body}"));
+        Scripts {
+            acquire: with_clock(ACQUIRE),
+            renew: with_clock(RENEW),
+            release: Script::new(RELEASE),
+            observe: with_clock(OBSERVE),
+        }
+    }
+}
+
+/// The Redis-backed [`LeaseStore`].
+#[derive(Clone)]
+pub struct RedisStore {
+    config: RedisConfig,
+    client: redis::Client,
+    /// The open connection, if any; replaced after an I/O error or timeout.
+    connection: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
+    call_timeout: Duration,
+    scripts: Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a failed call may have changed the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    Read,
+    Write,
+}
+
+/// Checks the URL; the password never appears in the error.
+pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
+    if url.expose().starts_with("rediss://") {
+        return Err(StoreError::invalid(format!(
+            "store URL {url:?} asks for TLS (rediss://), but this build connects without TLS; \
+             reach Redis over a private network or a TLS-terminating proxy"
+        )));
+    }
+    redis::Client::open(url.expose())
+        .map_err(|e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e))
+}
+
+/// A key prefix: printable, no braces (they would move the hash tag).
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.len() <= 64 && !prefix.contains(['{', '}']) && !prefix.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "key prefix {prefix:?} must be at most 64 characters without braces or control characters"
+        )))
+    }
+}
+
+/// Sorts a driver error into the kinds the elector acts on.
+fn classify(what: &str, error: RedisError, effect: Effect) -> StoreError {
+    let context = format!("{what}: {}", error.category());
+    match error.kind() {
+        ErrorKind::AuthenticationFailed
+        | ErrorKind::InvalidClientConfig
+        | ErrorKind::Server(ServerErrorKind::NoPerm)
+        | ErrorKind::UnexpectedReturnType
+        | ErrorKind::Parse => StoreError::invalid(context),
+        // The server answered with an error: the script did not run. Our
+        // scripts check before they write, so an error leaves no half write.
+        ErrorKind::Server(_) | ErrorKind::Extension => StoreError::unavailable(context),
+        // Refused before anything was sent.
+        _ if error.is_connection_refusal() => StoreError::unavailable(context),
+        _ => match effect {
+            Effect::Write => StoreError::outcome_unknown(context),
+            Effect::Read => StoreError::unavailable(context),
+        },
+    }
+    .caused_by(error)
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn micros(us: i64) -> StoreTime {
+    StoreTime(us.saturating_mul(1000))
+}
+
+fn bad_reply(what: &str, reply: &[Value]) -> StoreError {
+    StoreError::invalid(format!("{what}: unexpected reply from Redis: {reply:?}"))
+}
+
+impl RedisStore {
+    /// A store on `config.url`; connects lazily, so an unreachable server
+    /// shows up as `Unavailable` on the first call, not here.
+    pub fn connect(config: RedisConfig) -> Result<Self> {
+        Self::connect_with(config, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// As [`connect`](Self::connect); every call is bounded by `call_timeout`.
+    pub fn connect_with(config: RedisConfig, call_timeout: Duration) -> Result<Self> {
+        validate_prefix(&config.prefix)?;
+        let client = parse_url(&config.url)?;
+        Ok(RedisStore {
+            config,
+            client,
+            connection: Arc::default(),
+            call_timeout,
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// The lease and fence keys of `lock`.
+    pub fn keys(&self, lock: &str) -> [String; 2] {
+        let prefix = &self.config.prefix;
+        [format!("{prefix}{{{lock}}}:lease"), format!("{prefix}{{{lock}}}:fence")]
+    }
+
+    /// The open connection, or a new one. Failing here sent nothing.
+    async fn connection(&self, what: &str) -> Result<MultiplexedConnection> {
+        let mut open = self.connection.lock().await;
+        if let Some(connection) = open.as_ref() {
+            return Ok(connection.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.call_timeout))
+            .set_response_timeout(None);
+        let connection = tokio::time::timeout(
+            self.call_timeout,
+            self.client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
+        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis")).caused_by(e))?;
+        *open = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Drops the connection so that the next call opens a new one.
+    async fn forget_connection(&self) {
+        *self.connection.lock().await = None;
+    }
+
+    /// Runs a script once (never retried: a lost reply may hide a write),
+    /// bounded by the call timeout.
+    async fn invoke(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        effect: Effect,
+    ) -> Result<Value> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut connection = self.connection(what).await?;
+        match tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if !matches!(e.kind(), ErrorKind::Server(_)) {
+                    self.forget_connection().await;
+                }
+                Err(classify(what, e, effect))
+            }
+            Err(_) => Err({
+                self.forget_connection().await;
+                match effect {
+                    Effect::Write => {
+                        StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
+                    }
+                    Effect::Read => StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)),
+                }
+            }),
+        }
+    }
+
+    async fn invoke_array(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        effect: Effect,
+    ) -> Result<Vec<Value>> {
+        match self.invoke(what, script, keys, args, effect).await? {
+            Value::Array(items) => Ok(items),
+            other => Err(bad_reply(what, &[other])),
+        }
+    }
+}
+
+fn lease_ms(lease: Duration) -> String {
+    lease.as_millis().max(1).to_string()
+}
+
+#[async_trait]
+impl LeaseStore for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    /// Redis has no schema; this checks that the server answers and runs scripts.
+    async fn ensure_schema(&self) -> Result<()> {
+        self.observe("leasehold-schema-check").await.map(|_| ())
+    }
+
+    async fn observe(&self, lock: &str) -> Result<Observation> {
+        let what = format!("observe {lock}");
+        let reply = self
+            .invoke_array(&what, &self.scripts.observe, &self.keys(lock), &[], Effect::Read)
+            .await?;
+        let field = |i: usize| reply.get(i).unwrap_or(&Value::Nil);
+        let now = int(field(0)).map(micros).ok_or_else(|| bad_reply(&what, &reply))?;
+        let record = match (text(field(1)), int(field(6))) {
+            // A live lease: the lease key still exists.
+            (Some(holder), _) => Some(LeaseRecord {
+                name: lock.to_string(),
+                holder: Some(holder),
+                term: int(field(3)).unwrap_or_default() as u64,
+                token: int(field(2)).map(FencingToken),
+                renewed_at: int(field(4)).map(micros),
+                lease_duration: Duration::from_millis(int(field(5)).unwrap_or_default().max(0) as u64),
+            }),
+            // Released or expired: the fence keeps the last term and token.
+            (None, Some(term)) => Some(LeaseRecord {
+                name: lock.to_string(),
+                holder: None,
+                term: term as u64,
+                token: int(field(7)).map(FencingToken),
+                renewed_at: None,
+                lease_duration: Duration::from_millis(int(field(8)).unwrap_or_default().max(0) as u64),
+            }),
+            (None, None) => None,
+        };
+        Ok(Observation { record, now })
+    }
+
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+        let what = format!("acquire {lock}");
+        let args = [holder.to_string(), lease_ms(lease)];
+        let reply = self
+            .invoke_array(&what, &self.scripts.acquire, &self.keys(lock), &args, Effect::Write)
+            .await?;
+        match reply.as_slice() {
+            [taken, term, token, now] if int(taken) == Some(1) => {
+                let (Some(term), Some(token), Some(now)) = (int(term), int(token), int(now)) else {
+                    return Err(bad_reply(&what, &reply));
+                };
+                Ok(Grant {
+                    term: term as u64,
+                    token: FencingToken(token),
+                    committed_at: micros(now),
+                })
+            }
+            [held, current] if int(held) == Some(0) => Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: format!("held by {}", text(current).unwrap_or_default()),
+            }),
+            _ => Err(bad_reply(&what, &reply)),
+        }
+    }
+
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
+        let what = format!("renew {lock}");
+        let args = [holder.to_string(), token.0.to_string(), lease_ms(lease)];
+        let [lease_key, _] = self.keys(lock);
+        let reply = self
+            .invoke_array(&what, &self.scripts.renew, &[lease_key], &args, Effect::Write)
+            .await?;
+        match reply.as_slice() {
+            [renewed, term, now] if int(renewed) == Some(1) => {
+                let (Some(term), Some(now)) = (int(term), int(now)) else {
+                    return Err(bad_reply(&what, &reply));
+                };
+                Ok(Grant {
+                    term: term as u64,
+                    token,
+                    committed_at: micros(now),
+                })
+            }
+            [refused] if int(refused) == Some(0) => Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: format!("no longer held by {holder} with token {token}"),
+            }),
+            _ => Err(bad_reply(&what, &reply)),
+        }
+    }
+
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+        let what = format!("release {lock}");
+        let args = [holder.to_string(), token.0.to_string()];
+        let [lease_key, _] = self.keys(lock);
+        let reply = self
+            .invoke(&what, &self.scripts.release, &[lease_key], &args, Effect::Write)
+            .await?;
+        match int(&reply) {
+            Some(1) => Ok(()),
+            Some(0) => Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: format!("not held by {holder} with token {token}"),
+            }),
+            _ => Err(bad_reply(&what, &[reply])),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_prefixes_are_checked_without_showing_the_password() {
+        parse_url(&StoreUrl::new("redis://:pw@cache:6379/0")).unwrap();
+        let err = parse_url(&StoreUrl::new("rediss://:hunter2@cache:6380"))
+            .unwrap_err()
+            .chain();
+        assert!(err.contains("asks for TLS") && !err.contains("hunter2"), "{err}");
+        let err = parse_url(&StoreUrl::new("http://:hunter2@cache")).unwrap_err().chain();
+        assert!(err.contains("is not a Redis URL") && !err.contains("hunter2"), "{err}");
+        validate_prefix(DEFAULT_PREFIX).unwrap();
+        assert!(validate_prefix("a{b}").is_err());
+    }
+}

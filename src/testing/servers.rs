@@ -1,0 +1,310 @@
+//! Private PostgreSQL and Redis servers for tests: each on a free loopback
+//! port in a temporary directory of its own, stopped and removed on drop.
+//! A missing binary fails the test with how to get it; nothing is skipped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, port_open};
+
+/// How to get PostgreSQL, printed when it is missing.
+pub const HOW_TO_GET_POSTGRES: &str = "no PostgreSQL server binaries (initdb, postgres, pg_isready) found. \
+Install them (Debian: `apt-get install -y postgresql`, which puts them in /usr/lib/postgresql/<version>/bin), \
+then put that folder on PATH or set LEASEHOLD_PG_BIN to it";
+
+/// How to get Redis, printed when it is missing.
+pub const HOW_TO_GET_REDIS: &str = "no redis-server found. Install it (Debian: `apt-get install -y redis-server`; \
+`.ci/run` does), put it on PATH or set LEASEHOLD_REDIS_SERVER to its path";
+
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// A fresh, empty directory under the system's temporary directory.
+fn scratch_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("leasehold-{what}-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// Stops a server: `signal` first, SIGKILL if it has not exited within 5 s.
+fn stop(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The folder holding initdb, postgres and pg_isready.
+fn postgres_bin() -> Option<PathBuf> {
+    let complete = |dir: &Path| {
+        ["initdb", "postgres", "pg_isready"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(dir) = std::env::var("LEASEHOLD_PG_BIN") {
+        candidates.push(dir.into());
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path));
+    }
+    // Debian keeps server binaries off PATH; prefer the newest version.
+    if let Ok(versions) = std::fs::read_dir("/usr/lib/postgresql") {
+        let mut found: Vec<PathBuf> = versions.flatten().map(|v| v.path().join("bin")).collect();
+        found.sort_by_key(|p| {
+            std::cmp::Reverse(
+                p.parent()
+                    .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+                    .unwrap_or(0),
+            )
+        });
+        candidates.extend(found);
+    }
+    candidates.into_iter().find(|dir| complete(dir))
+}
+
+/// PostgreSQL refuses to run as root: as root, servers run as this user.
+fn unprivileged_user() -> Option<(u32, u32)> {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !is_root {
+        return None;
+    }
+    for user in ["postgres", "nobody"] {
+        let id = |flag: &str| {
+            let out = Command::new("id").args([flag, user]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+        };
+        if let (Some(uid), Some(gid)) = (id("-u"), id("-g")) {
+            return Some((uid, gid));
+        }
+    }
+    panic!("running as root, and neither a postgres nor a nobody user exists to run PostgreSQL as")
+}
+
+fn as_user(command: &mut Command, user: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = user {
+        std::os::unix::process::CommandExt::uid(command, uid);
+        std::os::unix::process::CommandExt::gid(command, gid);
+    }
+}
+
+fn chown_tree(dir: &Path, user: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = user {
+        let status = Command::new("chown")
+            .args(["-R", &format!("{uid}:{gid}")])
+            .arg(dir)
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "chown -R {}", dir.display());
+    }
+}
+
+/// A cluster initialised once per machine and copied per server: initdb
+/// costs seconds, a copy a fraction of one.
+fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> PathBuf {
+    let version = bin
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "local".into());
+    let uid = user.map_or(String::from("self"), |(uid, _)| uid.to_string());
+    let template = std::env::temp_dir().join(format!("leasehold-pg-template-{version}-{uid}"));
+    if template.join("PG_VERSION").is_file() {
+        return template;
+    }
+    let building = scratch_dir("pg-template-building");
+    chown_tree(&building, user);
+    let data = building.join("data");
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(&data)
+        .args([
+            "-U",
+            "leasehold",
+            "-A",
+            "trust",
+            "--no-sync",
+            "--no-instructions",
+            "-E",
+            "UTF8",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    as_user(&mut initdb, user);
+    let out = initdb
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("initdb").display()));
+    assert!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another test may have won the race; either copy is as good.
+    if std::fs::rename(&data, &template).is_err() {
+        assert!(
+            template.join("PG_VERSION").is_file(),
+            "no template at {}",
+            template.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&building);
+    template
+}
+
+/// A private PostgreSQL server, superuser `leasehold` without a password.
+#[derive(Debug)]
+pub struct PostgresServer {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl PostgresServer {
+    /// Starts one; panics with [`HOW_TO_GET_POSTGRES`] when the binaries are missing.
+    pub fn start() -> PostgresServer {
+        let bin = postgres_bin().unwrap_or_else(|| panic!("{HOW_TO_GET_POSTGRES}"));
+        let user = unprivileged_user();
+        let template = postgres_template(&bin, user);
+        let dir = scratch_dir("pg");
+        let data = dir.join("data");
+        let copied = Command::new("cp").arg("-a").arg(&template).arg(&data).status();
+        assert!(copied.is_ok_and(|s| s.success()), "copying {}", template.display());
+        chown_tree(&dir, user);
+        let port = free_port();
+        let mut postgres = Command::new(bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_connections=40",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
+        as_user(&mut postgres, user);
+        let child = postgres
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
+        let server = PostgresServer { port, dir, child };
+        let started = Instant::now();
+        loop {
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return server;
+            }
+            assert!(
+                started.elapsed() < STARTUP,
+                "PostgreSQL on port {port} not ready within {STARTUP:?}; see {}",
+                server.dir.join("server.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URL of database `postgres` at `addr` (this server, or a proxy in front of it).
+    pub fn url_at(&self, addr: std::net::SocketAddr) -> String {
+        format!("postgres://leasehold@{addr}/postgres?sslmode=disable")
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        self.url_at(self.addr())
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        // SIGINT: fast shutdown, which also ends the backends.
+        stop(&mut self.child, "INT");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private Redis server without persistence.
+#[derive(Debug)]
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl RedisServer {
+    /// Starts one; panics with [`HOW_TO_GET_REDIS`] when redis-server is missing.
+    pub fn start() -> RedisServer {
+        let binary = std::env::var_os("LEASEHOLD_REDIS_SERVER")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::split_paths(&std::env::var_os("PATH")?)
+                    .map(|dir| dir.join("redis-server"))
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| panic!("{HOW_TO_GET_REDIS}"));
+        let dir = scratch_dir("redis");
+        let port = free_port();
+        let child = Command::new(&binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {HOW_TO_GET_REDIS}", binary.display()));
+        let server = RedisServer { port, dir, child };
+        let started = Instant::now();
+        while !port_open(port) {
+            assert!(
+                started.elapsed() < STARTUP,
+                "redis-server on port {port} not listening within {STARTUP:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The URL of database 0 at `addr` (this server, or a proxy in front of it).
+    pub fn url_at(&self, addr: std::net::SocketAddr) -> String {
+        format!("redis://{addr}/0")
+    }
+
+    pub fn url(&self) -> String {
+        self.url_at(self.addr())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        stop(&mut self.child, "TERM");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,220 @@
+//! The conformance suite on a private PostgreSQL server (one per test), plus
+//! the PostgreSQL store's own behaviour: table creation, bad input, an
+//! unreachable server, a cut connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
+use leasehold::store::StoreUrl;
+use leasehold::store::conformance::Target;
+use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+use leasehold::testing::servers::PostgresServer;
+use leasehold::testing::{ProxyMode, TcpProxy};
+
+const TABLE: &str = "leasehold_leases";
+
+struct Postgres {
+    server: PostgresServer,
+    store: PostgresStore,
+}
+
+fn config(url: String) -> PostgresConfig {
+    PostgresConfig {
+        url: StoreUrl::new(url),
+        table: TABLE.into(),
+    }
+}
+
+async fn postgres() -> Postgres {
+    let server = PostgresServer::start();
+    let store = PostgresStore::connect(config(server.url())).unwrap();
+    store.ensure_schema().await.unwrap();
+    Postgres { server, store }
+}
+
+/// Runs SQL on its own connection, as an operator with SQL access would.
+async fn sql(server: &PostgresServer, statement: &str) -> u64 {
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.execute(statement, &[]).await.unwrap()
+}
+
+#[async_trait]
+impl Target for Postgres {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(self.store.clone())
+    }
+
+    async fn delete_row(&self, lock: &str) {
+        let deleted = sql(&self.server, &format!("DELETE FROM {TABLE} WHERE name = '{lock}'")).await;
+        assert_eq!(deleted, 1);
+    }
+
+    /// The acquire statement reaches the server through a proxy that holds
+    /// replies back past the call timeout: it commits, its reply is lost.
+    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+        let proxy = TcpProxy::start(self.server.addr()).await;
+        let timeout = Duration::from_millis(500);
+        let store = PostgresStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap();
+        // Open the connection and prepare the statement while replies flow.
+        store.acquire("warm-up", holder, lease).await.unwrap();
+        proxy.set(ProxyMode::DelayReplies(timeout * 3));
+        let result = store.acquire(lock, holder, lease).await;
+        proxy.set(ProxyMode::Forward);
+        result
+    }
+}
+
+leasehold::conformance_tests!(postgres());
+
+#[tokio::test]
+async fn ensure_schema_creates_the_table_once_and_is_idempotent() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(server.url()),
+        table: "custom_leases".into(),
+    })
+    .unwrap();
+    let before = store.observe("x").await.unwrap_err();
+    assert!(
+        matches!(before, StoreError::Invalid { .. }),
+        "a missing table is named, not retried: {before:?}"
+    );
+    assert!(before.chain().contains("custom_leases"), "{}", before.chain());
+    store.ensure_schema().await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let observed = store.observe("x").await.unwrap();
+    assert!(observed.record.is_none());
+    assert!(
+        observed.now.0 > 1_600_000_000_000_000_000,
+        "the server's clock, in nanoseconds since the epoch"
+    );
+    let grant = store.acquire("x", "a", Duration::from_secs(5)).await.unwrap();
+    assert!(
+        grant.token.0 >= observed.now.0 - 60_000_000_000,
+        "the token sequence starts at the server's clock in nanoseconds: {} vs {}",
+        grant.token,
+        observed.now.0
+    );
+}
+
+/// The sequence is the token source: dropping and recreating the table and
+/// the sequence still hands out tokens above the earlier ones.
+#[tokio::test]
+async fn tokens_increase_across_a_dropped_and_recreated_table() {
+    let fixture = postgres().await;
+    let lease = Duration::from_secs(30);
+    let first = fixture.store.acquire("drop", "a", lease).await.unwrap();
+    sql(&fixture.server, &format!("DROP TABLE {TABLE}")).await;
+    sql(&fixture.server, &format!("DROP SEQUENCE {TABLE}_token_seq")).await;
+    fixture.store.ensure_schema().await.unwrap();
+    let second = fixture.store.acquire("drop", "b", lease).await.unwrap();
+    assert_eq!(second.term, 1, "a new table starts the terms again");
+    assert!(second.token > first.token, "{} then {}", first.token, second.token);
+}
+
+#[tokio::test]
+async fn the_row_carries_the_fnv_shard_in_its_key() {
+    let fixture = postgres().await;
+    fixture
+        .store
+        .acquire("prod/scheduler", "a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&fixture.server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one(&format!("SELECT shard FROM {TABLE} WHERE name = 'prod/scheduler'"), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), leasehold::store::shard_of("prod/scheduler"));
+}
+
+/// An expired lease is judged by the server's clock in the acquiring statement.
+#[tokio::test]
+async fn an_expired_lease_is_taken_and_a_renewal_after_it_is_lost() {
+    let fixture = postgres().await;
+    let short = Duration::from_millis(200);
+    let a = fixture.store.acquire("expiry", "a", short).await.unwrap();
+    tokio::time::sleep(short * 2).await;
+    let b = fixture.store.acquire("expiry", "b", short).await.unwrap();
+    assert_eq!(b.term, a.term + 1);
+    assert!(b.token > a.token);
+    let renewed = fixture.store.renew("expiry", "a", a.token, short).await;
+    assert!(matches!(renewed, Err(StoreError::Lost { .. })), "{renewed:?}");
+    let released = fixture.store.release("expiry", "b", FencingToken(b.token.0 + 1)).await;
+    assert!(matches!(released, Err(StoreError::Lost { .. })), "{released:?}");
+}
+
+#[tokio::test]
+async fn bad_urls_and_table_names_are_refused_before_connecting() {
+    let err = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new("postgres://app:hunter2@db/x"),
+        table: "leases; DROP".into(),
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid: table \"leases; DROP\" is not a valid PostgreSQL identifier (a letter, then letters, digits or '_', at most 48)"
+    );
+    let err = PostgresStore::connect(config("postgres://app:hunter2@db/x?sslmode=require".into())).unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }));
+    assert!(!err.chain().contains("hunter2"), "{}", err.chain());
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_promptly() {
+    let port = leasehold::testing::free_port();
+    let store = PostgresStore::connect_with(
+        config(format!("postgres://leasehold@127.0.0.1:{port}/postgres")),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let started = Instant::now();
+    for result in [
+        store.observe("x").await.map(|_| ()),
+        store.acquire("x", "a", Duration::from_secs(5)).await.map(|_| ()),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable { .. }),
+            "nothing was sent, so nothing happened: {err:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
+    let fixture = postgres().await;
+    let proxy = TcpProxy::start(fixture.server.addr()).await;
+    let store = PostgresStore::connect_with(config(fixture.server.url_at(proxy.addr)), Duration::from_secs(1)).unwrap();
+    let grant = store.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
+    proxy.set(ProxyMode::Cut);
+    let err = store
+        .renew("cut", "a", grant.token, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
+        "{err:?}"
+    );
+    proxy.set(ProxyMode::Forward);
+    let observed = fixture.store.observe("cut").await.unwrap();
+    assert_eq!(observed.live_holder(), Some("a"), "the store still has the lease");
+    // The pool replaces the broken connection.
+    store
+        .renew("cut", "a", grant.token, Duration::from_secs(30))
+        .await
+        .expect("renews again once the connection is back");
+}

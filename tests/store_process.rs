@@ -1,0 +1,198 @@
+//! Whole processes on PostgreSQL and Redis: three `leasehold sidecar`
+//! processes on one private server, each reaching it through a TCP proxy;
+//! kill -9 of the leader and a graceful handover, timed, and a leader
+//! paused past its lease (SIGSTOP) resuming as a follower.
+//!
+//! Bounds, from D = 2 s, R = 1.5 s, P = 300 ms (standalone jitter 10 %):
+//! after kill -9 the lease ends at most D after the killed leader's last
+//! renewal, which precedes the kill; a follower notices at its next poll,
+//! at most P·1.1 later. So a new leader within D + 1.1·P, plus a stated
+//! margin of 250 ms for one store round trip and scheduling on a loaded
+//! two-core machine.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use leasehold::testing::TcpProxy;
+use leasehold::testing::servers::{PostgresServer, RedisServer};
+use support::*;
+
+const MARGIN: Duration = Duration::from_millis(250);
+
+fn failover_bound() -> Duration {
+    D + P.mul_f64(1.1) + MARGIN
+}
+
+/// Three sidecars on the server at `target`; `store(i, proxy)` gives sidecar
+/// i's store flags and environment for its proxy's address.
+fn sidecars(
+    target: SocketAddr,
+    lock: &str,
+    store: impl Fn(usize, SocketAddr) -> (Vec<String>, Vec<(String, String)>),
+) -> (tokio::runtime::Runtime, Vec<Sidecar>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let proxies: Vec<TcpProxy> = runtime.block_on(async {
+        let mut proxies = Vec::new();
+        for _ in 0..3 {
+            proxies.push(TcpProxy::start(target).await);
+        }
+        proxies
+    });
+    let sidecars = proxies
+        .into_iter()
+        .enumerate()
+        .map(|(i, proxy)| {
+            let (flags, env) = store(i, proxy.addr);
+            Sidecar::launch(&format!("pod-{i}"), proxy, lock, &flags, &env, &[])
+        })
+        .collect();
+    (runtime, sidecars)
+}
+
+/// The folder of URL files, removed on drop.
+struct UrlFiles(std::path::PathBuf);
+
+impl Drop for UrlFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Flags for PostgreSQL: the first sidecar creates the table; the URL comes
+/// from a file, as from a mounted Secret.
+fn postgres_sidecars(server: &PostgresServer) -> (tokio::runtime::Runtime, Vec<Sidecar>, UrlFiles) {
+    let dir = std::env::temp_dir().join(format!("leasehold-urls-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (runtime, sidecars) = sidecars(server.addr(), "pg-lock", |i, proxy| {
+        let file = dir.join(format!("url-{i}"));
+        std::fs::write(&file, server.url_at(proxy)).unwrap();
+        let mut flags = vec![
+            "--store".to_string(),
+            "postgres".to_string(),
+            "--store-url-file".to_string(),
+            file.display().to_string(),
+        ];
+        if i == 0 {
+            flags.push("--create-table".into());
+        }
+        (flags, Vec::new())
+    });
+    (runtime, sidecars, UrlFiles(dir))
+}
+
+/// Flags for Redis: the URL from the environment.
+fn redis_sidecars(server: &RedisServer) -> (tokio::runtime::Runtime, Vec<Sidecar>) {
+    sidecars(server.addr(), "redis-lock", |_, proxy| {
+        (
+            vec!["--store".to_string(), "redis".to_string()],
+            vec![("LEASEHOLD_STORE_URL".to_string(), server.url_at(proxy))],
+        )
+    })
+}
+
+fn kill_9_fails_over(sidecars: &[Sidecar], store: &str) {
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
+    let (_, before) = sidecars[first].leader().unwrap();
+    // Let a few renewals happen, so the failover starts from a renewed lease.
+    std::thread::sleep(P * 3);
+    assert!(sidecars[first].leads(), "the first leader keeps leading");
+    sidecars[first].signal("KILL");
+    let killed = Instant::now();
+    let rest = others(sidecars, first);
+    let bound = failover_bound();
+    let next = wait_for_one_leader(&rest, bound)
+        .unwrap_or_else(|| panic!("{store}: no new leader within D + 1.1·P + margin = {bound:?}"));
+    let failover = killed.elapsed();
+    let (_, after) = rest[next].leader().unwrap();
+    assert!(after["term"].as_u64() > before["term"].as_u64());
+    assert!(token_of(&after).parse::<i64>().unwrap() > token_of(&before).parse::<i64>().unwrap());
+    println!("{store} crash failover: {failover:?} (D={D:?}, P={P:?})");
+}
+
+fn sigterm_hands_over(sidecars: &[Sidecar], store: &str) {
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
+    sidecars[first].signal("TERM");
+    let termed = Instant::now();
+    let rest = others(sidecars, first);
+    // Released after the drain, so found at the next poll, well before D.
+    let bound = DRAIN + P.mul_f64(1.1) + MARGIN;
+    let next = wait_for_one_leader(&rest, bound);
+    let handover = termed.elapsed();
+    assert!(
+        next.is_some(),
+        "{store}: no new leader within drain + 1.1·P + margin = {bound:?}"
+    );
+    println!("{store} graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
+}
+
+/// S1: a leader stopped past D resumes as a follower, never with its old token.
+fn a_paused_leader_resumes_as_a_follower(sidecars: &[Sidecar], store: &str) {
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
+    let paused = &sidecars[first];
+    let (_, before) = paused.leader().unwrap();
+    paused.signal("STOP");
+    let rest = others(sidecars, first);
+    let next = wait_for_one_leader(&rest, failover_bound()).unwrap_or_else(|| panic!("{store}: nobody took over"));
+    let (_, usurper) = rest[next].leader().unwrap();
+    paused.signal("CONT");
+    for _ in 0..20 {
+        let (status, view) = paused.leader().expect("the resumed sidecar answers");
+        assert_eq!(status, 503, "{store}: the resumed sidecar claims leadership: {view}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let (_, resumed) = paused.leader().unwrap();
+    assert_ne!(token_of(&resumed), token_of(&before), "{store}: {resumed}");
+    assert_eq!(resumed["holder"], usurper["holder"]);
+    assert!(rest[next].leads(), "{store}: the new leader keeps leading");
+}
+
+#[test]
+fn postgres_a_paused_leader_resumes_as_a_follower() {
+    let server = PostgresServer::start();
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
+    a_paused_leader_resumes_as_a_follower(&sidecars, "postgres");
+}
+
+#[test]
+fn redis_a_paused_leader_resumes_as_a_follower() {
+    let server = RedisServer::start();
+    let (_runtime, sidecars) = redis_sidecars(&server);
+    a_paused_leader_resumes_as_a_follower(&sidecars, "redis");
+}
+
+#[test]
+fn postgres_kill_9_of_the_leader_fails_over_within_d_plus_p() {
+    let server = PostgresServer::start();
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
+    kill_9_fails_over(&sidecars, "postgres");
+}
+
+#[test]
+fn postgres_sigterm_releases_and_a_follower_leads_before_expiry() {
+    let server = PostgresServer::start();
+    let (_runtime, sidecars, _urls) = postgres_sidecars(&server);
+    sigterm_hands_over(&sidecars, "postgres");
+}
+
+#[test]
+fn redis_kill_9_of_the_leader_fails_over_within_d_plus_p() {
+    let server = RedisServer::start();
+    let (_runtime, sidecars) = redis_sidecars(&server);
+    kill_9_fails_over(&sidecars, "redis");
+}
+
+#[test]
+fn redis_sigterm_releases_and_a_follower_leads_before_expiry() {
+    let server = RedisServer::start();
+    let (_runtime, sidecars) = redis_sidecars(&server);
+    sigterm_hands_over(&sidecars, "redis");
+}

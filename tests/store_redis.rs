@@ -1,0 +1,200 @@
+//! The conformance suite on a private Redis server (one per test), plus the
+//! Redis store's own behaviour: expiry by key TTL, the never-expiring token
+//! counter, bad input, an unreachable server, a cut connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use leasehold::lease::{Grant, LeaseStore, StoreError};
+use leasehold::store::StoreUrl;
+use leasehold::store::conformance::Target;
+use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+use leasehold::testing::servers::RedisServer;
+use leasehold::testing::{ProxyMode, TcpProxy};
+
+struct Redis {
+    server: RedisServer,
+    store: RedisStore,
+}
+
+fn config(url: String) -> RedisConfig {
+    RedisConfig {
+        url: StoreUrl::new(url),
+        prefix: DEFAULT_PREFIX.into(),
+    }
+}
+
+async fn redis() -> Redis {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(config(server.url())).unwrap();
+    store.ensure_schema().await.unwrap();
+    Redis { server, store }
+}
+
+/// A plain connection, as an operator with redis-cli would use.
+async fn cli(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[async_trait]
+impl Target for Redis {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(self.store.clone())
+    }
+
+    /// Deletes both keys of the lock, the counter too: the token must still
+    /// increase (it follows the server clock).
+    async fn delete_row(&self, lock: &str) {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&self.store.keys(lock))
+            .query_async(&mut cli(&self.server).await)
+            .await
+            .unwrap();
+        assert!(deleted >= 1, "deleted {deleted} keys");
+    }
+
+    /// The script reaches the server through a proxy that holds replies back
+    /// past the call timeout: it runs, its reply is lost.
+    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+        let proxy = TcpProxy::start(self.server.addr()).await;
+        let timeout = Duration::from_millis(500);
+        let store = RedisStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap();
+        // Connect and load the script while replies flow.
+        store.acquire("warm-up", holder, lease).await.unwrap();
+        proxy.set(ProxyMode::DelayReplies(timeout * 3));
+        let result = store.acquire(lock, holder, lease).await;
+        proxy.set(ProxyMode::Forward);
+        result
+    }
+}
+
+leasehold::conformance_tests!(redis());
+
+/// Redis judges expiry: the lease key carries a TTL of the lease in ms, and
+/// the fence key, holding the counter, has none.
+#[tokio::test]
+async fn the_lease_is_a_key_ttl_and_the_counter_never_expires() {
+    let fixture = redis().await;
+    let lease = Duration::from_millis(1500);
+    fixture.store.acquire("ttl", "a", lease).await.unwrap();
+    let [lease_key, fence_key] = fixture.store.keys("ttl");
+    let mut cli = cli(&fixture.server).await;
+    let ttl: i64 = redis::cmd("PTTL").arg(&lease_key).query_async(&mut cli).await.unwrap();
+    assert!((1000..=1500).contains(&ttl), "lease key TTL {ttl} ms");
+    let fence_ttl: i64 = redis::cmd("PTTL").arg(&fence_key).query_async(&mut cli).await.unwrap();
+    assert_eq!(fence_ttl, -1, "the counter has no TTL");
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&lease_key)
+        .query_async(&mut cli)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "Redis removed the expired lease");
+    let row = fixture.store.observe("ttl").await.unwrap().record.unwrap();
+    assert_eq!(row.holder, None, "expired means free");
+    assert_eq!(row.term, 1, "the counter keeps the term");
+}
+
+/// An expired lease is taken by the next candidate; the old holder can
+/// neither renew nor release.
+#[tokio::test]
+async fn after_expiry_the_old_holder_can_neither_renew_nor_release() {
+    let fixture = redis().await;
+    let short = Duration::from_millis(200);
+    let a = fixture.store.acquire("expiry", "a", short).await.unwrap();
+    tokio::time::sleep(short * 2).await;
+    let renewed = fixture.store.renew("expiry", "a", a.token, short).await;
+    assert!(
+        matches!(renewed, Err(StoreError::Lost { .. })),
+        "an expired key cannot be renewed: {renewed:?}"
+    );
+    let b = fixture.store.acquire("expiry", "b", short).await.unwrap();
+    assert_eq!(b.term, a.term + 1);
+    assert!(b.token > a.token);
+    let released = fixture.store.release("expiry", "a", a.token).await;
+    assert!(matches!(released, Err(StoreError::Lost { .. })), "{released:?}");
+}
+
+/// Losing the counter (deleted, or not yet replicated when a replica was
+/// promoted) still yields larger tokens: they follow the server clock.
+#[tokio::test]
+async fn a_lost_counter_still_gives_larger_tokens() {
+    let fixture = redis().await;
+    let lease = Duration::from_secs(30);
+    let first = fixture.store.acquire("lost", "a", lease).await.unwrap();
+    let mut cli = cli(&fixture.server).await;
+    let () = redis::cmd("FLUSHALL").arg("SYNC").query_async(&mut cli).await.unwrap();
+    let second = fixture.store.acquire("lost", "b", lease).await.unwrap();
+    assert_eq!(second.term, 1, "the term counter started again");
+    assert!(second.token > first.token, "{} then {}", first.token, second.token);
+}
+
+#[tokio::test]
+async fn bad_urls_and_prefixes_are_refused_before_connecting() {
+    let err = RedisStore::connect(config("rediss://:hunter2@cache:6380".into())).unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }));
+    assert!(!err.chain().contains("hunter2"), "{}", err.chain());
+    let err = RedisStore::connect(RedisConfig {
+        url: StoreUrl::new("redis://cache"),
+        prefix: "a{b".into(),
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("key prefix \"a{b\""), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_promptly() {
+    let port = leasehold::testing::free_port();
+    let store = RedisStore::connect_with(config(format!("redis://127.0.0.1:{port}")), Duration::from_secs(2)).unwrap();
+    let started = Instant::now();
+    for result in [
+        store.observe("x").await.map(|_| ()),
+        store.acquire("x", "a", Duration::from_secs(5)).await.map(|_| ()),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable { .. }),
+            "nothing was sent, so nothing happened: {err:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
+    let fixture = redis().await;
+    let proxy = TcpProxy::start(fixture.server.addr()).await;
+    let store = RedisStore::connect_with(config(fixture.server.url_at(proxy.addr)), Duration::from_secs(1)).unwrap();
+    let grant = store.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
+    proxy.set(ProxyMode::Cut);
+    let err = store
+        .renew("cut", "a", grant.token, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
+        "{err:?}"
+    );
+    proxy.set(ProxyMode::Forward);
+    let observed = fixture.store.observe("cut").await.unwrap();
+    assert_eq!(observed.live_holder(), Some("a"), "the store still has the lease");
+    // The connection manager reconnects.
+    let started = Instant::now();
+    while store
+        .renew("cut", "a", grant.token, Duration::from_secs(30))
+        .await
+        .is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "no reconnect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
