@@ -6,12 +6,12 @@
 # running), SPANNER_EMULATOR_DIR (folder with gateway_main and emulator_main),
 # the gcloud SDK's cloud-spanner-emulator component, or both binaries on PATH.
 # Needs the PostgreSQL server binaries and redis-server too (the PostgreSQL
-# and Redis tests start private servers); .ci/run installs them when missing.
+# and Redis tests start private servers); scripts/setup-servers.sh installs
+# them when missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if [[ -x scripts/setup-python.sh ]]; then
-  scripts/setup-python.sh
-fi
+scripts/setup-python.sh
+scripts/setup-servers.sh
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches

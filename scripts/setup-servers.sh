@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the database servers the PostgreSQL and Redis tests start private
+# instances of, when the machine lacks them (Debian packages; needs root).
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  missing+=(postgresql)
+fi
+if ((${#missing[@]})); then
+  echo "installing ${missing[*]} for the store tests" >&2
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
