@@ -82,7 +82,7 @@ impl Cli {
             Command::Inject(args) => run_inject(&args),
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => one_thread()?.block_on(async { Ok(sidecar::run(args).await?) }),
-            Command::Operator(args) => block_on(operator::run(args)),
+            Command::Operator(args) => block_on(async { Ok(operator::run(args).await?) }),
             // The command's exit code is the runner's (and the watchdog's).
             Command::Run(args) => std::process::exit(one_thread()?.block_on(run::run(args))?),
             Command::Watchdog(args) => std::process::exit(
