@@ -5,7 +5,7 @@ use kube::core::Selector;
 
 use super::DistributedLease;
 use crate::lease::{Timing, TimingError};
-use crate::store::spanner::SpannerConfig;
+use crate::store::spanner::{self, SpannerConfig};
 
 /// A spec that passed [`validate`], with the values parsed.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,35 +79,13 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     })
 }
 
+/// The Spanner store owns the rules for its names; this names the field.
 fn check_database(database: &str) -> Result<()> {
-    let parts: Vec<&str> = database.split('/').collect();
-    let shaped = matches!(
-        parts.as_slice(),
-        ["projects", p, "instances", i, "databases", d] if !p.is_empty() && !i.is_empty() && !d.is_empty()
-    );
-    if shaped {
-        Ok(())
-    } else {
-        Err(invalid(
-            "spec.store.spanner.database",
-            format!("must look like projects/<project>/instances/<instance>/databases/<database>, got {database:?}"),
-        ))
-    }
+    spanner::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
 }
 
 fn check_table(table: &str) -> Result<()> {
-    let mut chars = table.chars();
-    let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && table.len() <= 128;
-    if identifier {
-        Ok(())
-    } else {
-        Err(invalid(
-            "spec.store.spanner.table",
-            format!("must be a letter followed by up to 127 letters, digits or underscores, got {table:?}"),
-        ))
-    }
+    spanner::check_table(table).map_err(|e| invalid("spec.store.spanner.table", e.to_string()))
 }
 
 fn check_selector(lease: &DistributedLease) -> Result<String> {

@@ -310,11 +310,17 @@ fn token_to_timestamp(token: FencingToken) -> Timestamp {
     )
 }
 
-/// The Spanner status under a store error, when it came from Spanner.
+/// The Spanner status under a store error, when it came from Spanner. (Read
+/// from the field: `Error::source` hands out the `Arc` around the cause, which
+/// does not downcast to the client's error.)
 fn spanner_status(error: &StoreError) -> Option<&Status> {
-    std::error::Error::source(error)?
-        .downcast_ref::<google_cloud_spanner::Error>()?
-        .status()
+    let cause = match error {
+        StoreError::Unavailable { source, .. }
+        | StoreError::OutcomeUnknown { source, .. }
+        | StoreError::Invalid { source, .. } => source.as_ref()?,
+        StoreError::Lost { .. } => return None,
+    };
+    cause.downcast_ref::<google_cloud_spanner::Error>()?.status()
 }
 
 /// Spanner deleted the session (or lost it in a restart): nothing ran.
@@ -322,8 +328,14 @@ fn session_lost(error: &StoreError) -> bool {
     spanner_status(error).is_some_and(|s| s.code == Code::NotFound && s.message.contains("Session not found"))
 }
 
+/// Spanner reports an absent table as NOT_FOUND (reads) or INVALID_ARGUMENT
+/// (when analysing a query).
 fn table_missing(error: &StoreError) -> bool {
-    spanner_status(error).is_some_and(|s| s.code == Code::NotFound && s.message.contains("Table not found"))
+    spanner_status(error).is_some_and(names_missing_table)
+}
+
+fn names_missing_table(status: &Status) -> bool {
+    matches!(status.code, Code::NotFound | Code::InvalidArgument) && status.message.contains("Table not found")
 }
 
 /// Sorts a client error into the kinds the elector acts on, keeping it as
@@ -349,7 +361,7 @@ fn classify(
                     ))
                     .caused_by(error);
                 }
-                Code::NotFound if text.contains("Table not found") => {
+                _ if names_missing_table(status) => {
                     return StoreError::invalid(format!(
                         "{context}: table {} does not exist in {}: {TABLE_MISSING_FIX}",
                         config.table, config.database
@@ -546,7 +558,9 @@ impl SpannerStore {
         F: Fn(DatabaseClient) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let mut recovered = false;
+        // Each recovery at most once per call: a new session, then (when
+        // the store may create it) the table.
+        let (mut new_session, mut new_table) = (false, false);
         loop {
             let (generation, client) = self.session.current();
             let result = match self.check_schema_once(&client).await {
@@ -554,25 +568,23 @@ impl SpannerStore {
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if !recovered && session_lost(&e) => {
+                Err(e) if !new_session && session_lost(&e) => {
                     warn!(database = %self.config.database, error = %e.chain(), "Spanner lost our session; opening a new one");
-                    recovered = true;
+                    new_session = true;
                     self.session
                         .rebuild(generation, &self.spanner, &self.config, self.call_timeout)
                         .await?;
                 }
-                Err(e) if !recovered && self.create_table && table_missing(&e) => {
-                    warn!(table = %self.config.table, error = %e.chain(), "the lease table is gone; creating it again");
-                    recovered = true;
+                Err(e) if table_missing(&e) => {
+                    // Checked again (and, when allowed, created) next time.
                     self.schema_checked.store(false, Ordering::SeqCst);
-                }
-                Err(e) => {
-                    if table_missing(&e) {
-                        self.schema_checked.store(false, Ordering::SeqCst);
+                    if new_table || !self.create_table {
+                        return Err(e);
                     }
-                    return Err(e);
+                    warn!(table = %self.config.table, error = %e.chain(), "the lease table is gone; creating it again");
+                    new_table = true;
                 }
-                Ok(value) => return Ok(value),
+                result => return result,
             }
         }
     }
@@ -708,6 +720,11 @@ impl SpannerStore {
         let outcome = tokio::time::timeout(self.call_timeout, run).await;
         let committing = committing.load(Ordering::SeqCst);
         let context = || format!("{what} {lock}");
+        // A refusal is known as soon as the body made it, even when the
+        // rollback that follows is still on its way.
+        if let Some(refused) = refusal.take() {
+            return Err(refused);
+        }
         match outcome {
             Err(_) if committing => Err(StoreError::outcome_unknown(format!(
                 "{}: no commit reply within {:?}",
@@ -719,9 +736,7 @@ impl SpannerStore {
                 context(),
                 self.call_timeout
             ))),
-            Ok(Err(e)) => Err(refusal
-                .take()
-                .unwrap_or_else(|| classify(context(), e, committing, &self.config))),
+            Ok(Err(e)) => Err(classify(context(), e, committing, &self.config)),
             Ok(Ok(result)) => {
                 let committed_at = result.commit_timestamp().as_ref().map(timestamp_to_store);
                 Ok((result.into_inner(), committed_at))
