@@ -64,7 +64,7 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store).await?, metrics.clone()));
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store, args.create_table).await?, metrics.clone()));
     if args.create_table {
         store.ensure_schema().await?;
     }
@@ -216,11 +216,16 @@ fn metrics_router(registry: Registry) -> axum::Router {
         .route("/healthz", axum::routing::get(|| async { "ok" }))
 }
 
-/// Opens the configured store.
-pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>> {
+/// Opens the configured store; with `create_table` a Spanner store creates
+/// its table whenever it finds it missing (at start and after it vanished).
+pub async fn connect(choice: &StoreChoice, create_table: bool) -> Result<Arc<dyn LeaseStore>> {
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
-        StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+        StoreChoice::Spanner(config) => Arc::new(
+            crate::store::spanner::SpannerStore::connect(config.clone())
+                .await?
+                .with_create_table(create_table),
+        ),
     })
 }
 

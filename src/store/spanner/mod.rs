@@ -1014,6 +1014,74 @@ mod tests {
         assert!((0..1024).contains(&shard_of("prod/scheduler")));
     }
 
+    fn spanner_error(code: Code, message: &str) -> google_cloud_spanner::Error {
+        google_cloud_spanner::Error::service(Status::default().set_code(code).set_message(message))
+    }
+
+    fn config() -> SpannerConfig {
+        SpannerConfig {
+            database: "projects/p/instances/i/databases/d".into(),
+            table: "leases".into(),
+        }
+    }
+
+    #[test]
+    fn an_answer_after_the_commit_was_sent_leaves_the_outcome_open() {
+        for code in [Code::NotFound, Code::FailedPrecondition, Code::DeadlineExceeded, Code::Internal] {
+            let before = classify("renew".into(), spanner_error(code, "Transaction not found"), false, &config());
+            assert!(matches!(before, StoreError::Unavailable { .. }), "{code:?} before: {before:?}");
+            let after = classify("renew".into(), spanner_error(code, "Transaction not found"), true, &config());
+            assert!(matches!(after, StoreError::OutcomeUnknown { .. }), "{code:?} after: {after:?}");
+            assert!(after.chain().contains("Transaction not found"), "the cause is kept: {}", after.chain());
+        }
+        // ABORTED, even on the commit, did not commit.
+        let aborted = classify("renew".into(), spanner_error(Code::Aborted, "aborted"), true, &config());
+        assert!(matches!(aborted, StoreError::Unavailable { .. }), "{aborted:?}");
+    }
+
+    #[test]
+    fn a_lost_session_did_nothing_and_is_recognised() {
+        let lost = classify(
+            "renew".into(),
+            spanner_error(Code::NotFound, "Session not found: projects/p/instances/i/databases/d/sessions/0"),
+            true,
+            &config(),
+        );
+        assert!(matches!(lost, StoreError::Unavailable { .. }), "{lost:?}");
+        assert!(session_lost(&lost));
+        assert!(!table_missing(&lost));
+    }
+
+    #[test]
+    fn missing_things_are_invalid_with_the_fix() {
+        for code in [Code::NotFound, Code::InvalidArgument] {
+            let table = classify(
+                "observe x".into(),
+                spanner_error(code, "Table not found: leases [at 1:130]"),
+                false,
+                &config(),
+            );
+            assert!(matches!(table, StoreError::Invalid { .. }), "{table:?}");
+            assert!(table.to_string().contains(TABLE_MISSING_FIX), "{table}");
+            assert!(table_missing(&table));
+        }
+        let database = classify(
+            "observe x".into(),
+            spanner_error(Code::NotFound, "Database not found: projects/p/instances/i/databases/d"),
+            false,
+            &config(),
+        );
+        assert!(matches!(database, StoreError::Invalid { .. }), "{database:?}");
+        assert!(database.to_string().contains("does not exist: create it"), "{database}");
+        let schema = classify(
+            "renew x".into(),
+            spanner_error(Code::FailedPrecondition, "allow_commit_timestamp column option is not set"),
+            true,
+            &config(),
+        );
+        assert!(matches!(schema, StoreError::Invalid { .. }), "{schema:?}");
+    }
+
     #[test]
     fn lease_durations_convert_checked_both_ways() {
         assert_eq!(
