@@ -57,10 +57,14 @@ impl Target for Spanner {
             admin: Some(self.emulator.rest.clone()),
         };
         let delay = Duration::from_millis(500);
-        for round_trips in [2.5, 3.5, 2.5, 4.5] {
+        // Acquiring an absent row: UPDATE (no match), read, INSERT, commit;
+        // an existing free row: UPDATE, commit.
+        for round_trips in [3.5, 2.5, 1.5, 3.5, 4.5] {
             let store = SpannerStore::connect_to(self.config.clone(), endpoints.clone(), delay.mul_f64(round_trips))
                 .await
                 .unwrap();
+            // The schema check of the first call, before replies slow down.
+            store.observe(lock).await.unwrap();
             proxy.set(ProxyMode::DelayReplies(delay));
             let result = store.acquire(lock, holder, lease).await;
             proxy.set(ProxyMode::Forward);
