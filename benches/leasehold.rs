@@ -222,14 +222,19 @@ fn usage(pid: u32) -> (u64, f64) {
     (rss, ticks / 100.0)
 }
 
-fn footprint(seconds: u64) -> String {
-    let lock = "bench-idle";
-    let emulator = Emulator::start_or_connect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// A runtime with one worker thread, so the harness takes little of the machine.
+fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn footprint(seconds: u64) -> String {
+    let lock = "bench-idle";
+    let emulator = Emulator::start_or_connect();
+    let runtime = one_worker_runtime();
     let (config, proxy) = runtime.block_on(async {
         let config = emulator.create_database("leasehold_leases").await;
         let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
@@ -344,11 +349,7 @@ const REPLY_DELAY: Duration = Duration::from_millis(100);
 /// proxy that shifts every reply by it.
 fn store_ops(reps: u64) -> Vec<String> {
     let emulator = Emulator::start_or_connect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     runtime.block_on(async {
         let config = emulator.create_database("leasehold_leases").await;
         let direct = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)

@@ -64,7 +64,10 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&settings.store, args.create_table).await?, metrics.clone()));
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(
+        connect(&settings.store, args.create_table).await?,
+        metrics.clone(),
+    ));
     if args.create_table {
         store.ensure_schema().await?;
     }

@@ -275,7 +275,7 @@ fn check_lock(lock: &str) -> Result<()> {
 fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64> {
     let millis = i64::try_from(lease.as_millis())
         .ok()
-        .filter(|ms| *ms > 0 && lease.subsec_nanos() % 1_000_000 == 0);
+        .filter(|ms| *ms > 0 && lease.subsec_nanos().is_multiple_of(1_000_000));
     millis.ok_or_else(|| {
         StoreError::invalid(format!(
             "{field} ({lease:?}) cannot be stored: the lease table keeps a positive whole number of milliseconds"
@@ -684,13 +684,24 @@ impl SpannerStore {
         }
     }
 
-    /// Runs `body` in a read-write transaction, classifying failures and
-    /// telling an error during the commit (unknown outcome) from one before.
-    /// A body that refuses (see [`Refusal`]) is rolled back and its error returned.
-    async fn transact<T, F, Fut>(
+    /// Runs `body` in a read-write transaction (through [`Self::call`]),
+    /// classifying failures and telling an error during the commit (unknown
+    /// outcome) from one before. A body that refuses (see [`Refusal`]) is
+    /// rolled back and its error returned.
+    async fn transact<T, F, Fut>(&self, what: &'static str, lock: &str, body: F) -> Result<(T, Option<StoreTime>)>
+    where
+        T: Send + 'static,
+        F: Fn(ReadWriteTransaction, Refusal) -> Fut + Send + Sync + Clone + 'static,
+        Fut: std::future::Future<Output = google_cloud_spanner::Result<T>> + Send,
+    {
+        self.call(|client| self.transact_once(client, what, lock, body.clone()))
+            .await
+    }
+
+    async fn transact_once<T, F, Fut>(
         &self,
-        client: &DatabaseClient,
-        what: &str,
+        client: DatabaseClient,
+        what: &'static str,
         lock: &str,
         body: F,
     ) -> Result<(T, Option<StoreTime>)>
@@ -813,52 +824,48 @@ impl LeaseStore for SpannerStore {
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
         check_lock(lock)?;
         let lease_ms = lease_to_millis("lease duration", lease)?;
+        let (queries, lock_name, holder) = (self.queries.clone(), lock.to_string(), holder.to_string());
         let (term, committed_at) = self
-            .call(|client| async move {
-                let queries = self.queries.clone();
-                let (lock, holder) = (lock.to_string(), holder.to_string());
-                self.transact(&client, "acquire", &lock.clone(), move |tx, refusal| {
-                    let (queries, lock, holder) = (queries.clone(), lock.clone(), holder.clone());
-                    async move {
-                        // Free or expired: taken in this one statement.
-                        let take = keyed(&queries.take, &lock)
-                            .add_param("holder", holder.as_str())
-                            .add_param("lease_ms", lease_ms)
-                            .build();
-                        let term = match returned_term(tx.execute_query(take).await?).await? {
-                            Some(term) => term,
-                            None => {
-                                // Absent, or held: read to tell which.
-                                let read = keyed(&queries.read_for_acquire, &lock)
-                                    .add_param("floor", floor_name(&lock))
-                                    .build();
-                                let row = RawRow::read(tx.execute_query(read).await?, true).await?;
-                                if row.term.is_some() {
-                                    let observed = match row.decode(&lock) {
-                                        Ok(observed) => observed,
-                                        Err(invalid) => return refusal.refuse(invalid),
-                                    };
-                                    let reason = match observed.live_holder() {
-                                        Some(current) => format!("held by {current}"),
-                                        None => "not yet expired by the store's clock".to_string(),
-                                    };
-                                    return refusal.refuse(lost(&lock, reason));
-                                }
-                                let term = row.floor.unwrap_or(0).max(0) + 1;
-                                let insert = keyed(&queries.insert, &lock)
-                                    .add_param("holder", holder.as_str())
-                                    .add_param("term", term)
-                                    .add_param("lease_ms", lease_ms)
-                                    .build();
-                                tx.execute_update(insert).await?;
-                                term
+            .transact("acquire", lock, move |tx, refusal| {
+                let (queries, lock, holder) = (queries.clone(), lock_name.clone(), holder.clone());
+                async move {
+                    // Free or expired: taken in this one statement.
+                    let take = keyed(&queries.take, &lock)
+                        .add_param("holder", holder.as_str())
+                        .add_param("lease_ms", lease_ms)
+                        .build();
+                    let term = match returned_term(tx.execute_query(take).await?).await? {
+                        Some(term) => term,
+                        None => {
+                            // Absent, or held: read to tell which.
+                            let read = keyed(&queries.read_for_acquire, &lock)
+                                .add_param("floor", floor_name(&lock))
+                                .build();
+                            let row = RawRow::read(tx.execute_query(read).await?, true).await?;
+                            if row.term.is_some() {
+                                let observed = match row.decode(&lock) {
+                                    Ok(observed) => observed,
+                                    Err(invalid) => return refusal.refuse(invalid),
+                                };
+                                let reason = match observed.live_holder() {
+                                    Some(current) => format!("held by {current}"),
+                                    None => "not yet expired by the store's clock".to_string(),
+                                };
+                                return refusal.refuse(lost(&lock, reason));
                             }
-                        };
-                        tx.buffer([queries.raise_floor(&lock, term)])?;
-                        Ok(term)
-                    }
-                })
-                .await
+                            let term = row.floor.unwrap_or(0).max(0) + 1;
+                            let insert = keyed(&queries.insert, &lock)
+                                .add_param("holder", holder.as_str())
+                                .add_param("term", term)
+                                .add_param("lease_ms", lease_ms)
+                                .build();
+                            tx.execute_update(insert).await?;
+                            term
+                        }
+                    };
+                    tx.buffer([queries.raise_floor(&lock, term)])?;
+                    Ok(term)
+                }
             })
             .await?;
         let committed_at = Self::committed("acquire", committed_at)?;
@@ -872,29 +879,8 @@ impl LeaseStore for SpannerStore {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
         check_lock(lock)?;
         let lease_ms = lease_to_millis("lease duration", lease)?;
-        let (term, committed_at) = self
-            .call(|client| async move {
-                let queries = self.queries.clone();
-                let (lock, holder) = (lock.to_string(), holder.to_string());
-                self.transact(&client, "renew", &lock.clone(), move |tx, refusal| {
-                    let (queries, lock, holder) = (queries.clone(), lock.clone(), holder.clone());
-                    async move {
-                        let renew = keyed(&queries.renew, &lock)
-                            .add_param("holder", holder.as_str())
-                            .add_param("token", token_to_timestamp(token))
-                            .add_param("lease_ms", lease_ms)
-                            .build();
-                        match returned_term(tx.execute_query(renew).await?).await? {
-                            Some(term) => Ok(term),
-                            None => {
-                                refusal.refuse(lost(&lock, format!("no longer held by {holder} with token {token}")))
-                            }
-                        }
-                    }
-                })
-                .await
-            })
-            .await?;
+        let body = check_and_set(&self.queries.renew, lock, holder, token, Some(lease_ms));
+        let (term, committed_at) = self.transact("renew", lock, body).await?;
         Ok(Grant {
             term: term_from_row(lock, term)?,
             token,
@@ -904,26 +890,42 @@ impl LeaseStore for SpannerStore {
 
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
         check_lock(lock)?;
-        self.call(|client| async move {
-            let queries = self.queries.clone();
-            let (lock, holder) = (lock.to_string(), holder.to_string());
-            self.transact(&client, "release", &lock.clone(), move |tx, refusal| {
-                let (queries, lock, holder) = (queries.clone(), lock.clone(), holder.clone());
-                async move {
-                    let release = keyed(&queries.release, &lock)
-                        .add_param("holder", holder.as_str())
-                        .add_param("token", token_to_timestamp(token))
-                        .build();
-                    match returned_term(tx.execute_query(release).await?).await? {
-                        Some(_) => Ok(()),
-                        None => refusal.refuse(lost(&lock, format!("not held by {holder} with token {token}"))),
-                    }
-                }
-            })
-            .await
+        let body = check_and_set(&self.queries.release, lock, holder, token, None);
+        self.transact("release", lock, body).await.map(|_| ())
+    }
+}
+
+/// What a transaction body returns.
+type TransactionFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = google_cloud_spanner::Result<T>> + Send>>;
+
+/// The body of a renew or release: `sql` (an `UPDATE … WHERE holder =
+/// @holder AND token = @token THEN RETURN term`), with `@lease_ms` when
+/// given; when it matches no row the lease is lost and the transaction
+/// rolled back.
+fn check_and_set(
+    sql: &str,
+    lock: &str,
+    holder: &str,
+    token: FencingToken,
+    lease_ms: Option<i64>,
+) -> impl Fn(ReadWriteTransaction, Refusal) -> TransactionFuture<i64> + Send + Sync + Clone + 'static {
+    let (sql, lock, holder) = (sql.to_string(), lock.to_string(), holder.to_string());
+    move |tx, refusal| {
+        let mut statement = keyed(&sql, &lock)
+            .add_param("holder", holder.as_str())
+            .add_param("token", token_to_timestamp(token));
+        if let Some(lease_ms) = lease_ms {
+            statement = statement.add_param("lease_ms", lease_ms);
+        }
+        let statement = statement.build();
+        let (lock, holder) = (lock.clone(), holder.clone());
+        Box::pin(async move {
+            match returned_term(tx.execute_query(statement).await?).await? {
+                Some(term) => Ok(term),
+                None => refusal.refuse(lost(&lock, format!("not held by {holder} with token {token}"))),
+            }
         })
-        .await
-        .map(|_| ())
     }
 }
 
@@ -976,12 +978,7 @@ async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str
         .poller()
         .until_done()
         .await;
-    if let Err(e) = created
-        && !e.to_string().contains("already exists")
-        && e.status().map(|s| s.code) != Some(Code::AlreadyExists)
-    {
-        return Err(StoreError::unavailable(format!("creating emulator instance {instance_path}")).caused_by(e));
-    }
+    created_or_there(created, || format!("creating emulator instance {instance_path}"))?;
     let databases = databases
         .build()
         .await
@@ -993,13 +990,23 @@ async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str
         .poller()
         .until_done()
         .await;
-    if let Err(e) = created
-        && !e.to_string().contains("already exists")
-        && e.status().map(|s| s.code) != Some(Code::AlreadyExists)
-    {
-        return Err(StoreError::unavailable(format!("creating emulator database {database}")).caused_by(e));
-    }
+    created_or_there(created, || format!("creating emulator database {database}"))?;
     Ok(format!("{instance_path}/databases/{database}"))
+}
+
+/// A create that succeeded or found the thing already there.
+fn created_or_there<T>(
+    created: std::result::Result<T, google_cloud_spanner::Error>,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    match created {
+        Err(e)
+            if !e.to_string().contains("already exists") && e.status().map(|s| s.code) != Some(Code::AlreadyExists) =>
+        {
+            Err(StoreError::unavailable(what()).caused_by(e))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -1027,12 +1034,31 @@ mod tests {
 
     #[test]
     fn an_answer_after_the_commit_was_sent_leaves_the_outcome_open() {
-        for code in [Code::NotFound, Code::FailedPrecondition, Code::DeadlineExceeded, Code::Internal] {
-            let before = classify("renew".into(), spanner_error(code, "Transaction not found"), false, &config());
-            assert!(matches!(before, StoreError::Unavailable { .. }), "{code:?} before: {before:?}");
-            let after = classify("renew".into(), spanner_error(code, "Transaction not found"), true, &config());
-            assert!(matches!(after, StoreError::OutcomeUnknown { .. }), "{code:?} after: {after:?}");
-            assert!(after.chain().contains("Transaction not found"), "the cause is kept: {}", after.chain());
+        for code in [
+            Code::NotFound,
+            Code::FailedPrecondition,
+            Code::DeadlineExceeded,
+            Code::Internal,
+        ] {
+            for committing in [false, true] {
+                let error = classify(
+                    "renew".into(),
+                    spanner_error(code, "Transaction not found"),
+                    committing,
+                    &config(),
+                );
+                let expected = match error {
+                    StoreError::Unavailable { .. } => !committing,
+                    StoreError::OutcomeUnknown { .. } => committing,
+                    _ => false,
+                };
+                assert!(expected, "{code:?}, committing {committing}: {error:?}");
+                assert!(
+                    error.chain().contains("Transaction not found"),
+                    "the cause is kept: {}",
+                    error.chain()
+                );
+            }
         }
         // ABORTED, even on the commit, did not commit.
         let aborted = classify("renew".into(), spanner_error(Code::Aborted, "aborted"), true, &config());
@@ -1043,7 +1069,10 @@ mod tests {
     fn a_lost_session_did_nothing_and_is_recognised() {
         let lost = classify(
             "renew".into(),
-            spanner_error(Code::NotFound, "Session not found: projects/p/instances/i/databases/d/sessions/0"),
+            spanner_error(
+                Code::NotFound,
+                "Session not found: projects/p/instances/i/databases/d/sessions/0",
+            ),
             true,
             &config(),
         );
@@ -1075,7 +1104,10 @@ mod tests {
         assert!(database.to_string().contains("does not exist: create it"), "{database}");
         let schema = classify(
             "renew x".into(),
-            spanner_error(Code::FailedPrecondition, "allow_commit_timestamp column option is not set"),
+            spanner_error(
+                Code::FailedPrecondition,
+                "allow_commit_timestamp column option is not set",
+            ),
             true,
             &config(),
         );
