@@ -853,7 +853,11 @@ impl LeaseStore for SpannerStore {
                                 };
                                 return refusal.refuse(lost(&lock, reason));
                             }
-                            let term = row.floor.unwrap_or(0).max(0) + 1;
+                            let Some(term) = row.floor.unwrap_or(0).max(0).checked_add(1) else {
+                                return refusal.refuse(StoreError::invalid(format!(
+                                    "the term floor of {lock:?} is at its maximum: delete its row"
+                                )));
+                            };
                             let insert = keyed(&queries.insert, &lock)
                                 .add_param("holder", holder.as_str())
                                 .add_param("term", term)
