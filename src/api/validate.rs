@@ -5,7 +5,7 @@ use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::{Timing, TimingError};
-use crate::store::spanner::SpannerConfig;
+use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,28 +179,13 @@ fn check_secret(secret: &SecretKeyRef, field: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// The Spanner store owns the rules for its names; this names the field.
 fn check_database(database: &str) -> Result<()> {
-    let parts: Vec<&str> = database.split('/').collect();
-    let shaped = matches!(
-        parts.as_slice(),
-        ["projects", p, "instances", i, "databases", d] if !p.is_empty() && !i.is_empty() && !d.is_empty()
-    );
-    if shaped {
-        Ok(())
-    } else {
-        Err(invalid(
-            "spec.store.spanner.database",
-            format!("must look like projects/<project>/instances/<instance>/databases/<database>, got {database:?}"),
-        ))
-    }
+    spanner::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
 }
 
 fn check_table(table: &str, field: &'static str, max_len: usize) -> Result<()> {
-    let mut chars = table.chars();
-    let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && table.len() <= max_len;
-    if identifier {
+    if crate::store::is_sql_identifier(table, max_len) {
         Ok(())
     } else {
         Err(invalid(

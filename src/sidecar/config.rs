@@ -553,7 +553,7 @@ mod tests {
             ),
             (
                 &["--lock", "l", "--database", "nonsense"],
-                "is not of the form projects/<project>",
+                "database: must look like projects/<project>",
             ),
             (
                 &[
@@ -564,7 +564,7 @@ mod tests {
                     "--table",
                     "bad-name",
                 ],
-                "is not a valid Spanner identifier",
+                "table: must be a letter followed by",
             ),
             (&["--lease", "web", "--lock", "l"], "--lock contradicts --lease web"),
             (
