@@ -9,7 +9,7 @@ use kube::Api;
 
 use super::{Error, Result};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, validate};
-use crate::lease::{Identity, Timing};
+use crate::lease::{Identity, Timing, validate_lock_name};
 use crate::store::spanner::SpannerConfig;
 use tracing::{debug, info, warn};
 
@@ -199,6 +199,7 @@ pub async fn resolve(args: &Args, client: Option<kube::Client>) -> Result<Settin
                 .lock
                 .clone()
                 .ok_or_else(|| Error::Config("--lock (or --lease) is required".into()))?;
+            validate_lock_name("--lock", &lock).map_err(|e| Error::Config(e.to_string()))?;
             let timing = Timing::parse(
                 args.lease_duration.as_deref().unwrap_or("15s"),
                 args.renew_deadline.as_deref().unwrap_or("10s"),
@@ -309,6 +310,11 @@ mod tests {
         let cases: &[(&[&str], &str)] = &[
             (&["--store", "memory"], "--lock (or --lease) is required"),
             (&["--lock", "l"], "--store memory|spanner (or --lease) is required"),
+            (&["--lock", "", "--store", "memory"], "--lock must not be empty"),
+            (
+                &["--lock", "l", "--store", "memory", "--lease-duration", "1000000000y"],
+                "leaseDuration (31557600000000000s) must be between 10ms and 3600s",
+            ),
             (
                 &["--lock", "l", "--store", "spanner"],
                 "--store spanner needs --database",
