@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::sim::{Summary, simulate, simulate_with_drift};
+use leasehold::sim::{Setup, Summary, simulate, simulate_with};
 
 fn run_shard(shard: u64) -> Summary {
     let mut summary = Summary::default();
@@ -61,7 +61,13 @@ fn the_checker_catches_clock_drift_beyond_what_r_over_d_tolerates() {
     // With the store clock running faster than D/R allows, a lease can
     // expire by the store's clock while its holder still believes it leads.
     let caught = (0..100)
-        .filter(|&seed| simulate_with_drift(seed, Duration::from_secs(60), 1.5..3.0).is_err())
+        .filter(|&seed| {
+            let setup = Setup {
+                drift: 1.5..3.0,
+                ..Setup::default()
+            };
+            simulate_with(seed, &setup).is_err()
+        })
         .count();
     assert!(caught > 0, "no violation found in 100 seeds of excessive drift");
 }

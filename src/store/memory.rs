@@ -151,13 +151,20 @@ impl MemoryStore {
     }
 
     /// Deletes a row outright, as an operator or a person with SQL access
-    /// could. Its term is remembered: a recreated row continues from it.
-    pub fn delete_row(&self, lock: &str) {
+    /// could, returning what it was at the store time of deletion. Its term
+    /// is remembered: a recreated row continues from it.
+    pub fn delete_row(&self, lock: &str) -> Observation {
         let mut state = self.lock();
-        if let Some(row) = state.rows.remove(lock) {
-            let remains = LeaseRecord { holder: None, ..row };
+        let now = self.clock(&state);
+        let record = state.rows.remove(lock);
+        if let Some(row) = &record {
+            let remains = LeaseRecord {
+                holder: None,
+                ..row.clone()
+            };
             state.deleted.insert(lock.to_string(), remains);
         }
+        Observation { record, now }
     }
 
     /// Writes a row outright, as a person with SQL access could (tests of
@@ -288,6 +295,40 @@ fn checked_row(row: &LeaseRecord) -> Result<&LeaseRecord> {
         .map_err(|e| StoreError::invalid(format!("row {}", row.name)).caused_by(e))
 }
 
+/// The body of an acquisition: when `row` (as the transaction read it) has
+/// no live holder at `commit`, the next term for `holder` with `token`. The
+/// simulation's mutants call it with a stale row or a wrong token.
+pub(crate) fn grant(
+    lock: &str,
+    holder: &str,
+    lease: Duration,
+    row: Option<&LeaseRecord>,
+    commit: StoreTime,
+    token: FencingToken,
+) -> Result<(Option<LeaseRecord>, Grant)> {
+    if let Some(current) = row.and_then(|r| r.live_holder(commit)) {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason: format!("held by {current}"),
+        });
+    }
+    let term = row.map_or(0, |r| r.term) + 1;
+    let grant = Grant {
+        term,
+        token,
+        committed_at: commit,
+    };
+    let row = LeaseRecord {
+        name: lock.to_string(),
+        holder: Some(holder.to_string()),
+        term,
+        token: Some(token),
+        renewed_at: Some(commit),
+        lease_duration: lease,
+    };
+    Ok((Some(row), grant))
+}
+
 /// The check-and-set both renew and release rely on.
 fn check_ours<'a>(
     lock: &str,
@@ -340,30 +381,8 @@ impl LeaseStore for MemoryStore {
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
         checked_lease(lease)?;
-        self.transact(lock, |row, commit| {
-            if let Some(current) = row.and_then(|r| r.live_holder(commit)) {
-                return Err(StoreError::Lost {
-                    lock: lock.to_string(),
-                    reason: format!("held by {current}"),
-                });
-            }
-            let term = row.map_or(0, |r| r.term) + 1;
-            let grant = Grant {
-                term,
-                token: FencingToken(commit.0),
-                committed_at: commit,
-            };
-            let row = LeaseRecord {
-                name: lock.to_string(),
-                holder: Some(holder.to_string()),
-                term,
-                token: Some(grant.token),
-                renewed_at: Some(commit),
-                lease_duration: lease,
-            };
-            Ok((Some(row), grant))
-        })
-        .await
+        self.transact(lock, |row, commit| grant(lock, holder, lease, row, commit, FencingToken(commit.0)))
+            .await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
