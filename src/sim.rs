@@ -965,7 +965,17 @@ impl Schedule {
     }
 
     fn check(mut self) -> Result<Report, Violation> {
-        let log = std::mem::take(&mut *self.log.lock().unwrap());
+        let mut log = std::mem::take(&mut *self.log.lock().unwrap());
+        let acquisitions: Vec<Acquisition> = self.store.acquisitions();
+        log.events.extend(acquisitions.iter().map(|a| {
+            format!(
+                "{:>7}ms store committed term {} for {} token {:?}",
+                (a.at - self.start).as_millis(),
+                a.term,
+                a.holder,
+                a.token
+            )
+        }));
         let (seed, mutant) = (self.seed, self.mutant);
         let fail = |what: String| Violation {
             seed,
@@ -975,7 +985,6 @@ impl Schedule {
         };
         let start = self.start;
         let at = |instant: Instant| (instant - start).as_millis();
-        let acquisitions: Vec<Acquisition> = self.store.acquisitions();
         // 1. Terms and tokens strictly increase in commit order.
         for pair in acquisitions.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
