@@ -306,7 +306,10 @@ impl fmt::Display for Violation {
         for e in &self.events[tail..] {
             writeln!(f, "  {e}")?;
         }
-        let mutant = self.mutant.map(|m| format!(" --mutant {}", m.name())).unwrap_or_default();
+        let mutant = self
+            .mutant
+            .map(|m| format!(" --mutant {}", m.name()))
+            .unwrap_or_default();
         write!(
             f,
             "seed {}: {} (replay: leasehold simulate --first-seed {} --seeds 1 --verbose{mutant})",
@@ -499,7 +502,14 @@ impl LeaseStore for Link {
                     Box::pin(async move {
                         store
                             .transact_unchecked(&lock, |_row, commit| {
-                                grant(&lock, &holder, lease, seen.record.as_ref(), seen.now, FencingToken(commit.0))
+                                grant(
+                                    &lock,
+                                    &holder,
+                                    lease,
+                                    seen.record.as_ref(),
+                                    seen.now,
+                                    FencingToken(commit.0),
+                                )
                             })
                             .await
                     })
@@ -940,7 +950,10 @@ impl Schedule {
                 let forward_allowed = self.last_forward_jump.is_none_or(|at| now - at > lease * 4);
                 let (nanos, direction) = if forward_allowed && self.rng.random_bool(0.5) {
                     self.last_forward_jump = Some(now);
-                    (self.max_jump.mul_f64(self.rng.random_range(0.0..=1.0)).as_nanos() as i64, 1)
+                    (
+                        self.max_jump.mul_f64(self.rng.random_range(0.0..=1.0)).as_nanos() as i64,
+                        1,
+                    )
                 } else {
                     (lease.mul_f64(self.rng.random_range(0.0..1.0)).as_nanos() as i64, -1)
                 };

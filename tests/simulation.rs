@@ -114,9 +114,15 @@ fn the_simulate_command_names_and_hunts_mutants() {
         assert!(list.contains(mutant.name()), "{list}");
     }
     let (ok, caught) = run(&["--mutant", "deadline-D-instead-of-R"]);
-    assert!(ok && caught.contains("mutant deadline-D-instead-of-R caught by seed"), "{caught}");
+    assert!(
+        ok && caught.contains("mutant deadline-D-instead-of-R caught by seed"),
+        "{caught}"
+    );
     let (ok, unknown) = run(&["--mutant", "nonsense"]);
-    assert!(!ok && unknown.contains("--mutant \"nonsense\" is not one of: list, deadline-from-reply"), "{unknown}");
+    assert!(
+        !ok && unknown.contains("--mutant \"nonsense\" is not one of: list, deadline-from-reply"),
+        "{unknown}"
+    );
 }
 
 #[test]

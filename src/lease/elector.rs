@@ -615,9 +615,7 @@ impl Running {
             )
             .await;
             let renewed = match renewed {
-                Ok(Err(StoreError::OutcomeUnknown { .. })) if self.flaw(Flaw::UnknownOutcomeAsSuccess) => {
-                    Ok(Ok(grant))
-                }
+                Ok(Err(StoreError::OutcomeUnknown { .. })) if self.flaw(Flaw::UnknownOutcomeAsSuccess) => Ok(Ok(grant)),
                 other => other,
             };
             match renewed {

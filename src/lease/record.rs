@@ -302,7 +302,10 @@ mod tests {
         let cases = [
             ("", "--lock must not be empty"),
             ("  ", "--lock must not be empty"),
-            (&*"x".repeat(MAX_LOCK_NAME_BYTES + 1), "--lock is 513 bytes long; at most 512"),
+            (
+                &*"x".repeat(MAX_LOCK_NAME_BYTES + 1),
+                "--lock is 513 bytes long; at most 512",
+            ),
             ("a\nb", "--lock must not contain control characters"),
             (" web", "--lock must not start or end with whitespace"),
         ];
@@ -320,9 +323,18 @@ mod tests {
         }
         let refused = [
             (Duration::ZERO, "leaseDuration (0ns) must be between 10ms and 3600s"),
-            (MAX_LEASE_DURATION + Duration::from_millis(1), "leaseDuration (3600.001s) must be between"),
-            (Duration::from_secs(31_557_600 * 1_000_000_000), "leaseDuration (31557600000000000s) must be between"),
-            (Duration::from_micros(1_500_500), "leaseDuration (1.5005s) must be a whole number of milliseconds"),
+            (
+                MAX_LEASE_DURATION + Duration::from_millis(1),
+                "leaseDuration (3600.001s) must be between",
+            ),
+            (
+                Duration::from_secs(31_557_600 * 1_000_000_000),
+                "leaseDuration (31557600000000000s) must be between",
+            ),
+            (
+                Duration::from_micros(1_500_500),
+                "leaseDuration (1.5005s) must be a whole number of milliseconds",
+            ),
         ];
         for (lease, expected) in refused {
             let err = lease_to_millis("leaseDuration", lease).unwrap_err().to_string();
@@ -330,7 +342,10 @@ mod tests {
         }
         for stored in [0, -1, i64::MIN, i64::MAX, 3_600_001] {
             let err = lease_from_millis("lease_ms", stored).unwrap_err().to_string();
-            assert!(err.starts_with(&format!("lease_ms ({stored}ms) must be between")), "{err}");
+            assert!(
+                err.starts_with(&format!("lease_ms ({stored}ms) must be between")),
+                "{err}"
+            );
         }
     }
 }

@@ -211,7 +211,10 @@ mod tests {
                 ("1000000000y", "10s", "2s", 0.0),
                 "leaseDuration (31557600000000000s) must be between 10ms and 3600s",
             ),
-            (("2h", "10s", "2s", 0.0), "leaseDuration (7200s) must be between 10ms and 3600s"),
+            (
+                ("2h", "10s", "2s", 0.0),
+                "leaseDuration (7200s) must be between 10ms and 3600s",
+            ),
             (
                 ("1500500us", "1s", "200ms", 0.0),
                 "leaseDuration (1.5005s) must be a whole number of milliseconds",

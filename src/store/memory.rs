@@ -381,8 +381,10 @@ impl LeaseStore for MemoryStore {
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
         checked_lease(lease)?;
-        self.transact(lock, |row, commit| grant(lock, holder, lease, row, commit, FencingToken(commit.0)))
-            .await
+        self.transact(lock, |row, commit| {
+            grant(lock, holder, lease, row, commit, FencingToken(commit.0))
+        })
+        .await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
@@ -434,19 +436,20 @@ mod tests {
         let store = MemoryStore::new(1);
         let huge = Duration::from_secs(31_557_600 * 1_000_000_000);
         let (invalid, chain) = kind_and_chain(store.acquire("l", "a", huge).await.unwrap_err());
-        assert!(invalid && chain.contains("lease duration (31557600000000000s) must be between"), "{chain}");
+        assert!(
+            invalid && chain.contains("lease duration (31557600000000000s) must be between"),
+            "{chain}"
+        );
         let (invalid, chain) = kind_and_chain(store.observe("").await.unwrap_err());
         assert!(invalid && chain.contains("lock must not be empty"), "{chain}");
         assert_eq!(store.calls(), StoreCalls::default(), "refused before reaching the rows");
 
         let grant = store.acquire("l", "a", Duration::from_secs(10)).await.unwrap();
-        let (invalid, chain) = kind_and_chain(
-            store
-                .renew("l", "a", grant.token, Duration::ZERO)
-                .await
-                .unwrap_err(),
+        let (invalid, chain) = kind_and_chain(store.renew("l", "a", grant.token, Duration::ZERO).await.unwrap_err());
+        assert!(
+            invalid && chain.contains("lease duration (0ns) must be between"),
+            "{chain}"
         );
-        assert!(invalid && chain.contains("lease duration (0ns) must be between"), "{chain}");
     }
 
     #[tokio::test]
@@ -459,10 +462,16 @@ mod tests {
         for result in [
             store.observe("l").await.map(drop),
             store.acquire("l", "b", Duration::from_secs(10)).await.map(drop),
-            store.renew("l", "a", grant.token, Duration::from_secs(10)).await.map(drop),
+            store
+                .renew("l", "a", grant.token, Duration::from_secs(10))
+                .await
+                .map(drop),
         ] {
             let (invalid, chain) = kind_and_chain(result.unwrap_err());
-            assert!(invalid && chain.contains("stored lease duration (0ns) must be between"), "{chain}");
+            assert!(
+                invalid && chain.contains("stored lease duration (0ns) must be between"),
+                "{chain}"
+            );
         }
     }
 
@@ -475,7 +484,11 @@ mod tests {
         let second = store.acquire("l", "b", Duration::from_secs(10)).await.unwrap();
         assert_eq!(second.term, first.term + 1);
         assert!(second.token > first.token);
-        let terms: Vec<_> = store.acquisitions().iter().map(|a| (a.term, a.holder.clone())).collect();
+        let terms: Vec<_> = store
+            .acquisitions()
+            .iter()
+            .map(|a| (a.term, a.holder.clone()))
+            .collect();
         assert_eq!(terms, [(1, "a".to_string()), (2, "b".to_string())]);
     }
 }
