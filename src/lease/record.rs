@@ -68,7 +68,7 @@ pub fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64, Leas
             value: format!("{lease:?}"),
         });
     }
-    if lease.subsec_nanos() % 1_000_000 != 0 {
+    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(LeaseDurationError::SubMillisecond { field, value: lease });
     }
     // In range, so at most 3.6e6: fits.
