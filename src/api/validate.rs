@@ -4,7 +4,7 @@
 use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
-use crate::lease::{Timing, TimingError};
+use crate::lease::{LockNameError, Timing, TimingError, validate_lock_name};
 use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
@@ -59,6 +59,9 @@ pub enum ValidationError {
     /// Timing messages start with the field name already.
     #[error("spec.{0}")]
     Timing(#[from] TimingError),
+    /// Lock name messages start with the field name already.
+    #[error(transparent)]
+    LockName(#[from] LockNameError),
     #[error("{field} {message}")]
     Field { field: String, message: String },
 }
@@ -77,18 +80,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ValidationError {
 pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let spec = &lease.spec;
     if let Some(lock) = &spec.lock_name {
-        if lock.trim().is_empty() {
-            return Err(invalid(
-                "spec.lockName",
-                "must not be empty (leave it out for <namespace>/<name>)",
-            ));
-        }
-        if lock.len() > 1024 || lock.chars().any(char::is_control) {
-            return Err(invalid(
-                "spec.lockName",
-                "must be at most 1024 characters without control characters",
-            ));
-        }
+        validate_lock_name("spec.lockName", lock)?;
     }
     let store = check_store(&spec.store)?;
     let timing = Timing::parse(

@@ -9,7 +9,7 @@ use kube::Api;
 
 use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
-use crate::lease::{Identity, Timing};
+use crate::lease::{Identity, Timing, validate_lock_name};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
 use crate::store::redis::RedisConfig;
@@ -370,6 +370,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 .lock
                 .clone()
                 .ok_or_else(|| Error::Config("--lock (or --lease) is required".into()))?;
+            validate_lock_name("--lock", &lock).map_err(|e| Error::Config(e.to_string()))?;
             let timing = Timing::parse(
                 args.lease_duration.as_deref().unwrap_or("15s"),
                 args.renew_deadline.as_deref().unwrap_or("10s"),
@@ -531,6 +532,11 @@ mod tests {
                     "bad-name",
                 ],
                 "is not a valid PostgreSQL identifier",
+            ),
+            (&["--lock", "", "--store", "memory"], "--lock must not be empty"),
+            (
+                &["--lock", "l", "--store", "memory", "--lease-duration", "1000000000y"],
+                "leaseDuration (31557600000000000s) must be between 10ms and 3600s",
             ),
             (
                 &["--lock", "l", "--store", "spanner"],

@@ -607,11 +607,12 @@ async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
     for holder in ["prod/web-0#a", "prod/web-1#b", "prod/web-0#c"] {
         fixture
             .store
-            .acquire("prod/web", holder, Duration::from_millis(1))
+            .acquire("prod/web", holder, Duration::from_millis(10))
             .await
             .unwrap();
-        // Past the 1 ms lease on the store's clock, so the next acquire (and the reconcile) sees it expired.
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        // Past the 10 ms lease (the shortest a store accepts) on the store's
+        // clock, so the next acquire (and the reconcile) sees it expired.
+        tokio::time::sleep(Duration::from_millis(12)).await;
     }
     let old = json!({"holder": "prod/web-0#a", "term": 1, "transitions": 4, "conditions": []});
     let resource = lease(json!({}), &[FINALIZER], Some(old));
