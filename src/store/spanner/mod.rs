@@ -260,30 +260,22 @@ fn check_lock(lock: &str) -> Result<()> {
     Ok(())
 }
 
-/// The lease duration as the row keeps it, whole milliseconds in an INT64.
-/// Checked: a duration that does not fit, or is not whole milliseconds, is
-/// refused (naming the field) rather than truncated or wrapped.
+/// A lease duration into the row's milliseconds, by the core's one checked
+/// conversion.
 fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64> {
-    let millis = i64::try_from(lease.as_millis())
-        .ok()
-        .filter(|ms| *ms > 0 && lease.subsec_nanos().is_multiple_of(1_000_000));
-    millis.ok_or_else(|| {
-        StoreError::invalid(format!(
-            "{field} ({lease:?}) cannot be stored: the lease table keeps a positive whole number of milliseconds"
-        ))
-    })
+    crate::lease::lease_to_millis(field, lease).map_err(|e| StoreError::invalid(format!("{field}")).caused_by(e))
 }
 
 /// A stored lease duration back from milliseconds. A row whose duration is
 /// out of range is refused, never clamped: a lease read as 0 ms would look
-/// expired and let a second leader in.
+/// expired to everyone while its holder still claims it.
 fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
-    match u64::try_from(millis) {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(StoreError::invalid(format!(
-            "row {lock:?} holds {field} = {millis}, not a lease duration: delete the row, or correct it"
-        ))),
-    }
+    crate::lease::lease_from_millis(field, millis).map_err(|e| {
+        StoreError::invalid(format!(
+            "row {lock:?} holds {field} = {millis}: delete the row, or correct it"
+        ))
+        .caused_by(e)
+    })
 }
 
 fn timestamp_to_store(t: &Timestamp) -> StoreTime {
