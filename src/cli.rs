@@ -126,7 +126,7 @@ fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
     print!("{}", injected.yaml);
     anyhow::ensure!(
         injected.refused == 0,
-        "{} pod template(s) ask for the sidecar but were not injected (see above)",
+        "{} pod template(s) ask for leasehold but were not injected (see above)",
         injected.refused
     );
     Ok(())
