@@ -383,12 +383,23 @@ spec:
         let once = inject(RUN_JOB, &config()).unwrap();
         assert_eq!(
             once.notes,
-            ["CronJob shop/report: injected: container job runs under leasehold run (lease report; no readiness gate added: its DistributedLease is not in the input)"]
+            [
+                "CronJob shop/report: injected: container job runs under leasehold run (lease report; no readiness gate added: its DistributedLease is not in the input)"
+            ]
         );
         let spec = &docs(&once.yaml)[0]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
         assert_eq!(
             spec["containers"][0]["command"],
-            json!(["/leasehold/bin/leasehold", "run", "--lease", "report", "--", "/app/report", "--since", "yesterday"])
+            json!([
+                "/leasehold/bin/leasehold",
+                "run",
+                "--lease",
+                "report",
+                "--",
+                "/app/report",
+                "--since",
+                "yesterday"
+            ])
         );
         assert_eq!(spec["initContainers"][0]["name"], "leasehold-install");
         let twice = inject(&once.yaml, &config()).unwrap();
@@ -405,7 +416,11 @@ spec:
             "{:?}",
             refused.notes
         );
-        assert_eq!(docs(&refused.yaml), docs(&no_command), "a refused template is written back unchanged");
+        assert_eq!(
+            docs(&refused.yaml),
+            docs(&no_command),
+            "a refused template is written back unchanged"
+        );
     }
 
     #[test]

@@ -67,7 +67,10 @@ mod tests {
             assert_eq!(std::fs::read(&to).unwrap(), std::fs::read(&exe).unwrap());
             assert_eq!(std::fs::metadata(&to).unwrap().permissions().mode() & 0o777, 0o755);
         }
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["leasehold"], "no partial copy is left behind");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -75,6 +78,9 @@ mod tests {
     #[test]
     fn a_missing_folder_is_an_error_naming_the_target() {
         let err = install(Path::new("/nonexistent/leasehold-bin")).unwrap_err();
-        assert!(err.to_string().ends_with("to /nonexistent/leasehold-bin/leasehold"), "{err}");
+        assert!(
+            err.to_string().ends_with("to /nonexistent/leasehold-bin/leasehold"),
+            "{err}"
+        );
     }
 }

@@ -171,7 +171,10 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     let annotations = pod.metadata.annotations.as_ref().ok_or(NotInjected::NotAnnotated)?;
     let lease = annotations.get(LEASE_ANNOTATION).ok_or(NotInjected::NotAnnotated)?;
     let bad = |annotation, problem: String| NotInjected::BadAnnotation { annotation, problem };
-    let run = annotations.get(RUN_ANNOTATION).map(|name| runnable(spec, name)).transpose()?;
+    let run = annotations
+        .get(RUN_ANNOTATION)
+        .map(|name| runnable(spec, name))
+        .transpose()?;
     let metrics_port = match annotations.get(METRICS_PORT_ANNOTATION) {
         None => config.metrics_port,
         Some(value) => value
@@ -189,7 +192,11 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     // All containers share the pod's network namespace: a port another
     // container declares would make the sidecar fail to bind. The runner
     // listens on no port.
-    let sidecar_ports = if run.is_some() { &[][..] } else { &[metrics_port, config.http_port][..] };
+    let sidecar_ports = if run.is_some() {
+        &[][..]
+    } else {
+        &[metrics_port, config.http_port][..]
+    };
     for container in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
         for port in container.ports.iter().flatten() {
             if sidecar_ports.contains(&(port.container_port as u16)) {
@@ -240,6 +247,10 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     })
 }
 
+pub fn has_annotation(pod: &Pod, key: &str) -> bool {
+    pod.metadata.annotations.iter().flatten().any(|(k, _)| k == key)
+}
+
 /// The container `leasehold.dev/run` names, if it can be wrapped.
 fn runnable(spec: &PodSpec, name: &str) -> Result<usize, NotInjected> {
     let bad = |problem| NotInjected::BadAnnotation {
@@ -285,13 +296,7 @@ pub fn injection_patch(
     config: &InjectionConfig,
 ) -> Result<Patch, NotInjected> {
     let spec = pod.spec.as_ref().ok_or(NotInjected::NoSpec)?;
-    let annotated = pod
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .any(|(k, _)| k == LEASE_ANNOTATION);
-    if !annotated {
+    if !has_annotation(pod, LEASE_ANNOTATION) {
         return Err(NotInjected::NotAnnotated);
     }
     // Before the pod's choices: an injected pod's own sidecar holds the
@@ -369,7 +374,11 @@ pub fn injection_patch(
 /// Makes the container at `path` run its command under `leasehold run`, with
 /// the binary from the installer's volume and the environment the runner reads.
 fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str) {
-    let original = container.command.iter().flatten().chain(container.args.iter().flatten());
+    let original = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
     let command: Vec<&str> = [RUNNER_PATH, "run", "--lease", lease, "--"]
         .into_iter()
         .chain(original.map(String::as_str))

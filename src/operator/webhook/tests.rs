@@ -850,9 +850,21 @@ fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
     let report = &spec["containers"][1];
     assert_eq!(
         report["command"],
-        json!([RUNNER_PATH, "run", "--lease", "scheduler", "--", "/app/report", "--since", "yesterday"])
+        json!([
+            RUNNER_PATH,
+            "run",
+            "--lease",
+            "scheduler",
+            "--",
+            "/app/report",
+            "--since",
+            "yesterday"
+        ])
     );
-    assert!(report.get("args").is_none(), "the args are in the command now: {report}");
+    assert!(
+        report.get("args").is_none(),
+        "the args are in the command now: {report}"
+    );
     let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
     assert_eq!(
         report["env"],
@@ -883,10 +895,16 @@ fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
     assert_eq!(installer["name"], INSTALLER_NAME);
     assert_eq!(installer["image"], config().image);
     assert_eq!(installer["args"], json!(["__install-self", BIN_DIR]));
-    assert!(installer.get("restartPolicy").is_none(), "it must exit before the app starts");
+    assert!(
+        installer.get("restartPolicy").is_none(),
+        "it must exit before the app starts"
+    );
     assert_eq!(installer["securityContext"]["runAsUser"], SIDECAR_USER);
     assert_eq!(installer["securityContext"]["runAsNonRoot"], true);
-    assert_eq!(installer["volumeMounts"], json!([{"name": "leasehold-bin", "mountPath": BIN_DIR}]));
+    assert_eq!(
+        installer["volumeMounts"],
+        json!([{"name": "leasehold-bin", "mountPath": BIN_DIR}])
+    );
     assert_eq!(
         spec["volumes"],
         json!([{"name": "leasehold-token", "emptyDir": {}}, {"name": "leasehold-bin", "emptyDir": {}}])
@@ -894,10 +912,7 @@ fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
     // The runner publishes the condition the gate waits for.
     assert_eq!(spec["readinessGates"], json!([{"conditionType": LEADER_CONDITION}]));
     // The installer's file is the runner's binary.
-    assert_eq!(
-        format!("{BIN_DIR}/{}", crate::install_self::FILE_NAME),
-        RUNNER_PATH
-    );
+    assert_eq!(format!("{BIN_DIR}/{}", crate::install_self::FILE_NAME), RUNNER_PATH);
 }
 
 #[test]
@@ -927,13 +942,11 @@ fn a_run_container_without_a_command_is_refused_naming_it_and_the_fix() {
              run, which the webhook cannot see: set command: (and args:) on the container to what it should run"
         );
     }
-    let err = injection_patch(
-        &annotated(json!({RUN_ANNOTATION: "nope"}), json!({})),
-        GATED,
-        &config(),
-    )
-    .unwrap_err();
-    assert_eq!(err.to_string(), "annotation leasehold.dev/run: the pod has no container \"nope\"");
+    let err = injection_patch(&annotated(json!({RUN_ANNOTATION: "nope"}), json!({})), GATED, &config()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "annotation leasehold.dev/run: the pod has no container \"nope\""
+    );
 }
 
 #[test]
@@ -982,5 +995,8 @@ async fn a_run_pod_that_cannot_be_wrapped_is_denied_not_run_everywhere() {
     let wrappable = run_pod(json!({"name": "report", "image": "report:1", "command": ["/r"]}));
     let answer = post(Leases(Ok(GATED)), review(&wrappable)).await;
     assert_eq!(answer["response"]["allowed"], true);
-    assert_eq!(decoded_patch(&answer), injection_patch(&wrappable, GATED, &config()).unwrap());
+    assert_eq!(
+        decoded_patch(&answer),
+        injection_patch(&wrappable, GATED, &config()).unwrap()
+    );
 }
