@@ -6,7 +6,10 @@
 //! containers, and the `leasehold.dev/leader` readiness gate when the lease
 //! asks for one. Other pods pass unchanged. A pod naming a lease that cannot
 //! be found is admitted with a warning (the sidecar waits for the lease), never
-//! rejected: leader election must not block scheduling.
+//! rejected: leader election must not block scheduling. With
+//! `leasehold.dev/run: <container>` that container's command is wrapped with
+//! `leasehold run` instead of adding a sidecar; a pod asking for it that
+//! cannot be wrapped is denied, since admitted it would run everywhere.
 
 mod admission;
 mod certs;
