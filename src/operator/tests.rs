@@ -105,9 +105,11 @@ fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
 
     let err = format!(
         "{:#}",
-        election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
-            .err()
-            .unwrap()
+        anyhow::Error::from(
+            election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
+                .err()
+                .unwrap()
+        )
     );
     assert!(
         err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),
