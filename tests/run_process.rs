@@ -27,11 +27,11 @@ const START_MARGIN: Duration = Duration::from_millis(400);
 /// The command: `cmd.sh LOG TICKS CODE` writes `start`, then a `tick` every
 /// 50 ms (TICKS of them, forever with 0), then `exit` and exits CODE;
 /// SIGTERM writes `term` and exits 143. The SIGTERM goes to the whole
-/// process group, so it can kill a `date` in flight: ask again.
-const SCRIPT: &str = r#"#!/bin/sh
+/// process group, so the time comes from bash itself (`EPOCHREALTIME`, in
+/// microseconds), never from a child process the signal could kill first.
+const SCRIPT: &str = r#"#!/bin/bash
 log="$1"
-now() { date +%s%N || date +%s%N; }
-line() { echo "$1 $LEASEHOLD_TOKEN $$ $(now) $LEASEHOLD_TERM $LEASEHOLD_HOLDER" >> "$log"; }
+line() { echo "$1 $LEASEHOLD_TOKEN $$ ${EPOCHREALTIME/./}000 $LEASEHOLD_TERM $LEASEHOLD_HOLDER" >> "$log"; }
 line start
 trap 'line term; exit 143' TERM
 n=0
@@ -115,7 +115,7 @@ impl Runner {
             .env("SPANNER_EMULATOR_REST", &setup.emulator.rest)
             .env("LEASEHOLD_LOG", "warn")
             .arg("--")
-            .arg("sh")
+            .arg("bash")
             .arg(setup.dir.join("cmd.sh"))
             .arg(&setup.log)
             .args([ticks.to_string(), code.to_string()])
