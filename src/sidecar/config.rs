@@ -606,9 +606,27 @@ mod tests {
         }
         let err = rejected(&["--store-url", "redis://h", "--store-url-file", "/f"]);
         assert!(
-            err.contains("'--store-url-file <STORE_URL_FILE>' cannot be used with '--store-url <STORE_URL>'"),
+            err.contains("'--store-url <STORE_URL>' cannot be used with '--store-url-file <STORE_URL_FILE>'"),
             "{err}"
         );
+    }
+
+    /// The defaults the help states are the code's.
+    #[test]
+    fn the_timing_help_states_the_defaults() {
+        use crate::lease::timing::{DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD};
+        use clap::CommandFactory;
+        let command = Cli::command();
+        for (flag, default) in [
+            ("lease_duration", DEFAULT_LEASE_DURATION),
+            ("renew_deadline", DEFAULT_RENEW_DEADLINE),
+            ("retry_period", DEFAULT_RETRY_PERIOD),
+        ] {
+            let arg = command.get_arguments().find(|a| a.get_id() == flag).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            let default = humantime::format_duration(default).to_string();
+            assert!(help.ends_with(&format!("{default}]")), "--{flag}: {help:?}");
+        }
     }
 
     #[tokio::test]
