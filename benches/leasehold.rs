@@ -3,7 +3,9 @@
 //! prints every raw figure and a summary; BENCHMARKS.md records a run.
 //!
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
-//! scale it down for a quick look.
+//! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
+//! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks)
+//! runs a share of it.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::lease::{Elector, Identity, LeaseStore, Timing};
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
-use leasehold::testing::{Emulator, TcpProxy};
+use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +29,7 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// min, median, p90, max in ms.
-fn summary_of(samples: &mut [Duration]) -> String {
+fn summary(samples: &mut [Duration]) -> String {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     format!(
@@ -220,14 +222,19 @@ fn usage(pid: u32) -> (u64, f64) {
     (rss, ticks / 100.0)
 }
 
-fn footprint(seconds: u64) -> String {
-    let lock = "bench-idle";
-    let emulator = Emulator::start_or_connect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// A runtime with one worker thread, so the harness takes little of the machine.
+fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn footprint(seconds: u64) -> String {
+    let lock = "bench-idle";
+    let emulator = Emulator::start_or_connect();
+    let runtime = one_worker_runtime();
     let (config, proxy) = runtime.block_on(async {
         let config = emulator.create_database("leasehold_leases").await;
         let store = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
@@ -328,6 +335,85 @@ fn renewals(registry: &prometheus_client::registry::Registry) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `q`-quantile of sorted samples, in ms.
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    millis(sorted[((sorted.len() - 1) as f64 * q).round() as usize])
+}
+
+/// The reply delay the round-trip count is measured with: an operation of n
+/// sequential round trips takes n delays plus the emulator's own time.
+const REPLY_DELAY: Duration = Duration::from_millis(100);
+
+/// Each store operation in one process on the emulator: latency p50/p99
+/// directly, and round trips counted as latency / [`REPLY_DELAY`] through a
+/// proxy that shifts every reply by it.
+fn store_ops(reps: u64) -> Vec<String> {
+    let emulator = Emulator::start_or_connect();
+    let runtime = one_worker_runtime();
+    runtime.block_on(async {
+        let config = emulator.create_database("leasehold_leases").await;
+        let direct = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+            .await
+            .unwrap();
+        direct.ensure_schema().await.unwrap();
+        let proxy = TcpProxy::start(emulator.host.parse().unwrap()).await;
+        let mut endpoints = emulator.endpoints();
+        endpoints.data = Some(format!("http://{}", proxy.addr));
+        let delayed = SpannerStore::connect_to(config, endpoints, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(15);
+        let mut lines = Vec::new();
+        for (label, store, n) in [("direct", &direct, reps.max(2) * 10), ("delayed", &delayed, 5)] {
+            if label == "delayed" {
+                proxy.set(ProxyMode::DelayReplies(REPLY_DELAY));
+            }
+            let lock = format!("ops-{label}");
+            let mut samples: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+            for _ in 0..n {
+                let timed = Instant::now();
+                store.observe(&lock).await.unwrap();
+                samples.entry("observe").or_default().push(timed.elapsed());
+                let timed = Instant::now();
+                let grant = store.acquire(&lock, "bench", lease).await.unwrap();
+                samples.entry("acquire").or_default().push(timed.elapsed());
+                for _ in 0..3 {
+                    let timed = Instant::now();
+                    store.renew(&lock, "bench", grant.token, lease).await.unwrap();
+                    samples.entry("renew").or_default().push(timed.elapsed());
+                }
+                let timed = Instant::now();
+                store.release(&lock, "bench", grant.token).await.unwrap();
+                samples.entry("release").or_default().push(timed.elapsed());
+            }
+            proxy.set(ProxyMode::Forward);
+            for (op, samples) in &mut samples {
+                samples.sort();
+                let line = if label == "direct" {
+                    format!(
+                        "{op}: n={} p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                        samples.len(),
+                        quantile(samples, 0.5),
+                        quantile(samples, 0.99),
+                        quantile(samples, 1.0)
+                    )
+                } else {
+                    let median = quantile(samples, 0.5);
+                    format!(
+                        "{op}: {:.0} round trips (median {median:.0} ms with every reply {} ms late, n={})",
+                        (median / millis(REPLY_DELAY)).floor(),
+                        millis(REPLY_DELAY),
+                        samples.len()
+                    )
+                };
+                println!("{label} {line}");
+                lines.push(line);
+            }
+        }
+        lines
+    })
+}
+
 /// Upper bucket bounds (ms) holding the 50th and 99th percentile renewals.
 fn renew_quantiles(registry: &prometheus_client::registry::Registry) -> (String, String) {
     let text = scrape(registry);
@@ -356,61 +442,62 @@ fn renew_quantiles(registry: &prometheus_client::registry::Registry) -> (String,
     (at(0.5), at(0.99))
 }
 
-/// Benchmark sections, by the name that selects them on the command line.
-const SECTIONS: [&str; 4] = ["handover", "cost", "footprint", "many"];
-
 fn main() {
-    // `cargo bench` passes --bench; other arguments name the sections to run
-    // (`cargo bench --bench leasehold -- footprint`), none means all.
-    let chosen: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    if let Some(unknown) = chosen.iter().find(|c| !SECTIONS.contains(&c.as_str())) {
-        eprintln!("unknown section {unknown:?}; sections: {}", SECTIONS.join(", "));
-        std::process::exit(2);
-    }
-    let run = |section: &str| chosen.is_empty() || chosen.iter().any(|c| c == section);
+    // `cargo bench` passes --bench; parts are chosen by LEASEHOLD_BENCH_ONLY.
     let reps = env_or("LEASEHOLD_BENCH_REPS", 20);
     let seconds = env_or("LEASEHOLD_BENCH_SECONDS", 60);
     let electors = env_or("LEASEHOLD_BENCH_ELECTORS", 1000) as usize;
-    let mut summary = Vec::new();
-    if run("handover") {
+    let only = std::env::var("LEASEHOLD_BENCH_ONLY").unwrap_or_default();
+    let run = |part: &str| only.is_empty() || only.split(',').any(|p| p.trim() == part);
+    let mut summary_lines = Vec::new();
+    if run("crash") {
         println!("== crash failover (kill -9), D={D:?} R={R:?} P={P:?}");
         let mut crash = handovers(reps, "bench-crash", "KILL", "crash failover");
+        summary_lines.push(format!(
+            "crash failover: {}; median/D = {:.2}",
+            summary(&mut crash),
+            millis(median(&mut crash)) / millis(D)
+        ));
+    }
+    if run("term") {
         println!(
             "== graceful handover (SIGTERM), drain={DRAIN:?}, standalone processes (no pod watch outside a cluster)"
         );
         let mut term = handovers(reps, "bench-term", "TERM", "graceful handover");
-        println!("== release + nudge in one process (what the pod watch triggers), memory store");
-        let mut nudged = nudged_handover_in_process(reps);
-        summary.push(format!(
-            "crash failover: {}; median/D = {:.2}",
-            summary_of(&mut crash),
-            millis(median(&mut crash)) / millis(D)
-        ));
-        summary.push(format!(
+        summary_lines.push(format!(
             "graceful handover (processes, no watch): {}",
-            summary_of(&mut term)
-        ));
-        summary.push(format!(
-            "graceful handover (in process, nudged): {}",
-            summary_of(&mut nudged)
+            summary(&mut term)
         ));
     }
-    if run("cost") {
+    if run("nudge") {
+        println!("== release + nudge in one process (what the pod watch triggers), memory store");
+        let mut nudged = nudged_handover_in_process(reps);
+        summary_lines.push(format!(
+            "graceful handover (in process, nudged): {}",
+            summary(&mut nudged)
+        ));
+    }
+    if run("store-cost") {
         println!("== store cost at default timings (15s/10s/2s), {seconds} s");
-        for line in store_cost(seconds) {
-            summary.push(format!("store cost: {line}"));
-        }
+        summary_lines.extend(store_cost(seconds).into_iter().map(|l| format!("store cost: {l}")));
+    }
+    if run("store-ops") {
+        println!(
+            "== store operations in one process, {} samples each directly",
+            reps.max(2) * 10
+        );
+        summary_lines.extend(store_ops(reps).into_iter().map(|l| format!("store ops: {l}")));
     }
     if run("footprint") {
         println!("== footprint");
-        summary.push(format!("footprint: {}", footprint(seconds)));
+        summary_lines.push(format!("footprint: {}", footprint(seconds)));
     }
-    if run("many") {
+    if run("many-locks") {
         println!("== many locks");
-        summary.push(format!("many locks: {}", many_locks(electors, seconds)));
+        summary_lines.push(format!("many locks: {}", many_locks(electors, seconds)));
     }
     println!("\n== summary");
-    for line in summary {
+    for line in summary_lines {
         println!("{line}");
     }
 }

@@ -24,7 +24,8 @@
 9. The checks themselves work: planted bugs must fail each check.
 Files given as arguments (e.g. `leasehold inject` output) get steps 2 and 5,
 and their leasehold sidecars must be native (init containers, restartPolicy
-Always).
+Always); a container wrapped with `leasehold run` needs the leasehold-install
+init container (not restarting) and its volume instead.
 Prints one line per problem and exits 1 when there is any.
 """
 import copy
@@ -213,10 +214,34 @@ def non_root_problems(doc, where):
     return found
 
 
+RUNNER = "/leasehold/bin/leasehold"
+
+
+def wrapped_run_problems(spec, what):
+    """A container wrapped with `leasehold run` (leasehold.dev/run): the
+    installer init container copies the binary first and then exits."""
+    found = []
+    wrapped = [c for c in spec.get("containers") or [] if (c.get("command") or [None])[0] == RUNNER]
+    installers = [c for c in spec.get("initContainers") or [] if c.get("name") == "leasehold-install"]
+    if not installers:
+        found.append(f"{what}: a container runs {RUNNER} but no leasehold-install init container provides it")
+    elif installers[0].get("restartPolicy") == "Always":
+        found.append(f"{what}: leasehold-install has restartPolicy: Always (a sidecar that exits and restarts)")
+    for container in wrapped:
+        if not any(m.get("mountPath") == RUNNER.rsplit("/", 1)[0] for m in container.get("volumeMounts") or []):
+            found.append(f"{what}: container {container.get('name')} runs {RUNNER} without mounting its folder")
+    return found
+
+
 def native_sidecar_problems(doc, where):
-    """Injected leasehold sidecars must be native sidecars."""
+    """Injected leasehold sidecars must be native sidecars; a container
+    wrapped with `leasehold run` needs no sidecar but the installer."""
     found = []
     for spec in pod_specs(doc):
+        what = f"{where}: {doc.get('kind')} {doc['metadata'].get('name')}"
+        if any((c.get("command") or [None])[0] == RUNNER for c in spec.get("containers") or []):
+            found.extend(wrapped_run_problems(spec, what))
+            continue
         names = [c.get("name") for c in spec.get("containers") or []]
         native = [c for c in spec.get("initContainers") or [] if c.get("name") == "leasehold"]
         if "leasehold" in names:
@@ -529,6 +554,22 @@ def check_checks_catch_planted_bugs(policies):
                "spec": {"containers": [{"name": "app", "image": "i"}, {"name": "leasehold", "image": OUR_IMAGE}]}}
     if not native_sidecar_problems(regular, "self-test"):
         problems.append("self-test: a regular-container sidecar passed the native-sidecar check")
+    mount = {"name": "leasehold-bin", "mountPath": "/leasehold/bin"}
+    wrapped = {"name": "app", "image": "i", "command": [RUNNER, "run", "--", "/app"], "volumeMounts": [mount]}
+    installer = {"name": "leasehold-install", "image": OUR_IMAGE, "volumeMounts": [mount]}
+    good = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "planted"},
+            "spec": {"containers": [wrapped], "initContainers": [installer]}}
+    if native_sidecar_problems(good, "self-test"):
+        problems.append("self-test: a correctly wrapped `leasehold run` container failed the sidecar check")
+    for planted, bug in [
+        ({"initContainers": []}, "without the installer"),
+        ({"initContainers": [dict(installer, restartPolicy="Always")]}, "with a restarting installer"),
+        ({"containers": [dict(wrapped, volumeMounts=[])]}, "without the binary's volume"),
+    ]:
+        pod = copy.deepcopy(good)
+        pod["spec"].update(planted)
+        if not native_sidecar_problems(pod, "self-test"):
+            problems.append(f"self-test: a `leasehold run` container {bug} passed the sidecar check")
     everything = {"webhooks": [{"namespaceSelector": {"matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}}]}
     if not webhook_selector_problems(everything, "leasehold-system", "self-test"):

@@ -133,7 +133,7 @@ pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingErro
 pub async fn run(args: Args) -> Result<(), Error> {
     let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
     let choice = choose_store(Some(args.store), args.database.as_deref(), args.table.as_deref(), url)?;
-    let store: Arc<dyn LeaseStore> = crate::sidecar::connect(&choice).await?;
+    let store: Arc<dyn LeaseStore> = crate::sidecar::connect(&choice, false).await?;
     if args.create_table {
         store.ensure_schema().await?;
     }

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{advise, check, demo, inject, operator, run, sidecar};
+use crate::{advise, check, demo, inject, install_self, operator, run, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +57,10 @@ pub enum Command {
     /// Internal: supervises the command for `leasehold run`.
     #[command(name = "__watchdog", hide = true)]
     Watchdog(run::watchdog::Args),
+    /// Internal: copies this binary into a folder, for the init container
+    /// that gives a `leasehold.dev/run` container the runner.
+    #[command(name = install_self::COMMAND, hide = true)]
+    InstallSelf(install_self::Args),
     /// Measure a store's round trips and suggest lease timing (D/R/P).
     Advise(advise::Args),
 }
@@ -82,7 +86,7 @@ impl Cli {
             Command::Inject(args) => run_inject(&args),
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => one_thread()?.block_on(async { Ok(sidecar::run(args).await?) }),
-            Command::Operator(args) => block_on(operator::run(args)),
+            Command::Operator(args) => block_on(async { Ok(operator::run(args).await?) }),
             // The command's exit code is the runner's (and the watchdog's).
             Command::Run(args) => std::process::exit(one_thread()?.block_on(run::run(args))?),
             Command::Watchdog(args) => std::process::exit(
@@ -91,6 +95,11 @@ impl Cli {
                     .build()?
                     .block_on(run::watchdog::run(args))?,
             ),
+            Command::InstallSelf(args) => {
+                let installed = install_self::install(&args.dir)?;
+                tracing::info!(path = %installed.display(), "installed");
+                Ok(())
+            }
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
         }
@@ -117,7 +126,7 @@ fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
     print!("{}", injected.yaml);
     anyhow::ensure!(
         injected.refused == 0,
-        "{} pod template(s) ask for the sidecar but were not injected (see above)",
+        "{} pod template(s) ask for leasehold but were not injected (see above)",
         injected.refused
     );
     Ok(())

@@ -1,7 +1,8 @@
 //! `leasehold inject`: the webhook's injection, offline. Reads Kubernetes
 //! YAML (several documents, `List`s), injects the sidecar into every Pod and
-//! pod template annotated `leasehold.dev/lease` with the same patch the
-//! webhook sends, and says what it skipped and why. For GitOps, and to see
+//! pod template annotated `leasehold.dev/lease` (or, with `leasehold.dev/run`,
+//! wraps the named container's command with `leasehold run`) with the same
+//! patch the webhook sends, and says what it skipped and why. For GitOps, and to see
 //! what the webhook will do.
 
 use std::collections::BTreeMap;
@@ -11,7 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::operator::webhook::{
-    DEFAULT_IMAGE, InjectionConfig, LEASE_ANNOTATION, LeaseInjection, NotInjected, SidecarArgs, injection_patch,
+    DEFAULT_IMAGE, InjectionConfig, LEASE_ANNOTATION, LeaseInjection, NotInjected, RUN_ANNOTATION, SidecarArgs,
+    injection_patch,
 };
 
 #[derive(Debug, clap::Args)]
@@ -189,7 +191,13 @@ impl Context<'_> {
                     Some(_) => "no readiness gate (the lease asks for none)",
                     None => "no readiness gate added: its DistributedLease is not in the input",
                 };
-                out.notes.push(format!("{what}: injected (lease {lease_name}; {gate})"));
+                let wrapped = typed.metadata.annotations.as_ref().and_then(|a| a.get(RUN_ANNOTATION));
+                out.notes.push(match wrapped {
+                    Some(container) => {
+                        format!("{what}: injected: container {container} runs under leasehold run (lease {lease_name}; {gate})")
+                    }
+                    None => format!("{what}: injected (lease {lease_name}; {gate})"),
+                });
             }
             Err(NotInjected::NotAnnotated) if on_workload => out.notes.push(format!(
                 "{what}: skipped: {LEASE_ANNOTATION} is on the {kind} itself; put it on the pod template ({pointer}/metadata/annotations)"
@@ -353,6 +361,66 @@ spec:
             "Deployment shop/web: skipped: annotation leasehold.dev/app-container: the pod has no container \"nope\""
         );
         assert_eq!(inject(INPUT, &config()).unwrap().refused, 0);
+    }
+
+    const RUN_JOB: &str = r#"
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report, namespace: shop}
+spec:
+  schedule: "@hourly"
+  jobTemplate:
+    spec:
+      template:
+        metadata: {annotations: {leasehold.dev/lease: report, leasehold.dev/run: job}}
+        spec:
+          restartPolicy: Never
+          containers: [{name: job, image: "report:1", command: [/app/report], args: [--since, yesterday]}]
+"#;
+
+    #[test]
+    fn a_run_template_is_wrapped_once_and_one_without_a_command_is_refused() {
+        let once = inject(RUN_JOB, &config()).unwrap();
+        assert_eq!(
+            once.notes,
+            [
+                "CronJob shop/report: injected: container job runs under leasehold run (lease report; no readiness gate added: its DistributedLease is not in the input)"
+            ]
+        );
+        let spec = &docs(&once.yaml)[0]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["containers"][0]["command"],
+            json!([
+                "/leasehold/bin/leasehold",
+                "run",
+                "--lease",
+                "report",
+                "--",
+                "/app/report",
+                "--since",
+                "yesterday"
+            ])
+        );
+        assert_eq!(spec["initContainers"][0]["name"], "leasehold-install");
+        let twice = inject(&once.yaml, &config()).unwrap();
+        assert_eq!(docs(&twice.yaml), docs(&once.yaml));
+        assert_eq!(
+            twice.notes,
+            ["CronJob shop/report: skipped: it already has a container named leasehold-install"]
+        );
+        let no_command = RUN_JOB.replace("command: [/app/report], ", "");
+        let refused = inject(&no_command, &config()).unwrap();
+        assert_eq!(refused.refused, 1);
+        assert!(
+            refused.notes[0].contains("container \"job\" has no command") && refused.notes[0].contains("set command:"),
+            "{:?}",
+            refused.notes
+        );
+        assert_eq!(
+            docs(&refused.yaml),
+            docs(&no_command),
+            "a refused template is written back unchanged"
+        );
     }
 
     #[test]

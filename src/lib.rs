@@ -21,6 +21,8 @@ pub mod cli;
 pub mod demo;
 #[cfg(feature = "operator")]
 pub mod inject;
+#[cfg(feature = "operator")]
+pub mod install_self;
 pub mod lease;
 #[cfg(feature = "operator")]
 pub mod operator;

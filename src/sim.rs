@@ -1,37 +1,59 @@
 //! The deterministic safety simulation: seeded schedules on paused tokio time,
-//! several electors on a faulty memory store, and a checker.
+//! several electors on a faulty memory store, a checker, and mutants the
+//! checker must catch.
 //!
-//! Faults per schedule: a store clock running fast within the drift R/D
-//! tolerates (S3), store outages, latency spikes longer than R (late
-//! replies, S2), lost replies after commit and unknown outcomes (S9),
-//! process pauses longer than the safety gap (S1), crashes with a restart
-//! under a new identity (S12, S13), and campaigns stopped and resumed.
+//! Faults per schedule (design.md's scenarios in brackets):
+//! * whole-process pauses: the elector's task, its timers and its leader
+//!   work stop, often for longer than the safety gap (S1);
+//! * per-candidate links with asymmetric latency, sometimes longer than R,
+//!   so replies come late (S2) and requests the client gave up on still
+//!   commit later (S9, S13); requests delivered twice;
+//! * the store clock runs slow or fast within what R/D tolerates, and jumps
+//!   backwards and forwards within the safety gap (S3);
+//! * store outages, flaky calls, lost replies after commit and unknown
+//!   outcomes (S4, S9);
+//! * crashes (kill -9: the elector and its leader work stop at once, its
+//!   requests in flight may still commit) and a restart under a new
+//!   identity (S12, S13); campaigns stopped and resumed (S8);
+//! * the lease row deleted under a live lease.
 //!
-//! The checker asserts:
-//! 1. no two candidates believe they lead at the same simulated instant,
-//!    where "believe" is [`LeaderState::is_leader_at`] (leader flag and
-//!    within the local deadline) — strict, with no exception;
-//! 2. the fenced register never accepts a token lower than one it already
-//!    accepted, and every write it rejected came from a worker that was
-//!    paused between its last check and the write (the documented pause
-//!    case the fencing token exists for);
-//! 3. tokens strictly increase with the term, and a term has one holder.
+//! The checker compares what every process believed and wrote with the
+//! store's own record of acquisitions (their commit instants on the
+//! simulated clock):
+//! 1. acquisitions commit with strictly increasing terms and tokens, and
+//!    every term a process believed it led was granted to it, with that token;
+//! 2. every interval in which a process believes it leads
+//!    ([`LeaderState::is_leader_at`](crate::lease::LeaderState::is_leader_at))
+//!    ends no later than the commit of the next term;
+//! 3. every write the fenced register accepted was issued no later than
+//!    the commit of the next term, unless its writer was paused between its
+//!    leadership check and the write for longer than the margin (the
+//!    documented pause case fencing tokens exist for). Writes the register
+//!    rejected did no harm.
+//!
+//! The only excuse besides that pause: a term whose row was deleted under
+//! its live lease (an operator overriding the store) is exempt from 2 and 3.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::future::Future;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::elector::{Flaw, SimHooks, TaskWrapper};
 use crate::lease::{
-    Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaseStore, Observation, StoreError,
-    StoreTime, Timing,
+    Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaderState, LeaseStore, Observation,
+    StoreError, StoreTime, Timing,
 };
+use crate::store::memory::{Acquisition, grant};
 use crate::store::{Faults, MemoryStore};
 
 /// `leasehold simulate`: run many seeds, print failures with their seed.
@@ -49,13 +71,36 @@ pub struct Args {
     /// Print every event of each schedule (use with a single seed to replay).
     #[arg(long, env = "LEASEHOLD_SIM_VERBOSE")]
     pub verbose: bool,
+    /// Run a deliberately broken elector or store instead, stopping at the
+    /// first seed that catches it; `list` names them.
+    #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
+    pub mutant: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let length = Duration::from_secs(args.seconds);
+    let seeds = args.first_seed..args.first_seed + args.seeds;
+    if let Some(name) = &args.mutant {
+        if name == "list" {
+            for mutant in Mutant::ALL {
+                println!("{:<38} {}", mutant.name(), mutant.describe());
+            }
+            return Ok(());
+        }
+        let mutant: Mutant = name.parse()?;
+        return match hunt(mutant, seeds, length) {
+            Some(violation) => {
+                println!("{violation}");
+                println!("mutant {} caught by seed {}", mutant.name(), violation.seed);
+                Ok(())
+            }
+            None => anyhow::bail!("mutant {} survived {} seeds", mutant.name(), args.seeds),
+        };
+    }
     let mut totals = Summary::default();
     let mut failed = Vec::new();
-    for seed in args.first_seed..args.first_seed + args.seeds {
-        match simulate(seed, Duration::from_secs(args.seconds)) {
+    for seed in seeds {
+        match simulate(seed, length) {
             Ok(report) => {
                 if args.verbose {
                     println!("{report}");
@@ -68,20 +113,98 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    println!(
-        "{} seeds, {} failed; {} terms, {} writes accepted, {} stale writes fenced off, {} crashes, {} pauses past the gap",
-        args.seeds,
-        failed.len(),
-        totals.terms,
-        totals.accepted,
-        totals.fenced,
-        totals.crashes,
-        totals.long_pauses
-    );
+    println!("{} seeds, {} failed; {totals}", args.seeds, failed.len());
     if !failed.is_empty() {
         anyhow::bail!("safety violated for seeds {failed:?}; replay one with --first-seed N --seeds 1 --verbose");
     }
     Ok(())
+}
+
+/// A deliberately broken elector or store: each breaks one safety rule,
+/// and the checker must catch every one (tests/simulation.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mutant {
+    DeadlineFromReply,
+    DeadlineDInsteadOfR,
+    RenewWithoutCas,
+    UnknownOutcomeAsSuccess,
+    FollowerAcquiresOnOwnObservation,
+    ReleaseBeforeWorkStopped,
+    TokenFromLocalClock,
+}
+
+impl Mutant {
+    pub const ALL: [Mutant; 7] = [
+        Mutant::DeadlineFromReply,
+        Mutant::DeadlineDInsteadOfR,
+        Mutant::RenewWithoutCas,
+        Mutant::UnknownOutcomeAsSuccess,
+        Mutant::FollowerAcquiresOnOwnObservation,
+        Mutant::ReleaseBeforeWorkStopped,
+        Mutant::TokenFromLocalClock,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::DeadlineFromReply => "deadline-from-reply",
+            Mutant::DeadlineDInsteadOfR => "deadline-D-instead-of-R",
+            Mutant::RenewWithoutCas => "renew-without-CAS",
+            Mutant::UnknownOutcomeAsSuccess => "unknown-outcome-as-success",
+            Mutant::FollowerAcquiresOnOwnObservation => "follower-acquires-on-own-observation",
+            Mutant::ReleaseBeforeWorkStopped => "release-before-work-stopped",
+            Mutant::TokenFromLocalClock => "token-from-local-clock",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mutant::DeadlineFromReply => "the leader's deadline is reply + R, not send + R",
+            Mutant::DeadlineDInsteadOfR => "the leader's deadline is send + D, not send + R",
+            Mutant::RenewWithoutCas => "renew updates the row without checking holder and token",
+            Mutant::UnknownOutcomeAsSuccess => "an unknown acquire or renew outcome counts as success",
+            Mutant::FollowerAcquiresOnOwnObservation => {
+                "acquire writes when the follower's own earlier read looked expired"
+            }
+            Mutant::ReleaseBeforeWorkStopped => "release before the leader work has stopped",
+            Mutant::TokenFromLocalClock => "the fencing token comes from the candidate's clock",
+        }
+    }
+
+    /// The elector-side bug, when the mutant is one.
+    fn flaw(self) -> Option<Flaw> {
+        match self {
+            Mutant::DeadlineFromReply => Some(Flaw::DeadlineFromReply),
+            Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
+            Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
+            Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
+            Mutant::RenewWithoutCas | Mutant::FollowerAcquiresOnOwnObservation | Mutant::TokenFromLocalClock => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Mutant {
+    type Err = anyhow::Error;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Mutant::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| anyhow::anyhow!("--mutant {name:?} is not one of: list, {}", names()))
+    }
+}
+
+fn names() -> String {
+    Mutant::ALL.map(Mutant::name).join(", ")
+}
+
+/// The first seed in `seeds` on which the checker catches `mutant`.
+pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Violation> {
+    let setup = Setup {
+        length,
+        mutant: Some(mutant),
+        ..Setup::default()
+    };
+    seeds.into_iter().find_map(|seed| simulate_with(seed, &setup).err())
 }
 
 /// What one schedule did.
@@ -93,6 +216,13 @@ pub struct Report {
     pub fenced: u64,
     pub crashes: u64,
     pub long_pauses: u64,
+    /// Stale writes accepted from a writer paused past the margin.
+    pub excused: u64,
+    /// Requests that committed after their client had given up on them.
+    pub late_commits: u64,
+    pub duplicates: u64,
+    pub clock_jumps: u64,
+    pub deleted_live: u64,
     pub events: Vec<String>,
 }
 
@@ -101,11 +231,10 @@ impl fmt::Display for Report {
         for e in &self.events {
             writeln!(f, "{e}")?;
         }
-        write!(
-            f,
-            "seed {}: {} terms, {} writes accepted, {} fenced off, {} crashes, {} long pauses",
-            self.seed, self.terms, self.accepted, self.fenced, self.crashes, self.long_pauses
-        )
+        write!(f, "seed {}: ", self.seed)?;
+        let mut one = Summary::default();
+        one.add(self);
+        write!(f, "{one}")
     }
 }
 
@@ -118,6 +247,11 @@ pub struct Summary {
     pub fenced: u64,
     pub crashes: u64,
     pub long_pauses: u64,
+    pub excused: u64,
+    pub late_commits: u64,
+    pub duplicates: u64,
+    pub clock_jumps: u64,
+    pub deleted_live: u64,
 }
 
 impl Summary {
@@ -128,6 +262,32 @@ impl Summary {
         self.fenced += r.fenced;
         self.crashes += r.crashes;
         self.long_pauses += r.long_pauses;
+        self.excused += r.excused;
+        self.late_commits += r.late_commits;
+        self.duplicates += r.duplicates;
+        self.clock_jumps += r.clock_jumps;
+        self.deleted_live += r.deleted_live;
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
+             {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
+             {} rows deleted under a live lease",
+            self.terms,
+            self.accepted,
+            self.fenced,
+            self.excused,
+            self.crashes,
+            self.long_pauses,
+            self.late_commits,
+            self.duplicates,
+            self.clock_jumps,
+            self.deleted_live
+        )
     }
 }
 
@@ -135,6 +295,7 @@ impl Summary {
 #[derive(Debug, Clone)]
 pub struct Violation {
     pub seed: u64,
+    pub mutant: Option<Mutant>,
     pub what: String,
     pub events: Vec<String>,
 }
@@ -145,9 +306,13 @@ impl fmt::Display for Violation {
         for e in &self.events[tail..] {
             writeln!(f, "  {e}")?;
         }
+        let mutant = self
+            .mutant
+            .map(|m| format!(" --mutant {}", m.name()))
+            .unwrap_or_default();
         write!(
             f,
-            "seed {}: {} (replay: leasehold simulate --first-seed {} --seeds 1 --verbose)",
+            "seed {}: {} (replay: leasehold simulate --first-seed {} --seeds 1 --verbose{mutant})",
             self.seed, self.what, self.seed
         )
     }
@@ -155,28 +320,54 @@ impl fmt::Display for Violation {
 
 impl std::error::Error for Violation {}
 
-const LOCK: &str = "simulated";
-
-/// Runs one seeded schedule on its own paused current-thread runtime.
-pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
-    simulate_with_drift(seed, length, 0.0..0.9)
+/// How to run a schedule.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Simulated time per schedule.
+    pub length: Duration,
+    /// The store clock's rate excess, drawn from this range times what R/D
+    /// tolerates (negative: slow). Above 1.0 safety is not promised, which
+    /// shows the checker can see a violation.
+    pub drift: Range<f64>,
+    pub mutant: Option<Mutant>,
 }
 
-/// Like [`simulate`], with the store clock's excess rate drawn from
-/// `drift` times what R/D tolerates; above 1.0 safety is not promised, which
-/// shows the checker can see a violation.
-pub fn simulate_with_drift(seed: u64, length: Duration, drift: std::ops::Range<f64>) -> Result<Report, Violation> {
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            length: Duration::from_secs(60),
+            drift: -0.5..0.6,
+            mutant: None,
+        }
+    }
+}
+
+const LOCK: &str = "simulated";
+
+/// Runs one seeded schedule of the correct elector.
+pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule on its own paused current-thread runtime.
+pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime builds");
+    let setup = setup.clone();
     // Built inside the runtime so every instant is on the paused clock.
-    runtime.block_on(async move { Schedule::new(seed, drift).run(length).await })
+    runtime.block_on(async move { Schedule::new(seed, &setup).run(setup.length).await })
 }
 
-/// A process-pause switch shared by a candidate's store connection and its
-/// worker: while paused, neither gets anything done.
+/// A process-pause switch: while on, none of the process's tasks run.
 #[derive(Clone)]
 struct Pause(watch::Sender<bool>);
 
@@ -185,77 +376,246 @@ impl Pause {
         Pause(watch::channel(false).0)
     }
 
-    /// Waits while paused; true when it had to wait.
-    async fn wait_resumed(&self) -> bool {
-        let mut rx = self.0.subscribe();
-        let was_paused = *rx.borrow();
-        let _ = rx.wait_for(|paused| !paused).await;
-        was_paused
+    /// `task`, polled only while the process is not paused: its timers fire
+    /// late and it sees the time jump, as after SIGSTOP/SIGCONT.
+    async fn pausable(self, task: impl Future<Output = ()>) {
+        let mut task = std::pin::pin!(task);
+        let mut paused = self.0.subscribe();
+        loop {
+            let _ = paused.wait_for(|p| !p).await;
+            tokio::select! {
+                biased;
+                _ = paused.wait_for(|p| *p) => {}
+                () = &mut task => return,
+            }
+        }
+    }
+
+    fn wrapper(&self) -> TaskWrapper {
+        let pause = self.clone();
+        Arc::new(move |task: BoxFuture<'static, ()>| Box::pin(pause.clone().pausable(task)))
     }
 }
 
-/// The candidate's view of the store: a paused process neither sends nor
-/// reads replies, so every call waits on both sides of the store.
-struct PausableStore {
-    inner: MemoryStore,
-    pause: Pause,
+/// One candidate's network link: latency each way, duplicated requests.
+#[derive(Debug, Clone, Copy, Default)]
+struct LinkFaults {
+    to_store: Duration,
+    from_store: Duration,
+    duplicate: f64,
+}
+
+/// Counters the links share with the schedule.
+#[derive(Default)]
+struct LinkStats {
+    late_commits: u64,
+    duplicates: u64,
+}
+
+/// The candidate's connection to the store. A request, once sent, is on its
+/// own: it reaches the store and commits even if the client gave up or
+/// crashed meanwhile; the client sees the reply `from_store` later. The
+/// mutant stores live here too, since they are wrong ways to talk to it.
+struct Link {
+    store: MemoryStore,
+    faults: Arc<Mutex<LinkFaults>>,
+    rng: Arc<Mutex<StdRng>>,
+    stats: Arc<Mutex<LinkStats>>,
+    mutant: Option<Mutant>,
+    /// The candidate's wall clock, for the token-from-local-clock mutant.
+    local_clock: StoreTime,
+    started: Instant,
+}
+
+impl Link {
+    async fn send<T: Send + 'static>(
+        &self,
+        write: bool,
+        request: impl Fn(MemoryStore) -> BoxFuture<'static, Result<T, StoreError>> + Send + Sync + 'static,
+    ) -> Result<T, StoreError> {
+        let faults = *self.faults.lock().unwrap();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let request = Arc::new(request);
+        let (store, stats, first) = (self.store.clone(), self.stats.clone(), request.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(faults.to_store).await;
+            let outcome = first(store).await;
+            let committed = outcome.is_ok();
+            if reply_tx.send(outcome).is_err() && write && committed {
+                stats.lock().unwrap().late_commits += 1;
+            }
+        });
+        if faults.duplicate > 0.0 && self.rng.lock().unwrap().random_bool(faults.duplicate) {
+            self.stats.lock().unwrap().duplicates += 1;
+            let again = faults.to_store * 2 + Duration::from_millis(self.rng.lock().unwrap().random_range(0..200));
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(again).await;
+                let _ = request(store).await;
+            });
+        }
+        let reply = reply_rx
+            .await
+            .unwrap_or_else(|_| Err(StoreError::outcome_unknown("request lost")));
+        tokio::time::sleep(faults.from_store).await;
+        reply
+    }
+
+    fn local_now(&self) -> FencingToken {
+        FencingToken(self.local_clock.saturating_add(self.started.elapsed()).0)
+    }
 }
 
 #[async_trait]
-impl LeaseStore for PausableStore {
+impl LeaseStore for Link {
     fn kind(&self) -> &'static str {
         "simulated"
     }
+
     async fn ensure_schema(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
-        self.pause.wait_resumed().await;
-        let r = self.inner.observe(lock).await;
-        self.pause.wait_resumed().await;
-        r
+        let lock = lock.to_string();
+        self.send(false, move |store| {
+            let lock = lock.clone();
+            Box::pin(async move { store.observe(&lock).await })
+        })
+        .await
     }
+
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        self.pause.wait_resumed().await;
-        let r = self.inner.acquire(lock, holder, lease).await;
-        self.pause.wait_resumed().await;
-        r
+        let (lock, holder) = (lock.to_string(), holder.to_string());
+        match self.mutant {
+            Some(Mutant::FollowerAcquiresOnOwnObservation) => {
+                // Judges expiry on its own read, then writes blindly.
+                let seen = self.observe(&lock).await?;
+                if let Some(current) = seen.live_holder() {
+                    return Err(StoreError::Lost {
+                        lock,
+                        reason: format!("held by {current}"),
+                    });
+                }
+                self.send(true, move |store| {
+                    let (lock, holder, seen) = (lock.clone(), holder.clone(), seen.clone());
+                    Box::pin(async move {
+                        store
+                            .transact_unchecked(&lock, |_row, commit| {
+                                grant(
+                                    &lock,
+                                    &holder,
+                                    lease,
+                                    seen.record.as_ref(),
+                                    seen.now,
+                                    FencingToken(commit.0),
+                                )
+                            })
+                            .await
+                    })
+                })
+                .await
+            }
+            Some(Mutant::TokenFromLocalClock) => {
+                let token = self.local_now();
+                self.send(true, move |store| {
+                    let (lock, holder) = (lock.clone(), holder.clone());
+                    Box::pin(async move {
+                        store
+                            .transact_unchecked(&lock, |row, commit| grant(&lock, &holder, lease, row, commit, token))
+                            .await
+                    })
+                })
+                .await
+            }
+            _ => {
+                self.send(true, move |store| {
+                    let (lock, holder) = (lock.clone(), holder.clone());
+                    Box::pin(async move { store.acquire(&lock, &holder, lease).await })
+                })
+                .await
+            }
+        }
     }
+
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
-        self.pause.wait_resumed().await;
-        let r = self.inner.renew(lock, holder, token, lease).await;
-        self.pause.wait_resumed().await;
-        r
+        let (lock, holder) = (lock.to_string(), holder.to_string());
+        if self.mutant == Some(Mutant::RenewWithoutCas) {
+            return self
+                .send(true, move |store| {
+                    let lock = lock.clone();
+                    Box::pin(async move {
+                        store
+                            .transact_unchecked(&lock, |row, commit| {
+                                let row = row.cloned().ok_or_else(|| StoreError::Lost {
+                                    lock: lock.clone(),
+                                    reason: "no such lease".into(),
+                                })?;
+                                let term = row.term;
+                                let renewed = crate::lease::LeaseRecord {
+                                    renewed_at: Some(commit),
+                                    lease_duration: lease,
+                                    ..row
+                                };
+                                Ok((
+                                    Some(renewed),
+                                    Grant {
+                                        term,
+                                        token,
+                                        committed_at: commit,
+                                    },
+                                ))
+                            })
+                            .await
+                    })
+                })
+                .await;
+        }
+        self.send(true, move |store| {
+            let (lock, holder) = (lock.clone(), holder.clone());
+            Box::pin(async move { store.renew(&lock, &holder, token, lease).await })
+        })
+        .await
     }
+
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        self.pause.wait_resumed().await;
-        let r = self.inner.release(lock, holder, token).await;
-        self.pause.wait_resumed().await;
-        r
+        let (lock, holder) = (lock.to_string(), holder.to_string());
+        self.send(true, move |store| {
+            let (lock, holder) = (lock.clone(), holder.clone());
+            Box::pin(async move { store.release(&lock, &holder, token).await })
+        })
+        .await
     }
 }
 
-/// The downstream system leaders write to, guarded by the fencing token.
+/// One write a leader's work issued with its token.
+#[derive(Debug, Clone)]
+struct Write {
+    writer: String,
+    token: FencingToken,
+    /// When the worker last checked it still led.
+    checked: Instant,
+    /// How long the write takes by itself, without pauses.
+    latency: Duration,
+    issued: Instant,
+}
+
+/// The downstream system leaders write to, guarded by the fencing token:
+/// it accepts a token >= the highest it has seen.
 #[derive(Default)]
 struct FencedRegister {
     highest: Option<FencingToken>,
-    accepted: u64,
-    rejected: Vec<(String, FencingToken, bool)>,
-    violations: Vec<String>,
+    accepted: Vec<Write>,
+    rejected: u64,
 }
 
 impl FencedRegister {
-    fn write(&mut self, writer: &str, token: FencingToken, paused_before_write: bool) {
-        match self.highest {
-            Some(highest) if token < highest => self.rejected.push((writer.to_string(), token, paused_before_write)),
-            _ => {
-                if self.highest.is_some_and(|h| token < h) {
-                    self.violations
-                        .push(format!("register accepted {token} after {:?}", self.highest));
-                }
-                self.highest = Some(token);
-                self.accepted += 1;
-            }
+    fn write(&mut self, write: Write) {
+        if self.highest.is_some_and(|highest| write.token < highest) {
+            self.rejected += 1;
+        } else {
+            self.highest = Some(write.token);
+            self.accepted.push(write);
         }
     }
 }
@@ -274,6 +634,7 @@ struct Candidate {
     name: String,
     handle: ElectorHandle,
     pause: Pause,
+    link: Arc<Mutex<LinkFaults>>,
     shutdown: CancellationToken,
 }
 
@@ -295,37 +656,62 @@ struct Schedule {
     seed: u64,
     rng: StdRng,
     store: MemoryStore,
+    mutant: Option<Mutant>,
     clock_rate: f64,
     timing: Timing,
+    /// The largest forward jump of the store clock, in store time.
+    max_jump: Duration,
+    last_forward_jump: Option<Instant>,
+    /// Local time from a leader's deadline to the earliest commit of the
+    /// next term, whatever the clock faults do: what stale writes must beat.
+    margin: Duration,
     start: Instant,
     log: Arc<Mutex<Log>>,
     register: Arc<Mutex<FencedRegister>>,
+    links: Arc<Mutex<StdRng>>,
+    stats: Arc<Mutex<LinkStats>>,
+    /// Terms whose row was deleted while their lease was live.
+    deleted_terms: HashSet<u64>,
     restarts: u64,
     report: Report,
 }
 
 impl Schedule {
-    fn new(seed: u64, drift: std::ops::Range<f64>) -> Self {
+    fn new(seed: u64, setup: &Setup) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let lease = Duration::from_millis(rng.random_range(800..=2000));
         let renew = lease.mul_f64(rng.random_range(0.5..0.85));
         let retry = renew.mul_f64(rng.random_range(0.1..0.3));
         let timing = Timing::new(lease, renew, retry, rng.random_range(0.0..0.3)).expect("valid generated timing");
-        // The store's clock runs fast (S3): leases expire sooner than the
-        // candidates' own clocks say. R/D bounds the tolerated drift.
+        // The store's clock runs slow or fast (S3): fast, leases expire
+        // sooner than the candidates' own clocks say. R/D bounds the
+        // tolerated drift.
         let tolerated = lease.as_secs_f64() / renew.as_secs_f64() - 1.0;
-        let clock_rate = 1.0 + rng.random_range(drift) * tolerated;
+        let clock_rate = 1.0 + rng.random_range(setup.drift.clone()) * tolerated;
+        // Within one lease the store clock advances at most R × rate + one
+        // forward jump (jumps are 4 D apart); what is left of D is the
+        // margin, half of it given to jumps.
+        let left = (lease.as_secs_f64() - renew.as_secs_f64() * clock_rate).max(0.0);
+        let max_jump = Duration::from_secs_f64(left / 2.0);
+        let margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
         Schedule {
             seed,
             store: MemoryStore::new(rng.random())
                 .with_clock_start(StoreTime(1_700_000_000_000_000_000))
                 .with_clock_rate(clock_rate),
+            mutant: setup.mutant,
             clock_rate,
+            links: Arc::new(Mutex::new(StdRng::seed_from_u64(rng.random()))),
             rng,
             timing,
+            max_jump,
+            last_forward_jump: None,
+            margin,
             start: Instant::now(),
             log: Arc::default(),
             register: Arc::default(),
+            stats: Arc::default(),
+            deleted_terms: HashSet::new(),
             restarts: 0,
             report: Report {
                 seed,
@@ -346,22 +732,47 @@ impl Schedule {
         let who = identity.to_string();
         let pause = Pause::new();
         let shutdown = CancellationToken::new();
-        let store = Arc::new(PausableStore {
-            inner: self.store.clone(),
-            pause: pause.clone(),
+        let link_faults = Arc::new(Mutex::new(LinkFaults::default()));
+        // Pod clocks are off by up to ± 2 D (only the token mutant reads them).
+        let skew = self.timing.lease_duration.as_nanos() as i64 * self.rng.random_range(-2_000..=2_000) / 1_000;
+        let store = Arc::new(Link {
+            store: self.store.clone(),
+            faults: link_faults.clone(),
+            rng: self.links.clone(),
+            stats: self.stats.clone(),
+            mutant: self.mutant,
+            local_clock: StoreTime(1_700_000_000_000_000_000 + skew),
+            started: self.start,
         });
         let register = self.register.clone();
-        let worker_pause = pause.clone();
+        // Each write takes up to an eighth of the margin by itself.
+        let write_latency = self.margin / 8;
         let writer = who.clone();
+        let hooks = SimHooks {
+            flaw: self.mutant.and_then(Mutant::flaw),
+            wrap: Some(pause.wrapper()),
+        };
         let handle = Elector::new(LOCK, identity, self.timing)
             .with_seed(self.rng.random())
+            .with_sim_hooks(hooks)
             .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
-                let (register, pause, writer) = (register.clone(), worker_pause.clone(), writer.clone());
+                let (register, writer) = (register.clone(), writer.clone());
                 async move {
                     // Leader work: check, then write with the token, every 50 ms.
-                    while ctx.still_leading() {
-                        let paused = pause.wait_resumed().await;
-                        register.lock().unwrap().write(&writer, ctx.token, paused);
+                    loop {
+                        let checked = Instant::now();
+                        if !ctx.still_leading() {
+                            break;
+                        }
+                        // A pause can strike between the check and the write.
+                        tokio::time::sleep(write_latency).await;
+                        register.lock().unwrap().write(Write {
+                            writer: writer.clone(),
+                            token: ctx.token,
+                            checked,
+                            latency: write_latency,
+                            issued: Instant::now(),
+                        });
                         tokio::select! {
                             _ = ctx.cancelled.cancelled() => break,
                             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -375,12 +786,13 @@ impl Schedule {
             name,
             handle,
             pause,
+            link: link_faults,
             shutdown,
         }
     }
 
     /// Records every interval during which a candidate believed it led.
-    fn watch_beliefs(&self, who: String, mut rx: watch::Receiver<crate::lease::LeaderState>) {
+    fn watch_beliefs(&self, who: String, mut rx: watch::Receiver<LeaderState>) {
         let log = self.log.clone();
         let start = self.start;
         tokio::spawn(async move {
@@ -398,9 +810,9 @@ impl Schedule {
                             state.term, state.token
                         ));
                     }
+                    // A later publication cuts any earlier belief short.
+                    entries.end_beliefs(&who, now);
                     if let Some(deadline) = state.deadline.filter(|_| state.leader) {
-                        // Believes it leads from now until its deadline, unless a
-                        // later publication cuts the belief short.
                         entries.beliefs.push(Belief {
                             who: who.clone(),
                             from: now,
@@ -408,8 +820,6 @@ impl Schedule {
                             term: state.term,
                             token: state.token,
                         });
-                    } else {
-                        entries.end_beliefs(&who, now);
                     }
                 }
                 if rx.changed().await.is_err() {
@@ -424,8 +834,8 @@ impl Schedule {
     async fn run(mut self, length: Duration) -> Result<Report, Violation> {
         let slots = self.rng.random_range(2..=5);
         self.note(format!(
-            "{slots} candidates, {:?}, store clock rate {:.3}",
-            self.timing, self.clock_rate
+            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, mutant {:?}",
+            self.timing, self.clock_rate, self.max_jump, self.margin, self.mutant
         ));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
@@ -435,32 +845,32 @@ impl Schedule {
         }
         self.store.set_faults(Faults::default());
         for c in &candidates {
+            *c.link.lock().unwrap() = LinkFaults::default();
             c.pause.0.send_replace(false);
             c.shutdown.cancel();
         }
         for c in candidates {
             c.handle.join().await;
         }
-        // Let the belief watchers see the final states.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Let the belief watchers and requests in flight finish.
+        tokio::time::sleep(self.timing.lease_duration * 2).await;
         self.check()
     }
 
     /// One random fault or repair.
     async fn inject(&mut self, candidates: &mut [Candidate]) {
         let i = self.rng.random_range(0..candidates.len());
-        let gap = self.timing.safety_gap();
-        match self.rng.random_range(0..10) {
+        let (lease, renew) = (self.timing.lease_duration, self.timing.renew_deadline);
+        match self.rng.random_range(0..14) {
             0 => {
-                let faults = Faults {
+                self.note("store outage".into());
+                self.store.set_faults(Faults {
                     down: true,
                     ..Default::default()
-                };
-                self.note("store outage".into());
-                self.store.set_faults(faults);
+                });
             }
             1 => {
-                let latency = self.timing.renew_deadline.mul_f64(self.rng.random_range(0.1..0.8));
+                let latency = renew.mul_f64(self.rng.random_range(0.1..0.8));
                 self.note(format!("store latency {latency:?} each way"));
                 self.store.set_faults(Faults {
                     latency,
@@ -477,14 +887,36 @@ impl Schedule {
                 self.note(format!("flaky store {faults:?}"));
                 self.store.set_faults(faults);
             }
-            3 | 4 => {
-                self.note("store healthy".into());
+            3 => {
+                self.note("store and links healthy".into());
                 self.store.set_faults(Faults::default());
+                for c in candidates.iter() {
+                    *c.link.lock().unwrap() = LinkFaults::default();
+                }
             }
-            5 => {
+            4 => {
+                // Asymmetric, per candidate; past R the client gives up and
+                // the request commits later anyway.
+                let mut draw = || match self.rng.random_range(0..4) {
+                    0 => renew.mul_f64(self.rng.random_range(0.5..2.0)),
+                    _ => renew.mul_f64(self.rng.random_range(0.0..0.3)),
+                };
+                let (to_store, from_store) = (draw(), draw());
+                let duplicate = if self.rng.random_bool(0.3) { 0.3 } else { 0.0 };
+                self.note(format!(
+                    "{} link: {to_store:?} to the store, {from_store:?} back, duplicates {duplicate}",
+                    candidates[i].name
+                ));
+                *candidates[i].link.lock().unwrap() = LinkFaults {
+                    to_store,
+                    from_store,
+                    duplicate,
+                };
+            }
+            5 | 6 => {
                 // Paused (GC, SIGSTOP) for up to twice the lease, often past the gap.
-                let length = self.timing.lease_duration.mul_f64(self.rng.random_range(0.1..2.0));
-                if length > gap {
+                let length = lease.mul_f64(self.rng.random_range(0.1..2.0));
+                if length > self.timing.safety_gap() {
                     self.report.long_pauses += 1;
                 }
                 self.note(format!("pause {} for {length:?}", candidates[i].name));
@@ -495,7 +927,7 @@ impl Schedule {
                     pause.0.send_replace(false);
                 });
             }
-            6 => {
+            7 => {
                 self.note(format!("crash {} (kill -9)", candidates[i].name));
                 self.report.crashes += 1;
                 candidates[i].handle.abort();
@@ -504,7 +936,7 @@ impl Schedule {
                 tokio::time::sleep(restart).await;
                 candidates[i] = self.start_candidate(i);
             }
-            7 => {
+            8 => {
                 let on = !candidates[i].handle.state().campaigning;
                 self.note(format!(
                     "{} campaign {}",
@@ -513,72 +945,159 @@ impl Schedule {
                 ));
                 candidates[i].handle.set_campaigning(on);
             }
+            9 => {
+                let now = Instant::now();
+                let forward_allowed = self.last_forward_jump.is_none_or(|at| now - at > lease * 4);
+                let (nanos, direction) = if forward_allowed && self.rng.random_bool(0.5) {
+                    self.last_forward_jump = Some(now);
+                    (
+                        self.max_jump.mul_f64(self.rng.random_range(0.0..=1.0)).as_nanos() as i64,
+                        1,
+                    )
+                } else {
+                    (lease.mul_f64(self.rng.random_range(0.0..1.0)).as_nanos() as i64, -1)
+                };
+                self.note(format!("store clock jumps by {}ms", direction * nanos / 1_000_000));
+                self.report.clock_jumps += 1;
+                self.store.jump_clock(direction * nanos);
+            }
+            // Rare: it exempts the term it cuts short from the checker.
+            10 if self.rng.random_bool(0.25) => {
+                let deleted = self.store.delete_row(LOCK);
+                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
+                    Some(term) => {
+                        self.deleted_terms.insert(term);
+                        self.report.deleted_live += 1;
+                        self.note(format!("row deleted under the live lease of term {term}"));
+                    }
+                    None => self.note("row deleted".into()),
+                }
+            }
             _ => {}
         }
     }
 
     fn check(mut self) -> Result<Report, Violation> {
-        let log = std::mem::take(&mut *self.log.lock().unwrap());
+        let mut log = std::mem::take(&mut *self.log.lock().unwrap());
+        let acquisitions: Vec<Acquisition> = self.store.acquisitions();
+        log.events.extend(acquisitions.iter().map(|a| {
+            format!(
+                "{:>7}ms store committed term {} for {} token {:?}",
+                (a.at - self.start).as_millis(),
+                a.term,
+                a.holder,
+                a.token
+            )
+        }));
+        let (seed, mutant) = (self.seed, self.mutant);
         let fail = |what: String| Violation {
-            seed: self.seed,
+            seed,
+            mutant,
             what,
             events: log.events.clone(),
         };
-        // 1. No two beliefs overlap.
+        let start = self.start;
+        let at = |instant: Instant| (instant - start).as_millis();
+        // 1. Terms and tokens strictly increase in commit order.
+        for pair in acquisitions.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            if b.term <= a.term || b.token <= a.token {
+                return Err(fail(format!(
+                    "term {} (token {:?}, {}) committed at {}ms after term {} (token {:?}, {}): terms and tokens must strictly increase",
+                    b.term,
+                    b.token,
+                    b.holder,
+                    at(b.at),
+                    a.term,
+                    a.token,
+                    a.holder
+                )));
+            }
+        }
+        let by_term: BTreeMap<u64, usize> = acquisitions.iter().enumerate().map(|(i, a)| (a.term, i)).collect();
+        let next_commit = |i: usize| acquisitions.get(i + 1).map(|a| a.at);
+        // 2. Every belief was granted, and ends by the next term's commit.
         let mut beliefs = log.beliefs.clone();
         beliefs.retain(|b| b.until > b.from);
-        beliefs.sort_by_key(|b| b.from);
-        for (i, a) in beliefs.iter().enumerate() {
-            for b in beliefs[i + 1..].iter().take_while(|b| b.from < a.until) {
-                if b.who != a.who {
-                    return Err(fail(format!(
-                        "{} (term {}) and {} (term {}) both believed they led at {}ms",
-                        a.who,
-                        a.term,
-                        b.who,
-                        b.term,
-                        (b.from - self.start).as_millis()
-                    )));
-                }
-            }
-        }
-        // 2. The fenced register.
-        let register = self.register.lock().unwrap();
-        if let Some(v) = register.violations.first() {
-            return Err(fail(v.clone()));
-        }
-        if let Some((who, token, _)) = register.rejected.iter().find(|(_, _, paused)| !paused) {
-            return Err(fail(format!(
-                "{who} wrote with stale token {token} without having been paused"
-            )));
-        }
-        // 3. Terms and tokens.
-        let mut terms: BTreeMap<u64, (String, Option<FencingToken>)> = BTreeMap::new();
         for b in &beliefs {
-            match terms.get(&b.term) {
-                Some((who, token)) if who != &b.who || token != &b.token => {
-                    return Err(fail(format!("term {} claimed by {who} and {}", b.term, b.who)));
-                }
-                _ => {
-                    terms.insert(b.term, (b.who.clone(), b.token));
-                }
+            let Some(&i) = by_term.get(&b.term) else {
+                return Err(fail(format!(
+                    "{} believed it led term {} from {}ms, which the store never granted",
+                    b.who,
+                    b.term,
+                    at(b.from)
+                )));
+            };
+            let granted = &acquisitions[i];
+            if granted.holder != b.who || granted.token != b.token {
+                return Err(fail(format!(
+                    "{} believed it led term {} with token {:?}; the store granted it to {} with token {:?}",
+                    b.who, b.term, b.token, granted.holder, granted.token
+                )));
+            }
+            if let Some(next) = next_commit(i)
+                && b.until > next
+                && !self.deleted_terms.contains(&b.term)
+            {
+                return Err(fail(format!(
+                    "{} believed it led term {} until {}ms, after term {} committed at {}ms",
+                    b.who,
+                    b.term,
+                    at(b.until),
+                    acquisitions[i + 1].term,
+                    at(next)
+                )));
             }
         }
-        let tokens: Vec<_> = terms.values().map(|(_, t)| *t).collect();
-        if let Some(w) = tokens.windows(2).find(|w| w[0] >= w[1]) {
+        // 3. Accepted writes were issued by the next term's commit, or by a
+        //    writer paused past the margin between its check and the write.
+        let register = self.register.lock().unwrap();
+        let token_index: BTreeMap<Option<FencingToken>, usize> =
+            acquisitions.iter().enumerate().map(|(i, a)| (a.token, i)).collect();
+        for w in &register.accepted {
+            let Some(&i) = token_index.get(&Some(w.token)) else {
+                return Err(fail(format!(
+                    "{} wrote at {}ms with token {}, which the store never granted",
+                    w.writer,
+                    at(w.issued),
+                    w.token
+                )));
+            };
+            let Some(next) = next_commit(i) else { continue };
+            if w.issued <= next || self.deleted_terms.contains(&acquisitions[i].term) {
+                continue;
+            }
+            // Stale from a correct elector means issued − checked > margin,
+            // so only a pause longer than margin − latency can explain it.
+            let paused = (w.issued - w.checked).saturating_sub(w.latency);
+            if paused > self.margin.saturating_sub(w.latency) {
+                self.report.excused += 1;
+                continue;
+            }
             return Err(fail(format!(
-                "tokens did not increase with the term: {:?} then {:?}",
-                w[0], w[1]
+                "{} wrote with token {} (term {}) at {}ms, after term {} committed at {}ms; it checked at {}ms and was paused {paused:?} (margin {:?})",
+                w.writer,
+                w.token,
+                acquisitions[i].term,
+                at(w.issued),
+                acquisitions[i + 1].term,
+                at(next),
+                at(w.checked),
+                self.margin
             )));
         }
-        if terms.is_empty() {
+        if beliefs.is_empty() {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));
         }
-        self.report.terms = terms.len() as u64;
-        self.report.accepted = register.accepted;
-        self.report.fenced = register.rejected.len() as u64;
+        let stats = self.stats.lock().unwrap();
+        self.report.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
+        self.report.accepted = register.accepted.len() as u64;
+        self.report.fenced = register.rejected;
+        self.report.late_commits = stats.late_commits;
+        self.report.duplicates = stats.duplicates;
         self.report.events = log.events;
         drop(register);
+        drop(stats);
         Ok(self.report)
     }
 }

@@ -66,43 +66,36 @@ impl Emulator {
                 child: None,
             });
         }
-        let dir = find_binaries().ok_or_else(|| HOW_TO_GET_THE_EMULATOR.to_string())?;
+        Self::start_own()
+    }
+
+    /// Starts an emulator of this process's own, even when
+    /// `SPANNER_EMULATOR_HOST` names one: for tests that restart it.
+    pub fn start_own() -> Result<Emulator, String> {
         let (grpc, http) = (free_port(), free_port());
-        let mut command = Command::new(dir.join("gateway_main"));
-        command
-            .args([
-                "--hostname",
-                "127.0.0.1",
-                "--grpc_port",
-                &grpc.to_string(),
-                "--http_port",
-                &http.to_string(),
-            ])
-            .arg("--grpc_binary")
-            .arg(dir.join("emulator_main"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", dir.join("gateway_main").display()))?;
-        let emulator = Emulator {
+        let child = spawn(grpc, http)?;
+        Ok(Emulator {
             host: format!("127.0.0.1:{grpc}"),
             rest: format!("http://127.0.0.1:{http}"),
             child: Some(child),
+        })
+    }
+
+    /// Kills the emulator this process started and starts a fresh one on the
+    /// same ports: every instance, database, session and row is gone, as
+    /// after a crash of the real thing.
+    pub fn restart(&mut self) -> Result<(), String> {
+        let ports = |address: &str| address.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+        let (Some(grpc), Some(http)) = (ports(&self.host), ports(&self.rest)) else {
+            return Err(format!("cannot tell the ports of {} and {}", self.host, self.rest));
         };
-        let started = Instant::now();
-        while !(port_open(grpc) && port_open(http)) {
-            if started.elapsed() > Duration::from_secs(30) {
-                return Err(format!(
-                    "the emulator in {} did not open ports {grpc}/{http} within 30 s",
-                    dir.display()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(emulator)
+        let child = self
+            .child
+            .as_mut()
+            .ok_or("this emulator was not started by this process; use Emulator::start_own")?;
+        kill_group(child);
+        self.child = Some(spawn(grpc, http)?);
+        Ok(())
     }
 
     pub fn endpoints(&self) -> Endpoints {
@@ -115,9 +108,20 @@ impl Emulator {
     /// A fresh database of its own, so tests run in parallel.
     pub async fn create_database(&self, table: &str) -> SpannerConfig {
         let name = format!("t{:016x}", rand::random::<u64>());
-        let database = create_emulator_database(&self.endpoints(), PROJECT, INSTANCE, &name)
+        self.create_named_database(&name, table).await
+    }
+
+    /// The database `name` (created when missing), e.g. again after a restart.
+    pub async fn create_named_database(&self, name: &str, table: &str) -> SpannerConfig {
+        let database = create_emulator_database(&self.endpoints(), PROJECT, INSTANCE, name)
             .await
-            .unwrap_or_else(|e| panic!("creating database {name} on the emulator at {}: {e}", self.host));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "creating database {name} on the emulator at {}: {}",
+                    self.host,
+                    e.chain()
+                )
+            });
         SpannerConfig {
             database,
             table: table.to_string(),
@@ -128,13 +132,54 @@ impl Emulator {
 impl Drop for Emulator {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
-            // The gateway started emulator_main in its process group.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
-            let _ = child.wait();
+            kill_group(child);
         }
     }
+}
+
+/// Kills the gateway and the emulator_main it started in its process group.
+fn kill_group(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.wait();
+}
+
+/// Starts the emulator found in `SPANNER_EMULATOR_DIR`, the gcloud SDK or
+/// `PATH` on the given ports and waits until both are open.
+fn spawn(grpc: u16, http: u16) -> Result<Child, String> {
+    let dir = find_binaries().ok_or_else(|| HOW_TO_GET_THE_EMULATOR.to_string())?;
+    let mut command = Command::new(dir.join("gateway_main"));
+    command
+        .args([
+            "--hostname",
+            "127.0.0.1",
+            "--grpc_port",
+            &grpc.to_string(),
+            "--http_port",
+            &http.to_string(),
+        ])
+        .arg("--grpc_binary")
+        .arg(dir.join("emulator_main"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", dir.join("gateway_main").display()))?;
+    let started = Instant::now();
+    while !(port_open(grpc) && port_open(http)) {
+        if started.elapsed() > Duration::from_secs(30) {
+            kill_group(&mut child);
+            return Err(format!(
+                "the emulator in {} did not open ports {grpc}/{http} within 30 s",
+                dir.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child)
 }
 
 fn find_binaries() -> Option<PathBuf> {

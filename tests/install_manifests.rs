@@ -27,6 +27,7 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
         ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
         ("manifests/examples/leader-only-service.yaml", vec![&sidecar]),
         ("manifests/examples/readiness-gated.yaml", vec![&sidecar]),
+        ("manifests/examples/run-wrapped.yaml", vec![&sidecar]),
     ] {
         let text = as_release_leasehold(&read(file));
         for rules in expected {
@@ -103,7 +104,11 @@ fn manifests_validate_against_the_kubernetes_schemas() {
         .expect("leasehold inject runs");
     let notes = String::from_utf8_lossy(&injected.stderr);
     assert!(injected.status.success(), "{notes}");
-    assert_eq!(notes.matches(": injected").count(), 2, "{notes}");
+    assert_eq!(notes.matches(": injected").count(), 3, "{notes}");
+    assert!(
+        notes.contains("Deployment batch/consumer: injected: container consumer runs under leasehold run"),
+        "{notes}"
+    );
     let output = std::env::temp_dir().join(format!("leasehold-injected-examples-{}.yaml", std::process::id()));
     std::fs::write(&output, &injected.stdout).unwrap();
     let out = Command::new(&python)

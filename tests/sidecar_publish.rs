@@ -151,7 +151,7 @@ impl World {
     /// The pod the store says leads, if any.
     async fn truth(&self) -> Option<String> {
         let observed = self.store.observe("prod/web").await.unwrap();
-        observed.live_holder().map(|h| holder_pod(h).to_string())
+        observed.live_holder().and_then(holder_pod)
     }
 
     /// Whether every pod's label and condition say what the store says.

@@ -1,10 +1,10 @@
 //! The deterministic safety simulation, 1,000 seeds in four shards so the
-//! test runner spreads them over the cores. `leasehold simulate --seeds N`
-//! runs any number.
+//! test runner spreads them over the cores, and the mutants it must catch.
+//! `leasehold simulate --seeds N` runs any number.
 
 use std::time::Duration;
 
-use leasehold::sim::{Summary, simulate, simulate_with_drift};
+use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_with};
 
 fn run_shard(shard: u64) -> Summary {
     let mut summary = Summary::default();
@@ -21,6 +21,10 @@ fn run_shard(shard: u64) -> Summary {
         "every seed elects someone, most more than once: {summary:?}"
     );
     assert!(summary.crashes > 0 && summary.long_pauses > 0, "{summary:?}");
+    assert!(
+        summary.late_commits > 0 && summary.duplicates > 0 && summary.clock_jumps > 0 && summary.deleted_live > 0,
+        "late commits, duplicated requests, clock jumps and deleted rows all happened: {summary:?}"
+    );
     assert!(
         summary.fenced > 0,
         "some paused leader's late write was fenced off: {summary:?}"
@@ -61,9 +65,64 @@ fn the_checker_catches_clock_drift_beyond_what_r_over_d_tolerates() {
     // With the store clock running faster than D/R allows, a lease can
     // expire by the store's clock while its holder still believes it leads.
     let caught = (0..100)
-        .filter(|&seed| simulate_with_drift(seed, Duration::from_secs(60), 1.5..3.0).is_err())
+        .filter(|&seed| {
+            let setup = Setup {
+                drift: 1.5..3.0,
+                ..Setup::default()
+            };
+            simulate_with(seed, &setup).is_err()
+        })
         .count();
     assert!(caught > 0, "no violation found in 100 seeds of excessive drift");
+}
+
+#[test]
+fn every_mutant_is_caught_within_1000_seeds() {
+    let mut survivors = Vec::new();
+    for mutant in Mutant::ALL {
+        match hunt(mutant, 0..1000, Duration::from_secs(60)) {
+            Some(violation) => println!(
+                "mutant {:<38} caught by seed {:>3}: {}",
+                mutant.name(),
+                violation.seed,
+                violation.what
+            ),
+            None => survivors.push(mutant.name()),
+        }
+    }
+    assert!(survivors.is_empty(), "mutants survived 1,000 seeds: {survivors:?}");
+}
+
+#[test]
+fn the_simulate_command_names_and_hunts_mutants() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .arg("simulate")
+            .args(args)
+            .output()
+            .expect("leasehold runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, list) = run(&["--mutant", "list"]);
+    assert!(ok, "{list}");
+    for mutant in Mutant::ALL {
+        assert!(list.contains(mutant.name()), "{list}");
+    }
+    let (ok, caught) = run(&["--mutant", "deadline-D-instead-of-R"]);
+    assert!(
+        ok && caught.contains("mutant deadline-D-instead-of-R caught by seed"),
+        "{caught}"
+    );
+    let (ok, unknown) = run(&["--mutant", "nonsense"]);
+    assert!(
+        !ok && unknown.contains("--mutant \"nonsense\" is not one of: list, deadline-from-reply"),
+        "{unknown}"
+    );
 }
 
 #[test]

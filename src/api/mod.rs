@@ -61,7 +61,9 @@ pub struct DistributedLeaseSpec {
     /// name the same lock and database elect one leader across all of them.
     /// Defaults to `<namespace>/<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 1024))]
+    // lease::MAX_LOCK_NAME_BYTES; the API server counts characters, the
+    // validator bytes, so the validator has the last word.
+    #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("lockName is immutable: create a new resource for another lock"))]
     pub lock_name: Option<String>,
     /// Where the lease row lives.

@@ -247,7 +247,7 @@ fn each_invalid_field_gets_its_own_message() {
         (with(&["lockName"], json!(" ")), "spec.lockName must not be empty"),
         (
             with(&["lockName"], json!("a\nb")),
-            "spec.lockName must be at most 1024 characters",
+            "spec.lockName must not contain control characters",
         ),
         (
             with(&["store", "spanner", "database"], json!("mydb")),

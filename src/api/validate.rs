@@ -5,8 +5,8 @@ use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::timing::DEFAULT_JITTER;
-use crate::lease::{Timing, TimingError};
-use crate::store::spanner::SpannerConfig;
+use crate::lease::{LockNameError, Timing, TimingError, validate_lock_name};
+use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +60,9 @@ pub enum ValidationError {
     /// Timing messages start with the field name already.
     #[error("spec.{0}")]
     Timing(#[from] TimingError),
+    /// Lock name messages start with the field name already.
+    #[error(transparent)]
+    LockName(#[from] LockNameError),
     #[error("{field} {message}")]
     Field { field: String, message: String },
 }
@@ -78,18 +81,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ValidationError {
 pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let spec = &lease.spec;
     if let Some(lock) = &spec.lock_name {
-        if lock.trim().is_empty() {
-            return Err(invalid(
-                "spec.lockName",
-                "must not be empty (leave it out for <namespace>/<name>)",
-            ));
-        }
-        if lock.len() > 1024 || lock.chars().any(char::is_control) {
-            return Err(invalid(
-                "spec.lockName",
-                "must be at most 1024 characters without control characters",
-            ));
-        }
+        validate_lock_name("spec.lockName", lock)?;
     }
     let store = check_store(&spec.store)?;
     let timing = Timing::parse(
@@ -180,28 +172,13 @@ fn check_secret(secret: &SecretKeyRef, field: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// The Spanner store owns the rules for its names; this names the field.
 fn check_database(database: &str) -> Result<()> {
-    let parts: Vec<&str> = database.split('/').collect();
-    let shaped = matches!(
-        parts.as_slice(),
-        ["projects", p, "instances", i, "databases", d] if !p.is_empty() && !i.is_empty() && !d.is_empty()
-    );
-    if shaped {
-        Ok(())
-    } else {
-        Err(invalid(
-            "spec.store.spanner.database",
-            format!("must look like projects/<project>/instances/<instance>/databases/<database>, got {database:?}"),
-        ))
-    }
+    spanner::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
 }
 
 fn check_table(table: &str, field: &'static str, max_len: usize) -> Result<()> {
-    let mut chars = table.chars();
-    let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && table.len() <= max_len;
-    if identifier {
+    if crate::store::is_sql_identifier(table, max_len) {
         Ok(())
     } else {
         Err(invalid(

@@ -19,6 +19,7 @@ use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
@@ -106,6 +107,50 @@ impl LeaderContext {
     }
 }
 
+/// A deliberate safety bug, for the simulation's mutants only: the checker
+/// must catch each. Crate-private, so no user of the library can set one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flaw {
+    /// deadline = reply + R instead of send + R.
+    DeadlineFromReply,
+    /// deadline = send + D instead of send + R.
+    DeadlineFromLeaseDuration,
+    /// An unknown acquire or renew outcome is taken as success.
+    UnknownOutcomeAsSuccess,
+    /// Releases first, then stops claiming and waits for the leader work.
+    ReleaseBeforeWorkStopped,
+}
+
+/// Wraps every task the elector spawns (its own and the leader work's): the
+/// simulation pauses a whole process this way. Crate-private like [`Flaw`].
+pub(crate) type TaskWrapper =
+    Arc<dyn Fn(futures::future::BoxFuture<'static, ()>) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// The simulation's hooks; both absent outside it.
+#[derive(Clone, Default)]
+pub(crate) struct SimHooks {
+    pub(crate) flaw: Option<Flaw>,
+    pub(crate) wrap: Option<TaskWrapper>,
+}
+
+impl std::fmt::Debug for SimHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHooks")
+            .field("flaw", &self.flaw)
+            .field("wrap", &self.wrap.is_some())
+            .finish()
+    }
+}
+
+impl SimHooks {
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+        match &self.wrap {
+            Some(wrap) => tokio::spawn(wrap(Box::pin(task))),
+            None => tokio::spawn(task),
+        }
+    }
+}
+
 /// The configuration of one candidate for one lock.
 #[derive(Debug, Clone)]
 pub struct Elector {
@@ -113,6 +158,7 @@ pub struct Elector {
     identity: Identity,
     timing: Timing,
     seed: Option<u64>,
+    sim: SimHooks,
     /// Created here so callers can subscribe before the first acquisition.
     transitions: broadcast::Sender<LeaderState>,
 }
@@ -232,8 +278,15 @@ impl Elector {
             identity,
             timing,
             seed: None,
+            sim: SimHooks::default(),
             transitions: broadcast::channel(64).0,
         }
+    }
+
+    /// The simulation's task wrapper and mutant flaw.
+    pub(crate) fn with_sim_hooks(mut self, hooks: SimHooks) -> Self {
+        self.sim = hooks;
+        self
     }
 
     /// Seeds jitter and backoff, so a simulation replays exactly.
@@ -289,6 +342,7 @@ impl Elector {
         let nudge = Arc::new(Notify::new());
         let transitions = self.transitions.clone();
         let jitter = Jitter::new(self.timing.jitter, self.seed);
+        let sim = self.sim.clone();
         let running = Running {
             elector: self,
             store,
@@ -301,7 +355,7 @@ impl Elector {
             jitter,
             work: std::sync::Mutex::new(Box::new(move |ctx| Box::pin(work(ctx)))),
         };
-        let task = tokio::spawn(running.run());
+        let task = sim.spawn(running.run());
         ElectorHandle {
             state: state_rx,
             transitions,
@@ -329,6 +383,21 @@ impl Running {
 
     fn timing(&self) -> Timing {
         self.elector.timing
+    }
+
+    fn flaw(&self, flaw: Flaw) -> bool {
+        self.elector.sim.flaw == Some(flaw)
+    }
+
+    /// When a leader stops claiming after a grant sent at `sent` and
+    /// answered at `replied`: `sent + R` (the mutants aside).
+    fn deadline(&self, sent: Instant, replied: Instant) -> Instant {
+        let timing = self.timing();
+        match self.elector.sim.flaw {
+            Some(Flaw::DeadlineFromReply) => replied + timing.renew_deadline,
+            Some(Flaw::DeadlineFromLeaseDuration) => sent + timing.lease_duration,
+            _ => sent + timing.renew_deadline,
+        }
     }
 
     fn backoff(&mut self) -> impl Iterator<Item = Duration> + use<> {
@@ -425,6 +494,14 @@ impl Running {
         };
         match attempt {
             Ok(grant) => Ok(Some((t_send, grant))),
+            Err(StoreError::OutcomeUnknown { .. }) if self.flaw(Flaw::UnknownOutcomeAsSuccess) => {
+                let grant = Grant {
+                    term: observed.record.as_ref().map_or(0, |r| r.term) + 1,
+                    token: FencingToken(observed.now.0),
+                    committed_at: observed.now,
+                };
+                Ok(Some((t_send, grant)))
+            }
             Err(StoreError::Lost { reason, .. }) => {
                 debug!(%lock, %reason, "lost the race to acquire");
                 let retry = self.jitter.apply(timing.retry_period / 4);
@@ -485,7 +562,7 @@ impl Running {
         let timing = self.timing();
         let lock = self.elector.lock.clone();
         let me = self.me();
-        let mut deadline = t_send + timing.renew_deadline;
+        let mut deadline = self.deadline(t_send, now());
         if now() >= deadline {
             // The grant arrived after its own deadline (a late reply, S2).
             warn!(%lock, term = grant.term, "grant arrived after its deadline; not claiming");
@@ -512,7 +589,12 @@ impl Running {
             cancelled: cancelled.clone(),
             state: self.state.subscribe(),
         };
-        let work = tokio::spawn((self.work.get_mut().unwrap_or_else(|e| e.into_inner()))(ctx));
+        // Aborted with the elector (a crash ends the process's work too).
+        let work = AbortOnDropHandle::new(
+            self.elector
+                .sim
+                .spawn((self.work.get_mut().unwrap_or_else(|e| e.into_inner()))(ctx)),
+        );
         let mut next_renew = t_send + self.jitter.apply(timing.retry_period);
         let mut errors = self.backoff();
 
@@ -532,13 +614,17 @@ impl Running {
                 self.store.renew(&lock, &me, grant.token, timing.lease_duration),
             )
             .await;
+            let renewed = match renewed {
+                Ok(Err(StoreError::OutcomeUnknown { .. })) if self.flaw(Flaw::UnknownOutcomeAsSuccess) => Ok(Ok(grant)),
+                other => other,
+            };
             match renewed {
                 Err(_elapsed) => break Ended::Lost(Change::DeadlineMissed),
-                Ok(Ok(_)) if now() >= sent + timing.renew_deadline => {
+                Ok(Ok(_)) if now() >= self.deadline(sent, now()) => {
                     break Ended::Lost(Change::DeadlineMissed);
                 }
                 Ok(Ok(_)) => {
-                    deadline = sent + timing.renew_deadline;
+                    deadline = self.deadline(sent, now());
                     next_renew = sent + self.jitter.apply(timing.retry_period);
                     errors = self.backoff();
                     self.state.send_modify(|s| {
@@ -566,6 +652,11 @@ impl Running {
             Ended::Lost(change) => change,
             Ended::Release => Change::SteppingDown,
         };
+        let flawed_release = release && self.flaw(Flaw::ReleaseBeforeWorkStopped);
+        let mut released = None;
+        if flawed_release {
+            released = Some(self.release(&lock, &me, grant).await);
+        }
         self.transition(|s| {
             s.leader = false;
             s.deadline = None;
@@ -578,27 +669,35 @@ impl Running {
         if !release {
             warn!(%lock, term = grant.term, reason = ?change, "stepped down");
         }
-        if release {
-            let released = timeout_at(
-                now() + timing.renew_deadline,
-                self.store.release(&lock, &me, grant.token),
-            )
-            .await;
-            let outcome = match released {
-                Ok(Ok(())) => {
-                    info!(%lock, term = grant.term, "released leadership");
-                    Change::Released
-                }
-                Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),
-                Err(_) => Change::ReleaseFailed("release timed out".into()),
-            };
-            if let Change::ReleaseFailed(e) = &outcome {
-                warn!(%lock, error = %e, "release failed; the lease will expire by itself");
-            }
+        if release && !flawed_release {
+            released = Some(self.release(&lock, &me, grant).await);
+        }
+        if let Some(outcome) = released {
             self.transition(|s| {
                 s.holder = None;
                 s.change = outcome;
             });
         }
+    }
+
+    /// Releases by check-and-set; a failure only means the lease expires by itself.
+    async fn release(&self, lock: &str, me: &str, grant: Grant) -> Change {
+        let released = timeout_at(
+            now() + self.timing().renew_deadline,
+            self.store.release(lock, me, grant.token),
+        )
+        .await;
+        let outcome = match released {
+            Ok(Ok(())) => {
+                info!(%lock, term = grant.term, "released leadership");
+                Change::Released
+            }
+            Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),
+            Err(_) => Change::ReleaseFailed("release timed out".into()),
+        };
+        if let Change::ReleaseFailed(e) = &outcome {
+            warn!(%lock, error = %e, "release failed; the lease will expire by itself");
+        }
+        outcome
     }
 }

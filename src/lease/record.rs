@@ -5,6 +5,90 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD};
+
+/// The longest lock name, in bytes. The default lock is
+/// `<namespace>/<name>`: a namespace is a DNS label (at most 63 bytes) and an
+/// object name a DNS subdomain (at most 253), so 317 bytes; 512 leaves room
+/// for a prefix such as a cluster or region, and stays far below Spanner's
+/// 8 KiB limit on a key.
+pub const MAX_LOCK_NAME_BYTES: usize = 512;
+
+/// A lock name that no store should see, naming the field or flag it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockNameError {
+    #[error("{field} must not be empty")]
+    Empty { field: &'static str },
+    #[error("{field} is {len} bytes long; at most {MAX_LOCK_NAME_BYTES} are allowed")]
+    TooLong { field: &'static str, len: usize },
+    #[error("{field} must not contain control characters")]
+    Control { field: &'static str },
+    #[error("{field} must not start or end with whitespace: {name:?}")]
+    Whitespace { field: &'static str, name: String },
+}
+
+/// The one check of a lock name, wherever one enters: flags, the resource
+/// spec, the stores. `field` is what the user typed it into.
+pub fn validate_lock_name(field: &'static str, name: &str) -> Result<(), LockNameError> {
+    if name.trim().is_empty() {
+        return Err(LockNameError::Empty { field });
+    }
+    if name.len() > MAX_LOCK_NAME_BYTES {
+        return Err(LockNameError::TooLong { field, len: name.len() });
+    }
+    if name.chars().any(char::is_control) {
+        return Err(LockNameError::Control { field });
+    }
+    // Names are compared byte for byte; " web" and "web" would be two locks.
+    if name.trim() != name {
+        return Err(LockNameError::Whitespace {
+            field,
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A lease duration that cannot be stored or was stored out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseDurationError {
+    #[error("{field} ({value}) must be between {MIN_RETRY_PERIOD:?} and {MAX_LEASE_DURATION:?}")]
+    OutOfRange { field: &'static str, value: String },
+    #[error("{field} ({value:?}) must be a whole number of milliseconds: the store keeps milliseconds")]
+    SubMillisecond { field: &'static str, value: Duration },
+}
+
+/// The lease duration in the store's unit (INT64 milliseconds). Every
+/// write of a lease duration goes through here, so nothing is truncated or
+/// wraps on its way into a row.
+pub fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64, LeaseDurationError> {
+    if !(MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) {
+        return Err(LeaseDurationError::OutOfRange {
+            field,
+            value: format!("{lease:?}"),
+        });
+    }
+    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(LeaseDurationError::SubMillisecond { field, value: lease });
+    }
+    // In range, so at most 3.6e6: fits.
+    Ok(lease.as_millis() as i64)
+}
+
+/// A stored lease duration back from milliseconds. A row whose duration is
+/// out of range is refused, never clamped: a lease read as 0 ms would look
+/// expired and let a second leader in.
+pub fn lease_from_millis(field: &'static str, millis: i64) -> Result<Duration, LeaseDurationError> {
+    let lease = u64::try_from(millis).ok().map(Duration::from_millis);
+    match lease {
+        Some(lease) if (MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) => Ok(lease),
+        _ => Err(LeaseDurationError::OutOfRange {
+            field,
+            value: format!("{millis}ms"),
+        }),
+    }
+}
+
 /// An instant on the store's clock, in nanoseconds since the Unix epoch.
 ///
 /// Only the store produces these; candidates never compare them with their
@@ -274,5 +358,59 @@ mod tests {
     #[test]
     fn store_time_renders_as_rfc3339() {
         assert_eq!(StoreTime(1_500_000_000).to_rfc3339(), "1970-01-01T00:00:01.500000000Z");
+    }
+
+    #[test]
+    fn lock_names_are_checked_naming_the_field() {
+        validate_lock_name("--lock", "prod/web").unwrap();
+        validate_lock_name("--lock", &"x".repeat(MAX_LOCK_NAME_BYTES)).unwrap();
+        let cases = [
+            ("", "--lock must not be empty"),
+            ("  ", "--lock must not be empty"),
+            (
+                &*"x".repeat(MAX_LOCK_NAME_BYTES + 1),
+                "--lock is 513 bytes long; at most 512",
+            ),
+            ("a\nb", "--lock must not contain control characters"),
+            (" web", "--lock must not start or end with whitespace"),
+        ];
+        for (name, expected) in cases {
+            let err = validate_lock_name("--lock", name).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{name:?}: got {err:?}, want {expected:?}");
+        }
+    }
+
+    #[test]
+    fn lease_durations_round_trip_through_milliseconds_or_are_refused() {
+        for lease in [MIN_RETRY_PERIOD, Duration::from_millis(1500), MAX_LEASE_DURATION] {
+            let ms = lease_to_millis("leaseDuration", lease).unwrap();
+            assert_eq!(lease_from_millis("lease_ms", ms).unwrap(), lease);
+        }
+        let refused = [
+            (Duration::ZERO, "leaseDuration (0ns) must be between 10ms and 3600s"),
+            (
+                MAX_LEASE_DURATION + Duration::from_millis(1),
+                "leaseDuration (3600.001s) must be between",
+            ),
+            (
+                Duration::from_secs(31_557_600 * 1_000_000_000),
+                "leaseDuration (31557600000000000s) must be between",
+            ),
+            (
+                Duration::from_micros(1_500_500),
+                "leaseDuration (1.5005s) must be a whole number of milliseconds",
+            ),
+        ];
+        for (lease, expected) in refused {
+            let err = lease_to_millis("leaseDuration", lease).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{lease:?}: got {err:?}");
+        }
+        for stored in [0, -1, i64::MIN, i64::MAX, 3_600_001] {
+            let err = lease_from_millis("lease_ms", stored).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("lease_ms ({stored}ms) must be between")),
+                "{err}"
+            );
+        }
     }
 }

@@ -4,6 +4,22 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::record::{LeaseDurationError, lease_to_millis};
+
+/// The shortest retry period P (and so the lower end of R and D). A renewal
+/// costs a store round trip (a Spanner commit alone takes milliseconds) and
+/// the error backoff never waits less than 10 ms, so a shorter P buys no
+/// faster failover, only load and scheduling noise larger than the period.
+pub const MIN_RETRY_PERIOD: Duration = Duration::from_millis(10);
+
+/// The longest lease duration D. A crashed leader keeps the lock for up to
+/// D, and an hour without failover is a manual lock, not leader election.
+/// It also keeps every instant computed from D, R and P (deadlines, expiry
+/// on the store's i64-nanosecond clock, INT64 milliseconds in the row) many
+/// orders of magnitude inside what the types hold, so no arithmetic on them
+/// can overflow; R < D and P < R inherit the bound.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(3600);
+
 /// The elector's timing.
 ///
 /// * `lease_duration` (D): how long the store considers a lease valid after
@@ -12,7 +28,13 @@ use serde::{Deserialize, Serialize};
 ///   successful renewal, measured from when that renewal was sent. D − R is
 ///   the safety gap that absorbs clock-rate drift and pauses.
 /// * `retry_period` (P): how often the leader renews and followers poll.
-/// * `jitter`: fraction of P added at random, to spread load.
+/// * `jitter`: fraction of P added at random, to spread load: each wait is
+///   P × (1 + u) with u uniform in [0, jitter), so P × (1 + jitter) must
+///   stay below R.
+///
+/// Bounds: [`MIN_RETRY_PERIOD`] ≤ P < R < D ≤ [`MAX_LEASE_DURATION`], D a
+/// whole number of milliseconds (the store keeps milliseconds), jitter in
+/// [0, 1].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Timing {
@@ -47,6 +69,11 @@ pub enum TimingError {
     },
     #[error("{field}: {message}")]
     Parse { field: &'static str, message: String },
+    #[error("retryPeriod ({0:?}) must be at least {MIN_RETRY_PERIOD:?}")]
+    RetryTooShort(Duration),
+    /// D out of range or not storable; the message names leaseDuration.
+    #[error(transparent)]
+    Lease(#[from] LeaseDurationError),
 }
 
 /// D by default: client-go's 15 s.
@@ -123,7 +150,8 @@ impl Timing {
         )
     }
 
-    /// D > R > P > 0, and a jittered P still below R.
+    /// D > R > P ≥ [`MIN_RETRY_PERIOD`], D within [`MAX_LEASE_DURATION`] and
+    /// storable, and a jittered P still below R.
     pub fn validate(&self) -> Result<(), TimingError> {
         for (field, value) in [
             ("leaseDuration", self.lease_duration),
@@ -134,6 +162,7 @@ impl Timing {
                 return Err(TimingError::Zero { field });
             }
         }
+        lease_to_millis("leaseDuration", self.lease_duration)?;
         if self.renew_deadline >= self.lease_duration {
             return Err(TimingError::RenewNotBelowLease {
                 renew: self.renew_deadline,
@@ -145,6 +174,9 @@ impl Timing {
                 retry: self.retry_period,
                 renew: self.renew_deadline,
             });
+        }
+        if self.retry_period < MIN_RETRY_PERIOD {
+            return Err(TimingError::RetryTooShort(self.retry_period));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(TimingError::Jitter(self.jitter));
@@ -216,6 +248,20 @@ mod tests {
             ),
             (("ten", "10s", "2s", 0.0), "leaseDuration: invalid duration \"ten\""),
             (("15s", "-1s", "2s", 0.0), "renewDeadline: invalid duration \"-1s\""),
+            (
+                ("1000000000y", "10s", "2s", 0.0),
+                "leaseDuration (31557600000000000s) must be between 10ms and 3600s",
+            ),
+            (
+                ("2h", "10s", "2s", 0.0),
+                "leaseDuration (7200s) must be between 10ms and 3600s",
+            ),
+            (
+                ("1500500us", "1s", "200ms", 0.0),
+                "leaseDuration (1.5005s) must be a whole number of milliseconds",
+            ),
+            (("3s", "2s", "5ms", 0.0), "retryPeriod (5ms) must be at least 10ms"),
+            (("15s", "10s", "2s", f64::NAN), "jitter (NaN) must be between 0 and 1"),
         ];
         for ((d, r, p, j), expected) in cases {
             let err = Timing::parse(d, r, p, j).unwrap_err().to_string();

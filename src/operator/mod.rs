@@ -28,7 +28,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::core::SelectorExt as _;
@@ -57,6 +56,33 @@ use crate::store::spanner::SpannerConfig;
 /// Without leader election nobody waits to take over, so reconciles in
 /// flight at shutdown get longer to finish.
 const STANDALONE_GRACE: Duration = Duration::from_secs(10);
+
+/// Why the operator could not start or ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid operator election timing (--election-lease-duration/-renew-deadline/-retry-period)")]
+    ElectionTiming(#[source] crate::lease::TimingError),
+    #[error("{0} is required for --election-backend={1}")]
+    ElectionFlagMissing(&'static str, &'static str),
+    #[error(transparent)]
+    Election(#[from] election::Error),
+    #[error("cannot listen for SIGTERM and SIGINT")]
+    Signals(#[source] std::io::Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot configure the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("the injection webhook failed")]
+    Webhook(#[from] webhook::Error),
+    #[error("the HTTP server failed")]
+    Http(#[source] std::io::Error),
+    #[error("a task of the operator ended abnormally")]
+    Task(#[from] tokio::task::JoinError),
+}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -122,7 +148,7 @@ pub struct Args {
 
 impl Args {
     /// The operator's election, or `None` when it is off.
-    fn election(&self, identity: &Identity) -> anyhow::Result<Option<Election>> {
+    fn election(&self, identity: &Identity) -> Result<Option<Election>, Error> {
         if !self.leader_election {
             return Ok(None);
         }
@@ -132,7 +158,7 @@ impl Args {
                 self.election_renew_deadline,
                 self.election_retry_period,
             )
-            .context("invalid operator election timing (--election-lease-duration/-renew-deadline/-retry-period)")?;
+            .map_err(Error::ElectionTiming)?;
         let election = match self.election_backend {
             Backend::Lease => {
                 let Some(namespace) = self
@@ -140,10 +166,11 @@ impl Args {
                     .clone()
                     .or_else(|| self.pod_namespace.clone())
                 else {
-                    anyhow::bail!(
+                    return Err(Error::ElectionFlagMissing(
                         "--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace \
-                         (POD_NAMESPACE) is required for --election-backend=lease"
-                    );
+                         (POD_NAMESPACE)",
+                        "lease",
+                    ));
                 };
                 Election::Lease(LeaseElection::new(
                     self.election_lease_name.clone(),
@@ -154,9 +181,10 @@ impl Args {
             }
             Backend::Spanner => {
                 let Some(database) = self.election_database.clone() else {
-                    anyhow::bail!(
-                        "--election-database (LEASEHOLD_ELECTION_DATABASE) is required for --election-backend=spanner"
-                    );
+                    return Err(Error::ElectionFlagMissing(
+                        "--election-database (LEASEHOLD_ELECTION_DATABASE)",
+                        "spanner",
+                    ));
                 };
                 Election::Spanner(SpannerElection {
                     config: SpannerConfig {
@@ -184,9 +212,9 @@ impl Args {
     }
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args) -> Result<(), Error> {
     let shutdown = CancellationToken::new();
-    crate::shutdown::exit_on_signals(shutdown.clone()).context("cannot listen for SIGTERM and SIGINT")?;
+    crate::shutdown::exit_on_signals(shutdown.clone()).map_err(Error::Signals)?;
     // Checked before anything connects, so a bad flag fails fast and clearly.
     let identity = args.identity();
     let election = args.election(&identity)?;
@@ -195,16 +223,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
     let (role, role_rx) = watch::channel(Role::Starting);
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listener = TcpListener::bind(args.listen).await.map_err(|source| Error::Listen {
+        addr: args.listen,
+        source,
+    })?;
     let address = listener.local_addr().unwrap_or(args.listen);
     info!(%address, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http::router(registry, role_rx), shutdown.clone()));
 
-    let client = Client::try_default()
-        .await
-        .context("cannot configure the Kubernetes client")?;
+    let client = Client::try_default().await.map_err(Error::Client)?;
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity.to_string()),
@@ -250,15 +277,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     role.send_replace(Role::Stopping);
     shutdown.cancel();
     if let Some(webhook) = webhook {
-        webhook
-            .await
-            .context("the webhook task failed")?
-            .context("the injection webhook failed")?;
+        webhook.await??;
     }
-    server
-        .await
-        .context("the HTTP server task failed")?
-        .context("the HTTP server failed")?;
+    server.await?.map_err(Error::Http)?;
     result
 }
 

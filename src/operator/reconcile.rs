@@ -37,6 +37,7 @@ use super::metrics::{Metrics, Outcome};
 use super::rollout;
 use super::stores::StoreProvider;
 use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
+use crate::lease::Identity;
 use crate::lease::{LeaseStore, Observation, StoreError};
 
 /// The field manager of every status write.
@@ -622,7 +623,9 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
             info!(%holder, "holder belongs to another namespace or cluster; not releasing");
             return Ok(());
         }
-        if ctx.pod_runs(namespace, pod.pod).await? {
+        if let Some(name) = pod.pod()
+            && ctx.pod_runs(namespace, name).await?
+        {
             info!(%holder, "the holder's pod still runs; its sidecar releases the lease itself");
             return Ok(());
         }
@@ -664,7 +667,7 @@ async fn repair_labels(
         let pod_name = pod.name_any();
         let holds = holder.is_some_and(|h| {
             let holder = HolderPod::parse(h);
-            holder.pod == pod_name && holder.may_be_local(ctx.cluster.as_deref(), &namespace)
+            holder.pod() == Some(pod_name.as_str()) && holder.may_be_local(ctx.cluster.as_deref(), &namespace)
         });
         if !labelled || holds {
             continue;
@@ -711,43 +714,40 @@ async fn repair_labels(
     }
 }
 
-/// Where a holder identity `[cluster/][namespace/]pod#nonce` runs.
+/// Where a holder identity `[cluster/][namespace/]pod#nonce` runs; a
+/// holder that is not such an identity (another tool's row) runs nowhere we
+/// know of.
 #[derive(Debug, PartialEq, Eq)]
-struct HolderPod<'a> {
-    cluster: Option<&'a str>,
-    namespace: Option<&'a str>,
-    pod: &'a str,
-}
+struct HolderPod(Option<Identity>);
 
-impl<'a> HolderPod<'a> {
-    fn parse(holder: &'a str) -> Self {
-        let without_nonce = holder.rsplit_once('#').map_or(holder, |(rest, _)| rest);
-        let mut parts = without_nonce.rsplitn(3, '/');
-        let pod = parts.next().unwrap_or_default();
-        let namespace = parts.next();
-        let cluster = parts.next();
-        HolderPod {
-            cluster,
-            namespace,
-            pod,
-        }
+impl HolderPod {
+    fn parse(holder: &str) -> Self {
+        HolderPod(holder.parse().ok())
+    }
+
+    /// The holder's pod name, when the holder is an identity.
+    fn pod(&self) -> Option<&str> {
+        self.0.as_ref().map(Identity::name)
     }
 
     /// Could be a pod in `namespace` of this cluster: when either side does
     /// not name its cluster, assume it is. Used before clearing a label, where
     /// the cautious answer is "maybe the holder".
     fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
-        let cluster_matches = match (self.cluster, cluster) {
+        let Some(identity) = &self.0 else { return true };
+        let cluster_matches = match (identity.cluster(), cluster) {
             (Some(theirs), Some(ours)) => theirs == ours,
             _ => true,
         };
-        cluster_matches && self.namespace.is_none_or(|ns| ns == namespace)
+        cluster_matches && identity.namespace().is_none_or(|ns| ns == namespace)
     }
 
     /// Certainly a pod in `namespace` of this cluster. Used before releasing,
     /// where the cautious answer is "not ours": an unreleased lease expires.
     fn is_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
-        self.cluster == cluster && self.namespace.is_none_or(|ns| ns == namespace)
+        self.0.as_ref().is_some_and(|identity| {
+            identity.cluster() == cluster && identity.namespace().is_none_or(|ns| ns == namespace)
+        })
     }
 }
 

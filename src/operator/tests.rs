@@ -63,6 +63,8 @@ fn operator_args(args: &[&str]) -> Args {
 fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
     let identity = Identity::with_nonce("operator-0", "n");
     let election = |args: &[&str]| operator_args(args).election(&identity);
+    // As the binary prints it: the error and its causes.
+    let chain = |e: Error| format!("{:#}", anyhow::Error::from(e));
 
     // The default needs no infrastructure: a Lease in the pod's namespace.
     let Some(Election::Lease(lease)) = election(&["--pod-namespace=leasehold-system"]).unwrap() else {
@@ -78,16 +80,15 @@ fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
         err.contains("--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace"),
         "{err}"
     );
-    let err = format!(
-        "{:#}",
+    let err = chain(
         election(&[
             "--pod-namespace=x",
             "--election-lease-duration=1500ms",
             "--election-renew-deadline=1s",
-            "--election-retry-period=200ms"
+            "--election-retry-period=200ms",
         ])
         .err()
-        .unwrap()
+        .unwrap(),
     );
     assert!(
         err.contains("--election-lease-duration (1.5s) must be a whole number of seconds"),
@@ -107,11 +108,10 @@ fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
     };
     assert_eq!(spanner.config.table, DEFAULT_TABLE);
 
-    let err = format!(
-        "{:#}",
+    let err = chain(
         election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
             .err()
-            .unwrap()
+            .unwrap(),
     );
     assert!(
         err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),

@@ -105,7 +105,7 @@ pub async fn run(args: Args) -> Result<i32> {
     let settings = config::resolve(&args.election, kube.clone()).await?;
     let grace = grace_period(&settings.timing, args.grace_period)?;
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
-    let store = crate::sidecar::connect(&settings.store).await?;
+    let store = crate::sidecar::connect(&settings.store, args.election.create_table).await?;
     if args.election.create_table {
         store.ensure_schema().await?;
     }

@@ -10,7 +10,7 @@ use kube::Api;
 use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
 use crate::lease::timing::parse_duration_flag;
-use crate::lease::{Identity, Timing};
+use crate::lease::{Identity, Timing, validate_lock_name};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
 use crate::store::redis::RedisConfig;
@@ -364,6 +364,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 .lock
                 .clone()
                 .ok_or_else(|| Error::Config("--lock (or --lease) is required".into()))?;
+            validate_lock_name("--lock", &lock).map_err(|e| Error::Config(e.to_string()))?;
             let timing = Timing::default()
                 .with_given(args.lease_duration, args.renew_deadline, args.retry_period)
                 .map_err(|source| Error::Timing {
@@ -513,6 +514,11 @@ mod tests {
                 ],
                 "is not a valid PostgreSQL identifier",
             ),
+            (&["--lock", "", "--store", "memory"], "--lock must not be empty"),
+            (
+                &["--lock", "l", "--store", "memory", "--lease-duration", "1000000000y"],
+                "leaseDuration (31557600000000000s) must be between 10ms and 3600s",
+            ),
             (
                 &["--lock", "l", "--store", "spanner"],
                 "--store spanner needs --database",
@@ -544,7 +550,7 @@ mod tests {
             ),
             (
                 &["--lock", "l", "--database", "nonsense"],
-                "is not of the form projects/<project>",
+                "database: must look like projects/<project>",
             ),
             (
                 &[
@@ -555,7 +561,7 @@ mod tests {
                     "--table",
                     "bad-name",
                 ],
-                "is not a valid Spanner identifier",
+                "table: must be a letter followed by",
             ),
             (
                 &["--lease", "web"],

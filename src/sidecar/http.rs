@@ -154,7 +154,8 @@ async fn leader(State(state): State<ApiState>) -> impl IntoResponse {
 /// its clients compare with `$HOSTNAME` (the full identity is in `/leader`).
 async fn name(State(state): State<ApiState>) -> Json<serde_json::Value> {
     let holder = state.leader.borrow().holder.clone().unwrap_or_default();
-    let name = crate::sidecar::publish::holder_pod(&holder);
+    // A holder that is not an identity (another tool's row) is shown as is.
+    let name = crate::sidecar::publish::holder_pod(&holder).unwrap_or(holder);
     Json(serde_json::json!({ "name": name }))
 }
 

@@ -79,11 +79,13 @@ pub async fn run(args: Args) -> Result<()> {
     let metrics = Metrics::new(&mut registry);
     let (starting_tx, starting) = tokio::sync::watch::channel(None);
     let (choice, metered) = (settings.store.clone(), metrics.clone());
+    let create_table = args.election.create_table;
     let starting_store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
         move || {
             let (choice, metrics) = (choice.clone(), metered.clone());
             Box::pin(async move {
-                let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(connect(&choice).await?, metrics));
+                let store: Arc<dyn LeaseStore> =
+                    Arc::new(MeteredStore::new(connect(&choice, create_table).await?, metrics));
                 Ok(store)
             })
         },
@@ -253,11 +255,19 @@ fn metrics_router(registry: Registry, api: crate::sidecar::http::ApiState) -> ax
         .with_state(api)
 }
 
-/// Opens the configured store.
-pub async fn connect(choice: &StoreChoice) -> Result<Arc<dyn LeaseStore>, crate::lease::StoreError> {
+/// Opens the configured store; with `create_table` a Spanner store creates
+/// its table whenever it finds it missing (at start and after it vanished).
+pub async fn connect(
+    choice: &StoreChoice,
+    create_table: bool,
+) -> Result<Arc<dyn LeaseStore>, crate::lease::StoreError> {
     Ok(match choice {
         StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
-        StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+        StoreChoice::Spanner(config) => Arc::new(
+            crate::store::spanner::SpannerStore::connect(config.clone())
+                .await?
+                .with_create_table(create_table),
+        ),
         StoreChoice::Postgres(config) => Arc::new(crate::store::postgres::PostgresStore::connect(config.clone())?),
         StoreChoice::Redis(config) => Arc::new(crate::store::redis::RedisStore::connect(config.clone())?),
     })

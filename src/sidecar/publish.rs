@@ -393,7 +393,7 @@ impl Publisher {
     fn nudge_on_release(&self, pod: &Pod, state: &LeaderState, control: &ElectorControl) {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let released = label(pod, &self.publishing.label_key) == Some("false");
-        if name != self.pod.name && released && state.holder.as_deref().map(holder_pod) == Some(name) {
+        if name != self.pod.name && released && state.holder.as_deref().and_then(holder_pod).as_deref() == Some(name) {
             info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
             control.nudge();
         }
@@ -564,10 +564,13 @@ pub fn lock_label_value(lock: &str) -> String {
     }
 }
 
-/// The pod name in a holder identity `[cluster/]namespace/pod#nonce`.
-pub fn holder_pod(holder: &str) -> &str {
-    let without_nonce = holder.rsplit_once('#').map_or(holder, |(pod, _)| pod);
-    without_nonce.rsplit('/').next().unwrap_or(without_nonce)
+/// The pod name in a holder identity `[cluster/]namespace/pod#nonce`;
+/// `None` when the holder is not such an identity.
+pub fn holder_pod(holder: &str) -> Option<String> {
+    holder
+        .parse::<crate::lease::Identity>()
+        .ok()
+        .map(|identity| identity.name().to_string())
 }
 
 #[cfg(test)]
@@ -932,9 +935,10 @@ mod tests {
 
     #[test]
     fn holder_identities_name_their_pod() {
-        assert_eq!(holder_pod("eu/prod/web-1#abc"), "web-1");
-        assert_eq!(holder_pod("prod/web-1#abc"), "web-1");
-        assert_eq!(holder_pod("web-1#abc"), "web-1");
+        assert_eq!(holder_pod("eu/prod/web-1#abc").as_deref(), Some("web-1"));
+        assert_eq!(holder_pod("prod/web-1#abc").as_deref(), Some("web-1"));
+        assert_eq!(holder_pod("web-1#abc").as_deref(), Some("web-1"));
+        assert_eq!(holder_pod("not an identity"), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! An in-memory store for tests and the demo, judged by its own clock, with
-//! fault injection: added latency, outages, replies dropped after commit and
-//! unknown outcomes. Seeded, so a simulation replays exactly.
+//! fault injection: added latency, outages, replies dropped after commit,
+//! unknown outcomes, a clock that runs fast or slow and jumps, and rows
+//! deleted or written behind the elector's back. Seeded, so a simulation
+//! replays exactly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,10 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::time::Instant;
 
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{
+    FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
+    validate_lock_name,
+};
 
 /// Faults applied to every call. Probabilities are in [0, 1].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,12 +36,30 @@ pub struct Faults {
 #[derive(Debug)]
 struct State {
     rows: HashMap<String, LeaseRecord>,
+    /// What a deleted row left behind: its term and token, so a recreated
+    /// row continues the term count instead of starting again at 1.
+    deleted: HashMap<String, LeaseRecord>,
+    /// Sum of the clock jumps so far, in nanoseconds (negative: backwards).
+    clock_jumps: i64,
+    acquisitions: Vec<Acquisition>,
     /// Highest commit timestamp handed out: commit timestamps strictly
     /// increase, as Spanner's do for transactions touching the same row.
     last_commit: i64,
     faults: Faults,
     rng: StdRng,
     calls: StoreCalls,
+}
+
+/// One acquisition as the store committed it, with the instant on the
+/// candidates' (tokio) clock: the simulation's checker compares every
+/// leader's claims with the commit of the next term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquisition {
+    pub lock: String,
+    pub term: u64,
+    pub holder: String,
+    pub token: Option<FencingToken>,
+    pub at: Instant,
 }
 
 /// Counts of calls that reached the store, by kind.
@@ -81,6 +104,9 @@ impl MemoryStore {
         MemoryStore {
             state: Arc::new(Mutex::new(State {
                 rows: HashMap::new(),
+                deleted: HashMap::new(),
+                clock_jumps: 0,
+                acquisitions: Vec::new(),
                 last_commit: 0,
                 faults: Faults::default(),
                 rng: StdRng::seed_from_u64(seed),
@@ -118,9 +144,38 @@ impl MemoryStore {
         self.lock().calls
     }
 
-    /// Deletes a row outright, as an operator or a person with SQL access could.
-    pub fn delete_row(&self, lock: &str) {
-        self.lock().rows.remove(lock);
+    /// Moves the store clock by `nanos` (negative: backwards), as an NTP
+    /// step would. Commit timestamps still strictly increase.
+    pub fn jump_clock(&self, nanos: i64) {
+        self.lock().clock_jumps += nanos;
+    }
+
+    /// Deletes a row outright, as an operator or a person with SQL access
+    /// could, returning what it was at the store time of deletion. Its term
+    /// is remembered: a recreated row continues from it.
+    pub fn delete_row(&self, lock: &str) -> Observation {
+        let mut state = self.lock();
+        let now = self.clock(&state);
+        let record = state.rows.remove(lock);
+        if let Some(row) = &record {
+            let remains = LeaseRecord {
+                holder: None,
+                ..row.clone()
+            };
+            state.deleted.insert(lock.to_string(), remains);
+        }
+        Observation { record, now }
+    }
+
+    /// Writes a row outright, as a person with SQL access could (tests of
+    /// what the store does with a row it would never write itself).
+    pub fn put_row(&self, row: LeaseRecord) {
+        self.lock().rows.insert(row.name.clone(), row);
+    }
+
+    /// Every acquisition committed so far, in commit order.
+    pub fn acquisitions(&self) -> Vec<Acquisition> {
+        self.lock().acquisitions.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -128,8 +183,8 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn clock(&self) -> StoreTime {
-        StoreTime(self.epoch_nanos + self.started.elapsed().mul_f64(self.rate).as_nanos() as i64)
+    fn clock(&self, state: &State) -> StoreTime {
+        StoreTime(self.epoch_nanos + state.clock_jumps + self.started.elapsed().mul_f64(self.rate).as_nanos() as i64)
     }
 
     async fn delay(&self) {
@@ -165,6 +220,22 @@ impl MemoryStore {
         lock: &str,
         body: impl FnOnce(Option<&LeaseRecord>, StoreTime) -> Result<(Option<LeaseRecord>, T)>,
     ) -> Result<T> {
+        checked_lock(lock)?;
+        self.transact_unchecked(lock, |row, commit| {
+            row.map(checked_row).transpose()?;
+            body(row, commit)
+        })
+        .await
+    }
+
+    /// A transaction running any `body`, even one that ignores the lease
+    /// rules: how the simulation's mutant stores write. Faults apply as to
+    /// every transaction. A deleted row's remains are passed as a free row.
+    pub(crate) async fn transact_unchecked<T>(
+        &self,
+        lock: &str,
+        body: impl FnOnce(Option<&LeaseRecord>, StoreTime) -> Result<(Option<LeaseRecord>, T)>,
+    ) -> Result<T> {
         self.delay().await;
         let outcome = {
             let mut state = self.lock();
@@ -174,9 +245,20 @@ impl MemoryStore {
                     "commit reply lost before commit (injected)",
                 ))
             } else {
-                let commit = StoreTime(self.clock().0.max(state.last_commit + 1));
-                let (row, value) = body(state.rows.get(lock), commit)?;
+                let commit = StoreTime(self.clock(&state).0.max(state.last_commit + 1));
+                let before = state.rows.get(lock).or_else(|| state.deleted.get(lock));
+                let before_term = before.map(|r| r.term);
+                let (row, value) = body(before, commit)?;
                 if let Some(row) = row {
+                    if before_term != Some(row.term) {
+                        state.acquisitions.push(Acquisition {
+                            lock: lock.to_string(),
+                            term: row.term,
+                            holder: row.holder.clone().unwrap_or_default(),
+                            token: row.token,
+                            at: Instant::now(),
+                        });
+                    }
                     state.last_commit = commit.0;
                     state.rows.insert(lock.to_string(), row);
                 }
@@ -191,6 +273,60 @@ impl MemoryStore {
         self.delay().await;
         outcome
     }
+}
+
+/// A lock name the store accepts, or an invalid-input error.
+fn checked_lock(lock: &str) -> Result<()> {
+    validate_lock_name("lock", lock).map_err(|e| StoreError::invalid("bad lock name").caused_by(e))
+}
+
+/// A lease duration the store can keep, or an invalid-input error.
+fn checked_lease(lease: Duration) -> Result<()> {
+    lease_to_millis("lease duration", lease)
+        .map(drop)
+        .map_err(|e| StoreError::invalid("bad requested lease duration").caused_by(e))
+}
+
+/// A stored row whose lease duration is out of range is refused: read as
+/// zero it would look expired and let a second leader in.
+fn checked_row(row: &LeaseRecord) -> Result<&LeaseRecord> {
+    lease_to_millis("stored lease duration", row.lease_duration)
+        .map(|_| row)
+        .map_err(|e| StoreError::invalid(format!("row {}", row.name)).caused_by(e))
+}
+
+/// The body of an acquisition: when `row` (as the transaction read it) has
+/// no live holder at `commit`, the next term for `holder` with `token`. The
+/// simulation's mutants call it with a stale row or a wrong token.
+pub(crate) fn grant(
+    lock: &str,
+    holder: &str,
+    lease: Duration,
+    row: Option<&LeaseRecord>,
+    commit: StoreTime,
+    token: FencingToken,
+) -> Result<(Option<LeaseRecord>, Grant)> {
+    if let Some(current) = row.and_then(|r| r.live_holder(commit)) {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason: format!("held by {current}"),
+        });
+    }
+    let term = row.map_or(0, |r| r.term) + 1;
+    let grant = Grant {
+        term,
+        token,
+        committed_at: commit,
+    };
+    let row = LeaseRecord {
+        name: lock.to_string(),
+        holder: Some(holder.to_string()),
+        term,
+        token: Some(token),
+        renewed_at: Some(commit),
+        lease_duration: lease,
+    };
+    Ok((Some(row), grant))
 }
 
 /// The check-and-set both renew and release rely on.
@@ -228,13 +364,15 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn observe(&self, lock: &str) -> Result<Observation> {
+        checked_lock(lock)?;
         self.delay().await;
         let observation = {
             let mut state = self.lock();
             Self::admit(&mut state, false)?;
+            let record = state.rows.get(lock).map(checked_row).transpose()?.cloned();
             Observation {
-                record: state.rows.get(lock).cloned(),
-                now: self.clock(),
+                record,
+                now: self.clock(&state),
             }
         };
         self.delay().await;
@@ -242,33 +380,15 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+        checked_lease(lease)?;
         self.transact(lock, |row, commit| {
-            if let Some(current) = row.and_then(|r| r.live_holder(commit)) {
-                return Err(StoreError::Lost {
-                    lock: lock.to_string(),
-                    reason: format!("held by {current}"),
-                });
-            }
-            let term = row.map_or(0, |r| r.term) + 1;
-            let grant = Grant {
-                term,
-                token: FencingToken(commit.0),
-                committed_at: commit,
-            };
-            let row = LeaseRecord {
-                name: lock.to_string(),
-                holder: Some(holder.to_string()),
-                term,
-                token: Some(grant.token),
-                renewed_at: Some(commit),
-                lease_duration: lease,
-            };
-            Ok((Some(row), grant))
+            grant(lock, holder, lease, row, commit, FencingToken(commit.0))
         })
         .await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
+        checked_lease(lease)?;
         self.transact(lock, |row, commit| {
             let current = check_ours(lock, row, holder, token)?;
             let row = LeaseRecord {
@@ -300,5 +420,75 @@ impl LeaseStore for MemoryStore {
             ))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_and_chain(e: StoreError) -> (bool, String) {
+        (matches!(e, StoreError::Invalid { .. }), e.chain())
+    }
+
+    #[tokio::test]
+    async fn out_of_range_durations_and_bad_lock_names_are_refused_naming_the_field() {
+        let store = MemoryStore::new(1);
+        let huge = Duration::from_secs(31_557_600 * 1_000_000_000);
+        let (invalid, chain) = kind_and_chain(store.acquire("l", "a", huge).await.unwrap_err());
+        assert!(
+            invalid && chain.contains("lease duration (31557600000000000s) must be between"),
+            "{chain}"
+        );
+        let (invalid, chain) = kind_and_chain(store.observe("").await.unwrap_err());
+        assert!(invalid && chain.contains("lock must not be empty"), "{chain}");
+        assert_eq!(store.calls(), StoreCalls::default(), "refused before reaching the rows");
+
+        let grant = store.acquire("l", "a", Duration::from_secs(10)).await.unwrap();
+        let (invalid, chain) = kind_and_chain(store.renew("l", "a", grant.token, Duration::ZERO).await.unwrap_err());
+        assert!(
+            invalid && chain.contains("lease duration (0ns) must be between"),
+            "{chain}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stored_row_with_an_out_of_range_duration_is_refused_not_read_as_expired() {
+        let store = MemoryStore::new(1);
+        let grant = store.acquire("l", "a", Duration::from_secs(10)).await.unwrap();
+        let mut row = store.observe("l").await.unwrap().record.unwrap();
+        row.lease_duration = Duration::ZERO;
+        store.put_row(row);
+        for result in [
+            store.observe("l").await.map(drop),
+            store.acquire("l", "b", Duration::from_secs(10)).await.map(drop),
+            store
+                .renew("l", "a", grant.token, Duration::from_secs(10))
+                .await
+                .map(drop),
+        ] {
+            let (invalid, chain) = kind_and_chain(result.unwrap_err());
+            assert!(
+                invalid && chain.contains("stored lease duration (0ns) must be between"),
+                "{chain}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deleted_and_recreated_row_continues_the_term_and_the_token() {
+        let store = MemoryStore::new(1);
+        let first = store.acquire("l", "a", Duration::from_secs(10)).await.unwrap();
+        store.delete_row("l");
+        assert_eq!(store.observe("l").await.unwrap().record, None);
+        let second = store.acquire("l", "b", Duration::from_secs(10)).await.unwrap();
+        assert_eq!(second.term, first.term + 1);
+        assert!(second.token > first.token);
+        let terms: Vec<_> = store
+            .acquisitions()
+            .iter()
+            .map(|a| (a.term, a.holder.clone()))
+            .collect();
+        assert_eq!(terms, [(1, "a".to_string()), (2, "b".to_string())]);
     }
 }

@@ -26,14 +26,19 @@ pub fn shard_of(name: &str) -> i64 {
     (hash % 1024) as i64
 }
 
+/// The one rule for table names in SQL text (they cannot be parameters): a
+/// letter, then letters, digits or `_`, at most `max_len` characters.
+pub fn is_sql_identifier(name: &str, max_len: usize) -> bool {
+    let mut chars = name.chars();
+    name.len() <= max_len
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// A table name usable in SQL text: a letter, then letters, digits or `_`,
 /// at most `max_len` characters. `dialect` names the store in the error.
 pub fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> {
-    let mut chars = table.chars();
-    let valid = table.len() <= max_len
-        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid {
+    if is_sql_identifier(table, max_len) {
         Ok(())
     } else {
         Err(StoreError::invalid(format!(

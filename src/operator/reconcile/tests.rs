@@ -607,11 +607,12 @@ async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
     for holder in ["prod/web-0#a", "prod/web-1#b", "prod/web-0#c"] {
         fixture
             .store
-            .acquire("prod/web", holder, Duration::from_millis(1))
+            .acquire("prod/web", holder, Duration::from_millis(10))
             .await
             .unwrap();
-        // Past the 1 ms lease on the store's clock, so the next acquire (and the reconcile) sees it expired.
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        // Past the 10 ms lease (the shortest a store accepts) on the store's
+        // clock, so the next acquire (and the reconcile) sees it expired.
+        tokio::time::sleep(Duration::from_millis(12)).await;
     }
     let old = json!({"holder": "prod/web-0#a", "term": 1, "transitions": 4, "conditions": []});
     let resource = lease(json!({}), &[FINALIZER], Some(old));
@@ -683,14 +684,14 @@ async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts(
 
 #[test]
 fn holder_identities_map_to_cluster_namespace_and_pod() {
-    let parsed = |h| {
-        let p = HolderPod::parse(h);
-        (p.cluster, p.namespace, p.pod)
-    };
-    assert_eq!(parsed("eu/prod/web-0#ab12"), (Some("eu"), Some("prod"), "web-0"));
-    assert_eq!(parsed("prod/web-0#ab12"), (None, Some("prod"), "web-0"));
-    assert_eq!(parsed("web-0#ab12"), (None, None, "web-0"));
-    assert_eq!(parsed("web-0"), (None, None, "web-0"));
+    assert_eq!(HolderPod::parse("eu/prod/web-0#ab12").pod(), Some("web-0"));
+    assert_eq!(HolderPod::parse("web-0#ab12").pod(), Some("web-0"));
+    // Not an identity (another tool's row): no pod of ours, maybe local for
+    // a label repair, never certainly local for a release.
+    let foreign = HolderPod::parse("web-0");
+    assert_eq!(foreign.pod(), None);
+    assert!(foreign.may_be_local(None, "prod"));
+    assert!(!foreign.is_local(None, "prod"));
 
     let eu = HolderPod::parse("eu/prod/web-0#n");
     assert!(eu.may_be_local(None, "prod"), "an unnamed cluster may be eu");

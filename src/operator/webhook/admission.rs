@@ -37,8 +37,9 @@ impl LeaseLookup for KubeLeaseLookup {
     }
 }
 
-/// Answers one admission request. Never denies: on any doubt it admits,
-/// with a warning the user sees in `kubectl`.
+/// Answers one admission request. Denies only a pod whose
+/// `leasehold.dev/run` container cannot be wrapped; on any other doubt it
+/// admits, with a warning the user sees in `kubectl`.
 pub async fn admit<L: LeaseLookup>(
     lookup: &L,
     config: &InjectionConfig,
@@ -74,8 +75,17 @@ pub async fn admit<L: LeaseLookup>(
         }
     };
     let pod_name = pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref());
+    let runs = has_annotation(pod, RUN_ANNOTATION);
     let patch = match injection_patch(pod, lease, config) {
         Ok(patch) => patch,
+        // Admitted unwrapped, a container asking to run only while leading
+        // would run on every replica: the one case worth blocking the pod.
+        Err(reason) if reason.is_user_error() && runs => {
+            warn!(namespace, lease = %lease_name, pod = ?pod_name, %reason, "denied: cannot wrap with leasehold run");
+            return response.deny(format!(
+                "leasehold cannot wrap the command with `leasehold run`: {reason}"
+            ));
+        }
         Err(reason) if reason.is_user_error() => {
             warn!(namespace, lease = %lease_name, pod = ?pod_name, %reason, "sidecar not injected");
             let mut response = response;

@@ -6,7 +6,10 @@
 //! containers, and the `leasehold.dev/leader` readiness gate when the lease
 //! asks for one. Other pods pass unchanged. A pod naming a lease that cannot
 //! be found is admitted with a warning (the sidecar waits for the lease), never
-//! rejected: leader election must not block scheduling.
+//! rejected: leader election must not block scheduling. With
+//! `leasehold.dev/run: <container>` that container's command is wrapped with
+//! `leasehold run` instead of adding a sidecar; a pod asking for it that
+//! cannot be wrapped is denied, since admitted it would run everywhere.
 
 mod admission;
 mod certs;
@@ -23,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 pub use admission::{KubeLeaseLookup, LeaseLookup, admit, router};
 pub use certs::{CertDir, CertificateBundle, fixed, patch_ca_bundle, shared_self_signed};
 pub use patch::{
-    APP_CONTAINER_ANNOTATION, DEFAULT_IMAGE, INJECT_LABEL, InjectionConfig, LEADER_CONDITION, LEASE_ANNOTATION,
-    LeaseInjection, METRICS_PORT_ANNOTATION, NotInjected, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_USER,
-    SidecarArgs, SidecarMode, injection_patch,
+    APP_CONTAINER_ANNOTATION, BIN_DIR, DEFAULT_IMAGE, INJECT_LABEL, INSTALLER_NAME, InjectionConfig, LEADER_CONDITION,
+    LEASE_ANNOTATION, LeaseInjection, METRICS_PORT_ANNOTATION, NotInjected, RUN_ANNOTATION, RUNNER_PATH,
+    SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_USER, SidecarArgs, SidecarMode, injection_patch,
 };
 pub use server::{Timeouts, bind, serve};
 

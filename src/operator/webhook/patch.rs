@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
@@ -27,6 +27,10 @@ pub const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
 pub const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
 /// `native` (an init container with `restartPolicy: Always`) or `container`.
 pub const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
+/// Names the container whose command `leasehold run` wraps: that container
+/// runs only while the pod leads, and no sidecar is added (the runner
+/// campaigns and publishes itself). Needs `leasehold.dev/lease` too.
+pub const RUN_ANNOTATION: &str = "leasehold.dev/run";
 /// The label that opts a namespace or a pod into the webhook (`enabled`), or a
 /// pod out of its namespace's opt-in (`disabled`); read by the API server
 /// through the webhook's selectors, see the chart's webhook.yaml.
@@ -43,6 +47,13 @@ pub const SIDECAR_USER: i64 = 65532;
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/leasehold/leasehold:", env!("CARGO_PKG_VERSION"));
 const TOKEN_VOLUME: &str = "leasehold-token";
 const TOKEN_DIR: &str = "/var/run/leasehold";
+/// The init container that copies the binary for a wrapped container (the
+/// app's image does not have it): `leasehold __install-self BIN_DIR`.
+pub const INSTALLER_NAME: &str = "leasehold-install";
+const BIN_VOLUME: &str = "leasehold-bin";
+pub const BIN_DIR: &str = "/leasehold/bin";
+/// The binary as the wrapped container sees it.
+pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
 
 /// How the sidecar joins the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -131,8 +142,8 @@ pub struct LeaseInjection {
 pub enum NotInjected {
     #[error("no {LEASE_ANNOTATION} annotation")]
     NotAnnotated,
-    #[error("it already has a container named {SIDECAR_NAME}")]
-    AlreadyInjected,
+    #[error("it already has a container named {0}")]
+    AlreadyInjected(&'static str),
     #[error("it has no pod spec")]
     NoSpec,
     #[error("annotation {annotation}: {problem}")]
@@ -149,6 +160,8 @@ impl NotInjected {
 /// The pod's own choices, read from its annotations and checked against its spec.
 struct PodChoices<'a> {
     lease: &'a str,
+    /// With `leasehold.dev/run`: the index of the container to wrap.
+    run: Option<usize>,
     app_container: &'a str,
     metrics_port: u16,
     mode: SidecarMode,
@@ -158,6 +171,10 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     let annotations = pod.metadata.annotations.as_ref().ok_or(NotInjected::NotAnnotated)?;
     let lease = annotations.get(LEASE_ANNOTATION).ok_or(NotInjected::NotAnnotated)?;
     let bad = |annotation, problem: String| NotInjected::BadAnnotation { annotation, problem };
+    let run = annotations
+        .get(RUN_ANNOTATION)
+        .map(|name| runnable(spec, name))
+        .transpose()?;
     let metrics_port = match annotations.get(METRICS_PORT_ANNOTATION) {
         None => config.metrics_port,
         Some(value) => value
@@ -173,10 +190,16 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
         ));
     }
     // All containers share the pod's network namespace: a port another
-    // container declares would make the sidecar fail to bind.
+    // container declares would make the sidecar fail to bind. The runner
+    // listens on no port.
+    let sidecar_ports = if run.is_some() {
+        &[][..]
+    } else {
+        &[metrics_port, config.http_port][..]
+    };
     for container in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
         for port in container.ports.iter().flatten() {
-            if [metrics_port, config.http_port].contains(&(port.container_port as u16)) {
+            if sidecar_ports.contains(&(port.container_port as u16)) {
                 return Err(bad(
                     METRICS_PORT_ANNOTATION,
                     format!(
@@ -217,37 +240,72 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     };
     Ok(PodChoices {
         lease,
+        run,
         app_container,
         metrics_port,
         mode,
     })
 }
 
-/// The JSON patch that injects the sidecar into `pod`, or why not (webhooks
-/// can be called again, so an injected pod is left alone).
+pub fn has_annotation(pod: &Pod, key: &str) -> bool {
+    pod.metadata.annotations.iter().flatten().any(|(k, _)| k == key)
+}
+
+/// The container `leasehold.dev/run` names, if it can be wrapped.
+fn runnable(spec: &PodSpec, name: &str) -> Result<usize, NotInjected> {
+    let bad = |problem| NotInjected::BadAnnotation {
+        annotation: RUN_ANNOTATION,
+        problem,
+    };
+    let (index, container) = spec
+        .containers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.name == name)
+        .ok_or_else(|| bad(format!("the pod has no container {name:?}")))?;
+    // Without `command` the kubelet runs the image's ENTRYPOINT, which the
+    // webhook cannot see (core/v1 Container.command: "The container image's
+    // ENTRYPOINT is used if this is not provided"); wrapping a guess would
+    // run something else.
+    if container.command.as_ref().is_none_or(Vec::is_empty) {
+        return Err(bad(format!(
+            "container {name:?} has no command, so its image's ENTRYPOINT would be run, which the webhook \
+             cannot see: set command: (and args:) on the container to what it should run"
+        )));
+    }
+    for wanted in runner_env() {
+        if let Some(own) = container.env.iter().flatten().find(|e| e.name == wanted.name)
+            && *own != wanted
+        {
+            return Err(bad(format!(
+                "container {name:?} sets {} itself, which leasehold run reads: remove it",
+                wanted.name
+            )));
+        }
+    }
+    Ok(index)
+}
+
+/// The JSON patch that injects the sidecar into `pod` (or, with
+/// `leasehold.dev/run`, wraps the named container's command with `leasehold
+/// run`), or why not (webhooks can be called again, so an injected pod is
+/// left alone).
 pub fn injection_patch(
     pod: &Pod,
     lease: Option<LeaseInjection>,
     config: &InjectionConfig,
 ) -> Result<Patch, NotInjected> {
     let spec = pod.spec.as_ref().ok_or(NotInjected::NoSpec)?;
-    let annotated = pod
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .any(|(k, _)| k == LEASE_ANNOTATION);
-    if !annotated {
+    if !has_annotation(pod, LEASE_ANNOTATION) {
         return Err(NotInjected::NotAnnotated);
     }
-    // Before the pod's choices: an injected pod's own sidecar holds the metrics port.
-    let has_sidecar = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .any(|c| c.name == SIDECAR_NAME);
-    if has_sidecar {
-        return Err(NotInjected::AlreadyInjected);
+    // Before the pod's choices: an injected pod's own sidecar holds the
+    // metrics port, and a wrapped container has a command it did not ask for.
+    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    for injected in [SIDECAR_NAME, INSTALLER_NAME] {
+        if containers().any(|c| c.name == injected) {
+            return Err(NotInjected::AlreadyInjected(injected));
+        }
     }
     let choices = choices(pod, spec, config)?;
     let mut ops = Vec::new();
@@ -259,29 +317,41 @@ pub fn injection_patch(
         ..Default::default()
     };
     for (i, container) in spec.containers.iter().enumerate() {
-        append(
-            &mut ops,
-            &format!("/spec/containers/{i}/volumeMounts"),
-            container.volume_mounts.is_some(),
-            json!(app_mount),
-        );
+        let path = format!("/spec/containers/{i}");
+        if choices.run == Some(i) {
+            wrap(&mut ops, &path, container, choices.lease);
+        } else {
+            append(
+                &mut ops,
+                &format!("{path}/volumeMounts"),
+                container.volume_mounts.is_some(),
+                json!(app_mount),
+            );
+        }
     }
-    let sidecar = sidecar(&choices, config);
-    match choices.mode {
-        SidecarMode::Native => append(
+    let mut volumes = vec![json!(empty_dir(TOKEN_VOLUME))];
+    if choices.run.is_some() {
+        // The runner campaigns and publishes itself: no sidecar.
+        append(
             &mut ops,
             "/spec/initContainers",
             spec.init_containers.is_some(),
-            json!(sidecar),
-        ),
-        SidecarMode::Container => ops.push(add("/spec/containers/-", json!(sidecar))),
+            json!(installer(config)),
+        );
+        volumes.push(json!(empty_dir(BIN_VOLUME)));
+    } else {
+        let sidecar = sidecar(&choices, config);
+        match choices.mode {
+            SidecarMode::Native => append(
+                &mut ops,
+                "/spec/initContainers",
+                spec.init_containers.is_some(),
+                json!(sidecar),
+            ),
+            SidecarMode::Container => ops.push(add("/spec/containers/-", json!(sidecar))),
+        }
     }
-    let volume = Volume {
-        name: TOKEN_VOLUME.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    };
-    append(&mut ops, "/spec/volumes", spec.volumes.is_some(), json!(volume));
+    append_all(&mut ops, "/spec/volumes", spec.volumes.is_some(), volumes);
     let gated = spec
         .readiness_gates
         .iter()
@@ -301,6 +371,54 @@ pub fn injection_patch(
     Ok(Patch(ops))
 }
 
+/// Makes the container at `path` run its command under `leasehold run`, with
+/// the binary from the installer's volume and the environment the runner reads.
+fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str) {
+    let original = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
+    let command: Vec<&str> = [RUNNER_PATH, "run", "--lease", lease, "--"]
+        .into_iter()
+        .chain(original.map(String::as_str))
+        .collect();
+    // "add" on an existing member replaces it (RFC 6902, section 4.1).
+    ops.push(add(&format!("{path}/command"), json!(command)));
+    if container.args.is_some() {
+        ops.push(PatchOperation::Remove(RemoveOperation {
+            path: PointerBuf::parse(format!("{path}/args")).expect("static JSON pointer"),
+        }));
+    }
+    // `runnable` refused a pod whose own value differs; an equal one stays.
+    let env = runner_env()
+        .into_iter()
+        .filter(|wanted| !container.env.iter().flatten().any(|own| own.name == wanted.name))
+        .map(|e| json!(e))
+        .collect();
+    append_all(ops, &format!("{path}/env"), container.env.is_some(), env);
+    let mounts = vec![
+        // Read-write: the runner writes the token file before each start.
+        json!(VolumeMount {
+            name: TOKEN_VOLUME.into(),
+            mount_path: TOKEN_DIR.into(),
+            ..Default::default()
+        }),
+        json!(VolumeMount {
+            name: BIN_VOLUME.into(),
+            mount_path: BIN_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }),
+    ];
+    append_all(
+        ops,
+        &format!("{path}/volumeMounts"),
+        container.volume_mounts.is_some(),
+        mounts,
+    );
+}
+
 fn add(path: &str, value: serde_json::Value) -> PatchOperation {
     PatchOperation::Add(AddOperation {
         path: PointerBuf::parse(path).expect("static JSON pointer"),
@@ -310,10 +428,23 @@ fn add(path: &str, value: serde_json::Value) -> PatchOperation {
 
 /// Adds `item` to the array at `path`, creating the array when absent.
 fn append(ops: &mut Vec<PatchOperation>, path: &str, exists: bool, item: serde_json::Value) {
+    append_all(ops, path, exists, vec![item]);
+}
+
+/// Adds `items` to the array at `path`, creating the array when absent.
+fn append_all(ops: &mut Vec<PatchOperation>, path: &str, exists: bool, items: Vec<serde_json::Value>) {
     if exists {
-        ops.push(add(&format!("{path}/-"), item));
-    } else {
-        ops.push(add(path, json!([item])));
+        ops.extend(items.into_iter().map(|item| add(&format!("{path}/-"), item)));
+    } else if !items.is_empty() {
+        ops.push(add(path, json!(items)));
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
     }
 }
 
@@ -331,12 +462,26 @@ fn field_env(name: &str, field_path: &str) -> EnvVar {
     }
 }
 
-fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
-    let plain = |name: &str, value: String| EnvVar {
+fn plain_env(name: &str, value: String) -> EnvVar {
+    EnvVar {
         name: name.into(),
         value: Some(value),
         ..Default::default()
-    };
+    }
+}
+
+/// The pod's identity (downward API) and the token file: what both the
+/// sidecar and a wrapped `leasehold run` read.
+fn runner_env() -> [EnvVar; 4] {
+    [
+        field_env(ENV_POD_NAME, "metadata.name"),
+        field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
+        field_env(ENV_POD_UID, "metadata.uid"),
+        plain_env(ENV_TOKEN_FILE, format!("{TOKEN_DIR}/token.json")),
+    ]
+}
+
+fn resources(config: &InjectionConfig) -> ResourceRequirements {
     let quantities = |pairs: &[(&str, &str)]| {
         Some(
             pairs
@@ -345,21 +490,69 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
                 .collect::<BTreeMap<_, _>>(),
         )
     };
+    ResourceRequirements {
+        requests: quantities(&[("cpu", &config.cpu_request), ("memory", &config.memory_request)]),
+        limits: quantities(&[("memory", &config.memory_limit)]),
+        ..Default::default()
+    }
+}
+
+/// Every container of the leasehold image: its numeric non-root user, nothing more.
+fn locked_down() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(SIDECAR_USER),
+        run_as_group: Some(SIDECAR_USER),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Copies the binary into the volume the wrapped container runs it from;
+/// the image is distroless (no shell, no `cp`), so the binary copies itself.
+fn installer(config: &InjectionConfig) -> Container {
+    Container {
+        name: INSTALLER_NAME.into(),
+        image: Some(config.image.clone()),
+        args: Some(vec![crate::install_self::COMMAND.into(), BIN_DIR.into()]),
+        resources: Some(resources(config)),
+        security_context: Some(locked_down()),
+        volume_mounts: Some(vec![VolumeMount {
+            name: BIN_VOLUME.into(),
+            mount_path: BIN_DIR.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
+    let [pod_name, pod_namespace, pod_uid, token_file] = runner_env();
+    let env = vec![
+        pod_name,
+        pod_namespace,
+        pod_uid,
+        plain_env(ENV_LEASE, choices.lease.to_string()),
+        plain_env(ENV_APP_CONTAINER, choices.app_container.to_string()),
+        token_file,
+        plain_env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", config.http_port)),
+        plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
+    ];
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(config.image.clone()),
         args: Some(vec!["sidecar".into()]),
         restart_policy: (choices.mode == SidecarMode::Native).then(|| "Always".into()),
-        env: Some(vec![
-            field_env(ENV_POD_NAME, "metadata.name"),
-            field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
-            field_env(ENV_POD_UID, "metadata.uid"),
-            plain(ENV_LEASE, choices.lease.to_string()),
-            plain(ENV_APP_CONTAINER, choices.app_container.to_string()),
-            plain(ENV_TOKEN_FILE, format!("{TOKEN_DIR}/token.json")),
-            plain(ENV_HTTP_ADDR, format!("127.0.0.1:{}", config.http_port)),
-            plain(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
-        ]),
+        env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("lh-metrics".into()),
             container_port: choices.metrics_port.into(),
@@ -374,27 +567,8 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
             period_seconds: Some(10),
             ..Default::default()
         }),
-        resources: Some(ResourceRequirements {
-            requests: quantities(&[("cpu", &config.cpu_request), ("memory", &config.memory_request)]),
-            limits: quantities(&[("memory", &config.memory_limit)]),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(SIDECAR_USER),
-            run_as_group: Some(SIDECAR_USER),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        resources: Some(resources(config)),
+        security_context: Some(locked_down()),
         volume_mounts: Some(vec![VolumeMount {
             name: TOKEN_VOLUME.into(),
             mount_path: TOKEN_DIR.into(),

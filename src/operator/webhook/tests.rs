@@ -190,7 +190,7 @@ fn an_already_injected_pod_is_left_alone() {
         let pod = pod(spec, true);
         assert_eq!(
             injection_patch(&pod, GATED, &config()),
-            Err(NotInjected::AlreadyInjected)
+            Err(NotInjected::AlreadyInjected(SIDECAR_NAME))
         );
     }
 }
@@ -829,4 +829,174 @@ fn a_key_that_does_not_match_the_certificate_is_refused() {
     };
     assert!(a.certified_key().is_ok());
     assert!(mixed.certified_key().is_err());
+}
+
+fn run_pod(container: Value) -> Pod {
+    annotated(
+        json!({RUN_ANNOTATION: "report"}),
+        json!({"containers": [{"name": "app", "image": "app:1"}, container]}),
+    )
+}
+
+#[test]
+fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
+    let pod = run_pod(json!({
+        "name": "report", "image": "report:1",
+        "command": ["/app/report"], "args": ["--since", "yesterday"],
+        "env": [{"name": "MODE", "value": "full"}],
+    }));
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    let spec = &doc["spec"];
+    let report = &spec["containers"][1];
+    assert_eq!(
+        report["command"],
+        json!([
+            RUNNER_PATH,
+            "run",
+            "--lease",
+            "scheduler",
+            "--",
+            "/app/report",
+            "--since",
+            "yesterday"
+        ])
+    );
+    assert!(
+        report.get("args").is_none(),
+        "the args are in the command now: {report}"
+    );
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    assert_eq!(
+        report["env"],
+        json!([
+            {"name": "MODE", "value": "full"},
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            field("POD_UID", "metadata.uid"),
+            {"name": "LEASEHOLD_TOKEN_FILE", "value": "/var/run/leasehold/token.json"},
+        ])
+    );
+    assert_eq!(
+        report["volumeMounts"],
+        json!([
+            {"name": "leasehold-token", "mountPath": "/var/run/leasehold"},
+            {"name": "leasehold-bin", "mountPath": BIN_DIR, "readOnly": true},
+        ])
+    );
+    // The other containers read the token file, as with the sidecar.
+    assert_eq!(
+        spec["containers"][0]["volumeMounts"],
+        json!([{"name": "leasehold-token", "mountPath": "/var/run/leasehold", "readOnly": true}])
+    );
+    assert_eq!(spec["containers"].as_array().unwrap().len(), 2, "no sidecar container");
+    let init = spec["initContainers"].as_array().unwrap();
+    assert_eq!(init.len(), 1, "the installer and no sidecar: {init:?}");
+    let installer = &init[0];
+    assert_eq!(installer["name"], INSTALLER_NAME);
+    assert_eq!(installer["image"], config().image);
+    assert_eq!(installer["args"], json!(["__install-self", BIN_DIR]));
+    assert!(
+        installer.get("restartPolicy").is_none(),
+        "it must exit before the app starts"
+    );
+    assert_eq!(installer["securityContext"]["runAsUser"], SIDECAR_USER);
+    assert_eq!(installer["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        installer["volumeMounts"],
+        json!([{"name": "leasehold-bin", "mountPath": BIN_DIR}])
+    );
+    assert_eq!(
+        spec["volumes"],
+        json!([{"name": "leasehold-token", "emptyDir": {}}, {"name": "leasehold-bin", "emptyDir": {}}])
+    );
+    // The runner publishes the condition the gate waits for.
+    assert_eq!(spec["readinessGates"], json!([{"conditionType": LEADER_CONDITION}]));
+    // The installer's file is the runner's binary.
+    assert_eq!(format!("{BIN_DIR}/{}", crate::install_self::FILE_NAME), RUNNER_PATH);
+}
+
+#[test]
+fn a_run_container_without_args_keeps_its_command_whole() {
+    let pod = run_pod(json!({"name": "report", "image": "report:1", "command": ["/app/report", "-v"]}));
+    let patch = injection_patch(&pod, None, &config()).unwrap();
+    assert!(!paths(&patch).iter().any(|p| p.ends_with("/args")), "{patch:?}");
+    let doc = apply(&pod, &patch);
+    assert_eq!(
+        doc["spec"]["containers"][1]["command"],
+        json!([RUNNER_PATH, "run", "--lease", "scheduler", "--", "/app/report", "-v"])
+    );
+}
+
+#[test]
+fn a_run_container_without_a_command_is_refused_naming_it_and_the_fix() {
+    for container in [
+        json!({"name": "report", "image": "report:1"}),
+        json!({"name": "report", "image": "report:1", "args": ["--since", "yesterday"]}),
+        json!({"name": "report", "image": "report:1", "command": []}),
+    ] {
+        let err = injection_patch(&run_pod(container), GATED, &config()).unwrap_err();
+        assert!(err.is_user_error());
+        assert_eq!(
+            err.to_string(),
+            "annotation leasehold.dev/run: container \"report\" has no command, so its image's ENTRYPOINT would be \
+             run, which the webhook cannot see: set command: (and args:) on the container to what it should run"
+        );
+    }
+    let err = injection_patch(&annotated(json!({RUN_ANNOTATION: "nope"}), json!({})), GATED, &config()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "annotation leasehold.dev/run: the pod has no container \"nope\""
+    );
+}
+
+#[test]
+fn a_run_container_keeps_its_own_identical_env_and_is_refused_a_different_one() {
+    let own = json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}});
+    let pod = run_pod(json!({"name": "report", "command": ["/r"], "env": [own]}));
+    let doc = apply(&pod, &injection_patch(&pod, None, &config()).unwrap());
+    let env = doc["spec"]["containers"][1]["env"].as_array().unwrap();
+    assert_eq!(env.iter().filter(|e| e["name"] == "POD_NAME").count(), 1, "{env:?}");
+    assert_eq!(env.len(), 4);
+    let pod = run_pod(json!({"name": "report", "command": ["/r"], "env": [{"name": "POD_NAME", "value": "x"}]}));
+    assert_eq!(
+        injection_patch(&pod, None, &config()).unwrap_err().to_string(),
+        "annotation leasehold.dev/run: container \"report\" sets POD_NAME itself, which leasehold run reads: remove it"
+    );
+}
+
+#[test]
+fn a_wrapped_pod_is_left_alone() {
+    let pod = run_pod(json!({"name": "report", "command": ["/app/report"], "args": ["-v"]}));
+    let wrapped: Pod = serde_json::from_value(apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap())).unwrap();
+    assert_eq!(
+        injection_patch(&wrapped, GATED, &config()),
+        Err(NotInjected::AlreadyInjected(INSTALLER_NAME))
+    );
+}
+
+#[test]
+fn a_run_pod_may_use_the_sidecar_ports() {
+    // The runner listens on no port, so the app may declare 4040/4041.
+    let pod = run_pod(json!({"name": "report", "command": ["/r"], "ports": [{"containerPort": 4041}]}));
+    assert!(injection_patch(&pod, None, &config()).is_ok());
+}
+
+#[tokio::test]
+async fn a_run_pod_that_cannot_be_wrapped_is_denied_not_run_everywhere() {
+    let pod = run_pod(json!({"name": "report", "image": "report:1"}));
+    let answer = post(Leases(Ok(GATED)), review(&pod)).await;
+    assert_eq!(answer["response"]["allowed"], false);
+    assert!(answer["response"].get("patch").is_none());
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("leasehold cannot wrap the command with `leasehold run`: annotation leasehold.dev/run: container \"report\" has no command"),
+        "{message}"
+    );
+    let wrappable = run_pod(json!({"name": "report", "image": "report:1", "command": ["/r"]}));
+    let answer = post(Leases(Ok(GATED)), review(&wrappable)).await;
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(
+        decoded_patch(&answer),
+        injection_patch(&wrappable, GATED, &config()).unwrap()
+    );
 }
