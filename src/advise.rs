@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{Identity, LeaseStore, Timing, TimingError};
 use crate::sidecar::budget::AT_RISK_SHARE;
 use crate::sidecar::config::{StoreKind, choose_store, store_url};
@@ -28,7 +29,7 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
     /// A file holding the store URL, instead of --store-url.
-    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE")]
+    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE", conflicts_with = "store_url")]
     pub store_url_file: Option<std::path::PathBuf>,
     /// Spanner: projects/<p>/instances/<i>/databases/<d>.
     #[arg(long, env = "LEASEHOLD_DATABASE")]
@@ -40,10 +41,10 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_CREATE_TABLE")]
     pub create_table: bool,
     /// How long to measure.
-    #[arg(long = "for", env = "LEASEHOLD_ADVISE_FOR", default_value = "20s", value_parser = crate::sidecar::parse_duration_flag)]
+    #[arg(long = "for", env = "LEASEHOLD_ADVISE_FOR", default_value = "20s", value_parser = crate::lease::timing::parse_duration_flag)]
     pub measure_for: Duration,
     /// Pause between one renew-and-observe round and the next.
-    #[arg(long, env = "LEASEHOLD_ADVISE_INTERVAL", default_value = "100ms", value_parser = crate::sidecar::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_ADVISE_INTERVAL", default_value = "100ms", value_parser = crate::lease::timing::parse_duration_flag)]
     pub interval: Duration,
 }
 
@@ -104,7 +105,7 @@ pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingErro
     let r = ceil_to(p + budget, STEP);
     let gap = (r / 2).max(Duration::from_secs(1));
     let d = ceil_to(r + gap, STEP);
-    let timing = Timing::new(d, r, p, Timing::default().jitter)?;
+    let timing = Timing::new(d, r, p, DEFAULT_JITTER)?;
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
     let reasons = vec![
         format!(

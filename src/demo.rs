@@ -9,6 +9,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::timing::{DEFAULT_JITTER, parse_duration_flag};
 use crate::lease::{Change, Elector, ElectorHandle, Identity, LeaderState, LeaseStore, Timing};
 use crate::store::postgres::{PostgresConfig, PostgresStore};
 use crate::store::redis::{RedisConfig, RedisStore};
@@ -39,17 +40,17 @@ pub struct Args {
     /// creates the lease table when missing and uses a fresh lock.
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
-    /// Lease duration D.
-    #[arg(long, env = "LEASEHOLD_LEASE_DURATION", default_value = "3s")]
-    pub lease_duration: String,
-    /// Renew deadline R.
-    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE", default_value = "2s")]
-    pub renew_deadline: String,
-    /// Retry period P.
-    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD", default_value = "500ms")]
-    pub retry_period: String,
+    /// Lease duration D [default: 3s].
+    #[arg(long, env = "LEASEHOLD_LEASE_DURATION", value_parser = parse_duration_flag)]
+    pub lease_duration: Option<Duration>,
+    /// Renew deadline R (< D) [default: D·2/3, so 2s].
+    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE", value_parser = parse_duration_flag)]
+    pub renew_deadline: Option<Duration>,
+    /// Retry period P (< R) [default: R/4, so 500ms].
+    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD", value_parser = parse_duration_flag)]
+    pub retry_period: Option<Duration>,
     /// How long each leader leads before the demo disturbs it.
-    #[arg(long, env = "LEASEHOLD_DEMO_HOLD", default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEHOLD_DEMO_HOLD", default_value = "3s", value_parser = parse_duration_flag)]
     pub hold: Duration,
 }
 
@@ -108,7 +109,7 @@ impl Timeline {
 }
 
 pub async fn run(args: Args) -> Result<()> {
-    let timing = Timing::parse(&args.lease_duration, &args.renew_deadline, &args.retry_period, 0.1)?;
+    let timing = demo_timing().with_given(args.lease_duration, args.renew_deadline, args.retry_period)?;
     let store = connect(args.store, args.store_url.as_deref()).await?;
     store.ensure_schema().await?;
     let lock = format!("demo-{:08x}", rand::random::<u32>());
@@ -207,6 +208,17 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The demo's own defaults, shorter than [`Timing::default`] so that a
+/// failover shows within seconds; flags not given follow them in their ratio.
+fn demo_timing() -> Timing {
+    Timing {
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(500),
+        jitter: DEFAULT_JITTER,
+    }
+}
+
 fn millis(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -258,5 +270,41 @@ async fn connect(store: DemoStore, url: Option<&str>) -> Result<Arc<dyn LeaseSto
                 SpannerStore::connect_to(config, endpoints, DEFAULT_CALL_TIMEOUT).await?,
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn timing(argv: &[&str]) -> Result<Timing> {
+        let cli = Cli::try_parse_from(std::iter::once("demo").chain(argv.iter().copied())).unwrap();
+        Ok(demo_timing().with_given(cli.args.lease_duration, cli.args.renew_deadline, cli.args.retry_period)?)
+    }
+
+    #[test]
+    fn the_demo_defaults_hold_and_a_lease_duration_alone_scales_them() {
+        assert_eq!(timing(&[]).unwrap(), demo_timing());
+        let t = timing(&["--lease-duration", "600ms"]).unwrap();
+        assert_eq!(
+            (t.renew_deadline, t.retry_period),
+            (Duration::from_millis(400), Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn a_bad_duration_is_rejected_by_clap_naming_the_flag() {
+        let err = Cli::try_parse_from(["demo", "--retry-period", "10x"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("invalid value '10x' for '--retry-period"), "{err}");
     }
 }

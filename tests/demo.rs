@@ -55,7 +55,7 @@ fn bad_timing_is_one_clear_line_naming_the_field() {
     let out = leasehold(&["demo", "--retry-period", "10x"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("retryPeriod: invalid duration \"10x\""), "{stderr}");
+    assert!(stderr.contains("invalid value '10x' for '--retry-period <"), "{stderr}");
 }
 
 /// `leasehold demo --store postgres|redis --store-url …` on private servers.

@@ -123,7 +123,8 @@ fn manifests_validate_against_the_kubernetes_schemas() {
 }
 
 /// Every environment variable the chart and install.yaml give the operator is
-/// one `leasehold operator` reads (a misspelt name is silently ignored by
+/// one `leasehold operator` reads, the pod's identity under the sidecar's
+/// downward-API names (a misspelt name is silently ignored by
 /// the process), and the chart's sidecar defaults are the code's.
 #[test]
 fn the_operator_environment_and_sidecar_defaults_match_the_code() {
@@ -140,9 +141,16 @@ fn the_operator_environment_and_sidecar_defaults_match_the_code() {
         let names: Vec<&str> = text
             .lines()
             .filter_map(|l| l.trim().strip_prefix("- name: "))
-            .filter(|n| n.starts_with("LEASEHOLD_"))
+            .filter(|n| n.starts_with("LEASEHOLD_") || n.starts_with("POD_"))
             .collect();
         assert!(names.contains(&"LEASEHOLD_SIDECAR_METRICS_PORT"), "{file}: {names:?}");
+        // The downward API under the sidecar's names, which the operator reads too.
+        for name in [
+            leasehold::sidecar::interface::ENV_POD_NAME,
+            leasehold::sidecar::interface::ENV_POD_NAMESPACE,
+        ] {
+            assert!(names.contains(&name), "{file}: {names:?}");
+        }
         for name in names {
             assert!(
                 known.iter().any(|r| r == name),

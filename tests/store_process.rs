@@ -3,18 +3,19 @@
 //! kill -9 of the leader and a graceful handover, timed, and a leader
 //! paused past its lease (SIGSTOP) resuming as a follower.
 //!
-//! Bounds, from D = 2 s, R = 1.5 s, P = 300 ms (standalone jitter 10 %):
-//! after kill -9 the lease ends at most D after the killed leader's last
-//! renewal, which precedes the kill; a follower notices at its next poll,
-//! at most P·1.1 later. So a new leader within D + 1.1·P, plus a stated
-//! margin of 250 ms for one store round trip and scheduling on a loaded
-//! two-core machine.
+//! Bounds, from D = 2 s, R = 1.5 s, P = 300 ms and jitter J = 20 %
+//! ([`DEFAULT_JITTER`]): after kill -9 the lease ends at most D after the
+//! killed leader's last renewal, which precedes the kill; a follower notices
+//! at its next poll, at most P·(1 + J) later. So a new leader within
+//! D + P·(1 + J), plus a stated margin of 250 ms for one store round trip
+//! and scheduling on a loaded two-core machine.
 
 mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use leasehold::lease::timing::DEFAULT_JITTER;
 use leasehold::testing::TcpProxy;
 use leasehold::testing::servers::{PostgresServer, RedisServer};
 use support::*;
@@ -22,7 +23,7 @@ use support::*;
 const MARGIN: Duration = Duration::from_millis(250);
 
 fn failover_bound() -> Duration {
-    D + P.mul_f64(1.1) + MARGIN
+    D + P.mul_f64(1.0 + DEFAULT_JITTER) + MARGIN
 }
 
 /// Three sidecars on the server at `target`; `store(i, proxy)` gives sidecar
@@ -108,7 +109,7 @@ fn kill_9_fails_over(sidecars: &[Sidecar], store: &str) {
     let rest = others(sidecars, first);
     let bound = failover_bound();
     let next = wait_for_one_leader(&rest, bound)
-        .unwrap_or_else(|| panic!("{store}: no new leader within D + 1.1·P + margin = {bound:?}"));
+        .unwrap_or_else(|| panic!("{store}: no new leader within D + P·(1 + J) + margin = {bound:?}"));
     let failover = killed.elapsed();
     let (_, after) = rest[next].leader().unwrap();
     assert!(after["term"].as_u64() > before["term"].as_u64());
@@ -123,12 +124,12 @@ fn sigterm_hands_over(sidecars: &[Sidecar], store: &str) {
     let termed = Instant::now();
     let rest = others(sidecars, first);
     // Released after the drain, so found at the next poll, well before D.
-    let bound = DRAIN + P.mul_f64(1.1) + MARGIN;
+    let bound = DRAIN + P.mul_f64(1.0 + DEFAULT_JITTER) + MARGIN;
     let next = wait_for_one_leader(&rest, bound);
     let handover = termed.elapsed();
     assert!(
         next.is_some(),
-        "{store}: no new leader within drain + 1.1·P + margin = {bound:?}"
+        "{store}: no new leader within drain + P·(1 + J) + margin = {bound:?}"
     );
     println!("{store} graceful handover: {handover:?} (drain={DRAIN:?}, P={P:?}, D={D:?})");
 }

@@ -13,6 +13,8 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::lease::timing;
+
 pub use validate::{ValidLease, ValidStore, ValidationError, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
@@ -173,13 +175,13 @@ impl Default for PublishingSpec {
 }
 
 fn default_lease_duration() -> String {
-    "15s".into()
+    humantime::format_duration(timing::DEFAULT_LEASE_DURATION).to_string()
 }
 fn default_renew_deadline() -> String {
-    "10s".into()
+    humantime::format_duration(timing::DEFAULT_RENEW_DEADLINE).to_string()
 }
 fn default_retry_period() -> String {
-    "2s".into()
+    humantime::format_duration(timing::DEFAULT_RETRY_PERIOD).to_string()
 }
 fn default_table() -> String {
     DEFAULT_TABLE.into()

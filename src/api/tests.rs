@@ -222,6 +222,11 @@ fn defaults_fill_in_and_the_lock_defaults_to_namespace_and_name() {
     assert_eq!(valid.timing.lease_duration, Duration::from_secs(15));
     assert_eq!(valid.timing.renew_deadline, Duration::from_secs(10));
     assert_eq!(valid.timing.retry_period, Duration::from_secs(2));
+    assert_eq!(
+        valid.timing,
+        crate::lease::Timing::default(),
+        "the resource's defaults, jitter included, are the elector's"
+    );
     assert_eq!(valid.selector.to_string(), "app=web");
     assert_eq!(
         valid.store,

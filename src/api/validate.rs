@@ -4,6 +4,7 @@
 use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
+use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{LockNameError, Timing, TimingError, validate_lock_name};
 use crate::store::spanner::{self, SpannerConfig};
 
@@ -87,7 +88,7 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
         &spec.lease_duration,
         &spec.renew_deadline,
         &spec.retry_period,
-        Timing::default().jitter,
+        DEFAULT_JITTER,
     )?;
     let selector = check_selector(lease)?;
     check_label_key(&spec.publishing.label_key)?;

@@ -76,14 +76,24 @@ pub enum TimingError {
     Lease(#[from] LeaseDurationError),
 }
 
+/// D by default: client-go's 15 s.
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// R by default: client-go's 10 s.
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// P by default: client-go's 2 s.
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// Jitter by default: P grows by up to 20 %, still far below R.
+pub const DEFAULT_JITTER: f64 = 0.2;
+
 impl Default for Timing {
-    /// client-go's defaults: 15s / 10s / 2s.
+    /// [`DEFAULT_LEASE_DURATION`], [`DEFAULT_RENEW_DEADLINE`],
+    /// [`DEFAULT_RETRY_PERIOD`] and [`DEFAULT_JITTER`].
     fn default() -> Self {
         Timing {
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-            jitter: 0.2,
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+            jitter: DEFAULT_JITTER,
         }
     }
 }
@@ -104,6 +114,25 @@ impl Timing {
         };
         timing.validate()?;
         Ok(timing)
+    }
+
+    /// `self` (the defaults) with the values given; each value not given
+    /// follows the next longer one in the defaults' ratio (15:10:2 for
+    /// [`Timing::default`]): R from D, P from R. So `D = 5s` alone gives
+    /// R = 3.333s and P = 666ms; R alone keeps the default D and scales P.
+    /// Derived values are truncated to whole milliseconds. Validated.
+    pub fn with_given(
+        self,
+        lease_duration: Option<Duration>,
+        renew_deadline: Option<Duration>,
+        retry_period: Option<Duration>,
+    ) -> Result<Self, TimingError> {
+        let lease_duration = lease_duration.unwrap_or(self.lease_duration);
+        let renew_deadline =
+            renew_deadline.unwrap_or_else(|| in_ratio(lease_duration, self.renew_deadline, self.lease_duration));
+        let retry_period =
+            retry_period.unwrap_or_else(|| in_ratio(renew_deadline, self.retry_period, self.renew_deadline));
+        Timing::new(lease_duration, renew_deadline, retry_period, self.jitter)
     }
 
     /// Parses human durations ("10s", "1500ms") naming the field on error.
@@ -168,12 +197,24 @@ impl Timing {
     }
 }
 
+/// `value · numerator / denominator`, truncated to whole milliseconds.
+fn in_ratio(value: Duration, numerator: Duration, denominator: Duration) -> Duration {
+    let millis = value.as_nanos() * numerator.as_nanos() / denominator.as_nanos().max(1) / 1_000_000;
+    Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
+}
+
 /// Parses a human duration ("10s", "250ms", "1m 30s"), naming `field` on error.
 pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, TimingError> {
-    humantime::parse_duration(text.trim()).map_err(|e| TimingError::Parse {
+    parse_duration_flag(text).map_err(|e| TimingError::Parse {
         field,
         message: format!("invalid duration {text:?}: {e}"),
     })
+}
+
+/// The same parser as clap's `value_parser` for duration flags: clap names
+/// the flag and the value in its error.
+pub fn parse_duration_flag(text: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(text.trim())
 }
 
 #[cfg(test)]
@@ -236,5 +277,87 @@ mod tests {
         let t = Timing::parse("1500ms", "1s", "200ms", 0.1).unwrap();
         assert_eq!(t.lease_duration, Duration::from_millis(1500));
         assert_eq!(t.retry_period, Duration::from_millis(200));
+    }
+
+    fn given(d: Option<&str>, r: Option<&str>, p: Option<&str>) -> Result<Timing, TimingError> {
+        let parse = |text: Option<&str>| text.map(|t| parse_duration_flag(t).unwrap());
+        Timing::default().with_given(parse(d), parse(r), parse(p))
+    }
+
+    #[test]
+    fn nothing_given_is_the_defaults() {
+        assert_eq!(given(None, None, None).unwrap(), Timing::default());
+        assert_eq!(
+            (DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD),
+            (Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn a_lease_duration_alone_brings_r_and_p_in_the_default_ratio() {
+        let t = given(Some("5s"), None, None).unwrap();
+        assert_eq!(t.renew_deadline, Duration::from_millis(3333));
+        assert_eq!(t.retry_period, Duration::from_millis(666));
+        assert_eq!(t.jitter, DEFAULT_JITTER);
+        let t = given(Some("30s"), None, None).unwrap();
+        assert_eq!(
+            (t.renew_deadline, t.retry_period),
+            (Duration::from_secs(20), Duration::from_secs(4))
+        );
+    }
+
+    #[test]
+    fn a_renew_deadline_without_retry_period_brings_p_in_the_ratio_and_keeps_d() {
+        let t = given(None, Some("5s"), None).unwrap();
+        assert_eq!(t.lease_duration, DEFAULT_LEASE_DURATION);
+        assert_eq!(t.retry_period, Duration::from_secs(1));
+        let t = given(Some("4s"), Some("3s"), None).unwrap();
+        assert_eq!(t.retry_period, Duration::from_millis(600));
+    }
+
+    #[test]
+    fn given_values_are_kept_and_still_validated() {
+        let t = given(Some("6s"), Some("4s"), Some("1s")).unwrap();
+        assert_eq!(
+            (t.lease_duration, t.renew_deadline, t.retry_period),
+            (Duration::from_secs(6), Duration::from_secs(4), Duration::from_secs(1))
+        );
+        assert_eq!(
+            given(Some("5s"), Some("6s"), None).unwrap_err(),
+            TimingError::RenewNotBelowLease {
+                renew: Duration::from_secs(6),
+                lease: Duration::from_secs(5)
+            }
+        );
+        assert_eq!(
+            given(None, Some("20s"), None).unwrap_err(),
+            TimingError::RenewNotBelowLease {
+                renew: Duration::from_secs(20),
+                lease: DEFAULT_LEASE_DURATION
+            }
+        );
+    }
+
+    #[test]
+    fn other_defaults_give_their_own_ratio() {
+        let demo = Timing::new(
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+            DEFAULT_JITTER,
+        )
+        .unwrap();
+        let t = demo.with_given(Some(Duration::from_millis(600)), None, None).unwrap();
+        assert_eq!(
+            (t.renew_deadline, t.retry_period),
+            (Duration::from_millis(400), Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn the_flag_parser_rejects_what_the_field_parser_rejects() {
+        assert_eq!(parse_duration_flag(" 1500ms "), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration_flag("ten").is_err());
+        assert!(parse_duration_flag("-1s").is_err());
     }
 }

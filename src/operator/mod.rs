@@ -48,7 +48,9 @@ use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{SpannerStores, StoreProvider};
 use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
+use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing};
+use crate::sidecar::interface::{ENV_POD_NAME, ENV_POD_NAMESPACE};
 use crate::store::spanner::SpannerConfig;
 
 /// Without leader election nobody waits to take over, so reconciles in
@@ -114,20 +116,21 @@ pub struct Args {
         default_value = "leasehold-system/leasehold-operator"
     )]
     pub election_lock: String,
-    /// Operator lock duration (D; whole seconds with the lease backend).
-    #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_DURATION", default_value = "15s")]
-    pub election_lease_duration: String,
-    /// Operator lock renew deadline (R < D).
-    #[arg(long, env = "LEASEHOLD_ELECTION_RENEW_DEADLINE", default_value = "10s")]
-    pub election_renew_deadline: String,
-    /// Operator lock retry period (P < R).
-    #[arg(long, env = "LEASEHOLD_ELECTION_RETRY_PERIOD", default_value = "2s")]
-    pub election_retry_period: String,
-    /// This replica's pod name, part of its identity (defaults to the host name).
-    #[arg(long, env = "LEASEHOLD_POD_NAME")]
+    /// Operator lock duration (D; whole seconds with the lease backend) [default: 15s].
+    #[arg(long, env = "LEASEHOLD_ELECTION_LEASE_DURATION", value_parser = parse_duration_flag)]
+    pub election_lease_duration: Option<Duration>,
+    /// Operator lock renew deadline (R < D) [default: D·10/15, so 10s].
+    #[arg(long, env = "LEASEHOLD_ELECTION_RENEW_DEADLINE", value_parser = parse_duration_flag)]
+    pub election_renew_deadline: Option<Duration>,
+    /// Operator lock retry period (P < R) [default: R·2/10, so 2s].
+    #[arg(long, env = "LEASEHOLD_ELECTION_RETRY_PERIOD", value_parser = parse_duration_flag)]
+    pub election_retry_period: Option<Duration>,
+    /// This replica's pod name, part of its identity (defaults to the host
+    /// name); downward API, as for the sidecar.
+    #[arg(long, env = ENV_POD_NAME)]
     pub pod_name: Option<String>,
-    /// This replica's namespace, part of its identity.
-    #[arg(long, env = "LEASEHOLD_POD_NAMESPACE")]
+    /// This replica's namespace, part of its identity (downward API).
+    #[arg(long, env = ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
     /// This cluster's name, as the sidecars put it in their identities
     /// (`cluster/namespace/pod#nonce`), for locks shared across clusters.
@@ -149,13 +152,13 @@ impl Args {
         if !self.leader_election {
             return Ok(None);
         }
-        let timing = Timing::parse(
-            &self.election_lease_duration,
-            &self.election_renew_deadline,
-            &self.election_retry_period,
-            Timing::default().jitter,
-        )
-        .map_err(Error::ElectionTiming)?;
+        let timing = Timing::default()
+            .with_given(
+                self.election_lease_duration,
+                self.election_renew_deadline,
+                self.election_retry_period,
+            )
+            .map_err(Error::ElectionTiming)?;
         let election = match self.election_backend {
             Backend::Lease => {
                 let Some(namespace) = self
@@ -165,7 +168,7 @@ impl Args {
                 else {
                     return Err(Error::ElectionFlagMissing(
                         "--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace \
-                         (LEASEHOLD_POD_NAMESPACE)",
+                         (POD_NAMESPACE)",
                         "lease",
                     ));
                 };

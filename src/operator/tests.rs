@@ -11,8 +11,11 @@ use crate::lease::LeaseStore;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
 
+/// Every flag has a LEASEHOLD_ variable, except the pod's identity, which
+/// comes from the downward API under the sidecar's names.
 #[test]
 fn every_operator_flag_can_come_from_the_environment() {
+    use crate::sidecar::interface::{ENV_POD_NAME, ENV_POD_NAMESPACE};
     let cli = Cli::command();
     let operator = cli.find_subcommand("operator").expect("operator subcommand");
     for arg in operator.get_arguments() {
@@ -20,11 +23,12 @@ fn every_operator_flag_can_come_from_the_environment() {
             continue;
         }
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-        assert!(
-            env.as_deref().is_some_and(|e| e.starts_with("LEASEHOLD_")),
-            "--{} has no LEASEHOLD_ env: {env:?}",
-            arg.get_id()
-        );
+        let expected = match arg.get_id().as_str() {
+            "pod_name" => env.as_deref() == Some(ENV_POD_NAME),
+            "pod_namespace" => env.as_deref() == Some(ENV_POD_NAMESPACE),
+            _ => env.as_deref().is_some_and(|e| e.starts_with("LEASEHOLD_")),
+        };
+        assert!(expected, "--{} has no LEASEHOLD_ env: {env:?}", arg.get_id());
     }
 }
 
@@ -59,6 +63,8 @@ fn operator_args(args: &[&str]) -> Args {
 fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
     let identity = Identity::with_nonce("operator-0", "n");
     let election = |args: &[&str]| operator_args(args).election(&identity);
+    // As the binary prints it: the error and its causes.
+    let chain = |e: Error| format!("{:#}", anyhow::Error::from(e));
 
     // The default needs no infrastructure: a Lease in the pod's namespace.
     let Some(Election::Lease(lease)) = election(&["--pod-namespace=leasehold-system"]).unwrap() else {
@@ -74,16 +80,15 @@ fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
         err.contains("--election-lease-namespace (LEASEHOLD_ELECTION_LEASE_NAMESPACE) or --pod-namespace"),
         "{err}"
     );
-    let err = format!(
-        "{:#}",
+    let err = chain(
         election(&[
             "--pod-namespace=x",
             "--election-lease-duration=1500ms",
             "--election-renew-deadline=1s",
-            "--election-retry-period=200ms"
+            "--election-retry-period=200ms",
         ])
         .err()
-        .unwrap()
+        .unwrap(),
     );
     assert!(
         err.contains("--election-lease-duration (1.5s) must be a whole number of seconds"),
@@ -103,16 +108,36 @@ fn election_defaults_to_a_kubernetes_lease_and_spanner_needs_a_database() {
     };
     assert_eq!(spanner.config.table, DEFAULT_TABLE);
 
-    let err = format!(
-        "{:#}",
-        anyhow::Error::from(
-            election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
-                .err()
-                .unwrap()
-        )
+    let err = chain(
+        election(&["--election-backend=spanner", db, "--election-renew-deadline=20s"])
+            .err()
+            .unwrap(),
     );
     assert!(
         err.contains("renewDeadline (20s) must be shorter than leaseDuration (15s)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn election_timing_flags_are_durations_and_a_lease_duration_alone_scales_r_and_p() {
+    let identity = Identity::with_nonce("operator-0", "n");
+    let Some(Election::Lease(lease)) = operator_args(&["--pod-namespace=x", "--election-lease-duration=30s"])
+        .election(&identity)
+        .unwrap()
+    else {
+        panic!("a Lease election")
+    };
+    assert_eq!(
+        (lease.timing.renew_deadline, lease.timing.retry_period),
+        (Duration::from_secs(20), Duration::from_secs(4))
+    );
+    let err = Cli::try_parse_from(["leasehold", "operator", "--election-lease-duration", "ten"])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("invalid value 'ten' for '--election-lease-duration"),
         "{err}"
     );
 }

@@ -43,14 +43,14 @@ pub struct Args {
     /// Time between SIGTERM and SIGKILL when the command is stopped; must be
     /// shorter than D − R (lease duration − renew deadline) so the command is
     /// gone before the lease can expire. Default: half of D − R.
-    #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::sidecar::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::lease::timing::parse_duration_flag)]
     pub grace_period: Option<Duration>,
     /// Restart a command that exits non-zero (after a backoff, while still
     /// leader) instead of releasing and exiting with its code.
     #[arg(long, env = "LEASEHOLD_RESTART_ON_FAILURE")]
     pub restart_on_failure: bool,
     /// The first wait before a restart; doubles on each failure in a term, up to 1 minute.
-    #[arg(long, env = "LEASEHOLD_RESTART_BACKOFF", default_value = "1s", value_parser = crate::sidecar::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_RESTART_BACKOFF", default_value = "1s", value_parser = crate::lease::timing::parse_duration_flag)]
     pub restart_backoff: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, value_name = "COMMAND")]

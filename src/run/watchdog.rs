@@ -181,7 +181,7 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Time between SIGTERM and SIGKILL.
-    #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::sidecar::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::lease::timing::parse_duration_flag)]
     pub grace_period: Duration,
     /// The command and its arguments.
     #[arg(required = true, last = true)]

@@ -9,6 +9,7 @@ use kube::Api;
 
 use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
+use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing, validate_lock_name};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
@@ -28,8 +29,15 @@ pub enum StoreKind {
 #[derive(Debug, clap::Args)]
 pub struct ElectionArgs {
     /// The DistributedLease (in the pod's namespace) to take every lease
-    /// setting from; excludes --lock, --database, --table and the timing flags.
-    #[arg(long, env = interface::ENV_LEASE)]
+    /// setting from; excludes --store, --database, --table, --store-url,
+    /// --lock and the timing flags.
+    #[arg(
+        long,
+        env = interface::ENV_LEASE,
+        conflicts_with_all = [
+            "store", "database", "table", "store_url", "lock", "lease_duration", "renew_deadline", "retry_period",
+        ],
+    )]
     pub lease: Option<String>,
     /// Standalone: the store.
     #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
@@ -45,20 +53,20 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
     /// A file holding the store URL (a mounted Secret), instead of --store-url.
-    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE")]
+    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE", conflicts_with = "store_url")]
     pub store_url_file: Option<PathBuf>,
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
     pub lock: Option<String>,
-    /// Standalone: lease duration D.
-    #[arg(long, env = "LEASEHOLD_LEASE_DURATION")]
-    pub lease_duration: Option<String>,
-    /// Standalone: renew deadline R (< D).
-    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE")]
-    pub renew_deadline: Option<String>,
-    /// Standalone: retry period P (< R).
-    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD")]
-    pub retry_period: Option<String>,
+    /// Standalone: lease duration D [default: 15s].
+    #[arg(long, env = "LEASEHOLD_LEASE_DURATION", value_parser = parse_duration_flag)]
+    pub lease_duration: Option<Duration>,
+    /// Standalone: renew deadline R (< D) [default: D·10/15, so 10s].
+    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE", value_parser = parse_duration_flag)]
+    pub renew_deadline: Option<Duration>,
+    /// Standalone: retry period P (< R) [default: R·2/10, so 2s].
+    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD", value_parser = parse_duration_flag)]
+    pub retry_period: Option<Duration>,
     /// Create the lease table when it is missing (the operator normally does).
     #[arg(long, env = "LEASEHOLD_CREATE_TABLE")]
     pub create_table: bool,
@@ -100,16 +108,16 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]
     pub app_health_url: Option<String>,
     /// How often the app health URL is polled.
-    #[arg(long, env = "LEASEHOLD_APP_HEALTH_INTERVAL", default_value = "2s", value_parser = super::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration_flag)]
     pub app_health_interval: Duration,
     /// How long one poll of the app health URL may take.
-    #[arg(long, env = "LEASEHOLD_APP_HEALTH_TIMEOUT", default_value = "1s", value_parser = super::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_TIMEOUT", default_value = "1s", value_parser = parse_duration_flag)]
     pub app_health_timeout: Duration,
     /// Failed polls in a row that make the app unhealthy.
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub app_health_failures: u32,
     /// On SIGTERM or when the app turns unhealthy: time between stopping to claim and releasing.
-    #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = super::parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = parse_duration_flag)]
     pub drain: Duration,
 }
 
@@ -128,11 +136,11 @@ pub enum StoreChoice {
     Redis(RedisConfig),
 }
 
-/// The store URL from --store-url or --store-url-file (read now, trimmed).
+/// The store URL from --store-url or --store-url-file (read now, trimmed);
+/// clap lets only one of them through.
 pub fn store_url(url: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<StoreUrl>> {
     match (url, file) {
-        (Some(_), Some(_)) => Err(Error::Config("--store-url contradicts --store-url-file".into())),
-        (Some(url), None) => Ok(Some(StoreUrl::new(url))),
+        (Some(url), _) => Ok(Some(StoreUrl::new(url))),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Error::Config(format!("--store-url-file {}: {e}", path.display())))?;
@@ -324,22 +332,8 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
         .unwrap_or_else(|| "leasehold".into());
     let identity = Identity::new(args.cluster_name.clone(), args.pod_namespace.clone(), name);
     match &args.lease {
+        // clap rejects the standalone flags next to --lease.
         Some(lease) => {
-            let standalone = [
-                ("--store", args.store.is_some()),
-                ("--database", args.database.is_some()),
-                ("--table", args.table.is_some()),
-                ("--store-url", args.store_url.is_some()),
-                ("--lock", args.lock.is_some()),
-                ("--lease-duration", args.lease_duration.is_some()),
-                ("--renew-deadline", args.renew_deadline.is_some()),
-                ("--retry-period", args.retry_period.is_some()),
-            ];
-            if let Some((flag, _)) = standalone.iter().find(|(_, set)| *set) {
-                return Err(Error::Config(format!(
-                    "{flag} contradicts --lease {lease}: the DistributedLease sets it"
-                )));
-            }
             let (Some(client), Some(pod)) = (client, &pod) else {
                 return Err(Error::Config(format!(
                     "--lease {lease} needs the Kubernetes API and POD_NAMESPACE"
@@ -371,12 +365,12 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 .clone()
                 .ok_or_else(|| Error::Config("--lock (or --lease) is required".into()))?;
             validate_lock_name("--lock", &lock).map_err(|e| Error::Config(e.to_string()))?;
-            let timing = Timing::parse(
-                args.lease_duration.as_deref().unwrap_or("15s"),
-                args.renew_deadline.as_deref().unwrap_or("10s"),
-                args.retry_period.as_deref().unwrap_or("2s"),
-                0.1,
-            )?;
+            let timing = Timing::default()
+                .with_given(args.lease_duration, args.renew_deadline, args.retry_period)
+                .map_err(|source| Error::Timing {
+                    flags: "--lease-duration/--renew-deadline/--retry-period",
+                    source,
+                })?;
             let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
             let store = choose_store(args.store, args.database.as_deref(), args.table.as_deref(), url)?;
             Ok(Settings {
@@ -490,19 +484,6 @@ mod tests {
                     "--lock",
                     "l",
                     "--store",
-                    "redis",
-                    "--store-url",
-                    "redis://h",
-                    "--store-url-file",
-                    "/f",
-                ],
-                "--store-url contradicts --store-url-file",
-            ),
-            (
-                &[
-                    "--lock",
-                    "l",
-                    "--store",
                     "postgres",
                     "--store-url-file",
                     "/nonexistent/url",
@@ -554,8 +535,18 @@ mod tests {
                 "--database contradicts --store memory",
             ),
             (
-                &["--lock", "l", "--store", "memory", "--lease-duration", "2s"],
-                "renewDeadline (10s) must be shorter than leaseDuration (2s)",
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "memory",
+                    "--lease-duration",
+                    "2s",
+                    "--renew-deadline",
+                    "3s",
+                ],
+                "invalid timing (--lease-duration/--renew-deadline/--retry-period): \
+                 renewDeadline (3s) must be shorter than leaseDuration (2s)",
             ),
             (
                 &["--lock", "l", "--database", "nonsense"],
@@ -572,7 +563,6 @@ mod tests {
                 ],
                 "table: must be a letter followed by",
             ),
-            (&["--lease", "web", "--lock", "l"], "--lock contradicts --lease web"),
             (
                 &["--lease", "web"],
                 "--lease web needs the Kubernetes API and POD_NAMESPACE",
@@ -583,6 +573,90 @@ mod tests {
             let err = format!("{:#}", anyhow::Error::from(settings(argv).await.unwrap_err()));
             assert!(err.contains(expected), "{argv:?}: got {err:?}, want {expected:?}");
         }
+    }
+
+    /// What clap says about `argv`, which it must reject.
+    fn rejected(argv: &[&str]) -> String {
+        match Cli::try_parse_from(std::iter::once("sidecar").chain(argv.iter().copied())) {
+            Ok(_) => panic!("{argv:?} parsed"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn clap_rejects_a_bad_duration_naming_its_flag() {
+        for flag in ["--lease-duration", "--renew-deadline", "--retry-period", "--drain"] {
+            let err = rejected(&["--lock", "l", "--store", "memory", flag, "ten"]);
+            assert!(err.contains(&format!("invalid value 'ten' for '{flag} <")), "{err}");
+        }
+    }
+
+    #[test]
+    fn clap_rejects_contradicting_flags_naming_both() {
+        for (flag, value) in [
+            ("--lock", "l"),
+            ("--store", "memory"),
+            ("--database", "projects/p/instances/i/databases/d"),
+            ("--table", "t"),
+            ("--store-url", "redis://h"),
+            ("--lease-duration", "5s"),
+            ("--renew-deadline", "3s"),
+            ("--retry-period", "1s"),
+        ] {
+            let err = rejected(&["--lease", "web", flag, value]);
+            assert!(
+                err.contains("the argument '--lease <LEASE>' cannot be used with")
+                    && err.contains(&format!("'{flag} <")),
+                "{flag}: {err}"
+            );
+        }
+        let err = rejected(&["--store-url", "redis://h", "--store-url-file", "/f"]);
+        assert!(
+            err.contains("'--store-url <STORE_URL>' cannot be used with '--store-url-file <STORE_URL_FILE>'"),
+            "{err}"
+        );
+    }
+
+    /// The defaults the help states are the code's.
+    #[test]
+    fn the_timing_help_states_the_defaults() {
+        use crate::lease::timing::{DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD};
+        use clap::CommandFactory;
+        let command = Cli::command();
+        for (flag, default) in [
+            ("lease_duration", DEFAULT_LEASE_DURATION),
+            ("renew_deadline", DEFAULT_RENEW_DEADLINE),
+            ("retry_period", DEFAULT_RETRY_PERIOD),
+        ] {
+            let arg = command.get_arguments().find(|a| a.get_id() == flag).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            let default = humantime::format_duration(default).to_string();
+            assert!(help.ends_with(&format!("{default}]")), "--{flag}: {help:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lease_duration_alone_brings_r_and_p_in_the_default_ratio() {
+        let s = settings(&["--lock", "l", "--store", "memory", "--lease-duration", "5s"])
+            .await
+            .unwrap();
+        assert_eq!(
+            (s.timing.lease_duration, s.timing.renew_deadline, s.timing.retry_period),
+            (
+                Duration::from_secs(5),
+                Duration::from_millis(3333),
+                Duration::from_millis(666)
+            )
+        );
+        let s = settings(&["--lock", "l", "--store", "memory", "--renew-deadline", "5s"])
+            .await
+            .unwrap();
+        assert_eq!(
+            (s.timing.lease_duration, s.timing.retry_period),
+            (Duration::from_secs(15), Duration::from_secs(1))
+        );
+        let s = settings(&["--lock", "l", "--store", "memory"]).await.unwrap();
+        assert_eq!(s.timing, Timing::default());
     }
 
     #[tokio::test]

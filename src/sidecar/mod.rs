@@ -44,8 +44,12 @@ use config::StoreChoice;
 pub enum Error {
     #[error("{0}")]
     Config(String),
-    #[error(transparent)]
-    Timing(#[from] crate::lease::TimingError),
+    #[error("invalid timing ({flags})")]
+    Timing {
+        flags: &'static str,
+        #[source]
+        source: crate::lease::TimingError,
+    },
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
@@ -281,11 +285,6 @@ pub fn capped_backoff() -> backon::ExponentialBuilder {
         .with_max_delay(BACKOFF_CAP)
         .with_jitter()
         .without_max_times()
-}
-
-/// A duration flag ("5s", "250ms"); clap names the flag in its error.
-pub fn parse_duration_flag(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
 }
 
 #[cfg(test)]
