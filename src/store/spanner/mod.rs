@@ -263,7 +263,8 @@ fn check_lock(lock: &str) -> Result<()> {
 /// A lease duration into the row's milliseconds, by the core's one checked
 /// conversion.
 fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64> {
-    crate::lease::lease_to_millis(field, lease).map_err(|e| StoreError::invalid(field).caused_by(e))
+    crate::lease::lease_to_millis(field, lease)
+        .map_err(|e| StoreError::invalid(format!("{field} cannot be stored")).caused_by(e))
 }
 
 /// A stored lease duration back from milliseconds. A row whose duration is
