@@ -72,4 +72,43 @@ mod tests {
         );
         tokio::fs::remove_dir_all(&dir).await.unwrap();
     }
+
+    /// A reader polling while the sidecar rewrites the file many times
+    /// (a long and a short document in turn) always reads a whole one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_never_sees_half_a_file() {
+        let dir = std::env::temp_dir().join(format!("leasehold-token-{:x}", rand::random::<u64>()));
+        tokio::fs::create_dir_all(&dir).await.unwrap();
+        let path = dir.join("token.json");
+        let view = |holder: String| {
+            let state = LeaderState {
+                holder: Some(holder),
+                ..Default::default()
+            };
+            LeaderView::of(&state, Instant::now())
+        };
+        let (long, short) = (view("x".repeat(256 * 1024)), view("a#1".into()));
+        write(&path, &short).await.unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, done) = (path.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let bytes = std::fs::read(&path).unwrap();
+                    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&bytes);
+                    assert!(parsed.is_ok(), "read {} bytes that are not a whole document", bytes.len());
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for round in 0..200 {
+            write(&path, if round % 2 == 0 { &long } else { &short }).await.unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().expect("every read parsed");
+        assert!(reads > 0);
+        tokio::fs::remove_dir_all(&dir).await.unwrap();
+    }
 }
