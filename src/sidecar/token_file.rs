@@ -97,7 +97,11 @@ mod tests {
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     let bytes = std::fs::read(&path).unwrap();
                     let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&bytes);
-                    assert!(parsed.is_ok(), "read {} bytes that are not a whole document", bytes.len());
+                    assert!(
+                        parsed.is_ok(),
+                        "read {} bytes that are not a whole document",
+                        bytes.len()
+                    );
                     reads += 1;
                 }
                 reads
