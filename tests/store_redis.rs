@@ -151,22 +151,7 @@ async fn bad_urls_and_prefixes_are_refused_before_connecting() {
 async fn an_unreachable_server_is_unavailable_promptly() {
     let port = leasehold::testing::free_port();
     let store = RedisStore::connect_with(config(format!("redis://127.0.0.1:{port}")), Duration::from_secs(2)).unwrap();
-    let started = Instant::now();
-    for result in [
-        store.observe("x").await.map(|_| ()),
-        store.acquire("x", "a", Duration::from_secs(5)).await.map(|_| ()),
-    ] {
-        let err = result.unwrap_err();
-        assert!(
-            matches!(err, StoreError::Unavailable { .. }),
-            "nothing was sent, so nothing happened: {err:?}"
-        );
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "took {:?}",
-        started.elapsed()
-    );
+    suite::an_unreachable_server_is_unavailable_promptly(&store).await;
 }
 
 #[tokio::test]
@@ -174,19 +159,7 @@ async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
     let fixture = redis().await;
     let proxy = TcpProxy::start(fixture.server.addr()).await;
     let store = RedisStore::connect_with(config(fixture.server.url_at(proxy.addr)), Duration::from_secs(1)).unwrap();
-    let grant = store.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
-    proxy.set(ProxyMode::Cut);
-    let err = store
-        .renew("cut", "a", grant.token, Duration::from_secs(30))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
-        "{err:?}"
-    );
-    proxy.set(ProxyMode::Forward);
-    let observed = fixture.store.observe("cut").await.unwrap();
-    assert_eq!(observed.live_holder(), Some("a"), "the store still has the lease");
+    let grant = suite::a_cut_connection_is_not_success(&store, &proxy, &fixture.store).await;
     // The connection manager reconnects.
     let started = Instant::now();
     while store

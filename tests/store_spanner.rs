@@ -203,19 +203,7 @@ async fn a_cut_connection_is_unavailable_and_the_lease_survives_it() {
     let store = SpannerStore::connect_to(fixture.config.clone(), endpoints, Duration::from_secs(1))
         .await
         .unwrap();
-    let grant = store.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
-    proxy.set(ProxyMode::Cut);
-    let err = store
-        .renew("cut", "a", grant.token, Duration::from_secs(30))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
-        "{err:?}"
-    );
-    proxy.set(ProxyMode::Forward);
-    let observed = fixture.store.observe("cut").await.unwrap();
-    assert_eq!(observed.live_holder(), Some("a"), "the store still has the lease");
+    suite::a_cut_connection_is_not_success(&store, &proxy, &fixture.store).await;
 }
 
 /// Runs one DDL statement, as the database's owner would.

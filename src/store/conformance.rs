@@ -228,6 +228,53 @@ pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
     }
 }
 
+/// S4: a store whose server cannot be reached answers observe and acquire
+/// promptly with `Unavailable`: nothing was sent, so nothing happened.
+pub async fn an_unreachable_server_is_unavailable_promptly(store: &dyn LeaseStore) {
+    let started = std::time::Instant::now();
+    for result in [
+        store.observe("x").await.map(|_| ()),
+        store.acquire("x", "a", Duration::from_secs(5)).await.map(|_| ()),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable { .. }),
+            "nothing was sent, so nothing happened: {err:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// S4/S9: the connection of `through` (which reaches the server by `proxy`)
+/// is cut under a held lease: the renewal is never success, and the store,
+/// read `direct`ly, still has the lease. Returns the grant, for the
+/// backend's own check of how it reconnects.
+pub async fn a_cut_connection_is_not_success(
+    through: &dyn LeaseStore,
+    proxy: &crate::testing::TcpProxy,
+    direct: &dyn LeaseStore,
+) -> Grant {
+    use crate::testing::ProxyMode;
+    let grant = through.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
+    proxy.set(ProxyMode::Cut);
+    let err = through
+        .renew("cut", "a", grant.token, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable { .. } | StoreError::OutcomeUnknown { .. }),
+        "{err:?}"
+    );
+    proxy.set(ProxyMode::Forward);
+    let observed = direct.observe("cut").await.unwrap();
+    assert_eq!(observed.live_holder(), Some("a"), "the store still has the lease");
+    grant
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a backend.
 /// `$make` is an async expression yielding a `Target`.
 #[macro_export]
