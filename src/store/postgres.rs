@@ -171,8 +171,11 @@ fn store_time(t: SystemTime) -> StoreTime {
     }
 }
 
-fn lease_ms(lease: Duration) -> i64 {
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+/// The lease duration as the row keeps it, by the core's one checked
+/// conversion (an out-of-range lease is refused, never clamped).
+fn lease_ms(lease: Duration) -> Result<i64> {
+    crate::lease::lease_to_millis("lease duration", lease)
+        .map_err(|e| StoreError::invalid("lease duration cannot be stored").caused_by(e))
 }
 
 /// The server refused the statement for contention: it did not commit, and
@@ -399,7 +402,7 @@ impl LeaseStore for PostgresStore {
             .run(
                 &what,
                 &self.queries.acquire,
-                &[&shard_of(lock), &lock, &holder, &lease_ms(lease)],
+                &[&shard_of(lock), &lock, &holder, &lease_ms(lease)?],
                 Effect::Write,
             )
             .await?;
@@ -425,7 +428,7 @@ impl LeaseStore for PostgresStore {
             .run(
                 &what,
                 &self.queries.renew,
-                &[&shard_of(lock), &lock, &holder, &token.0, &lease_ms(lease)],
+                &[&shard_of(lock), &lock, &holder, &token.0, &lease_ms(lease)?],
                 Effect::Write,
             )
             .await?;

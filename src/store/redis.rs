@@ -351,8 +351,12 @@ impl RedisStore {
     }
 }
 
-fn lease_ms(lease: Duration) -> String {
-    lease.as_millis().max(1).to_string()
+/// The lease duration as the key's TTL in milliseconds, by the core's one
+/// checked conversion (an out-of-range lease is refused, never clamped).
+fn lease_ms(lease: Duration) -> Result<String> {
+    crate::lease::lease_to_millis("lease duration", lease)
+        .map(|ms| ms.to_string())
+        .map_err(|e| StoreError::invalid("lease duration cannot be stored").caused_by(e))
 }
 
 #[async_trait]
@@ -399,7 +403,7 @@ impl LeaseStore for RedisStore {
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
         let what = format!("acquire {lock}");
-        let args = [holder.to_string(), lease_ms(lease)];
+        let args = [holder.to_string(), lease_ms(lease)?];
         let reply = self
             .invoke_array(&what, &self.scripts.acquire, &self.keys(lock), &args, Effect::Write)
             .await?;
@@ -424,7 +428,7 @@ impl LeaseStore for RedisStore {
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
         let what = format!("renew {lock}");
-        let args = [holder.to_string(), token.0.to_string(), lease_ms(lease)];
+        let args = [holder.to_string(), token.0.to_string(), lease_ms(lease)?];
         let [lease_key, _] = self.keys(lock);
         let reply = self
             .invoke_array(&what, &self.scripts.renew, &[lease_key], &args, Effect::Write)
