@@ -1,8 +1,10 @@
-//! Test support shared by the integration tests and the benchmarks: the
-//! Cloud Spanner emulator (found or started), private PostgreSQL and Redis
-//! servers ([`servers`]) and a TCP proxy the test controls. Not part of the
-//! product's behaviour.
+//! Test support shared by the unit tests, the integration tests and the
+//! benchmarks: the Cloud Spanner emulator (found or started), private
+//! PostgreSQL and Redis servers ([`servers`]), a TCP proxy the test controls
+//! and the mock Kubernetes API servers ([`api`]). Not part of the product's
+//! behaviour.
 
+pub mod api;
 pub mod servers;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

@@ -1,6 +1,6 @@
 //! Publishing converges, through API server outages: three sidecars'
 //! electors and publishers on one memory store and the stateful API server
-//! model (`support::api_server`), on paused tokio time. The API server goes
+//! model (`leasehold::testing::api::ApiServer`), on paused tokio time. The API server goes
 //! away for 1 s, 30 s and 10 min while the leader changes; once it is back,
 //! labels and readiness conditions must match the store's truth within a
 //! bound, and at no instant while the API server is up may two pods carry
@@ -16,8 +16,8 @@ use leasehold::lease::{Elector, ElectorHandle, LeaseStore};
 use leasehold::sidecar::config::{Args, resolve};
 use leasehold::sidecar::publish::{LEADER_CONDITION, Publisher, holder_pod};
 use leasehold::store::MemoryStore;
+use leasehold::testing::api::{ApiServer, pods};
 use serde_json::{Value, json};
-use support::api_server::{ApiServer, pods};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

@@ -5,16 +5,13 @@
 use std::sync::Mutex;
 
 use clap::{CommandFactory, Parser};
-use http::{Request, Response};
-use http_body_util::BodyExt;
 use k8s_openapi::ByteString;
-use kube::client::Body;
 use serde_json::{Value, json};
-use tower_test::mock;
 
 use super::*;
 use crate::cli::{Cli, Command};
 use crate::rbac::RequestAttributes;
+use crate::testing::api::{self, mock_client};
 
 /// The cluster the fake API server shows.
 #[derive(Default)]
@@ -40,10 +37,7 @@ fn base64(text: &str) -> Value {
 }
 
 fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
-    )
+    (404, api::status(404, "NotFound", "not found"))
 }
 
 fn labels_match(selector: &str, pod: &Value) -> bool {
@@ -138,26 +132,19 @@ type Shared = Arc<Mutex<Cluster>>;
 
 async fn check_against(cluster: Cluster) -> (Report, Shared) {
     let cluster = Arc::new(Mutex::new(cluster));
-    let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
+    let (client, server) = mock_client("default");
     let serving = cluster.clone();
-    tokio::spawn(async move {
-        while let Some((request, reply)) = server.next_request().await {
-            let method = request.method().to_string();
-            let path = request.uri().path().to_string();
-            let query = request.uri().query().unwrap_or_default().to_string();
-            let bytes = request.into_body().collect().await.unwrap().to_bytes();
-            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let (status, body) = serving.lock().unwrap().answer(&method, &path, &query, body);
-            reply.send_response(
-                Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                    .unwrap(),
-            );
-        }
+    server.serve(move |request| {
+        let answer = serving.lock().unwrap().answer(
+            &request.method,
+            &request.path,
+            request.raw_query(),
+            request.body.clone(),
+        );
+        Some(answer)
     });
     let args = check_args(&[]);
-    let report = check(Client::new(service, "default"), &args).await;
+    let report = check(client, &args).await;
     (report, cluster)
 }
 

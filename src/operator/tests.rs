@@ -1,15 +1,13 @@
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use http_body_util::BodyExt as _;
-use kube::client::Body;
-use tower_test::mock;
 
 use super::*;
 use crate::cli::{Cli, Command};
 use crate::lease::LeaseStore;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
+use crate::testing::api::mock_client;
 
 /// Every flag has a LEASEHOLD_ variable, except the pod's identity, which
 /// comes from the downward API under the sidecar's names.
@@ -146,8 +144,7 @@ fn election_timing_flags_are_durations_and_a_lease_duration_alone_scales_r_and_p
 /// operator lock; on shutdown it stops and the lock is released at once.
 #[tokio::test]
 async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
-    let (service, mut server) = mock::pair::<::http::Request<Body>, ::http::Response<Body>>();
-    let client = Client::new(service, "default");
+    let (client, mut server) = mock_client("default");
     let store = MemoryStore::new(3);
     let lock = "leasehold-system/leasehold-operator";
     // Another replica holds the lock for 400 ms and then dies without releasing.
@@ -175,7 +172,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     });
 
     role_rx.wait_for(|r| *r == Role::Standby).await.unwrap();
-    let early = tokio::time::timeout(Duration::from_millis(200), server.next_request()).await;
+    let early = tokio::time::timeout(Duration::from_millis(200), server.next()).await;
     assert!(early.is_err(), "a standby must not watch resources");
     assert_eq!(*role_rx.borrow(), Role::Standby);
 
@@ -184,16 +181,15 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     let mut paths = Vec::new();
     let mut replies = Vec::new();
     for _ in 0..2 {
-        let (request, reply) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+        let request = tokio::time::timeout(Duration::from_secs(5), server.next())
             .await
             .expect("the controller started after the takeover")
             .expect("a request");
-        assert_eq!(request.method(), "GET");
-        let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-        assert!(rbac::allows_request("GET", request.uri().path(), watch));
-        paths.push(request.uri().path().to_string());
-        assert!(request.into_body().collect().await.unwrap().to_bytes().is_empty());
-        replies.push(reply);
+        assert_eq!(request.method, "GET");
+        assert!(rbac::allows_request("GET", &request.path, request.is_watch()));
+        paths.push(request.path.clone());
+        assert!(request.body.is_null());
+        replies.push(request);
     }
     paths.sort();
     assert_eq!(
@@ -287,14 +283,14 @@ async fn the_controller_counts_candidates_from_its_pod_watch() {
     use serde_json::{Value, json};
     use std::sync::Mutex;
 
-    let (service, mut server) = mock::pair::<::http::Request<Body>, ::http::Response<Body>>();
+    let (client, server) = mock_client("default");
     let store = MemoryStore::new(9);
     store
         .acquire("prod/web", "prod/web-0#n", Duration::from_secs(15))
         .await
         .unwrap();
     let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store)));
-    let (controller, metrics) = controller_on(Client::new(service, "default"), stores);
+    let (controller, metrics) = controller_on(client, stores);
     let lease = json!({
         "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
         "metadata": {"name": "web", "namespace": "prod", "uid": "u", "resourceVersion": "5", "generation": 1,
@@ -314,42 +310,28 @@ async fn the_controller_counts_candidates_from_its_pod_watch() {
     let unexpected: Arc<Mutex<Vec<String>>> = Arc::default();
     let serving = {
         let (statuses, unexpected, lease) = (statuses.clone(), unexpected.clone(), lease.clone());
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Some((request, reply)) = server.next_request().await {
-                let method = request.method().to_string();
-                let path = request.uri().path().to_string();
-                let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-                if !rbac::allows_request(&method, &path, watch) {
-                    unexpected.lock().unwrap().push(format!("not granted: {method} {path}"));
-                }
-                let bytes = request.into_body().collect().await.unwrap().to_bytes();
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let answer = match (method.as_str(), path.as_str()) {
-                    (_, _) if watch => {
-                        held.push(reply);
-                        continue;
-                    }
-                    ("GET", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases") => json!({
-                        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList",
-                        "metadata": {"resourceVersion": "6"}, "items": [lease]}),
-                    ("GET", "/api/v1/namespaces/prod/pods") => pods.clone(),
-                    ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
-                        statuses.lock().unwrap().push(body["status"].clone());
-                        lease.clone()
-                    }
-                    ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events") => body,
-                    _ => {
-                        unexpected.lock().unwrap().push(format!("{method} {path}"));
-                        json!({})
-                    }
-                };
-                let response = ::http::Response::builder()
-                    .status(if method == "POST" { 201 } else { 200 })
-                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                    .unwrap();
-                reply.send_response(response);
+        server.serve(move |request| {
+            let (method, path) = (request.method.as_str(), request.path.as_str());
+            if !rbac::allows_request(method, path, request.is_watch()) {
+                unexpected.lock().unwrap().push(format!("not granted: {method} {path}"));
             }
+            let answer = match (method, path) {
+                (_, _) if request.is_watch() => return None,
+                ("GET", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases") => json!({
+                    "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList",
+                    "metadata": {"resourceVersion": "6"}, "items": [lease]}),
+                ("GET", "/api/v1/namespaces/prod/pods") => pods.clone(),
+                ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
+                    statuses.lock().unwrap().push(request.body["status"].clone());
+                    lease.clone()
+                }
+                ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events") => request.body.clone(),
+                _ => {
+                    unexpected.lock().unwrap().push(format!("{method} {path}"));
+                    json!({})
+                }
+            };
+            Some((if method == "POST" { 201 } else { 200 }, answer))
         })
     };
     let stop = CancellationToken::new();

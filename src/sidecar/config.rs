@@ -684,8 +684,8 @@ mod tests {
 
     const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
 
-    fn api_server() -> crate::sidecar::api_server::ApiServer {
-        crate::sidecar::api_server::ApiServer::new(Some(crate::sidecar::rbac::allows_request))
+    fn api_server() -> crate::testing::api::ApiServer {
+        crate::testing::api::ApiServer::new(Some(crate::sidecar::rbac::allows_request))
     }
 
     #[tokio::test]
@@ -777,15 +777,12 @@ mod tests {
     /// from the named Secret; without it, the error says what to mount.
     #[tokio::test]
     async fn a_postgres_lease_takes_its_url_from_the_mounted_secret_file() {
-        use http::{Request, Response};
-        use kube::client::Body;
         let file = std::env::temp_dir().join(format!("leasehold-url-{:08x}", rand::random::<u32>()));
         std::fs::write(&file, "postgres://app:pw@db/leases").unwrap();
         for with_file in [true, false] {
-            let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-            let client = kube::Client::new(service, "prod");
+            let (client, mut server) = crate::testing::api::mock_client("prod");
             tokio::spawn(async move {
-                let (_, send) = server.next_request().await.expect("GET the lease");
+                let request = server.expect("GET the lease").await;
                 let lease = serde_json::json!({
                     "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
                     "metadata": {"name": "web", "namespace": "prod"},
@@ -794,7 +791,7 @@ mod tests {
                         "selector": {"matchLabels": {"app": "web"}},
                     }
                 });
-                send.send_response(Response::new(Body::from(serde_json::to_vec(&lease).unwrap())));
+                request.respond(200, &lease);
             });
             let mut argv = vec![
                 "sidecar",

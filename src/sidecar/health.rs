@@ -255,7 +255,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_pod_event_with_the_main_container_not_ready_stops_the_campaign() {
-        use crate::sidecar::api_server::{ApiServer, pods};
+        use crate::testing::api::{ApiServer, pods};
         let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
         let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
         pod["status"]["containerStatuses"] = serde_json::json!([

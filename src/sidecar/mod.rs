@@ -21,11 +21,6 @@ pub mod rbac;
 pub mod starting;
 pub mod token_file;
 
-/// The API server model the wire-level tests share (tests only).
-#[cfg(test)]
-#[path = "../../tests/support/api_server.rs"]
-pub(crate) mod api_server;
-
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -576,7 +576,7 @@ pub fn holder_pod(holder: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sidecar::api_server::{ApiServer, Recorded, pods};
+    use crate::testing::api::{ApiServer, Recorded, pods};
     use serde_json::Value;
     use tokio_util::sync::CancellationToken;
 

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)] // each test file uses its own share of these
 
-pub mod api_server;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};

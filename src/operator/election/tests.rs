@@ -5,18 +5,15 @@
 
 use std::sync::Mutex;
 
-use http::{Request, Response};
-use http_body_util::BodyExt;
-use kube::client::Body;
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use tower_test::mock::{self, Handle};
 
 use super::*;
 use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
+use crate::testing::api::{ApiServerVerifier, mock_client, status};
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/leasehold-system/leases";
 
@@ -57,17 +54,17 @@ impl FakeApi {
 
     fn answer(&mut self, method: &str, path: &str, body: Value) -> (u16, Value) {
         if self.down {
-            return (503, status(503, "ServiceUnavailable"));
+            return (503, status(503, "ServiceUnavailable", "down"));
         }
         let named = path.strip_prefix(LEASES).and_then(|p| p.strip_prefix('/'));
         match (method, named) {
             ("GET", Some(_)) => match &self.lease {
                 Some(lease) => (200, lease.clone()),
-                None => (404, status(404, "NotFound")),
+                None => (404, status(404, "NotFound", "no Lease")),
             },
-            ("POST", None) if self.lease.is_some() => (409, status(409, "AlreadyExists")),
+            ("POST", None) if self.lease.is_some() => (409, status(409, "AlreadyExists", "the Lease exists")),
             ("PUT", Some(_)) if body["metadata"]["resourceVersion"] != json!(self.version.to_string()) => {
-                (409, status(409, "Conflict"))
+                (409, status(409, "Conflict", "the object has been modified"))
             }
             ("POST", None) | ("PUT", Some(_)) => {
                 self.version += 1;
@@ -82,34 +79,19 @@ impl FakeApi {
     }
 }
 
-fn status(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
-}
-
 /// Serves Lease requests from `api`; other requests (the controller's
 /// watch of DistributedLeases) are held unanswered.
-async fn serve(mut server: Handle<Request<Body>, Response<Body>>, api: Shared) {
-    let mut held = Vec::new();
-    while let Some((request, reply)) = server.next_request().await {
-        let method = request.method().to_string();
-        let path = request.uri().path().to_string();
-        let watch = request.uri().query().unwrap_or_default().contains("watch=true");
-        let bytes = request.into_body().collect().await.unwrap().to_bytes();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if !rbac::allows_request(&method, &path, watch) {
+fn serve(server: ApiServerVerifier, api: Shared) {
+    server.serve(move |request| {
+        let (method, path) = (request.method.as_str(), request.path.as_str());
+        if !rbac::allows_request(method, path, request.is_watch()) {
             api.lock().unwrap().forbidden.push(format!("{method} {path}"));
         }
         if !path.starts_with(LEASES) {
-            held.push(reply);
-            continue;
+            return None;
         }
-        let (code, body) = api.lock().unwrap().answer(&method, &path, body);
-        let response = Response::builder()
-            .status(code)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap();
-        reply.send_response(response);
-    }
+        Some(api.lock().unwrap().answer(method, path, request.body.clone()))
+    });
 }
 
 struct Replica {
@@ -125,9 +107,8 @@ fn timing() -> Timing {
 
 /// Starts one operator replica electing on the fake API server's Lease.
 fn replica(api: &Shared, name: &str) -> Replica {
-    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(serve(server, api.clone()));
-    let client = Client::new(service, "default");
+    let (client, server) = mock_client("default");
+    serve(server, api.clone());
     let stores = Arc::new(SingleStore(Arc::new(MemoryStore::new(1))));
     let (controller, metrics) = crate::operator::tests::controller_on(client.clone(), stores);
     let election = LeaseElection::new(

@@ -1,31 +1,28 @@
-//! Wire-level checks of every request a reconcile makes, in the style of
-//! kube-rs's ApiServerVerifier: a mock API server answers each request in
-//! the expected order after asserting method, path, query, content type and
-//! body; a request that is not expected fails the scenario.
+//! Wire-level checks of every request a reconcile makes, on the shared
+//! [`ApiServerVerifier`]: the script answers each request in the expected
+//! order after asserting method, path, query, content type and body; a
+//! request that is not expected fails the scenario.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body_util::BodyExt;
-use kube::client::Body;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::*;
 use crate::lease::LeaseStore;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::store::{Faults, MemoryStore};
+use crate::testing::api::{ApiServerVerifier, Call, mock_client};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
 /// pod cache: a reconcile that needs candidates waits until the script
 /// lists the pods ([`expect_pod_list`]).
 struct ApiServer {
-    handle: Handle<Request<Body>, Response<Body>>,
+    verifier: ApiServerVerifier,
     pods: Writer<Pod>,
 }
 
@@ -60,32 +57,25 @@ fn fixture_with(store: MemoryStore) -> Fixture {
 /// A context whose Kubernetes client talks to a scripted mock API server and
 /// whose store provider hands out `store` for every resource.
 fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
+    let (client, verifier) = mock_client("default");
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some("operator-0".into()),
     };
     let (cache, pods) = reflector::store();
     let ctx = Context::new(client, reporter, Arc::new(SingleStore(store)), metrics).with_pods(cache);
-    (Arc::new(ctx), ApiServer { handle, pods })
+    (Arc::new(ctx), ApiServer { verifier, pods })
 }
 
-/// One request as the mock API server saw it.
-struct Seen {
-    method: String,
-    path: String,
-    query: BTreeMap<String, String>,
-    content_type: Option<String>,
-    body: Value,
-    reply: SendResponse<Response<Body>>,
+/// The checks every request of a reconcile passes.
+trait Expected {
+    fn assert(&self, method: &str, path: &str, content_type: Option<&str>);
 }
 
-impl Seen {
+impl Expected for Call {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
         assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
-        let watch = self.query.get("watch").is_some_and(|w| w == "true");
-        let request = rbac::request_attributes(method, path, watch).expect("a resource path");
+        let request = rbac::request_attributes(method, path, self.is_watch()).expect("a resource path");
         assert!(
             rbac::allows(&request),
             "{method} {path} needs {request:?}, which operator::rbac::RULES does not grant"
@@ -96,53 +86,13 @@ impl Seen {
             "content type of {method} {path}"
         );
     }
-
-    fn respond(self, status: u16, body: &Value) {
-        let response = Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap();
-        self.reply.send_response(response);
-    }
 }
 
-async fn next(server: &mut ApiServer) -> Seen {
-    let (request, reply) = server
-        .handle
-        .next_request()
+async fn next(server: &mut ApiServer) -> Call {
+    server
+        .verifier
+        .expect("reconcile ended without making the expected request")
         .await
-        .expect("reconcile ended without making the expected request");
-    let query = request
-        .uri()
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k.to_string(), v.replace("%3D", "=").replace("%2F", "/"))
-        })
-        .collect();
-    let method = request.method().to_string();
-    let path = request.uri().path().to_string();
-    let content_type = request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .map(|v| v.to_str().unwrap().to_string());
-    let bytes = request.into_body().collect().await.unwrap().to_bytes();
-    let body = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).expect("request body is JSON")
-    };
-    Seen {
-        method,
-        path,
-        query,
-        content_type,
-        body,
-        reply,
-    }
 }
 
 /// Runs `reconcile` against the scripted API server; after it returns, the
@@ -173,8 +123,8 @@ where
     })
     .await
     .expect("reconcile and script finished (an unanswered request would hang them)");
-    if let Some((request, _)) = server.handle.next_request().await {
-        panic!("unexpected request: {} {}", request.method(), request.uri());
+    if let Some(request) = server.verifier.next().await {
+        panic!("unexpected request: {} {}", request.method, request.uri);
     }
     result
 }

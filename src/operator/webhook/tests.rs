@@ -4,10 +4,10 @@ use std::sync::Arc;
 use super::admission::*;
 use super::certs::*;
 use super::patch::*;
-use http::{Request, Response};
+use crate::testing::api::{self, mock_client};
+use http::Request;
 use json_patch::Patch;
 use k8s_openapi::api::core::v1::Pod;
-use kube::client::Body;
 use serde_json::Value;
 use serde_json::json;
 
@@ -436,13 +436,12 @@ async fn unannotated_pods_get_no_patch() {
 
 #[tokio::test]
 async fn the_ca_bundle_is_patched_into_every_webhook_on_the_wire() {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, mut handle) = mock_client("default");
     let path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/leasehold";
     let server = tokio::spawn(async move {
-        let (request, send) = handle.next_request().await.expect("GET");
-        assert_eq!(request.method(), "GET");
-        assert_eq!(request.uri().path(), path);
+        let request = handle.expect("GET").await;
+        assert_eq!(request.method, "GET");
+        assert_eq!(request.path, path);
         let current = json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": "leasehold"},
@@ -453,14 +452,13 @@ async fn the_ca_bundle_is_patched_into_every_webhook_on_the_wire() {
                  "clientConfig": {"service": {"name": "leasehold-webhook", "namespace": "leasehold-system"}}},
             ]
         });
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&current).unwrap())));
+        request.respond(200, &current);
 
-        let (request, send) = handle.next_request().await.expect("PATCH");
-        assert_eq!(request.method(), "PATCH");
-        assert_eq!(request.uri().path(), path);
-        assert_eq!(request.headers()["content-type"], "application/json-patch+json");
-        let body = request.into_body().collect_bytes().await.unwrap();
-        let ops: Value = serde_json::from_slice(&body).unwrap();
+        let request = handle.expect("PATCH").await;
+        assert_eq!(request.method, "PATCH");
+        assert_eq!(request.path, path);
+        assert_eq!(request.content_type.as_deref(), Some("application/json-patch+json"));
+        let ops: Value = request.body.clone();
         let bundle = base64_encode(b"CA PEM");
         assert_eq!(
             ops,
@@ -471,7 +469,7 @@ async fn the_ca_bundle_is_patched_into_every_webhook_on_the_wire() {
                 {"op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": bundle},
             ])
         );
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&current).unwrap())));
+        request.respond(200, &current);
     });
     patch_ca_bundle(client, "leasehold", "CA PEM").await.unwrap();
     server.await.unwrap();
@@ -480,26 +478,19 @@ async fn the_ca_bundle_is_patched_into_every_webhook_on_the_wire() {
 
 #[tokio::test]
 async fn the_first_replica_stores_the_certificate_and_later_ones_reuse_it() {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, mut handle) = mock_client("default");
     let path = "/api/v1/namespaces/leasehold-system/secrets";
     let server = tokio::spawn(async move {
-        let (request, send) = handle.next_request().await.expect("GET");
+        let request = handle.expect("GET").await;
         assert_eq!(
-            (request.method().as_str(), request.uri().path()),
+            (request.method.as_str(), request.path.as_str()),
             ("GET", &*format!("{path}/leasehold-webhook-tls"))
         );
-        let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
-        send.send_response(
-            Response::builder()
-                .status(404)
-                .body(Body::from(not_found.to_string().into_bytes()))
-                .unwrap(),
-        );
-        let (request, send) = handle.next_request().await.expect("POST");
-        assert_eq!((request.method().as_str(), request.uri().path()), ("POST", path));
-        assert_eq!(request.uri().query(), Some("&fieldManager=leasehold-operator"));
-        let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+        request.respond(404, &api::status(404, "NotFound", "not found"));
+        let request = handle.expect("POST").await;
+        assert_eq!((request.method.as_str(), request.path.as_str()), ("POST", path));
+        assert_eq!(request.raw_query(), "&fieldManager=leasehold-operator");
+        let body: Value = request.body.clone();
         assert_eq!(body["type"], "kubernetes.io/tls");
         assert_eq!(body["metadata"]["name"], "leasehold-webhook-tls");
         assert!(body["stringData"]["tls.key"].as_str().unwrap().contains("PRIVATE KEY"));
@@ -513,7 +504,7 @@ async fn the_first_replica_stores_the_certificate_and_later_ones_reuse_it() {
             .collect();
         stored["data"] = json!(data);
         stored.as_object_mut().unwrap().remove("stringData");
-        send.send_response(Response::new(Body::from(stored.to_string().into_bytes())));
+        request.respond(200, &stored);
         stored
     });
     let first = shared_self_signed(client, "leasehold-system", "leasehold-webhook-tls", "leasehold-webhook")
@@ -522,12 +513,11 @@ async fn the_first_replica_stores_the_certificate_and_later_ones_reuse_it() {
     let stored = server.await.unwrap();
 
     // A second replica finds the Secret and serves the same certificate.
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, mut handle) = mock_client("default");
     tokio::spawn(async move {
-        let (request, send) = handle.next_request().await.expect("GET");
-        assert_eq!(request.method(), "GET");
-        send.send_response(Response::new(Body::from(stored.to_string().into_bytes())));
+        let request = handle.expect("GET").await;
+        assert_eq!(request.method, "GET");
+        request.respond(200, &stored);
     });
     let second = shared_self_signed(client, "leasehold-system", "leasehold-webhook-tls", "leasehold-webhook")
         .await

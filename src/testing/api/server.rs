@@ -1,11 +1,6 @@
 //! A stateful in-memory model of the Kubernetes API server, for wire-level
-//! tests (in the spirit of kube-rs controller-rs's `fixtures.rs`, but
-//! answering from state instead of a script): a `kube::Client` whose
-//! requests it serves and records.
-//!
-//! Shared by the crate's unit tests (`#[path]`-included, so it is never part
-//! of the product) and the integration tests (`tests/support`). It depends
-//! only on external crates.
+//! tests of long-running clients: it answers from state instead of a
+//! script, and records every request.
 //!
 //! What it models, and the API server behaviour each part relies on:
 //! * Objects by collection (`/api/v1/namespaces/prod/pods`, any group), with
@@ -36,8 +31,6 @@
 //!   open watches end, as when the API server is unreachable;
 //!   [`ApiServer::fail_when`]: chosen requests answer 500.
 
-#![allow(dead_code)] // each test uses its own share
-
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -49,6 +42,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
+
+use super::ApiRequest;
+use super::status as status_json;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -212,19 +208,17 @@ impl ApiServer {
     }
 
     async fn serve(&self, request: Request<kube::client::Body>) -> Result<Response<Body>, std::io::Error> {
-        let method = request.method().to_string();
-        let uri = request.uri().to_string();
-        let path = request.uri().path().to_string();
-        let query = parse_query(request.uri().query().unwrap_or_default());
-        let content_type = request
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        let bytes = request.into_body().collect_bytes().await.unwrap_or_default();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+        let request = ApiRequest::read(request).await;
+        let watch = request.is_watch();
+        let ApiRequest {
+            method,
+            uri,
+            path,
+            query,
+            content_type,
+            body,
+        } = request;
+        let content_type = content_type.unwrap_or_default();
         let mut recorded = Recorded {
             method: method.clone(),
             uri: uri.clone(),
@@ -568,44 +562,6 @@ fn merge(target: &mut Value, patch: &Value, strategic: bool) {
             merge(object.entry(key.clone()).or_insert(Value::Null), value, strategic);
         }
     }
-}
-
-fn status_json(code: u16, reason: &str, message: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": message, "reason": reason, "code": code})
-}
-
-fn parse_query(query: &str) -> BTreeMap<String, String> {
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (decode(k), decode(v)))
-        .collect()
-}
-
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(byte) => {
-                        out.push(byte);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            other => out.push(other),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Pod helpers for the sidecar's tests.
