@@ -537,3 +537,17 @@ async fn electors_lead_again_after_the_emulator_restarts() {
     );
     assert!(after.token > before.token, "tokens still increase");
 }
+
+/// The operator's reconcile against a Spanner store: the same store-side
+/// scenario the unit tests run on the memory store.
+#[tokio::test]
+async fn the_operator_reconciles_a_lease_on_spanner() {
+    let emulator = Emulator::start_or_connect();
+    // A fresh database without the table: the reconcile must create it.
+    let config = emulator.create_database("operator_leases").await;
+    let store = SpannerStore::connect_to(config, emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+        .await
+        .unwrap();
+    assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
+    leasehold::operator::reconcile::fixtures::store_side_scenario(Arc::new(store)).await;
+}

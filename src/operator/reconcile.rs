@@ -758,5 +758,10 @@ fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The scripted API server of the reconcile's tests (here and in the
+/// emulator tests, `tests/store_spanner.rs`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod fixtures;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -1,0 +1,255 @@
+//! The scripted API server a reconcile runs against, on the shared
+//! [`ApiServerVerifier`] (the reconcile's unit tests and the emulator tests
+//! use it): the script answers each request in the expected order after
+//! asserting method, path, query, content type and body; a request that is
+//! not expected fails the scenario.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::lease::LeaseStore;
+use crate::operator::rbac;
+use crate::operator::stores::SingleStore;
+use crate::testing::api::{ApiServerVerifier, Call, mock_client};
+
+/// The scripted API server, and the pod watch that fills the reconcile's
+/// pod cache: a reconcile that needs candidates waits until the script
+/// lists the pods ([`expect_pod_list`]).
+pub struct ApiServer {
+    pub verifier: ApiServerVerifier,
+    pub pods: Writer<Pod>,
+}
+
+pub const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
+pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
+pub const MERGE: &str = "application/merge-patch+json";
+pub const APPLY: &str = "application/apply-patch+yaml";
+
+/// A context whose Kubernetes client talks to a scripted mock API server and
+/// whose store provider hands out `store` for every resource.
+pub fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    let (client, verifier) = mock_client("default");
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("operator-0".into()),
+    };
+    let (cache, pods) = reflector::store();
+    let ctx = Context::new(client, reporter, Arc::new(SingleStore(store)), metrics).with_pods(cache);
+    (Arc::new(ctx), ApiServer { verifier, pods })
+}
+
+/// The checks every request of a reconcile passes.
+pub trait Expected {
+    fn assert(&self, method: &str, path: &str, content_type: Option<&str>);
+}
+
+impl Expected for Call {
+    fn assert(&self, method: &str, path: &str, content_type: Option<&str>) {
+        assert_eq!((self.method.as_str(), self.path.as_str()), (method, path), "request");
+        let request = rbac::request_attributes(method, path, self.is_watch()).expect("a resource path");
+        assert!(
+            rbac::allows(&request),
+            "{method} {path} needs {request:?}, which operator::rbac::RULES does not grant"
+        );
+        assert_eq!(
+            self.content_type.as_deref(),
+            content_type,
+            "content type of {method} {path}"
+        );
+    }
+}
+
+pub async fn next(server: &mut ApiServer) -> Call {
+    server
+        .verifier
+        .expect("reconcile ended without making the expected request")
+        .await
+}
+
+pub async fn run_on<F>(ctx: Arc<Context>, mut server: ApiServer, lease: Value, script: F) -> Result<Action>
+where
+    F: AsyncFnOnce(&mut ApiServer),
+{
+    let lease: Arc<DistributedLease> = Arc::new(serde_json::from_value(lease).unwrap());
+    // The reconcile owns the only client: when it finishes, the mock server
+    // sees the connection close, so a missing request fails the script and
+    // an extra one fails the check below.
+    let (result, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(reconcile(lease, ctx), script(&mut server))
+    })
+    .await
+    .expect("reconcile and script finished (an unanswered request would hang them)");
+    if let Some(request) = server.verifier.next().await {
+        panic!("unexpected request: {} {}", request.method, request.uri);
+    }
+    result
+}
+
+pub fn lease(spec_patch: Value, finalizers: &[&str], status: Option<Value>) -> Value {
+    let mut spec = json!({
+        "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+        "selector": {"matchLabels": {"app": "web"}},
+    });
+    for (k, v) in spec_patch.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    let mut lease = json!({
+        "apiVersion": "leasehold.dev/v1alpha1",
+        "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod", "uid": "u-1", "resourceVersion": "41", "generation": 3,
+                     "finalizers": finalizers},
+        "spec": spec,
+    });
+    if let Some(status) = status {
+        lease["status"] = status;
+    }
+    lease
+}
+
+pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
+    let mut labels = json!({"app": "web"});
+    if let Some(leader) = leader {
+        labels["leasehold.dev/leader"] = json!(leader);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "prod", "resourceVersion": format!("rv-{name}"), "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    })
+}
+
+pub fn conditions(status: &Value) -> BTreeMap<String, (String, String, String)> {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["observedGeneration"], json!(3));
+            assert!(c["lastTransitionTime"].is_string());
+            let field = |f: &str| c[f].as_str().unwrap().to_string();
+            (field("type"), (field("status"), field("reason"), field("message")))
+        })
+        .collect()
+}
+
+pub async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_contains: &str) {
+    let seen = next(server).await;
+    seen.assert("POST", EVENTS, Some("application/json"));
+    let body = &seen.body;
+    assert_eq!(body["reason"], json!(reason));
+    assert_eq!(body["type"], json!(kind));
+    assert_eq!(body["reportingController"], json!(FIELD_MANAGER));
+    assert_eq!(body["reportingInstance"], json!("operator-0"));
+    assert_eq!(body["regarding"]["kind"], json!("DistributedLease"));
+    assert_eq!(body["regarding"]["name"], json!("web"));
+    assert_eq!(body["regarding"]["namespace"], json!("prod"));
+    let note = body["note"].as_str().unwrap();
+    assert!(
+        note.contains(note_contains),
+        "event note {note:?} should contain {note_contains:?}"
+    );
+    let echo = seen.body.clone();
+    seen.respond(201, &echo);
+}
+
+/// The pod watch lists the pods (an initial list: Init, one InitApply per
+/// pod, InitDone); until then a reconcile that needs candidates waits.
+pub async fn expect_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
+    server.pods.apply_watcher_event(&watcher::Event::Init);
+    for pod in pods {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        server.pods.apply_watcher_event(&watcher::Event::InitApply(pod));
+    }
+    server.pods.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// Asserts a server-side apply of the status and returns the applied status.
+pub async fn expect_status_apply(server: &mut ApiServer, lease_echo: Value) -> Value {
+    let seen = next(server).await;
+    seen.assert("PATCH", &format!("{LEASES}/web/status"), Some(APPLY));
+    assert_eq!(seen.query.get("fieldManager").map(String::as_str), Some(FIELD_MANAGER));
+    assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
+    assert_eq!(seen.body["apiVersion"], json!("leasehold.dev/v1alpha1"));
+    assert_eq!(seen.body["kind"], json!("DistributedLease"));
+    assert_eq!(
+        seen.body.as_object().unwrap().len(),
+        3,
+        "only apiVersion, kind and status are applied"
+    );
+    let status = seen.body["status"].clone();
+    seen.respond(200, &lease_echo);
+    status
+}
+
+/// The store side of a reconcile against any store: the table is created when
+/// missing, the row is read into status, and delete releases the row. The
+/// unit tests run it on the memory store; `tests/store_spanner.rs` runs it on
+/// the emulator.
+pub async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let lock = format!("prod/web-{:08x}", rand::random::<u32>());
+    let spec = json!({"lockName": lock.clone()});
+
+    // No table yet, no row: the table is created and the lock shows as free.
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["term"], json!(0));
+        assert_eq!(status.get("holder"), None);
+        assert_eq!(conditions(&status)["StoreReady"].0, "True");
+        assert_eq!(conditions(&status)["Ready"].1, "NoLeader");
+        tx.send(status).unwrap();
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let free = rx.await.unwrap();
+
+    // A candidate takes the lock: status shows it with its token.
+    let grant = store
+        .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let resource = lease(spec.clone(), &[FINALIZER], Some(free));
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["term"], json!(1));
+        assert_eq!(status["token"], json!(grant.token.to_string()));
+        assert_eq!(status["transitions"], json!(1));
+    })
+    .await;
+    result.unwrap();
+
+    // Delete after the holder's pod is gone: the row is released by
+    // check-and-set, term and token kept.
+    let (ctx, server) = context_on(store.clone(), metrics);
+    let mut resource = lease(spec, &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![]).await;
+        expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
+        let seen = next(server).await;
+        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+        seen.respond(200, &echo);
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe(&lock).await.unwrap().record.unwrap();
+    assert_eq!((row.holder, row.term, row.token), (None, 1, Some(grant.token)));
+}
