@@ -187,6 +187,14 @@ pub async fn expect_status_apply(server: &mut ApiServer, lease_echo: Value) -> V
     status
 }
 
+/// Asserts the merge patch that drops our finalizer (a delete's last request).
+pub async fn expect_finalizer_dropped(server: &mut ApiServer, lease_echo: &Value) {
+    let seen = next(server).await;
+    seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
+    assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+    seen.respond(200, lease_echo);
+}
+
 /// The store side of a reconcile against any store: the table is created when
 /// missing, the row is read into status, and delete releases the row. The
 /// unit tests run it on the memory store; `tests/store_spanner.rs` runs it on
@@ -243,10 +251,7 @@ pub async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
     let result = run_on(ctx, server, resource, async move |server| {
         expect_pod_list(server, vec![]).await;
         expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
-        let seen = next(server).await;
-        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
-        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
-        seen.respond(200, &echo);
+        expect_finalizer_dropped(server, &echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());

@@ -258,10 +258,7 @@ async fn expect_delete_keeps_the_holder(spec: Value, lock: &str, holder: &str, p
         if let Some(pods) = pods {
             expect_pod_list(server, pods).await;
         }
-        let seen = next(server).await;
-        seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
-        assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
-        seen.respond(200, &echo);
+        expect_finalizer_dropped(server, &echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());

@@ -209,21 +209,14 @@ impl ApiServer {
 
     async fn serve(&self, request: Request<kube::client::Body>) -> Result<Response<Body>, std::io::Error> {
         let request = ApiRequest::read(request).await;
+        let (method, path) = (request.method.as_str(), request.path.as_str());
         let watch = request.is_watch();
-        let ApiRequest {
-            method,
-            uri,
-            path,
-            query,
-            content_type,
-            body,
-        } = request;
-        let content_type = content_type.unwrap_or_default();
+        let content_type = request.content_type.clone().unwrap_or_default();
         let mut recorded = Recorded {
-            method: method.clone(),
-            uri: uri.clone(),
+            method: method.to_string(),
+            uri: request.uri.clone(),
             content_type: content_type.clone(),
-            body: body.clone(),
+            body: request.body.clone(),
             status: 0,
         };
         let answer = {
@@ -237,16 +230,16 @@ impl ApiServer {
                     "the API server is down",
                 ));
             }
-            let answer = if self.authorize.is_some_and(|allowed| !allowed(&method, &path, watch)) {
-                state.forbidden.push(format!("{method} {uri}"));
+            let answer = if self.authorize.is_some_and(|allowed| !allowed(method, path, watch)) {
+                state.forbidden.push(format!("{method} {}", request.uri));
                 Answer::Json(StatusCode::FORBIDDEN, status_json(403, "Forbidden", "not in the Role"))
-            } else if state.failing.as_ref().is_some_and(|fails| fails(&method, &path)) {
+            } else if state.failing.as_ref().is_some_and(|fails| fails(method, path)) {
                 Answer::Json(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     status_json(500, "InternalError", "injected failure"),
                 )
             } else {
-                state.handle(&method, &path, &query, &content_type, body, watch)
+                state.handle(method, path, &request.query, &content_type, request.body.clone(), watch)
             };
             recorded.status = answer.status().as_u16();
             state.requests.push(recorded);
