@@ -211,6 +211,42 @@ pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Viola
 #[derive(Debug, Default, Clone)]
 pub struct Report {
     pub seed: u64,
+    pub counts: Counts,
+    pub events: Vec<String>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for e in &self.events {
+            writeln!(f, "{e}")?;
+        }
+        write!(f, "seed {}: {}", self.seed, self.counts)
+    }
+}
+
+/// Totals over many seeds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Summary {
+    pub seeds: u64,
+    pub counts: Counts,
+}
+
+impl Summary {
+    pub fn add(&mut self, r: &Report) {
+        self.seeds += 1;
+        self.counts.add(&r.counts);
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.counts.fmt(f)
+    }
+}
+
+/// What happened in one schedule, or in many added up.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
     pub terms: u64,
     pub accepted: u64,
     pub fenced: u64,
@@ -223,40 +259,10 @@ pub struct Report {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
-    pub events: Vec<String>,
 }
 
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for e in &self.events {
-            writeln!(f, "{e}")?;
-        }
-        write!(f, "seed {}: ", self.seed)?;
-        let mut one = Summary::default();
-        one.add(self);
-        write!(f, "{one}")
-    }
-}
-
-/// Totals over many seeds.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Summary {
-    pub seeds: u64,
-    pub terms: u64,
-    pub accepted: u64,
-    pub fenced: u64,
-    pub crashes: u64,
-    pub long_pauses: u64,
-    pub excused: u64,
-    pub late_commits: u64,
-    pub duplicates: u64,
-    pub clock_jumps: u64,
-    pub deleted_live: u64,
-}
-
-impl Summary {
-    pub fn add(&mut self, r: &Report) {
-        self.seeds += 1;
+impl Counts {
+    fn add(&mut self, r: &Counts) {
         self.terms += r.terms;
         self.accepted += r.accepted;
         self.fenced += r.fenced;
@@ -270,7 +276,7 @@ impl Summary {
     }
 }
 
-impl fmt::Display for Summary {
+impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -917,7 +923,7 @@ impl Schedule {
                 // Paused (GC, SIGSTOP) for up to twice the lease, often past the gap.
                 let length = lease.mul_f64(self.rng.random_range(0.1..2.0));
                 if length > self.timing.safety_gap() {
-                    self.report.long_pauses += 1;
+                    self.report.counts.long_pauses += 1;
                 }
                 self.note(format!("pause {} for {length:?}", candidates[i].name));
                 candidates[i].pause.0.send_replace(true);
@@ -929,7 +935,7 @@ impl Schedule {
             }
             7 => {
                 self.note(format!("crash {} (kill -9)", candidates[i].name));
-                self.report.crashes += 1;
+                self.report.counts.crashes += 1;
                 candidates[i].handle.abort();
                 candidates[i].pause.0.send_replace(false);
                 let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
@@ -958,7 +964,7 @@ impl Schedule {
                     (lease.mul_f64(self.rng.random_range(0.0..1.0)).as_nanos() as i64, -1)
                 };
                 self.note(format!("store clock jumps by {}ms", direction * nanos / 1_000_000));
-                self.report.clock_jumps += 1;
+                self.report.counts.clock_jumps += 1;
                 self.store.jump_clock(direction * nanos);
             }
             // Rare: it exempts the term it cuts short from the checker.
@@ -967,7 +973,7 @@ impl Schedule {
                 match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
                     Some(term) => {
                         self.deleted_terms.insert(term);
-                        self.report.deleted_live += 1;
+                        self.report.counts.deleted_live += 1;
                         self.note(format!("row deleted under the live lease of term {term}"));
                     }
                     None => self.note("row deleted".into()),
@@ -1071,7 +1077,7 @@ impl Schedule {
             // so only a pause longer than margin − latency can explain it.
             let paused = (w.issued - w.checked).saturating_sub(w.latency);
             if paused > self.margin.saturating_sub(w.latency) {
-                self.report.excused += 1;
+                self.report.counts.excused += 1;
                 continue;
             }
             return Err(fail(format!(
@@ -1090,11 +1096,11 @@ impl Schedule {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));
         }
         let stats = self.stats.lock().unwrap();
-        self.report.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
-        self.report.accepted = register.accepted.len() as u64;
-        self.report.fenced = register.rejected;
-        self.report.late_commits = stats.late_commits;
-        self.report.duplicates = stats.duplicates;
+        self.report.counts.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
+        self.report.counts.accepted = register.accepted.len() as u64;
+        self.report.counts.fenced = register.rejected;
+        self.report.counts.late_commits = stats.late_commits;
+        self.report.counts.duplicates = stats.duplicates;
         self.report.events = log.events;
         drop(register);
         drop(stats);

@@ -17,16 +17,22 @@ fn run_shard(shard: u64) -> Summary {
     // The schedules must actually exercise the faults they claim to.
     assert_eq!(summary.seeds, 250);
     assert!(
-        summary.terms > 250,
+        summary.counts.terms > 250,
         "every seed elects someone, most more than once: {summary:?}"
     );
-    assert!(summary.crashes > 0 && summary.long_pauses > 0, "{summary:?}");
     assert!(
-        summary.late_commits > 0 && summary.duplicates > 0 && summary.clock_jumps > 0 && summary.deleted_live > 0,
+        summary.counts.crashes > 0 && summary.counts.long_pauses > 0,
+        "{summary:?}"
+    );
+    assert!(
+        summary.counts.late_commits > 0
+            && summary.counts.duplicates > 0
+            && summary.counts.clock_jumps > 0
+            && summary.counts.deleted_live > 0,
         "late commits, duplicated requests, clock jumps and deleted rows all happened: {summary:?}"
     );
     assert!(
-        summary.fenced > 0,
+        summary.counts.fenced > 0,
         "some paused leader's late write was fenced off: {summary:?}"
     );
     summary
@@ -57,7 +63,10 @@ fn a_seed_replays_exactly() {
     let a = simulate(42, Duration::from_secs(30)).expect("seed 42 is safe");
     let b = simulate(42, Duration::from_secs(30)).expect("seed 42 is safe");
     assert_eq!(a.events, b.events);
-    assert_eq!((a.terms, a.accepted, a.fenced), (b.terms, b.accepted, b.fenced));
+    assert_eq!(
+        (a.counts.terms, a.counts.accepted, a.counts.fenced),
+        (b.counts.terms, b.counts.accepted, b.counts.fenced)
+    );
 }
 
 #[test]
