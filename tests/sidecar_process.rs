@@ -32,7 +32,9 @@ fn kill_9_of_the_leader_fails_over_within_d_plus_p() {
     cluster.sidecars[first].signal("KILL");
     let killed = Instant::now();
     let rest = others(&cluster.sidecars, first);
-    let next = wait_for_one_leader(&rest, D + P).unwrap_or_else(|| panic!("no new leader within D + P = {:?}", D + P));
+    let bound = failover_bound();
+    let next = wait_for_one_leader(&rest, bound)
+        .unwrap_or_else(|| panic!("no new leader within D + P·(1 + J) + margin = {bound:?}"));
     let failover = killed.elapsed();
     let (_, after) = rest[next].leader().unwrap();
     assert!(after["term"].as_u64() > before["term"].as_u64());

@@ -3,12 +3,8 @@
 //! kill -9 of the leader and a graceful handover, timed, and a leader
 //! paused past its lease (SIGSTOP) resuming as a follower.
 //!
-//! Bounds, from D = 2 s, R = 1.5 s, P = 300 ms and jitter J = 20 %
-//! ([`DEFAULT_JITTER`]): after kill -9 the lease ends at most D after the
-//! killed leader's last renewal, which precedes the kill; a follower notices
-//! at its next poll, at most P·(1 + J) later. So a new leader within
-//! D + P·(1 + J), plus a stated margin of 250 ms for one store round trip
-//! and scheduling on a loaded two-core machine.
+//! Bounds: [`failover_bound`] after kill -9; a handover within the drain, one
+//! poll P·(1 + J) and the same [`MARGIN`].
 
 mod support;
 
@@ -19,12 +15,6 @@ use leasehold::lease::timing::DEFAULT_JITTER;
 use leasehold::testing::TcpProxy;
 use leasehold::testing::servers::{PostgresServer, RedisServer};
 use support::*;
-
-const MARGIN: Duration = Duration::from_millis(250);
-
-fn failover_bound() -> Duration {
-    D + P.mul_f64(1.0 + DEFAULT_JITTER) + MARGIN
-}
 
 /// Three sidecars on the server at `target`; `store(i, proxy)` gives sidecar
 /// i's store flags and environment for its proxy's address.
