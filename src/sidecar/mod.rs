@@ -12,6 +12,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod footprint;
 pub mod health;
 pub mod http;
 pub mod interface;
@@ -104,6 +105,10 @@ pub async fn run(args: Args) -> Result<()> {
     // and gets time to finish before we release.
     let handle = elector.spawn_with_work(store, shutdown.clone(), drain_on_step_down(args.drain));
     let state = handle.subscribe();
+    tokio::spawn(footprint::release_start_up_pages(
+        state.clone(),
+        settings.timing.retry_period,
+    ));
     let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
     let servers = CancellationToken::new();
     let api = crate::sidecar::http::ApiState {
