@@ -222,6 +222,20 @@ fn usage(pid: u32) -> (u64, f64) {
     (rss, ticks / 100.0)
 }
 
+/// (RSS, anonymous) in KiB from `/proc/PID/smaps_rollup`: the rest of the
+/// resident memory is file-backed (the executable's and libraries' pages).
+fn rss_split(pid: u32) -> (u64, u64) {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        rollup
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Rss:"), field("Anonymous:"))
+}
+
 /// A runtime with one worker thread, so the harness takes little of the machine.
 fn one_worker_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -256,14 +270,16 @@ fn footprint(seconds: u64) -> String {
         std::thread::sleep(Duration::from_secs(1));
     }
     let (_, cpu_after) = usage(sidecar.child.id());
+    let (rss, anonymous) = rss_split(sidecar.child.id());
     rss_samples.sort();
     let binary = std::fs::metadata(env!("CARGO_BIN_EXE_leasehold"))
         .map(|m| m.len())
         .unwrap_or(0);
     let line = format!(
-        "idle leader sidecar over {seconds} s: RSS median {} KiB (max {} KiB), CPU {:.2} s = {:.3}% of one core; binary {:.1} MiB",
+        "idle leader sidecar over {seconds} s: RSS median {} KiB (max {} KiB; at the end {anonymous} KiB anonymous, {} KiB file-backed), CPU {:.2} s = {:.3}% of one core; binary {:.1} MiB",
         rss_samples[rss_samples.len() / 2],
         rss_samples[rss_samples.len() - 1],
+        rss.saturating_sub(anonymous),
         cpu_after - cpu_before,
         (cpu_after - cpu_before) / seconds as f64 * 100.0,
         binary as f64 / 1048576.0
