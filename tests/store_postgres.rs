@@ -191,3 +191,50 @@ async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
         .await
         .expect("renews again once the connection is back");
 }
+
+/// A row whose stored lease duration or term is out of range is refused,
+/// never read as an expired (0 ms) lease or a wrapped term.
+#[tokio::test]
+async fn a_row_with_an_out_of_range_duration_or_term_is_refused() {
+    let fixture = postgres().await;
+    fixture
+        .store
+        .acquire("bad-row", "a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    for (column, stored) in [
+        ("lease_ms", "0"),
+        ("lease_ms", "-1"),
+        ("lease_ms", "999999999999"),
+        ("term", "-3"),
+    ] {
+        let restore = fixture.store.observe("bad-row").await.unwrap().record.unwrap();
+        sql(
+            &fixture.server,
+            &format!("UPDATE {TABLE} SET {column} = {stored} WHERE name = 'bad-row'"),
+        )
+        .await;
+        let observed = fixture.store.observe("bad-row").await.unwrap_err();
+        assert!(matches!(observed, StoreError::Invalid { .. }), "{observed:?}");
+        assert!(
+            observed
+                .to_string()
+                .contains(&format!("row \"bad-row\" holds {column} = {stored}")),
+            "{observed}"
+        );
+        sql(
+            &fixture.server,
+            &format!(
+                "UPDATE {TABLE} SET lease_ms = {}, term = {} WHERE name = 'bad-row'",
+                restore.lease_duration.as_millis(),
+                restore.term
+            ),
+        )
+        .await;
+        fixture
+            .store
+            .observe("bad-row")
+            .await
+            .expect("a corrected row reads again");
+    }
+}

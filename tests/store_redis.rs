@@ -171,3 +171,52 @@ async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A lease key whose stored duration or term is out of range, or missing, is
+/// refused, never read as an expired (0 ms) lease or a wrapped term.
+#[tokio::test]
+async fn a_lease_key_with_an_out_of_range_duration_or_term_is_refused() {
+    let fixture = redis().await;
+    let lease = Duration::from_secs(30);
+    fixture.store.acquire("bad-row", "a", lease).await.unwrap();
+    let [lease_key, _] = fixture.store.keys("bad-row");
+    let mut cli = cli(&fixture.server).await;
+    for (field, stored, shown) in [
+        ("lease_ms", "0", "holds lease_ms = 0"),
+        ("lease_ms", "-1", "holds lease_ms = -1"),
+        ("lease_ms", "999999999999", "holds lease_ms = 999999999999"),
+        ("lease_ms", "soon", "holds lease_ms = "),
+        ("term", "-3", "holds term = -3"),
+    ] {
+        let restore: String = redis::cmd("HGET")
+            .arg(&lease_key)
+            .arg(field)
+            .query_async(&mut cli)
+            .await
+            .unwrap();
+        let () = redis::cmd("HSET")
+            .arg(&lease_key)
+            .arg(field)
+            .arg(stored)
+            .query_async(&mut cli)
+            .await
+            .map(|_: i64| ())
+            .unwrap();
+        let observed = fixture.store.observe("bad-row").await.unwrap_err();
+        assert!(matches!(observed, StoreError::Invalid { .. }), "{observed:?}");
+        assert!(observed.to_string().contains(shown), "{observed}");
+        let () = redis::cmd("HSET")
+            .arg(&lease_key)
+            .arg(field)
+            .arg(restore)
+            .query_async(&mut cli)
+            .await
+            .map(|_: i64| ())
+            .unwrap();
+        fixture
+            .store
+            .observe("bad-row")
+            .await
+            .expect("a corrected key reads again");
+    }
+}

@@ -45,7 +45,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 use tracing::{debug, info};
 
-use super::{StoreUrl, shard_of};
+use super::{StoreUrl, lease_from_millis, shard_of, term_from_row};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -323,22 +323,25 @@ impl PostgresStore {
         }
     }
 
-    fn read_observation(lock: &str, row: &Row) -> std::result::Result<Observation, tokio_postgres::Error> {
-        let now: SystemTime = row.try_get("now")?;
-        let term: Option<i64> = row.try_get("term")?;
+    /// The observation, every stored value converted with a check: a row
+    /// out of range is refused, never clamped.
+    fn read_observation(what: &str, lock: &str, row: &Row) -> Result<Observation> {
+        let get = |e| bad_reply(what, e);
+        let now: SystemTime = row.try_get("now").map_err(get)?;
+        let term: Option<i64> = row.try_get("term").map_err(get)?;
         let record = match term {
             None => None,
             Some(term) => {
-                let token: i64 = row.try_get("token")?;
-                let renewed_at: SystemTime = row.try_get("renewed_at")?;
-                let lease_ms: i64 = row.try_get("lease_ms")?;
+                let token: i64 = row.try_get("token").map_err(get)?;
+                let renewed_at: SystemTime = row.try_get("renewed_at").map_err(get)?;
+                let lease_ms: i64 = row.try_get("lease_ms").map_err(get)?;
                 Some(LeaseRecord {
                     name: lock.to_string(),
-                    holder: row.try_get("holder")?,
-                    term: term as u64,
+                    holder: row.try_get("holder").map_err(get)?,
+                    term: term_from_row(lock, term)?,
                     token: Some(FencingToken(token)),
                     renewed_at: Some(store_time(renewed_at)),
-                    lease_duration: Duration::from_millis(lease_ms.max(0) as u64),
+                    lease_duration: lease_from_millis("lease_ms", lock, lease_ms)?,
                 })
             }
         };
@@ -393,7 +396,7 @@ impl LeaseStore for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::invalid(format!("{what}: the clock query returned no row")))?;
-        Self::read_observation(lock, row).map_err(|e| bad_reply(&what, e))
+        Self::read_observation(&what, lock, row)
     }
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
@@ -416,7 +419,7 @@ impl LeaseStore for PostgresStore {
         let token: i64 = row.try_get("token").map_err(|e| bad_reply(&what, e))?;
         let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
         Ok(Grant {
-            term: term as u64,
+            term: term_from_row(lock, term)?,
             token: FencingToken(token),
             committed_at: store_time(renewed_at),
         })
@@ -441,7 +444,7 @@ impl LeaseStore for PostgresStore {
         let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;
         let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
         Ok(Grant {
-            term: term as u64,
+            term: term_from_row(lock, term)?,
             token,
             committed_at: store_time(renewed_at),
         })

@@ -62,7 +62,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::StoreUrl;
+use super::{StoreUrl, lease_from_millis, term_from_row};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -235,6 +235,15 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
+/// A number the lock's keys must hold; absent or not a number is refused.
+fn stored_int(lock: &str, field: &'static str, value: &Value) -> Result<i64> {
+    int(value).ok_or_else(|| {
+        StoreError::invalid(format!(
+            "lock {lock:?} holds {field} = {value:?}, not a number: delete its keys, or correct them"
+        ))
+    })
+}
+
 fn micros(us: i64) -> StoreTime {
     StoreTime(us.saturating_mul(1000))
 }
@@ -382,19 +391,19 @@ impl LeaseStore for RedisStore {
             (Some(holder), _) => Some(LeaseRecord {
                 name: lock.to_string(),
                 holder: Some(holder),
-                term: int(field(3)).unwrap_or_default() as u64,
+                term: term_from_row(lock, stored_int(lock, "term", field(3))?)?,
                 token: int(field(2)).map(FencingToken),
                 renewed_at: int(field(4)).map(micros),
-                lease_duration: Duration::from_millis(int(field(5)).unwrap_or_default().max(0) as u64),
+                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(5))?)?,
             }),
             // Released or expired: the fence keeps the last term and token.
             (None, Some(term)) => Some(LeaseRecord {
                 name: lock.to_string(),
                 holder: None,
-                term: term as u64,
+                term: term_from_row(lock, term)?,
                 token: int(field(7)).map(FencingToken),
                 renewed_at: None,
-                lease_duration: Duration::from_millis(int(field(8)).unwrap_or_default().max(0) as u64),
+                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(8))?)?,
             }),
             (None, None) => None,
         };
@@ -413,7 +422,7 @@ impl LeaseStore for RedisStore {
                     return Err(bad_reply(&what, &reply));
                 };
                 Ok(Grant {
-                    term: term as u64,
+                    term: term_from_row(lock, term)?,
                     token: FencingToken(token),
                     committed_at: micros(now),
                 })
@@ -439,7 +448,7 @@ impl LeaseStore for RedisStore {
                     return Err(bad_reply(&what, &reply));
                 };
                 Ok(Grant {
-                    term: term as u64,
+                    term: term_from_row(lock, term)?,
                     token,
                     committed_at: micros(now),
                 })
