@@ -10,7 +10,7 @@ use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
 use leasehold::store::conformance::Target;
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
-use leasehold::testing::servers::RedisServer;
+use leasehold::testing::servers::{RedisServer, TestCertificates, scratch_dir};
 use leasehold::testing::{ProxyMode, TcpProxy};
 
 struct Redis {
@@ -136,8 +136,16 @@ async fn a_lost_counter_still_gives_larger_tokens() {
 
 #[tokio::test]
 async fn bad_urls_and_prefixes_are_refused_before_connecting() {
-    let err = RedisStore::connect(config("rediss://:hunter2@cache:6380".into())).unwrap_err();
+    let err = RedisStore::connect(config(
+        "rediss://:hunter2@cache:6380?sslrootcert=/no/such/ca.pem".into(),
+    ))
+    .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }));
+    assert!(
+        err.chain().contains("sslrootcert /no/such/ca.pem: cannot read"),
+        "{}",
+        err.chain()
+    );
     assert!(!err.chain().contains("hunter2"), "{}", err.chain());
     let err = RedisStore::connect(RedisConfig {
         url: StoreUrl::new("redis://cache"),
@@ -219,4 +227,55 @@ async fn a_lease_key_with_an_out_of_range_duration_or_term_is_refused() {
             .await
             .expect("a corrected key reads again");
     }
+}
+
+/// Over TLS with the certificate checked against the server's CA, the
+/// basics hold; a CA that did not sign the certificate is refused.
+#[tokio::test]
+async fn tls_connects_and_checks_the_certificate() {
+    let server = RedisServer::start_tls();
+    let store = RedisStore::connect(config(server.tls_url())).unwrap();
+    let grant = store.acquire("tls", "a", Duration::from_secs(30)).await.unwrap();
+    store
+        .renew("tls", "a", grant.token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let other_ca = TestCertificates::write(&scratch_dir("redis-other-ca"));
+    let wrong = server.tls_url().replace(
+        &server.certificates.as_ref().unwrap().ca_file.display().to_string(),
+        &other_ca.ca_file.display().to_string(),
+    );
+    let refused = RedisStore::connect_with(config(wrong), Duration::from_secs(2))
+        .unwrap()
+        .observe("tls")
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
+    assert!(
+        refused.chain().contains("invalid peer certificate"),
+        "{}",
+        refused.chain()
+    );
+}
+
+/// A rediss:// URL against a server that does not speak TLS fails, saying
+/// so; nothing falls back to plain text.
+#[tokio::test]
+async fn tls_to_a_server_without_tls_fails_clearly() {
+    let fixture = redis().await;
+    let ca = TestCertificates::write(&scratch_dir("redis-no-tls"));
+    let url = format!(
+        "rediss://{}/0?sslrootcert={}",
+        fixture.server.addr(),
+        ca.ca_file.display()
+    );
+    let store = RedisStore::connect_with(config(url), Duration::from_secs(2)).unwrap();
+    let err = store.observe("x").await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.chain()
+            .contains("the URL asks for TLS, rediss://: does the server speak TLS"),
+        "{}",
+        err.chain()
+    );
 }

@@ -497,9 +497,9 @@ mod tests {
                     "--store",
                     "postgres",
                     "--store-url",
-                    "postgres://u:hunter2@db/x?sslmode=require",
+                    "postgres://u:hunter2@db/x?sslmode=verify-everything",
                 ],
-                "asks for sslmode=require",
+                "sslmode=verify-everything is not one of",
             ),
             (
                 &[

@@ -10,6 +10,8 @@ pub mod postgres;
 pub mod redis;
 #[cfg(feature = "spanner")]
 pub mod spanner;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub mod tls;
 
 use std::time::Duration;
 

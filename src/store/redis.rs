@@ -62,7 +62,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{StoreUrl, lease_from_millis, term_from_row};
+use super::{StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -173,16 +173,35 @@ enum Effect {
     Write,
 }
 
-/// Checks the URL; the password never appears in the error.
+/// Reads a store URL; the password never appears in an error.
+///
+/// `rediss://` connects over TLS, checking the certificate's chain and host
+/// name against the CA file named by `sslrootcert=` in the query, or else
+/// the system's roots.
 pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
-    if url.expose().starts_with("rediss://") {
-        return Err(StoreError::invalid(format!(
-            "store URL {url:?} asks for TLS (rediss://), but this build connects without TLS; \
-             reach Redis over a private network or a TLS-terminating proxy"
-        )));
+    let split = tls::take_params(url, &[tls::CA_FILE_PARAM])?;
+    let ca_file = split.taken.into_iter().next().flatten();
+    let not_redis = |e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e);
+    match ca_file {
+        None => redis::Client::open(split.url).map_err(not_redis),
+        Some(_) if !split.url.starts_with("rediss://") => Err(StoreError::invalid(format!(
+            "store URL {url:?} names {} but connects without TLS; use rediss://",
+            tls::CA_FILE_PARAM
+        ))),
+        Some(path) => {
+            // Checked here so that a bad file is named; the driver reads the PEM.
+            let path = std::path::PathBuf::from(path);
+            tls::ca_certificates(&path)?;
+            let pem = std::fs::read(&path).map_err(|e| {
+                StoreError::invalid(format!("{} {}: cannot read", tls::CA_FILE_PARAM, path.display())).caused_by(e)
+            })?;
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            redis::Client::build_with_tls(split.url, certificates).map_err(not_redis)
+        }
     }
-    redis::Client::open(url.expose())
-        .map_err(|e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e))
 }
 
 /// A key prefix: printable, no braces (they would move the hash tag).
@@ -288,6 +307,11 @@ impl RedisStore {
         if let Some(connection) = open.as_ref() {
             return Ok(connection.clone());
         }
+        // A server without TLS does not answer a TLS hello; it just waits.
+        let hint = match self.config.url.expose().starts_with("rediss://") {
+            true => " (the URL asks for TLS, rediss://: does the server speak TLS on that port?)",
+            false => "",
+        };
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.call_timeout))
             .set_response_timeout(None);
@@ -296,8 +320,8 @@ impl RedisStore {
             self.client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
-        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis")).caused_by(e))?;
+        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}{hint}", self.call_timeout)))?
+        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis{hint}")).caused_by(e))?;
         *open = Some(connection.clone());
         Ok(connection)
     }
@@ -486,10 +510,23 @@ mod tests {
     #[test]
     fn urls_and_prefixes_are_checked_without_showing_the_password() {
         parse_url(&StoreUrl::new("redis://:pw@cache:6379/0")).unwrap();
-        let err = parse_url(&StoreUrl::new("rediss://:hunter2@cache:6380"))
+        parse_url(&StoreUrl::new("rediss://:pw@cache:6380/0")).unwrap();
+        let err = parse_url(&StoreUrl::new("redis://:hunter2@cache:6380?sslrootcert=/ca.pem"))
             .unwrap_err()
             .chain();
-        assert!(err.contains("asks for TLS") && !err.contains("hunter2"), "{err}");
+        assert!(
+            err.contains("connects without TLS; use rediss://") && !err.contains("hunter2"),
+            "{err}"
+        );
+        let err = parse_url(&StoreUrl::new(
+            "rediss://:hunter2@cache:6380?sslrootcert=/no/such/ca.pem",
+        ))
+        .unwrap_err()
+        .chain();
+        assert!(
+            err.contains("/no/such/ca.pem: cannot read") && !err.contains("hunter2"),
+            "{err}"
+        );
         let err = parse_url(&StoreUrl::new("http://:hunter2@cache")).unwrap_err().chain();
         assert!(err.contains("is not a Redis URL") && !err.contains("hunter2"), "{err}");
         validate_prefix(DEFAULT_PREFIX).unwrap();
