@@ -60,6 +60,11 @@ fn fixture_with(store: MemoryStore) -> Fixture {
 /// A context whose Kubernetes client talks to a scripted mock API server and
 /// whose store provider hands out `store` for every resource.
 fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    context_with(Arc::new(SingleStore(store)), metrics)
+}
+
+/// A context on a scripted mock API server, reaching stores through `stores`.
+fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let reporter = Reporter {
@@ -67,7 +72,7 @@ fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context
         instance: Some("operator-0".into()),
     };
     let (cache, pods) = reflector::store();
-    let ctx = Context::new(client, reporter, Arc::new(SingleStore(store)), metrics).with_pods(cache);
+    let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
     (Arc::new(ctx), ApiServer { handle, pods })
 }
 
@@ -728,26 +733,85 @@ async fn a_stale_label_on_a_local_pod_named_like_a_remote_holder_is_cleared() {
     result.unwrap();
 }
 
+/// How the store-side scenario reaches its store.
+pub(crate) struct StoreSide {
+    /// The store itself, for the scenario's own acquires and checks.
+    store: Arc<dyn LeaseStore>,
+    /// What the reconciles connect through.
+    provider: Arc<dyn StoreProvider>,
+    /// `spec.store` of the resource.
+    spec_store: Value,
+    /// The Secret name and the URL it holds (key `url`), for PostgreSQL and
+    /// Redis: each reconcile's fresh operator reads it through the API.
+    secret: Option<(&'static str, String)>,
+}
+
+impl StoreSide {
+    /// A store every reconcile gets whatever the resource names (Spanner spec).
+    fn single(store: Arc<dyn LeaseStore>) -> StoreSide {
+        StoreSide {
+            provider: Arc::new(SingleStore(store.clone())),
+            store,
+            spec_store: json!({"spanner": {"database": "projects/p/instances/i/databases/d"}}),
+            secret: None,
+        }
+    }
+
+    /// A PostgreSQL or Redis store (`kind`) whose URL the resource names by a
+    /// Secret; the reconciles connect to it themselves.
+    fn by_secret(kind: &str, store: Arc<dyn LeaseStore>, url: String) -> StoreSide {
+        StoreSide {
+            provider: Arc::new(crate::operator::stores::OpenStores::default()),
+            store,
+            spec_store: json!({kind: {"urlSecretRef": {"name": "lease-store", "key": "url"}}}),
+            secret: Some(("lease-store", url)),
+        }
+    }
+}
+
+/// The operator reads a Secret holding `url` under key `url`.
+async fn expect_secret_get(server: &mut ApiServer, name: &str, url: &str) {
+    let seen = next(server).await;
+    seen.assert("GET", &format!("/api/v1/namespaces/prod/secrets/{name}"), None);
+    let encoded = k8s_openapi::ByteString(url.as_bytes().to_vec());
+    seen.respond(
+        200,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "prod"},
+                "data": {"url": encoded}}),
+    );
+}
+
 /// The store side of a reconcile against any store: the table is created when
 /// missing, the row is read into status, and delete releases the row. Run here
-/// on the memory store; the Spanner store runs the same scenario against the
-/// emulator.
-pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
+/// on the memory store, and against the Spanner emulator and private
+/// PostgreSQL and Redis servers (those two through the URL in a Secret).
+pub(crate) async fn store_side_scenario(side: StoreSide) {
+    let StoreSide {
+        store,
+        provider,
+        spec_store,
+        secret,
+    } = side;
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let lock = format!("prod/web-{:08x}", rand::random::<u32>());
-    let spec = json!({"lockName": lock.clone()});
+    let spec = json!({"lockName": lock.clone(), "store": spec_store});
+    let context = || context_with(provider.clone(), metrics.clone());
 
     // No table yet, no row: the table is created and the lock shows as free.
-    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let (ctx, server) = context();
     let resource = lease(spec.clone(), &[FINALIZER], None);
     let echo = resource.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let first_secret = secret.clone();
     let result = run_on(ctx, server, resource, async move |server| {
         expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        if let Some((name, url)) = &first_secret {
+            expect_secret_get(server, name, url).await;
+        }
         let status = expect_status_apply(server, echo).await;
         assert_eq!(status["term"], json!(0));
         assert_eq!(status.get("holder"), None);
-        assert_eq!(conditions(&status)["StoreReady"].0, "True");
+        assert_eq!(conditions(&status)["StoreReady"].0, "True", "{status}");
         assert_eq!(conditions(&status)["Ready"].1, "NoLeader");
         tx.send(status).unwrap();
     })
@@ -760,11 +824,15 @@ pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
         .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
         .await
         .unwrap();
-    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let (ctx, server) = context();
     let resource = lease(spec.clone(), &[FINALIZER], Some(free));
     let echo = resource.clone();
+    let second_secret = secret.clone();
     let result = run_on(ctx, server, resource, async move |server| {
         expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        if let Some((name, url)) = &second_secret {
+            expect_secret_get(server, name, url).await;
+        }
         expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
         let status = expect_status_apply(server, echo).await;
         assert_eq!(status["holder"], json!("prod/web-0#n1"));
@@ -777,11 +845,14 @@ pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
 
     // Delete after the holder's pod is gone: the row is released by
     // check-and-set, term and token kept.
-    let (ctx, server) = context_on(store.clone(), metrics);
+    let (ctx, server) = context();
     let mut resource = lease(spec, &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let result = run_on(ctx, server, resource, async move |server| {
+        if let Some((name, url)) = &secret {
+            expect_secret_get(server, name, url).await;
+        }
         expect_pod_list(server, vec![]).await;
         expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
         let seen = next(server).await;
@@ -797,7 +868,7 @@ pub(crate) async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
 
 #[tokio::test]
 async fn store_side_on_the_memory_store() {
-    store_side_scenario(Arc::new(MemoryStore::new(11))).await;
+    store_side_scenario(StoreSide::single(Arc::new(MemoryStore::new(11)))).await;
 }
 
 #[tokio::test]
@@ -810,5 +881,109 @@ async fn store_side_on_the_spanner_emulator() {
         .await
         .unwrap();
     assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
-    store_side_scenario(Arc::new(store)).await;
+    store_side_scenario(StoreSide::single(Arc::new(store))).await;
+}
+
+#[tokio::test]
+async fn store_side_on_a_private_postgres_server_through_the_secret() {
+    use crate::store::postgres::{PostgresConfig, PostgresStore};
+    let server = crate::testing::servers::PostgresServer::start();
+    let url = server.url();
+    let store = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(url.clone()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
+    store_side_scenario(StoreSide::by_secret("postgres", Arc::new(store), url)).await;
+}
+
+#[tokio::test]
+async fn store_side_on_a_private_redis_server_through_the_secret() {
+    use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+    let server = crate::testing::servers::RedisServer::start();
+    let url = server.url();
+    let store = RedisStore::connect(RedisConfig {
+        url: StoreUrl::new(url.clone()),
+        prefix: DEFAULT_PREFIX.into(),
+    })
+    .unwrap();
+    store_side_scenario(StoreSide::by_secret("redis", Arc::new(store), url)).await;
+}
+
+/// A PostgreSQL role that may read and write the rows but not create tables
+/// (PostgreSQL 15 revokes CREATE on `public` from everyone): the operator
+/// cannot create the table, finds it there, and reads it.
+#[tokio::test]
+async fn without_create_rights_the_operator_reads_an_existing_table() {
+    use crate::store::postgres::{PostgresConfig, PostgresStore};
+    let server = crate::testing::servers::PostgresServer::start();
+    let admin = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(server.url()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    admin.ensure_schema().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE ROLE app LOGIN; \
+             GRANT SELECT, INSERT, UPDATE ON leasehold_leases TO app; \
+             GRANT USAGE ON SEQUENCE leasehold_leases_token_seq TO app;",
+        )
+        .await
+        .unwrap();
+    let url = server.url().replace("leasehold@", "app@");
+    let app = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(url.clone()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    let refused = app.ensure_schema().await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::Invalid { .. }),
+        "app may not create: {refused:?}"
+    );
+    store_side_scenario(StoreSide::by_secret("postgres", Arc::new(app), url)).await;
+}
+
+/// A Secret that is missing, or that the operator may not read, is a
+/// StoreReady=False condition naming it and what to do, with one Event.
+#[tokio::test]
+async fn an_unreadable_store_secret_shows_in_store_ready() {
+    for (code, says) in [
+        (404, "Secret prod/lease-store does not exist"),
+        (
+            403,
+            "grant it get on secrets in prod (Role leasehold-operator-store-secrets",
+        ),
+    ] {
+        let fixture = fixture();
+        let spec = json!({"store": {"redis": {"urlSecretRef": {"name": "lease-store"}}}});
+        let resource = lease(spec, &[FINALIZER], None);
+        let echo = resource.clone();
+        let (result, _, _) = run(fixture, resource, async move |server| {
+            expect_pod_list(server, vec![]).await;
+            let seen = next(server).await;
+            seen.assert("GET", "/api/v1/namespaces/prod/secrets/lease-store", None);
+            seen.respond(
+                code,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                        "reason": if code == 404 { "NotFound" } else { "Forbidden" }, "message": "no"}),
+            );
+            expect_event(server, "Warning", "StoreMisconfigured", says).await;
+            let status = expect_status_apply(server, echo).await;
+            let store_ready = &conditions(&status)["StoreReady"];
+            assert_eq!(
+                (store_ready.0.as_str(), store_ready.1.as_str()),
+                ("False", "StoreMisconfigured")
+            );
+            assert!(store_ready.2.contains(says), "{}", store_ready.2);
+        })
+        .await;
+        assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
+    }
 }
