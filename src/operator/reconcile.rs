@@ -86,6 +86,9 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A Secret key: (namespace, name, key).
+type SecretKey = (String, String, String);
+
 /// What every reconcile needs.
 pub struct Context {
     pub client: Client,
@@ -99,8 +102,8 @@ pub struct Context {
     pods: Store<Pod>,
     /// The stores (by [`StoreTarget::key`]) whose table is known to exist.
     schemas: Arc<Mutex<HashSet<String>>>,
-    /// Store URLs read from Secrets, by (namespace, name, key), with when.
-    urls: Arc<Mutex<HashMap<(String, String, String), (StoreUrl, Instant)>>>,
+    /// Store URLs read from Secrets, with when.
+    urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
 }
 
 impl Context {
