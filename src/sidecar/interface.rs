@@ -14,6 +14,9 @@ pub const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
 pub const ENV_METRICS_ADDR: &str = "LEASEHOLD_METRICS_ADDR";
 /// `--token-file`.
 pub const ENV_TOKEN_FILE: &str = "LEASEHOLD_TOKEN_FILE";
+/// `--store-url-file`: the file holding the PostgreSQL or Redis URL (the
+/// lease's Secret, mounted by the injection).
+pub const ENV_STORE_URL_FILE: &str = "LEASEHOLD_STORE_URL_FILE";
 /// `--app-container`: the container whose readiness leadership follows.
 pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 
