@@ -61,11 +61,9 @@ pub async fn publish(client: kube::Client, pod: PodRef, mut verdicts: watch::Rec
             }
             continue;
         };
-        if verdict.at_risk || announced_risk {
-            if events.due(Instant::now()).is_some() {
-                announce(&recorder, &reference, &verdict).await;
-                announced_risk = verdict.at_risk;
-            }
+        if (verdict.at_risk || announced_risk) && events.due(Instant::now()).is_some() {
+            announce(&recorder, &reference, &verdict).await;
+            announced_risk = verdict.at_risk;
         }
         // Level-triggered: write until it sticks or a newer verdict arrives.
         while let Err(e) = set_condition(&pods, &pod.name, &verdict).await {
