@@ -39,6 +39,7 @@ use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
 use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
 use crate::lease::Identity;
 use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::sidecar::interface::TIMING_CONDITION;
 use crate::store::StoreUrl;
 
 /// The field manager of every status write.
@@ -371,6 +372,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         None
     };
 
+    let timing = timing_condition(&old, generation, &candidates);
     let observed = ctx.observe(&valid, &namespace).await;
     let valid_condition = condition(&old, generation, "Valid", "True", "SpecValid", "the spec is valid");
     let counts = DistributedLeaseStatus {
@@ -396,6 +398,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
                 ]
                 .into_iter()
                 .chain(rollout)
+                .chain([timing])
                 .collect(),
                 ..counts
             };
@@ -409,6 +412,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 
     let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
     status.conditions.extend(rollout);
+    status.conditions.push(timing);
     if status.holder != old.holder {
         let note = match &status.holder {
             Some(holder) => format!(
@@ -803,6 +807,49 @@ impl HolderPod {
         self.0.as_ref().is_some_and(|identity| {
             identity.cluster() == cluster && identity.namespace().is_none_or(|ns| ns == namespace)
         })
+    }
+}
+
+/// `TimingAtRisk`: True while a candidate's sidecar reports (in its pod
+/// condition [`TIMING_CONDITION`]) that its renewals use more than their
+/// share of R − P, naming the pods and what they measured. The sidecar
+/// changes that condition only when the verdict crosses the threshold, so
+/// this costs no status writes while it holds.
+fn timing_condition(old: &DistributedLeaseStatus, generation: Option<i64>, candidates: &[Arc<Pod>]) -> Condition {
+    let at_risk: Vec<String> = candidates
+        .iter()
+        .filter_map(|pod| {
+            let reported = pod
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == TIMING_CONDITION && c.status == "True")?;
+            Some(format!(
+                "{}: {}",
+                pod.name_any(),
+                reported.message.as_deref().unwrap_or_default()
+            ))
+        })
+        .collect();
+    match at_risk.is_empty() {
+        true => condition(
+            old,
+            generation,
+            "TimingAtRisk",
+            "False",
+            "RenewalsWithinBudget",
+            "no candidate reports renewals over their share of R - P",
+        ),
+        false => condition(
+            old,
+            generation,
+            "TimingAtRisk",
+            "True",
+            "RenewalsSlow",
+            &at_risk.join("; "),
+        ),
     }
 }
 

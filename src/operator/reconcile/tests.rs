@@ -19,6 +19,7 @@ use super::*;
 use crate::lease::LeaseStore;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
+use crate::sidecar::interface::TIMING_CONDITION;
 use crate::store::{Faults, MemoryStore};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
@@ -354,10 +355,49 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
             conditions["Ready"],
             ("True".into(), "LeaderElected".into(), "prod/web-0#n1 leads".into())
         );
+        assert_eq!(conditions["TimingAtRisk"].1, "RenewalsWithinBudget");
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
     assert_eq!(metrics.reconciles(Outcome::Ok), 1);
+}
+
+/// A candidate whose sidecar reports slow renewals (its pod condition) makes
+/// the lease's TimingAtRisk True, naming the pod and its measurement.
+#[tokio::test]
+async fn a_candidate_reporting_slow_renewals_sets_timing_at_risk() {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        let mut slow = pod("web-0", Some("true"), true);
+        slow["status"]["conditions"].as_array_mut().unwrap().push(json!({
+            "type": TIMING_CONDITION, "status": "True",
+            "message": "renewal p99 uses 30 % of R - P (8s)"
+        }));
+        let mut fine = pod("web-1", Some("false"), true);
+        fine["status"]["conditions"].as_array_mut().unwrap().push(
+            json!({"type": TIMING_CONDITION, "status": "False", "message": "renewal p99 uses 2 % of R - P (8s)"}),
+        );
+        expect_pod_list(server, vec![slow, fine]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(
+            conditions(&status)["TimingAtRisk"],
+            (
+                "True".into(),
+                "RenewalsSlow".into(),
+                "web-0: renewal p99 uses 30 % of R - P (8s)".into()
+            )
+        );
+    })
+    .await;
+    result.unwrap();
 }
 
 #[tokio::test]
