@@ -15,7 +15,10 @@
 //! * crashes (kill -9: the elector and its leader work stop at once, its
 //!   requests in flight may still commit) and a restart under a new
 //!   identity (S12, S13); campaigns stopped and resumed (S8);
-//! * the lease row deleted under a live lease.
+//! * the lease row deleted under a live lease;
+//! * odd seeds run on Redis's expiry semantics (the lease key vanishes at its
+//!   TTL, the counter keeping term and token survives), even seeds on the
+//!   SQL stores' (the row stays, expiry judged when read or taken).
 //!
 //! The checker compares what every process believed and wrote with the
 //! store's own record of acquisitions (their commit instants on the
@@ -223,6 +226,10 @@ pub struct Report {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    /// The store had Redis's TTL expiry.
+    pub ttl_store: bool,
+    /// Leases that vanished at their TTL.
+    pub ttl_expiries: u64,
     pub events: Vec<String>,
 }
 
@@ -252,6 +259,9 @@ pub struct Summary {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    /// Seeds run on Redis's TTL expiry, and the leases that vanished there.
+    pub ttl_seeds: u64,
+    pub ttl_expiries: u64,
 }
 
 impl Summary {
@@ -267,6 +277,8 @@ impl Summary {
         self.duplicates += r.duplicates;
         self.clock_jumps += r.clock_jumps;
         self.deleted_live += r.deleted_live;
+        self.ttl_seeds += u64::from(r.ttl_store);
+        self.ttl_expiries += r.ttl_expiries;
     }
 }
 
@@ -276,7 +288,7 @@ impl fmt::Display for Summary {
             f,
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
-             {} rows deleted under a live lease",
+             {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL",
             self.terms,
             self.accepted,
             self.fenced,
@@ -286,7 +298,9 @@ impl fmt::Display for Summary {
             self.late_commits,
             self.duplicates,
             self.clock_jumps,
-            self.deleted_live
+            self.deleted_live,
+            self.ttl_seeds,
+            self.ttl_expiries
         )
     }
 }
@@ -698,7 +712,8 @@ impl Schedule {
             seed,
             store: MemoryStore::new(rng.random())
                 .with_clock_start(StoreTime(1_700_000_000_000_000_000))
-                .with_clock_rate(clock_rate),
+                .with_clock_rate(clock_rate)
+                .with_ttl_expiry(seed % 2 == 1),
             mutant: setup.mutant,
             clock_rate,
             links: Arc::new(Mutex::new(StdRng::seed_from_u64(rng.random()))),
@@ -715,6 +730,7 @@ impl Schedule {
             restarts: 0,
             report: Report {
                 seed,
+                ttl_store: seed % 2 == 1,
                 ..Default::default()
             },
         }
@@ -1095,6 +1111,7 @@ impl Schedule {
         self.report.fenced = register.rejected;
         self.report.late_commits = stats.late_commits;
         self.report.duplicates = stats.duplicates;
+        self.report.ttl_expiries = self.store.ttl_expiries();
         self.report.events = log.events;
         drop(register);
         drop(stats);

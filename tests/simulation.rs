@@ -29,6 +29,10 @@ fn run_shard(shard: u64) -> Summary {
         summary.fenced > 0,
         "some paused leader's late write was fenced off: {summary:?}"
     );
+    assert!(
+        summary.ttl_seeds == 125 && summary.ttl_expiries > 0,
+        "half the seeds ran on Redis's TTL expiry, where leases did vanish: {summary:?}"
+    );
     summary
 }
 
