@@ -16,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -25,32 +25,18 @@ use tracing::warn;
 use super::budget::BudgetVerdict;
 use super::config::PodRef;
 use super::interface::TIMING_CONDITION;
+use super::publish::pod_recorder;
 use super::starting::Throttle;
 
 /// At most one timing Event per this, whatever the verdicts do.
 pub const EVENT_EVERY: Duration = Duration::from_secs(600);
 /// How long a failed condition write waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
-const FIELD_MANAGER: &str = "leasehold-sidecar";
 
 /// Publishes each verdict until the budget is gone.
 pub async fn publish(client: kube::Client, pod: PodRef, mut verdicts: watch::Receiver<Option<BudgetVerdict>>) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(pod.name.clone()),
-        },
-    );
-    let reference = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(pod.name.clone()),
-        namespace: Some(pod.namespace.clone()),
-        uid: pod.uid.clone(),
-        ..Default::default()
-    };
+    let (recorder, reference) = pod_recorder(client, &pod);
     let mut events = Throttle::new(EVENT_EVERY);
     // The first judgement sets the condition but is news only when at risk.
     let mut announced_risk = false;
