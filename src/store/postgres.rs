@@ -22,6 +22,8 @@
 //!   not commit; serialization failures and deadlocks (SQLSTATE 40001, 40P01;
 //!   CockroachDB's retry errors) are retried with jittered backoff.
 //! * Followers poll with a plain `SELECT` (MVCC, no locks).
+//! * TLS (`sslmode=require`, `verify-ca`, `verify-full`) always checks the
+//!   server's certificate, chain and host name ([`parse_url`]).
 //!
 //! CockroachDB: the same SQL runs unchanged (sequences, `INSERT … ON
 //! CONFLICT … DO UPDATE … WHERE`, `RETURNING`, `clock_timestamp()`). The

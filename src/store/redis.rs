@@ -7,6 +7,9 @@
 //! reply lost" (unknown outcome); here connecting and sending are timed
 //! apart.
 //!
+//! `rediss://` connects over TLS, checking the server's certificate
+//! ([`parse_url`]).
+//!
 //! Per lock, two keys sharing one hash tag (so they live in one Cluster slot):
 //!
 //! * `leasehold:{<lock>}:lease`, a hash (holder, token, term, renewed_us,
