@@ -4,8 +4,10 @@
 //!
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
-//! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks)
-//! runs a share of it.
+//! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
+//! postgres, redis) runs a share of it. `postgres` and `redis` start private
+//! servers as the tests do and measure failover, handover, renew latency and
+//! store operations per minute there.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::lease::{Elector, Identity, LeaseStore, Timing};
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
+use leasehold::testing::servers::{PostgresServer, RedisServer};
 use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 use support::*;
 use tokio_util::sync::CancellationToken;
@@ -47,14 +50,6 @@ fn median(samples: &mut [Duration]) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Replaces sidecar `i` with a fresh process (new identity, same proxy).
-fn restart(cluster: &mut Cluster, i: usize, lock: &str) {
-    let proxy = cluster.sidecars[i].proxy.clone();
-    let name = format!("pod-{i}-{}", rand_suffix());
-    let fresh = Sidecar::start(&name, &cluster.emulator, &cluster.config, proxy, lock, &[]);
-    let _ = std::mem::replace(&mut cluster.sidecars[i], fresh);
-}
-
 fn rand_suffix() -> String {
     format!(
         "{:06x}",
@@ -62,22 +57,39 @@ fn rand_suffix() -> String {
     )
 }
 
-/// Signals the leader `reps` times and measures until another leads,
-/// replacing the signalled process each time.
+/// Signals the leader of the Spanner cluster `reps` times and measures until
+/// another leads.
 fn handovers(reps: u64, lock: &str, signal: &str, what: &str) -> Vec<Duration> {
     let mut cluster = cluster(lock);
+    let (emulator, config) = (&cluster.emulator, &cluster.config);
+    timed_handovers(&mut cluster.sidecars, reps, signal, what, |i, proxy| {
+        let name = format!("pod-{i}-{}", rand_suffix());
+        Sidecar::start(&name, emulator, config, proxy, lock, &[])
+    })
+}
+
+/// Signals the leader among `sidecars` `reps` times and measures until
+/// another leads, replacing the signalled process each time by
+/// `restart(i, its proxy)` (a new identity on the same proxy).
+fn timed_handovers(
+    sidecars: &mut [Sidecar],
+    reps: u64,
+    signal: &str,
+    what: &str,
+    restart: impl Fn(usize, TcpProxy) -> Sidecar,
+) -> Vec<Duration> {
     let mut samples = Vec::new();
     for rep in 0..reps {
-        let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+        let all: Vec<&Sidecar> = sidecars.iter().collect();
         let Some(leader) = wait_for_one_leader(&all, Duration::from_secs(30)) else {
             eprintln!("{what} rep {rep}: no leader; skipped");
             continue;
         };
         // Let the followers settle into polling.
         std::thread::sleep(P * 2);
-        cluster.sidecars[leader].signal(signal);
+        sidecars[leader].signal(signal);
         let signalled = Instant::now();
-        let rest = others(&cluster.sidecars, leader);
+        let rest = others(sidecars, leader);
         match wait_for_one_leader(&rest, D * 3) {
             Some(_) => {
                 let took = signalled.elapsed();
@@ -86,8 +98,9 @@ fn handovers(reps: u64, lock: &str, signal: &str, what: &str) -> Vec<Duration> {
             }
             None => eprintln!("{what} rep {rep}: no new leader within 3 D"),
         }
-        let _ = cluster.sidecars[leader].child.wait();
-        restart(&mut cluster, leader, lock);
+        let _ = sidecars[leader].child.wait();
+        let fresh = restart(leader, sidecars[leader].proxy.clone());
+        let _ = std::mem::replace(&mut sidecars[leader], fresh);
     }
     samples
 }
@@ -174,13 +187,19 @@ fn store_cost(seconds: u64) -> Vec<String> {
     let lock = "bench-cost";
     let defaults = |_| default_timing_flags().to_vec();
     let cluster = cluster_with(lock, defaults);
-    let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+    calls_per_minute(&cluster.sidecars, seconds)
+}
+
+/// Store calls per minute of each of `sidecars` over `seconds`, once a
+/// leader is settled; asserts followers write nothing while the lease is valid.
+fn calls_per_minute(sidecars: &[Sidecar], seconds: u64) -> Vec<String> {
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
     let leader = wait_for_one_leader(&all, Duration::from_secs(60)).expect("a leader");
     // The first race is over once every follower has observed the holder.
     std::thread::sleep(Duration::from_secs(5));
-    let before: Vec<_> = cluster.sidecars.iter().map(store_calls).collect();
+    let before: Vec<_> = sidecars.iter().map(store_calls).collect();
     std::thread::sleep(Duration::from_secs(seconds));
-    let after: Vec<_> = cluster.sidecars.iter().map(store_calls).collect();
+    let after: Vec<_> = sidecars.iter().map(store_calls).collect();
     let per_minute = 60.0 / seconds as f64;
     let mut lines = Vec::new();
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
@@ -189,7 +208,7 @@ fn store_cost(seconds: u64) -> Vec<String> {
         let role = if i == leader { "leader" } else { "follower" };
         let line = format!(
             "{role} {}: {:.1} read-write transactions/min (acquire {:.1}, renew {:.1}), {:.1} reads/min",
-            cluster.sidecars[i].name,
+            sidecars[i].name,
             rw,
             delta("acquire"),
             delta("renew"),
@@ -204,6 +223,158 @@ fn store_cost(seconds: u64) -> Vec<String> {
             );
         }
     }
+    lines
+}
+
+/// A private PostgreSQL or Redis server, as the tests start them.
+enum PrivateStore {
+    Postgres(PostgresServer),
+    Redis(RedisServer),
+}
+
+impl PrivateStore {
+    fn start(kind: &str) -> PrivateStore {
+        match kind {
+            "postgres" => PrivateStore::Postgres(PostgresServer::start()),
+            _ => PrivateStore::Redis(RedisServer::start()),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            PrivateStore::Postgres(_) => "postgres",
+            PrivateStore::Redis(_) => "redis",
+        }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            PrivateStore::Postgres(server) => server.addr(),
+            PrivateStore::Redis(server) => server.addr(),
+        }
+    }
+
+    /// The store URL at `at` (the server, or a proxy in front of it).
+    fn url_at(&self, at: std::net::SocketAddr) -> String {
+        match self {
+            PrivateStore::Postgres(server) => server.url_at(at),
+            PrivateStore::Redis(server) => server.url_at(at),
+        }
+    }
+
+    /// A sidecar on this store through `proxy`; every PostgreSQL sidecar may
+    /// create the table (idempotent).
+    fn sidecar(&self, i: usize, proxy: TcpProxy, lock: &str, extra: &[String]) -> Sidecar {
+        let mut store = vec![
+            "--store".to_string(),
+            self.kind().to_string(),
+            "--store-url".to_string(),
+            self.url_at(proxy.addr),
+        ];
+        if self.kind() == "postgres" {
+            store.push("--create-table".into());
+        }
+        let name = format!("pod-{i}-{}", rand_suffix());
+        Sidecar::launch(&name, proxy, lock, &store, &[], extra)
+    }
+
+    /// Three sidecars, each through a proxy of its own.
+    fn sidecars(&self, runtime: &tokio::runtime::Runtime, lock: &str, extra: &[String]) -> Vec<Sidecar> {
+        (0..3)
+            .map(|i| {
+                let proxy = runtime.block_on(TcpProxy::start(self.addr()));
+                self.sidecar(i, proxy, lock, extra)
+            })
+            .collect()
+    }
+
+    async fn direct(&self) -> Arc<dyn LeaseStore> {
+        use leasehold::store::StoreUrl;
+        let url = StoreUrl::new(self.url_at(self.addr()));
+        let store: Arc<dyn LeaseStore> = match self.kind() {
+            "postgres" => Arc::new(
+                leasehold::store::postgres::PostgresStore::connect(leasehold::store::postgres::PostgresConfig {
+                    url,
+                    table: "leasehold_leases".into(),
+                })
+                .unwrap(),
+            ),
+            _ => Arc::new(
+                leasehold::store::redis::RedisStore::connect(leasehold::store::redis::RedisConfig {
+                    url,
+                    prefix: leasehold::store::redis::DEFAULT_PREFIX.into(),
+                })
+                .unwrap(),
+            ),
+        };
+        store.ensure_schema().await.unwrap();
+        store
+    }
+}
+
+/// Renew and observe latency, called back to back `n` times each.
+fn private_latency(store: &PrivateStore, runtime: &tokio::runtime::Runtime, n: u64) -> Vec<String> {
+    runtime.block_on(async {
+        let direct = store.direct().await;
+        let lease = Duration::from_secs(15);
+        let grant = direct.acquire("bench-latency", "bench", lease).await.unwrap();
+        let mut samples: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+        for _ in 0..n {
+            let timed = Instant::now();
+            direct
+                .renew("bench-latency", "bench", grant.token, lease)
+                .await
+                .unwrap();
+            samples.entry("renew").or_default().push(timed.elapsed());
+            let timed = Instant::now();
+            direct.observe("bench-latency").await.unwrap();
+            samples.entry("observe").or_default().push(timed.elapsed());
+        }
+        samples
+            .iter_mut()
+            .map(|(op, samples)| {
+                samples.sort();
+                let line = format!(
+                    "{op}: n={} p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                    samples.len(),
+                    quantile(samples, 0.5),
+                    quantile(samples, 0.99),
+                    quantile(samples, 1.0)
+                );
+                println!("{} {line}", store.kind());
+                line
+            })
+            .collect()
+    })
+}
+
+/// Everything measured on Spanner, on a private PostgreSQL or Redis server:
+/// crash failover and graceful handover at the tests' D/R/P, renew latency,
+/// and store operations per minute at the default timings.
+fn private_store(kind: &'static str, reps: u64, seconds: u64) -> Vec<String> {
+    let store = PrivateStore::start(kind);
+    let runtime = one_worker_runtime();
+    let mut lines = Vec::new();
+    for (signal, what) in [("KILL", "crash failover"), ("TERM", "graceful handover")] {
+        let lock = format!("bench-{kind}-{signal}");
+        let mut sidecars = store.sidecars(&runtime, &lock, &[]);
+        let mut samples = timed_handovers(&mut sidecars, reps, signal, what, |i, proxy| {
+            store.sidecar(i, proxy, &lock, &[])
+        });
+        drop(sidecars);
+        let median_over_d = millis(median(&mut samples)) / millis(D);
+        lines.push(format!(
+            "{what}: {}; median/D = {median_over_d:.2}",
+            summary(&mut samples)
+        ));
+    }
+    lines.extend(private_latency(&store, &runtime, reps.max(2) * 10));
+    let sidecars = store.sidecars(&runtime, &format!("bench-{kind}-cost"), &default_timing_flags());
+    lines.extend(
+        calls_per_minute(&sidecars, seconds)
+            .into_iter()
+            .map(|l| format!("store cost (15s/10s/2s, {seconds} s): {l}")),
+    );
     lines
 }
 
@@ -503,6 +674,18 @@ fn main() {
             reps.max(2) * 10
         );
         summary_lines.extend(store_ops(reps).into_iter().map(|l| format!("store ops: {l}")));
+    }
+    for kind in ["postgres", "redis"] {
+        if run(kind) {
+            println!(
+                "== {kind} (private server): failover and handover at D={D:?} R={R:?} P={P:?}, latency, store cost"
+            );
+            summary_lines.extend(
+                private_store(kind, reps, seconds)
+                    .into_iter()
+                    .map(|l| format!("{kind}: {l}")),
+            );
+        }
     }
     if run("footprint") {
         println!("== footprint");

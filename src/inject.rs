@@ -96,12 +96,10 @@ pub fn inject(input: &str, config: &InjectionConfig) -> Result<Injected, Error> 
         .map(|d| {
             let key = (namespace(d).to_string(), name(d).to_string());
             let gate = d.pointer("/spec/publishing/readinessGate").and_then(Value::as_bool);
-            (
-                key,
-                LeaseInjection {
-                    readiness_gate: gate.unwrap_or(false),
-                },
-            )
+            let store = d
+                .pointer("/spec/store")
+                .and_then(|s| serde_json::from_value::<crate::api::LeaseStoreSpec>(s.clone()).ok());
+            (key, LeaseInjection::new(gate.unwrap_or(false), store.as_ref()))
         })
         .collect();
     let mut out = Injected::default();
@@ -177,8 +175,8 @@ impl Context<'_> {
             .and_then(|a| a.get(LEASE_ANNOTATION))
             .cloned()
             .unwrap_or_default();
-        let lease = self.leases.get(&(namespace.clone(), lease_name.clone())).copied();
-        match injection_patch(&typed, lease, self.config) {
+        let lease = self.leases.get(&(namespace.clone(), lease_name.clone())).cloned();
+        match injection_patch(&typed, lease.clone(), self.config) {
             Ok(patch) => {
                 json_patch::patch(&mut pod, &patch).map_err(|source| Error::Patch {
                     index: self.index,
@@ -420,6 +418,38 @@ spec:
             docs(&refused.yaml),
             docs(&no_command),
             "a refused template is written back unchanged"
+        );
+    }
+
+    /// The same URL-Secret mount as the webhook, from the DistributedLease
+    /// in the input.
+    #[test]
+    fn a_redis_lease_in_the_input_mounts_its_url_secret() {
+        let input = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: worker, namespace: shop, annotations: {leasehold.dev/lease: jobs}}
+spec:
+  containers: [{name: app, image: "worker:1"}]
+---
+apiVersion: leasehold.dev/v1alpha1
+kind: DistributedLease
+metadata: {name: jobs, namespace: shop}
+spec:
+  store: {redis: {urlSecretRef: {name: cache-url}}}
+"#;
+        let out = inject(input, &config()).unwrap();
+        let spec = &docs(&out.yaml)[0]["spec"];
+        assert_eq!(spec["volumes"][1]["secret"]["secretName"], "cache-url");
+        assert_eq!(
+            spec["volumes"][1]["secret"]["items"][0]["key"], "url",
+            "the default key"
+        );
+        let env = spec["initContainers"][0]["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == crate::sidecar::interface::ENV_STORE_URL_FILE),
+            "{env:?}"
         );
     }
 

@@ -15,7 +15,10 @@
 //! * crashes (kill -9: the elector and its leader work stop at once, its
 //!   requests in flight may still commit) and a restart under a new
 //!   identity (S12, S13); campaigns stopped and resumed (S8);
-//! * the lease row deleted under a live lease.
+//! * the lease row deleted under a live lease;
+//! * odd seeds run on Redis's expiry semantics (the lease key vanishes at its
+//!   TTL, the counter keeping term and token survives), even seeds on the
+//!   SQL stores' (the row stays, expiry judged when read or taken).
 //!
 //! The checker compares what every process believed and wrote with the
 //! store's own record of acquisitions (their commit instants on the
@@ -259,6 +262,10 @@ pub struct Counts {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    /// Schedules run on Redis's TTL expiry (1 or 0 for one schedule).
+    pub ttl_seeds: u64,
+    /// Leases that vanished at their TTL.
+    pub ttl_expiries: u64,
 }
 
 impl Counts {
@@ -273,6 +280,8 @@ impl Counts {
         self.duplicates += r.duplicates;
         self.clock_jumps += r.clock_jumps;
         self.deleted_live += r.deleted_live;
+        self.ttl_seeds += r.ttl_seeds;
+        self.ttl_expiries += r.ttl_expiries;
     }
 }
 
@@ -282,7 +291,7 @@ impl fmt::Display for Counts {
             f,
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
-             {} rows deleted under a live lease",
+             {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL",
             self.terms,
             self.accepted,
             self.fenced,
@@ -292,7 +301,9 @@ impl fmt::Display for Counts {
             self.late_commits,
             self.duplicates,
             self.clock_jumps,
-            self.deleted_live
+            self.deleted_live,
+            self.ttl_seeds,
+            self.ttl_expiries
         )
     }
 }
@@ -704,7 +715,8 @@ impl Schedule {
             seed,
             store: MemoryStore::new(rng.random())
                 .with_clock_start(StoreTime(1_700_000_000_000_000_000))
-                .with_clock_rate(clock_rate),
+                .with_clock_rate(clock_rate)
+                .with_ttl_expiry(seed % 2 == 1),
             mutant: setup.mutant,
             clock_rate,
             links: Arc::new(Mutex::new(StdRng::seed_from_u64(rng.random()))),
@@ -721,6 +733,10 @@ impl Schedule {
             restarts: 0,
             report: Report {
                 seed,
+                counts: Counts {
+                    ttl_seeds: seed % 2,
+                    ..Counts::default()
+                },
                 ..Default::default()
             },
         }
@@ -1101,6 +1117,7 @@ impl Schedule {
         self.report.counts.fenced = register.rejected;
         self.report.counts.late_commits = stats.late_commits;
         self.report.counts.duplicates = stats.duplicates;
+        self.report.counts.ttl_expiries = self.store.ttl_expiries();
         self.report.events = log.events;
         drop(register);
         drop(stats);

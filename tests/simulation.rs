@@ -35,6 +35,10 @@ fn run_shard(shard: u64) -> Summary {
         summary.counts.fenced > 0,
         "some paused leader's late write was fenced off: {summary:?}"
     );
+    assert!(
+        summary.counts.ttl_seeds == 125 && summary.counts.ttl_expiries > 0,
+        "half the seeds ran on Redis's TTL expiry, where leases did vanish: {summary:?}"
+    );
     summary
 }
 

@@ -10,7 +10,7 @@ use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
 use leasehold::store::conformance::Target;
 use leasehold::store::postgres::{PostgresConfig, PostgresStore};
-use leasehold::testing::servers::PostgresServer;
+use leasehold::testing::servers::{PostgresServer, TestCertificates, scratch_dir};
 use leasehold::testing::{ProxyMode, TcpProxy};
 
 const TABLE: &str = "leasehold_leases";
@@ -163,9 +163,51 @@ async fn bad_urls_and_table_names_are_refused_before_connecting() {
         err.to_string(),
         "invalid: table \"leases; DROP\" is not a valid PostgreSQL identifier (a letter, then letters, digits or '_', at most 48)"
     );
-    let err = PostgresStore::connect(config("postgres://app:hunter2@db/x?sslmode=require".into())).unwrap_err();
+    let err = PostgresStore::connect(config(
+        "postgres://app:hunter2@db/x?sslmode=verify-full&sslrootcert=/no/such/ca.pem".into(),
+    ))
+    .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }));
+    assert!(
+        err.chain()
+            .contains("sslrootcert /no/such/ca.pem: cannot read CA certificates"),
+        "{}",
+        err.chain()
+    );
     assert!(!err.chain().contains("hunter2"), "{}", err.chain());
+}
+
+/// Over TLS with the certificate checked against the server's CA, the
+/// conformance basics hold; a CA that did not sign the certificate is refused.
+#[tokio::test]
+async fn tls_connects_and_checks_the_certificate() {
+    let server = PostgresServer::start_tls();
+    let store = PostgresStore::connect(config(server.tls_url())).unwrap();
+    store.ensure_schema().await.unwrap();
+    let other_ca = TestCertificates::write(&scratch_dir("pg-other-ca"));
+    let wrong = server.tls_url().replace(
+        &server.certificates.as_ref().unwrap().ca_file.display().to_string(),
+        &other_ca.ca_file.display().to_string(),
+    );
+    let distrusting = PostgresStore::connect_with(config(wrong), Duration::from_secs(2)).unwrap();
+    suite::tls_checks_the_certificate(&store, &distrusting).await;
+}
+
+/// A TLS URL against a server that does not speak TLS fails, saying so;
+/// nothing falls back to plain text.
+#[tokio::test]
+async fn tls_to_a_server_without_tls_fails_clearly() {
+    let fixture = postgres().await;
+    let ca = TestCertificates::write(&scratch_dir("pg-no-tls"));
+    let url = format!(
+        "postgres://leasehold@{}/postgres?sslmode=verify-full&sslrootcert={}",
+        fixture.server.addr(),
+        ca.ca_file.display()
+    );
+    let store = PostgresStore::connect_with(config(url), Duration::from_secs(2)).unwrap();
+    let err = store.observe("x").await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(err.chain().contains("server does not support TLS"), "{}", err.chain());
 }
 
 #[tokio::test]
@@ -190,4 +232,51 @@ async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
         .renew("cut", "a", grant.token, Duration::from_secs(30))
         .await
         .expect("renews again once the connection is back");
+}
+
+/// A row whose stored lease duration or term is out of range is refused,
+/// never read as an expired (0 ms) lease or a wrapped term.
+#[tokio::test]
+async fn a_row_with_an_out_of_range_duration_or_term_is_refused() {
+    let fixture = postgres().await;
+    fixture
+        .store
+        .acquire("bad-row", "a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    for (column, stored) in [
+        ("lease_ms", "0"),
+        ("lease_ms", "-1"),
+        ("lease_ms", "999999999999"),
+        ("term", "-3"),
+    ] {
+        let restore = fixture.store.observe("bad-row").await.unwrap().record.unwrap();
+        sql(
+            &fixture.server,
+            &format!("UPDATE {TABLE} SET {column} = {stored} WHERE name = 'bad-row'"),
+        )
+        .await;
+        let observed = fixture.store.observe("bad-row").await.unwrap_err();
+        assert!(matches!(observed, StoreError::Invalid { .. }), "{observed:?}");
+        assert!(
+            observed
+                .to_string()
+                .contains(&format!("row \"bad-row\" holds {column} = {stored}")),
+            "{observed}"
+        );
+        sql(
+            &fixture.server,
+            &format!(
+                "UPDATE {TABLE} SET lease_ms = {}, term = {} WHERE name = 'bad-row'",
+                restore.lease_duration.as_millis(),
+                restore.term
+            ),
+        )
+        .await;
+        fixture
+            .store
+            .observe("bad-row")
+            .await
+            .expect("a corrected row reads again");
+    }
 }

@@ -10,7 +10,7 @@ use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
 use leasehold::store::conformance::Target;
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
-use leasehold::testing::servers::RedisServer;
+use leasehold::testing::servers::{RedisServer, TestCertificates, scratch_dir};
 use leasehold::testing::{ProxyMode, TcpProxy};
 
 struct Redis {
@@ -136,8 +136,16 @@ async fn a_lost_counter_still_gives_larger_tokens() {
 
 #[tokio::test]
 async fn bad_urls_and_prefixes_are_refused_before_connecting() {
-    let err = RedisStore::connect(config("rediss://:hunter2@cache:6380".into())).unwrap_err();
+    let err = RedisStore::connect(config(
+        "rediss://:hunter2@cache:6380?sslrootcert=/no/such/ca.pem".into(),
+    ))
+    .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }));
+    assert!(
+        err.chain().contains("sslrootcert /no/such/ca.pem: cannot read"),
+        "{}",
+        err.chain()
+    );
     assert!(!err.chain().contains("hunter2"), "{}", err.chain());
     let err = RedisStore::connect(RedisConfig {
         url: StoreUrl::new("redis://cache"),
@@ -170,4 +178,90 @@ async fn a_cut_connection_is_not_success_and_the_lease_survives_it() {
         assert!(started.elapsed() < Duration::from_secs(10), "no reconnect");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A lease key whose stored duration or term is out of range, or missing, is
+/// refused, never read as an expired (0 ms) lease or a wrapped term.
+#[tokio::test]
+async fn a_lease_key_with_an_out_of_range_duration_or_term_is_refused() {
+    let fixture = redis().await;
+    let lease = Duration::from_secs(30);
+    fixture.store.acquire("bad-row", "a", lease).await.unwrap();
+    let [lease_key, _] = fixture.store.keys("bad-row");
+    let mut cli = cli(&fixture.server).await;
+    for (field, stored, shown) in [
+        ("lease_ms", "0", "holds lease_ms = 0"),
+        ("lease_ms", "-1", "holds lease_ms = -1"),
+        ("lease_ms", "999999999999", "holds lease_ms = 999999999999"),
+        ("lease_ms", "soon", "holds lease_ms = "),
+        ("term", "-3", "holds term = -3"),
+    ] {
+        let restore: String = redis::cmd("HGET")
+            .arg(&lease_key)
+            .arg(field)
+            .query_async(&mut cli)
+            .await
+            .unwrap();
+        let () = redis::cmd("HSET")
+            .arg(&lease_key)
+            .arg(field)
+            .arg(stored)
+            .query_async(&mut cli)
+            .await
+            .map(|_: i64| ())
+            .unwrap();
+        let observed = fixture.store.observe("bad-row").await.unwrap_err();
+        assert!(matches!(observed, StoreError::Invalid { .. }), "{observed:?}");
+        assert!(observed.to_string().contains(shown), "{observed}");
+        let () = redis::cmd("HSET")
+            .arg(&lease_key)
+            .arg(field)
+            .arg(restore)
+            .query_async(&mut cli)
+            .await
+            .map(|_: i64| ())
+            .unwrap();
+        fixture
+            .store
+            .observe("bad-row")
+            .await
+            .expect("a corrected key reads again");
+    }
+}
+
+/// Over TLS with the certificate checked against the server's CA, the
+/// basics hold; a CA that did not sign the certificate is refused.
+#[tokio::test]
+async fn tls_connects_and_checks_the_certificate() {
+    let server = RedisServer::start_tls();
+    let store = RedisStore::connect(config(server.tls_url())).unwrap();
+    let other_ca = TestCertificates::write(&scratch_dir("redis-other-ca"));
+    let wrong = server.tls_url().replace(
+        &server.certificates.as_ref().unwrap().ca_file.display().to_string(),
+        &other_ca.ca_file.display().to_string(),
+    );
+    let distrusting = RedisStore::connect_with(config(wrong), Duration::from_secs(2)).unwrap();
+    suite::tls_checks_the_certificate(&store, &distrusting).await;
+}
+
+/// A rediss:// URL against a server that does not speak TLS fails, saying
+/// so; nothing falls back to plain text.
+#[tokio::test]
+async fn tls_to_a_server_without_tls_fails_clearly() {
+    let fixture = redis().await;
+    let ca = TestCertificates::write(&scratch_dir("redis-no-tls"));
+    let url = format!(
+        "rediss://{}/0?sslrootcert={}",
+        fixture.server.addr(),
+        ca.ca_file.display()
+    );
+    let store = RedisStore::connect_with(config(url), Duration::from_secs(2)).unwrap();
+    let err = store.observe("x").await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.chain()
+            .contains("the URL asks for TLS, rediss://: does the server speak TLS"),
+        "{}",
+        err.chain()
+    );
 }

@@ -549,5 +549,6 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
         .await
         .unwrap();
     assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
-    leasehold::operator::reconcile::fixtures::store_side_scenario(Arc::new(store)).await;
+    use leasehold::operator::reconcile::fixtures::{StoreSide, store_side_scenario};
+    store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }

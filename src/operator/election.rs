@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use super::ControllerRun;
 use super::http::Role;
-use super::stores::StoreProvider;
+use super::stores::{StoreProvider, StoreTarget};
 use crate::lease::clock::Jitter;
 use crate::lease::{Elector, Identity, LeaderContext, Timing};
 use crate::store::spanner::SpannerConfig;
@@ -375,7 +375,7 @@ impl SpannerElection {
             identity,
         } = self;
         let prepared = async {
-            let store = stores.store(&config).await?;
+            let store = stores.store(&StoreTarget::Spanner(config.clone())).await?;
             store.ensure_schema().await?;
             Ok(store)
         };

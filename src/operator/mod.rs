@@ -46,7 +46,7 @@ use self::election::{Backend, DEFAULT_LEASE_NAME, Election, LeaseElection, Spann
 use self::http::Role;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
-use self::stores::{SpannerStores, StoreProvider};
+use self::stores::{OpenStores, StoreProvider};
 use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing};
@@ -251,7 +251,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             served
         })
     });
-    let stores: Arc<dyn StoreProvider> = Arc::new(SpannerStores::default());
+    let stores: Arc<dyn StoreProvider> = Arc::new(OpenStores::default());
     let ctx = Arc::new(
         Context::new(client.clone(), reporter, stores.clone(), metrics.clone()).with_cluster(args.cluster_name.clone()),
     );

@@ -84,9 +84,22 @@ pub const NAMESPACED_RULES: &[Rule] = &[
     },
 ];
 
-/// Whether the operator's rules allow `request`.
+/// Rules granted by a Role in each namespace whose DistributedLeases use
+/// PostgreSQL or Redis: the store URL is in a Secret there, which the
+/// operator reads to create the table and read the lease into status.
+pub const STORE_SECRET_RULES: &[Rule] = &[Rule {
+    api_group: "",
+    resources: &["secrets"],
+    verbs: &["get"],
+    resource_names: &[],
+}];
+
+/// Whether the operator's rules allow `request` (the store-Secret Role taken
+/// as bound in the namespace asked about).
 pub fn allows(request: &RequestAttributes) -> bool {
-    crate::rbac::grants(RULES, request) || crate::rbac::grants(NAMESPACED_RULES, request)
+    [RULES, NAMESPACED_RULES, STORE_SECRET_RULES]
+        .iter()
+        .any(|rules| crate::rbac::grants(rules, request))
 }
 
 /// Whether the operator's rules allow a request by method and path.
@@ -104,8 +117,12 @@ mod tests {
     fn the_doc_carries_exactly_these_rules() {
         assert_eq!(
             crate::rbac::rules_lists_in(DOC),
-            [rules_yaml(RULES), rules_yaml(NAMESPACED_RULES)],
-            "docs/rbac-operator.md must carry exactly the ClusterRole and Role rules, as rbac::rules_yaml() renders them"
+            [
+                rules_yaml(RULES),
+                rules_yaml(NAMESPACED_RULES),
+                rules_yaml(STORE_SECRET_RULES)
+            ],
+            "docs/rbac-operator.md must carry exactly the ClusterRole and Roles' rules, as rbac::rules_yaml() renders them"
         );
     }
 

@@ -17,7 +17,7 @@
 //!    changed (holder, term, token, conditions, counts): a renewal alone
 //!    writes nothing, so a steady lease costs no writes and no extra reconcile.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,10 +35,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::metrics::{Metrics, Outcome};
 use super::rollout;
-use super::stores::StoreProvider;
+use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
 use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
 use crate::lease::Identity;
 use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::sidecar::interface::TIMING_CONDITION;
+use crate::store::StoreUrl;
 
 /// The field manager of every status write.
 pub const FIELD_MANAGER: &str = "leasehold-operator";
@@ -56,6 +58,10 @@ pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
 const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
 /// The fastest healthy requeue, whatever retryPeriod says.
 const MIN_REQUEUE: Duration = Duration::from_secs(1);
+/// How long a store URL read from a Secret is used before it is read again
+/// (sooner after a failed store call): a rotated credential is picked up
+/// within this, and a steady lease costs one Secret read per this.
+pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
 /// How long a reconcile waits for the pod watch's first list.
 const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 
@@ -81,6 +87,9 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A Secret key: (namespace, name, key).
+type SecretKey = (String, String, String);
+
 /// What every reconcile needs.
 pub struct Context {
     pub client: Client,
@@ -92,8 +101,10 @@ pub struct Context {
     cluster: Option<String>,
     /// The pod watch's cache: the candidates of every lease.
     pods: Store<Pod>,
-    /// (database, table) pairs whose table is known to exist.
-    schemas: Arc<Mutex<HashSet<(String, String)>>>,
+    /// The stores (by [`StoreTarget::key`]) whose table is known to exist.
+    schemas: Arc<Mutex<HashSet<String>>>,
+    /// Store URLs read from Secrets, with when.
+    urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
 }
 
 impl Context {
@@ -106,6 +117,7 @@ impl Context {
             cluster: None,
             pods: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
+            urls: Arc::default(),
         }
     }
 
@@ -120,6 +132,7 @@ impl Context {
             cluster: self.cluster.clone(),
             pods,
             schemas: self.schemas.clone(),
+            urls: self.urls.clone(),
         }
     }
 
@@ -182,30 +195,76 @@ impl Context {
         }
     }
 
-    /// The store for a valid lease, with its table created the first time.
-    async fn store(&self, valid: &ValidLease) -> Result<Arc<dyn LeaseStore>, StoreError> {
-        let config = spanner_of(valid)?;
-        let store = self.stores.store(config).await?;
-        let key = (config.database.clone(), config.table.clone());
-        let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
-        if !known {
-            store.ensure_schema().await?;
-            info!(database = %key.0, table = %key.1, "lease table ready");
-            self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-        }
-        Ok(store)
+    /// The store a valid lease names. A PostgreSQL or Redis URL is read
+    /// from the resource's Secret and kept for [`SECRET_REFRESH`], or until
+    /// a store call fails, so a rotated credential is picked up.
+    async fn store_of(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+    ) -> Result<(StoreTarget, Arc<dyn LeaseStore>), StoreError> {
+        let url = match url_secret(valid) {
+            None => None,
+            Some(secret) => {
+                let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
+                let cached = self.urls.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+                match cached {
+                    Some((url, read)) if read.elapsed() < SECRET_REFRESH => Some(url),
+                    _ => {
+                        let url = read_url(&self.client, namespace, secret).await?;
+                        self.urls
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key, (url.clone(), Instant::now()));
+                        Some(url)
+                    }
+                }
+            }
+        };
+        let target = StoreTarget::of(valid, url)?;
+        let store = self.stores.store(&target).await?;
+        Ok((target, store))
     }
-}
 
-/// The operator reads and prepares Spanner stores. PostgreSQL and Redis
-/// leases are elected by their sidecars from the URL in a Secret the
-/// operator does not read, so it reports them as not readable here.
-fn spanner_of(valid: &ValidLease) -> Result<&crate::store::spanner::SpannerConfig, StoreError> {
-    match &valid.store {
-        crate::api::ValidStore::Spanner(config) => Ok(config),
-        other => Err(StoreError::invalid(format!(
-            "{other}: the operator does not read PostgreSQL or Redis leases yet (the sidecars elect on them)"
-        ))),
+    /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
+    fn forget_url(&self, valid: &ValidLease, namespace: &str) {
+        if let Some(secret) = url_secret(valid) {
+            let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
+            self.urls.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        }
+    }
+
+    /// Reads the lease row, creating the table the first time where the
+    /// operator has the rights. Without them (a role that may only read and
+    /// write rows) the table may exist already: the read says whether it does.
+    async fn observe(&self, valid: &ValidLease, namespace: &str) -> Result<Observation, StoreError> {
+        let read = async {
+            let (target, store) = self.store_of(valid, namespace).await?;
+            let key = target.key();
+            let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
+            if !known {
+                match store.ensure_schema().await {
+                    Ok(()) => info!(store = %valid.store, "lease table ready"),
+                    Err(created @ StoreError::Invalid { .. }) => {
+                        let observed = store.observe(&valid.lock).await.map_err(|e| {
+                            StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
+                                .caused_by(e)
+                        })?;
+                        info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
+                        self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                        return Ok(observed);
+                    }
+                    Err(e) => return Err(e),
+                }
+                self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+            }
+            store.observe(&valid.lock).await
+        };
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
     }
 }
 
@@ -313,10 +372,8 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         None
     };
 
-    let observed = match ctx.store(&valid).await {
-        Ok(store) => store.observe(&valid.lock).await,
-        Err(e) => Err(e),
-    };
+    let timing = timing_condition(&old, generation, &candidates);
+    let observed = ctx.observe(&valid, &namespace).await;
     let valid_condition = condition(&old, generation, "Valid", "True", "SpecValid", "the spec is valid");
     let counts = DistributedLeaseStatus {
         candidates: u32::try_from(candidates.len()).unwrap_or(u32::MAX),
@@ -341,6 +398,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
                 ]
                 .into_iter()
                 .chain(rollout)
+                .chain([timing])
                 .collect(),
                 ..counts
             };
@@ -354,6 +412,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 
     let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
     status.conditions.extend(rollout);
+    status.conditions.push(timing);
     if status.holder != old.holder {
         let note = match &status.holder {
             Some(holder) => format!(
@@ -592,7 +651,7 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
         return Ok(());
     };
     let observed = async {
-        let store = ctx.stores.store(spanner_of(&valid)?).await?;
+        let (_, store) = ctx.store_of(&valid, namespace).await?;
         let observed = store.observe(&valid.lock).await?;
         Ok((store, observed))
     }
@@ -748,6 +807,49 @@ impl HolderPod {
         self.0.as_ref().is_some_and(|identity| {
             identity.cluster() == cluster && identity.namespace().is_none_or(|ns| ns == namespace)
         })
+    }
+}
+
+/// `TimingAtRisk`: True while a candidate's sidecar reports (in its pod
+/// condition [`TIMING_CONDITION`]) that its renewals use more than their
+/// share of R − P, naming the pods and what they measured. The sidecar
+/// changes that condition only when the verdict crosses the threshold, so
+/// this costs no status writes while it holds.
+fn timing_condition(old: &DistributedLeaseStatus, generation: Option<i64>, candidates: &[Arc<Pod>]) -> Condition {
+    let at_risk: Vec<String> = candidates
+        .iter()
+        .filter_map(|pod| {
+            let reported = pod
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == TIMING_CONDITION && c.status == "True")?;
+            Some(format!(
+                "{}: {}",
+                pod.name_any(),
+                reported.message.as_deref().unwrap_or_default()
+            ))
+        })
+        .collect();
+    match at_risk.is_empty() {
+        true => condition(
+            old,
+            generation,
+            "TimingAtRisk",
+            "False",
+            "RenewalsWithinBudget",
+            "no candidate reports renewals over their share of R - P",
+        ),
+        false => condition(
+            old,
+            generation,
+            "TimingAtRisk",
+            "True",
+            "RenewalsSlow",
+            &at_risk.join("; "),
+        ),
     }
 }
 

@@ -1,49 +1,137 @@
-//! How the operator gets a [`LeaseStore`] for a resource's database and table.
+//! How the operator gets a [`LeaseStore`] for a resource's store: Spanner by
+//! database and table, PostgreSQL and Redis by the URL in the Secret the
+//! resource names, read through the Kubernetes API.
 //!
 //! Behind a trait so that tests (and the wire-level fixtures) hand the
-//! reconciler a `MemoryStore`, while production connects to Spanner once per
-//! database and table and reuses the connection.
+//! reconciler a `MemoryStore`, while production connects once per store and
+//! reuses the connection.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
 
+use crate::api::{SecretKeyRef, ValidLease, ValidStore};
 use crate::lease::{LeaseStore, StoreError};
+use crate::store::StoreUrl;
+use crate::store::postgres::{PostgresConfig, PostgresStore};
+use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
 use crate::store::spanner::SpannerConfig;
+
+/// A store a resource names, its credentials resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreTarget {
+    Spanner(SpannerConfig),
+    Postgres(PostgresConfig),
+    Redis(RedisConfig),
+}
+
+impl StoreTarget {
+    /// The store of `valid`; `url` is the one its Secret holds (PostgreSQL,
+    /// Redis), read by [`read_url`].
+    pub fn of(valid: &ValidLease, url: Option<StoreUrl>) -> Result<StoreTarget, StoreError> {
+        let url = || {
+            url.clone()
+                .ok_or_else(|| StoreError::invalid("the store's URL was not read"))
+        };
+        Ok(match &valid.store {
+            ValidStore::Spanner(config) => StoreTarget::Spanner(config.clone()),
+            ValidStore::Postgres { table, .. } => StoreTarget::Postgres(PostgresConfig {
+                url: url()?,
+                table: table.clone(),
+            }),
+            // The prefix the injected sidecars use: the resource has no field for it.
+            ValidStore::Redis { .. } => StoreTarget::Redis(RedisConfig {
+                url: url()?,
+                prefix: DEFAULT_PREFIX.into(),
+            }),
+        })
+    }
+
+    /// One key per store and table (or key space): connections and created
+    /// tables are remembered by it. Holds the URL; never logged.
+    pub fn key(&self) -> String {
+        match self {
+            StoreTarget::Spanner(c) => format!("spanner\n{}\n{}", c.database, c.table),
+            StoreTarget::Postgres(c) => format!("postgres\n{}\n{}", c.url.expose(), c.table),
+            StoreTarget::Redis(c) => format!("redis\n{}\n{}", c.url.expose(), c.prefix),
+        }
+    }
+}
+
+/// The Secret key a PostgreSQL or Redis lease reads its URL from.
+pub fn url_secret(valid: &ValidLease) -> Option<&SecretKeyRef> {
+    match &valid.store {
+        ValidStore::Spanner(_) => None,
+        ValidStore::Postgres { url_secret, .. } | ValidStore::Redis { url_secret } => Some(url_secret),
+    }
+}
+
+/// The store URL in `secret` of `namespace`, read through the API (RBAC:
+/// `get secrets` in that namespace, see `operator::rbac::STORE_SECRET_RULES`).
+pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -> Result<StoreUrl, StoreError> {
+    let name = &secret.name;
+    let place = format!("Secret {namespace}/{name}");
+    let found = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| match &e {
+            kube::Error::Api(status) if status.code == 404 => StoreError::invalid(format!("{place} does not exist")),
+            kube::Error::Api(status) if status.code == 403 => StoreError::invalid(format!(
+                "the operator may not read {place}: grant it get on secrets in {namespace} \
+                 (Role leasehold-operator-store-secrets, docs/rbac-operator.md)"
+            ))
+            .caused_by(e),
+            _ => StoreError::unavailable(format!("reading {place}")).caused_by(e),
+        })?;
+    let bytes = found
+        .data
+        .as_ref()
+        .and_then(|data| data.get(&secret.key))
+        .ok_or_else(|| StoreError::invalid(format!("{place} has no key {:?}", secret.key)))?;
+    let url = std::str::from_utf8(&bytes.0)
+        .map_err(|e| StoreError::invalid(format!("{place} key {:?} is not UTF-8", secret.key)).caused_by(e))?;
+    Ok(StoreUrl::new(url))
+}
 
 #[async_trait]
 pub trait StoreProvider: Send + Sync + 'static {
-    /// A store for `config`; may be shared with other resources naming the same table.
-    async fn store(&self, config: &SpannerConfig) -> Result<Arc<dyn LeaseStore>, StoreError>;
+    /// A store for `target`; may be shared with other resources naming the same table.
+    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError>;
 }
 
-/// One store for every resource, whatever database it names: for tests and
-/// for running the operator against a single store.
+/// One store for every resource, whatever it names: for tests and for
+/// running the operator against a single store.
 pub struct SingleStore(pub Arc<dyn LeaseStore>);
 
 #[async_trait]
 impl StoreProvider for SingleStore {
-    async fn store(&self, _config: &SpannerConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    async fn store(&self, _target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
         Ok(self.0.clone())
     }
 }
 
-/// Spanner connections, opened on first use and kept per (database, table).
+/// Store connections, opened on first use and kept per [`StoreTarget::key`].
 /// A failed connect is not cached, so the next reconcile tries again.
 #[derive(Default)]
-pub struct SpannerStores {
-    open: Mutex<HashMap<(String, String), Arc<dyn LeaseStore>>>,
+pub struct OpenStores {
+    open: Mutex<HashMap<String, Arc<dyn LeaseStore>>>,
 }
 
 #[async_trait]
-impl StoreProvider for SpannerStores {
-    async fn store(&self, config: &SpannerConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
-        let key = (config.database.clone(), config.table.clone());
+impl StoreProvider for OpenStores {
+    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        let key = target.key();
         if let Some(store) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(store.clone());
         }
-        let store = connect_spanner(config.clone()).await?;
+        let store: Arc<dyn LeaseStore> = match target {
+            StoreTarget::Spanner(config) => connect_spanner(config.clone()).await?,
+            StoreTarget::Postgres(config) => Arc::new(PostgresStore::connect(config.clone())?),
+            StoreTarget::Redis(config) => Arc::new(RedisStore::connect(config.clone())?),
+        };
         Ok(self
             .open
             .lock()

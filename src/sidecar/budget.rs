@@ -1,9 +1,11 @@
 //! Watches how much of the renewal budget R − P the store's renewals use: a
 //! leader whose renewals take a large share of it has little room left for
 //! a slow or failed one before its deadline. Exposed as the gauge
-//! `leasehold_renew_budget_used` (p99 of the last renewals ÷ (R − P)) and a
+//! `leasehold_renew_budget_used` (p99 of the last renewals ÷ (R − P)), a
 //! warning when it crosses [`AT_RISK_SHARE`], the same margin
-//! `leasehold advise` keeps when it suggests a timing.
+//! `leasehold advise` keeps when it suggests a timing, and a
+//! [`BudgetVerdict`] on each crossing, which `timing_risk` turns into a pod
+//! condition and an Event.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -13,6 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -27,6 +30,33 @@ const WINDOW: usize = 100;
 /// Renewals needed before judging.
 const MIN_SAMPLES: usize = 20;
 
+/// Where the renewals stand against the budget, as of the last crossing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetVerdict {
+    /// p99 above [`AT_RISK_SHARE`] of the budget.
+    pub at_risk: bool,
+    /// The share of the budget the p99 renewal used.
+    pub used: f64,
+    /// R − P.
+    pub budget: Duration,
+}
+
+impl BudgetVerdict {
+    /// One line for a condition, an Event and a log.
+    pub fn describe(&self) -> String {
+        let share = format!("{:.0} %", self.used * 100.0);
+        match self.at_risk {
+            true => format!(
+                "renewal p99 uses {share} of R - P ({:?}), over {:.0} %: a slow renewal may miss the deadline; \
+                 run `leasehold advise` against this store and raise R (and D)",
+                self.budget,
+                AT_RISK_SHARE * 100.0
+            ),
+            false => format!("renewal p99 uses {share} of R - P ({:?})", self.budget),
+        }
+    }
+}
+
 /// A store decorator that times renewals against the budget.
 pub struct RenewBudget {
     store: Arc<dyn LeaseStore>,
@@ -34,6 +64,7 @@ pub struct RenewBudget {
     samples: Mutex<VecDeque<Duration>>,
     used: Gauge<f64, AtomicU64>,
     at_risk: AtomicBool,
+    verdict: watch::Sender<Option<BudgetVerdict>>,
 }
 
 impl RenewBudget {
@@ -50,7 +81,14 @@ impl RenewBudget {
             samples: Mutex::new(VecDeque::with_capacity(WINDOW)),
             used,
             at_risk: AtomicBool::new(false),
+            verdict: watch::Sender::new(None),
         }
+    }
+
+    /// The verdict on each crossing of [`AT_RISK_SHARE`] (the first one
+    /// included); `None` until enough renewals were seen.
+    pub fn verdicts(&self) -> watch::Receiver<Option<BudgetVerdict>> {
+        self.verdict.subscribe()
     }
 
     /// The share of the budget the p99 renewal uses, once there are enough renewals.
@@ -74,20 +112,19 @@ impl RenewBudget {
         let Some(used) = self.used() else { return };
         self.used.set(used);
         let at_risk = used > AT_RISK_SHARE;
-        if at_risk != self.at_risk.swap(at_risk, std::sync::atomic::Ordering::Relaxed) {
+        let first = self.verdict.borrow().is_none();
+        if at_risk != self.at_risk.swap(at_risk, std::sync::atomic::Ordering::Relaxed) || first {
+            let verdict = BudgetVerdict {
+                at_risk,
+                used,
+                budget: self.budget,
+            };
             if at_risk {
-                warn!(
-                    used = format!("{:.0} %", used * 100.0),
-                    budget = ?self.budget,
-                    "renewals use more than a quarter of R - P: a slow renewal may miss the deadline; \
-                     run `leasehold advise` against this store and raise R (and D)"
-                );
+                warn!("{}", verdict.describe());
             } else {
-                info!(
-                    used = format!("{:.0} %", used * 100.0),
-                    "renewals are back within their budget"
-                );
+                info!("{}", verdict.describe());
             }
+            self.verdict.send_replace(Some(verdict));
         }
     }
 }
@@ -153,6 +190,14 @@ mod tests {
         let used = budget.used().unwrap();
         assert!((used - 0.3).abs() < 0.01, "{used}");
         assert!(budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+        let verdict = budget.verdicts().borrow().expect("a verdict once judged");
+        assert!(verdict.at_risk && (verdict.used - 0.3).abs() < 0.01, "{verdict:?}");
+        assert_eq!(verdict.budget, Duration::from_millis(400));
+        assert!(
+            verdict.describe().contains("uses 30 % of R - P (400ms)"),
+            "{}",
+            verdict.describe()
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("leasehold_renew_budget_used 0.3"), "{text}");
@@ -163,5 +208,10 @@ mod tests {
         let (budget, _) = renewals(Duration::from_millis(5)).await;
         assert!(budget.used().unwrap() < AT_RISK_SHARE);
         assert!(!budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+        let verdict = budget
+            .verdicts()
+            .borrow()
+            .expect("the first judgement is published too");
+        assert!(!verdict.at_risk, "{verdict:?}");
     }
 }

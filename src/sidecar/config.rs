@@ -53,7 +53,7 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
     /// A file holding the store URL (a mounted Secret), instead of --store-url.
-    #[arg(long, env = "LEASEHOLD_STORE_URL_FILE", conflicts_with = "store_url")]
+    #[arg(long, env = interface::ENV_STORE_URL_FILE, conflicts_with = "store_url")]
     pub store_url_file: Option<PathBuf>,
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
@@ -497,9 +497,9 @@ mod tests {
                     "--store",
                     "postgres",
                     "--store-url",
-                    "postgres://u:hunter2@db/x?sslmode=require",
+                    "postgres://u:hunter2@db/x?sslmode=verify-everything",
                 ],
-                "asks for sslmode=require",
+                "sslmode=verify-everything is not one of",
             ),
             (
                 &[

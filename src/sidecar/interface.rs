@@ -14,8 +14,16 @@ pub const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
 pub const ENV_METRICS_ADDR: &str = "LEASEHOLD_METRICS_ADDR";
 /// `--token-file`.
 pub const ENV_TOKEN_FILE: &str = "LEASEHOLD_TOKEN_FILE";
+/// `--store-url-file`: the file holding the PostgreSQL or Redis URL (the
+/// lease's Secret, mounted by the injection).
+pub const ENV_STORE_URL_FILE: &str = "LEASEHOLD_STORE_URL_FILE";
 /// `--app-container`: the container whose readiness leadership follows.
 pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
+
+/// The pod condition the sidecar sets on its own pod while its renewals use
+/// more than [`AT_RISK_SHARE`](crate::sidecar::budget::AT_RISK_SHARE) of
+/// R − P; the operator gathers it into the lease's `TimingAtRisk`.
+pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 
 /// The local HTTP API's port (on 127.0.0.1).
 pub const DEFAULT_HTTP_PORT: u16 = 4040;

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod publish;
 pub mod rbac;
 pub mod starting;
+pub mod timing_risk;
 pub mod token_file;
 
 use std::sync::Arc;
@@ -89,11 +90,9 @@ pub async fn run(args: Args) -> Result<()> {
         starting_tx,
     ));
     // The renewal budget watches what the elector sees: every call, once connected.
-    let store: Arc<dyn LeaseStore> = Arc::new(budget::RenewBudget::new(
-        starting_store,
-        &settings.timing,
-        &mut registry,
-    ));
+    let budget = budget::RenewBudget::new(starting_store, &settings.timing, &mut registry);
+    let verdicts = budget.verdicts();
+    let store: Arc<dyn LeaseStore> = Arc::new(budget);
 
     let http = bind(args.http_addr).await?;
     let metrics_listener = bind(args.metrics_addr).await?;
@@ -135,6 +134,9 @@ pub async fn run(args: Args) -> Result<()> {
         tokio::spawn(config::watch_lease(client, pod, lease, settings.clone(), move |t| {
             control.set_timing(t)
         }));
+    }
+    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
+        tokio::spawn(timing_risk::publish(client, pod, verdicts));
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());

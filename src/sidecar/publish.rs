@@ -150,24 +150,31 @@ fn readiness_gated(pod: &Pod) -> bool {
         .is_some_and(|gates| gates.iter().any(|g| g.condition_type == LEADER_CONDITION))
 }
 
+/// An Event recorder reporting as this pod's sidecar, and the reference to
+/// the pod its Events are about.
+pub fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectReference) {
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(pod.name.clone()),
+    };
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: pod.uid.clone(),
+        ..Default::default()
+    };
+    (Recorder::new(client, reporter), reference)
+}
+
 impl Publisher {
     pub fn new(client: kube::Client, pod: PodRef, publishing: Publishing) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(pod.name.clone()),
-        };
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod.name.clone()),
-            namespace: Some(pod.namespace.clone()),
-            uid: pod.uid.clone(),
-            ..Default::default()
-        };
+        let (recorder, reference) = pod_recorder(client.clone(), &pod);
         Publisher {
-            pods: Api::namespaced(client.clone(), &pod.namespace),
+            pods: Api::namespaced(client, &pod.namespace),
             announcer: Announcer {
-                recorder: Recorder::new(client, reporter),
+                recorder,
                 pod: reference,
             },
             pod,

@@ -228,6 +228,25 @@ pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
     }
 }
 
+/// TLS: a store checking the server's certificate against the CA that
+/// signed it renews; one checking against another CA is refused before
+/// anything is sent, naming the certificate.
+pub async fn tls_checks_the_certificate(trusting: &dyn LeaseStore, distrusting: &dyn LeaseStore) {
+    let lease = Duration::from_secs(30);
+    let grant = trusting.acquire("tls", "a", lease).await.expect("acquire over TLS");
+    trusting
+        .renew("tls", "a", grant.token, lease)
+        .await
+        .expect("renew over TLS");
+    let refused = distrusting.observe("tls").await.unwrap_err();
+    assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
+    assert!(
+        refused.chain().contains("invalid peer certificate"),
+        "{}",
+        refused.chain()
+    );
+}
+
 /// S4: a store whose server cannot be reached answers observe and acquire
 /// promptly with `Unavailable`: nothing was sent, so nothing happened.
 pub async fn an_unreachable_server_is_unavailable_promptly(store: &dyn LeaseStore) {

@@ -3,6 +3,12 @@
 //! unknown outcomes, a clock that runs fast or slow and jumps, and rows
 //! deleted or written behind the elector's back. Seeded, so a simulation
 //! replays exactly.
+//!
+//! Two expiry semantics: the SQL stores' (the row stays; expiry is judged
+//! when it is read or taken, so a renewal after expiry that nobody took over
+//! still succeeds) and, [`with_ttl_expiry`](MemoryStore::with_ttl_expiry),
+//! Redis's (the lease key vanishes when its TTL runs out on the store clock,
+//! so a late renewal finds nothing; the counter keeps term and token).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +54,8 @@ struct State {
     faults: Faults,
     rng: StdRng,
     calls: StoreCalls,
+    /// Leases that vanished at their TTL (Redis semantics).
+    ttl_expiries: u64,
 }
 
 /// One acquisition as the store committed it, with the instant on the
@@ -80,6 +88,8 @@ pub struct MemoryStore {
     /// Store seconds per candidate second: clock-rate drift between the
     /// store and the candidates (S3).
     rate: f64,
+    /// Redis semantics: a lease vanishes at its TTL.
+    ttl_expiry: bool,
 }
 
 impl Default for MemoryStore {
@@ -111,10 +121,42 @@ impl MemoryStore {
                 faults: Faults::default(),
                 rng: StdRng::seed_from_u64(seed),
                 calls: StoreCalls::default(),
+                ttl_expiries: 0,
             })),
             epoch_nanos,
             started: Instant::now(),
             rate: 1.0,
+            ttl_expiry: false,
+        }
+    }
+
+    /// With `ttl`, Redis's expiry: a lease whose TTL (renewed_at + lease on
+    /// the store clock) has run out is gone before the next call sees it,
+    /// as Redis deletes an expired key (`PEXPIRE`); the never-expiring
+    /// counter keeps its term, token and duration. Otherwise the SQL
+    /// stores' expiry, judged on the row that stays.
+    pub fn with_ttl_expiry(mut self, ttl: bool) -> Self {
+        self.ttl_expiry = ttl;
+        self
+    }
+
+    /// Leases that vanished at their TTL so far.
+    pub fn ttl_expiries(&self) -> u64 {
+        self.lock().ttl_expiries
+    }
+
+    /// Redis semantics: removes the lease of `lock` if its TTL ran out by `now`.
+    fn expire_by_ttl(&self, state: &mut State, lock: &str, now: StoreTime) {
+        if !self.ttl_expiry {
+            return;
+        }
+        if let Some(row) = state.rows.get_mut(lock)
+            && row.holder.is_some()
+            && row.live_holder(now).is_none()
+        {
+            row.holder = None;
+            row.renewed_at = None;
+            state.ttl_expiries += 1;
         }
     }
 
@@ -246,6 +288,7 @@ impl MemoryStore {
                 ))
             } else {
                 let commit = StoreTime(self.clock(&state).0.max(state.last_commit + 1));
+                self.expire_by_ttl(&mut state, lock, commit);
                 let before = state.rows.get(lock).or_else(|| state.deleted.get(lock));
                 let before_term = before.map(|r| r.term);
                 let (row, value) = body(before, commit)?;
@@ -369,11 +412,10 @@ impl LeaseStore for MemoryStore {
         let observation = {
             let mut state = self.lock();
             Self::admit(&mut state, false)?;
+            let now = self.clock(&state);
+            self.expire_by_ttl(&mut state, lock, now);
             let record = state.rows.get(lock).map(checked_row).transpose()?.cloned();
-            Observation {
-                record,
-                now: self.clock(&state),
-            }
+            Observation { record, now }
         };
         self.delay().await;
         Ok(observation)
@@ -426,6 +468,35 @@ impl LeaseStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Redis's TTL semantics against the SQL stores': after expiry (nobody
+    /// took over) the SQL row still renews, the TTL key is gone, keeping the
+    /// counter's term and token; both hand the next term a larger token.
+    #[tokio::test(start_paused = true)]
+    async fn ttl_expiry_removes_the_lease_and_keeps_the_counter() {
+        let lease = Duration::from_millis(500);
+        for ttl in [false, true] {
+            let store = MemoryStore::new(1).with_ttl_expiry(ttl);
+            let first = store.acquire("l", "a", lease).await.unwrap();
+            tokio::time::sleep(lease * 2).await;
+            let row = store.observe("l").await.unwrap().record.unwrap();
+            let renewed = store.renew("l", "a", first.token, lease).await;
+            if ttl {
+                assert_eq!((row.holder, row.renewed_at), (None, None), "the key is gone");
+                assert_eq!((row.term, row.token), (1, Some(first.token)), "the counter stays");
+                assert!(matches!(renewed, Err(StoreError::Lost { .. })), "{renewed:?}");
+                assert_eq!(store.ttl_expiries(), 1);
+            } else {
+                assert_eq!(row.holder.as_deref(), Some("a"), "the row stays, judged expired");
+                renewed.expect("an expired row nobody took over renews");
+                tokio::time::sleep(lease * 2).await;
+                assert_eq!(store.ttl_expiries(), 0);
+            }
+            let next = store.acquire("l", "b", lease).await.unwrap();
+            assert_eq!(next.term, 2);
+            assert!(next.token > first.token);
+        }
+    }
 
     fn kind_and_chain(e: StoreError) -> (bool, String) {
         (matches!(e, StoreError::Invalid { .. }), e.chain())

@@ -10,6 +10,10 @@ pub mod postgres;
 pub mod redis;
 #[cfg(feature = "spanner")]
 pub mod spanner;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub mod tls;
+
+use std::time::Duration;
 
 pub use crate::lease::store::{LeaseStore, Result, StoreError};
 pub use memory::{Faults, MemoryStore};
@@ -45,6 +49,27 @@ pub fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> 
             "table {table:?} is not a valid {dialect} identifier (a letter, then letters, digits or '_', at most {max_len})"
         )))
     }
+}
+
+/// A stored lease duration back from milliseconds. A row whose duration is
+/// out of range is refused, never clamped: a lease read as 0 ms would look
+/// expired to everyone while its holder still claims it.
+pub fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
+    crate::lease::lease_from_millis(field, millis).map_err(|e| {
+        StoreError::invalid(format!(
+            "row {lock:?} holds {field} = {millis}: delete the row, or correct it"
+        ))
+        .caused_by(e)
+    })
+}
+
+/// A stored term back as the core's unsigned term; a negative one is refused.
+pub fn term_from_row(lock: &str, term: i64) -> Result<u64> {
+    u64::try_from(term).map_err(|_| {
+        StoreError::invalid(format!(
+            "row {lock:?} holds term = {term}; terms are never negative: delete the row, or correct it"
+        ))
+    })
 }
 
 /// A store URL that may carry a password: shown with the password replaced,

@@ -22,6 +22,8 @@
 //!   not commit; serialization failures and deadlocks (SQLSTATE 40001, 40P01;
 //!   CockroachDB's retry errors) are retried with jittered backoff.
 //! * Followers poll with a plain `SELECT` (MVCC, no locks).
+//! * TLS (`sslmode=require`, `verify-ca`, `verify-full`) always checks the
+//!   server's certificate, chain and host name ([`parse_url`]).
 //!
 //! CockroachDB: the same SQL runs unchanged (sequences, `INSERT … ON
 //! CONFLICT … DO UPDATE … WHERE`, `RETURNING`, `clock_timestamp()`). The
@@ -41,11 +43,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{debug, info};
 
-use super::{StoreUrl, shard_of};
+use super::{StoreUrl, lease_from_millis, shard_of, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -72,21 +76,56 @@ pub fn validate_table(table: &str) -> Result<()> {
     super::validate_table(table, "PostgreSQL", 48)
 }
 
-/// Checks the URL parses and does not ask for TLS, which this build does not
-/// offer (`sslmode=require`); the password never appears in the error.
-pub fn parse_url(url: &StoreUrl) -> Result<tokio_postgres::Config> {
-    let config = tokio_postgres::Config::from_str(url.expose())
+/// What a store URL asks for: the driver's settings and, when its `sslmode`
+/// asks for TLS, the TLS client that checks the server's certificate.
+#[derive(Debug)]
+pub struct Connection {
+    pub driver: tokio_postgres::Config,
+    pub tls: Option<rustls::ClientConfig>,
+}
+
+/// Reads a store URL; the password never appears in an error.
+///
+/// `sslmode`: `require`, `verify-ca` and `verify-full` connect over TLS and
+/// all check the certificate's chain *and* host name (libpq checks nothing
+/// under `require`; a lease store must be the one it claims to be), against
+/// `sslrootcert=FILE` or the system's roots. `disable`, `allow`, `prefer` and
+/// no `sslmode` connect without TLS.
+pub fn parse_url(url: &StoreUrl) -> Result<Connection> {
+    let split = tls::take_params(url, &["sslmode", tls::CA_FILE_PARAM])?;
+    let [mode, ca_file]: [Option<String>; 2] = split.taken.try_into().unwrap_or_default();
+    let mut driver = tokio_postgres::Config::from_str(&split.url)
         .map_err(|e| StoreError::invalid(format!("store URL {url:?} is not a PostgreSQL URL")).caused_by(e))?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(StoreError::invalid(format!(
-            "store URL {url:?} asks for sslmode=require, but this build connects without TLS; \
-             reach the database over a private network or a TLS-terminating proxy (e.g. cloud-sql-proxy)"
-        )));
-    }
-    if config.get_hosts().is_empty() {
+    if driver.get_hosts().is_empty() {
         return Err(StoreError::invalid(format!("store URL {url:?} names no host")));
     }
-    Ok(config)
+    let wants_tls = match mode.as_deref() {
+        // The key=value form keeps sslmode in the driver's settings.
+        None => driver.get_ssl_mode() == SslMode::Require,
+        Some("disable" | "allow" | "prefer") => false,
+        Some("require" | "verify-ca" | "verify-full") => true,
+        Some(other) => {
+            return Err(StoreError::invalid(format!(
+                "store URL {url:?}: sslmode={other} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+            )));
+        }
+    };
+    let tls = match (wants_tls, ca_file) {
+        (true, ca_file) => Some(tls::client_config(&tls::Roots::from_param(ca_file))?),
+        (false, Some(_)) => {
+            return Err(StoreError::invalid(format!(
+                "store URL {url:?} names {} but connects without TLS; add sslmode=verify-full",
+                tls::CA_FILE_PARAM
+            )));
+        }
+        (false, None) => None,
+    };
+    driver.ssl_mode(if tls.is_some() {
+        SslMode::Require
+    } else {
+        SslMode::Disable
+    });
+    Ok(Connection { driver, tls })
 }
 
 /// The SQL texts, built once per table.
@@ -234,22 +273,22 @@ impl PostgresStore {
     /// As [`connect`](Self::connect); every call is bounded by `call_timeout`.
     pub fn connect_with(config: PostgresConfig, call_timeout: Duration) -> Result<Self> {
         validate_table(&config.table)?;
-        let mut pg = parse_url(&config.url)?;
+        let Connection { driver: mut pg, tls } = parse_url(&config.url)?;
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(call_timeout);
         }
         if pg.get_application_name().is_none() {
             pg.application_name("leasehold");
         }
-        let manager = Manager::from_config(
-            pg,
-            NoTls,
-            ManagerConfig {
-                // A closed connection is dropped on return; a broken one shows
-                // up on its next statement.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        // A closed connection is dropped on return; a broken one shows up on
+        // its next statement.
+        let recycling = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls {
+            Some(tls) => Manager::from_config(pg, MakeRustlsConnect::new(tls), recycling()),
+            None => Manager::from_config(pg, NoTls, recycling()),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
@@ -323,22 +362,25 @@ impl PostgresStore {
         }
     }
 
-    fn read_observation(lock: &str, row: &Row) -> std::result::Result<Observation, tokio_postgres::Error> {
-        let now: SystemTime = row.try_get("now")?;
-        let term: Option<i64> = row.try_get("term")?;
+    /// The observation, every stored value converted with a check: a row
+    /// out of range is refused, never clamped.
+    fn read_observation(what: &str, lock: &str, row: &Row) -> Result<Observation> {
+        let get = |e| bad_reply(what, e);
+        let now: SystemTime = row.try_get("now").map_err(get)?;
+        let term: Option<i64> = row.try_get("term").map_err(get)?;
         let record = match term {
             None => None,
             Some(term) => {
-                let token: i64 = row.try_get("token")?;
-                let renewed_at: SystemTime = row.try_get("renewed_at")?;
-                let lease_ms: i64 = row.try_get("lease_ms")?;
+                let token: i64 = row.try_get("token").map_err(get)?;
+                let renewed_at: SystemTime = row.try_get("renewed_at").map_err(get)?;
+                let lease_ms: i64 = row.try_get("lease_ms").map_err(get)?;
                 Some(LeaseRecord {
                     name: lock.to_string(),
-                    holder: row.try_get("holder")?,
-                    term: term as u64,
+                    holder: row.try_get("holder").map_err(get)?,
+                    term: term_from_row(lock, term)?,
                     token: Some(FencingToken(token)),
                     renewed_at: Some(store_time(renewed_at)),
-                    lease_duration: Duration::from_millis(lease_ms.max(0) as u64),
+                    lease_duration: lease_from_millis("lease_ms", lock, lease_ms)?,
                 })
             }
         };
@@ -393,7 +435,7 @@ impl LeaseStore for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::invalid(format!("{what}: the clock query returned no row")))?;
-        Self::read_observation(lock, row).map_err(|e| bad_reply(&what, e))
+        Self::read_observation(&what, lock, row)
     }
 
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
@@ -416,7 +458,7 @@ impl LeaseStore for PostgresStore {
         let token: i64 = row.try_get("token").map_err(|e| bad_reply(&what, e))?;
         let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
         Ok(Grant {
-            term: term as u64,
+            term: term_from_row(lock, term)?,
             token: FencingToken(token),
             committed_at: store_time(renewed_at),
         })
@@ -441,7 +483,7 @@ impl LeaseStore for PostgresStore {
         let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;
         let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
         Ok(Grant {
-            term: term as u64,
+            term: term_from_row(lock, term)?,
             token,
             committed_at: store_time(renewed_at),
         })
@@ -474,11 +516,31 @@ mod tests {
     #[test]
     fn urls_are_checked_without_showing_the_password() {
         let ok = parse_url(&StoreUrl::new("postgres://app:pw@db:5432/leases")).unwrap();
-        assert_eq!(ok.get_dbname(), Some("leases"));
-        let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?sslmode=require"))
+        assert_eq!(ok.driver.get_dbname(), Some("leases"));
+        assert!(ok.tls.is_none());
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://app:pw@db/x?sslmode={mode}&application_name=a");
+            let tls = parse_url(&StoreUrl::new(url)).unwrap();
+            assert!(tls.tls.is_some(), "{mode} connects over TLS");
+            assert_eq!(tls.driver.get_ssl_mode(), SslMode::Require);
+            assert_eq!(tls.driver.get_application_name(), Some("a"));
+        }
+        let keywords = parse_url(&StoreUrl::new("host=db user=app sslmode=require")).unwrap();
+        assert!(keywords.tls.is_some(), "the key=value form's sslmode counts too");
+        let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?sslmode=verify-everything"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("sslmode=require") && !err.contains("hunter2"), "{err}");
+        assert!(
+            err.contains("sslmode=verify-everything is not one of") && !err.contains("hunter2"),
+            "{err}"
+        );
+        let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?sslrootcert=/ca.pem"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sslrootcert but connects without TLS") && !err.contains("hunter2"),
+            "{err}"
+        );
         let err = parse_url(&StoreUrl::new("postgres://app:hunter2@db/x?bogus=1"))
             .unwrap_err()
             .chain();

@@ -7,6 +7,9 @@
 //! reply lost" (unknown outcome); here connecting and sending are timed
 //! apart.
 //!
+//! `rediss://` connects over TLS, checking the server's certificate
+//! ([`parse_url`]).
+//!
 //! Per lock, two keys sharing one hash tag (so they live in one Cluster slot):
 //!
 //! * `leasehold:{<lock>}:lease`, a hash (holder, token, term, renewed_us,
@@ -62,7 +65,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::StoreUrl;
+use super::{StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -173,16 +176,35 @@ enum Effect {
     Write,
 }
 
-/// Checks the URL; the password never appears in the error.
+/// Reads a store URL; the password never appears in an error.
+///
+/// `rediss://` connects over TLS, checking the certificate's chain and host
+/// name against the CA file named by `sslrootcert=` in the query, or else
+/// the system's roots.
 pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
-    if url.expose().starts_with("rediss://") {
-        return Err(StoreError::invalid(format!(
-            "store URL {url:?} asks for TLS (rediss://), but this build connects without TLS; \
-             reach Redis over a private network or a TLS-terminating proxy"
-        )));
+    let split = tls::take_params(url, &[tls::CA_FILE_PARAM])?;
+    let ca_file = split.taken.into_iter().next().flatten();
+    let not_redis = |e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e);
+    match ca_file {
+        None => redis::Client::open(split.url).map_err(not_redis),
+        Some(_) if !split.url.starts_with("rediss://") => Err(StoreError::invalid(format!(
+            "store URL {url:?} names {} but connects without TLS; use rediss://",
+            tls::CA_FILE_PARAM
+        ))),
+        Some(path) => {
+            // Checked here so that a bad file is named; the driver reads the PEM.
+            let path = std::path::PathBuf::from(path);
+            tls::ca_certificates(&path)?;
+            let pem = std::fs::read(&path).map_err(|e| {
+                StoreError::invalid(format!("{} {}: cannot read", tls::CA_FILE_PARAM, path.display())).caused_by(e)
+            })?;
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            redis::Client::build_with_tls(split.url, certificates).map_err(not_redis)
+        }
     }
-    redis::Client::open(url.expose())
-        .map_err(|e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e))
 }
 
 /// A key prefix: printable, no braces (they would move the hash tag).
@@ -235,6 +257,15 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
+/// A number the lock's keys must hold; absent or not a number is refused.
+fn stored_int(lock: &str, field: &'static str, value: &Value) -> Result<i64> {
+    int(value).ok_or_else(|| {
+        StoreError::invalid(format!(
+            "lock {lock:?} holds {field} = {value:?}, not a number: delete its keys, or correct them"
+        ))
+    })
+}
+
 fn micros(us: i64) -> StoreTime {
     StoreTime(us.saturating_mul(1000))
 }
@@ -279,6 +310,11 @@ impl RedisStore {
         if let Some(connection) = open.as_ref() {
             return Ok(connection.clone());
         }
+        // A server without TLS does not answer a TLS hello; it just waits.
+        let hint = match self.config.url.expose().starts_with("rediss://") {
+            true => " (the URL asks for TLS, rediss://: does the server speak TLS on that port?)",
+            false => "",
+        };
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.call_timeout))
             .set_response_timeout(None);
@@ -287,8 +323,8 @@ impl RedisStore {
             self.client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
-        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis")).caused_by(e))?;
+        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}{hint}", self.call_timeout)))?
+        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis{hint}")).caused_by(e))?;
         *open = Some(connection.clone());
         Ok(connection)
     }
@@ -382,19 +418,19 @@ impl LeaseStore for RedisStore {
             (Some(holder), _) => Some(LeaseRecord {
                 name: lock.to_string(),
                 holder: Some(holder),
-                term: int(field(3)).unwrap_or_default() as u64,
+                term: term_from_row(lock, stored_int(lock, "term", field(3))?)?,
                 token: int(field(2)).map(FencingToken),
                 renewed_at: int(field(4)).map(micros),
-                lease_duration: Duration::from_millis(int(field(5)).unwrap_or_default().max(0) as u64),
+                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(5))?)?,
             }),
             // Released or expired: the fence keeps the last term and token.
             (None, Some(term)) => Some(LeaseRecord {
                 name: lock.to_string(),
                 holder: None,
-                term: term as u64,
+                term: term_from_row(lock, term)?,
                 token: int(field(7)).map(FencingToken),
                 renewed_at: None,
-                lease_duration: Duration::from_millis(int(field(8)).unwrap_or_default().max(0) as u64),
+                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(8))?)?,
             }),
             (None, None) => None,
         };
@@ -413,7 +449,7 @@ impl LeaseStore for RedisStore {
                     return Err(bad_reply(&what, &reply));
                 };
                 Ok(Grant {
-                    term: term as u64,
+                    term: term_from_row(lock, term)?,
                     token: FencingToken(token),
                     committed_at: micros(now),
                 })
@@ -439,7 +475,7 @@ impl LeaseStore for RedisStore {
                     return Err(bad_reply(&what, &reply));
                 };
                 Ok(Grant {
-                    term: term as u64,
+                    term: term_from_row(lock, term)?,
                     token,
                     committed_at: micros(now),
                 })
@@ -477,10 +513,23 @@ mod tests {
     #[test]
     fn urls_and_prefixes_are_checked_without_showing_the_password() {
         parse_url(&StoreUrl::new("redis://:pw@cache:6379/0")).unwrap();
-        let err = parse_url(&StoreUrl::new("rediss://:hunter2@cache:6380"))
+        parse_url(&StoreUrl::new("rediss://:pw@cache:6380/0")).unwrap();
+        let err = parse_url(&StoreUrl::new("redis://:hunter2@cache:6380?sslrootcert=/ca.pem"))
             .unwrap_err()
             .chain();
-        assert!(err.contains("asks for TLS") && !err.contains("hunter2"), "{err}");
+        assert!(
+            err.contains("connects without TLS; use rediss://") && !err.contains("hunter2"),
+            "{err}"
+        );
+        let err = parse_url(&StoreUrl::new(
+            "rediss://:hunter2@cache:6380?sslrootcert=/no/such/ca.pem",
+        ))
+        .unwrap_err()
+        .chain();
+        assert!(
+            err.contains("/no/such/ca.pem: cannot read") && !err.contains("hunter2"),
+            "{err}"
+        );
         let err = parse_url(&StoreUrl::new("http://:hunter2@cache")).unwrap_err().chain();
         assert!(err.contains("is not a Redis URL") && !err.contains("hunter2"), "{err}");
         validate_prefix(DEFAULT_PREFIX).unwrap();

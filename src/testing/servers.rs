@@ -19,8 +19,53 @@ pub const HOW_TO_GET_REDIS: &str = "no redis-server found. Install it (Debian: `
 
 const STARTUP: Duration = Duration::from_secs(30);
 
+/// PEM files of a fresh CA and a server certificate it signs for
+/// `127.0.0.1` and `localhost`, for the servers' TLS.
+#[derive(Debug, Clone)]
+pub struct TestCertificates {
+    /// The CA certificate: what a client names with `sslrootcert=`.
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+impl TestCertificates {
+    /// Writes them into `dir` (the key readable by its owner only, as
+    /// PostgreSQL demands).
+    pub fn write(dir: &Path) -> TestCertificates {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "leasehold test CA");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("params");
+        let cert = params
+            .signed_by(&key, &Issuer::new(ca_params, ca_key))
+            .expect("server certificate");
+        let files = TestCertificates {
+            ca_file: dir.join("ca.pem"),
+            cert_file: dir.join("server.crt"),
+            key_file: dir.join("server.key"),
+        };
+        for (path, pem) in [
+            (&files.ca_file, ca.pem()),
+            (&files.cert_file, cert.pem()),
+            (&files.key_file, key.serialize_pem()),
+        ] {
+            std::fs::write(path, pem).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        }
+        let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&files.key_file, owner_only).expect("key permissions");
+        files
+    }
+}
+
 /// A fresh, empty directory under the system's temporary directory.
-fn scratch_dir(what: &str) -> PathBuf {
+pub fn scratch_dir(what: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("leasehold-{what}-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
@@ -167,6 +212,8 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> PathBuf {
 #[derive(Debug)]
 pub struct PostgresServer {
     pub port: u16,
+    /// Set when the server also speaks TLS.
+    pub certificates: Option<TestCertificates>,
     dir: PathBuf,
     child: Child,
 }
@@ -174,6 +221,15 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts one; panics with [`HOW_TO_GET_POSTGRES`] when the binaries are missing.
     pub fn start() -> PostgresServer {
+        Self::start_with(false)
+    }
+
+    /// Starts one that also accepts TLS, with a certificate of a fresh CA.
+    pub fn start_tls() -> PostgresServer {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> PostgresServer {
         let bin = postgres_bin().unwrap_or_else(|| panic!("{HOW_TO_GET_POSTGRES}"));
         let user = unprivileged_user();
         let template = postgres_template(&bin, user);
@@ -181,6 +237,7 @@ impl PostgresServer {
         let data = dir.join("data");
         let copied = Command::new("cp").arg("-a").arg(&template).arg(&data).status();
         assert!(copied.is_ok_and(|s| s.success()), "copying {}", template.display());
+        let certificates = tls.then(|| TestCertificates::write(&dir));
         chown_tree(&dir, user);
         let port = free_port();
         let mut postgres = Command::new(bin.join("postgres"));
@@ -196,7 +253,15 @@ impl PostgresServer {
                 "shared_buffers=16MB",
                 "-c",
                 "max_connections=40",
-            ])
+            ]);
+        if let Some(files) = &certificates {
+            postgres
+                .args(["-c", "ssl=on", "-c"])
+                .arg(format!("ssl_cert_file={}", files.cert_file.display()))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", files.key_file.display()));
+        }
+        postgres
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
@@ -204,7 +269,12 @@ impl PostgresServer {
         let child = postgres
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
-        let server = PostgresServer { port, dir, child };
+        let server = PostgresServer {
+            port,
+            certificates,
+            dir,
+            child,
+        };
         let started = Instant::now();
         loop {
             let ready = Command::new(bin.join("pg_isready"))
@@ -235,6 +305,20 @@ impl PostgresServer {
     pub fn url(&self) -> String {
         self.url_at(self.addr())
     }
+
+    /// The URL over TLS, checking the certificate against the test CA.
+    pub fn tls_url(&self) -> String {
+        let ca = &self
+            .certificates
+            .as_ref()
+            .expect("a server started with start_tls")
+            .ca_file;
+        format!(
+            "postgres://leasehold@{}/postgres?sslmode=verify-full&sslrootcert={}",
+            self.addr(),
+            ca.display()
+        )
+    }
 }
 
 impl Drop for PostgresServer {
@@ -249,6 +333,8 @@ impl Drop for PostgresServer {
 #[derive(Debug)]
 pub struct RedisServer {
     pub port: u16,
+    /// Set when the server speaks TLS (only TLS, on `port`).
+    pub certificates: Option<TestCertificates>,
     dir: PathBuf,
     child: Child,
 }
@@ -256,6 +342,15 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one; panics with [`HOW_TO_GET_REDIS`] when redis-server is missing.
     pub fn start() -> RedisServer {
+        Self::start_with(false)
+    }
+
+    /// Starts one that speaks only TLS, with a certificate of a fresh CA.
+    pub fn start_tls() -> RedisServer {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> RedisServer {
         let binary = std::env::var_os("LEASEHOLD_REDIS_SERVER")
             .map(PathBuf::from)
             .or_else(|| {
@@ -266,8 +361,28 @@ impl RedisServer {
             .unwrap_or_else(|| panic!("{HOW_TO_GET_REDIS}"));
         let dir = scratch_dir("redis");
         let port = free_port();
-        let child = Command::new(&binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let certificates = tls.then(|| TestCertificates::write(&dir));
+        let mut redis = Command::new(&binary);
+        match &certificates {
+            None => redis.args(["--port", &port.to_string()]),
+            Some(files) => redis
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port.to_string(),
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(&files.cert_file)
+                .arg("--tls-key-file")
+                .arg(&files.key_file)
+                .arg("--tls-ca-cert-file")
+                .arg(&files.ca_file),
+        };
+        let child = redis
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&dir)
@@ -276,7 +391,12 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}; {HOW_TO_GET_REDIS}", binary.display()));
-        let server = RedisServer { port, dir, child };
+        let server = RedisServer {
+            port,
+            certificates,
+            dir,
+            child,
+        };
         let started = Instant::now();
         while !port_open(port) {
             assert!(
@@ -299,6 +419,16 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         self.url_at(self.addr())
+    }
+
+    /// The `rediss://` URL, checking the certificate against the test CA.
+    pub fn tls_url(&self) -> String {
+        let ca = &self
+            .certificates
+            .as_ref()
+            .expect("a server started with start_tls")
+            .ca_file;
+        format!("rediss://{}/0?sslrootcert={}", self.addr(), ca.display())
     }
 }
 

@@ -34,13 +34,18 @@ pub const APPLY: &str = "application/apply-patch+yaml";
 /// A context whose Kubernetes client talks to a scripted mock API server and
 /// whose store provider hands out `store` for every resource.
 pub fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    context_with(Arc::new(SingleStore(store)), metrics)
+}
+
+/// A context on a scripted mock API server, reaching stores through `stores`.
+pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
     let (client, verifier) = mock_client("default");
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some("operator-0".into()),
     };
     let (cache, pods) = reflector::store();
-    let ctx = Context::new(client, reporter, Arc::new(SingleStore(store)), metrics).with_pods(cache);
+    let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
     (Arc::new(ctx), ApiServer { verifier, pods })
 }
 
@@ -195,26 +200,85 @@ pub async fn expect_finalizer_dropped(server: &mut ApiServer, lease_echo: &Value
     seen.respond(200, lease_echo);
 }
 
+/// How the store-side scenario reaches its store.
+pub struct StoreSide {
+    /// The store itself, for the scenario's own acquires and checks.
+    store: Arc<dyn LeaseStore>,
+    /// What the reconciles connect through.
+    provider: Arc<dyn StoreProvider>,
+    /// `spec.store` of the resource.
+    spec_store: Value,
+    /// The Secret name and the URL it holds (key `url`), for PostgreSQL and
+    /// Redis: each reconcile's fresh operator reads it through the API.
+    secret: Option<(&'static str, String)>,
+}
+
+impl StoreSide {
+    /// A store every reconcile gets whatever the resource names (Spanner spec).
+    pub fn single(store: Arc<dyn LeaseStore>) -> StoreSide {
+        StoreSide {
+            provider: Arc::new(SingleStore(store.clone())),
+            store,
+            spec_store: json!({"spanner": {"database": "projects/p/instances/i/databases/d"}}),
+            secret: None,
+        }
+    }
+
+    /// A PostgreSQL or Redis store (`kind`) whose URL the resource names by a
+    /// Secret; the reconciles connect to it themselves.
+    pub fn by_secret(kind: &str, store: Arc<dyn LeaseStore>, url: String) -> StoreSide {
+        StoreSide {
+            provider: Arc::new(crate::operator::stores::OpenStores::default()),
+            store,
+            spec_store: json!({kind: {"urlSecretRef": {"name": "lease-store", "key": "url"}}}),
+            secret: Some(("lease-store", url)),
+        }
+    }
+}
+
+/// The operator reads a Secret holding `url` under key `url`.
+pub async fn expect_secret_get(server: &mut ApiServer, name: &str, url: &str) {
+    let seen = next(server).await;
+    seen.assert("GET", &format!("/api/v1/namespaces/prod/secrets/{name}"), None);
+    let encoded = k8s_openapi::ByteString(url.as_bytes().to_vec());
+    seen.respond(
+        200,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "prod"},
+                "data": {"url": encoded}}),
+    );
+}
+
 /// The store side of a reconcile against any store: the table is created when
-/// missing, the row is read into status, and delete releases the row. The
-/// unit tests run it on the memory store; `tests/store_spanner.rs` runs it on
-/// the emulator.
-pub async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
+/// missing, the row is read into status, and delete releases the row. Run here
+/// on the memory store, and against the Spanner emulator and private
+/// PostgreSQL and Redis servers (those two through the URL in a Secret).
+pub async fn store_side_scenario(side: StoreSide) {
+    let StoreSide {
+        store,
+        provider,
+        spec_store,
+        secret,
+    } = side;
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let lock = format!("prod/web-{:08x}", rand::random::<u32>());
-    let spec = json!({"lockName": lock.clone()});
+    let spec = json!({"lockName": lock.clone(), "store": spec_store});
+    let context = || context_with(provider.clone(), metrics.clone());
 
     // No table yet, no row: the table is created and the lock shows as free.
-    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let (ctx, server) = context();
     let resource = lease(spec.clone(), &[FINALIZER], None);
     let echo = resource.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let first_secret = secret.clone();
     let result = run_on(ctx, server, resource, async move |server| {
         expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        if let Some((name, url)) = &first_secret {
+            expect_secret_get(server, name, url).await;
+        }
         let status = expect_status_apply(server, echo).await;
         assert_eq!(status["term"], json!(0));
         assert_eq!(status.get("holder"), None);
-        assert_eq!(conditions(&status)["StoreReady"].0, "True");
+        assert_eq!(conditions(&status)["StoreReady"].0, "True", "{status}");
         assert_eq!(conditions(&status)["Ready"].1, "NoLeader");
         tx.send(status).unwrap();
     })
@@ -227,11 +291,15 @@ pub async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
         .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
         .await
         .unwrap();
-    let (ctx, server) = context_on(store.clone(), metrics.clone());
+    let (ctx, server) = context();
     let resource = lease(spec.clone(), &[FINALIZER], Some(free));
     let echo = resource.clone();
+    let second_secret = secret.clone();
     let result = run_on(ctx, server, resource, async move |server| {
         expect_pod_list(server, vec![pod("web-0", Some("true"), true)]).await;
+        if let Some((name, url)) = &second_secret {
+            expect_secret_get(server, name, url).await;
+        }
         expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
         let status = expect_status_apply(server, echo).await;
         assert_eq!(status["holder"], json!("prod/web-0#n1"));
@@ -244,11 +312,14 @@ pub async fn store_side_scenario(store: Arc<dyn LeaseStore>) {
 
     // Delete after the holder's pod is gone: the row is released by
     // check-and-set, term and token kept.
-    let (ctx, server) = context_on(store.clone(), metrics);
+    let (ctx, server) = context();
     let mut resource = lease(spec, &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let result = run_on(ctx, server, resource, async move |server| {
+        if let Some((name, url)) = &secret {
+            expect_secret_get(server, name, url).await;
+        }
         expect_pod_list(server, vec![]).await;
         expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
         expect_finalizer_dropped(server, &echo).await;

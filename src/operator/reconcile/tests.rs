@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::fixtures::*;
 use super::*;
 use crate::lease::LeaseStore;
+use crate::sidecar::interface::TIMING_CONDITION;
 use crate::store::{Faults, MemoryStore};
 
 struct Fixture {
@@ -123,6 +124,7 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
             conditions["Ready"],
             ("True".into(), "LeaderElected".into(), "prod/web-0#n1 leads".into())
         );
+        assert_eq!(conditions["TimingAtRisk"].1, "RenewalsWithinBudget");
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
@@ -499,7 +501,149 @@ async fn a_stale_label_on_a_local_pod_named_like_a_remote_holder_is_cleared() {
     result.unwrap();
 }
 
+/// A candidate whose sidecar reports slow renewals (its pod condition) makes
+/// the lease's TimingAtRisk True, naming the pod and its measurement.
+#[tokio::test]
+async fn a_candidate_reporting_slow_renewals_sets_timing_at_risk() {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        let mut slow = pod("web-0", Some("true"), true);
+        slow["status"]["conditions"].as_array_mut().unwrap().push(json!({
+            "type": TIMING_CONDITION, "status": "True",
+            "message": "renewal p99 uses 30 % of R - P (8s)"
+        }));
+        let mut fine = pod("web-1", Some("false"), true);
+        fine["status"]["conditions"].as_array_mut().unwrap().push(
+            json!({"type": TIMING_CONDITION, "status": "False", "message": "renewal p99 uses 2 % of R - P (8s)"}),
+        );
+        expect_pod_list(server, vec![slow, fine]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1").await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(
+            conditions(&status)["TimingAtRisk"],
+            (
+                "True".into(),
+                "RenewalsSlow".into(),
+                "web-0: renewal p99 uses 30 % of R - P (8s)".into()
+            )
+        );
+    })
+    .await;
+    result.unwrap();
+}
+
 #[tokio::test]
 async fn store_side_on_the_memory_store() {
-    store_side_scenario(Arc::new(MemoryStore::new(11))).await;
+    store_side_scenario(StoreSide::single(Arc::new(MemoryStore::new(11)))).await;
+}
+
+#[tokio::test]
+async fn store_side_on_a_private_postgres_server_through_the_secret() {
+    use crate::store::postgres::{PostgresConfig, PostgresStore};
+    let server = crate::testing::servers::PostgresServer::start();
+    let url = server.url();
+    let store = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(url.clone()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
+    store_side_scenario(StoreSide::by_secret("postgres", Arc::new(store), url)).await;
+}
+
+#[tokio::test]
+async fn store_side_on_a_private_redis_server_through_the_secret() {
+    use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+    let server = crate::testing::servers::RedisServer::start();
+    let url = server.url();
+    let store = RedisStore::connect(RedisConfig {
+        url: StoreUrl::new(url.clone()),
+        prefix: DEFAULT_PREFIX.into(),
+    })
+    .unwrap();
+    store_side_scenario(StoreSide::by_secret("redis", Arc::new(store), url)).await;
+}
+
+/// A PostgreSQL role that may read and write the rows but not create tables
+/// (PostgreSQL 15 revokes CREATE on `public` from everyone): the operator
+/// cannot create the table, finds it there, and reads it.
+#[tokio::test]
+async fn without_create_rights_the_operator_reads_an_existing_table() {
+    use crate::store::postgres::{PostgresConfig, PostgresStore};
+    let server = crate::testing::servers::PostgresServer::start();
+    let admin = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(server.url()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    admin.ensure_schema().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE ROLE app LOGIN; \
+             GRANT SELECT, INSERT, UPDATE ON leasehold_leases TO app; \
+             GRANT USAGE ON SEQUENCE leasehold_leases_token_seq TO app;",
+        )
+        .await
+        .unwrap();
+    let url = server.url().replace("leasehold@", "app@");
+    let app = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(url.clone()),
+        table: "leasehold_leases".into(),
+    })
+    .unwrap();
+    let refused = app.ensure_schema().await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::Invalid { .. }),
+        "app may not create: {refused:?}"
+    );
+    store_side_scenario(StoreSide::by_secret("postgres", Arc::new(app), url)).await;
+}
+
+/// A Secret that is missing, or that the operator may not read, is a
+/// StoreReady=False condition naming it and what to do, with one Event.
+#[tokio::test]
+async fn an_unreadable_store_secret_shows_in_store_ready() {
+    for (code, says) in [
+        (404, "Secret prod/lease-store does not exist"),
+        (
+            403,
+            "grant it get on secrets in prod (Role leasehold-operator-store-secrets",
+        ),
+    ] {
+        let fixture = fixture();
+        let spec = json!({"store": {"redis": {"urlSecretRef": {"name": "lease-store"}}}});
+        let resource = lease(spec, &[FINALIZER], None);
+        let echo = resource.clone();
+        let (result, _, _) = run(fixture, resource, async move |server| {
+            expect_pod_list(server, vec![]).await;
+            let seen = next(server).await;
+            seen.assert("GET", "/api/v1/namespaces/prod/secrets/lease-store", None);
+            seen.respond(
+                code,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                        "reason": if code == 404 { "NotFound" } else { "Forbidden" }, "message": "no"}),
+            );
+            expect_event(server, "Warning", "StoreMisconfigured", says).await;
+            let status = expect_status_apply(server, echo).await;
+            let store_ready = &conditions(&status)["StoreReady"];
+            assert_eq!(
+                (store_ready.0.as_str(), store_ready.1.as_str()),
+                ("False", "StoreMisconfigured")
+            );
+            assert!(store_ready.2.contains(says), "{}", store_ready.2);
+        })
+        .await;
+        assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
+    }
 }

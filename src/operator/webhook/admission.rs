@@ -31,9 +31,7 @@ impl LeaseLookup for KubeLeaseLookup {
     async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
         let api: Api<crate::api::DistributedLease> = Api::namespaced(self.0.clone(), namespace);
         let lease = api.get_opt(name).await.map_err(|e| e.to_string())?;
-        Ok(lease.map(|l| LeaseInjection {
-            readiness_gate: l.spec.publishing.readiness_gate,
-        }))
+        Ok(lease.as_ref().map(LeaseInjection::of))
     }
 }
 

@@ -5,17 +5,19 @@ use std::collections::BTreeMap;
 
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
+use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
+
 use crate::sidecar::interface::{
     DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR,
-    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_TOKEN_FILE,
+    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE,
 };
 
 /// The annotation that asks for injection and names the DistributedLease.
@@ -54,6 +56,11 @@ const BIN_VOLUME: &str = "leasehold-bin";
 pub const BIN_DIR: &str = "/leasehold/bin";
 /// The binary as the wrapped container sees it.
 pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
+/// The lease's store-URL Secret key, mounted into the container that
+/// campaigns (the sidecar, or the wrapped container) and nowhere else.
+const STORE_URL_VOLUME: &str = "leasehold-store-url";
+const STORE_URL_DIR: &str = "/var/run/leasehold-store";
+const STORE_URL_ITEM: &str = "url";
 
 /// How the sidecar joins the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -132,9 +139,31 @@ impl SidecarArgs {
 }
 
 /// What the lease says about injection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseInjection {
     pub readiness_gate: bool,
+    /// PostgreSQL and Redis: the Secret key holding the store URL.
+    pub url_secret: Option<SecretKeyRef>,
+}
+
+impl LeaseInjection {
+    /// What a lease asks of the pods that name it: its readiness gate, and
+    /// the URL Secret of its store (when it has read as one).
+    pub fn new(readiness_gate: bool, store: Option<&LeaseStoreSpec>) -> LeaseInjection {
+        let url_secret = store.and_then(|store| {
+            (store.postgres.as_ref().map(|p| &p.url_secret_ref))
+                .or(store.redis.as_ref().map(|r| &r.url_secret_ref))
+                .cloned()
+        });
+        LeaseInjection {
+            readiness_gate,
+            url_secret,
+        }
+    }
+
+    pub fn of(lease: &DistributedLease) -> LeaseInjection {
+        LeaseInjection::new(lease.spec.publishing.readiness_gate, Some(&lease.spec.store))
+    }
 }
 
 /// Why a pod was not injected.
@@ -316,10 +345,11 @@ pub fn injection_patch(
         read_only: Some(true),
         ..Default::default()
     };
+    let url_secret = lease.as_ref().and_then(|l| l.url_secret.as_ref());
     for (i, container) in spec.containers.iter().enumerate() {
         let path = format!("/spec/containers/{i}");
         if choices.run == Some(i) {
-            wrap(&mut ops, &path, container, choices.lease);
+            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some());
         } else {
             append(
                 &mut ops,
@@ -330,6 +360,7 @@ pub fn injection_patch(
         }
     }
     let mut volumes = vec![json!(empty_dir(TOKEN_VOLUME))];
+    volumes.extend(url_secret.map(|secret| json!(store_url_volume(secret))));
     if choices.run.is_some() {
         // The runner campaigns and publishes itself: no sidecar.
         append(
@@ -340,7 +371,7 @@ pub fn injection_patch(
         );
         volumes.push(json!(empty_dir(BIN_VOLUME)));
     } else {
-        let sidecar = sidecar(&choices, config);
+        let sidecar = sidecar(&choices, config, url_secret.is_some());
         match choices.mode {
             SidecarMode::Native => append(
                 &mut ops,
@@ -357,7 +388,7 @@ pub fn injection_patch(
         .iter()
         .flatten()
         .any(|g| g.condition_type == LEADER_CONDITION);
-    if lease.is_some_and(|l| l.readiness_gate) && !gated {
+    if lease.as_ref().is_some_and(|l| l.readiness_gate) && !gated {
         let gate = PodReadinessGate {
             condition_type: LEADER_CONDITION.into(),
         };
@@ -373,7 +404,7 @@ pub fn injection_patch(
 
 /// Makes the container at `path` run its command under `leasehold run`, with
 /// the binary from the installer's volume and the environment the runner reads.
-fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str) {
+fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str, store_url: bool) {
     let original = container
         .command
         .iter()
@@ -393,11 +424,12 @@ fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease:
     // `runnable` refused a pod whose own value differs; an equal one stays.
     let env = runner_env()
         .into_iter()
+        .chain(store_url.then(store_url_env))
         .filter(|wanted| !container.env.iter().flatten().any(|own| own.name == wanted.name))
         .map(|e| json!(e))
         .collect();
     append_all(ops, &format!("{path}/env"), container.env.is_some(), env);
-    let mounts = vec![
+    let mut mounts = vec![
         // Read-write: the runner writes the token file before each start.
         json!(VolumeMount {
             name: TOKEN_VOLUME.into(),
@@ -411,6 +443,7 @@ fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease:
             ..Default::default()
         }),
     ];
+    mounts.extend(store_url.then(|| json!(store_url_mount())));
     append_all(
         ops,
         &format!("{path}/volumeMounts"),
@@ -438,6 +471,38 @@ fn append_all(ops: &mut Vec<PatchOperation>, path: &str, exists: bool, items: Ve
     } else if !items.is_empty() {
         ops.push(add(path, json!(items)));
     }
+}
+
+/// The lease's URL Secret key as the file `STORE_URL_DIR/url`. The default
+/// mode (0644) lets the image's non-root user read it; only the campaigning
+/// container mounts it.
+fn store_url_volume(secret: &SecretKeyRef) -> Volume {
+    Volume {
+        name: STORE_URL_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.name.clone()),
+            items: Some(vec![KeyToPath {
+                key: secret.key.clone(),
+                path: STORE_URL_ITEM.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn store_url_mount() -> VolumeMount {
+    VolumeMount {
+        name: STORE_URL_VOLUME.into(),
+        mount_path: STORE_URL_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+fn store_url_env() -> EnvVar {
+    plain_env(ENV_STORE_URL_FILE, format!("{STORE_URL_DIR}/{STORE_URL_ITEM}"))
 }
 
 fn empty_dir(name: &str) -> Volume {
@@ -535,9 +600,9 @@ fn installer(config: &InjectionConfig) -> Container {
     }
 }
 
-fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
+fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool) -> Container {
     let [pod_name, pod_namespace, pod_uid, token_file] = runner_env();
-    let env = vec![
+    let mut env = vec![
         pod_name,
         pod_namespace,
         pod_uid,
@@ -547,6 +612,13 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
         plain_env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", config.http_port)),
         plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
     ];
+    env.extend(store_url.then(store_url_env));
+    let mut mounts = vec![VolumeMount {
+        name: TOKEN_VOLUME.into(),
+        mount_path: TOKEN_DIR.into(),
+        ..Default::default()
+    }];
+    mounts.extend(store_url.then(store_url_mount));
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(config.image.clone()),
@@ -569,11 +641,7 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig) -> Container {
         }),
         resources: Some(resources(config)),
         security_context: Some(locked_down()),
-        volume_mounts: Some(vec![VolumeMount {
-            name: TOKEN_VOLUME.into(),
-            mount_path: TOKEN_DIR.into(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     }
 }

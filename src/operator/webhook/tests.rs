@@ -51,7 +51,71 @@ fn paths(patch: &Patch) -> Vec<String> {
     patch.0.iter().map(|op| op.path().to_string()).collect()
 }
 
-const GATED: Option<LeaseInjection> = Some(LeaseInjection { readiness_gate: true });
+const GATED: Option<LeaseInjection> = Some(LeaseInjection {
+    readiness_gate: true,
+    url_secret: None,
+});
+
+/// A lease on PostgreSQL whose URL is in Secret `pg`, key `dsn`.
+fn on_postgres() -> Option<LeaseInjection> {
+    let store = serde_json::from_value(json!({"postgres": {"urlSecretRef": {"name": "pg", "key": "dsn"}}})).unwrap();
+    Some(LeaseInjection::new(false, Some(&store)))
+}
+
+/// The URL Secret goes into the container that campaigns, as the file
+/// LEASEHOLD_STORE_URL_FILE names, and into no other container.
+#[test]
+fn a_postgres_or_redis_lease_mounts_its_url_secret_into_the_sidecar_only() {
+    let pod = pod(json!({}), true);
+    let doc = apply(&pod, &injection_patch(&pod, on_postgres(), &config()).unwrap());
+    assert_eq!(
+        doc["spec"]["volumes"][1],
+        json!({"name": "leasehold-store-url", "secret": {"secretName": "pg", "items": [{"key": "dsn", "path": "url"}]}})
+    );
+    let sidecar = &doc["spec"]["initContainers"][0];
+    assert_eq!(
+        env_value(sidecar, crate::sidecar::interface::ENV_STORE_URL_FILE),
+        "/var/run/leasehold-store/url"
+    );
+    assert_eq!(
+        sidecar["volumeMounts"][1],
+        json!({"name": "leasehold-store-url", "mountPath": "/var/run/leasehold-store", "readOnly": true})
+    );
+    let app_mounts = doc["spec"]["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        app_mounts.iter().all(|m| m["name"] != "leasehold-store-url"),
+        "the app does not see the store's credentials: {app_mounts:?}"
+    );
+    // A Spanner lease mounts nothing.
+    let spanner = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    assert_eq!(spanner["spec"]["volumes"].as_array().unwrap().len(), 1);
+
+    // A wrapped container campaigns itself: it gets the file.
+    let run = annotated(
+        json!({LEASE_ANNOTATION: "scheduler", RUN_ANNOTATION: "app"}),
+        json!({"containers": [{"name": "app", "image": "app:1", "command": ["/app"]}]}),
+    );
+    let doc = apply(&run, &injection_patch(&run, on_postgres(), &config()).unwrap());
+    let wrapped = &doc["spec"]["containers"][0];
+    assert_eq!(
+        env_value(wrapped, crate::sidecar::interface::ENV_STORE_URL_FILE),
+        "/var/run/leasehold-store/url"
+    );
+    assert!(
+        wrapped["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "leasehold-store-url")
+    );
+    assert!(
+        doc["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "pg")
+    );
+}
 
 #[test]
 fn pods_without_the_annotation_pass_unchanged() {
@@ -166,7 +230,7 @@ fn existing_lists_probes_and_gates_are_kept_and_appended_to() {
 #[test]
 fn the_gate_is_added_only_when_the_lease_asks_and_never_twice() {
     let bare = pod(json!({}), true);
-    let ungated = injection_patch(&bare, Some(LeaseInjection { readiness_gate: false }), &config()).unwrap();
+    let ungated = injection_patch(&bare, LeaseInjection::new(false, None).into(), &config()).unwrap();
     assert!(!paths(&ungated).iter().any(|p| p.contains("readinessGates")));
     let missing_lease = injection_patch(&bare, None, &config()).unwrap();
     assert!(!paths(&missing_lease).iter().any(|p| p.contains("readinessGates")));
@@ -308,7 +372,7 @@ fn the_injected_environment_is_what_the_sidecar_reads() {
     }
     let command = Cli::command();
     let pod = pod(json!({}), true);
-    let doc = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    let doc = apply(&pod, &injection_patch(&pod, on_postgres(), &config()).unwrap());
     let mut args = vec!["sidecar".to_string()];
     for var in doc["spec"]["initContainers"][0]["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap();
@@ -325,6 +389,10 @@ fn the_injected_environment_is_what_the_sidecar_reads() {
     assert_eq!(parsed.metrics_addr.to_string(), "0.0.0.0:4041");
     assert_eq!(parsed.app_container.as_deref(), Some("app"));
     assert_eq!(parsed.election.lease.as_deref(), Some("scheduler"));
+    assert_eq!(
+        parsed.election.store_url_file.as_deref(),
+        Some(std::path::Path::new("/var/run/leasehold-store/url"))
+    );
 }
 
 struct Leases(Result<Option<LeaseInjection>, String>);

@@ -60,7 +60,7 @@ use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use google_cloud_wkt::Timestamp;
 use tracing::{info, warn};
 
-use super::shard_of;
+use super::{lease_from_millis, shard_of, term_from_row};
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -267,18 +267,6 @@ fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64> {
         .map_err(|e| StoreError::invalid(format!("{field} cannot be stored")).caused_by(e))
 }
 
-/// A stored lease duration back from milliseconds. A row whose duration is
-/// out of range is refused, never clamped: a lease read as 0 ms would look
-/// expired to everyone while its holder still claims it.
-fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
-    crate::lease::lease_from_millis(field, millis).map_err(|e| {
-        StoreError::invalid(format!(
-            "row {lock:?} holds {field} = {millis}: delete the row, or correct it"
-        ))
-        .caused_by(e)
-    })
-}
-
 fn timestamp_to_store(t: &Timestamp) -> StoreTime {
     StoreTime(
         t.seconds()
@@ -462,14 +450,6 @@ impl RawRow {
             now: timestamp_to_store(&self.now),
         })
     }
-}
-
-fn term_from_row(lock: &str, term: i64) -> Result<u64> {
-    u64::try_from(term).map_err(|_| {
-        StoreError::invalid(format!(
-            "row {lock:?} holds term = {term}; terms are never negative: delete the row, or correct it"
-        ))
-    })
 }
 
 /// The `term` a DML statement's `THEN RETURN term` gave back; `None` when it
