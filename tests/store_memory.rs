@@ -36,3 +36,9 @@ async fn memory() -> Memory {
 }
 
 leasehold::conformance_tests!(memory());
+
+async fn memory_sessions() -> Arc<dyn leasehold::lease::SessionStore> {
+    Arc::new(MemoryStore::new(7))
+}
+
+leasehold::session_conformance_tests!(memory_sessions());

@@ -12,6 +12,11 @@ use async_trait::async_trait;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::time::Instant;
 
+mod session;
+
+pub use session::LockAcquisition;
+pub(crate) use session::SessionFlaw;
+
 use crate::lease::store::Result;
 use crate::lease::{
     FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
@@ -48,6 +53,8 @@ struct State {
     faults: Faults,
     rng: StdRng,
     calls: StoreCalls,
+    /// Session and lock rows (`memory/session.rs`).
+    sessions: session::Tables,
 }
 
 /// One acquisition as the store committed it, with the instant on the
@@ -111,6 +118,7 @@ impl MemoryStore {
                 faults: Faults::default(),
                 rng: StdRng::seed_from_u64(seed),
                 calls: StoreCalls::default(),
+                sessions: session::Tables::default(),
             })),
             epoch_nanos,
             started: Instant::now(),
