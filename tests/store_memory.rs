@@ -37,8 +37,10 @@ async fn memory() -> Memory {
 
 leasehold::conformance_tests!(memory());
 
-async fn memory_sessions() -> Arc<dyn leasehold::lease::SessionStore> {
-    Arc::new(MemoryStore::new(7))
+impl leasehold::store::conformance::sessions::SessionTarget for Memory {
+    fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
+        Arc::new(self.0.clone())
+    }
 }
 
-leasehold::session_conformance_tests!(memory_sessions());
+leasehold::session_conformance_tests!(memory());

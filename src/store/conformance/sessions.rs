@@ -10,6 +10,12 @@ use std::time::Duration;
 use crate::lease::session::{SessionObservation, SessionStore};
 use crate::lease::{FencingToken, StoreError};
 
+/// What a backend offers the suite: a session store, kept alive (with any
+/// server it needs) for as long as the target lives.
+pub trait SessionTarget: Send + Sync {
+    fn sessions(&self) -> Arc<dyn SessionStore>;
+}
+
 const LONG: Duration = Duration::from_secs(30);
 /// Short enough to wait out, long enough for a renewal on a busy emulator.
 const SHORT: Duration = Duration::from_millis(1500);
@@ -219,7 +225,7 @@ pub async fn racing_sessions_share_disjointly(store: Arc<dyn SessionStore>, sess
 }
 
 /// Generates one `#[tokio::test]` per session check for a backend. `$make`
-/// is an async expression yielding an `Arc<dyn SessionStore>`.
+/// is an async expression yielding a [`SessionTarget`].
 #[macro_export]
 macro_rules! session_conformance_tests {
     ($make:expr) => {
@@ -228,31 +234,38 @@ macro_rules! session_conformance_tests {
             use $crate::store::conformance::sessions as suite;
             #[tokio::test]
             async fn an_expired_session_is_never_renewed() {
-                suite::an_expired_session_is_never_renewed($make.await).await;
+                let target = $make.await;
+                suite::an_expired_session_is_never_renewed(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn locks_are_exclusive_between_live_sessions() {
-                suite::locks_are_exclusive_between_live_sessions($make.await).await;
+                let target = $make.await;
+                suite::locks_are_exclusive_between_live_sessions(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn a_lock_of_an_expired_session_is_free() {
-                suite::a_lock_of_an_expired_session_is_free($make.await).await;
+                let target = $make.await;
+                suite::a_lock_of_an_expired_session_is_free(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn unlock_is_check_and_set() {
-                suite::unlock_is_check_and_set($make.await).await;
+                let target = $make.await;
+                suite::unlock_is_check_and_set(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn closing_frees_every_lock() {
-                suite::closing_frees_every_lock($make.await).await;
+                let target = $make.await;
+                suite::closing_frees_every_lock(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn garbage_collection_spares_live_sessions() {
-                suite::garbage_collection_spares_live_sessions($make.await).await;
+                let target = $make.await;
+                suite::garbage_collection_spares_live_sessions(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn racing_sessions_share_disjointly() {
-                suite::racing_sessions_share_disjointly($make.await, 5).await;
+                let target = $make.await;
+                suite::racing_sessions_share_disjointly(suite::SessionTarget::sessions(&target), 5).await;
             }
         }
     };
