@@ -40,7 +40,7 @@ use super::store::{Result, StoreError};
 /// The most locks one store call takes, releases or observes. Spanner
 /// allows 80,000 mutations per commit and a taken lock writes 5 columns;
 /// callers with more split them into several calls
-/// ([`LockSet`](super::locks::LockSet) does).
+/// ([`Session`](super::Session) does).
 pub const MAX_LOCKS_PER_CALL: usize = 5_000;
 
 /// A new session id for `owner`: the owner's identity (unique per process
