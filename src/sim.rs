@@ -33,6 +33,12 @@
 //!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
+//!
+//! Sessions and lock sets have a schedule of their own ([`sessions`]).
+
+mod sessions;
+
+pub use sessions::simulate_sessions;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -71,6 +77,9 @@ pub struct Args {
     /// Print every event of each schedule (use with a single seed to replay).
     #[arg(long, env = "LEASEHOLD_SIM_VERBOSE")]
     pub verbose: bool,
+    /// Run the sessions-and-lock-sets schedule instead of the elector's.
+    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS")]
+    pub sessions: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -100,7 +109,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut totals = Summary::default();
     let mut failed = Vec::new();
     for seed in seeds {
-        match simulate(seed, length) {
+        let outcome = if args.sessions {
+            simulate_sessions(seed, length)
+        } else {
+            simulate(seed, length)
+        };
+        match outcome {
             Ok(report) => {
                 if args.verbose {
                     println!("{report}");
@@ -131,10 +145,13 @@ pub enum Mutant {
     FollowerAcquiresOnOwnObservation,
     ReleaseBeforeWorkStopped,
     TokenFromLocalClock,
+    SessionRenewWithoutCas,
+    SessionRenewedAfterExpiry,
+    LockTakenFromLiveSession,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 10] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -142,6 +159,9 @@ impl Mutant {
         Mutant::FollowerAcquiresOnOwnObservation,
         Mutant::ReleaseBeforeWorkStopped,
         Mutant::TokenFromLocalClock,
+        Mutant::SessionRenewWithoutCas,
+        Mutant::SessionRenewedAfterExpiry,
+        Mutant::LockTakenFromLiveSession,
     ];
 
     pub fn name(self) -> &'static str {
@@ -153,6 +173,9 @@ impl Mutant {
             Mutant::FollowerAcquiresOnOwnObservation => "follower-acquires-on-own-observation",
             Mutant::ReleaseBeforeWorkStopped => "release-before-work-stopped",
             Mutant::TokenFromLocalClock => "token-from-local-clock",
+            Mutant::SessionRenewWithoutCas => "session-renew-without-CAS",
+            Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
+            Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
         }
     }
 
@@ -167,6 +190,13 @@ impl Mutant {
             }
             Mutant::ReleaseBeforeWorkStopped => "release before the leader work has stopped",
             Mutant::TokenFromLocalClock => "the fencing token comes from the candidate's clock",
+            Mutant::SessionRenewWithoutCas => {
+                "session renewal writes the row whatever is there (closed, collected or expired)"
+            }
+            Mutant::SessionRenewedAfterExpiry => "session renewal does not check expiry: an expired session lives again",
+            Mutant::LockTakenFromLiveSession => {
+                "a lock is judged free by its own age, while its holder session is still live"
+            }
         }
     }
 
@@ -177,7 +207,12 @@ impl Mutant {
             Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
             Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
             Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
-            Mutant::RenewWithoutCas | Mutant::FollowerAcquiresOnOwnObservation | Mutant::TokenFromLocalClock => None,
+            Mutant::RenewWithoutCas
+            | Mutant::FollowerAcquiresOnOwnObservation
+            | Mutant::TokenFromLocalClock
+            | Mutant::SessionRenewWithoutCas
+            | Mutant::SessionRenewedAfterExpiry
+            | Mutant::LockTakenFromLiveSession => None,
         }
     }
 }
@@ -223,6 +258,8 @@ pub struct Report {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    /// Sessions that expired and were replaced by a new one (sessions schedule).
+    pub sessions_replaced: u64,
     pub events: Vec<String>,
 }
 
@@ -252,6 +289,7 @@ pub struct Summary {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    pub sessions_replaced: u64,
 }
 
 impl Summary {
@@ -267,6 +305,7 @@ impl Summary {
         self.duplicates += r.duplicates;
         self.clock_jumps += r.clock_jumps;
         self.deleted_live += r.deleted_live;
+        self.sessions_replaced += r.sessions_replaced;
     }
 }
 
@@ -276,7 +315,7 @@ impl fmt::Display for Summary {
             f,
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
-             {} rows deleted under a live lease",
+             {} rows deleted under a live lease, {} sessions replaced after expiry",
             self.terms,
             self.accepted,
             self.fenced,
@@ -286,7 +325,8 @@ impl fmt::Display for Summary {
             self.late_commits,
             self.duplicates,
             self.clock_jumps,
-            self.deleted_live
+            self.deleted_live,
+            self.sessions_replaced
         )
     }
 }
@@ -357,14 +397,25 @@ pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
 
 /// Runs one seeded schedule on its own paused current-thread runtime.
 pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = paused_runtime();
+    let setup = setup.clone();
+    // Built inside the runtime so every instant is on the paused clock.
+    runtime.block_on(async move {
+        let schedule = Schedule::new(seed, &setup);
+        match setup.mutant.and_then(sessions::flaw) {
+            Some(_) => schedule.run_sessions(setup.length).await,
+            None => schedule.run(setup.length).await,
+        }
+    })
+}
+
+/// A current-thread runtime on paused time: schedules replay exactly.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("a current-thread runtime builds");
-    let setup = setup.clone();
-    // Built inside the runtime so every instant is on the paused clock.
-    runtime.block_on(async move { Schedule::new(seed, &setup).run(setup.length).await })
+        .expect("a current-thread runtime builds")
 }
 
 /// A process-pause switch: while on, none of the process's tasks run.
@@ -860,8 +911,61 @@ impl Schedule {
     /// One random fault or repair.
     async fn inject(&mut self, candidates: &mut [Candidate]) {
         let i = self.rng.random_range(0..candidates.len());
+        let arm = self.rng.random_range(0..14);
+        let links: Vec<_> = candidates.iter().map(|c| c.link.clone()).collect();
+        let (name, pause) = (candidates[i].name.clone(), candidates[i].pause.clone());
+        if self.inject_fault(arm, &name, &pause, &links, i) {
+            return;
+        }
+        match arm {
+            7 => {
+                self.note(format!("crash {} (kill -9)", candidates[i].name));
+                self.report.crashes += 1;
+                candidates[i].handle.abort();
+                candidates[i].pause.0.send_replace(false);
+                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
+                tokio::time::sleep(restart).await;
+                candidates[i] = self.start_candidate(i);
+            }
+            8 => {
+                let on = !candidates[i].handle.state().campaigning;
+                self.note(format!(
+                    "{} campaign {}",
+                    candidates[i].name,
+                    if on { "resumes" } else { "stops" }
+                ));
+                candidates[i].handle.set_campaigning(on);
+            }
+            // Rare: it exempts the term it cuts short from the checker.
+            10 if self.rng.random_bool(0.25) => {
+                let deleted = self.store.delete_row(LOCK);
+                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
+                    Some(term) => {
+                        self.deleted_terms.insert(term);
+                        self.report.deleted_live += 1;
+                        self.note(format!("row deleted under the live lease of term {term}"));
+                    }
+                    None => self.note("row deleted".into()),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The faults every schedule shares, by `arm`: store outages, latency
+    /// and flakiness, a repair, the link of process `i` (named `name`,
+    /// paused by `pause`; `links` are everyone's), a pause, a store clock
+    /// jump. False for any other arm.
+    fn inject_fault(
+        &mut self,
+        arm: u32,
+        name: &str,
+        pause: &Pause,
+        links: &[Arc<Mutex<LinkFaults>>],
+        i: usize,
+    ) -> bool {
         let (lease, renew) = (self.timing.lease_duration, self.timing.renew_deadline);
-        match self.rng.random_range(0..14) {
+        match arm {
             0 => {
                 self.note("store outage".into());
                 self.store.set_faults(Faults {
@@ -890,8 +994,8 @@ impl Schedule {
             3 => {
                 self.note("store and links healthy".into());
                 self.store.set_faults(Faults::default());
-                for c in candidates.iter() {
-                    *c.link.lock().unwrap() = LinkFaults::default();
+                for link in links {
+                    *link.lock().unwrap() = LinkFaults::default();
                 }
             }
             4 => {
@@ -905,9 +1009,9 @@ impl Schedule {
                 let duplicate = if self.rng.random_bool(0.3) { 0.3 } else { 0.0 };
                 self.note(format!(
                     "{} link: {to_store:?} to the store, {from_store:?} back, duplicates {duplicate}",
-                    candidates[i].name
+                    name
                 ));
-                *candidates[i].link.lock().unwrap() = LinkFaults {
+                *links[i].lock().unwrap() = LinkFaults {
                     to_store,
                     from_store,
                     duplicate,
@@ -919,31 +1023,13 @@ impl Schedule {
                 if length > self.timing.safety_gap() {
                     self.report.long_pauses += 1;
                 }
-                self.note(format!("pause {} for {length:?}", candidates[i].name));
-                candidates[i].pause.0.send_replace(true);
-                let pause = candidates[i].pause.clone();
+                self.note(format!("pause {} for {length:?}", name));
+                pause.0.send_replace(true);
+                let pause = pause.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(length).await;
                     pause.0.send_replace(false);
                 });
-            }
-            7 => {
-                self.note(format!("crash {} (kill -9)", candidates[i].name));
-                self.report.crashes += 1;
-                candidates[i].handle.abort();
-                candidates[i].pause.0.send_replace(false);
-                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
-                tokio::time::sleep(restart).await;
-                candidates[i] = self.start_candidate(i);
-            }
-            8 => {
-                let on = !candidates[i].handle.state().campaigning;
-                self.note(format!(
-                    "{} campaign {}",
-                    candidates[i].name,
-                    if on { "resumes" } else { "stops" }
-                ));
-                candidates[i].handle.set_campaigning(on);
             }
             9 => {
                 let now = Instant::now();
@@ -961,20 +1047,9 @@ impl Schedule {
                 self.report.clock_jumps += 1;
                 self.store.jump_clock(direction * nanos);
             }
-            // Rare: it exempts the term it cuts short from the checker.
-            10 if self.rng.random_bool(0.25) => {
-                let deleted = self.store.delete_row(LOCK);
-                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
-                    Some(term) => {
-                        self.deleted_terms.insert(term);
-                        self.report.deleted_live += 1;
-                        self.note(format!("row deleted under the live lease of term {term}"));
-                    }
-                    None => self.note("row deleted".into()),
-                }
-            }
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     fn check(mut self) -> Result<Report, Violation> {

@@ -94,6 +94,10 @@ struct Shared {
     jitter: Mutex<Jitter>,
     /// Wakes the renewal task early (a store call saw the session lost).
     wake: Notify,
+    /// Taking and freeing locks one at a time: a release in flight must not
+    /// free a lock that a concurrent `try_lock` just confirmed as held (both
+    /// name the same session and token).
+    serial: tokio::sync::Mutex<()>,
 }
 
 /// A session and the locks held through it. Dropping it stops renewing at
@@ -136,6 +140,7 @@ impl Session {
             held: watch::channel(HeldSet::default()).0,
             jitter: Mutex::new(Jitter::new(timing.jitter, seed)),
             wake: Notify::new(),
+            serial: tokio::sync::Mutex::new(()),
         });
         shared.open_new().await?;
         let task = sim.spawn(shared.clone().renew_forever());
@@ -165,6 +170,7 @@ impl Session {
         let names: Vec<String> = names.iter().map(|n| n.as_ref().to_string()).collect();
         let mut result = TryLocked::default();
         for chunk in names.chunks(MAX_LOCKS_PER_CALL) {
+            let _serial = self.shared.serial.lock().await;
             let session = self.id();
             let batch = self.shared.bounded(self.shared.store.try_lock(&session, chunk)).await;
             let batch = match batch {
@@ -181,6 +187,8 @@ impl Session {
                     // it whatever this batch took.
                     return Err(super::session::session_lost(&session, "expired while locking"));
                 }
+                // Held again, so no longer to be released.
+                known.unreleased.retain(|(name, _)| !batch.taken.iter().any(|(taken, _)| taken == name));
                 known.locks.extend(batch.taken.iter().cloned());
             }
             self.shared.publish();
@@ -214,6 +222,7 @@ impl Session {
     /// check-and-set. Returns the names freed now; any the store did not
     /// confirm are retried after each renewal.
     pub async fn release<S: AsRef<str>>(&self, names: &[S]) -> Result<Vec<String>> {
+        let _serial = self.shared.serial.lock().await;
         let (session, locks) = {
             let mut known = self.shared.known();
             let locks: Vec<(String, FencingToken)> = names
@@ -238,6 +247,7 @@ impl Session {
     /// locks guard has stopped.
     pub async fn close(self) -> Result<()> {
         self.task.abort();
+        let _serial = self.shared.serial.lock().await;
         let session = {
             let mut known = self.shared.known();
             known.deadline = None;
@@ -297,7 +307,8 @@ impl Shared {
 
     /// Opens a fresh session (a new id: ids are never reused) holding nothing.
     async fn open_new(&self) -> Result<()> {
-        let session = new_session_id(&self.owner);
+        let nonce = self.jitter.lock().unwrap_or_else(|e| e.into_inner()).seed();
+        let session = new_session_id(&self.owner, nonce);
         {
             let mut known = self.known();
             *known = Known {
@@ -329,6 +340,7 @@ impl Shared {
         self.publish();
     }
 
+    /// Frees `locks` of `session` in the store; the caller holds `serial`.
     async fn unlock(&self, session: &str, locks: Vec<(String, FencingToken)>) -> Result<Vec<String>> {
         let mut freed = Vec::new();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
@@ -365,6 +377,7 @@ impl Shared {
                     self.renewed(&session, sent);
                     errors = self.backoff();
                     next = sent + self.jitter.lock().unwrap_or_else(|e| e.into_inner()).apply(p);
+                    let _serial = self.serial.lock().await;
                     let unreleased = self.known().unreleased.clone();
                     if !unreleased.is_empty() {
                         if let Err(e) = self.unlock(&session, unreleased).await {

@@ -32,7 +32,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rand::RngExt;
 
 use super::record::{FencingToken, Identity, LockNameError, StoreTime, validate_lock_name};
 use super::store::{Result, StoreError};
@@ -44,10 +43,10 @@ use super::store::{Result, StoreError};
 pub const MAX_LOCKS_PER_CALL: usize = 5_000;
 
 /// A new session id for `owner`: the owner's identity (unique per process
-/// run) and a random suffix, since one run may open several sessions one
+/// run) and a random `nonce`, since one run may open several sessions one
 /// after the other. Ids are never reused.
-pub fn new_session_id(owner: &Identity) -> String {
-    format!("{owner}~{:016x}", rand::rng().random::<u64>())
+pub fn new_session_id(owner: &Identity, nonce: u64) -> String {
+    format!("{owner}~{nonce:016x}")
 }
 
 /// One session's row.
@@ -241,7 +240,7 @@ mod tests {
     #[test]
     fn session_ids_are_unique_and_name_their_owner() {
         let owner = Identity::with_nonce("pod-0", "n");
-        let (a, b) = (new_session_id(&owner), new_session_id(&owner));
+        let (a, b) = (new_session_id(&owner, 1), new_session_id(&owner, 2));
         assert!(a.starts_with("pod-0#n~"), "{a}");
         assert_ne!(a, b);
         validate_session_id(&a).unwrap();
