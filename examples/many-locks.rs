@@ -22,7 +22,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut workers = Vec::new();
     for name in ["alpha", "beta", "gamma"] {
         let sessions: Arc<dyn SessionStore> = store.clone();
-        workers.push((name, Session::open(sessions, Identity::new(None, None, name), timing).await?));
+        workers.push((
+            name,
+            Session::open(sessions, Identity::new(None, None, name), timing).await?,
+        ));
     }
 
     // Each worker tries a batch without waiting (overlapping windows of the
@@ -42,7 +45,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Watch alpha's held set; gamma waits for one of alpha's keys.
     let (alpha, gamma) = (&workers[0].1, &workers[2].1);
     let mut held = alpha.held();
-    let wanted = held.borrow().locks.keys().next().cloned().ok_or("alpha holds nothing")?;
+    let wanted = held
+        .borrow()
+        .locks
+        .keys()
+        .next()
+        .cloned()
+        .ok_or("alpha holds nothing")?;
     let before = alpha.token(&wanted).ok_or("alpha's key has a token")?;
     let waiting = async {
         let lock = gamma.lock(&wanted).await?;

@@ -193,7 +193,9 @@ impl Mutant {
             Mutant::SessionRenewWithoutCas => {
                 "session renewal writes the row whatever is there (closed, collected or expired)"
             }
-            Mutant::SessionRenewedAfterExpiry => "session renewal does not check expiry: an expired session lives again",
+            Mutant::SessionRenewedAfterExpiry => {
+                "session renewal does not check expiry: an expired session lives again"
+            }
             Mutant::LockTakenFromLiveSession => {
                 "a lock is judged free by its own age, while its holder session is still live"
             }

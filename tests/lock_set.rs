@@ -39,7 +39,11 @@ async fn try_lock_many_takes_the_free_ones_and_reports_the_busy_without_waiting(
     assert_eq!(held.session, a.id());
     for lock in &got.taken {
         assert_eq!(held.locks[&lock.name], lock.token);
-        assert_eq!(a.token(&lock.name), Some(lock.token), "every held lock exposes its token");
+        assert_eq!(
+            a.token(&lock.name),
+            Some(lock.token),
+            "every held lock exposes its token"
+        );
     }
     assert_eq!(b.token("y"), None);
 }
@@ -115,7 +119,10 @@ async fn an_expired_session_is_replaced_and_holds_nothing_from_the_old_one() {
     tokio::time::sleep(timing().lease_duration + timing().retry_period).await;
     store.set_faults(Faults::default());
     // b renews fine and takes x: a's session expired by the store's clock.
-    let got = tokio::time::timeout(Duration::from_secs(5), b.lock("x")).await.unwrap().unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), b.lock("x"))
+        .await
+        .unwrap()
+        .unwrap();
     let mut held = a.held();
     let replaced = tokio::time::timeout(timing().retry_period * 3, held.wait_for(|h| h.session != old))
         .await
@@ -126,7 +133,10 @@ async fn an_expired_session_is_replaced_and_holds_nothing_from_the_old_one() {
     assert_eq!(a.token("x"), None);
     assert_eq!(b.token("x"), Some(got.token));
     let stale = store.renew_session(&old).await;
-    assert!(matches!(stale, Err(StoreError::Lost { .. })), "never revived: {stale:?}");
+    assert!(
+        matches!(stale, Err(StoreError::Lost { .. })),
+        "never revived: {stale:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -141,7 +151,10 @@ async fn one_renewal_per_period_however_many_locks() {
     tokio::time::sleep(timing().retry_period * periods).await;
     let writes = store.calls().writes - before;
     // Every P × (1 + u), u in [0, 0.2): between 25 and 30 renewals.
-    assert!((25..=periods as u64).contains(&writes), "{writes} writes in {periods} periods");
+    assert!(
+        (25..=periods as u64).contains(&writes),
+        "{writes} writes in {periods} periods"
+    );
     assert_eq!(a.held().borrow().locks.len(), 1000, "all still held");
 }
 

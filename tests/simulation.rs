@@ -152,7 +152,10 @@ fn run_session_shard(shard: u64) -> Summary {
         summary.sessions_replaced > 0 && summary.long_pauses > 0 && summary.crashes > 0,
         "{summary:?}"
     );
-    assert!(summary.late_commits > 0 && summary.duplicates > 0 && summary.clock_jumps > 0, "{summary:?}");
+    assert!(
+        summary.late_commits > 0 && summary.duplicates > 0 && summary.clock_jumps > 0,
+        "{summary:?}"
+    );
     summary
 }
 
@@ -177,7 +180,16 @@ fn a_session_seed_replays_exactly() {
 #[test]
 fn the_simulate_command_runs_the_session_schedule() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["simulate", "--sessions", "--seeds", "3", "--first-seed", "900", "--seconds", "10"])
+        .args([
+            "simulate",
+            "--sessions",
+            "--seeds",
+            "3",
+            "--first-seed",
+            "900",
+            "--seconds",
+            "10",
+        ])
         .output()
         .expect("leasehold runs");
     let stdout = String::from_utf8_lossy(&out.stdout);

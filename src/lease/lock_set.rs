@@ -188,11 +188,15 @@ impl Session {
                     return Err(super::session::session_lost(&session, "expired while locking"));
                 }
                 // Held again, so no longer to be released.
-                known.unreleased.retain(|(name, _)| !batch.taken.iter().any(|(taken, _)| taken == name));
+                known
+                    .unreleased
+                    .retain(|(name, _)| !batch.taken.iter().any(|(taken, _)| taken == name));
                 known.locks.extend(batch.taken.iter().cloned());
             }
             self.shared.publish();
-            result.taken.extend(batch.taken.into_iter().map(|(name, token)| HeldLock { name, token }));
+            result
+                .taken
+                .extend(batch.taken.into_iter().map(|(name, token)| HeldLock { name, token }));
             result.busy.extend(batch.busy);
         }
         Ok(result)
@@ -282,7 +286,8 @@ impl Shared {
                 deadline: live,
             }
         };
-        self.held.send_if_modified(|current| std::mem::replace(current, held.clone()) != held);
+        self.held
+            .send_if_modified(|current| std::mem::replace(current, held.clone()) != held);
     }
 
     fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
@@ -379,10 +384,10 @@ impl Shared {
                     next = sent + self.jitter.lock().unwrap_or_else(|e| e.into_inner()).apply(p);
                     let _serial = self.serial.lock().await;
                     let unreleased = self.known().unreleased.clone();
-                    if !unreleased.is_empty() {
-                        if let Err(e) = self.unlock(&session, unreleased).await {
-                            debug!(%session, error = %e, "release still unconfirmed; retrying after the next renewal");
-                        }
+                    if !unreleased.is_empty()
+                        && let Err(e) = self.unlock(&session, unreleased).await
+                    {
+                        debug!(%session, error = %e, "release still unconfirmed; retrying after the next renewal");
                     }
                 }
                 Err(StoreError::Lost { reason, .. }) => {

@@ -27,9 +27,7 @@ use super::{
 use super::{Link, RngExt, SeedableRng};
 use crate::lease::elector::SimHooks;
 use crate::lease::lock_set::{HeldSet, Session};
-use crate::lease::session::{
-    Collected, LockBatch, LocksObservation, SessionObservation, SessionStore,
-};
+use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, SessionStore};
 use crate::lease::{FencingToken, StoreError, StoreTime};
 use crate::store::memory::{LockAcquisition, SessionFlaw};
 
@@ -104,7 +102,13 @@ impl Schedule {
         let work = async move {
             let mut rng = StdRng::seed_from_u64(seed);
             let session = loop {
-                let opened = Session::open_with(store.clone(), identity.clone(), timing, Some(rng.random()), hooks.clone());
+                let opened = Session::open_with(
+                    store.clone(),
+                    identity.clone(),
+                    timing,
+                    Some(rng.random()),
+                    hooks.clone(),
+                );
                 match opened.await {
                     Ok(session) => break session,
                     Err(_) => tokio::time::sleep(timing.retry_period).await,
@@ -136,7 +140,12 @@ impl Schedule {
         };
         let task = spawner.spawn(work);
         self.note(format!("start {name}"));
-        Process { name, pause, link, task }
+        Process {
+            name,
+            pause,
+            link,
+            task,
+        }
     }
 
     pub(super) async fn run_sessions(mut self, length: Duration) -> Result<Report, Violation> {

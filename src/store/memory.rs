@@ -15,6 +15,7 @@ use tokio::time::Instant;
 mod session;
 
 pub use session::LockAcquisition;
+#[cfg(feature = "simulate")]
 pub(crate) use session::SessionFlaw;
 
 use crate::lease::store::Result;

@@ -30,7 +30,10 @@ fn is_lost<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {
 
 async fn open(store: &dyn SessionStore, id: &str, lease: Duration) {
     store.ensure_session_schema().await.expect("ensure_session_schema");
-    store.open_session(id, &format!("owner-of-{id}"), lease).await.expect("open_session");
+    store
+        .open_session(id, &format!("owner-of-{id}"), lease)
+        .await
+        .expect("open_session");
 }
 
 /// Waits until the store's clock is past the session's expiry.
@@ -64,9 +67,15 @@ pub async fn an_expired_session_is_never_renewed(store: Arc<dyn SessionStore>) {
     assert!(renewed > first.record.as_ref().unwrap().renewed_at);
     let observed = store.observe_session("s-expiring").await.unwrap();
     assert_eq!(observed.record.as_ref().unwrap().renewed_at, renewed);
-    assert_eq!(observed.record.as_ref().unwrap().expires_at(), renewed.saturating_add(SHORT));
+    assert_eq!(
+        observed.record.as_ref().unwrap().expires_at(),
+        renewed.saturating_add(SHORT)
+    );
     wait_until_expired(&*store, "s-expiring").await;
-    assert!(is_lost(&store.renew_session("s-expiring").await), "expired: dead for good");
+    assert!(
+        is_lost(&store.renew_session("s-expiring").await),
+        "expired: dead for good"
+    );
     assert!(
         is_lost(&store.try_lock("s-expiring", &names(&["x"])).await),
         "an expired session takes nothing"
@@ -117,7 +126,10 @@ pub async fn a_lock_of_an_expired_session_is_free(store: Arc<dyn SessionStore>) 
     assert!(taken.taken[0].1 > first, "token {} not above {first}", taken.taken[0].1);
     assert!(is_lost(&store.renew_session("s-short").await));
     let freed = store.unlock("s-short", &[("x".to_string(), first)]).await.unwrap();
-    assert!(freed.is_empty(), "the old session cannot release what is no longer its own");
+    assert!(
+        freed.is_empty(),
+        "the old session cannot release what is no longer its own"
+    );
 }
 
 /// Unlock is check-and-set on session and token; a freed lock is free at once.
@@ -127,9 +139,16 @@ pub async fn unlock_is_check_and_set(store: Arc<dyn SessionStore>) {
     let batch = store.try_lock("s-a", &names(&["x", "y"])).await.unwrap();
     let token = |name: &str| batch.taken.iter().find(|(n, _)| n == name).unwrap().1;
     let (x, y) = (token("x"), token("y"));
-    assert!(store.unlock("s-b", &[("x".into(), x)]).await.unwrap().is_empty(), "not b's");
     assert!(
-        store.unlock("s-a", &[("x".into(), FencingToken(x.0 - 1))]).await.unwrap().is_empty(),
+        store.unlock("s-b", &[("x".into(), x)]).await.unwrap().is_empty(),
+        "not b's"
+    );
+    assert!(
+        store
+            .unlock("s-a", &[("x".into(), FencingToken(x.0 - 1))])
+            .await
+            .unwrap()
+            .is_empty(),
         "wrong token"
     );
     let freed = store.unlock("s-a", &[("x".into(), x), ("y".into(), y)]).await.unwrap();
@@ -141,7 +160,10 @@ pub async fn unlock_is_check_and_set(store: Arc<dyn SessionStore>) {
         },
         names(&["x", "y"])
     );
-    assert!(store.unlock("s-a", &[("x".into(), x)]).await.unwrap().is_empty(), "once only");
+    assert!(
+        store.unlock("s-a", &[("x".into(), x)]).await.unwrap().is_empty(),
+        "once only"
+    );
     let observed = store.observe_locks(&names(&["x"])).await.unwrap();
     assert_eq!(observed.locks[0].holder, None);
     assert_eq!(observed.locks[0].token, Some(x), "a released lock keeps its last token");
@@ -172,18 +194,27 @@ pub async fn garbage_collection_spares_live_sessions(store: Arc<dyn SessionStore
     open(&*store, "s-dying", SHORT).await;
     store.try_lock("s-live", &names(&["a", "r"])).await.unwrap();
     let e = store.try_lock("s-dying", &names(&["e"])).await.unwrap().taken[0].1;
-    let r = store.observe_locks(&names(&["r"])).await.unwrap().locks[0].token.unwrap();
+    let r = store.observe_locks(&names(&["r"])).await.unwrap().locks[0]
+        .token
+        .unwrap();
     assert_eq!(store.unlock("s-live", &[("r".into(), r)]).await.unwrap(), names(&["r"]));
     wait_until_expired(&*store, "s-dying").await;
     let collected = store.collect_garbage().await.expect("collect");
     assert_eq!((collected.sessions, collected.locks), (1, 2), "{collected:?}");
     assert_eq!(store.observe_session("s-dying").await.unwrap().record, None);
-    store.renew_session("s-live").await.expect("the live session is untouched");
+    store
+        .renew_session("s-live")
+        .await
+        .expect("the live session is untouched");
     let observed = store.observe_locks(&names(&["a", "e", "r"])).await.unwrap();
     let holders: Vec<_> = observed.locks.iter().map(|l| l.holder.as_deref()).collect();
     assert_eq!(holders, [Some("s-live"), None, None]);
     assert_eq!(observed.locks[1].token, None, "e's row was collected");
-    assert_eq!(store.collect_garbage().await.unwrap(), Default::default(), "nothing left");
+    assert_eq!(
+        store.collect_garbage().await.unwrap(),
+        Default::default(),
+        "nothing left"
+    );
     let again = store.try_lock("s-live", &names(&["e"])).await.unwrap();
     assert!(again.taken[0].1 > e, "a recreated lock row's token is still higher");
 }

@@ -19,6 +19,7 @@ use crate::lease::store::Result;
 use crate::lease::{FencingToken, StoreError, StoreTime};
 
 /// A deliberate session bug, for the simulation's mutants only.
+#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SessionFlaw {
     /// Renewal writes the session row whatever is there: a closed, collected
@@ -93,6 +94,7 @@ impl MemoryStore {
     }
 
     /// Makes the session operations deliberately wrong (simulation mutants).
+    #[cfg(feature = "simulate")]
     pub(crate) fn set_session_flaw(&self, flaw: Option<SessionFlaw>) {
         self.lock().sessions.flaw = flaw;
     }
@@ -106,10 +108,16 @@ impl MemoryStore {
             let mut state = self.lock();
             let effect = Self::admit(&mut state, write)?;
             if matches!(effect, Effect::UnknownWithoutCommit) {
-                Err(StoreError::outcome_unknown("commit reply lost before commit (injected)"))
+                Err(StoreError::outcome_unknown(
+                    "commit reply lost before commit (injected)",
+                ))
             } else {
                 let now = self.clock(&state);
-                let at = if write { StoreTime(now.0.max(state.last_commit + 1)) } else { now };
+                let at = if write {
+                    StoreTime(now.0.max(state.last_commit + 1))
+                } else {
+                    now
+                };
                 let value = body(&mut state.sessions, at);
                 if write && value.is_ok() {
                     state.last_commit = at.0;

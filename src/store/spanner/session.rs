@@ -298,7 +298,10 @@ impl SessionStore for SpannerStore {
             let session_id = session_id.clone();
             async move {
                 match returned(tx.execute_query(statement).await?).await? {
-                    0 => refusal.refuse(session_lost(&session_id, "expired by the store's clock, closed or collected")),
+                    0 => refusal.refuse(session_lost(
+                        &session_id,
+                        "expired by the store's clock, closed or collected",
+                    )),
                     _ => Ok(()),
                 }
             }
@@ -552,7 +555,11 @@ mod tests {
         let [sessions, locks] = tables.create();
         assert!(sessions.contains("PRIMARY KEY (shard, id)"), "{sessions}");
         assert!(locks.contains("PRIMARY KEY (shard, name)"), "{locks}");
-        assert!(tables.locks_with_holders().contains("s.shard = l.session_shard AND s.id = l.session"));
+        assert!(
+            tables
+                .locks_with_holders()
+                .contains("s.shard = l.session_shard AND s.id = l.session")
+        );
     }
 
     #[test]
