@@ -186,3 +186,35 @@ async fn a_release_the_store_did_not_confirm_is_retried_after_a_renewal() {
     let got = b.try_lock_many(&["x"]).await.unwrap();
     assert_eq!(got.taken.len(), 1, "freed by the retry, long before a's session ends");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_whose_reply_was_lost_is_confirmed_by_asking_again() {
+    let store = MemoryStore::new(8);
+    let a = session(&store, "a").await;
+    store.set_faults(Faults {
+        drop_reply_after_commit: 1.0,
+        ..Default::default()
+    });
+    let lost = a.try_lock_many(&["x", "y"]).await;
+    assert!(matches!(lost, Err(StoreError::OutcomeUnknown { .. })), "never success: {lost:?}");
+    assert_eq!(a.token("x"), None, "not claimed on an unknown outcome");
+    store.set_faults(Faults::default());
+    let again = a.try_lock_many(&["x", "y"]).await.unwrap();
+    assert_eq!(again.taken.len(), 2, "it did commit: the session holds both");
+    let observed = store.observe_locks(&["x".into(), "y".into()]).await.unwrap();
+    for (lock, held) in observed.locks.iter().zip(&again.taken) {
+        assert_eq!(lock.token, Some(held.token), "the same token the lost commit gave");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_lock_names_are_refused_naming_what_is_wrong() {
+    let store = MemoryStore::new(9);
+    let a = session(&store, "a").await;
+    let twice = a.try_lock_many(&["x", "x"]).await.unwrap_err();
+    assert!(matches!(twice, StoreError::Invalid { .. }));
+    assert!(twice.chain().contains("lock name \"x\" is given twice"), "{}", twice.chain());
+    let empty = a.lock("").await.unwrap_err();
+    assert!(empty.chain().contains("lock name must not be empty"), "{}", empty.chain());
+    assert!(a.held().borrow().locks.is_empty());
+}
