@@ -196,7 +196,10 @@ async fn a_batch_whose_reply_was_lost_is_confirmed_by_asking_again() {
         ..Default::default()
     });
     let lost = a.try_lock_many(&["x", "y"]).await;
-    assert!(matches!(lost, Err(StoreError::OutcomeUnknown { .. })), "never success: {lost:?}");
+    assert!(
+        matches!(lost, Err(StoreError::OutcomeUnknown { .. })),
+        "never success: {lost:?}"
+    );
     assert_eq!(a.token("x"), None, "not claimed on an unknown outcome");
     store.set_faults(Faults::default());
     let again = a.try_lock_many(&["x", "y"]).await.unwrap();
@@ -213,8 +216,16 @@ async fn bad_lock_names_are_refused_naming_what_is_wrong() {
     let a = session(&store, "a").await;
     let twice = a.try_lock_many(&["x", "x"]).await.unwrap_err();
     assert!(matches!(twice, StoreError::Invalid { .. }));
-    assert!(twice.chain().contains("lock name \"x\" is given twice"), "{}", twice.chain());
+    assert!(
+        twice.chain().contains("lock name \"x\" is given twice"),
+        "{}",
+        twice.chain()
+    );
     let empty = a.lock("").await.unwrap_err();
-    assert!(empty.chain().contains("lock name must not be empty"), "{}", empty.chain());
+    assert!(
+        empty.chain().contains("lock name must not be empty"),
+        "{}",
+        empty.chain()
+    );
     assert!(a.held().borrow().locks.is_empty());
 }

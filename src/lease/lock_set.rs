@@ -3,7 +3,9 @@
 //!
 //! * `try_lock_many` takes what is free in one transaction per batch and
 //!   reports the rest busy, without waiting; `lock` waits for one lock with
-//!   jittered exponential backoff.
+//!   jittered exponential backoff. A successful batch also renews the
+//!   session (the store proved it live), so it moves the deadline like a
+//!   renewal sent at the same instant.
 //! * The held set is published on a `watch` channel with the session's
 //!   deadline, `t_send + R` from the send time of the last successful
 //!   renewal (the elector's rule). At the deadline the set is published
@@ -172,6 +174,7 @@ impl Session {
         for chunk in names.chunks(MAX_LOCKS_PER_CALL) {
             let _serial = self.shared.serial.lock().await;
             let session = self.id();
+            let sent = now();
             let batch = self.shared.bounded(self.shared.store.try_lock(&session, chunk)).await;
             let batch = match batch {
                 Err(lost @ StoreError::Lost { .. }) => {
@@ -193,7 +196,8 @@ impl Session {
                     .retain(|(name, _)| !batch.taken.iter().any(|(taken, _)| taken == name));
                 known.locks.extend(batch.taken.iter().cloned());
             }
-            self.shared.publish();
+            // The batch renewed the session too (and publishes).
+            self.shared.renewed(&session, sent);
             result
                 .taken
                 .extend(batch.taken.into_iter().map(|(name, token)| HeldLock { name, token }));
@@ -331,16 +335,16 @@ impl Shared {
         Ok(())
     }
 
-    /// A successful open or renewal of `session` sent at `sent`: claims
-    /// until `sent + R`, unless that has passed already.
+    /// A successful open, renewal or batch of `session` sent at `sent`:
+    /// claims until `sent + R` (never moving a later proof's deadline back),
+    /// unless that has passed already. Publishes.
     fn renewed(&self, session: &str, sent: Instant) {
         let deadline = sent + self.timing.renew_deadline;
         {
             let mut known = self.known();
-            if known.session != session || now() >= deadline {
-                return;
+            if known.session == session && now() < deadline {
+                known.deadline = known.deadline.max(Some(deadline));
             }
-            known.deadline = Some(deadline);
         }
         self.publish();
     }
@@ -366,7 +370,10 @@ impl Shared {
         loop {
             // Wake at the deadline too, if it is still ahead, to publish it.
             let deadline = self.known().deadline.filter(|d| *d > now());
+            // Biased: an unbiased select draws from an unseeded random
+            // source, and simulations must replay exactly.
             tokio::select! {
+                biased;
                 _ = sleep_until(deadline.map_or(next, |d| d.min(next))) => {}
                 _ = self.wake.notified() => next = now(),
             }

@@ -13,7 +13,11 @@
 //!   since others may have taken its locks while it was expired. Its owner
 //!   opens a new session (a new id) and holds nothing from the old one.
 //! * Taking locks is one transaction per batch that also checks, by the
-//!   store's clock, that the caller's session is live; a lock already held
+//!   store's clock, that the caller's session is live, and then renews it
+//!   (a successful batch is as good a proof of life as a renewal, and a
+//!   process taking locks back to back must not starve its own renewals:
+//!   on the emulator, which runs one read-write transaction at a time,
+//!   it did, and the session expired); a lock already held
 //!   by the caller's session is reported taken with its token (so a batch
 //!   whose reply was lost can be confirmed by asking again, S9).
 //! * Every lock keeps its own fencing token: the commit timestamp of its
@@ -152,7 +156,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// takes every lock in `names` that is free (no row, released, or held
     /// by an expired or absent session), each with a token above its last;
     /// reports the ones the session already holds as taken with their
-    /// token, and the rest as busy. `Lost` when the session is not live.
+    /// token, and the rest as busy; and renews the session (`renewed_at` =
+    /// the commit timestamp), so a process busy taking locks keeps its
+    /// session even when its renewals lose every race for the row. `Lost`
+    /// when the session is not live.
     async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch>;
 
     /// Check-and-set per lock: frees each of `locks` still held by

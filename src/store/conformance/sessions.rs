@@ -110,6 +110,25 @@ pub async fn locks_are_exclusive_between_live_sessions(store: Arc<dyn SessionSto
     assert_eq!(observed.locks[3].token, None, "never taken: no row");
 }
 
+/// A successful batch renews its session by the same commit.
+pub async fn a_batch_renews_its_session(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-busy", LONG).await;
+    let before = store
+        .observe_session("s-busy")
+        .await
+        .unwrap()
+        .record
+        .unwrap()
+        .renewed_at;
+    store.try_lock("s-busy", &names(&["x"])).await.unwrap();
+    let after = store.observe_session("s-busy").await.unwrap().record.unwrap();
+    assert!(after.renewed_at > before, "renewed by the batch: {after:?}");
+    let token = store.observe_locks(&names(&["x"])).await.unwrap().locks[0]
+        .token
+        .unwrap();
+    assert_eq!(after.renewed_at.0, token.0, "the same commit");
+}
+
 /// A lock whose session expired is free by the store's clock, and its next
 /// token is higher.
 pub async fn a_lock_of_an_expired_session_is_free(store: Arc<dyn SessionStore>) {
@@ -272,6 +291,11 @@ macro_rules! session_conformance_tests {
             async fn locks_are_exclusive_between_live_sessions() {
                 let target = $make.await;
                 suite::locks_are_exclusive_between_live_sessions(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn a_batch_renews_its_session() {
+                let target = $make.await;
+                suite::a_batch_renews_its_session(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn a_lock_of_an_expired_session_is_free() {

@@ -220,6 +220,10 @@ impl SessionStore for MemoryStore {
         self.session_call(true, |tables, commit| {
             tables.live_session(session, commit)?;
             // Nothing fails from here on: the batch is all or nothing.
+            // Proven live, the session is renewed by the same commit.
+            if let Some(record) = tables.sessions.get_mut(session) {
+                record.renewed_at = commit;
+            }
             let mut batch = LockBatch::default();
             for name in names {
                 let row = tables.locks.get(name);

@@ -13,7 +13,8 @@
 //! * `try_lock` is one read-write transaction: a read of the caller's
 //!   session (live by `CURRENT_TIMESTAMP()`), one read of the requested lock
 //!   rows joined with their sessions (live judged in the same statement), and
-//!   the taken rows written as mutations with the commit timestamp as token.
+//!   the taken rows written as mutations with the commit timestamp as token,
+//!   with the session's renewal (`renewed_at` = the commit timestamp).
 //! * Expiry is `CURRENT_TIMESTAMP() > TIMESTAMP_ADD(renewed_at, INTERVAL
 //!   lease_ms MILLISECOND)`, exactly the core's rule
 //!   ([`SessionRecord::is_live_at`]), in one place ([`LIVE`]).
@@ -382,12 +383,14 @@ impl SessionStore for SpannerStore {
         validate_session_id(session)?;
         validate_lock_names(names.iter().map(String::as_str))?;
         let tables = Tables::of(self)?;
-        let (own, read, locks) = (tables.own_session(), tables.locks_with_holders(), tables.locks.clone());
+        let (own, read) = (tables.own_session(), tables.locks_with_holders());
+        let (locks, sessions) = (tables.locks.clone(), tables.sessions.clone());
         let (session_id, wanted) = (session.to_string(), names.to_vec());
         let body = move |tx: ReadWriteTransaction, refusal: super::Refusal| {
             let own = session_statement(&own, &session_id).build();
             let read = batch_statement(&read, &wanted);
-            let (session_id, wanted, locks) = (session_id.clone(), wanted.clone(), locks.clone());
+            let (session_id, wanted) = (session_id.clone(), wanted.clone());
+            let (locks, sessions) = (locks.clone(), sessions.clone());
             async move {
                 let mut rows = tx.execute_query(own).await?;
                 let live = match rows.next().await.transpose()? {
@@ -409,9 +412,19 @@ impl SessionStore for SpannerStore {
                         _ => take.push(name),
                     }
                 }
+                // Proven live: renewed by the same commit.
+                let renew = Mutation::new_update_builder(sessions.as_str())
+                    .set("shard")
+                    .to(shard_of(&session_id))
+                    .set("id")
+                    .to(session_id.as_str())
+                    .set("renewed_at")
+                    .to("spanner.commit_timestamp()")
+                    .build();
                 tx.buffer(
                     take.iter()
                         .map(|name| lock_mutation(&locks, name, Some(&session_id)))
+                        .chain([renew])
                         .collect::<Vec<_>>(),
                 )?;
                 Ok((held, busy, take))
