@@ -120,7 +120,11 @@ pub fn many_locks_in_sessions(locks: usize, seconds: u64) -> String {
             let share: Vec<&String> = names.iter().skip(i).step_by(SESSIONS).collect();
             while session.held().borrow().locks.len() < share.len() {
                 let pass = Instant::now();
-                for batch in share.chunks(batch()) {
+                let missing: Vec<&String> = {
+                    let held = session.held().borrow().clone();
+                    share.iter().copied().filter(|n| !held.locks.contains_key(*n)).collect()
+                };
+                for batch in missing.chunks(batch()) {
                     if let Err(e) = session.try_lock_many(batch).await {
                         eprintln!("session {i}: taking its share: {}", e.chain());
                     }

@@ -217,7 +217,7 @@ impl Schedule {
         let fail = |what: String| Violation {
             seed,
             mutant,
-            what,
+            what: format!("{what} [session schedule: replay with --sessions]"),
             events: log.events.clone(),
         };
         // Per lock, its acquisitions in commit order.
