@@ -5,12 +5,16 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis) runs a share of it. `postgres` and `redis` start private
-//! servers as the tests do and measure failover, handover, renew latency and
-//! store operations per minute there.
+//! postgres, redis, sessions) runs a share of it. `postgres` and `redis` start
+//! private servers as the tests do and measure failover, handover, renew
+//! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
+//! (default 1000,10000) says how many locks the sessions part holds.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+#[path = "leasehold/sessions.rs"]
+mod sessions;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -694,6 +698,16 @@ fn main() {
     if run("many-locks") {
         println!("== many locks");
         summary_lines.push(format!("many locks: {}", many_locks(electors, seconds)));
+    }
+    if run("sessions") {
+        let counts = std::env::var("LEASEHOLD_BENCH_LOCKS").unwrap_or_else(|_| "1000,10000".into());
+        for locks in counts.split(',').filter_map(|n| n.trim().parse().ok()) {
+            println!("== {locks} locks in 3 sessions, {seconds} s");
+            summary_lines.push(format!(
+                "sessions: {}",
+                sessions::many_locks_in_sessions(locks, seconds)
+            ));
+        }
     }
     println!("\n== summary");
     for line in summary_lines {

@@ -17,6 +17,8 @@ scripts/setup-servers.sh
 cargo build --examples --benches
 # The library example needs nothing but the lease core and the memory store.
 cargo check --no-default-features --example library
+# The many-locks example checks its own outcome (every key one owner, higher tokens).
+cargo run -q --no-default-features --example many-locks
 # One emulator for the whole run (each test makes databases of its own);
 # tests that must own an emulator (to restart it) start a private one.
 if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then

@@ -36,6 +36,12 @@
 //!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
+//!
+//! Sessions and lock sets have a schedule of their own ([`sessions`]).
+
+mod sessions;
+
+pub use sessions::simulate_sessions;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -74,6 +80,9 @@ pub struct Args {
     /// Print every event of each schedule (use with a single seed to replay).
     #[arg(long, env = "LEASEHOLD_SIM_VERBOSE")]
     pub verbose: bool,
+    /// Run the sessions-and-lock-sets schedule instead of the elector's.
+    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS")]
+    pub sessions: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -103,7 +112,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut totals = Summary::default();
     let mut failed = Vec::new();
     for seed in seeds {
-        match simulate(seed, length) {
+        let outcome = if args.sessions {
+            simulate_sessions(seed, length)
+        } else {
+            simulate(seed, length)
+        };
+        match outcome {
             Ok(report) => {
                 if args.verbose {
                     println!("{report}");
@@ -134,10 +148,13 @@ pub enum Mutant {
     FollowerAcquiresOnOwnObservation,
     ReleaseBeforeWorkStopped,
     TokenFromLocalClock,
+    SessionRenewWithoutCas,
+    SessionRenewedAfterExpiry,
+    LockTakenFromLiveSession,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 10] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -145,6 +162,9 @@ impl Mutant {
         Mutant::FollowerAcquiresOnOwnObservation,
         Mutant::ReleaseBeforeWorkStopped,
         Mutant::TokenFromLocalClock,
+        Mutant::SessionRenewWithoutCas,
+        Mutant::SessionRenewedAfterExpiry,
+        Mutant::LockTakenFromLiveSession,
     ];
 
     pub fn name(self) -> &'static str {
@@ -156,6 +176,9 @@ impl Mutant {
             Mutant::FollowerAcquiresOnOwnObservation => "follower-acquires-on-own-observation",
             Mutant::ReleaseBeforeWorkStopped => "release-before-work-stopped",
             Mutant::TokenFromLocalClock => "token-from-local-clock",
+            Mutant::SessionRenewWithoutCas => "session-renew-without-CAS",
+            Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
+            Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
         }
     }
 
@@ -170,6 +193,15 @@ impl Mutant {
             }
             Mutant::ReleaseBeforeWorkStopped => "release before the leader work has stopped",
             Mutant::TokenFromLocalClock => "the fencing token comes from the candidate's clock",
+            Mutant::SessionRenewWithoutCas => {
+                "session renewal writes the row whatever is there (closed, collected or expired)"
+            }
+            Mutant::SessionRenewedAfterExpiry => {
+                "session renewal does not check expiry: an expired session lives again"
+            }
+            Mutant::LockTakenFromLiveSession => {
+                "a lock is judged free by its own age, while its holder session is still live"
+            }
         }
     }
 
@@ -180,7 +212,12 @@ impl Mutant {
             Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
             Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
             Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
-            Mutant::RenewWithoutCas | Mutant::FollowerAcquiresOnOwnObservation | Mutant::TokenFromLocalClock => None,
+            Mutant::RenewWithoutCas
+            | Mutant::FollowerAcquiresOnOwnObservation
+            | Mutant::TokenFromLocalClock
+            | Mutant::SessionRenewWithoutCas
+            | Mutant::SessionRenewedAfterExpiry
+            | Mutant::LockTakenFromLiveSession => None,
         }
     }
 }
@@ -266,6 +303,8 @@ pub struct Counts {
     pub ttl_seeds: u64,
     /// Leases that vanished at their TTL.
     pub ttl_expiries: u64,
+    /// Sessions that expired and were replaced by a new one (sessions schedule).
+    pub sessions_replaced: u64,
 }
 
 impl Counts {
@@ -282,6 +321,7 @@ impl Counts {
         self.deleted_live += r.deleted_live;
         self.ttl_seeds += r.ttl_seeds;
         self.ttl_expiries += r.ttl_expiries;
+        self.sessions_replaced += r.sessions_replaced;
     }
 }
 
@@ -291,7 +331,8 @@ impl fmt::Display for Counts {
             f,
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
-             {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL",
+             {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
+             {} sessions replaced after expiry",
             self.terms,
             self.accepted,
             self.fenced,
@@ -303,7 +344,8 @@ impl fmt::Display for Counts {
             self.clock_jumps,
             self.deleted_live,
             self.ttl_seeds,
-            self.ttl_expiries
+            self.ttl_expiries,
+            self.sessions_replaced
         )
     }
 }
@@ -374,14 +416,25 @@ pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
 
 /// Runs one seeded schedule on its own paused current-thread runtime.
 pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = paused_runtime();
+    let setup = setup.clone();
+    // Built inside the runtime so every instant is on the paused clock.
+    runtime.block_on(async move {
+        let schedule = Schedule::new(seed, &setup);
+        match setup.mutant.and_then(sessions::flaw) {
+            Some(_) => schedule.run_sessions(setup.length).await,
+            None => schedule.run(setup.length).await,
+        }
+    })
+}
+
+/// A current-thread runtime on paused time: schedules replay exactly.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("a current-thread runtime builds");
-    let setup = setup.clone();
-    // Built inside the runtime so every instant is on the paused clock.
-    runtime.block_on(async move { Schedule::new(seed, &setup).run(setup.length).await })
+        .expect("a current-thread runtime builds")
 }
 
 /// A process-pause switch: while on, none of the process's tasks run.
@@ -882,8 +935,61 @@ impl Schedule {
     /// One random fault or repair.
     async fn inject(&mut self, candidates: &mut [Candidate]) {
         let i = self.rng.random_range(0..candidates.len());
+        let arm = self.rng.random_range(0..14);
+        let links: Vec<_> = candidates.iter().map(|c| c.link.clone()).collect();
+        let (name, pause) = (candidates[i].name.clone(), candidates[i].pause.clone());
+        if self.inject_fault(arm, &name, &pause, &links, i) {
+            return;
+        }
+        match arm {
+            7 => {
+                self.note(format!("crash {} (kill -9)", candidates[i].name));
+                self.report.counts.crashes += 1;
+                candidates[i].handle.abort();
+                candidates[i].pause.0.send_replace(false);
+                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
+                tokio::time::sleep(restart).await;
+                candidates[i] = self.start_candidate(i);
+            }
+            8 => {
+                let on = !candidates[i].handle.state().campaigning;
+                self.note(format!(
+                    "{} campaign {}",
+                    candidates[i].name,
+                    if on { "resumes" } else { "stops" }
+                ));
+                candidates[i].handle.set_campaigning(on);
+            }
+            // Rare: it exempts the term it cuts short from the checker.
+            10 if self.rng.random_bool(0.25) => {
+                let deleted = self.store.delete_row(LOCK);
+                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
+                    Some(term) => {
+                        self.deleted_terms.insert(term);
+                        self.report.counts.deleted_live += 1;
+                        self.note(format!("row deleted under the live lease of term {term}"));
+                    }
+                    None => self.note("row deleted".into()),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The faults every schedule shares, by `arm`: store outages, latency
+    /// and flakiness, a repair, the link of process `i` (named `name`,
+    /// paused by `pause`; `links` are everyone's), a pause, a store clock
+    /// jump. False for any other arm.
+    fn inject_fault(
+        &mut self,
+        arm: u32,
+        name: &str,
+        pause: &Pause,
+        links: &[Arc<Mutex<LinkFaults>>],
+        i: usize,
+    ) -> bool {
         let (lease, renew) = (self.timing.lease_duration, self.timing.renew_deadline);
-        match self.rng.random_range(0..14) {
+        match arm {
             0 => {
                 self.note("store outage".into());
                 self.store.set_faults(Faults {
@@ -912,8 +1018,8 @@ impl Schedule {
             3 => {
                 self.note("store and links healthy".into());
                 self.store.set_faults(Faults::default());
-                for c in candidates.iter() {
-                    *c.link.lock().unwrap() = LinkFaults::default();
+                for link in links {
+                    *link.lock().unwrap() = LinkFaults::default();
                 }
             }
             4 => {
@@ -927,9 +1033,9 @@ impl Schedule {
                 let duplicate = if self.rng.random_bool(0.3) { 0.3 } else { 0.0 };
                 self.note(format!(
                     "{} link: {to_store:?} to the store, {from_store:?} back, duplicates {duplicate}",
-                    candidates[i].name
+                    name
                 ));
-                *candidates[i].link.lock().unwrap() = LinkFaults {
+                *links[i].lock().unwrap() = LinkFaults {
                     to_store,
                     from_store,
                     duplicate,
@@ -941,31 +1047,13 @@ impl Schedule {
                 if length > self.timing.safety_gap() {
                     self.report.counts.long_pauses += 1;
                 }
-                self.note(format!("pause {} for {length:?}", candidates[i].name));
-                candidates[i].pause.0.send_replace(true);
-                let pause = candidates[i].pause.clone();
+                self.note(format!("pause {} for {length:?}", name));
+                pause.0.send_replace(true);
+                let pause = pause.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(length).await;
                     pause.0.send_replace(false);
                 });
-            }
-            7 => {
-                self.note(format!("crash {} (kill -9)", candidates[i].name));
-                self.report.counts.crashes += 1;
-                candidates[i].handle.abort();
-                candidates[i].pause.0.send_replace(false);
-                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
-                tokio::time::sleep(restart).await;
-                candidates[i] = self.start_candidate(i);
-            }
-            8 => {
-                let on = !candidates[i].handle.state().campaigning;
-                self.note(format!(
-                    "{} campaign {}",
-                    candidates[i].name,
-                    if on { "resumes" } else { "stops" }
-                ));
-                candidates[i].handle.set_campaigning(on);
             }
             9 => {
                 let now = Instant::now();
@@ -983,20 +1071,9 @@ impl Schedule {
                 self.report.counts.clock_jumps += 1;
                 self.store.jump_clock(direction * nanos);
             }
-            // Rare: it exempts the term it cuts short from the checker.
-            10 if self.rng.random_bool(0.25) => {
-                let deleted = self.store.delete_row(LOCK);
-                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
-                    Some(term) => {
-                        self.deleted_terms.insert(term);
-                        self.report.counts.deleted_live += 1;
-                        self.note(format!("row deleted under the live lease of term {term}"));
-                    }
-                    None => self.note("row deleted".into()),
-                }
-            }
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     fn check(mut self) -> Result<Report, Violation> {

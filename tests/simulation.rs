@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_with};
+use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_sessions, simulate_with};
 
 fn run_shard(shard: u64) -> Summary {
     let mut summary = Summary::default();
@@ -147,4 +147,57 @@ fn the_simulate_command_runs_any_number_of_seeds() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("5 seeds, 0 failed"), "{stdout}");
+}
+
+fn run_session_shard(shard: u64) -> Summary {
+    let mut summary = Summary::default();
+    for seed in shard * 100..(shard + 1) * 100 {
+        match simulate_sessions(seed, Duration::from_secs(60)) {
+            Ok(report) => summary.add(&report),
+            Err(violation) => panic!("{violation}"),
+        }
+    }
+    // The schedules must exercise what they claim to: locks changing hands,
+    // sessions expiring and replaced, pauses past the gap, crashes.
+    assert!(summary.counts.terms > 1000, "lock acquisitions: {summary:?}");
+    assert!(summary.counts.accepted > 10_000, "claims checked: {summary:?}");
+    assert!(
+        summary.counts.sessions_replaced > 0 && summary.counts.long_pauses > 0 && summary.counts.crashes > 0,
+        "{summary:?}"
+    );
+    assert!(
+        summary.counts.late_commits > 0 && summary.counts.duplicates > 0 && summary.counts.clock_jumps > 0,
+        "{summary:?}"
+    );
+    summary
+}
+
+#[test]
+fn session_seeds_0_to_99() {
+    run_session_shard(0);
+}
+
+#[test]
+fn session_seeds_100_to_199() {
+    run_session_shard(1);
+}
+
+#[test]
+fn the_simulate_command_runs_the_session_schedule() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "simulate",
+            "--sessions",
+            "--seeds",
+            "3",
+            "--first-seed",
+            "900",
+            "--seconds",
+            "10",
+        ])
+        .output()
+        .expect("leasehold runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("3 seeds, 0 failed"), "{stdout}");
 }

@@ -36,3 +36,11 @@ async fn memory() -> Memory {
 }
 
 leasehold::conformance_tests!(memory());
+
+impl leasehold::store::conformance::sessions::SessionTarget for Memory {
+    fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
+        Arc::new(self.0.clone())
+    }
+}
+
+leasehold::session_conformance_tests!(memory());

@@ -101,6 +101,14 @@ async fn leasehold_test_sql(emulator: &Emulator, config: &SpannerConfig, sql: &s
 
 leasehold::conformance_tests!(spanner());
 
+impl leasehold::store::conformance::sessions::SessionTarget for Spanner {
+    fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
+        Arc::new(self.store.clone())
+    }
+}
+
+leasehold::session_conformance_tests!(spanner());
+
 #[tokio::test]
 async fn ensure_schema_creates_the_table_once_and_is_idempotent() {
     let emulator = Emulator::start_or_connect();

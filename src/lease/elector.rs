@@ -143,7 +143,7 @@ impl std::fmt::Debug for SimHooks {
 }
 
 impl SimHooks {
-    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
         match &self.wrap {
             Some(wrap) => tokio::spawn(wrap(Box::pin(task))),
             None => tokio::spawn(task),

@@ -5,14 +5,18 @@
 
 pub mod clock;
 pub mod elector;
+pub mod lock_set;
 pub mod record;
+pub mod session;
 pub mod store;
 pub mod timing;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
+pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
 pub use record::{
     FencingToken, Grant, Identity, InvalidIdentity, LeaseDurationError, LeaseRecord, LockNameError,
     MAX_LOCK_NAME_BYTES, Observation, StoreTime, lease_from_millis, lease_to_millis, validate_lock_name,
 };
+pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};
 pub use timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError};

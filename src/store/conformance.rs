@@ -10,6 +10,8 @@ use async_trait::async_trait;
 
 use crate::lease::{FencingToken, Grant, LeaseStore, StoreError};
 
+pub mod sessions;
+
 /// What a backend offers the suite beyond the trait: its store, and the
 /// test-only powers the suite needs.
 #[async_trait]

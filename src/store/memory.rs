@@ -18,6 +18,12 @@ use async_trait::async_trait;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::time::Instant;
 
+mod session;
+
+pub use session::LockAcquisition;
+#[cfg(feature = "simulate")]
+pub(crate) use session::SessionFlaw;
+
 use crate::lease::store::Result;
 use crate::lease::{
     FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
@@ -56,6 +62,8 @@ struct State {
     calls: StoreCalls,
     /// Leases that vanished at their TTL (Redis semantics).
     ttl_expiries: u64,
+    /// Session and lock rows (`memory/session.rs`).
+    sessions: session::Tables,
 }
 
 /// One acquisition as the store committed it, with the instant on the
@@ -122,6 +130,7 @@ impl MemoryStore {
                 rng: StdRng::seed_from_u64(seed),
                 calls: StoreCalls::default(),
                 ttl_expiries: 0,
+                sessions: session::Tables::default(),
             })),
             epoch_nanos,
             started: Instant::now(),

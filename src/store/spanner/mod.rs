@@ -40,6 +40,7 @@
 
 mod names;
 mod schema;
+mod session;
 
 pub use names::{NameError, check_database, check_table};
 pub use schema::SchemaError;

@@ -1,0 +1,384 @@
+//! The sessions-and-lock-sets schedule: 2–5 processes, each holding a
+//! [`Session`] over its own faulty link to one memory store, try batches of
+//! a few shared locks, release some, and claim what they hold every 50 ms
+//! (the way leader work checks [`HeldSet::token_at`] before each write).
+//! The faults are the elector schedule's (pauses past D, late and
+//! duplicated requests, outages, lost replies, clock drift and jumps) plus
+//! crashes and garbage collections run by an outsider (the operator).
+//!
+//! The checker compares every claim with the store's record of lock
+//! acquisitions (their commit instants on the simulated clock):
+//! 1. per lock, tokens strictly increase in commit order;
+//! 2. every claimed (session, lock, token) was granted by the store to that
+//!    session with that token;
+//! 3. every claim was made no later than the commit of the lock's next
+//!    acquisition: no lock is held by two live sessions at one instant, and
+//!    a paused session's locks are not claimed past its deadline (the claim
+//!    and its clock reading are one step, so no pause falls between them).
+
+use std::collections::HashMap;
+
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{
+    Arc, Duration, Identity, Instant, LinkFaults, Mutant, Mutex, Pause, Report, Schedule, StdRng, Violation,
+    paused_runtime,
+};
+use super::{Link, RngExt, SeedableRng};
+use crate::lease::elector::SimHooks;
+use crate::lease::lock_set::{HeldSet, Session};
+use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, SessionStore};
+use crate::lease::{FencingToken, StoreError, StoreTime};
+use crate::store::memory::{LockAcquisition, SessionFlaw};
+
+/// The locks every process competes for.
+const LOCKS: [&str; 6] = ["lock-a", "lock-b", "lock-c", "lock-d", "lock-e", "lock-f"];
+
+/// The store-side bug of a session mutant.
+pub(super) fn flaw(mutant: Mutant) -> Option<SessionFlaw> {
+    match mutant {
+        Mutant::SessionRenewWithoutCas => Some(SessionFlaw::RenewWithoutCas),
+        Mutant::SessionRenewedAfterExpiry => Some(SessionFlaw::RenewExpired),
+        Mutant::LockTakenFromLiveSession => Some(SessionFlaw::TakeByLockAge),
+        _ => None,
+    }
+}
+
+/// Runs one seeded schedule of sessions and lock sets.
+pub fn simulate_sessions(seed: u64, length: Duration) -> Result<Report, Violation> {
+    let setup = super::Setup {
+        length,
+        ..super::Setup::default()
+    };
+    paused_runtime().block_on(async move { Schedule::new(seed, &setup).run_sessions(length).await })
+}
+
+/// One claim: at `at`, the process checked its held set and found `lock`
+/// held through `session` with `token`.
+#[derive(Debug, Clone)]
+struct Claim {
+    session: String,
+    lock: String,
+    token: FencingToken,
+    at: Instant,
+}
+
+/// What the processes share with the schedule.
+#[derive(Default)]
+struct Shared {
+    claims: Mutex<Vec<Claim>>,
+    replaced: Mutex<u64>,
+}
+
+struct Process {
+    name: String,
+    pause: Pause,
+    link: Arc<Mutex<LinkFaults>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Schedule {
+    fn start_process(&mut self, slot: usize, shared: &Arc<Shared>) -> Process {
+        self.restarts += 1;
+        let name = format!("p{slot}");
+        let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
+        let pause = Pause::new();
+        let link = Arc::new(Mutex::new(LinkFaults::default()));
+        let store: Arc<dyn SessionStore> = Arc::new(Link {
+            store: self.store.clone(),
+            faults: link.clone(),
+            rng: self.links.clone(),
+            stats: self.stats.clone(),
+            mutant: self.mutant,
+            local_clock: StoreTime(0),
+            started: self.start,
+        });
+        let hooks = SimHooks {
+            flaw: None,
+            wrap: Some(pause.wrapper()),
+        };
+        let (timing, seed, shared) = (self.timing, self.rng.random::<u64>(), shared.clone());
+        let spawner = hooks.clone();
+        let work = async move {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let session = loop {
+                let opened = Session::open_with(
+                    store.clone(),
+                    identity.clone(),
+                    timing,
+                    Some(rng.random()),
+                    hooks.clone(),
+                );
+                match opened.await {
+                    Ok(session) => break session,
+                    Err(_) => tokio::time::sleep(timing.retry_period).await,
+                }
+            };
+            // Aborted with the process.
+            let _claims = AbortOnDropHandle::new(hooks.spawn(claim(session.held(), shared)));
+            loop {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
+                match rng.random_range(0..10) {
+                    0..6 => {
+                        let mut wanted: Vec<&str> = LOCKS.to_vec();
+                        let keep = rng.random_range(1..=3);
+                        while wanted.len() > keep {
+                            wanted.swap_remove(rng.random_range(0..wanted.len()));
+                        }
+                        let _ = session.try_lock_many(&wanted).await;
+                    }
+                    6..8 => {
+                        let held: Vec<String> = session.held().borrow().locks.keys().cloned().collect();
+                        if !held.is_empty() {
+                            let one = held[rng.random_range(0..held.len())].clone();
+                            let _ = session.release(&[one]).await;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        };
+        let task = spawner.spawn(work);
+        self.note(format!("start {name}"));
+        Process {
+            name,
+            pause,
+            link,
+            task,
+        }
+    }
+
+    pub(super) async fn run_sessions(mut self, length: Duration) -> Result<Report, Violation> {
+        if let Some(flaw) = self.mutant.and_then(flaw) {
+            self.store.set_session_flaw(Some(flaw));
+        }
+        let shared = Arc::new(Shared::default());
+        let slots = self.rng.random_range(2..=5);
+        self.note(format!(
+            "{slots} processes with sessions, {:?}, store clock rate {:.3}, forward jumps up to {:?}, mutant {:?}",
+            self.timing, self.clock_rate, self.max_jump, self.mutant
+        ));
+        let mut processes: Vec<Process> = (0..slots).map(|i| self.start_process(i, &shared)).collect();
+        let end = self.start + length;
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..1500))).await;
+            self.inject_sessions(&mut processes, &shared).await;
+        }
+        self.store.set_faults(Default::default());
+        for p in &processes {
+            p.task.abort();
+        }
+        tokio::time::sleep(self.timing.lease_duration * 2).await;
+        self.check_sessions(&shared)
+    }
+
+    async fn inject_sessions(&mut self, processes: &mut [Process], shared: &Arc<Shared>) {
+        let i = self.rng.random_range(0..processes.len());
+        let arm = self.rng.random_range(0..12);
+        let links: Vec<_> = processes.iter().map(|p| p.link.clone()).collect();
+        let (name, pause) = (processes[i].name.clone(), processes[i].pause.clone());
+        if self.inject_fault(arm, &name, &pause, &links, i) {
+            return;
+        }
+        match arm {
+            7 => {
+                self.note(format!("crash {name} (kill -9)"));
+                self.report.counts.crashes += 1;
+                processes[i].task.abort();
+                processes[i].pause.0.send_replace(false);
+                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
+                tokio::time::sleep(restart).await;
+                processes[i] = self.start_process(i, shared);
+            }
+            8 | 10 => {
+                // The operator collects dead sessions and free rows.
+                let collected: Result<Collected, StoreError> = self.store.collect_garbage().await;
+                self.note(format!("garbage collection: {collected:?}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn check_sessions(mut self, shared: &Shared) -> Result<Report, Violation> {
+        let mut log = std::mem::take(&mut *self.log.lock().unwrap());
+        let acquisitions: Vec<LockAcquisition> = self.store.lock_acquisitions();
+        let start = self.start;
+        let at = |instant: Instant| (instant - start).as_millis();
+        log.events.extend(acquisitions.iter().map(|a| {
+            format!(
+                "{:>7}ms store committed {} to {} token {}",
+                at(a.at),
+                a.lock,
+                a.session,
+                a.token
+            )
+        }));
+        let (seed, mutant) = (self.seed, self.mutant);
+        let fail = |what: String| Violation {
+            seed,
+            mutant,
+            what: format!("{what} [session schedule: replay with --sessions]"),
+            events: log.events.clone(),
+        };
+        // Per lock, its acquisitions in commit order.
+        let mut by_lock: HashMap<&str, Vec<&LockAcquisition>> = HashMap::new();
+        for a in &acquisitions {
+            by_lock.entry(a.lock.as_str()).or_default().push(a);
+        }
+        // 1. Tokens strictly increase per lock.
+        for (lock, list) in &by_lock {
+            for pair in list.windows(2) {
+                if pair[1].token <= pair[0].token {
+                    return Err(fail(format!(
+                        "{lock}: token {} committed at {}ms after token {}: tokens must strictly increase",
+                        pair[1].token,
+                        at(pair[1].at),
+                        pair[0].token
+                    )));
+                }
+            }
+        }
+        // 2. and 3. Every claim was granted, and made before the next acquisition.
+        let claims = shared.claims.lock().unwrap();
+        for c in claims.iter() {
+            let list = by_lock.get(c.lock.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let Some(i) = list.iter().position(|a| a.token == c.token && a.session == c.session) else {
+                return Err(fail(format!(
+                    "{} claimed {} with token {} at {}ms, which the store never granted to it",
+                    c.session,
+                    c.lock,
+                    c.token,
+                    at(c.at)
+                )));
+            };
+            if let Some(next) = list.get(i + 1)
+                && c.at > next.at
+            {
+                return Err(fail(format!(
+                    "{} claimed {} (token {}) at {}ms, after {} took it at {}ms with token {}",
+                    c.session,
+                    c.lock,
+                    c.token,
+                    at(c.at),
+                    next.session,
+                    at(next.at),
+                    next.token
+                )));
+            }
+        }
+        if claims.is_empty() {
+            return Err(fail("nobody ever held a lock: the schedule tested nothing".into()));
+        }
+        let stats = self.stats.lock().unwrap();
+        self.report.counts.terms = acquisitions.len() as u64;
+        self.report.counts.accepted = claims.len() as u64;
+        self.report.counts.late_commits = stats.late_commits;
+        self.report.counts.duplicates = stats.duplicates;
+        self.report.counts.sessions_replaced = *shared.replaced.lock().unwrap();
+        self.report.events = log.events;
+        drop(stats);
+        Ok(self.report)
+    }
+}
+
+/// Every 50 ms, records each lock the held set says is held now; counts
+/// sessions replaced (a new id in the held set).
+async fn claim(held: tokio::sync::watch::Receiver<HeldSet>, shared: Arc<Shared>) {
+    let mut last = String::new();
+    loop {
+        let set = held.borrow().clone();
+        if set.session != last {
+            if !last.is_empty() {
+                *shared.replaced.lock().unwrap() += 1;
+            }
+            last = set.session.clone();
+        }
+        let now = Instant::now();
+        let claimed = set.locks.keys().filter_map(|name| {
+            set.token_at(name, now).map(|token| Claim {
+                session: set.session.clone(),
+                lock: name.clone(),
+                token,
+                at: now,
+            })
+        });
+        shared.claims.lock().unwrap().extend(claimed);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The processes reach the store through their links, like the electors.
+#[async_trait::async_trait]
+impl SessionStore for Link {
+    async fn ensure_session_schema(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime, StoreError> {
+        let (session, owner) = (session.to_string(), owner.to_string());
+        self.send(true, move |store| {
+            let (session, owner) = (session.clone(), owner.clone());
+            Box::pin(async move { store.open_session(&session, &owner, lease).await })
+        })
+        .await
+    }
+
+    async fn renew_session(&self, session: &str) -> Result<StoreTime, StoreError> {
+        let session = session.to_string();
+        self.send(true, move |store| {
+            let session = session.clone();
+            Box::pin(async move { store.renew_session(&session).await })
+        })
+        .await
+    }
+
+    async fn close_session(&self, session: &str) -> Result<(), StoreError> {
+        let session = session.to_string();
+        self.send(true, move |store| {
+            let session = session.clone();
+            Box::pin(async move { store.close_session(&session).await })
+        })
+        .await
+    }
+
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation, StoreError> {
+        let session = session.to_string();
+        self.send(false, move |store| {
+            let session = session.clone();
+            Box::pin(async move { store.observe_session(&session).await })
+        })
+        .await
+    }
+
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch, StoreError> {
+        let (session, names) = (session.to_string(), names.to_vec());
+        self.send(true, move |store| {
+            let (session, names) = (session.clone(), names.clone());
+            Box::pin(async move { store.try_lock(&session, &names).await })
+        })
+        .await
+    }
+
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>, StoreError> {
+        let (session, locks) = (session.to_string(), locks.to_vec());
+        self.send(true, move |store| {
+            let (session, locks) = (session.clone(), locks.clone());
+            Box::pin(async move { store.unlock(&session, &locks).await })
+        })
+        .await
+    }
+
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation, StoreError> {
+        let names = names.to_vec();
+        self.send(false, move |store| {
+            let names = names.clone();
+            Box::pin(async move { store.observe_locks(&names).await })
+        })
+        .await
+    }
+
+    async fn collect_garbage(&self) -> Result<Collected, StoreError> {
+        self.send(true, |store| Box::pin(async move { store.collect_garbage().await }))
+            .await
+    }
+}

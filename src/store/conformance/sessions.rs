@@ -1,0 +1,327 @@
+//! The conformance suite of [`SessionStore`]: one set of checks every
+//! backend with sessions must pass, run by `tests/store_memory.rs` and
+//! `tests/store_spanner.rs` through
+//! [`session_conformance_tests!`](crate::session_conformance_tests).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lease::session::{SessionObservation, SessionStore};
+use crate::lease::{FencingToken, StoreError};
+
+/// What a backend offers the suite: a session store, kept alive (with any
+/// server it needs) for as long as the target lives.
+pub trait SessionTarget: Send + Sync {
+    fn sessions(&self) -> Arc<dyn SessionStore>;
+}
+
+const LONG: Duration = Duration::from_secs(30);
+/// Short enough to wait out, long enough for a renewal on a busy emulator.
+const SHORT: Duration = Duration::from_millis(1500);
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn is_lost<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Lost { .. }))
+}
+
+async fn open(store: &dyn SessionStore, id: &str, lease: Duration) {
+    store.ensure_session_schema().await.expect("ensure_session_schema");
+    store
+        .open_session(id, &format!("owner-of-{id}"), lease)
+        .await
+        .expect("open_session");
+}
+
+/// Waits until the store's clock is past the session's expiry.
+async fn wait_until_expired(store: &dyn SessionStore, session: &str) -> SessionObservation {
+    let end = store
+        .observe_session(session)
+        .await
+        .expect("observe_session")
+        .record
+        .expect("the session has a row")
+        .expires_at();
+    let waited = std::time::Instant::now();
+    loop {
+        let observed = store.observe_session(session).await.expect("observe_session");
+        if observed.now > end {
+            assert!(!observed.is_live(), "past its end by the store's clock it is not live");
+            return observed;
+        }
+        assert!(waited.elapsed() < LONG, "the store's clock never passed {end:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A session renews by check-and-set until it expires by the store's
+/// clock, and never after: it takes nothing and cannot be revived.
+pub async fn an_expired_session_is_never_renewed(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-expiring", SHORT).await;
+    let first = store.observe_session("s-expiring").await.unwrap();
+    assert!(first.is_live());
+    let renewed = store.renew_session("s-expiring").await.expect("renew while live");
+    assert!(renewed > first.record.as_ref().unwrap().renewed_at);
+    let observed = store.observe_session("s-expiring").await.unwrap();
+    assert_eq!(observed.record.as_ref().unwrap().renewed_at, renewed);
+    assert_eq!(
+        observed.record.as_ref().unwrap().expires_at(),
+        renewed.saturating_add(SHORT)
+    );
+    wait_until_expired(&*store, "s-expiring").await;
+    assert!(
+        is_lost(&store.renew_session("s-expiring").await),
+        "expired: dead for good"
+    );
+    assert!(
+        is_lost(&store.try_lock("s-expiring", &names(&["x"])).await),
+        "an expired session takes nothing"
+    );
+    assert!(!store.observe_session("s-expiring").await.unwrap().is_live());
+    assert!(is_lost(&store.renew_session("never-opened").await));
+    let reused = store.open_session("s-expiring", "someone", LONG).await;
+    assert!(
+        matches!(reused, Err(StoreError::Invalid { .. } | StoreError::Unavailable { .. })),
+        "an id is never opened twice: {reused:?}"
+    );
+}
+
+/// Two live sessions never hold one lock; asking again for a lock the
+/// session holds confirms it with the same token.
+pub async fn locks_are_exclusive_between_live_sessions(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-a", LONG).await;
+    open(&*store, "s-b", LONG).await;
+    let a = store.try_lock("s-a", &names(&["x", "y"])).await.expect("a locks");
+    assert_eq!(a.busy, Vec::<String>::new());
+    let tokens: HashMap<_, _> = a.taken.iter().cloned().collect();
+    assert_eq!(tokens.len(), 2);
+    let b = store.try_lock("s-b", &names(&["y", "z"])).await.expect("b locks");
+    assert_eq!(b.busy, names(&["y"]));
+    assert_eq!(b.taken.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["z"]);
+    let again = store.try_lock("s-a", &names(&["x"])).await.expect("a asks again");
+    assert_eq!(again.taken, vec![("x".to_string(), tokens["x"])], "same token");
+    let observed = store.observe_locks(&names(&["x", "y", "z", "w"])).await.unwrap();
+    let holders: Vec<_> = observed.locks.iter().map(|l| l.holder.as_deref()).collect();
+    assert_eq!(holders, [Some("s-a"), Some("s-a"), Some("s-b"), None]);
+    assert_eq!(observed.locks[0].token, Some(tokens["x"]));
+    assert_eq!(observed.locks[3].token, None, "never taken: no row");
+}
+
+/// A successful batch renews its session by the same commit.
+pub async fn a_batch_renews_its_session(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-busy", LONG).await;
+    let before = store
+        .observe_session("s-busy")
+        .await
+        .unwrap()
+        .record
+        .unwrap()
+        .renewed_at;
+    store.try_lock("s-busy", &names(&["x"])).await.unwrap();
+    let after = store.observe_session("s-busy").await.unwrap().record.unwrap();
+    assert!(after.renewed_at > before, "renewed by the batch: {after:?}");
+    let token = store.observe_locks(&names(&["x"])).await.unwrap().locks[0]
+        .token
+        .unwrap();
+    assert_eq!(after.renewed_at.0, token.0, "the same commit");
+}
+
+/// A lock whose session expired is free by the store's clock, and its next
+/// token is higher.
+pub async fn a_lock_of_an_expired_session_is_free(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-short", SHORT).await;
+    open(&*store, "s-long", LONG).await;
+    let first = store.try_lock("s-short", &names(&["x"])).await.unwrap().taken[0].1;
+    let busy = store.try_lock("s-long", &names(&["x"])).await.unwrap();
+    assert_eq!(busy.busy, names(&["x"]), "held while its session is live");
+    wait_until_expired(&*store, "s-short").await;
+    let observed = store.observe_locks(&names(&["x"])).await.unwrap();
+    assert_eq!(observed.locks[0].holder, None, "free once its session expired");
+    let taken = store.try_lock("s-long", &names(&["x"])).await.unwrap();
+    assert_eq!(taken.taken.len(), 1);
+    assert!(taken.taken[0].1 > first, "token {} not above {first}", taken.taken[0].1);
+    assert!(is_lost(&store.renew_session("s-short").await));
+    let freed = store.unlock("s-short", &[("x".to_string(), first)]).await.unwrap();
+    assert!(
+        freed.is_empty(),
+        "the old session cannot release what is no longer its own"
+    );
+}
+
+/// Unlock is check-and-set on session and token; a freed lock is free at once.
+pub async fn unlock_is_check_and_set(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-a", LONG).await;
+    open(&*store, "s-b", LONG).await;
+    let batch = store.try_lock("s-a", &names(&["x", "y"])).await.unwrap();
+    let token = |name: &str| batch.taken.iter().find(|(n, _)| n == name).unwrap().1;
+    let (x, y) = (token("x"), token("y"));
+    assert!(
+        store.unlock("s-b", &[("x".into(), x)]).await.unwrap().is_empty(),
+        "not b's"
+    );
+    assert!(
+        store
+            .unlock("s-a", &[("x".into(), FencingToken(x.0 - 1))])
+            .await
+            .unwrap()
+            .is_empty(),
+        "wrong token"
+    );
+    let freed = store.unlock("s-a", &[("x".into(), x), ("y".into(), y)]).await.unwrap();
+    assert_eq!(
+        {
+            let mut f = freed;
+            f.sort();
+            f
+        },
+        names(&["x", "y"])
+    );
+    assert!(
+        store.unlock("s-a", &[("x".into(), x)]).await.unwrap().is_empty(),
+        "once only"
+    );
+    let observed = store.observe_locks(&names(&["x"])).await.unwrap();
+    assert_eq!(observed.locks[0].holder, None);
+    assert_eq!(observed.locks[0].token, Some(x), "a released lock keeps its last token");
+    let next = store.try_lock("s-b", &names(&["x"])).await.unwrap();
+    assert!(next.taken[0].1 > x, "free at once, with a higher token");
+}
+
+/// Closing a session frees all its locks at once and ends it for good.
+pub async fn closing_frees_every_lock(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-a", LONG).await;
+    open(&*store, "s-b", LONG).await;
+    let held = store.try_lock("s-a", &names(&["x", "y"])).await.unwrap();
+    store.close_session("s-a").await.expect("close");
+    assert_eq!(store.observe_session("s-a").await.unwrap().record, None);
+    let taken = store.try_lock("s-b", &names(&["x", "y"])).await.unwrap();
+    assert_eq!(taken.taken.len(), 2, "{taken:?}");
+    for ((_, old), (_, new)) in held.taken.iter().zip(&taken.taken) {
+        assert!(new > old);
+    }
+    assert!(is_lost(&store.renew_session("s-a").await));
+    assert!(is_lost(&store.close_session("s-a").await));
+}
+
+/// Garbage collection removes expired sessions and free lock rows, never a
+/// live session or its locks; tokens keep increasing over collected rows.
+pub async fn garbage_collection_spares_live_sessions(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-live", LONG).await;
+    open(&*store, "s-dying", SHORT).await;
+    store.try_lock("s-live", &names(&["a", "r"])).await.unwrap();
+    let e = store.try_lock("s-dying", &names(&["e"])).await.unwrap().taken[0].1;
+    let r = store.observe_locks(&names(&["r"])).await.unwrap().locks[0]
+        .token
+        .unwrap();
+    assert_eq!(store.unlock("s-live", &[("r".into(), r)]).await.unwrap(), names(&["r"]));
+    wait_until_expired(&*store, "s-dying").await;
+    let collected = store.collect_garbage().await.expect("collect");
+    assert_eq!((collected.sessions, collected.locks), (1, 2), "{collected:?}");
+    assert_eq!(store.observe_session("s-dying").await.unwrap().record, None);
+    store
+        .renew_session("s-live")
+        .await
+        .expect("the live session is untouched");
+    let observed = store.observe_locks(&names(&["a", "e", "r"])).await.unwrap();
+    let holders: Vec<_> = observed.locks.iter().map(|l| l.holder.as_deref()).collect();
+    assert_eq!(holders, [Some("s-live"), None, None]);
+    assert_eq!(observed.locks[1].token, None, "e's row was collected");
+    assert_eq!(
+        store.collect_garbage().await.unwrap(),
+        Default::default(),
+        "nothing left"
+    );
+    let again = store.try_lock("s-live", &names(&["e"])).await.unwrap();
+    assert!(again.taken[0].1 > e, "a recreated lock row's token is still higher");
+}
+
+/// S5 for lock sets: sessions racing for the same locks each get a
+/// disjoint share; every lock has exactly one holder, the one told so.
+pub async fn racing_sessions_share_disjointly(store: Arc<dyn SessionStore>, sessions: usize) {
+    let wanted: Vec<String> = (0..20).map(|i| format!("race-{i}")).collect();
+    for s in 0..sessions {
+        open(&*store, &format!("s-{s}"), LONG).await;
+    }
+    let racers = (0..sessions).map(|s| {
+        let (store, wanted) = (store.clone(), wanted.clone());
+        tokio::spawn(async move { store.try_lock(&format!("s-{s}"), &wanted).await })
+    });
+    let results: Vec<_> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|r| r.expect("join"))
+        .collect();
+    let mut told: HashMap<String, String> = HashMap::new();
+    for (s, result) in results.iter().enumerate() {
+        match result {
+            Ok(batch) => {
+                assert_eq!(batch.taken.len() + batch.busy.len(), wanted.len());
+                for (name, _) in &batch.taken {
+                    let before = told.insert(name.clone(), format!("s-{s}"));
+                    assert!(before.is_none(), "{name} taken by {before:?} and s-{s}");
+                }
+            }
+            Err(e) => assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}"),
+        }
+    }
+    assert!(!told.is_empty(), "somebody took something: {results:?}");
+    let observed = store.observe_locks(&wanted).await.unwrap();
+    for lock in observed.locks {
+        assert_eq!(lock.holder, told.get(&lock.name).cloned(), "{}", lock.name);
+    }
+}
+
+/// Generates one `#[tokio::test]` per session check for a backend. `$make`
+/// is an async expression yielding a [`SessionTarget`].
+#[macro_export]
+macro_rules! session_conformance_tests {
+    ($make:expr) => {
+        mod sessions {
+            use super::*;
+            use $crate::store::conformance::sessions as suite;
+            #[tokio::test]
+            async fn an_expired_session_is_never_renewed() {
+                let target = $make.await;
+                suite::an_expired_session_is_never_renewed(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn locks_are_exclusive_between_live_sessions() {
+                let target = $make.await;
+                suite::locks_are_exclusive_between_live_sessions(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn a_batch_renews_its_session() {
+                let target = $make.await;
+                suite::a_batch_renews_its_session(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn a_lock_of_an_expired_session_is_free() {
+                let target = $make.await;
+                suite::a_lock_of_an_expired_session_is_free(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn unlock_is_check_and_set() {
+                let target = $make.await;
+                suite::unlock_is_check_and_set(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn closing_frees_every_lock() {
+                let target = $make.await;
+                suite::closing_frees_every_lock(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn garbage_collection_spares_live_sessions() {
+                let target = $make.await;
+                suite::garbage_collection_spares_live_sessions(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn racing_sessions_share_disjointly() {
+                let target = $make.await;
+                suite::racing_sessions_share_disjointly(suite::SessionTarget::sessions(&target), 5).await;
+            }
+        }
+    };
+}

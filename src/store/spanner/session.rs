@@ -1,0 +1,585 @@
+//! Sessions and lock sets on Spanner ([`SessionStore`]).
+//!
+//! Two tables beside the lease table `T`, created by `ensure_session_schema`:
+//! `T_sessions` (one row per session) and `T_locks` (one row per lock,
+//! naming its session and that session's shard, so the join from a lock to
+//! its session is a key lookup). Both lead with the FNV-1a shard of their
+//! name ([`shard_of`]), like the lease table, so a hot set of locks or
+//! sessions spreads over splits.
+//!
+//! * Renewal is one `UPDATE … WHERE CURRENT_TIMESTAMP() <= renewed_at + D
+//!   THEN RETURN` plus the commit, however many locks the session holds: a
+//!   session that expired by the store's clock matches no row and stays dead.
+//! * `try_lock` is one read-write transaction: a read of the caller's
+//!   session (live by `CURRENT_TIMESTAMP()`), one read of the requested lock
+//!   rows joined with their sessions (live judged in the same statement), and
+//!   the taken rows written as mutations with the commit timestamp as token,
+//!   with the session's renewal (`renewed_at` = the commit timestamp).
+//! * Expiry is `CURRENT_TIMESTAMP() > TIMESTAMP_ADD(renewed_at, INTERVAL
+//!   lease_ms MILLISECOND)`, exactly the core's rule
+//!   ([`SessionRecord::is_live_at`]), in one place ([`LIVE`]).
+//! * A refused check-and-set rolls back, as for leases; transaction bodies
+//!   have no side effects (S10).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use google_cloud_lro::Poller;
+use google_cloud_spanner::client::DatabaseClient;
+use google_cloud_spanner::mutation::Mutation;
+use google_cloud_spanner::result::ResultSet;
+use google_cloud_spanner::statement::Statement;
+use google_cloud_spanner::transaction::ReadWriteTransaction;
+use google_cloud_wkt::Timestamp;
+use tracing::info;
+
+use super::{SpannerStore, classify, lease_from_millis, lease_to_millis, timestamp_to_store};
+use crate::lease::session::{
+    Collected, LockBatch, LocksObservation, ObservedLock, SessionObservation, SessionRecord, SessionStore,
+    session_lost, validate_lock_names, validate_session_id,
+};
+use crate::lease::store::Result;
+use crate::lease::{FencingToken, StoreError, StoreTime};
+use crate::store::shard_of;
+
+/// The session row `s` is live by the store's clock.
+const LIVE: &str = "(CURRENT_TIMESTAMP() <= TIMESTAMP_ADD(s.renewed_at, INTERVAL s.lease_ms MILLISECOND))";
+
+/// The two table names, from the lease table's.
+struct Tables {
+    sessions: String,
+    locks: String,
+}
+
+impl Tables {
+    fn of(store: &SpannerStore) -> Result<Tables> {
+        let table = &store.config.table;
+        let tables = Tables {
+            sessions: format!("{table}_sessions"),
+            locks: format!("{table}_locks"),
+        };
+        for name in [&tables.sessions, &tables.locks] {
+            super::validate_table(name)?;
+        }
+        Ok(tables)
+    }
+
+    fn create(&self) -> [String; 2] {
+        [
+            format!(
+                "CREATE TABLE {} (\n  shard INT64 NOT NULL,\n  id STRING(MAX) NOT NULL,\n  owner STRING(MAX) NOT NULL,\n  \
+                 renewed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp=true),\n  lease_ms INT64 NOT NULL,\n\
+                 ) PRIMARY KEY (shard, id)",
+                self.sessions
+            ),
+            format!(
+                "CREATE TABLE {} (\n  shard INT64 NOT NULL,\n  name STRING(MAX) NOT NULL,\n  session STRING(MAX),\n  \
+                 session_shard INT64,\n  token TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp=true),\n\
+                 ) PRIMARY KEY (shard, name)",
+                self.locks
+            ),
+        ]
+    }
+
+    /// The caller's session: one row when it exists, with `live`.
+    fn own_session(&self) -> String {
+        format!(
+            "SELECT {LIVE} AS live FROM {} AS s WHERE s.shard = @shard AND s.id = @id",
+            self.sessions
+        )
+    }
+
+    /// The requested lock rows, each with whether its session is live.
+    fn locks_with_holders(&self) -> String {
+        format!(
+            "SELECT l.name, l.session, l.token, (s.id IS NOT NULL AND {LIVE}) AS live \
+             FROM {} AS l LEFT JOIN {} AS s ON s.shard = l.session_shard AND s.id = l.session \
+             WHERE l.shard IN UNNEST(@shards) AND l.name IN UNNEST(@names)",
+            self.locks, self.sessions
+        )
+    }
+}
+
+/// `@shards` and `@names` for a batch of lock names.
+fn batch_statement(sql: &str, names: &[String]) -> Statement {
+    let mut shards: Vec<i64> = names.iter().map(|n| shard_of(n)).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    Statement::builder(sql)
+        .add_param("shards", shards)
+        .add_param("names", names.to_vec())
+        .build()
+}
+
+fn session_statement(sql: &str, session: &str) -> google_cloud_spanner::statement::StatementBuilder {
+    Statement::builder(sql)
+        .add_param("shard", shard_of(session))
+        .add_param("id", session)
+}
+
+/// One lock row as read.
+struct LockRow {
+    name: String,
+    session: Option<String>,
+    token: FencingToken,
+    live: bool,
+}
+
+async fn lock_rows(mut rows: ResultSet) -> google_cloud_spanner::Result<HashMap<String, LockRow>> {
+    let mut found = HashMap::new();
+    while let Some(row) = rows.next().await.transpose()? {
+        let name: String = row.get("name")?;
+        let token: Timestamp = row.get("token")?;
+        let live: Option<bool> = row.get("live")?;
+        found.insert(
+            name.clone(),
+            LockRow {
+                name,
+                session: row.get("session")?,
+                token: FencingToken(timestamp_to_store(&token).0),
+                live: live.unwrap_or(false),
+            },
+        );
+    }
+    Ok(found)
+}
+
+/// How many rows a `THEN RETURN` statement gave back; reads them all.
+async fn returned(mut rows: ResultSet) -> google_cloud_spanner::Result<usize> {
+    let mut count = 0;
+    while rows.next().await.transpose()?.is_some() {
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The write of a lock row taken by `session` (inserted or updated; the
+/// token is the commit timestamp), or of a held row freed (`None`: an
+/// update keeping the token).
+fn lock_mutation(table: &str, name: &str, session: Option<&str>) -> Mutation {
+    let builder = match session {
+        Some(_) => Mutation::new_insert_or_update_builder(table),
+        None => Mutation::new_update_builder(table),
+    };
+    let builder = builder
+        .set("shard")
+        .to(shard_of(name))
+        .set("name")
+        .to(name)
+        .set("session")
+        .to(session.map(str::to_string))
+        .set("session_shard")
+        .to(session.map(shard_of));
+    match session {
+        // Spanner's placeholder for the commit timestamp in a mutation.
+        Some(_) => builder.set("token").to("spanner.commit_timestamp()").build(),
+        None => builder.build(),
+    }
+}
+
+impl SpannerStore {
+    /// A single-use (strong, lock-free) read with the call timeout.
+    async fn read_only<T, Fut>(
+        &self,
+        what: String,
+        statement: Statement,
+        decode: impl FnOnce(ResultSet) -> Fut,
+        client: DatabaseClient,
+    ) -> Result<T>
+    where
+        Fut: std::future::Future<Output = google_cloud_spanner::Result<T>>,
+    {
+        let read = async {
+            let rows = client.single_use().build().execute_query(statement).await?;
+            decode(rows).await
+        };
+        tokio::time::timeout(self.call_timeout, read)
+            .await
+            .map_err(|_| StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)))?
+            .map_err(|e| classify(what, e, false, &self.config))
+    }
+
+    async fn session_tables_present(&self, tables: &Tables) -> Result<bool> {
+        let client = self.session.current().1;
+        let statement = Statement::builder(
+            "SELECT COUNT(*) AS n FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = '' AND TABLE_NAME IN UNNEST(@names)",
+        )
+        .add_param("names", vec![tables.sessions.clone(), tables.locks.clone()])
+        .build();
+        let count = self
+            .read_only(
+                "reading the session tables".into(),
+                statement,
+                |mut rows: ResultSet| async move {
+                    let row = rows.next().await.transpose()?;
+                    row.map(|r| r.get::<i64>("n")).transpose()
+                },
+                client,
+            )
+            .await?;
+        Ok(count == Some(2))
+    }
+}
+
+#[async_trait]
+impl SessionStore for SpannerStore {
+    /// The lease table first (every call checks it), then both session
+    /// tables in one schema change, when they are missing.
+    async fn ensure_session_schema(&self) -> Result<()> {
+        crate::lease::LeaseStore::ensure_schema(self).await?;
+        let tables = Tables::of(self)?;
+        if self.session_tables_present(&tables).await? {
+            return Ok(());
+        }
+        info!(database = %self.config.database, sessions = %tables.sessions, locks = %tables.locks, "creating the session tables");
+        let created = self
+            .admin()
+            .await?
+            .update_database_ddl()
+            .set_database(self.config.database.clone())
+            .set_statements(tables.create())
+            .poller()
+            .until_done()
+            .await;
+        if let Err(e) = created {
+            let text = e.to_string();
+            let concurrent = ["Duplicate name in schema", "already exists", "concurrent schema change"];
+            if !concurrent.iter().any(|c| text.contains(c)) {
+                return Err(classify("creating the session tables".into(), e, false, &self.config));
+            }
+        }
+        // Another replica may be creating them: wait until both are there.
+        let give_up = tokio::time::Instant::now() + super::SCHEMA_WAIT;
+        while !self.session_tables_present(&tables).await? {
+            if tokio::time::Instant::now() >= give_up {
+                return Err(StoreError::unavailable(format!(
+                    "the session tables are still missing in {} after {:?}",
+                    self.config.database,
+                    super::SCHEMA_WAIT
+                )));
+            }
+            tokio::time::sleep(super::SCHEMA_POLL).await;
+        }
+        Ok(())
+    }
+
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime> {
+        validate_session_id(session)?;
+        let lease_ms = lease_to_millis("lease duration", lease)?;
+        let tables = Tables::of(self)?;
+        let insert = format!(
+            "INSERT INTO {} (shard, id, owner, renewed_at, lease_ms) \
+             VALUES (@shard, @id, @owner, PENDING_COMMIT_TIMESTAMP(), @lease_ms)",
+            tables.sessions
+        );
+        let (session_id, owner) = (session.to_string(), owner.to_string());
+        let body = move |tx: ReadWriteTransaction, _refusal| {
+            let statement = session_statement(&insert, &session_id)
+                .add_param("owner", owner.as_str())
+                .add_param("lease_ms", lease_ms)
+                .build();
+            async move { tx.execute_update(statement).await.map(drop) }
+        };
+        let ((), committed) = self.transact("open session", session, body).await?;
+        Self::committed("open session", committed)
+    }
+
+    async fn renew_session(&self, session: &str) -> Result<StoreTime> {
+        validate_session_id(session)?;
+        let tables = Tables::of(self)?;
+        let renew = format!(
+            "UPDATE {} AS s SET renewed_at = PENDING_COMMIT_TIMESTAMP() \
+             WHERE s.shard = @shard AND s.id = @id AND {LIVE} THEN RETURN s.lease_ms",
+            tables.sessions
+        );
+        let session_id = session.to_string();
+        let body = move |tx: ReadWriteTransaction, refusal: super::Refusal| {
+            let statement = session_statement(&renew, &session_id).build();
+            let session_id = session_id.clone();
+            async move {
+                match returned(tx.execute_query(statement).await?).await? {
+                    0 => refusal.refuse(session_lost(
+                        &session_id,
+                        "expired by the store's clock, closed or collected",
+                    )),
+                    _ => Ok(()),
+                }
+            }
+        };
+        let ((), committed) = self.transact("renew session", session, body).await?;
+        Self::committed("renew session", committed)
+    }
+
+    async fn close_session(&self, session: &str) -> Result<()> {
+        validate_session_id(session)?;
+        let tables = Tables::of(self)?;
+        let delete = format!(
+            "DELETE FROM {} WHERE shard = @shard AND id = @id THEN RETURN id",
+            tables.sessions
+        );
+        let session_id = session.to_string();
+        let body = move |tx: ReadWriteTransaction, refusal: super::Refusal| {
+            let statement = session_statement(&delete, &session_id).build();
+            let session_id = session_id.clone();
+            async move {
+                match returned(tx.execute_query(statement).await?).await? {
+                    0 => refusal.refuse(session_lost(&session_id, "no such session (closed or collected)")),
+                    _ => Ok(()),
+                }
+            }
+        };
+        self.transact("close session", session, body).await.map(drop)
+    }
+
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation> {
+        validate_session_id(session)?;
+        let tables = Tables::of(self)?;
+        let sql = format!(
+            "SELECT s.owner, s.renewed_at, s.lease_ms, CURRENT_TIMESTAMP() AS now \
+             FROM (SELECT 1 AS one) AS clock LEFT JOIN {} AS s ON s.shard = @shard AND s.id = @id",
+            tables.sessions
+        );
+        let id = session.to_string();
+        let raw = self
+            .call(|client| {
+                let statement = session_statement(&sql, &id).build();
+                self.read_only(
+                    format!("observe session {id}"),
+                    statement,
+                    |mut rows: ResultSet| async move {
+                        let row = rows
+                            .next()
+                            .await
+                            .transpose()?
+                            .ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
+                        let owner: Option<String> = row.get("owner")?;
+                        let renewed_at: Option<Timestamp> = row.get("renewed_at")?;
+                        let lease_ms: Option<i64> = row.get("lease_ms")?;
+                        let now: Timestamp = row.get("now")?;
+                        Ok((owner, renewed_at, lease_ms, now))
+                    },
+                    client,
+                )
+            })
+            .await?;
+        let (owner, renewed_at, lease_ms, now) = raw;
+        let record = match (owner, renewed_at) {
+            (Some(owner), Some(renewed_at)) => Some(SessionRecord {
+                id: session.to_string(),
+                owner,
+                renewed_at: timestamp_to_store(&renewed_at),
+                lease_duration: lease_from_millis("lease_ms", session, lease_ms.unwrap_or(0))?,
+            }),
+            _ => None,
+        };
+        Ok(SessionObservation {
+            record,
+            now: timestamp_to_store(&now),
+        })
+    }
+
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch> {
+        validate_session_id(session)?;
+        validate_lock_names(names.iter().map(String::as_str))?;
+        let tables = Tables::of(self)?;
+        let (own, read) = (tables.own_session(), tables.locks_with_holders());
+        let (locks, sessions) = (tables.locks.clone(), tables.sessions.clone());
+        let (session_id, wanted) = (session.to_string(), names.to_vec());
+        let body = move |tx: ReadWriteTransaction, refusal: super::Refusal| {
+            let own = session_statement(&own, &session_id).build();
+            let read = batch_statement(&read, &wanted);
+            let (session_id, wanted) = (session_id.clone(), wanted.clone());
+            let (locks, sessions) = (locks.clone(), sessions.clone());
+            async move {
+                let mut rows = tx.execute_query(own).await?;
+                let live = match rows.next().await.transpose()? {
+                    Some(row) => row.get::<bool>("live")?,
+                    None => return refusal.refuse(session_lost(&session_id, "no such session (closed or collected)")),
+                };
+                while rows.next().await.transpose()?.is_some() {}
+                if !live {
+                    return refusal.refuse(session_lost(&session_id, "expired by the store's clock"));
+                }
+                let found = lock_rows(tx.execute_query(read).await?).await?;
+                let (mut held, mut busy, mut take) = (Vec::new(), Vec::new(), Vec::new());
+                for name in wanted {
+                    match found.get(&name) {
+                        Some(row) if row.session.as_deref() == Some(session_id.as_str()) => {
+                            held.push((row.name.clone(), row.token));
+                        }
+                        Some(row) if row.live => busy.push(name),
+                        _ => take.push(name),
+                    }
+                }
+                // Proven live: renewed by the same commit.
+                let renew = Mutation::new_update_builder(sessions.as_str())
+                    .set("shard")
+                    .to(shard_of(&session_id))
+                    .set("id")
+                    .to(session_id.as_str())
+                    .set("renewed_at")
+                    .to("spanner.commit_timestamp()")
+                    .build();
+                tx.buffer(
+                    take.iter()
+                        .map(|name| lock_mutation(&locks, name, Some(&session_id)))
+                        .chain([renew])
+                        .collect::<Vec<_>>(),
+                )?;
+                Ok((held, busy, take))
+            }
+        };
+        let ((held, busy, take), committed) = self.transact("try_lock", session, body).await?;
+        let token = FencingToken(Self::committed("try_lock", committed)?.0);
+        // Reported in the order asked.
+        let mut taken: HashMap<String, FencingToken> = held.into_iter().collect();
+        taken.extend(take.into_iter().map(|name| (name, token)));
+        Ok(LockBatch {
+            taken: names
+                .iter()
+                .filter_map(|n| taken.get(n).map(|t| (n.clone(), *t)))
+                .collect(),
+            busy,
+        })
+    }
+
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>> {
+        validate_session_id(session)?;
+        validate_lock_names(locks.iter().map(|(name, _)| name.as_str()))?;
+        let tables = Tables::of(self)?;
+        let (read, table) = (tables.locks_with_holders(), tables.locks.clone());
+        let (session_id, wanted) = (session.to_string(), locks.to_vec());
+        let body = move |tx: ReadWriteTransaction, _refusal| {
+            let names: Vec<String> = wanted.iter().map(|(n, _)| n.clone()).collect();
+            let read = batch_statement(&read, &names);
+            let (session_id, wanted, table) = (session_id.clone(), wanted.clone(), table.clone());
+            async move {
+                let found = lock_rows(tx.execute_query(read).await?).await?;
+                let freed: Vec<String> = wanted
+                    .iter()
+                    .filter(|(name, token)| {
+                        found
+                            .get(name)
+                            .is_some_and(|r| r.session.as_deref() == Some(session_id.as_str()) && r.token == *token)
+                    })
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                tx.buffer(
+                    freed
+                        .iter()
+                        .map(|name| lock_mutation(&table, name, None))
+                        .collect::<Vec<_>>(),
+                )?;
+                Ok(freed)
+            }
+        };
+        self.transact("unlock", session, body).await.map(|(freed, _)| freed)
+    }
+
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation> {
+        validate_lock_names(names.iter().map(String::as_str))?;
+        let tables = Tables::of(self)?;
+        let (read, clock) = (tables.locks_with_holders(), "SELECT CURRENT_TIMESTAMP() AS now");
+        let (found, now) = self
+            .call(|client| {
+                let (read, names) = (read.clone(), names.to_vec());
+                async move {
+                    let found = self
+                        .read_only(
+                            "observe locks".into(),
+                            batch_statement(&read, &names),
+                            lock_rows,
+                            client.clone(),
+                        )
+                        .await?;
+                    let now = self
+                        .read_only(
+                            "read the store's clock".into(),
+                            Statement::builder(clock).build(),
+                            |mut rows: ResultSet| async move {
+                                let row = rows.next().await.transpose()?.ok_or_else(|| {
+                                    google_cloud_spanner::Error::deser("the clock query returned no row")
+                                })?;
+                                row.get::<Timestamp>("now")
+                            },
+                            client,
+                        )
+                        .await?;
+                    Ok((found, now))
+                }
+            })
+            .await?;
+        let locks = names
+            .iter()
+            .map(|name| {
+                let row = found.get(name);
+                ObservedLock {
+                    name: name.clone(),
+                    holder: row.filter(|r| r.live).and_then(|r| r.session.clone()),
+                    token: row.map(|r| r.token),
+                }
+            })
+            .collect();
+        Ok(LocksObservation {
+            locks,
+            now: timestamp_to_store(&now),
+        })
+    }
+
+    async fn collect_garbage(&self) -> Result<Collected> {
+        let tables = Tables::of(self)?;
+        let free_locks = format!(
+            "DELETE FROM {} AS l WHERE l.session IS NULL OR NOT EXISTS \
+             (SELECT 1 FROM {} AS s WHERE s.shard = l.session_shard AND s.id = l.session AND {LIVE})",
+            tables.locks, tables.sessions
+        );
+        let expired = format!("DELETE FROM {} AS s WHERE NOT {LIVE}", tables.sessions);
+        let body = move |tx: ReadWriteTransaction, _refusal| {
+            let (free_locks, expired) = (free_locks.clone(), expired.clone());
+            async move {
+                // Locks first: a session expiring between the statements
+                // leaves lock rows naming an absent session, free all the
+                // same and collected next time.
+                let locks = tx.execute_update(Statement::builder(free_locks).build()).await?;
+                let sessions = tx.execute_update(Statement::builder(expired).build()).await?;
+                Ok(Collected {
+                    sessions: sessions.max(0) as u64,
+                    locks: locks.max(0) as u64,
+                })
+            }
+        };
+        self.transact("collect garbage", "sessions", body)
+            .await
+            .map(|(collected, _)| collected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_tables_lead_with_the_shard() {
+        let tables = Tables {
+            sessions: "t_sessions".into(),
+            locks: "t_locks".into(),
+        };
+        let [sessions, locks] = tables.create();
+        assert!(sessions.contains("PRIMARY KEY (shard, id)"), "{sessions}");
+        assert!(locks.contains("PRIMARY KEY (shard, name)"), "{locks}");
+        assert!(
+            tables
+                .locks_with_holders()
+                .contains("s.shard = l.session_shard AND s.id = l.session")
+        );
+    }
+
+    #[test]
+    fn a_taken_lock_is_written_with_the_commit_timestamp_and_a_freed_one_without_session() {
+        let taken = format!("{:?}", lock_mutation("t_locks", "a", Some("s")));
+        assert!(taken.contains("spanner.commit_timestamp()"), "{taken}");
+        let freed = format!("{:?}", lock_mutation("t_locks", "a", None));
+        assert!(!freed.contains("commit_timestamp"), "{freed}");
+    }
+}
