@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::elector::{Flaw, SimHooks, TaskWrapper};
 use crate::lease::{
-    Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaderState, LeaseStore, Observation,
+    Claim, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaderState, LeaseStore, Observation,
     StoreError, StoreTime, Timing,
 };
 use crate::store::memory::{Acquisition, grant};
@@ -485,8 +485,9 @@ impl LeaseStore for Link {
         .await
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        let (lock, holder) = (lock.to_string(), holder.to_string());
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        let (lock, holder) = (lock.to_string(), claim.holder.to_string());
+        let (version, fence) = (claim.version.cloned(), claim.fence);
         match self.mutant {
             Some(Mutant::FollowerAcquiresOnOwnObservation) => {
                 // Judges expiry on its own read, then writes blindly.
@@ -498,13 +499,18 @@ impl LeaseStore for Link {
                     });
                 }
                 self.send(true, move |store| {
-                    let (lock, holder, seen) = (lock.clone(), holder.clone(), seen.clone());
+                    let (lock, holder, seen, version) = (lock.clone(), holder.clone(), seen.clone(), version.clone());
                     Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
                         store
                             .transact_unchecked(&lock, |_row, commit| {
                                 grant(
                                     &lock,
-                                    &holder,
+                                    &claim,
                                     lease,
                                     seen.record.as_ref(),
                                     seen.now,
@@ -519,10 +525,15 @@ impl LeaseStore for Link {
             Some(Mutant::TokenFromLocalClock) => {
                 let token = self.local_now();
                 self.send(true, move |store| {
-                    let (lock, holder) = (lock.clone(), holder.clone());
+                    let (lock, holder, version) = (lock.clone(), holder.clone(), version.clone());
                     Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
                         store
-                            .transact_unchecked(&lock, |row, commit| grant(&lock, &holder, lease, row, commit, token))
+                            .transact_unchecked(&lock, |row, commit| grant(&lock, &claim, lease, row, commit, token))
                             .await
                     })
                 })
@@ -530,8 +541,15 @@ impl LeaseStore for Link {
             }
             _ => {
                 self.send(true, move |store| {
-                    let (lock, holder) = (lock.clone(), holder.clone());
-                    Box::pin(async move { store.acquire(&lock, &holder, lease).await })
+                    let (lock, holder, version) = (lock.clone(), holder.clone(), version.clone());
+                    Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
+                        store.acquire_as(&lock, &claim, lease).await
+                    })
                 })
                 .await
             }

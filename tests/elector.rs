@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::lease::{
-    Change, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation, StoreError,
-    Timing,
+    Change, Claim, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation,
+    StoreError, Timing,
 };
 use leasehold::store::{Faults, MemoryStore};
 use tokio::time::Instant;
@@ -180,8 +180,8 @@ impl LeaseStore for LateAcquireReplies {
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
         self.0.observe(lock).await
     }
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        let grant = self.0.acquire(lock, holder, lease).await;
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        let grant = self.0.acquire_as(lock, claim, lease).await;
         tokio::time::sleep(self.1).await;
         grant
     }

@@ -8,6 +8,7 @@ pub mod elector;
 pub mod record;
 pub mod store;
 pub mod timing;
+pub mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use record::{
@@ -16,3 +17,4 @@ pub use record::{
 };
 pub use store::{LeaseStore, StoreError};
 pub use timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError};
+pub use version::{Claim, Prefer, Version, VersionPolicy};

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::lease::store::Result;
 use crate::lease::{
-    FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
+    Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
     validate_lock_name,
 };
 
@@ -300,7 +300,7 @@ fn checked_row(row: &LeaseRecord) -> Result<&LeaseRecord> {
 /// simulation's mutants call it with a stale row or a wrong token.
 pub(crate) fn grant(
     lock: &str,
-    holder: &str,
+    claim: &Claim<'_>,
     lease: Duration,
     row: Option<&LeaseRecord>,
     commit: StoreTime,
@@ -312,6 +312,12 @@ pub(crate) fn grant(
             reason: format!("held by {current}"),
         });
     }
+    if let Some(reason) = claim.fenced_by(row.and_then(|r| r.version.as_ref())) {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason,
+        });
+    }
     let term = row.map_or(0, |r| r.term) + 1;
     let grant = Grant {
         term,
@@ -320,11 +326,12 @@ pub(crate) fn grant(
     };
     let row = LeaseRecord {
         name: lock.to_string(),
-        holder: Some(holder.to_string()),
+        holder: Some(claim.holder.to_string()),
         term,
         token: Some(token),
         renewed_at: Some(commit),
         lease_duration: lease,
+        version: claim.version.cloned(),
     };
     Ok((Some(row), grant))
 }
@@ -379,10 +386,10 @@ impl LeaseStore for MemoryStore {
         Ok(observation)
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         checked_lease(lease)?;
         self.transact(lock, |row, commit| {
-            grant(lock, holder, lease, row, commit, FencingToken(commit.0))
+            grant(lock, claim, lease, row, commit, FencingToken(commit.0))
         })
         .await
     }
