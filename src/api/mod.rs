@@ -27,6 +27,8 @@ pub const DEFAULT_TABLE: &str = "leasehold_leases";
 const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
 
 /// A lock elected among the pods the selector matches, stored in Cloud Spanner, PostgreSQL or Redis.
+// Two printer columns of type string are not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[kube(
     group = "leasehold.dev",

@@ -68,6 +68,55 @@ impl Prefer {
     }
 }
 
+/// Not one of `None`, `Newest`, `Oldest`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a leadership preference: use None, Newest or Oldest")]
+pub struct InvalidPrefer(pub String);
+
+impl std::str::FromStr for Prefer {
+    type Err = InvalidPrefer;
+
+    /// The resource's spelling, in any case (`--prefer newest`).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "none" => Ok(Prefer::None),
+            "newest" => Ok(Prefer::Newest),
+            "oldest" => Ok(Prefer::Oldest),
+            _ => Err(InvalidPrefer(text.to_string())),
+        }
+    }
+}
+
+impl Prefer {
+    /// Why a candidate of version `mine` should stand aside, given the
+    /// other live, healthy candidates `(name, version)`: the first one it
+    /// [yields to](Self::yields_to), named. `None`: campaign.
+    pub fn stand_aside_for<'a>(
+        self,
+        mine: Option<&Version>,
+        peers: impl IntoIterator<Item = (&'a str, Option<&'a Version>)>,
+    ) -> Option<String> {
+        let (name, version) = peers
+            .into_iter()
+            .filter(|(_, version)| self.yields_to(mine, *version))
+            .max_by_key(|(name, version)| {
+                let revision = version.map_or(0, |v| v.revision);
+                // Newest: the newest first; Oldest: the oldest first.
+                let order = if self == Prefer::Oldest {
+                    u64::MAX - revision
+                } else {
+                    revision
+                };
+                (order, std::cmp::Reverse(*name))
+            })?;
+        let version = version.map_or_else(|| "no version".to_string(), ToString::to_string);
+        let which = if self == Prefer::Oldest { "older" } else { "newer" };
+        Some(format!(
+            "the lease prefers {self:?} and {name} runs {which} {version}, and is healthy"
+        ))
+    }
+}
+
 /// How a lease treats versions: the preference and the fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct VersionPolicy {
@@ -154,6 +203,27 @@ mod tests {
             ..Claim::unversioned("a")
         };
         assert_eq!(unfenced.fenced_by(Some(&v(9))), None);
+    }
+
+    #[test]
+    fn a_candidate_stands_aside_naming_the_peer_it_yields_to() {
+        let (one, two, three) = (v(1), v(2), v(3));
+        let peers = [("web-a", Some(&two)), ("web-b", Some(&three)), ("web-c", None)];
+        assert_eq!(
+            Prefer::Newest.stand_aside_for(Some(&one), peers).as_deref(),
+            Some("the lease prefers Newest and web-b runs newer hash3 (revision 3), and is healthy")
+        );
+        assert_eq!(Prefer::Newest.stand_aside_for(Some(&three), peers), None);
+        assert_eq!(Prefer::None.stand_aside_for(Some(&one), peers), None);
+        assert_eq!(
+            Prefer::Oldest.stand_aside_for(Some(&three), peers).as_deref(),
+            Some("the lease prefers Oldest and web-a runs older hash2 (revision 2), and is healthy")
+        );
+        assert_eq!("NEWEST".parse::<Prefer>(), Ok(Prefer::Newest));
+        assert_eq!(
+            "latest".parse::<Prefer>().unwrap_err().to_string(),
+            "\"latest\" is not a leadership preference: use None, Newest or Oldest"
+        );
     }
 
     #[test]
