@@ -31,6 +31,11 @@
 //!    documented pause case fencing tokens exist for). Writes the register
 //!    rejected did no harm.
 //!
+//! 4. in schedules with the version fence (half of them), leadership never
+//!    moves back: the revisions of acquisitions never decrease in commit
+//!    order, while candidates restart under older and newer revisions, as
+//!    pods of two ReplicaSets do during a rollout.
+//!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 
@@ -131,10 +136,11 @@ pub enum Mutant {
     FollowerAcquiresOnOwnObservation,
     ReleaseBeforeWorkStopped,
     TokenFromLocalClock,
+    FenceOnlyInTheElector,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 8] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -142,6 +148,7 @@ impl Mutant {
         Mutant::FollowerAcquiresOnOwnObservation,
         Mutant::ReleaseBeforeWorkStopped,
         Mutant::TokenFromLocalClock,
+        Mutant::FenceOnlyInTheElector,
     ];
 
     pub fn name(self) -> &'static str {
@@ -153,6 +160,7 @@ impl Mutant {
             Mutant::FollowerAcquiresOnOwnObservation => "follower-acquires-on-own-observation",
             Mutant::ReleaseBeforeWorkStopped => "release-before-work-stopped",
             Mutant::TokenFromLocalClock => "token-from-local-clock",
+            Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
         }
     }
 
@@ -167,6 +175,9 @@ impl Mutant {
             }
             Mutant::ReleaseBeforeWorkStopped => "release before the leader work has stopped",
             Mutant::TokenFromLocalClock => "the fencing token comes from the candidate's clock",
+            Mutant::FenceOnlyInTheElector => {
+                "the version fence is judged on the follower's own read, not in the acquiring transaction"
+            }
         }
     }
 
@@ -177,7 +188,10 @@ impl Mutant {
             Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
             Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
             Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
-            Mutant::RenewWithoutCas | Mutant::FollowerAcquiresOnOwnObservation | Mutant::TokenFromLocalClock => None,
+            Mutant::RenewWithoutCas
+            | Mutant::FollowerAcquiresOnOwnObservation
+            | Mutant::TokenFromLocalClock
+            | Mutant::FenceOnlyInTheElector => None,
         }
     }
 }
@@ -223,6 +237,10 @@ pub struct Report {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    /// Schedules run with the version fence; and acquisitions that moved
+    /// leadership to a newer revision.
+    pub fenced_schedule: bool,
+    pub version_moves: u64,
     pub events: Vec<String>,
 }
 
@@ -252,6 +270,8 @@ pub struct Summary {
     pub duplicates: u64,
     pub clock_jumps: u64,
     pub deleted_live: u64,
+    pub fenced_schedules: u64,
+    pub version_moves: u64,
 }
 
 impl Summary {
@@ -267,6 +287,8 @@ impl Summary {
         self.duplicates += r.duplicates;
         self.clock_jumps += r.clock_jumps;
         self.deleted_live += r.deleted_live;
+        self.fenced_schedules += u64::from(r.fenced_schedule);
+        self.version_moves += r.version_moves;
     }
 }
 
@@ -276,7 +298,7 @@ impl fmt::Display for Summary {
             f,
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
-             {} rows deleted under a live lease",
+             {} rows deleted under a live lease, {} schedules with the version fence, {} moves to a newer version",
             self.terms,
             self.accepted,
             self.fenced,
@@ -286,7 +308,9 @@ impl fmt::Display for Summary {
             self.late_commits,
             self.duplicates,
             self.clock_jumps,
-            self.deleted_live
+            self.deleted_live,
+            self.fenced_schedules,
+            self.version_moves
         )
     }
 }
@@ -487,7 +511,9 @@ impl LeaseStore for Link {
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
         let (lock, holder) = (lock.to_string(), claim.holder.to_string());
-        let (version, fence) = (claim.version.cloned(), claim.fence);
+        // The mutant leaves the fence to the elector's own earlier read.
+        let fence = claim.fence && self.mutant != Some(Mutant::FenceOnlyInTheElector);
+        let version = claim.version.cloned();
         match self.mutant {
             Some(Mutant::FollowerAcquiresOnOwnObservation) => {
                 // Judges expiry on its own read, then writes blindly.
@@ -691,6 +717,11 @@ struct Schedule {
     /// Terms whose row was deleted while their lease was live.
     deleted_terms: HashSet<u64>,
     restarts: u64,
+    /// The version fence is on in this schedule.
+    fence: bool,
+    /// The newest revision so far: a rollout raises it; candidates start
+    /// under it or one below (an old pod still around).
+    revision: u64,
     report: Report,
 }
 
@@ -731,6 +762,8 @@ impl Schedule {
             stats: Arc::default(),
             deleted_terms: HashSet::new(),
             restarts: 0,
+            fence: false,
+            revision: 2,
             report: Report {
                 seed,
                 ..Default::default()
@@ -770,7 +803,13 @@ impl Schedule {
             flaw: self.mutant.and_then(Mutant::flaw),
             wrap: Some(pause.wrapper()),
         };
+        let revision = self.revision - u64::from(self.rng.random_bool(0.4));
+        let version = crate::lease::Version {
+            revision,
+            name: format!("v{revision}"),
+        };
         let handle = Elector::new(LOCK, identity, self.timing)
+            .with_version(Some(version), self.fence)
             .with_seed(self.rng.random())
             .with_sim_hooks(hooks)
             .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
@@ -799,7 +838,7 @@ impl Schedule {
                 }
             });
         self.watch_beliefs(who.clone(), handle.subscribe());
-        self.note(format!("start {who}"));
+        self.note(format!("start {who} at revision {revision}"));
         Candidate {
             name,
             handle,
@@ -851,9 +890,11 @@ impl Schedule {
 
     async fn run(mut self, length: Duration) -> Result<Report, Violation> {
         let slots = self.rng.random_range(2..=5);
+        self.fence = self.rng.random_bool(0.5);
+        self.report.fenced_schedule = self.fence;
         self.note(format!(
-            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, mutant {:?}",
-            self.timing, self.clock_rate, self.max_jump, self.margin, self.mutant
+            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
+            self.timing, self.clock_rate, self.max_jump, self.margin, self.fence, self.mutant
         ));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
@@ -979,6 +1020,12 @@ impl Schedule {
                 self.report.clock_jumps += 1;
                 self.store.jump_clock(direction * nanos);
             }
+            11 => {
+                // A rollout: newer candidates from now on (restarts below
+                // may still bring back the previous revision).
+                self.revision += 1;
+                self.note(format!("rollout to revision {}", self.revision));
+            }
             // Rare: it exempts the term it cuts short from the checker.
             10 if self.rng.random_bool(0.25) => {
                 let deleted = self.store.delete_row(LOCK);
@@ -1029,6 +1076,26 @@ impl Schedule {
                     a.term,
                     a.token,
                     a.holder
+                )));
+            }
+        }
+        // 4. With the fence, revisions never decrease in commit order.
+        for pair in acquisitions.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            if b.revision > a.revision {
+                self.report.version_moves += 1;
+            }
+            if self.fence && b.revision < a.revision {
+                return Err(fail(format!(
+                    "term {} ({}) at revision {:?} committed at {}ms after term {} ({}) at revision {:?}: with the \
+                     version fence leadership must never move to an older version",
+                    b.term,
+                    b.holder,
+                    b.revision,
+                    at(b.at),
+                    a.term,
+                    a.holder,
+                    a.revision
                 )));
             }
         }

@@ -29,6 +29,10 @@ fn run_shard(shard: u64) -> Summary {
         summary.fenced > 0,
         "some paused leader's late write was fenced off: {summary:?}"
     );
+    assert!(
+        summary.fenced_schedules > 50 && summary.version_moves > 50,
+        "the version fence was on and leadership moved between versions: {summary:?}"
+    );
     summary
 }
 

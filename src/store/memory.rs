@@ -59,6 +59,8 @@ pub struct Acquisition {
     pub term: u64,
     pub holder: String,
     pub token: Option<FencingToken>,
+    /// The revision the acquirer recorded, if any.
+    pub revision: Option<u64>,
     pub at: Instant,
 }
 
@@ -256,6 +258,7 @@ impl MemoryStore {
                             term: row.term,
                             holder: row.holder.clone().unwrap_or_default(),
                             token: row.token,
+                            revision: row.version.as_ref().map(|v| v.revision),
                             at: Instant::now(),
                         });
                     }
