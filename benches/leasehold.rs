@@ -5,7 +5,7 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis, sessions) runs a share of it. `postgres` and `redis` start
+//! postgres, redis, sessions, rollout) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds.
@@ -633,6 +633,47 @@ fn renew_quantiles(registry: &prometheus_client::registry::Registry) -> (String,
     (at(0.5), at(0.99))
 }
 
+/// Issue 16: `reps` Deployment rollouts of 3 candidates (maxSurge 1 /
+/// maxUnavailable 0, app-health source on) per leadership setting, in one
+/// process on paused time (`support::rollout`): handovers per rollout,
+/// total time without a leader, and moves to an older version.
+fn rollouts(reps: u64) -> Vec<String> {
+    use leasehold::lease::Prefer;
+    let settings = [
+        ("None", Prefer::None, false),
+        ("Newest", Prefer::Newest, false),
+        ("Newest + fence", Prefer::Newest, true),
+        ("Oldest", Prefer::Oldest, false),
+    ];
+    let mut lines = Vec::new();
+    for (label, prefer, fence) in settings {
+        let (mut handovers, mut leaderless, mut backwards) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..reps {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let outcome = runtime.block_on(support::rollout::rollout(3, prefer, fence));
+            handovers.push(outcome.handovers);
+            leaderless.push(outcome.leaderless);
+            backwards += outcome.backwards;
+        }
+        handovers.sort();
+        let line = format!(
+            "{label}: handovers per rollout min {} median {} max {}; without a leader per rollout {}; moves to an \
+             older version {backwards}",
+            handovers[0],
+            handovers[handovers.len() / 2],
+            handovers[handovers.len() - 1],
+            summary(&mut leaderless)
+        );
+        println!("{line}");
+        lines.push(line);
+    }
+    lines
+}
+
 fn main() {
     // `cargo bench` passes --bench; parts are chosen by LEASEHOLD_BENCH_ONLY.
     let reps = env_or("LEASEHOLD_BENCH_REPS", 20);
@@ -690,6 +731,10 @@ fn main() {
                     .map(|l| format!("{kind}: {l}")),
             );
         }
+    }
+    if run("rollout") {
+        println!("== rollouts of 3 candidates, maxSurge 1 / maxUnavailable 0, D={D:?} R={R:?} P={P:?}, paused time");
+        summary_lines.extend(rollouts(reps).into_iter().map(|l| format!("rollout: {l}")));
     }
     if run("footprint") {
         println!("== footprint");

@@ -379,7 +379,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     }
     if valid.readiness_gate {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-        match rollout::check(&deployments, &candidates).await {
+        match rollout::check(&deployments, &candidates, rollout::leader_moves_to_new(&valid)).await {
             Ok(reasons) => {
                 for reason in reasons {
                     healthy = false;

@@ -34,6 +34,11 @@
 //!    documented pause case fencing tokens exist for). Writes the register
 //!    rejected did no harm.
 //!
+//! 4. in schedules with the version fence (half of them), leadership never
+//!    moves back: the revisions of acquisitions never decrease in commit
+//!    order, while candidates restart under older and newer revisions, as
+//!    pods of two ReplicaSets do during a rollout.
+//!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 //!
@@ -59,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::elector::{Flaw, SimHooks, TaskWrapper};
 use crate::lease::{
-    Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaderState, LeaseStore, Observation,
+    Claim, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderContext, LeaderState, LeaseStore, Observation,
     StoreError, StoreTime, Timing,
 };
 use crate::store::memory::{Acquisition, grant};
@@ -151,10 +156,11 @@ pub enum Mutant {
     SessionRenewWithoutCas,
     SessionRenewedAfterExpiry,
     LockTakenFromLiveSession,
+    FenceOnlyInTheElector,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 10] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -165,6 +171,7 @@ impl Mutant {
         Mutant::SessionRenewWithoutCas,
         Mutant::SessionRenewedAfterExpiry,
         Mutant::LockTakenFromLiveSession,
+        Mutant::FenceOnlyInTheElector,
     ];
 
     pub fn name(self) -> &'static str {
@@ -179,6 +186,7 @@ impl Mutant {
             Mutant::SessionRenewWithoutCas => "session-renew-without-CAS",
             Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
             Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
+            Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
         }
     }
 
@@ -202,6 +210,9 @@ impl Mutant {
             Mutant::LockTakenFromLiveSession => {
                 "a lock is judged free by its own age, while its holder session is still live"
             }
+            Mutant::FenceOnlyInTheElector => {
+                "the version fence is judged on the follower's own read, not in the acquiring transaction"
+            }
         }
     }
 
@@ -217,7 +228,8 @@ impl Mutant {
             | Mutant::TokenFromLocalClock
             | Mutant::SessionRenewWithoutCas
             | Mutant::SessionRenewedAfterExpiry
-            | Mutant::LockTakenFromLiveSession => None,
+            | Mutant::LockTakenFromLiveSession
+            | Mutant::FenceOnlyInTheElector => None,
         }
     }
 }
@@ -305,6 +317,10 @@ pub struct Counts {
     pub ttl_expiries: u64,
     /// Sessions that expired and were replaced by a new one (sessions schedule).
     pub sessions_replaced: u64,
+    /// Schedules run with the version fence (1 or 0 for one schedule).
+    pub fenced_schedules: u64,
+    /// Acquisitions that moved leadership to a newer revision.
+    pub version_moves: u64,
 }
 
 impl Counts {
@@ -322,6 +338,8 @@ impl Counts {
         self.ttl_seeds += r.ttl_seeds;
         self.ttl_expiries += r.ttl_expiries;
         self.sessions_replaced += r.sessions_replaced;
+        self.fenced_schedules += r.fenced_schedules;
+        self.version_moves += r.version_moves;
     }
 }
 
@@ -332,7 +350,8 @@ impl fmt::Display for Counts {
             "{} terms, {} writes accepted, {} stale writes fenced off, {} accepted from writers paused past the margin, \
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
              {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
-             {} sessions replaced after expiry",
+             {} sessions replaced after expiry, \
+             {} schedules with the version fence, {} moves to a newer version",
             self.terms,
             self.accepted,
             self.fenced,
@@ -345,7 +364,9 @@ impl fmt::Display for Counts {
             self.deleted_live,
             self.ttl_seeds,
             self.ttl_expiries,
-            self.sessions_replaced
+            self.sessions_replaced,
+            self.fenced_schedules,
+            self.version_moves
         )
     }
 }
@@ -555,8 +576,11 @@ impl LeaseStore for Link {
         .await
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        let (lock, holder) = (lock.to_string(), holder.to_string());
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        let (lock, holder) = (lock.to_string(), claim.holder.to_string());
+        // The mutant leaves the fence to the elector's own earlier read.
+        let fence = claim.fence && self.mutant != Some(Mutant::FenceOnlyInTheElector);
+        let version = claim.version.cloned();
         match self.mutant {
             Some(Mutant::FollowerAcquiresOnOwnObservation) => {
                 // Judges expiry on its own read, then writes blindly.
@@ -568,13 +592,18 @@ impl LeaseStore for Link {
                     });
                 }
                 self.send(true, move |store| {
-                    let (lock, holder, seen) = (lock.clone(), holder.clone(), seen.clone());
+                    let (lock, holder, seen, version) = (lock.clone(), holder.clone(), seen.clone(), version.clone());
                     Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
                         store
                             .transact_unchecked(&lock, |_row, commit| {
                                 grant(
                                     &lock,
-                                    &holder,
+                                    &claim,
                                     lease,
                                     seen.record.as_ref(),
                                     seen.now,
@@ -589,10 +618,15 @@ impl LeaseStore for Link {
             Some(Mutant::TokenFromLocalClock) => {
                 let token = self.local_now();
                 self.send(true, move |store| {
-                    let (lock, holder) = (lock.clone(), holder.clone());
+                    let (lock, holder, version) = (lock.clone(), holder.clone(), version.clone());
                     Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
                         store
-                            .transact_unchecked(&lock, |row, commit| grant(&lock, &holder, lease, row, commit, token))
+                            .transact_unchecked(&lock, |row, commit| grant(&lock, &claim, lease, row, commit, token))
                             .await
                     })
                 })
@@ -600,8 +634,15 @@ impl LeaseStore for Link {
             }
             _ => {
                 self.send(true, move |store| {
-                    let (lock, holder) = (lock.clone(), holder.clone());
-                    Box::pin(async move { store.acquire(&lock, &holder, lease).await })
+                    let (lock, holder, version) = (lock.clone(), holder.clone(), version.clone());
+                    Box::pin(async move {
+                        let claim = Claim {
+                            holder: &holder,
+                            version: version.as_ref(),
+                            fence,
+                        };
+                        store.acquire_as(&lock, &claim, lease).await
+                    })
                 })
                 .await
             }
@@ -743,6 +784,11 @@ struct Schedule {
     /// Terms whose row was deleted while their lease was live.
     deleted_terms: HashSet<u64>,
     restarts: u64,
+    /// The version fence is on in this schedule.
+    fence: bool,
+    /// The newest revision so far: a rollout raises it; candidates start
+    /// under it or one below (an old pod still around).
+    revision: u64,
     report: Report,
 }
 
@@ -784,6 +830,8 @@ impl Schedule {
             stats: Arc::default(),
             deleted_terms: HashSet::new(),
             restarts: 0,
+            fence: false,
+            revision: 2,
             report: Report {
                 seed,
                 counts: Counts {
@@ -827,7 +875,13 @@ impl Schedule {
             flaw: self.mutant.and_then(Mutant::flaw),
             wrap: Some(pause.wrapper()),
         };
+        let revision = self.revision - u64::from(self.rng.random_bool(0.4));
+        let version = crate::lease::Version {
+            revision,
+            name: format!("v{revision}"),
+        };
         let handle = Elector::new(LOCK, identity, self.timing)
+            .with_version(Some(version), self.fence)
             .with_seed(self.rng.random())
             .with_sim_hooks(hooks)
             .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
@@ -856,7 +910,7 @@ impl Schedule {
                 }
             });
         self.watch_beliefs(who.clone(), handle.subscribe());
-        self.note(format!("start {who}"));
+        self.note(format!("start {who} at revision {revision}"));
         Candidate {
             name,
             handle,
@@ -908,9 +962,11 @@ impl Schedule {
 
     async fn run(mut self, length: Duration) -> Result<Report, Violation> {
         let slots = self.rng.random_range(2..=5);
+        self.fence = self.rng.random_bool(0.5);
+        self.report.counts.fenced_schedules = u64::from(self.fence);
         self.note(format!(
-            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, mutant {:?}",
-            self.timing, self.clock_rate, self.max_jump, self.margin, self.mutant
+            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
+            self.timing, self.clock_rate, self.max_jump, self.margin, self.fence, self.mutant
         ));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
@@ -959,6 +1015,12 @@ impl Schedule {
                     if on { "resumes" } else { "stops" }
                 ));
                 candidates[i].handle.set_campaigning(on);
+            }
+            11 => {
+                // A rollout: newer candidates from now on (restarts below
+                // may still bring back the previous revision).
+                self.revision += 1;
+                self.note(format!("rollout to revision {}", self.revision));
             }
             // Rare: it exempts the term it cuts short from the checker.
             10 if self.rng.random_bool(0.25) => {
@@ -1110,6 +1172,26 @@ impl Schedule {
                     a.term,
                     a.token,
                     a.holder
+                )));
+            }
+        }
+        // 4. With the fence, revisions never decrease in commit order.
+        for pair in acquisitions.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            if b.revision > a.revision {
+                self.report.counts.version_moves += 1;
+            }
+            if self.fence && b.revision < a.revision {
+                return Err(fail(format!(
+                    "term {} ({}) at revision {:?} committed at {}ms after term {} ({}) at revision {:?}: with the \
+                     version fence leadership must never move to an older version",
+                    b.term,
+                    b.holder,
+                    b.revision,
+                    at(b.at),
+                    a.term,
+                    a.holder,
+                    a.revision
                 )));
             }
         }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::lease::{
-    Change, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation, StoreError,
-    Timing,
+    Change, Claim, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation,
+    StoreError, Timing,
 };
 use leasehold::store::{Faults, MemoryStore};
 use tokio::time::Instant;
@@ -180,8 +180,8 @@ impl LeaseStore for LateAcquireReplies {
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
         self.0.observe(lock).await
     }
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        let grant = self.0.acquire(lock, holder, lease).await;
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        let grant = self.0.acquire_as(lock, claim, lease).await;
         tokio::time::sleep(self.1).await;
         grant
     }
@@ -322,4 +322,74 @@ async fn new_timing_applies_from_the_next_term() {
         Duration::from_secs(30),
         "and tells the store D = 30 s"
     );
+}
+
+fn versioned(
+    name: &str,
+    revision: u64,
+    fence: bool,
+    store: &MemoryStore,
+    shutdown: &CancellationToken,
+) -> ElectorHandle {
+    let version = leasehold::lease::Version {
+        revision,
+        name: format!("{name}-code"),
+    };
+    Elector::new(LOCK, Identity::with_nonce(name, "1"), timing())
+        .with_seed(1)
+        .with_version(Some(version), fence)
+        .spawn(Arc::new(store.clone()), shutdown.clone())
+}
+
+/// Issue 16: with the fence, an older candidate finds the lease free after
+/// a newer one released it, stays a follower and says why; without the
+/// fence it would lead.
+#[tokio::test(start_paused = true)]
+async fn an_older_candidate_behind_the_fence_stays_a_follower_and_says_why() {
+    let store = MemoryStore::new(3);
+    let shutdown = CancellationToken::new();
+    let new_shutdown = CancellationToken::new();
+    let new = versioned("new", 2, true, &store, &new_shutdown);
+    let led = until(&new, |s| s.leader).await;
+    assert_eq!(led.holder_version.as_ref().map(|v| v.revision), Some(2));
+    new_shutdown.cancel();
+    new.join().await;
+    let old = versioned("old", 1, true, &store, &shutdown);
+    let fenced = until(&old, |s| matches!(s.change, Change::Fenced(_))).await;
+    let Change::Fenced(why) = &fenced.change else {
+        unreachable!()
+    };
+    assert!(
+        why.contains("new-code (revision 2) has led, and old-code (revision 1) is older"),
+        "{why}"
+    );
+    assert_eq!(fenced.holder_version.as_ref().map(|v| v.revision), Some(2));
+    tokio::time::sleep(timing().lease_duration * 3).await;
+    assert!(!old.state().leader, "never leads backwards");
+    assert_eq!(store.acquisitions().len(), 1, "not even an attempt committed");
+    let unfenced = versioned("unfenced", 1, false, &store, &shutdown);
+    until(&unfenced, |s| s.leader).await;
+}
+
+/// Issue 16: a leader told to stand aside (a newer version is live, the
+/// lease prefers the newest) releases; the newer candidate takes over, and
+/// the one standing aside does not campaign and says why.
+#[tokio::test(start_paused = true)]
+async fn a_leader_standing_aside_hands_over_once() {
+    let store = MemoryStore::new(4);
+    let shutdown = CancellationToken::new();
+    let old = versioned("old", 1, true, &store, &shutdown);
+    until(&old, |s| s.leader).await;
+    let new = versioned("new", 2, true, &store, &shutdown);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!new.state().leader, "a live lease is not taken");
+    old.control().stand_aside(Some("newer version is live".into()));
+    let stood = until(&old, |s| !s.leader && !s.campaigning).await;
+    assert_eq!(stood.standing_aside.as_deref(), Some("newer version is live"));
+    until(&new, |s| s.leader).await;
+    tokio::time::sleep(timing().lease_duration * 2).await;
+    assert!(new.state().leader && !old.state().leader);
+    assert_eq!(store.acquisitions().len(), 2, "one handover");
+    old.control().stand_aside(None);
+    until(&old, |s| s.campaigning).await;
 }

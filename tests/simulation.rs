@@ -39,6 +39,10 @@ fn run_shard(shard: u64) -> Summary {
         summary.counts.ttl_seeds == 125 && summary.counts.ttl_expiries > 0,
         "half the seeds ran on Redis's TTL expiry, where leases did vanish: {summary:?}"
     );
+    assert!(
+        summary.counts.fenced_schedules > 50 && summary.counts.version_moves > 50,
+        "the version fence was on and leadership moved between versions: {summary:?}"
+    );
     summary
 }
 

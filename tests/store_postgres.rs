@@ -280,3 +280,62 @@ async fn a_row_with_an_out_of_range_duration_or_term_is_refused() {
             .expect("a corrected row reads again");
     }
 }
+
+/// Issue 16: a table created by a leasehold from before versions (no
+/// `revision`, `version`) makes acquire fail as invalid with the fix, never
+/// answer without the column; `ensure_schema` adds the columns, keeps the
+/// rows (read as no version recorded), and is idempotent.
+#[tokio::test]
+async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
+    let fixture = postgres().await;
+    sql(
+        &fixture.server,
+        &format!("ALTER TABLE {TABLE} DROP COLUMN revision, DROP COLUMN version"),
+    )
+    .await;
+    let grant = fixture.store.acquire("old", "a", Duration::from_secs(30)).await;
+    let refused = grant.unwrap_err();
+    assert!(matches!(refused, StoreError::Invalid { .. }), "{refused:?}");
+    assert!(
+        refused
+            .chain()
+            .contains("SQLSTATE 42703 (the table predates a column this leasehold needs"),
+        "{}",
+        refused.chain()
+    );
+    let observed = fixture.store.observe("old").await.unwrap_err();
+    assert!(matches!(observed, StoreError::Invalid { .. }), "{observed:?}");
+    sql(
+        &fixture.server,
+        &format!(
+            "INSERT INTO {TABLE} (shard, name, holder, term, token, renewed_at, lease_ms) \
+             VALUES ({}, 'old', NULL, 4, 1, clock_timestamp(), 1000)",
+            leasehold::store::shard_of("old")
+        ),
+    )
+    .await;
+    fixture.store.ensure_schema().await.unwrap();
+    fixture.store.ensure_schema().await.unwrap();
+    let row = fixture.store.observe("old").await.unwrap().record.unwrap();
+    assert_eq!(
+        (row.term, row.version),
+        (4, None),
+        "the old row is kept, with no version"
+    );
+    let version = leasehold::lease::Version {
+        revision: 2,
+        name: "abc/app:2".into(),
+    };
+    let claim = leasehold::lease::Claim {
+        holder: "a",
+        version: Some(&version),
+        fence: true,
+    };
+    fixture
+        .store
+        .acquire_as("old", &claim, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let row = fixture.store.observe("old").await.unwrap().record.unwrap();
+    assert_eq!((row.term, row.version), (5, Some(version)));
+}

@@ -560,3 +560,66 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
     use leasehold::operator::reconcile::fixtures::{StoreSide, store_side_scenario};
     store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }
+
+/// Issue 16: a table created by a leasehold from before versions (no
+/// `revision`, `version`) is refused with the fix by a store that may not
+/// change it, never read as "no version"; `ensure_schema` adds the columns,
+/// keeps the rows (read as no version recorded), and is idempotent.
+#[tokio::test]
+async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
+    let emulator = Emulator::start_or_connect();
+    let config = emulator.create_database("before_versions").await;
+    ddl(
+        &emulator,
+        &config,
+        "CREATE TABLE before_versions (shard INT64 NOT NULL, name STRING(MAX) NOT NULL, holder STRING(MAX), \
+         term INT64 NOT NULL, token TIMESTAMP OPTIONS (allow_commit_timestamp=true), \
+         renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true), lease_ms INT64 NOT NULL) PRIMARY KEY (shard, name)",
+    )
+    .await;
+    leasehold_test_sql(
+        &emulator,
+        &config,
+        &format!(
+            "INSERT INTO before_versions (shard, name, holder, term, token, renewed_at, lease_ms) \
+             VALUES ({}, @name, NULL, 4, PENDING_COMMIT_TIMESTAMP(), PENDING_COMMIT_TIMESTAMP(), 1000)",
+            leasehold::store::shard_of("old")
+        ),
+        "old",
+    )
+    .await;
+    let store = connect(&emulator, &config).await;
+    let refused = store.observe("old").await.unwrap_err();
+    assert!(matches!(refused, StoreError::Invalid { .. }), "{refused:?}");
+    assert!(
+        refused
+            .chain()
+            .contains("has no column revision INT64: add it (ALTER TABLE before_versions ADD COLUMN revision INT64)"),
+        "{}",
+        refused.chain()
+    );
+    store.ensure_schema().await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let upgraded = connect(&emulator, &config).await;
+    let row = upgraded.observe("old").await.unwrap().record.unwrap();
+    assert_eq!(
+        (row.term, row.version),
+        (4, None),
+        "the old row is kept, with no version"
+    );
+    let version = leasehold::lease::Version {
+        revision: 2,
+        name: "abc/app:2".into(),
+    };
+    let claim = leasehold::lease::Claim {
+        holder: "a",
+        version: Some(&version),
+        fence: true,
+    };
+    upgraded
+        .acquire_as("old", &claim, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let row = upgraded.observe("old").await.unwrap().record.unwrap();
+    assert_eq!((row.term, row.version), (5, Some(version)));
+}

@@ -27,6 +27,8 @@ pub const DEFAULT_TABLE: &str = "leasehold_leases";
 const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
 
 /// A lock elected among the pods the selector matches, stored in Cloud Spanner, PostgreSQL or Redis.
+// Two printer columns of type string are not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[kube(
     group = "leasehold.dev",
@@ -37,6 +39,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     status = "DistributedLeaseStatus",
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
     printcolumn(name = "Term", type_ = "integer", json_path = ".status.term"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.leaderVersion"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(
@@ -86,6 +89,26 @@ pub struct DistributedLeaseSpec {
     /// How leadership is published on the candidate pods.
     #[serde(default)]
     pub publishing: PublishingSpec,
+    /// Which version of the candidates leads during a rolling update.
+    #[serde(default)]
+    pub leadership: LeadershipSpec,
+}
+
+/// Version-aware leadership (docs/versions.md). A candidate's version is its
+/// ReplicaSet's `deployment.kubernetes.io/revision` (or `--revision`); the
+/// defaults keep leadership version-blind.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeadershipSpec {
+    /// `None`: any candidate may lead. `Newest`: a leader hands over once to
+    /// a healthy candidate of a newer revision, and older candidates do not
+    /// campaign while a newer one is live. `Oldest`: the mirror image.
+    #[serde(default)]
+    pub prefer: crate::lease::Prefer,
+    /// Once a revision has led, a lower revision never acquires the lease
+    /// again (checked by the store in the acquiring transaction).
+    #[serde(default)]
+    pub version_fence: bool,
 }
 
 /// The lease store: exactly one of Cloud Spanner, PostgreSQL (or
@@ -216,6 +239,12 @@ pub struct DistributedLeaseStatus {
     /// The store's commit time of the last acquisition or renewal (RFC 3339, nanoseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewed_at: Option<String>,
+    /// The version the holder (or the last holder) recorded: `<name> (revision <n>)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_version: Option<String>,
+    /// The revision of `leaderVersion`, the number versions are ordered by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_revision: Option<u64>,
     /// Acquisitions the operator has counted since it first observed the lock.
     #[serde(default)]
     pub transitions: u64,

@@ -167,7 +167,7 @@ fn the_crd_names_group_kind_and_columns() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Holder", "Term", "Age"]);
+    assert_eq!(columns, ["Holder", "Term", "Version", "Age"]);
     let spec = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap()["openAPIV3Schema"]["properties"]["spec"]
         .clone();
     let rules: Vec<&str> = spec["x-kubernetes-validations"]
@@ -463,4 +463,33 @@ fn the_crd_uses_only_formats_the_api_server_knows() {
     let unknown: Vec<_> = found.iter().filter(|f| !known.contains(&f.as_str())).collect();
     assert!(unknown.is_empty(), "formats the API server warns about: {unknown:?}");
     assert!(found.iter().any(|f| f == "int64"));
+}
+
+/// Issue 16: leadership defaults to version-blind (existing resources keep
+/// today's behaviour); `prefer` and `versionFence` reach the valid lease.
+#[test]
+fn leadership_defaults_to_version_blind_and_is_parsed() {
+    use crate::lease::{Prefer, VersionPolicy};
+    let mut lease: DistributedLease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "leasehold.dev/v1alpha1",
+        "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod"},
+        "spec": {
+            "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+            "selector": {"matchLabels": {"app": "web"}}
+        }
+    }))
+    .unwrap();
+    assert_eq!(validate(&lease).unwrap().versions, VersionPolicy::default());
+    assert_eq!(VersionPolicy::default().prefer, Prefer::None);
+    lease.spec.leadership =
+        serde_json::from_value(serde_json::json!({"prefer": "Newest", "versionFence": true})).unwrap();
+    assert_eq!(
+        validate(&lease).unwrap().versions,
+        VersionPolicy {
+            prefer: Prefer::Newest,
+            fence: true
+        }
+    );
+    assert!(serde_json::from_value::<LeadershipSpec>(serde_json::json!({"prefer": "Latest"})).is_err());
 }

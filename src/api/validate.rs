@@ -5,7 +5,7 @@ use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::timing::DEFAULT_JITTER;
-use crate::lease::{LockNameError, Timing, TimingError, validate_lock_name};
+use crate::lease::{LockNameError, Timing, TimingError, VersionPolicy, validate_lock_name};
 use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
@@ -53,6 +53,7 @@ pub struct ValidLease {
     pub selector: Selector,
     pub label_key: String,
     pub readiness_gate: bool,
+    pub versions: VersionPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -99,6 +100,10 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
         selector,
         label_key: spec.publishing.label_key.clone(),
         readiness_gate: spec.publishing.readiness_gate,
+        versions: VersionPolicy {
+            prefer: spec.leadership.prefer,
+            fence: spec.leadership.version_fence,
+        },
     })
 }
 

@@ -26,6 +26,7 @@ use super::clock::{Instant, Jitter, now};
 use super::record::{FencingToken, Grant, Identity, Observation};
 use super::store::{LeaseStore, StoreError};
 use super::timing::Timing;
+use super::version::{Claim, Version};
 
 /// Why the state last changed, for Events, logs and metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
@@ -50,6 +51,9 @@ pub enum Change {
     ReleaseFailed(String),
     /// The store could not be read.
     StoreError(String),
+    /// The lease is free, but the version fence keeps this candidate out:
+    /// it could only lead by moving leadership back to an older version.
+    Fenced(String),
 }
 
 /// What the elector believes, published on a watch channel.
@@ -72,6 +76,13 @@ pub struct LeaderState {
     pub renewed: Option<Instant>,
     /// Whether this candidate is campaigning at all.
     pub campaigning: bool,
+    /// Why this candidate stands aside for another version's candidate
+    /// (the lease prefers the newest or the oldest), if it does.
+    pub standing_aside: Option<String>,
+    /// The version this candidate runs, when it advertises one.
+    pub version: Option<Version>,
+    /// The version the row records for the holder (ourselves when leader).
+    pub holder_version: Option<Version>,
     pub change: Change,
 }
 
@@ -151,12 +162,28 @@ impl SimHooks {
     }
 }
 
+/// Whether the elector campaigns: switched on (the app is healthy) and not
+/// standing aside for another version's candidate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Campaign {
+    on: bool,
+    aside: Option<String>,
+}
+
+impl Campaign {
+    fn active(&self) -> bool {
+        self.on && self.aside.is_none()
+    }
+}
+
 /// The configuration of one candidate for one lock.
 #[derive(Debug, Clone)]
 pub struct Elector {
     lock: String,
     identity: Identity,
     timing: Timing,
+    version: Option<Version>,
+    fence: bool,
     seed: Option<u64>,
     sim: SimHooks,
     /// Created here so callers can subscribe before the first acquisition.
@@ -166,7 +193,7 @@ pub struct Elector {
 /// Steers a running elector; cheap to clone into other tasks.
 #[derive(Debug, Clone)]
 pub struct ElectorControl {
-    campaign: Arc<watch::Sender<bool>>,
+    campaign: Arc<watch::Sender<Campaign>>,
     timing: Arc<watch::Sender<Timing>>,
     nudge: Arc<Notify>,
 }
@@ -174,7 +201,17 @@ pub struct ElectorControl {
 impl ElectorControl {
     /// `false`: a leader steps down and releases, a follower stops trying.
     pub fn set_campaigning(&self, campaigning: bool) {
-        self.campaign.send_replace(campaigning);
+        self.campaign
+            .send_if_modified(|c| std::mem::replace(&mut c.on, campaigning) != campaigning);
+    }
+
+    /// `Some(why)`: stand aside for a candidate of another version (the
+    /// lease prefers it): a leader steps down and releases as on
+    /// `set_campaigning(false)`, a follower does not campaign. `None`:
+    /// campaign again (when switched on).
+    pub fn stand_aside(&self, why: Option<String>) {
+        self.campaign
+            .send_if_modified(|c| std::mem::replace(&mut c.aside, why.clone()) != why);
     }
 
     /// New timing, applied from the next term (a running term keeps the
@@ -255,7 +292,7 @@ struct Running {
     shutdown: CancellationToken,
     state: watch::Sender<LeaderState>,
     transitions: broadcast::Sender<LeaderState>,
-    campaign: watch::Receiver<bool>,
+    campaign: watch::Receiver<Campaign>,
     timing_updates: watch::Receiver<Timing>,
     nudge: Arc<Notify>,
     jitter: Jitter,
@@ -277,6 +314,8 @@ impl Elector {
             lock: lock.into(),
             identity,
             timing,
+            version: None,
+            fence: false,
             seed: None,
             sim: SimHooks::default(),
             transitions: broadcast::channel(64).0,
@@ -286,6 +325,15 @@ impl Elector {
     /// The simulation's task wrapper and mutant flaw.
     pub(crate) fn with_sim_hooks(mut self, hooks: SimHooks) -> Self {
         self.sim = hooks;
+        self
+    }
+
+    /// The version this candidate advertises and records when it acquires;
+    /// with `fence`, it never acquires where that would move leadership to
+    /// an older version (checked by the store in the acquiring transaction).
+    pub fn with_version(mut self, version: Option<Version>, fence: bool) -> Self {
+        self.version = version;
+        self.fence = fence;
         self
     }
 
@@ -334,10 +382,11 @@ impl Elector {
         let initial = LeaderState {
             identity: self.identity.to_string(),
             campaigning: true,
+            version: self.version.clone(),
             ..Default::default()
         };
         let (state_tx, state_rx) = watch::channel(initial);
-        let (campaign_tx, campaign_rx) = watch::channel(true);
+        let (campaign_tx, campaign_rx) = watch::channel(Campaign { on: true, aside: None });
         let (timing_tx, timing_rx) = watch::channel(self.timing);
         let nudge = Arc::new(Notify::new());
         let transitions = self.transitions.clone();
@@ -423,11 +472,20 @@ impl Running {
                 self.elector.timing = timing;
                 self.jitter.set_fraction(timing.jitter);
             }
-            if !*self.campaign.borrow() {
+            let campaign = self.campaign.borrow_and_update().clone();
+            self.state.send_if_modified(|s| {
+                let changed = s.standing_aside != campaign.aside;
+                s.standing_aside.clone_from(&campaign.aside);
+                changed
+            });
+            if !campaign.active() {
+                if let Some(why) = &campaign.aside {
+                    info!(lock = %self.elector.lock, %why, "standing aside");
+                }
                 self.state.send_modify(|s| s.campaigning = false);
                 tokio::select! {
                     _ = self.shutdown.cancelled() => break,
-                    _ = self.campaign.wait_for(|c| *c) => {}
+                    _ = self.campaign.changed() => {}
                 }
                 self.state.send_modify(|s| s.campaigning = true);
                 continue;
@@ -464,7 +522,26 @@ impl Running {
         let lock = self.elector.lock.clone();
         let me = self.me();
         let observed = self.bounded(self.store.observe(&lock)).await?;
-        self.publish_observation(&observed);
+        let claim = Claim {
+            holder: &me,
+            version: self.elector.version.as_ref(),
+            fence: self.elector.fence,
+        };
+        let recorded = observed.record.as_ref().and_then(|r| r.version.as_ref());
+        // Free, but only ours by moving leadership back to an older version.
+        let fenced = claim.fenced_by(recorded).filter(|_| observed.live_holder().is_none());
+        if let Some(why) = &fenced
+            && self.state.borrow().change != Change::Fenced(why.clone())
+        {
+            warn!(%lock, %why, "staying a follower");
+        }
+        self.publish_observation(&observed, fenced.clone().map_or(Change::Observed, Change::Fenced));
+        if fenced.is_some() {
+            // Keep watching: a newer candidate may take it.
+            let poll = self.jitter.apply(timing.retry_period);
+            self.wait(poll).await;
+            return Ok(None);
+        }
         let t_send = now();
         let attempt = match observed.live_holder() {
             // Our own earlier commit whose reply was lost (S9): confirm it by
@@ -488,7 +565,7 @@ impl Running {
                 return Ok(None);
             }
             None => {
-                self.bounded(self.store.acquire(&lock, &me, timing.lease_duration))
+                self.bounded(self.store.acquire_as(&lock, &claim, timing.lease_duration))
                     .await
             }
         };
@@ -522,25 +599,31 @@ impl Running {
             .unwrap_or_else(|_| Err(StoreError::outcome_unknown("store call timed out")))
     }
 
-    fn publish_observation(&self, observed: &Observation) {
+    fn publish_observation(&self, observed: &Observation, change: Change) {
         let record = observed.record.as_ref();
         let holder = observed.live_holder().map(str::to_string);
         let term = record.map_or(0, |r| r.term);
         let token = record.and_then(|r| r.token);
+        let holder_version = record.and_then(|r| r.version.clone());
         self.state.send_if_modified(|s| {
-            let same = s.holder == holder && s.term == term && s.token == token && !s.leader;
+            let same = s.holder == holder
+                && s.term == term
+                && s.token == token
+                && s.holder_version == holder_version
+                && !s.leader;
             if !same {
                 s.since = holder.as_ref().map(|_| SystemTime::now());
             }
-            let modified = !same || s.change != Change::Observed;
+            let modified = !same || s.change != change;
             *s = LeaderState {
                 leader: false,
                 holder,
                 term,
                 token,
+                holder_version,
                 deadline: None,
                 renewed: None,
-                change: Change::Observed,
+                change: change.clone(),
                 ..s.clone()
             };
             modified
@@ -578,6 +661,7 @@ impl Running {
                 since: Some(SystemTime::now()),
                 deadline: Some(deadline),
                 renewed: Some(t_send),
+                holder_version: self.elector.version.clone(),
                 change: Change::Acquired,
                 ..s.clone()
             }
@@ -602,7 +686,7 @@ impl Running {
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => break Ended::Release,
-                _ = self.campaign.wait_for(|c| !*c) => break Ended::Release,
+                _ = self.campaign.wait_for(|c| !c.active()) => break Ended::Release,
                 _ = sleep_until(next_renew.min(deadline)) => {}
             }
             if now() >= deadline {

@@ -10,6 +10,7 @@ pub mod record;
 pub mod session;
 pub mod store;
 pub mod timing;
+pub mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
@@ -20,3 +21,4 @@ pub use record::{
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};
 pub use timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError};
+pub use version::{Claim, Prefer, Version, VersionPolicy};

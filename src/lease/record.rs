@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD};
+use super::version::Version;
 
 /// The longest lock name, in bytes. The default lock is
 /// `<namespace>/<name>`: a namespace is a DNS label (at most 63 bytes) and an
@@ -236,6 +237,9 @@ pub struct LeaseRecord {
     pub renewed_at: Option<StoreTime>,
     /// The holder's lease duration; everyone judges expiry by it.
     pub lease_duration: Duration,
+    /// The version the current (or last) holder recorded when it acquired;
+    /// kept on release, like the term, so the version fence remembers it.
+    pub version: Option<Version>,
 }
 
 impl LeaseRecord {
@@ -298,6 +302,7 @@ mod tests {
             token: Some(FencingToken(renewed_at)),
             renewed_at: Some(StoreTime(renewed_at)),
             lease_duration: Duration::from_millis(lease_ms),
+            version: None,
         }
     }
 

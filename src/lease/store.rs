@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::record::{FencingToken, Grant, Observation};
+use super::version::Claim;
 
 /// The underlying error a store failure came from, kept for `{:#}` and logs.
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -106,8 +107,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn observe(&self, lock: &str) -> Result<Observation>;
 
     /// Takes the lease when the row is absent, free, or expired by the store's
-    /// clock: term + 1, token = renewed_at = commit timestamp.
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant>;
+    /// clock: term + 1, token = renewed_at = commit timestamp, and records
+    /// the claim's version. With `claim.fence`, refuses (as `Lost`) in the
+    /// same transaction when [`Claim::fenced_by`] says the row's recorded
+    /// version forbids it, so racing candidates cannot pass the fence.
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant>;
+
+    /// [`acquire_as`](Self::acquire_as) without a version and without the fence.
+    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+        self.acquire_as(lock, &Claim::unversioned(holder), lease).await
+    }
 
     /// Check-and-set: only while `holder` and `token` are still the row's;
     /// sets renewed_at to the commit timestamp.

@@ -367,7 +367,8 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let candidates = ctx.candidates(&namespace, &valid.selector).await?;
     let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
     let rollout = if valid.readiness_gate {
-        Some(rollout_condition(lease, ctx, &namespace, &candidates, &old).await)
+        let moves = rollout::leader_moves_to_new(&valid);
+        Some(rollout_condition(lease, ctx, &namespace, &candidates, &old, moves).await)
     } else {
         None
     };
@@ -426,6 +427,11 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         ctx.publish(lease, EventType::Normal, "HolderChanged", "ReadLease", note)
             .await;
     }
+    if let Some((kind, note)) = version_move(&old, &status, &valid.lock) {
+        info!(%note, "leader version changed");
+        ctx.publish(lease, kind, "LeaderVersionChanged", "ReadLease", note)
+            .await;
+    }
     write_status(&leases, &name, &old, status).await?;
     Ok((Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)), Outcome::Ok))
 }
@@ -478,9 +484,33 @@ fn observed_status(
         term: Some(term),
         token: record.and_then(|r| r.token).map(|t| t.to_string()),
         renewed_at: record.and_then(|r| r.renewed_at).map(|t| t.to_rfc3339()),
+        leader_version: record.and_then(|r| r.version.as_ref()).map(ToString::to_string),
+        leader_revision: record.and_then(|r| r.version.as_ref()).map(|v| v.revision),
         transitions,
         ..counts
     }
+}
+
+/// The Event when the recorded leader version changed since the last
+/// status (a new version acquired), or `None`. The first sighting is no move.
+fn version_move(old: &DistributedLeaseStatus, new: &DistributedLeaseStatus, lock: &str) -> Option<(EventType, String)> {
+    if new.leader_version == old.leader_version || old.term.is_none() {
+        return None;
+    }
+    let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "no version".into());
+    let backwards = matches!((old.leader_revision, new.leader_revision), (Some(o), Some(n)) if n < o);
+    let kind = if backwards {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    let note = format!(
+        "leadership of lock {lock} moved from {} to {}{}",
+        shown(&old.leader_version),
+        shown(&new.leader_version),
+        if backwards { ", an older revision" } else { "" }
+    );
+    Some((kind, note))
 }
 
 /// `RolloutSafe`, for readiness-gated leases: whether a rolling update of the
@@ -491,10 +521,11 @@ async fn rollout_condition(
     namespace: &str,
     candidates: &[Arc<Pod>],
     old: &DistributedLeaseStatus,
+    leader_moves_to_new: bool,
 ) -> Condition {
     let generation = lease.metadata.generation;
     let deployments = Api::namespaced(ctx.client.clone(), namespace);
-    match rollout::check(&deployments, candidates).await {
+    match rollout::check(&deployments, candidates, leader_moves_to_new).await {
         Ok(reasons) if reasons.is_empty() => condition(
             old,
             generation,

@@ -89,22 +89,32 @@ pub fn rollout_completes(strategy: Strategy, replicas: i32, leader_moves_to_new:
 }
 
 /// Why a rolling update of `deployment` would stall under the readiness
-/// gate, or `None` when it would not.
-pub fn stall_reason(deployment: &Deployment) -> Option<String> {
+/// gate, or `None` when it would not. `leader_moves_to_new`: the lease
+/// prefers the newest version, so leadership (and readiness) moves to the
+/// new ReplicaSet's first pod.
+pub fn stall_reason(deployment: &Deployment, leader_moves_to_new: bool) -> Option<String> {
     let spec = &deployment.spec;
     let replicas = spec.replicas.unwrap_or(1);
     let strategy = Strategy::of(spec);
-    if rollout_completes(strategy, replicas, false) {
+    if rollout_completes(strategy, replicas, leader_moves_to_new) {
         return None;
     }
     let Strategy::RollingUpdate { max_unavailable, .. } = strategy else {
         return None;
     };
+    let (needed, because) = if leader_moves_to_new {
+        (
+            replicas - 1,
+            "leadership moves to the first new pod (the lease prefers Newest), and the old standbys can then go only \
+             as unavailable pods",
+        )
+    } else {
+        (replicas, "a rolling update stalls with the old leader left")
+    };
     Some(format!(
         "deployment {}: maxUnavailable resolves to {max_unavailable} of {replicas} replicas; with the readiness gate \
-         only the leader is Ready, so a rolling update stalls with the old leader left unless maxUnavailable is at \
-         least {replicas} (100%). Raise it, use the Recreate strategy, or route with the leader label instead of the \
-         readiness gate",
+         only the leader is Ready, and {because}, unless maxUnavailable is at least {needed}. Raise it, use the \
+         Recreate strategy, prefer Newest, or route with the leader label instead of the readiness gate",
         deployment.name_any()
     ))
 }
@@ -124,12 +134,23 @@ fn resolve(value: Option<&IntOrString>, replicas: i32, round_up: bool) -> i32 {
     }
 }
 
+/// Whether a lease moves leadership to the new ReplicaSet's first pod during
+/// a rollout: a lease that prefers the newest version does, once that pod's
+/// app is ready (the old leader stands aside for it).
+pub fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
+    valid.versions.prefer == crate::lease::Prefer::Newest
+}
+
 /// Reads the Deployments owning `pods` and returns the stall reasons found.
-pub async fn check(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<String>, kube::Error> {
+pub async fn check(
+    deployments: &Api<Deployment>,
+    pods: &[Arc<Pod>],
+    leader_moves_to_new: bool,
+) -> Result<Vec<String>, kube::Error> {
     let mut reasons = Vec::new();
     for name in owning_deployments(pods) {
         if let Some(deployment) = deployments.get_opt(&name).await?
-            && let Some(reason) = stall_reason(&deployment)
+            && let Some(reason) = stall_reason(&deployment, leader_moves_to_new)
         {
             reasons.push(reason);
         }
@@ -172,13 +193,13 @@ mod tests {
             (5, json!({"type": "Recreate"}), false),
         ];
         for (replicas, strategy, stalls) in cases {
-            let reason = stall_reason(&deployment(replicas, strategy.clone()));
+            let reason = stall_reason(&deployment(replicas, strategy.clone()), false);
             assert_eq!(reason.is_some(), stalls, "{replicas} replicas, {strategy}: {reason:?}");
         }
-        let reason = stall_reason(&deployment(3, json!({"rollingUpdate": {"maxUnavailable": 2}}))).unwrap();
+        let reason = stall_reason(&deployment(3, json!({"rollingUpdate": {"maxUnavailable": 2}})), false).unwrap();
         assert!(
             reason.starts_with("deployment web: maxUnavailable resolves to 2 of 3 replicas")
-                && reason.contains("at least 3 (100%)"),
+                && reason.contains("unless maxUnavailable is at least 3."),
             "{reason}"
         );
     }
@@ -254,7 +275,7 @@ mod tests {
             let deployment: Deployment = serde_yaml::from_value(value).unwrap();
             let replicas = deployment.spec.replicas.unwrap_or(1);
             let strategy = Strategy::of(&deployment.spec);
-            assert_eq!(stall_reason(&deployment), None);
+            assert_eq!(stall_reason(&deployment, false), None);
             let modelled = Rollout::new(replicas, strategy, false).run();
             assert!(modelled.completed(), "{modelled:?}");
             found += 1;
@@ -282,6 +303,37 @@ mod tests {
             rollout_completes(zero, 1, true),
             "one replica: the new pod leads, the old one goes"
         );
+    }
+
+    /// Issue 16: the operator's check applies the rule for leases that
+    /// prefer Newest: maxUnavailable 2 of 3 passes, and maxSurge 1 /
+    /// maxUnavailable 0 still stalls, saying what would do.
+    #[test]
+    fn a_lease_preferring_newest_is_checked_by_the_moving_rule() {
+        let two = deployment(3, json!({"rollingUpdate": {"maxUnavailable": 2, "maxSurge": 1}}));
+        assert!(stall_reason(&two, false).is_some());
+        assert_eq!(stall_reason(&two, true), None);
+        assert!(Rollout::new(3, Strategy::of(&two.spec), true).run().completed());
+        let surge_only = deployment(3, json!({"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}));
+        let reason = stall_reason(&surge_only, true).unwrap();
+        assert!(
+            reason.contains("prefers Newest") && reason.contains("unless maxUnavailable is at least 2."),
+            "{reason}"
+        );
+        assert!(!Rollout::new(3, Strategy::of(&surge_only.spec), true).run().completed());
+        let lease = |prefer: &str| -> crate::api::DistributedLease {
+            serde_json::from_value(json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "web", "namespace": "prod"},
+                "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                         "selector": {"matchLabels": {"app": "web"}}, "leadership": {"prefer": prefer}}
+            }))
+            .unwrap()
+        };
+        assert!(leader_moves_to_new(&crate::api::validate(&lease("Newest")).unwrap()));
+        for other in ["None", "Oldest"] {
+            assert!(!leader_moves_to_new(&crate::api::validate(&lease(other)).unwrap()));
+        }
     }
 
     #[test]

@@ -70,6 +70,11 @@ pub enum Error {
     Kube(#[from] ::kube::Error),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
+    #[error(
+        "leadership prefers {0:?}, which needs the sidecar's watch of its peer pods; leasehold run records \
+         --revision/--version and honours the version fence only: run it as the sidecar, or prefer None"
+    )]
+    PreferNeedsSidecar(crate::lease::Prefer),
     #[error("cannot find this executable to start the watchdog")]
     Exe(#[source] std::io::Error),
     #[error("signals")]
@@ -104,6 +109,9 @@ pub async fn run(args: Args) -> Result<i32> {
     };
     let settings = config::resolve(&args.election, kube.clone()).await?;
     let grace = grace_period(&settings.timing, args.grace_period)?;
+    if settings.versions.prefer != crate::lease::Prefer::None {
+        return Err(Error::PreferNeedsSidecar(settings.versions.prefer));
+    }
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
     let store = crate::sidecar::connect(&settings.store, args.election.create_table).await?;
     if args.election.create_table {
@@ -121,7 +129,8 @@ pub async fn run(args: Args) -> Result<i32> {
         received,
         args.election.token_file.clone(),
     );
-    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);
+    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing)
+        .with_version(settings.version.clone(), settings.versions.fence);
     let transitions = elector.transitions();
     let work = runner.clone();
     let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx| work.clone().lead(ctx));

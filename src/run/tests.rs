@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::launch::{Launcher, Supervised};
 use super::watchdog::{Heartbeat, ProcessGroup, supervise};
 use super::*;
-use crate::lease::{ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, StoreError, Timing};
+use crate::lease::{Claim, ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, StoreError, Timing};
 use crate::store::MemoryStore;
 
 const LOCK: &str = "run-test";
@@ -205,9 +205,9 @@ impl LeaseStore for Cuttable {
         self.check()?;
         self.store.observe(lock).await
     }
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
         self.check()?;
-        self.store.acquire(lock, holder, lease).await
+        self.store.acquire_as(lock, claim, lease).await
     }
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.check()?;

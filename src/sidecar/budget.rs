@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::advise::Latencies;
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, Grant, LeaseStore, Observation, Timing};
+use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, Timing};
 
 /// Renewal p99 above this share of R − P puts the timing at risk.
 pub const AT_RISK_SHARE: f64 = 0.25;
@@ -143,8 +143,8 @@ impl LeaseStore for RenewBudget {
         self.store.observe(lock).await
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
-        self.store.acquire(lock, holder, lease).await
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
+        self.store.acquire_as(lock, claim, lease).await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {

@@ -10,7 +10,7 @@ use kube::Api;
 use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
 use crate::lease::timing::parse_duration_flag;
-use crate::lease::{Identity, Timing, validate_lock_name};
+use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
 use crate::store::redis::RedisConfig;
@@ -36,6 +36,7 @@ pub struct ElectionArgs {
         env = interface::ENV_LEASE,
         conflicts_with_all = [
             "store", "database", "table", "store_url", "lock", "lease_duration", "renew_deadline", "retry_period",
+            "prefer", "version_fence",
         ],
     )]
     pub lease: Option<String>,
@@ -89,6 +90,20 @@ pub struct ElectionArgs {
     /// Write holder, term and token as JSON here, replaced atomically.
     #[arg(long, env = interface::ENV_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
+    /// This candidate's version, for people [inside Kubernetes, default: the
+    /// pod's pod-template-hash and app image].
+    #[arg(long, env = interface::ENV_VERSION)]
+    pub version: Option<String>,
+    /// The number versions are ordered by, higher is newer [inside
+    /// Kubernetes, default: the ReplicaSet's deployment.kubernetes.io/revision].
+    #[arg(long, env = interface::ENV_REVISION)]
+    pub revision: Option<u64>,
+    /// Standalone: which version leads: none, newest or oldest [default: none].
+    #[arg(long, env = "LEASEHOLD_PREFER")]
+    pub prefer: Option<crate::lease::Prefer>,
+    /// Standalone: once a revision has led, never let a lower one lead.
+    #[arg(long, env = "LEASEHOLD_VERSION_FENCE")]
+    pub version_fence: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -308,6 +323,26 @@ pub struct Settings {
     pub store: StoreChoice,
     pub publishing: Publishing,
     pub pod: Option<PodRef>,
+    /// The version from the flags; inside Kubernetes the sidecar completes
+    /// it from the pod ([`super::versions`]).
+    pub version: Option<Version>,
+    pub versions: VersionPolicy,
+}
+
+/// The version the flags give: `--revision` orders it, `--version` names it.
+/// A name without a revision cannot be ordered: outside Kubernetes, where
+/// no ReplicaSet can supply one, that is an error naming the flags.
+pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
+    match (args.revision, &args.version) {
+        (Some(revision), name) => Ok(Some(Version {
+            revision,
+            name: name.clone().unwrap_or_default(),
+        })),
+        (None, Some(name)) if !args.kubernetes() => Err(Error::Config(format!(
+            "--version {name:?} needs --revision (LEASEHOLD_REVISION): the number versions are ordered by"
+        ))),
+        (None, _) => Ok(None),
+    }
 }
 
 /// Checks the flags and, with --lease, reads the resource.
@@ -357,6 +392,8 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                     candidate_labels: Default::default(),
                 },
                 pod: Some(pod.clone()),
+                version: flag_version(args)?,
+                versions: valid.versions,
             })
         }
         None => {
@@ -380,6 +417,11 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 timing,
                 store,
                 pod,
+                version: flag_version(args)?,
+                versions: VersionPolicy {
+                    prefer: args.prefer.unwrap_or_default(),
+                    fence: args.version_fence,
+                },
             })
         }
     }

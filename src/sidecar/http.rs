@@ -49,6 +49,13 @@ pub struct LeaderView {
     /// The last store error while following (e.g. unreachable since start),
     /// with what to fix.
     pub store_error: Option<String>,
+    /// This candidate's version (`<name> (revision <n>)`), when it has one.
+    pub version: Option<String>,
+    /// The version the store records for the holder (or the last holder).
+    pub holder_version: Option<String>,
+    /// Why this candidate does not campaign for another version's sake, or
+    /// why the version fence keeps it a follower.
+    pub version_hold: Option<String>,
 }
 
 impl LeaderView {
@@ -71,6 +78,12 @@ impl LeaderView {
             store_error: match &state.change {
                 crate::lease::Change::StoreError(e) => Some(e.clone()),
                 _ => None,
+            },
+            version: state.version.as_ref().map(ToString::to_string),
+            holder_version: state.holder_version.as_ref().map(ToString::to_string),
+            version_hold: match &state.change {
+                crate::lease::Change::Fenced(why) => Some(why.clone()),
+                _ => state.standing_aside.clone(),
             },
         }
     }

@@ -25,6 +25,11 @@ pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 /// R − P; the operator gathers it into the lease's `TimingAtRisk`.
 pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 
+/// `--version`: this candidate's version, for people.
+pub const ENV_VERSION: &str = "LEASEHOLD_VERSION";
+/// `--revision`: the number versions are ordered by.
+pub const ENV_REVISION: &str = "LEASEHOLD_REVISION";
+
 /// The local HTTP API's port (on 127.0.0.1).
 pub const DEFAULT_HTTP_PORT: u16 = 4040;
 /// The metrics port (on 0.0.0.0, so Prometheus can scrape it). Every

@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::lease::{FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
+use crate::lease::{Claim, FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
@@ -182,8 +182,8 @@ impl LeaseStore for MeteredStore {
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
         self.measure("observe", self.inner.observe(lock)).await
     }
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
-        self.measure("acquire", self.inner.acquire(lock, holder, lease)).await
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        self.measure("acquire", self.inner.acquire_as(lock, claim, lease)).await
     }
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.measure("renew", self.inner.renew(lock, holder, token, lease))

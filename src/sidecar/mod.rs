@@ -22,6 +22,7 @@ pub mod rbac;
 pub mod starting;
 pub mod timing_risk;
 pub mod token_file;
+pub mod versions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,7 +98,18 @@ pub async fn run(args: Args) -> Result<()> {
     let http = bind(args.http_addr).await?;
     let metrics_listener = bind(args.metrics_addr).await?;
 
-    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing);
+    let version = match (&kube, &settings.pod) {
+        (Some(client), Some(pod)) => {
+            let pods = ::kube::Api::namespaced(client.clone(), &pod.namespace);
+            let mut revisions = versions::Revisions::new(::kube::Api::namespaced(client.clone(), &pod.namespace));
+            let flags = settings.version.clone();
+            versions::own_version(&pods, &mut revisions, &pod.name, args.app_container.as_deref(), flags).await
+        }
+        _ => settings.version.clone(),
+    };
+    info!(version = ?version, policy = ?settings.versions, "version");
+    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing)
+        .with_version(version.clone(), settings.versions.fence);
     let transitions = elector.transitions();
     // Leader work here is the drain window: when stepping down on purpose
     // (SIGTERM, the app turned unhealthy) the main container sees 503 first
@@ -137,6 +149,22 @@ pub async fn run(args: Args) -> Result<()> {
     }
     if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
         tokio::spawn(timing_risk::publish(client, pod, verdicts));
+    }
+    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone())
+        && settings.versions.prefer != crate::lease::Prefer::None
+    {
+        tokio::spawn(versions::follow_peers(
+            ::kube::Api::namespaced(client.clone(), &pod.namespace),
+            versions::Revisions::new(::kube::Api::namespaced(client, &pod.namespace)),
+            versions::Candidate {
+                me: pod.name,
+                selector: settings.publishing.selector.clone(),
+                app_container: args.app_container.clone(),
+                mine: version,
+                prefer: settings.versions.prefer,
+            },
+            handle.control(),
+        ));
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());

@@ -38,6 +38,14 @@ pub const RULES: &[Rule] = &[
         verbs: &["get", "list", "watch"],
         resource_names: &[],
     },
+    // Versions (issue 16): the revision of a candidate's ReplicaSet, which
+    // orders versions; read once per ReplicaSet.
+    Rule {
+        api_group: "apps",
+        resources: &["replicasets"],
+        verbs: &["get"],
+        resource_names: &[],
+    },
 ];
 
 /// Whether the sidecar's Role allows a request, for the wire-level tests.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::lease::{FencingToken, Grant, LeaseStore, StoreError};
+use crate::lease::{Claim, FencingToken, Grant, LeaseStore, StoreError, Version};
 
 pub mod sessions;
 
@@ -249,6 +249,118 @@ pub async fn tls_checks_the_certificate(trusting: &dyn LeaseStore, distrusting: 
     );
 }
 
+fn version(revision: u64) -> Version {
+    Version {
+        revision,
+        name: format!("hash{revision}/app:v{revision}"),
+    }
+}
+
+/// Acquires `lock` for `holder` at `revision` (none: unversioned), with or without the fence.
+async fn acquire_at(
+    store: &dyn LeaseStore,
+    lock: &str,
+    holder: &str,
+    revision: Option<u64>,
+    fence: bool,
+) -> Result<Grant, StoreError> {
+    let version = revision.map(version);
+    let claim = Claim {
+        holder,
+        version: version.as_ref(),
+        fence,
+    };
+    store.acquire_as(lock, &claim, LEASE).await
+}
+
+/// Issue 16: the row records the version of whoever acquired it, keeps it
+/// on release (as it keeps the term), and replaces it at the next
+/// acquisition; an unversioned acquisition records none.
+pub async fn the_holders_version_is_recorded_and_kept_on_release(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let recorded = |lock: &'static str| {
+        let store = store.clone();
+        async move { store.observe(lock).await.unwrap().record.unwrap().version }
+    };
+    let grant = acquire_at(&*store, "versions", "a", Some(7), false).await.unwrap();
+    assert_eq!(recorded("versions").await, Some(version(7)));
+    store.release("versions", "a", grant.token).await.unwrap();
+    assert_eq!(recorded("versions").await, Some(version(7)), "kept on release");
+    let grant = acquire_at(&*store, "versions", "b", Some(3), false).await.unwrap();
+    assert_eq!(
+        recorded("versions").await,
+        Some(version(3)),
+        "without the fence, any version may follow"
+    );
+    store.release("versions", "b", grant.token).await.unwrap();
+    store.acquire("versions", "c", LEASE).await.unwrap();
+    assert_eq!(recorded("versions").await, None, "an unversioned holder records none");
+}
+
+/// Issue 16: with the fence, a lower revision (or none) cannot acquire once
+/// a higher one has led, judged in the acquiring transaction: of older and
+/// newer candidates racing for the free lease, only a newer one can win.
+pub async fn the_version_fence_refuses_older_revisions_in_the_acquire(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let grant = acquire_at(&*store, "fence", "new", Some(2), true).await.unwrap();
+    store.release("fence", "new", grant.token).await.unwrap();
+    for (revision, who) in [(Some(1), "older"), (None, "unversioned")] {
+        let refused = acquire_at(&*store, "fence", who, revision, true).await;
+        let Err(StoreError::Lost { reason, .. }) = &refused else {
+            panic!("{who} must be refused as lost: {refused:?}");
+        };
+        assert!(reason.contains("version fence"), "{who}: {reason}");
+    }
+    assert_eq!(
+        store.observe("fence").await.unwrap().live_holder(),
+        None,
+        "nothing taken"
+    );
+    // The fence is the acquirer's to ask for: without it an older one may lead.
+    let older = acquire_at(&*store, "fence", "older", Some(1), false).await.unwrap();
+    store.release("fence", "older", older.token).await.unwrap();
+    let same = acquire_at(&*store, "fence", "same", Some(1), true).await.unwrap();
+    store.release("fence", "same", same.token).await.unwrap();
+    let newest = acquire_at(&*store, "fence", "newest", Some(5), true).await.unwrap();
+    store.release("fence", "newest", newest.token).await.unwrap();
+
+    let racers = (0..8).map(|i| {
+        let store = store.clone();
+        let revision = if i % 2 == 0 { 4 } else { 6 };
+        tokio::spawn(async move {
+            let holder = format!("racer-{i}-r{revision}");
+            (
+                revision,
+                acquire_at(&*store, "fence", &holder, Some(revision), true).await,
+            )
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|r| r.expect("join"))
+        .collect();
+    for (revision, result) in &results {
+        // Any failure but "invalid" is a loser's (the Spanner emulator
+        // aborts concurrent transactions, sometimes at the commit).
+        assert!(
+            !matches!(result, Err(StoreError::Invalid { .. })) && (*revision == 6 || result.is_err()),
+            "revision {revision}: {result:?} (4 must never pass the fence at 5)"
+        );
+    }
+    let winners = results.iter().filter(|(_, r)| r.is_ok()).count();
+    assert!(winners <= 1, "{results:?}");
+    let row = store.observe("fence").await.unwrap().record.unwrap();
+    let want = if row.holder.is_some() { 6 } else { 5 };
+    assert_eq!(row.version, Some(version(want)), "only revision 6 may take it");
+    assert!(
+        winners == 0 || row.holder.is_some(),
+        "a winner holds the lease: {results:?}"
+    );
+}
+
 /// S4: a store whose server cannot be reached answers observe and acquire
 /// promptly with `Unavailable`: nothing was sent, so nothing happened.
 pub async fn an_unreachable_server_is_unavailable_promptly(store: &dyn LeaseStore) {
@@ -321,6 +433,14 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn expiry_is_judged_by_the_store_clock() {
             suite::expiry_is_judged_by_the_store_clock(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn the_holders_version_is_recorded_and_kept_on_release() {
+            suite::the_holders_version_is_recorded_and_kept_on_release(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn the_version_fence_refuses_older_revisions_in_the_acquire() {
+            suite::the_version_fence_refuses_older_revisions_in_the_acquire(&$make.await).await;
         }
         #[tokio::test]
         async fn unknown_outcome_is_not_success() {

@@ -26,7 +26,7 @@ pub(crate) use session::SessionFlaw;
 
 use crate::lease::store::Result;
 use crate::lease::{
-    FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
+    Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
     validate_lock_name,
 };
 
@@ -75,6 +75,8 @@ pub struct Acquisition {
     pub term: u64,
     pub holder: String,
     pub token: Option<FencingToken>,
+    /// The revision the acquirer recorded, if any.
+    pub revision: Option<u64>,
     pub at: Instant,
 }
 
@@ -308,6 +310,7 @@ impl MemoryStore {
                             term: row.term,
                             holder: row.holder.clone().unwrap_or_default(),
                             token: row.token,
+                            revision: row.version.as_ref().map(|v| v.revision),
                             at: Instant::now(),
                         });
                     }
@@ -352,7 +355,7 @@ fn checked_row(row: &LeaseRecord) -> Result<&LeaseRecord> {
 /// simulation's mutants call it with a stale row or a wrong token.
 pub(crate) fn grant(
     lock: &str,
-    holder: &str,
+    claim: &Claim<'_>,
     lease: Duration,
     row: Option<&LeaseRecord>,
     commit: StoreTime,
@@ -364,6 +367,12 @@ pub(crate) fn grant(
             reason: format!("held by {current}"),
         });
     }
+    if let Some(reason) = claim.fenced_by(row.and_then(|r| r.version.as_ref())) {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason,
+        });
+    }
     let term = row.map_or(0, |r| r.term) + 1;
     let grant = Grant {
         term,
@@ -372,11 +381,12 @@ pub(crate) fn grant(
     };
     let row = LeaseRecord {
         name: lock.to_string(),
-        holder: Some(holder.to_string()),
+        holder: Some(claim.holder.to_string()),
         term,
         token: Some(token),
         renewed_at: Some(commit),
         lease_duration: lease,
+        version: claim.version.cloned(),
     };
     Ok((Some(row), grant))
 }
@@ -430,10 +440,10 @@ impl LeaseStore for MemoryStore {
         Ok(observation)
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         checked_lease(lease)?;
         self.transact(lock, |row, commit| {
-            grant(lock, holder, lease, row, commit, FencingToken(commit.0))
+            grant(lock, claim, lease, row, commit, FencingToken(commit.0))
         })
         .await
     }

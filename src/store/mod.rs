@@ -16,6 +16,7 @@ pub mod tls;
 use std::time::Duration;
 
 pub use crate::lease::store::{LeaseStore, Result, StoreError};
+use crate::lease::{Claim, Version};
 pub use memory::{Faults, MemoryStore};
 
 /// FNV-1a 64 of the lock name, mod 1024: the leading primary-key column of
@@ -28,6 +29,34 @@ pub fn shard_of(name: &str) -> i64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     (hash % 1024) as i64
+}
+
+/// The recorded version, from the SQL stores' `revision` and `version`
+/// columns: none without a revision; a negative revision is
+/// refused, never read as some other order.
+pub(crate) fn version_from_row(lock: &str, revision: Option<i64>, name: Option<&str>) -> Result<Option<Version>> {
+    let Some(revision) = revision else { return Ok(None) };
+    let revision = u64::try_from(revision).map_err(|_| {
+        StoreError::invalid(format!(
+            "row {lock:?} holds revision = {revision}; revisions are never negative: correct the row"
+        ))
+    })?;
+    Ok(Some(Version {
+        revision,
+        name: name.unwrap_or_default().to_string(),
+    }))
+}
+
+/// A claim's version as the row's columns: (revision, version name).
+pub(crate) fn version_columns(claim: &Claim<'_>) -> Result<(Option<i64>, Option<String>)> {
+    match claim.version {
+        None => Ok((None, None)),
+        Some(v) => {
+            let revision = i64::try_from(v.revision)
+                .map_err(|_| StoreError::invalid(format!("revision {} does not fit INT64", v.revision)))?;
+            Ok((Some(revision), Some(v.name.clone())))
+        }
+    }
 }
 
 /// The one rule for table names in SQL text (they cannot be parameters): a

@@ -49,9 +49,9 @@ use tokio_postgres::{NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{debug, info};
 
-use super::{StoreUrl, lease_from_millis, shard_of, term_from_row, tls};
+use super::{StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
 /// Where the lease table lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +137,8 @@ struct Queries {
     release: String,
     create_sequence: String,
     create_table: String,
+    /// Adds the columns leasehold added after the table's first release.
+    upgrade_table: String,
 }
 
 impl Queries {
@@ -145,17 +147,23 @@ impl Queries {
         Queries {
             // The LEFT JOIN returns the server's clock even when the row is absent.
             observe: format!(
-                "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms \
+                "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
+                 t.version \
                  FROM (SELECT 1) AS clock LEFT JOIN {table} AS t ON t.shard = $1 AND t.name = $2"
             ),
             // Absent: insert term 1. Present: take it only when free or
-            // expired by the server's clock, judged under the row lock.
+            // expired by the server's clock, and the version fence allows
+            // (`Claim::fenced_by`: no fence, nothing recorded, or $6 at least
+            // the recorded revision; a NULL $6 compares as NULL, so refused),
+            // judged under the row lock.
             acquire: format!(
-                "INSERT INTO {table} AS t (shard, name, holder, term, token, renewed_at, lease_ms) \
-                 VALUES ($1, $2, $3, 1, nextval('{sequence}'), clock_timestamp(), $4) \
+                "INSERT INTO {table} AS t (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
+                 VALUES ($1, $2, $3, 1, nextval('{sequence}'), clock_timestamp(), $4, $6, $7) \
                  ON CONFLICT (shard, name) DO UPDATE SET holder = excluded.holder, term = t.term + 1, \
-                 token = nextval('{sequence}'), renewed_at = clock_timestamp(), lease_ms = excluded.lease_ms \
-                 WHERE t.holder IS NULL OR t.renewed_at + t.lease_ms * INTERVAL '1 millisecond' < clock_timestamp() \
+                 token = nextval('{sequence}'), renewed_at = clock_timestamp(), lease_ms = excluded.lease_ms, \
+                 revision = excluded.revision, version = excluded.version \
+                 WHERE (t.holder IS NULL OR t.renewed_at + t.lease_ms * INTERVAL '1 millisecond' < clock_timestamp()) \
+                 AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
                  RETURNING t.term, t.token, t.renewed_at"
             ),
             renew: format!(
@@ -171,7 +179,12 @@ impl Queries {
             create_table: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\n  shard BIGINT NOT NULL,\n  name TEXT NOT NULL,\n  \
                  holder TEXT,\n  term BIGINT NOT NULL,\n  token BIGINT NOT NULL,\n  \
-                 renewed_at TIMESTAMPTZ NOT NULL,\n  lease_ms BIGINT NOT NULL,\n  PRIMARY KEY (shard, name)\n)"
+                 renewed_at TIMESTAMPTZ NOT NULL,\n  lease_ms BIGINT NOT NULL,\n  revision BIGINT,\n  version TEXT,\n  \
+                 PRIMARY KEY (shard, name)\n)"
+            ),
+            // Nullable: existing rows read as "no version recorded".
+            upgrade_table: format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS revision BIGINT, ADD COLUMN IF NOT EXISTS version TEXT"
             ),
         }
     }
@@ -240,6 +253,9 @@ fn classify(what: &str, error: tokio_postgres::Error, effect: Effect) -> StoreEr
             || code.code().starts_with("42");
         let hint = if *code == SqlState::UNDEFINED_TABLE {
             " (run ensure_schema: --create-table, or let the operator create it)"
+        } else if *code == SqlState::UNDEFINED_COLUMN {
+            " (the table predates a column this leasehold needs: run ensure_schema, --create-table or the \
+             operator, to add it)"
         } else {
             ""
         };
@@ -374,6 +390,8 @@ impl PostgresStore {
                 let token: i64 = row.try_get("token").map_err(get)?;
                 let renewed_at: SystemTime = row.try_get("renewed_at").map_err(get)?;
                 let lease_ms: i64 = row.try_get("lease_ms").map_err(get)?;
+                let revision: Option<i64> = row.try_get("revision").map_err(get)?;
+                let version: Option<String> = row.try_get("version").map_err(get)?;
                 Some(LeaseRecord {
                     name: lock.to_string(),
                     holder: row.try_get("holder").map_err(get)?,
@@ -381,6 +399,7 @@ impl PostgresStore {
                     token: Some(FencingToken(token)),
                     renewed_at: Some(store_time(renewed_at)),
                     lease_duration: lease_from_millis("lease_ms", lock, lease_ms)?,
+                    version: version_from_row(lock, revision, version.as_deref())?,
                 })
             }
         };
@@ -419,7 +438,12 @@ impl LeaseStore for PostgresStore {
             .try_get("now_ns")
             .map_err(|e| bad_reply(&what, e))?;
         let create_sequence = format!("{}{now_ns}", self.queries.create_sequence);
-        for sql in [create_sequence.as_str(), self.queries.create_table.as_str()] {
+        let sql = [
+            create_sequence.as_str(),
+            self.queries.create_table.as_str(),
+            self.queries.upgrade_table.as_str(),
+        ];
+        for sql in sql {
             // DDL is idempotent (IF NOT EXISTS); a lost reply is retried by the next call.
             self.run(&what, sql, &[], Effect::Read).await?;
         }
@@ -438,20 +462,29 @@ impl LeaseStore for PostgresStore {
         Self::read_observation(&what, lock, row)
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         let what = format!("acquire {lock}");
+        let (revision, version) = version_columns(claim)?;
         let rows = self
             .run(
                 &what,
                 &self.queries.acquire,
-                &[&shard_of(lock), &lock, &holder, &lease_ms(lease)?],
+                &[
+                    &shard_of(lock),
+                    &lock,
+                    &claim.holder,
+                    &lease_ms(lease)?,
+                    &claim.fence,
+                    &revision,
+                    &version,
+                ],
                 Effect::Write,
             )
             .await?;
         let Some(row) = rows.first() else {
             return Err(StoreError::Lost {
                 lock: lock.to_string(),
-                reason: "held by an unexpired lease".into(),
+                reason: "held by an unexpired lease, or refused by the version fence".into(),
             });
         };
         let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;

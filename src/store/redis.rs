@@ -67,7 +67,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKin
 
 use super::{StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version};
 
 /// Where the leases live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,11 +88,24 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const NOW_US: &str = "local clock = redis.call('TIME')\n\
                       local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])\n";
 
-/// KEYS: lease, fence. ARGV: holder, lease_ms.
-/// Returns {0, holder} when held, {1, term, token, now_us} when taken.
+/// KEYS: lease, fence. ARGV: holder, lease_ms, fence ("1" or "0"),
+/// revision ("" for none), version name.
+/// Returns {0, holder} when held, {2, revision, version} when the version
+/// fence refuses (`Claim::fenced_by`: a missing or lower revision once one is
+/// recorded), {1, term, token, now_us} when taken. The fence key keeps the
+/// taker's revision and version, so they outlive the lease key.
 const ACQUIRE: &str = "
 local current = redis.call('HGET', KEYS[1], 'holder')
 if current then return {0, current} end
+local recorded = redis.call('HMGET', KEYS[2], 'revision', 'version')
+if ARGV[3] == '1' and recorded[1] and (ARGV[4] == '' or tonumber(ARGV[4]) < tonumber(recorded[1])) then
+  return {2, recorded[1], recorded[2] or ''}
+end
+if ARGV[4] == '' then
+  redis.call('HDEL', KEYS[2], 'revision', 'version')
+else
+  redis.call('HSET', KEYS[2], 'revision', ARGV[4], 'version', ARGV[5])
+end
 local term = redis.call('HINCRBY', KEYS[2], 'term', 1)
 local last = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
 local token = math.max(last + 1, now_us)
@@ -124,11 +137,12 @@ return 1
 ";
 
 /// KEYS: lease, fence. Returns {now_us, holder, token, term, renewed_us,
-/// lease_ms, fence_term, fence_token, fence_lease_ms}, absent fields nil.
+/// lease_ms, fence_term, fence_token, fence_lease_ms, revision, version},
+/// absent fields nil.
 const OBSERVE: &str = "
 local lease = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
-local fence = redis.call('HMGET', KEYS[2], 'term', 'token', 'lease_ms')
-return {now_us, lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3]}
+local fence = redis.call('HMGET', KEYS[2], 'term', 'token', 'lease_ms', 'revision', 'version')
+return {now_us, lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5]}
 ";
 
 struct Scripts {
@@ -413,6 +427,13 @@ impl LeaseStore for RedisStore {
             .await?;
         let field = |i: usize| reply.get(i).unwrap_or(&Value::Nil);
         let now = int(field(0)).map(micros).ok_or_else(|| bad_reply(&what, &reply))?;
+        let version = match int(field(9)) {
+            None => None,
+            Some(revision) => Some(Version {
+                revision: u64::try_from(revision).map_err(|_| bad_reply(&what, &reply))?,
+                name: text(field(10)).unwrap_or_default(),
+            }),
+        };
         let record = match (text(field(1)), int(field(6))) {
             // A live lease: the lease key still exists.
             (Some(holder), _) => Some(LeaseRecord {
@@ -422,6 +443,7 @@ impl LeaseStore for RedisStore {
                 token: int(field(2)).map(FencingToken),
                 renewed_at: int(field(4)).map(micros),
                 lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(5))?)?,
+                version: version.clone(),
             }),
             // Released or expired: the fence keeps the last term and token.
             (None, Some(term)) => Some(LeaseRecord {
@@ -431,15 +453,20 @@ impl LeaseStore for RedisStore {
                 token: int(field(7)).map(FencingToken),
                 renewed_at: None,
                 lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(8))?)?,
+                version,
             }),
             (None, None) => None,
         };
         Ok(Observation { record, now })
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         let what = format!("acquire {lock}");
-        let args = [holder.to_string(), lease_ms(lease)?];
+        let (revision, name) = claim.version.map_or((String::new(), String::new()), |v| {
+            (v.revision.to_string(), v.name.clone())
+        });
+        let fence = if claim.fence { "1" } else { "0" };
+        let args = [claim.holder.to_string(), lease_ms(lease)?, fence.into(), revision, name];
         let reply = self
             .invoke_array(&what, &self.scripts.acquire, &self.keys(lock), &args, Effect::Write)
             .await?;
@@ -458,6 +485,21 @@ impl LeaseStore for RedisStore {
                 lock: lock.to_string(),
                 reason: format!("held by {}", text(current).unwrap_or_default()),
             }),
+            [fenced, revision, name] if int(fenced) == Some(2) => {
+                let recorded = int(revision)
+                    .and_then(|r| u64::try_from(r).ok())
+                    .map(|revision| Version {
+                        revision,
+                        name: text(name).unwrap_or_default(),
+                    })
+                    .ok_or_else(|| bad_reply(&what, &reply))?;
+                Err(StoreError::Lost {
+                    lock: lock.to_string(),
+                    reason: claim
+                        .fenced_by(Some(&recorded))
+                        .unwrap_or_else(|| format!("version fence: {recorded} has led")),
+                })
+            }
             _ => Err(bad_reply(&what, &reply)),
         }
     }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses its own share of these
 
+pub mod rollout;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};

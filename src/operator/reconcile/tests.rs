@@ -647,3 +647,61 @@ async fn an_unreadable_store_secret_shows_in_store_ready() {
         assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));
     }
 }
+
+/// Issue 16: status shows the leader's recorded version and revision, and a
+/// move to another version is an Event (a Warning when it went to a lower
+/// revision, which only a lease without the fence allows).
+#[tokio::test]
+async fn a_new_leader_version_shows_in_status_and_as_an_event() {
+    let fixture = fixture();
+    let new = crate::lease::Version {
+        revision: 3,
+        name: "7d9f/web:3".into(),
+    };
+    let claim = crate::lease::Claim {
+        holder: "prod/web-7d9f-a#n",
+        version: Some(&new),
+        fence: true,
+    };
+    fixture
+        .store
+        .acquire_as("prod/web", &claim, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let old = json!({"holder": "prod/web-5c4b-a#m", "term": 0, "transitions": 0, "conditions": [],
+                     "leaderVersion": "5c4b/web:2 (revision 2)", "leaderRevision": 2});
+    let resource = lease(json!({}), &[FINALIZER], Some(old));
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-7d9f-a", Some("true"), true)]).await;
+        expect_event(server, "Normal", "HolderChanged", "prod/web-7d9f-a#n").await;
+        expect_event(
+            server,
+            "Normal",
+            "LeaderVersionChanged",
+            "moved from 5c4b/web:2 (revision 2) to 7d9f/web:3 (revision 3)",
+        )
+        .await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["leaderVersion"], json!("7d9f/web:3 (revision 3)"));
+        assert_eq!(status["leaderRevision"], json!(3));
+    })
+    .await;
+    result.unwrap();
+}
+
+#[test]
+fn a_move_to_a_lower_revision_is_a_warning_and_the_first_sighting_no_move() {
+    use crate::api::DistributedLeaseStatus;
+    let at = |term: Option<u64>, revision: u64| DistributedLeaseStatus {
+        term,
+        leader_version: Some(format!("r{revision}")),
+        leader_revision: Some(revision),
+        ..Default::default()
+    };
+    let (kind, note) = version_move(&at(Some(4), 3), &at(Some(5), 2), "l").unwrap();
+    assert_eq!(kind, EventType::Warning);
+    assert_eq!(note, "leadership of lock l moved from r3 to r2, an older revision");
+    assert_eq!(version_move(&at(None, 1), &at(Some(1), 2), "l"), None);
+    assert_eq!(version_move(&at(Some(1), 2), &at(Some(2), 2), "l"), None);
+}

@@ -61,9 +61,9 @@ use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use google_cloud_wkt::Timestamp;
 use tracing::{info, warn};
 
-use super::{lease_from_millis, shard_of, term_from_row};
+use super::{lease_from_millis, shard_of, term_from_row, version_columns, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
 /// Where the lease table lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +178,12 @@ struct Queries {
 const FREE_OR_EXPIRED: &str = "(holder IS NULL OR renewed_at IS NULL \
      OR (lease_ms > 0 AND TIMESTAMP_DIFF(CURRENT_TIMESTAMP(), renewed_at, MILLISECOND) > lease_ms))";
 
+/// [`Claim::fenced_by`] in SQL, judged under the row lock: no fence, no
+/// version recorded, or the claim's revision at least the recorded one. A
+/// claim without a revision (`@revision` NULL) compares as NULL, so it is
+/// refused once a revision is recorded.
+const FENCE_ALLOWS: &str = "(NOT @fence OR revision IS NULL OR revision <= @revision)";
+
 impl Queries {
     fn new(table: &str) -> Self {
         let key = "shard = @shard AND name = @name";
@@ -186,23 +192,26 @@ impl Queries {
             table: table.to_string(),
             // The LEFT JOIN returns the store's clock even when the row is absent.
             read: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, CURRENT_TIMESTAMP() AS now \
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
+                 CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
             ),
             read_for_acquire: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, f.term AS floor, CURRENT_TIMESTAMP() AS now \
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, f.term AS floor, \
+                 CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock \
                  LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name \
                  LEFT JOIN {table} AS f ON f.shard = @shard AND f.name = @floor"
             ),
             take: format!(
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
-                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms \
-                 WHERE {key} AND {FREE_OR_EXPIRED} THEN RETURN term"
+                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
+                 version = @version WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} THEN RETURN term"
             ),
             insert: format!(
-                "INSERT INTO {table} (shard, name, holder, term, token, renewed_at, lease_ms) \
-                 VALUES (@shard, @name, @holder, @term, PENDING_COMMIT_TIMESTAMP(), PENDING_COMMIT_TIMESTAMP(), @lease_ms)"
+                "INSERT INTO {table} (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
+                 VALUES (@shard, @name, @holder, @term, PENDING_COMMIT_TIMESTAMP(), PENDING_COMMIT_TIMESTAMP(), \
+                 @lease_ms, @revision, @version)"
             ),
             renew: format!(
                 "UPDATE {table} SET renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms \
@@ -409,6 +418,8 @@ struct RawRow {
     token: Option<Timestamp>,
     renewed_at: Option<Timestamp>,
     lease_ms: Option<i64>,
+    revision: Option<i64>,
+    version: Option<String>,
     /// The term floor, when the query reads it.
     floor: Option<i64>,
     now: Timestamp,
@@ -428,6 +439,8 @@ impl RawRow {
             token: row.get("token")?,
             renewed_at: row.get("renewed_at")?,
             lease_ms: row.get("lease_ms")?,
+            revision: row.get("revision")?,
+            version: row.get("version")?,
             floor: if with_floor { row.get("floor")? } else { None },
             now: row.get("now")?,
         })
@@ -444,6 +457,7 @@ impl RawRow {
                 token: self.token.as_ref().map(|t| FencingToken(timestamp_to_store(t).0)),
                 renewed_at: self.renewed_at.as_ref().map(timestamp_to_store),
                 lease_duration: lease_from_millis("lease_ms", lock, self.lease_ms.unwrap_or(0))?,
+                version: version_from_row(lock, self.revision, self.version.as_deref())?,
             }),
         };
         Ok(Observation {
@@ -606,37 +620,49 @@ impl SpannerStore {
             })
     }
 
-    /// Checks the table, creating it first when it is missing and `create`
-    /// says so. A concurrent schema change (another replica creating the
+    /// Checks the table, creating it first when it is missing, or adding
+    /// the columns newer leasehold versions need, when `create` says so. A concurrent schema change (another replica creating the
     /// same table) is waited out, then the table is looked at again.
     async fn prepare_schema(&self, client: &DatabaseClient, create: bool) -> Result<()> {
         let (table, database) = (&self.config.table, &self.config.database);
         let give_up = tokio::time::Instant::now() + SCHEMA_WAIT;
         loop {
             let columns = self.columns(client).await?;
-            if !columns.is_empty() {
-                schema::check(table, &columns)
-                    .map_err(|e| StoreError::invalid(format!("the lease table in {database}")).caused_by(e))?;
-                self.schema_checked.store(true, Ordering::SeqCst);
-                return Ok(());
-            }
-            if !create {
-                return Err(StoreError::invalid(format!(
-                    "table {table} does not exist in {database}: {TABLE_MISSING_FIX}"
-                )));
-            }
+            let ddl = if columns.is_empty() {
+                if !create {
+                    return Err(StoreError::invalid(format!(
+                        "table {table} does not exist in {database}: {TABLE_MISSING_FIX}"
+                    )));
+                }
+                info!(%database, %table, "creating the lease table");
+                vec![schema::create_table(table)]
+            } else {
+                // A table from an older leasehold gains the columns added since.
+                let upgrades = if create {
+                    schema::upgrades(table, &columns)
+                } else {
+                    Vec::new()
+                };
+                if upgrades.is_empty() {
+                    schema::check(table, &columns)
+                        .map_err(|e| StoreError::invalid(format!("the lease table in {database}")).caused_by(e))?;
+                    self.schema_checked.store(true, Ordering::SeqCst);
+                    return Ok(());
+                }
+                info!(%database, %table, ?upgrades, "upgrading the lease table");
+                upgrades
+            };
             if tokio::time::Instant::now() >= give_up {
                 return Err(StoreError::unavailable(format!(
-                    "table {table} is still missing in {database} after {SCHEMA_WAIT:?} of concurrent schema changes"
+                    "table {table} is still not ready in {database} after {SCHEMA_WAIT:?} of concurrent schema changes"
                 )));
             }
-            info!(%database, %table, "creating the lease table");
             let created = self
                 .admin()
                 .await?
                 .update_database_ddl()
                 .set_database(database.clone())
-                .set_statements([schema::create_table(table)])
+                .set_statements(ddl)
                 .poller()
                 .until_done()
                 .await;
@@ -646,11 +672,16 @@ impl SpannerStore {
                     let text = e.to_string();
                     if text.contains("concurrent schema change") {
                         // Someone else is changing the schema, most likely
-                        // creating this very table: wait, then look again.
+                        // creating or upgrading this very table: wait, then look again.
                         info!(%database, %table, "a concurrent schema change is running; waiting for it");
                         tokio::time::sleep(SCHEMA_POLL).await;
                     } else if !(text.contains("Duplicate name in schema") || text.contains("already exists")) {
-                        return Err(classify(format!("creating table {table}"), e, false, &self.config));
+                        return Err(classify(
+                            format!("creating or upgrading table {table}"),
+                            e,
+                            false,
+                            &self.config,
+                        ));
                     }
                 }
             }
@@ -795,18 +826,24 @@ impl LeaseStore for SpannerStore {
         .await
     }
 
-    async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         check_lock(lock)?;
         let lease_ms = lease_to_millis("lease duration", lease)?;
-        let (queries, lock_name, holder) = (self.queries.clone(), lock.to_string(), holder.to_string());
+        let (revision, version) = version_columns(claim)?;
+        let (fence, recorded) = (claim.fence, claim.version.cloned());
+        let (queries, lock_name, holder) = (self.queries.clone(), lock.to_string(), claim.holder.to_string());
         let (term, committed_at) = self
             .transact("acquire", lock, move |tx, refusal| {
                 let (queries, lock, holder) = (queries.clone(), lock_name.clone(), holder.clone());
+                let (version, recorded) = (version.clone(), recorded.clone());
                 async move {
-                    // Free or expired: taken in this one statement.
+                    // Free or expired, and the fence allows: taken in this one statement.
                     let take = keyed(&queries.take, &lock)
                         .add_param("holder", holder.as_str())
                         .add_param("lease_ms", lease_ms)
+                        .add_param("revision", revision)
+                        .add_param("version", version.clone())
+                        .add_param("fence", fence)
                         .build();
                     let term = match returned_term(tx.execute_query(take).await?).await? {
                         Some(term) => term,
@@ -821,9 +858,16 @@ impl LeaseStore for SpannerStore {
                                     Ok(observed) => observed,
                                     Err(invalid) => return refusal.refuse(invalid),
                                 };
-                                let reason = match observed.live_holder() {
-                                    Some(current) => format!("held by {current}"),
-                                    None => "not yet expired by the store's clock".to_string(),
+                                let claim = Claim {
+                                    holder: &holder,
+                                    version: recorded.as_ref(),
+                                    fence,
+                                };
+                                let fenced = claim.fenced_by(observed.record.as_ref().and_then(|r| r.version.as_ref()));
+                                let reason = match (observed.live_holder(), fenced) {
+                                    (Some(current), _) => format!("held by {current}"),
+                                    (None, Some(fenced)) => fenced,
+                                    (None, None) => "not yet expired by the store's clock".to_string(),
                                 };
                                 return refusal.refuse(lost(&lock, reason));
                             }
@@ -836,6 +880,8 @@ impl LeaseStore for SpannerStore {
                                 .add_param("holder", holder.as_str())
                                 .add_param("term", term)
                                 .add_param("lease_ms", lease_ms)
+                                .add_param("revision", revision)
+                                .add_param("version", version)
                                 .build();
                             tx.execute_update(insert).await?;
                             term

@@ -14,7 +14,7 @@ enum CommitTimestamp {
 
 /// Every column the store reads or writes: name, type (a `STRING` of any
 /// length will do) and whether it holds commit timestamps.
-const COLUMNS: [(&str, &str, CommitTimestamp); 7] = [
+const COLUMNS: [(&str, &str, CommitTimestamp); 9] = [
     ("shard", "INT64", CommitTimestamp::No),
     ("name", "STRING", CommitTimestamp::No),
     ("holder", "STRING", CommitTimestamp::No),
@@ -22,15 +22,34 @@ const COLUMNS: [(&str, &str, CommitTimestamp); 7] = [
     ("token", "TIMESTAMP", CommitTimestamp::Required),
     ("renewed_at", "TIMESTAMP", CommitTimestamp::Required),
     ("lease_ms", "INT64", CommitTimestamp::No),
+    ("revision", "INT64", CommitTimestamp::No),
+    ("version", "STRING", CommitTimestamp::No),
 ];
+
+/// The columns leasehold added after the table's first release (the
+/// version of the last holder, issue 16), with the DDL type `ensure_schema`
+/// adds them with to a table created before: nullable, so existing rows
+/// read as "no version recorded".
+const ADDED_COLUMNS: [(&str, &str); 2] = [("revision", "INT64"), ("version", "STRING(MAX)")];
+
+/// The `ALTER TABLE` statements that bring a table created by an older
+/// leasehold up to date: one per added column it lacks (none when current,
+/// so running it again changes nothing).
+pub(super) fn upgrades(table: &str, found: &[Column]) -> Vec<String> {
+    ADDED_COLUMNS
+        .iter()
+        .filter(|(column, _)| !found.iter().any(|c| c.name.eq_ignore_ascii_case(column)))
+        .map(|(column, ddl_type)| format!("ALTER TABLE {table} ADD COLUMN {column} {ddl_type}"))
+        .collect()
+}
 
 /// The DDL that creates the lease table.
 pub(super) fn create_table(table: &str) -> String {
     format!(
         "CREATE TABLE {table} (\n  shard INT64 NOT NULL,\n  name STRING(MAX) NOT NULL,\n  holder STRING(MAX),\n  \
          term INT64 NOT NULL,\n  token TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  \
-         renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  lease_ms INT64 NOT NULL,\n\
-         ) PRIMARY KEY (shard, name)"
+         renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  lease_ms INT64 NOT NULL,\n  \
+         revision INT64,\n  version STRING(MAX),\n) PRIMARY KEY (shard, name)"
     )
 }
 
@@ -56,7 +75,7 @@ pub(super) struct Column {
 pub enum SchemaError {
     #[error(
         "table {table} has no column {column} {want}: add it (ALTER TABLE {table} ADD COLUMN {column} {want}), \
-         or drop the table and let --create-table or the operator create it"
+         or let --create-table or the operator (ensure-schema) upgrade the table"
     )]
     MissingColumn {
         table: String,
@@ -147,13 +166,34 @@ mod tests {
     }
 
     #[test]
+    fn a_table_from_before_versions_is_refused_until_upgraded_once() {
+        let mut old = good();
+        old.retain(|c| c.name != "revision" && c.name != "version");
+        assert!(
+            check("t", &old)
+                .unwrap_err()
+                .to_string()
+                .starts_with("table t has no column revision INT64"),
+            "a store without the column says so instead of answering without it"
+        );
+        assert_eq!(
+            upgrades("t", &old),
+            [
+                "ALTER TABLE t ADD COLUMN revision INT64",
+                "ALTER TABLE t ADD COLUMN version STRING(MAX)"
+            ]
+        );
+        assert!(upgrades("t", &good()).is_empty(), "idempotent: nothing left to add");
+    }
+
+    #[test]
     fn each_unworkable_schema_names_the_fix() {
         let mut missing = good();
         missing.retain(|c| c.name != "lease_ms");
         assert_eq!(
             check("t", &missing).unwrap_err().to_string(),
-            "table t has no column lease_ms INT64: add it (ALTER TABLE t ADD COLUMN lease_ms INT64), or drop the \
-             table and let --create-table or the operator create it"
+            "table t has no column lease_ms INT64: add it (ALTER TABLE t ADD COLUMN lease_ms INT64), or let \
+             --create-table or the operator (ensure-schema) upgrade the table"
         );
         let mut wrong = good();
         wrong[3].spanner_type = "STRING(MAX)".into();

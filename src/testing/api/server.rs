@@ -154,6 +154,16 @@ impl ApiServer {
         state.record_change(collection, previous, Some(object));
     }
 
+    /// Removes `name` from `collection` as a completed delete would.
+    pub fn delete(&self, collection: &str, name: &str) {
+        let mut state = self.lock();
+        let previous = state.objects.get_mut(collection).and_then(|c| c.remove(name));
+        if previous.is_some() {
+            state.rv += 1;
+            state.record_change(collection, previous, None);
+        }
+    }
+
     pub fn get(&self, collection: &str, name: &str) -> Option<Value> {
         self.lock().objects.get(collection).and_then(|c| c.get(name)).cloned()
     }

@@ -1,0 +1,409 @@
+//! Versions inside Kubernetes (issue 16): what version a candidate pod runs,
+//! read from the pod itself, and the peer watch that makes a candidate
+//! stand aside while a healthy candidate of the version the lease prefers
+//! is live.
+//!
+//! A pod's version is ordered by its ReplicaSet's
+//! `deployment.kubernetes.io/revision` annotation (see `lease::version` for
+//! why), and named by its `pod-template-hash` label and the app container's
+//! image. `LEASEHOLD_REVISION` and `LEASEHOLD_VERSION` set as literal env
+//! values on a container of the pod spec override both, for the pod itself
+//! and for every peer reading it. Peers are read, never written: the
+//! sidecar's admission policy lets it change only the leader label.
+
+use std::collections::{BTreeMap, HashMap};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tracing::{debug, info, warn};
+
+use super::interface::{ENV_REVISION, ENV_VERSION};
+use crate::lease::{ElectorControl, Prefer, Version};
+
+/// Set by the Deployment controller on each ReplicaSet it makes current
+/// (kubernetes `pkg/controller/deployment/util/deployment_util.go`,
+/// `RevisionAnnotation = "deployment.kubernetes.io/revision"`).
+pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
+/// The label the Deployment controller puts on its ReplicaSets' pods
+/// (`apps/v1` `DefaultDeploymentUniqueLabelKey`).
+pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+
+fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()))
+}
+
+/// A literal env value any container of the pod sets.
+fn env_value<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    containers(pod)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == key)
+        .and_then(|e| e.value.as_deref())
+}
+
+/// The ReplicaSet that controls the pod, if one does.
+pub fn owning_replica_set(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "ReplicaSet" && o.controller == Some(true))
+        .map(|o| o.name.as_str())
+}
+
+/// `<pod-template-hash>/<image of the app container>`, leaving out what is
+/// absent; the first container stands for the app when none is named.
+fn default_name(pod: &Pod, app_container: Option<&str>) -> String {
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(TEMPLATE_HASH_LABEL))
+        .cloned();
+    let app = pod.spec.as_ref().and_then(|spec| match app_container {
+        Some(name) => spec.containers.iter().find(|c| c.name == name),
+        None => spec.containers.first(),
+    });
+    let image = app.and_then(|c| c.image.clone());
+    [hash, image].into_iter().flatten().collect::<Vec<_>>().join("/")
+}
+
+/// The version `pod` runs: the explicit env values when set, else its
+/// ReplicaSet's revision (`revision_of` looks it up) and its default name.
+/// `None` when no revision can be found: such a candidate is unversioned.
+pub fn pod_version(
+    pod: &Pod,
+    app_container: Option<&str>,
+    revision_of: impl FnOnce(&str) -> Option<u64>,
+) -> Option<Version> {
+    let explicit = env_value(pod, ENV_REVISION).and_then(|r| r.trim().parse().ok());
+    let revision = explicit.or_else(|| owning_replica_set(pod).and_then(revision_of))?;
+    let name = env_value(pod, ENV_VERSION)
+        .map(str::to_string)
+        .unwrap_or_else(|| default_name(pod, app_container));
+    Some(Version { revision, name })
+}
+
+/// A peer that can lead: not being deleted, and its app healthy (the app
+/// container ready, or all containers ready when none is named). Readiness
+/// of the whole pod is not used: with the readiness gate only the leader is Ready.
+fn healthy(pod: &Pod, app_container: Option<&str>) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let Some(status) = &pod.status else { return false };
+    match app_container {
+        Some(name) => status
+            .container_statuses
+            .iter()
+            .flatten()
+            .any(|c| c.name == name && c.ready),
+        None => status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "ContainersReady" && c.status == "True"),
+    }
+}
+
+/// ReplicaSet revisions, read once per ReplicaSet. A rollback makes an old
+/// ReplicaSet current with a new revision; its pods created after that read
+/// the new one, earlier ones keep what they read.
+pub struct Revisions {
+    api: Api<ReplicaSet>,
+    known: HashMap<String, Option<u64>>,
+}
+
+impl Revisions {
+    pub fn new(api: Api<ReplicaSet>) -> Self {
+        Revisions {
+            api,
+            known: HashMap::new(),
+        }
+    }
+
+    /// The revision of ReplicaSet `name`; `None` when it has none or cannot
+    /// be read (retried at the next call).
+    pub async fn of(&mut self, name: &str) -> Option<u64> {
+        if let Some(known) = self.known.get(name) {
+            return *known;
+        }
+        match self.api.get_opt(name).await {
+            Ok(found) => {
+                let revision = found
+                    .as_ref()
+                    .and_then(|rs| rs.metadata.annotations.as_ref())
+                    .and_then(|a| a.get(REVISION_ANNOTATION))
+                    .and_then(|r| r.parse().ok());
+                self.known.insert(name.to_string(), revision);
+                revision
+            }
+            Err(e) => {
+                warn!(replicaset = %name, error = %e, "cannot read the ReplicaSet's revision");
+                None
+            }
+        }
+    }
+
+    /// [`pod_version`], looking the revision up.
+    pub async fn version_of(&mut self, pod: &Pod, app_container: Option<&str>) -> Option<Version> {
+        let revision = match owning_replica_set(pod) {
+            Some(rs) if env_value(pod, ENV_REVISION).is_none() => self.of(rs).await,
+            _ => None,
+        };
+        pod_version(pod, app_container, |_| revision)
+    }
+}
+
+/// This candidate's version inside Kubernetes: what the flags give,
+/// completed from its own pod (the revision from its ReplicaSet, the name
+/// from its hash and image). Unversioned, with a warning, when no revision
+/// can be found after a few tries.
+pub async fn own_version(
+    pods: &Api<Pod>,
+    revisions: &mut Revisions,
+    me: &str,
+    app_container: Option<&str>,
+    flags: Option<Version>,
+) -> Option<Version> {
+    if let Some(flags) = flags.as_ref().filter(|v| !v.name.is_empty()) {
+        return Some(flags.clone());
+    }
+    use backon::BackoffBuilder;
+    let mut backoff = super::capped_backoff().build();
+    for _attempt in 0..5 {
+        match pods.get(me).await {
+            Ok(pod) => {
+                let found = revisions.version_of(&pod, app_container).await;
+                let version = match (flags, found) {
+                    (Some(flags), _) => Some(Version {
+                        revision: flags.revision,
+                        name: default_name(&pod, app_container),
+                    }),
+                    (None, found) => found,
+                };
+                if version.is_none() {
+                    warn!(
+                        pod = %me,
+                        "no version: the pod has no ReplicaSet with a {REVISION_ANNOTATION} annotation and no \
+                         --revision; campaigning unversioned"
+                    );
+                }
+                return version;
+            }
+            Err(e) => {
+                let delay = backoff.next().unwrap_or(super::BACKOFF_CAP);
+                warn!(pod = %me, error = %e, retry_in = ?delay, "cannot read our pod for its version");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+    warn!(pod = %me, "could not read our pod for its version; campaigning unversioned");
+    None
+}
+
+/// Who follows its peers, and by which rule.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Our pod's name.
+    pub me: String,
+    /// The candidate pods, as a label selector.
+    pub selector: String,
+    pub app_container: Option<String>,
+    pub mine: Option<Version>,
+    pub prefer: Prefer,
+}
+
+/// Watches the lock's candidate pods and tells the elector to stand aside
+/// while a healthy candidate of the preferred version is live, and to
+/// campaign again when none is. Runs until the watch stream ends.
+pub async fn follow_peers(pods: Api<Pod>, mut revisions: Revisions, candidate: Candidate, control: ElectorControl) {
+    let Candidate {
+        me,
+        selector,
+        app_container,
+        mine,
+        prefer,
+    } = candidate;
+    let config = watcher::Config::default().labels(&selector);
+    let events = watcher::watcher(pods, config).backoff(super::publish::watch_backoff());
+    let mut events = std::pin::pin!(events);
+    let mut peers: BTreeMap<String, Pod> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<String, Pod>> = None;
+    let mut standing: Option<String> = None;
+    while let Some(event) = events.next().await {
+        let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+        match event {
+            Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(pod)) => {
+                listing.get_or_insert_default().insert(name(&pod), pod);
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => peers = listing.take().unwrap_or_default(),
+            Ok(watcher::Event::Apply(pod)) => {
+                peers.insert(name(&pod), pod);
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                peers.remove(&name(&pod));
+            }
+            Err(e) => {
+                debug!(error = %e, "the candidates' watch failed; it retries with backoff");
+                continue;
+            }
+        }
+        let mut live = Vec::new();
+        for (peer, pod) in peers.iter().filter(|(n, _)| **n != me) {
+            if healthy(pod, app_container.as_deref()) {
+                live.push((peer.clone(), revisions.version_of(pod, app_container.as_deref()).await));
+            }
+        }
+        let why = prefer.stand_aside_for(mine.as_ref(), live.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
+        if why != standing {
+            match &why {
+                Some(why) => info!(%why, "standing aside"),
+                None => info!("no candidate of a preferred version is live; campaigning"),
+            }
+            control.stand_aside(why.clone());
+            standing = why;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(env: serde_json::Value, ready: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "web-7d9f-abcde",
+                "labels": {"pod-template-hash": "7d9f"},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f",
+                    "uid": "u", "controller": true
+                }]
+            },
+            "spec": {"containers": [
+                {"name": "app", "image": "registry/web:2.1"},
+                {"name": "leasehold", "image": "leasehold:1", "env": env}
+            ]},
+            "status": {
+                "conditions": [{"type": "ContainersReady", "status": if ready { "True" } else { "False" }}],
+                "containerStatuses": [{
+                    "name": "app", "ready": ready, "restartCount": 0, "image": "i", "imageID": "i"
+                }]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pods_version_is_its_replica_sets_revision_and_its_hash_and_image() {
+        let p = pod(json!([]), true);
+        let version = pod_version(&p, Some("app"), |rs| (rs == "web-7d9f").then_some(4)).unwrap();
+        assert_eq!(
+            version,
+            Version {
+                revision: 4,
+                name: "7d9f/registry/web:2.1".into()
+            }
+        );
+        assert_eq!(pod_version(&p, None, |_| None), None, "no revision, no version");
+        let explicit = pod(
+            json!([{"name": "LEASEHOLD_REVISION", "value": "12"}, {"name": "LEASEHOLD_VERSION", "value": "v1.12.0"}]),
+            true,
+        );
+        let version = pod_version(&explicit, Some("app"), |_| panic!("explicit wins")).unwrap();
+        assert_eq!((version.revision, version.name.as_str()), (12, "v1.12.0"));
+    }
+
+    /// A rollout seen through the (model) API server: the old leader stands
+    /// aside, naming the newer pod, only once that pod's app is ready, and
+    /// campaigns again when the newer pod goes; every request is one the
+    /// sidecar's Role grants.
+    #[tokio::test(start_paused = true)]
+    async fn an_old_leader_stands_aside_while_a_ready_newer_candidate_is_live() {
+        use crate::testing::api::{ApiServer, pods};
+        use std::sync::Arc;
+        use std::time::Duration;
+        let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
+        let replicasets = "/apis/apps/v1/namespaces/prod/replicasets";
+        for (rs, revision) in [("web-old", "1"), ("web-new", "2")] {
+            api.insert(
+                replicasets,
+                json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "metadata": {"name": rs, "namespace": "prod", "annotations": {REVISION_ANNOTATION: revision}}}),
+            );
+        }
+        let candidate = |name: &str, rs: &str, ready: bool| {
+            let mut pod = pods::pod(name, "prod", json!({"app": "web", "pod-template-hash": rs}), None);
+            pod["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": rs, "controller": true}]);
+            pod["status"]["containerStatuses"] =
+                json!([{"name": "app", "ready": ready, "restartCount": 0, "image": "i", "imageID": "i"}]);
+            pod
+        };
+        api.insert(&pods::collection("prod"), candidate("web-old-a", "web-old", true));
+        api.insert(&pods::collection("prod"), candidate("web-old-b", "web-old", true));
+        let store = crate::store::MemoryStore::new(1);
+        let mine = Version {
+            revision: 1,
+            name: "web-old".into(),
+        };
+        let elector = crate::lease::Elector::new(
+            "web",
+            crate::lease::Identity::with_nonce("web-old-a", "1"),
+            crate::lease::Timing::default(),
+        )
+        .with_version(Some(mine.clone()), true);
+        let handle = elector.spawn(Arc::new(store), tokio_util::sync::CancellationToken::new());
+        let mut state = handle.subscribe();
+        state.wait_for(|s| s.leader).await.unwrap();
+        let pods_api: Api<Pod> = Api::namespaced(api.client("prod"), "prod");
+        tokio::spawn(follow_peers(
+            pods_api,
+            Revisions::new(Api::namespaced(api.client("prod"), "prod")),
+            Candidate {
+                me: "web-old-a".into(),
+                selector: "app=web".into(),
+                app_container: Some("app".into()),
+                mine: Some(mine),
+                prefer: Prefer::Newest,
+            },
+            handle.control(),
+        ));
+        api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", false));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            handle.state().leader,
+            "a newer pod whose app is not ready changes nothing"
+        );
+        api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", true));
+        let stood = state.wait_for(|s| !s.leader && !s.campaigning).await.unwrap().clone();
+        let why = stood.standing_aside.unwrap();
+        assert_eq!(
+            why,
+            "the lease prefers Newest and web-new-a runs newer web-new (revision 2), and is healthy"
+        );
+        api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", false));
+        state.wait_for(|s| s.campaigning).await.unwrap();
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    }
+
+    #[test]
+    fn a_peer_counts_while_its_app_is_ready_and_it_is_not_being_deleted() {
+        assert!(healthy(&pod(json!([]), true), Some("app")));
+        assert!(healthy(&pod(json!([]), true), None));
+        assert!(!healthy(&pod(json!([]), false), Some("app")));
+        let mut going = pod(json!([]), true);
+        going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert!(!healthy(&going, Some("app")));
+    }
+}

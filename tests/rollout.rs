@@ -1,0 +1,46 @@
+//! Issue 16: a Deployment rollout of three candidates (maxSurge 1 /
+//! maxUnavailable 0, the app-health source on) with real electors,
+//! publishers and peer watches on the API server model and a memory store,
+//! on paused time (`support::rollout`). With `Newest` leadership moves once,
+//! to the new version; with the fence it never moves back; `None` is the
+//! baseline the issue describes.
+
+mod support;
+
+use std::time::Duration;
+
+use leasehold::lease::Prefer;
+use support::rollout::{STORE_LATENCY, TIMING, rollout};
+
+#[tokio::test(start_paused = true)]
+async fn newest_hands_over_once_and_never_backwards() {
+    let outcome = rollout(3, Prefer::Newest, true).await;
+    println!("Newest + fence: {outcome:?}");
+    assert_eq!(outcome.handovers, 1, "{outcome:?}");
+    assert_eq!(outcome.backwards, 0, "{outcome:?}");
+    assert_eq!(outcome.revisions.last(), Some(&Some(2)), "{outcome:?}");
+    // One graceful handover: the label turns false when the old leader stops
+    // claiming, before its release commits, so the nudged follower may find
+    // the lease still held and acquire at its next poll: at most P with
+    // jitter 0.2, plus three store round trips (release, observe, acquire)
+    // and the 10 ms sampling step.
+    let bound = TIMING.2.mul_f64(1.2) + STORE_LATENCY * 6 + Duration::from_millis(10);
+    assert!(outcome.leaderless <= bound, "{outcome:?}, bound {bound:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn oldest_keeps_the_old_version_until_none_is_left() {
+    let outcome = rollout(3, Prefer::Oldest, false).await;
+    println!("Oldest: {outcome:?}");
+    let moves_to_new = outcome.revisions.windows(2).filter(|w| w[1] > w[0]).count();
+    assert_eq!(moves_to_new, 1, "once, when the last old pod goes: {outcome:?}");
+    assert_eq!(outcome.revisions.last(), Some(&Some(2)), "{outcome:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn none_moves_leadership_with_every_old_leader_replaced() {
+    let outcome = rollout(3, Prefer::None, false).await;
+    println!("None: {outcome:?}");
+    assert!(outcome.handovers >= 1, "{outcome:?}");
+    assert_eq!(outcome.revisions.last(), Some(&Some(2)), "{outcome:?}");
+}
