@@ -15,8 +15,12 @@ scripts/setup-servers.sh
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches
-# The library example needs nothing but the lease core and the memory store.
+# The library example needs nothing but the lease core and the memory store;
+# the core builds warning-free alone and with one SQL or Redis store.
 cargo check --no-default-features --example library
+for store in "" postgres redis; do
+  cargo clippy -q --no-default-features --features "$store" --lib -- -D warnings
+done
 # The many-locks example checks its own outcome (every key one owner, higher tokens).
 cargo run -q --no-default-features --example many-locks
 # One emulator for the whole run (each test makes databases of its own);

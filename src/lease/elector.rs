@@ -121,6 +121,7 @@ impl LeaderContext {
 /// A deliberate safety bug, for the simulation's mutants only: the checker
 /// must catch each. Crate-private, so no user of the library can set one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
 pub(crate) enum Flaw {
     /// deadline = reply + R instead of send + R.
     DeadlineFromReply,
@@ -323,6 +324,7 @@ impl Elector {
     }
 
     /// The simulation's task wrapper and mutant flaw.
+    #[cfg(feature = "simulate")]
     pub(crate) fn with_sim_hooks(mut self, hooks: SimHooks) -> Self {
         self.sim = hooks;
         self

@@ -16,6 +16,7 @@ pub mod tls;
 use std::time::Duration;
 
 pub use crate::lease::store::{LeaseStore, Result, StoreError};
+#[cfg(any(feature = "postgres", feature = "spanner"))]
 use crate::lease::{Claim, Version};
 pub use memory::{Faults, MemoryStore};
 
@@ -34,6 +35,7 @@ pub fn shard_of(name: &str) -> i64 {
 /// The recorded version, from the SQL stores' `revision` and `version`
 /// columns: none without a revision; a negative revision is
 /// refused, never read as some other order.
+#[cfg(any(feature = "postgres", feature = "spanner"))]
 pub(crate) fn version_from_row(lock: &str, revision: Option<i64>, name: Option<&str>) -> Result<Option<Version>> {
     let Some(revision) = revision else { return Ok(None) };
     let revision = u64::try_from(revision).map_err(|_| {
@@ -48,6 +50,7 @@ pub(crate) fn version_from_row(lock: &str, revision: Option<i64>, name: Option<&
 }
 
 /// A claim's version as the row's columns: (revision, version name).
+#[cfg(any(feature = "postgres", feature = "spanner"))]
 pub(crate) fn version_columns(claim: &Claim<'_>) -> Result<(Option<i64>, Option<String>)> {
     match claim.version {
         None => Ok((None, None)),
