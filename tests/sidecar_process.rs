@@ -247,3 +247,62 @@ fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
     // The elector retries at its backoff, capped at P.
     leads_within(&mut sidecar, P * 2 + Duration::from_secs(5));
 }
+
+/// Issue 16, the version fence across whole processes on the emulator: once
+/// revision 2 has led, revision 1 candidates find the lease free after its
+/// graceful exit and stay followers, saying why on /leader, for longer than
+/// a crash failover would take (D + P, plus a second for process scheduling
+/// on a loaded machine); a revision 2 candidate then leads.
+#[test]
+fn behind_the_version_fence_an_older_revision_stays_a_follower() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let emulator = leasehold::testing::Emulator::start_or_connect();
+    let (config, _) = runtime.block_on(lease_database(&emulator));
+    let lock = "fence";
+    let start = |name: &str, revision: u64| {
+        let proxy = runtime.block_on(leasehold::testing::TcpProxy::start(emulator.host.parse().unwrap()));
+        let flags = [
+            "--revision".to_string(),
+            revision.to_string(),
+            "--version".into(),
+            format!("app:{revision}"),
+            "--version-fence".into(),
+        ];
+        Sidecar::start(name, &emulator, &config, proxy, lock, &flags)
+    };
+    let new = start("new-0", 2);
+    wait_for_one_leader(&[&new], Duration::from_secs(20)).expect("revision 2 leads");
+    let (_, view) = new.leader().unwrap();
+    assert_eq!(view["version"], "app:2 (revision 2)", "{view}");
+    assert_eq!(view["holderVersion"], "app:2 (revision 2)", "{view}");
+    let old = [start("old-0", 1), start("old-1", 1)];
+    new.signal("TERM");
+    let termed = Instant::now();
+    let held_off = D + P + Duration::from_secs(1);
+    while termed.elapsed() < held_off {
+        for sidecar in &old {
+            if let Some((status, view)) = sidecar.leader() {
+                assert_eq!(status, 503, "{} leads behind the fence: {view}", sidecar.name);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for sidecar in &old {
+        let (_, view) = sidecar.leader().unwrap();
+        let hold = view["versionHold"].as_str().unwrap_or_default();
+        assert!(
+            hold.contains("version fence: app:2 (revision 2) has led, and app:1 (revision 1) is older"),
+            "{}: {view}",
+            sidecar.name
+        );
+    }
+    let newer = start("new-1", 2);
+    let mut all: Vec<&Sidecar> = old.iter().collect();
+    all.push(&newer);
+    let leader = wait_for_one_leader(&all, D + P + Duration::from_secs(5)).expect("revision 2 leads again");
+    assert_eq!(all[leader].name, "new-1");
+}

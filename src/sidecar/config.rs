@@ -492,6 +492,50 @@ mod tests {
         resolve(&cli.args.election, None).await
     }
 
+    /// Issue 16: standalone, the version flags become the candidate's version
+    /// and policy; a name without a revision cannot be ordered and is refused
+    /// naming the flags; a bad preference names the accepted values.
+    #[tokio::test]
+    async fn version_flags_are_read_and_a_name_without_a_revision_is_refused() {
+        let base = ["--lock", "l", "--store", "memory", "--kubernetes", "false"];
+        let with = |extra: &[&'static str]| base.iter().chain(extra).copied().collect::<Vec<_>>();
+        let plain = settings(&base).await.unwrap();
+        assert_eq!((plain.version, plain.versions), (None, VersionPolicy::default()));
+        let versioned = settings(&with(&[
+            "--revision",
+            "7",
+            "--version",
+            "v7",
+            "--prefer",
+            "newest",
+            "--version-fence",
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(
+            versioned.version,
+            Some(Version {
+                revision: 7,
+                name: "v7".into()
+            })
+        );
+        assert_eq!(versioned.versions.prefer, crate::lease::Prefer::Newest);
+        assert!(versioned.versions.fence);
+        let err = settings(&with(&["--version", "v7"])).await.unwrap_err().to_string();
+        assert!(
+            err.starts_with("--version \"v7\" needs --revision (LEASEHOLD_REVISION)"),
+            "{err}"
+        );
+        let refused = Cli::try_parse_from(["sidecar", "--prefer", "latest"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            refused.contains("is not a leadership preference: use None, Newest or Oldest"),
+            "{refused}"
+        );
+    }
+
     #[tokio::test]
     async fn standalone_settings_need_a_lock_and_a_store_and_agree_with_each_other() {
         let cases: &[(&[&str], &str)] = &[
