@@ -17,8 +17,7 @@ use tracing::debug;
 use crate::lease::{Change, LeaderState};
 
 /// Waits until the elector has heard from the store (start-up is over),
-/// then `settle` more, then pages out the executable's read-only pages and
-/// trims the heap.
+/// then `settle` more, then pages out the executable's read-only pages.
 pub async fn release_start_up_pages(mut state: watch::Receiver<LeaderState>, settle: Duration) {
     let heard = state
         .wait_for(|s| matches!(s.change, Change::Observed | Change::Acquired | Change::Renewed))
@@ -32,19 +31,7 @@ pub async fn release_start_up_pages(mut state: watch::Receiver<LeaderState>, set
         Ok(bytes) => debug!(bytes, "start-up pages of the executable handed back to the kernel"),
         Err(e) => debug!(error = %e, "could not hand start-up pages back to the kernel"),
     }
-    trim_heap();
 }
-
-/// Returns the heap that start-up freed to the kernel (glibc keeps it
-/// otherwise).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_heap() {
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe { libc::malloc_trim(0) };
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
 
 /// The executable's clean, read-only mappings (code, and read-only data at
 /// the file's start) as (start, length) from `maps` (the format of
