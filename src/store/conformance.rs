@@ -164,7 +164,10 @@ pub async fn tokens_strictly_increase(target: &dyn Target, terms: u64) {
 pub async fn expiry_is_judged_by_the_store_clock(target: &dyn Target) {
     let store = target.store();
     store.ensure_schema().await.expect("ensure_schema");
-    let short = Duration::from_millis(1500);
+    // Long enough that the observe and the second acquire below commit
+    // before it ends even on an emulator busy with other tests' transactions
+    // (1.5 s was not, once).
+    let short = Duration::from_secs(4);
     let grant = store.acquire("expiry", "a", short).await.expect("acquire");
     let observed = store.observe("expiry").await.expect("observe");
     let end = observed
