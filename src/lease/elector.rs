@@ -679,9 +679,7 @@ impl Running {
             self.hurry = None;
             return None;
         };
-        let gap = hurry
-            .gap
-            .map_or(round_trip.max(Duration::from_millis(1)), |g| g * 2);
+        let gap = hurry.gap.map_or(round_trip.max(Duration::from_millis(1)), |g| g * 2);
         hurry.gap = Some(gap);
         Some(gap)
     }
