@@ -393,3 +393,40 @@ async fn a_leader_standing_aside_hands_over_once() {
     old.control().stand_aside(None);
     until(&old, |s| s.campaigning).await;
 }
+
+/// Issue 16: a stand-aside handover is as fast as a release. The old
+/// leader's pod label turns "false" when it stops claiming, before its
+/// release commits, so the follower nudged by that label can find the lease
+/// still held; it then re-observes after one store round trip (doubling)
+/// instead of at its next poll. Here the nudge comes 1 ms before the stand
+/// aside, so the first look surely misses the release.
+#[tokio::test(start_paused = true)]
+async fn a_follower_nudged_before_the_release_commits_leads_within_round_trips() {
+    let store = MemoryStore::new(5);
+    let latency = Duration::from_millis(5);
+    store.set_faults(Faults {
+        latency,
+        ..Faults::default()
+    });
+    let round_trip = latency * 2;
+    let shutdown = CancellationToken::new();
+    let old = versioned("old", 1, false, &store, &shutdown);
+    until(&old, |s| s.leader).await;
+    let new = versioned("new", 2, false, &store, &shutdown);
+    // Mid-poll: the new candidate saw the lease held and sleeps up to P.
+    tokio::time::sleep(timing().retry_period * 5 / 2).await;
+    assert!(!new.state().leader && new.state().holder.is_some());
+    let nudged = Instant::now();
+    new.nudge();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    old.control().stand_aside(Some("newer version is live".into()));
+    until(&new, |s| s.leader).await;
+    let took = nudged.elapsed();
+    // The observation the release outran, a one-round-trip gap, the
+    // observation that finds it free and the acquire: 4 round trips; one
+    // more as margin. P is 1 s, so a follower that waited its poll fails.
+    let bound = round_trip * 5;
+    assert!(took <= bound, "led {took:?} after the nudge; bound {bound:?}");
+    assert!(bound < timing().retry_period / 10);
+    assert_eq!(store.acquisitions().len(), 2, "one handover");
+}

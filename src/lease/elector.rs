@@ -297,8 +297,26 @@ struct Running {
     timing_updates: watch::Receiver<Timing>,
     nudge: Arc<Notify>,
     jitter: Jitter,
+    /// Quick re-polls after a nudge; see [`Hurry`].
+    hurry: Option<Hurry>,
     /// In a mutex only to make `Running` Sync; it is never contended.
     work: std::sync::Mutex<Work>,
+}
+
+/// After a nudge (the holder's pod says it stopped claiming) a follower
+/// that still finds the lease held re-observes quickly for one retry period
+/// instead of waiting a whole poll: the holder stops claiming (and its
+/// label turns) before its release commits, so the first look after the
+/// nudge can miss the release by about a store round trip. The gap starts
+/// at the round trip just measured and doubles, so one nudge costs at most
+/// about log2(P / round trip) extra observations. Only the observation is
+/// hurried: the lease is still taken only by the store's check-and-set
+/// when it is seen free or expired. Keeping the label "true" until the
+/// release commits instead would publish a claim the leader no longer makes.
+#[derive(Debug, Clone, Copy)]
+struct Hurry {
+    until: Instant,
+    gap: Option<Duration>,
 }
 
 /// How a term ended.
@@ -404,6 +422,7 @@ impl Elector {
             timing_updates: timing_rx,
             nudge: nudge.clone(),
             jitter,
+            hurry: None,
             work: std::sync::Mutex::new(Box::new(move |ctx| Box::pin(work(ctx)))),
         };
         let task = sim.spawn(running.run());
@@ -523,7 +542,9 @@ impl Running {
         let timing = self.timing();
         let lock = self.elector.lock.clone();
         let me = self.me();
+        let asked = now();
         let observed = self.bounded(self.store.observe(&lock)).await?;
+        let round_trip = now().saturating_duration_since(asked);
         let claim = Claim {
             holder: &me,
             version: self.elector.version.as_ref(),
@@ -563,7 +584,9 @@ impl Running {
                 let until_expiry = observed
                     .remaining()
                     .map(|r| self.jitter.apply(r + Duration::from_millis(1)));
-                self.wait(until_expiry.map_or(poll, |e| e.min(poll))).await;
+                let wait = until_expiry.map_or(poll, |e| e.min(poll));
+                let wait = self.hurried(round_trip).map_or(wait, |gap| gap.min(wait));
+                self.wait(wait).await;
                 return Ok(None);
             }
             None => {
@@ -632,14 +655,33 @@ impl Running {
         });
     }
 
-    /// Sleeps, waking early for shutdown, a nudge or a campaign change.
+    /// Sleeps, waking early for shutdown, a nudge or a campaign change. A
+    /// nudge starts a [`Hurry`] window of one retry period.
     async fn wait(&mut self, delay: Duration) {
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = self.shutdown.cancelled() => {}
-            _ = self.nudge.notified() => {}
+            _ = self.nudge.notified() => {
+                self.hurry = Some(Hurry {
+                    until: now() + self.timing().retry_period,
+                    gap: None,
+                });
+            }
             _ = self.campaign.changed() => {}
         }
+    }
+
+    /// Within a [`Hurry`] window: the next quick re-poll's gap, from one
+    /// store round trip (at least 1 ms), doubling.
+    fn hurried(&mut self, round_trip: Duration) -> Option<Duration> {
+        let hurry = self.hurry.as_mut().filter(|h| now() < h.until);
+        let Some(hurry) = hurry else {
+            self.hurry = None;
+            return None;
+        };
+        let gap = hurry.gap.map_or(round_trip.max(Duration::from_millis(1)), |g| g * 2);
+        hurry.gap = Some(gap);
+        Some(gap)
     }
 
     /// Leads one term: renew every P until lost, deadline, shutdown or campaign end.

@@ -353,7 +353,8 @@ impl Publisher {
                 Some(event) = peer_events.next() => match event {
                     Ok(event) => {
                         if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = &event {
-                            self.nudge_on_release(pod, &current, &control);
+                            let before = observed.peers.get(pod.metadata.name.as_deref().unwrap_or_default());
+                            self.nudge_on_release(pod, before, &current, &control);
                         }
                         observed.peer_event(event);
                     }
@@ -396,11 +397,18 @@ impl Publisher {
     }
 
     /// The current holder's pod turned its label to "false": it released,
-    /// so acquire now instead of at the next poll.
-    fn nudge_on_release(&self, pod: &Pod, state: &LeaderState, control: &ElectorControl) {
+    /// so acquire now instead of at the next poll. Also when a pod labelled
+    /// "true" (`before`) turns "false" while we do not know the holder yet:
+    /// a candidate that has just started campaigning (its app turned ready,
+    /// the moment `Newest` makes the old leader stand aside) has not
+    /// finished its first observation. A nudge only makes the elector look.
+    fn nudge_on_release(&self, pod: &Pod, before: Option<&Pod>, state: &LeaderState, control: &ElectorControl) {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let released = label(pod, &self.publishing.label_key) == Some("false");
-        if name != self.pod.name && released && state.holder.as_deref().and_then(holder_pod).as_deref() == Some(name) {
+        let key = &self.publishing.label_key;
+        let released = label(pod, key) == Some("false");
+        let was_leader = before.is_some_and(|p| label(p, key) == Some("true"));
+        let held = state.holder.as_deref().and_then(holder_pod).as_deref() == Some(name);
+        if name != self.pod.name && released && (held || was_leader) {
             info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
             control.nudge();
         }
@@ -893,15 +901,16 @@ mod tests {
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 
-    /// The holder's pod turning its label to "false" makes a follower look
-    /// at the store at once instead of at its next poll (P = 30 s here).
-    #[tokio::test(start_paused = true)]
-    async fn the_leaders_label_turning_false_makes_a_follower_acquire_at_once() {
+    /// web-0's elector and publisher, following a lease web-1 holds for an
+    /// hour (P = 30 s), campaigning or not, with web-1 labelled "true".
+    async fn follower_of_web1(
+        api: &ApiServer,
+        store: &crate::store::MemoryStore,
+        campaigning: bool,
+    ) -> (crate::lease::ElectorHandle, crate::lease::Grant) {
         use crate::lease::LeaseStore;
-        let api = api();
-        add_pod(&api, "web-0", "false", None, false);
-        add_pod(&api, "web-1", "true", None, false);
-        let store = crate::store::MemoryStore::new(1);
+        add_pod(api, "web-0", "false", None, false);
+        add_pod(api, "web-1", "true", None, false);
         let lease = Duration::from_secs(3600);
         let grant = store.acquire("web", "prod/web-1#abc", lease).await.unwrap();
         let timing = crate::lease::Timing::new(
@@ -918,20 +927,75 @@ mod tests {
         );
         let transitions = elector.transitions();
         let handle = elector.spawn(std::sync::Arc::new(store.clone()), CancellationToken::new());
+        handle.set_campaigning(campaigning);
+        let app = watch::channel(AppHealth::default());
+        tokio::spawn(publisher(api).run(handle.subscribe(), transitions, app.1, handle.control()));
+        (handle, grant)
+    }
+
+    fn label_web1_false(api: &ApiServer) {
+        let mut released = pod(api, "web-1");
+        released["metadata"]["labels"][KEY] = json!("false");
+        api.insert(&pods::collection("prod"), released);
+    }
+
+    /// The holder's pod turning its label to "false" makes a follower look
+    /// at the store at once instead of at its next poll (P = 30 s here).
+    #[tokio::test(start_paused = true)]
+    async fn the_leaders_label_turning_false_makes_a_follower_acquire_at_once() {
+        use crate::lease::LeaseStore;
+        let api = api();
+        let store = crate::store::MemoryStore::new(1);
+        let (handle, grant) = follower_of_web1(&api, &store, true).await;
         let mut state = handle.subscribe();
         state
             .wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc"))
             .await
             .unwrap();
-        let app = watch::channel(AppHealth::default());
-        tokio::spawn(publisher(&api).run(handle.subscribe(), transitions, app.1, handle.control()));
         tokio::time::sleep(Duration::from_secs(1)).await;
 
         store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
-        let mut released = pod(&api, "web-1");
-        released["metadata"]["labels"][KEY] = json!("false");
-        api.insert(&pods::collection("prod"), released);
+        label_web1_false(&api);
         let at = Instant::now();
+        state.wait_for(|s| s.leader).await.unwrap();
+        assert!(
+            at.elapsed() < Duration::from_secs(1),
+            "acquired only after {:?}",
+            at.elapsed()
+        );
+    }
+
+    /// Issue 16: the old leader stands aside the moment the new pod's app
+    /// turns ready, which is when the new pod starts campaigning, so its
+    /// first observation is still in flight (it does not know the holder)
+    /// when the leader's label turns "false", and that observation finds
+    /// the lease still held (the release commits later). A pod labelled
+    /// "true" turning "false" nudges it anyway: it leads in store round
+    /// trips, not at its next poll (30 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_turning_false_nudges_a_follower_that_does_not_know_the_holder_yet() {
+        use crate::lease::LeaseStore;
+        let api = api();
+        let store = crate::store::MemoryStore::new(1);
+        let (handle, grant) = follower_of_web1(&api, &store, false).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(handle.state().holder, None, "not campaigning, never observed");
+        store.set_faults(crate::store::Faults {
+            latency: Duration::from_millis(5),
+            ..Default::default()
+        });
+        let at = Instant::now();
+        handle.set_campaigning(true);
+        label_web1_false(&api);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::spawn(async move { store.release("web", "prod/web-1#abc", grant.token).await });
+        let mut state = handle.subscribe();
+        let first = state.wait_for(|s| s.holder.is_some()).await.unwrap().clone();
+        assert_eq!(
+            first.holder.as_deref(),
+            Some("prod/web-1#abc"),
+            "the first look missed the release"
+        );
         state.wait_for(|s| s.leader).await.unwrap();
         assert!(
             at.elapsed() < Duration::from_secs(1),
