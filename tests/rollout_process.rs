@@ -2,13 +2,13 @@
 //! `leasehold sidecar` processes on the Cloud Spanner emulator, each with the
 //! Kubernetes API on (publisher, peer watch, version from its ReplicaSet,
 //! the app-health source `--app-container app`), talking to the API server
-//! model (`ApiServer::serve_http`) through a kubeconfig. Old pods (revision
-//! 1) are replaced one at a time in the order a Deployment with maxSurge 1 /
-//! maxUnavailable 0 uses: a new pod (revision 2) starts, its app turns
-//! ready, then one old pod is terminated (SIGTERM, then deleted), the old
-//! leader first (the Deployment controller does not know which old pod
-//! leads, and this order costs the most). `support::rollout` runs the same
-//! scenario in one process on paused time.
+//! model (`ApiServer::serve_http`) through a kubeconfig. Old pods, of
+//! revision 1, are replaced one at a time in the order a Deployment with
+//! maxSurge 1 / maxUnavailable 0 uses: a new pod (revision 2) starts, its
+//! app turns ready, then one old pod is terminated (SIGTERM, then deleted),
+//! the old leader first (the Deployment controller does not know which old
+//! pod leads, and this order costs the most). `support::rollout` runs the
+//! same scenario in one process on paused time.
 //!
 //! Leadership is read from the lease row: its term is +1 on every
 //! acquisition (`LeaseRecord::term`), so the term's growth counts every
@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use leasehold::api::DEFAULT_LABEL_KEY;
 use leasehold::lease::LeaseStore;
 use leasehold::sidecar::publish::{LOCK_LABEL, lock_label_value};
 use leasehold::store::spanner::{SpannerConfig, SpannerStore};
@@ -210,7 +211,33 @@ fn rollout(prefer: &'static str) -> Outcome {
     // Settled: every later acquisition would show within a lease duration.
     std::thread::sleep(D);
     let live: Vec<&Sidecar> = new.iter().collect();
-    wait_for_one_leader(&live, failover_bound()).expect("a new leader at the end");
+    let leader = wait_for_one_leader(&live, failover_bound()).expect("a new leader at the end");
+    // The publishers reached the model over HTTP: the leader's pod alone is
+    // labelled, once its publisher's patch lands (one API round trip).
+    let labelled = || {
+        let mut names: Vec<String> = new
+            .iter()
+            .filter(|s| {
+                rollout
+                    .api
+                    .get(&pods::collection(NAMESPACE), &s.name)
+                    .is_some_and(|pod| pods::label(&pod, DEFAULT_LABEL_KEY) == Some("true"))
+            })
+            .map(|s| s.name.clone())
+            .collect();
+        names.sort();
+        names
+    };
+    let started = Instant::now();
+    while labelled() != [new[leader].name.clone()] {
+        assert!(
+            started.elapsed() < P * 4,
+            "only {} should be labelled leader: {:?}",
+            new[leader].name,
+            labelled()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let samples = rollout.samples();
     let (last_term, last_revision) = *samples.last().unwrap();
     assert_eq!(last_revision, Some(2), "a new pod leads at the end: {samples:?}");
