@@ -192,7 +192,23 @@ fn rollout(prefer: &'static str) -> Outcome {
             pod["status"]["containerStatuses"][0]["ready"] = json!(true)
         });
         // The pod watch brings the ready app to the sidecar, which campaigns.
-        std::thread::sleep(P * 2);
+        if prefer == "newest" {
+            // Before any old pod goes: an old leader sees a ready newer
+            // peer, stands aside (drain, release) and a new pod acquires at
+            // its next poll, within the failover bound.
+            let bound = failover_bound();
+            let started = Instant::now();
+            while !new.iter().any(Sidecar::leads) {
+                assert!(
+                    started.elapsed() < bound,
+                    "no new pod leads {bound:?} after {name} turned ready: {:?}",
+                    rollout.samples()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            std::thread::sleep(P * 2);
+        }
         // The new pod is available: one old pod goes, the leader if an old one leads.
         let victim = old.iter().position(Sidecar::leads).unwrap_or(0);
         let mut victim = old.remove(victim);
@@ -252,6 +268,9 @@ fn backwards(samples: &[Sample]) -> usize {
     samples.windows(2).filter(|w| w[1].1 < w[0].1).count()
 }
 
+/// Leadership moves to revision 2 once, when the first new pod turns
+/// ready (before any old pod goes; with `--prefer none` in its place no new
+/// pod leads then, which fails), and never back.
 #[test]
 fn newest_with_the_fence_hands_over_once_across_processes() {
     let outcome = rollout("newest");
