@@ -639,3 +639,34 @@ pub mod pods {
             .as_str()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, WatchEvent, WatchParams};
+
+    use super::*;
+
+    /// A client in another process reaches the model over HTTP: reads, and
+    /// watches whose events stream as they happen.
+    #[tokio::test]
+    async fn serves_reads_and_streaming_watches_over_http() {
+        let server = ApiServer::new(None);
+        server.insert(&pods::collection("prod"), pods::pod("a", "prod", json!({}), None));
+        let addr = server.serve_http().await;
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let api: Api<Pod> = Api::namespaced(client, "prod");
+        let pod = api.get("a").await.unwrap();
+        let version = pod.metadata.resource_version.unwrap();
+        let mut events = api.watch(&WatchParams::default(), &version).await.unwrap().boxed();
+        server.insert(&pods::collection("prod"), pods::pod("b", "prod", json!({}), None));
+        // Not a timed assertion: a watch whose events never stream would hang.
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), events.next()).await;
+        match event.expect("the event streams") {
+            Some(Ok(WatchEvent::Added(pod))) => assert_eq!(pod.metadata.name.as_deref(), Some("b")),
+            other => panic!("expected b added, got {other:?}"),
+        }
+    }
+}
