@@ -100,7 +100,7 @@ impl Sidecar {
                 &format!("127.0.0.1:{metrics}"),
             ])
             .args(extra)
-            // Defaults as environment, so flags in `extra` override them.
+            // Defaults as environment, so flags in `extra` and `env` override them.
             .env("LEASEHOLD_LEASE_DURATION", "2s")
             .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
             .env("LEASEHOLD_RETRY_PERIOD", "300ms")
