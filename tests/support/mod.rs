@@ -74,16 +74,7 @@ impl Sidecar {
         lock: &str,
         extra: &[String],
     ) -> Sidecar {
-        let store = [
-            "--database".to_string(),
-            config.database.clone(),
-            "--table".to_string(),
-            config.table.clone(),
-        ];
-        let env = [
-            ("SPANNER_EMULATOR_HOST".to_string(), proxy.addr.to_string()),
-            ("SPANNER_EMULATOR_REST".to_string(), emulator.rest.clone()),
-        ];
+        let (store, env) = spanner_store(emulator, config, &proxy);
         Sidecar::launch(name, proxy, lock, &store, &env, extra)
     }
 
@@ -101,7 +92,7 @@ impl Sidecar {
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
             .args(["sidecar", "--lock", lock])
             .args(store)
-            .args(["--pod-name", name, "--kubernetes", "false"])
+            .args(["--pod-name", name])
             .args([
                 "--http-addr",
                 &format!("127.0.0.1:{http}"),
@@ -109,11 +100,12 @@ impl Sidecar {
                 &format!("127.0.0.1:{metrics}"),
             ])
             .args(extra)
-            // Defaults as environment, so flags in `extra` override them.
+            // Defaults as environment, so flags in `extra` and `env` override them.
             .env("LEASEHOLD_LEASE_DURATION", "2s")
             .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
             .env("LEASEHOLD_RETRY_PERIOD", "300ms")
             .env("LEASEHOLD_DRAIN", "200ms")
+            .env("LEASEHOLD_KUBERNETES", "false")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env("LEASEHOLD_LOG", "warn")
             .stdin(Stdio::null())
@@ -150,6 +142,26 @@ impl Drop for Sidecar {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A sidecar's store flags and environment for the lease table `config` on
+/// `emulator`, reached through `proxy`.
+pub fn spanner_store(
+    emulator: &Emulator,
+    config: &SpannerConfig,
+    proxy: &TcpProxy,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let store = vec![
+        "--database".to_string(),
+        config.database.clone(),
+        "--table".to_string(),
+        config.table.clone(),
+    ];
+    let env = vec![
+        ("SPANNER_EMULATOR_HOST".to_string(), proxy.addr.to_string()),
+        ("SPANNER_EMULATOR_REST".to_string(), emulator.rest.clone()),
+    ];
+    (store, env)
 }
 
 /// Polls until exactly one of `sidecars` serves 200 on /leader; returns its index.

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use leasehold::testing::api::{ApiServer, pods};
 
-const NAMESPACE: &str = "prod";
+pub const NAMESPACE: &str = "prod";
 const LOCK: &str = "prod/web";
 /// D/R/P of the whole-process tests.
 pub const TIMING: (Duration, Duration, Duration) = (
@@ -57,7 +57,9 @@ struct Pod {
     shutdown: CancellationToken,
 }
 
-fn pod_json(name: &str, replica_set: &str, ready: bool) -> Value {
+/// A pod of ReplicaSet `replica_set` (its pod-template-hash), with its
+/// `app` container ready or not.
+pub fn pod_json(name: &str, replica_set: &str, ready: bool) -> Value {
     let mut pod = pods::pod(
         name,
         NAMESPACE,
@@ -124,9 +126,21 @@ async fn start(api: &ApiServer, store: &MemoryStore, name: &str, revision: u64, 
     }
 }
 
+/// The Deployment's ReplicaSets `web-r1` and `web-r2`, of revisions 1 and 2.
+pub fn insert_replica_sets(api: &ApiServer) {
+    for (rs, revision) in [("web-r1", 1), ("web-r2", 2)] {
+        api.insert(
+            &format!("/apis/apps/v1/namespaces/{NAMESPACE}/replicasets"),
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                   "metadata": {"name": rs, "namespace": NAMESPACE,
+                                "annotations": {REVISION_ANNOTATION: revision.to_string()}}}),
+        );
+    }
+}
+
 /// Changes the stored pod as the kubelet or the API server would, keeping
 /// what the sidecars wrote.
-fn update(api: &ApiServer, name: &str, change: impl FnOnce(&mut Value)) {
+pub fn update(api: &ApiServer, name: &str, change: impl FnOnce(&mut Value)) {
     let collection = pods::collection(NAMESPACE);
     let mut pod = api.get(&collection, name).expect("the pod exists");
     change(&mut pod);
@@ -154,14 +168,7 @@ async fn watch_for(delay: Duration, pods: &[Pod], leaderless: &Mutex<(bool, Dura
 /// paused current-thread runtime.
 pub async fn rollout(replicas: usize, prefer: Prefer, fence: bool) -> Outcome {
     let api = ApiServer::new(Some(leasehold::sidecar::rbac::allows_request));
-    for (rs, revision) in [("web-r1", 1), ("web-r2", 2)] {
-        api.insert(
-            &format!("/apis/apps/v1/namespaces/{NAMESPACE}/replicasets"),
-            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                   "metadata": {"name": rs, "namespace": NAMESPACE,
-                                "annotations": {REVISION_ANNOTATION: revision.to_string()}}}),
-        );
-    }
+    insert_replica_sets(&api);
     let store = MemoryStore::new(11);
     // A store round trip of 10 ms, about a regional Spanner commit.
     store.set_faults(Faults {

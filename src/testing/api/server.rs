@@ -140,6 +140,34 @@ impl ApiServer {
         kube::Client::new(service, namespace)
     }
 
+    /// Serves this model over plain HTTP on a free loopback port, for clients
+    /// in other processes (a kubeconfig with `server: http://ADDR` and no
+    /// credentials). Answers as [`ApiServer::client`]'s requests are answered;
+    /// the listener runs on the calling tokio runtime.
+    pub async fn serve_http(&self) -> std::net::SocketAddr {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("a loopback port for the API server model");
+        let addr = listener.local_addr().expect("the listener's address");
+        let server = self.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let server = server.clone();
+                let service = hyper_util::service::TowerToHyperService::new(tower::service_fn(move |request| {
+                    forward(server.clone(), request)
+                }));
+                tokio::spawn(async move {
+                    // A client closing its connection (a watch it dropped) ends it; nothing to report.
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
     /// Stores `object` in `collection` as a client create would.
     pub fn insert(&self, collection: &str, mut object: Value) {
         let mut state = self.lock();
@@ -568,6 +596,19 @@ fn merge(target: &mut Value, patch: &Value, strategic: bool) {
 }
 
 /// Pod helpers for the sidecar's tests.
+/// A request from the HTTP listener, as [`ApiServer::serve`] takes it.
+async fn forward<B>(server: ApiServer, request: Request<B>) -> Result<Response<Body>, std::io::Error>
+where
+    B: http_body::Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let (parts, body) = request.into_parts();
+    let bytes = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
+    server
+        .serve(Request::from_parts(parts, kube::client::Body::from(bytes)))
+        .await
+}
+
 pub mod pods {
     use super::*;
 
@@ -596,5 +637,36 @@ pub mod pods {
             .iter()
             .find(|c| c["type"] == type_)?["status"]
             .as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, WatchEvent, WatchParams};
+
+    use super::*;
+
+    /// A client in another process reaches the model over HTTP: reads, and
+    /// watches whose events stream as they happen.
+    #[tokio::test]
+    async fn serves_reads_and_streaming_watches_over_http() {
+        let server = ApiServer::new(None);
+        server.insert(&pods::collection("prod"), pods::pod("a", "prod", json!({}), None));
+        let addr = server.serve_http().await;
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let api: Api<Pod> = Api::namespaced(client, "prod");
+        let pod = api.get("a").await.unwrap();
+        let version = pod.metadata.resource_version.unwrap();
+        let mut events = api.watch(&WatchParams::default(), &version).await.unwrap().boxed();
+        server.insert(&pods::collection("prod"), pods::pod("b", "prod", json!({}), None));
+        // Not a timed assertion: a watch whose events never stream would hang.
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), events.next()).await;
+        match event.expect("the event streams") {
+            Some(Ok(WatchEvent::Added(pod))) => assert_eq!(pod.metadata.name.as_deref(), Some("b")),
+            other => panic!("expected b added, got {other:?}"),
+        }
     }
 }
