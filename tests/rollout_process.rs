@@ -287,3 +287,22 @@ fn none_still_ends_with_a_new_leader_across_processes() {
     println!("none: {outcome:?}");
     assert!((1..=3).contains(&outcome.handovers), "{outcome:?}");
 }
+
+/// `Oldest`: leadership stays on revision 1 while an old pod is live (each
+/// old leader replaced hands over to another old pod), and moves to
+/// revision 2 once, when the last old pod goes.
+#[test]
+fn oldest_keeps_the_old_version_leading_until_none_is_left_across_processes() {
+    let outcome = rollout("oldest");
+    println!("oldest + fence: {outcome:?}");
+    assert_eq!(outcome.handovers, 3, "{outcome:?}");
+    assert_eq!(backwards(&outcome.samples), 0, "{outcome:?}");
+    let (last_term, _) = *outcome.samples.last().unwrap();
+    assert!(
+        outcome
+            .samples
+            .iter()
+            .all(|(term, revision)| (*revision == Some(2)) == (*term == last_term)),
+        "only the last term is revision 2's: {outcome:?}"
+    );
+}
