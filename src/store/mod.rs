@@ -146,6 +146,29 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// Whether a call may have changed the row: what a call whose reply never
+/// came means depends on it.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// A read: a lost reply changed nothing.
+    Read,
+    /// A write: a lost reply means it may have committed.
+    Write,
+}
+
+#[cfg(any(feature = "postgres", feature = "redis"))]
+impl Effect {
+    /// The error for a call that got no reply: a write's outcome is unknown
+    /// (never success, S9); a read merely failed.
+    pub(crate) fn no_reply(self, context: String) -> StoreError {
+        match self {
+            Effect::Write => StoreError::outcome_unknown(context),
+            Effect::Read => StoreError::unavailable(context),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

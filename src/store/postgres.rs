@@ -49,7 +49,7 @@ use tokio_postgres::{NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{debug, info};
 
-use super::{StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
+use super::{Effect, StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
 use crate::lease::store::Result;
 use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
@@ -207,15 +207,6 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// Whether a failed call may have changed the row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    /// A read: a lost reply changed nothing.
-    Read,
-    /// A write: a lost reply means it may have committed.
-    Write,
-}
-
 fn store_time(t: SystemTime) -> StoreTime {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => StoreTime(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
@@ -272,11 +263,9 @@ fn classify(what: &str, error: tokio_postgres::Error, effect: Effect) -> StoreEr
         return StoreError::invalid(format!("{what}: a parameter could not be encoded")).caused_by(error);
     }
     // No answer: the connection closed or broke while the statement was out.
-    match effect {
-        Effect::Write => StoreError::outcome_unknown(format!("{what}: the connection ended before the reply")),
-        Effect::Read => StoreError::unavailable(format!("{what}: the connection ended before the reply")),
-    }
-    .caused_by(error)
+    effect
+        .no_reply(format!("{what}: the connection ended before the reply"))
+        .caused_by(error)
 }
 
 impl PostgresStore {
@@ -355,14 +344,7 @@ impl PostgresStore {
                 Ok(Ok(rows)) => return Ok(rows),
                 Ok(Err(failed)) => failed,
                 Err(_) => {
-                    return Err(match effect {
-                        Effect::Write => {
-                            StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
-                        }
-                        Effect::Read => {
-                            StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout))
-                        }
-                    });
+                    return Err(effect.no_reply(format!("{what}: no reply within {:?}", self.call_timeout)));
                 }
             };
             let (error, effect) = failed;

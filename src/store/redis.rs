@@ -65,7 +65,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{StoreUrl, lease_from_millis, term_from_row, tls};
+use super::{Effect, StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version};
 
@@ -183,13 +183,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Whether a failed call may have changed the row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    Read,
-    Write,
-}
-
 /// Reads a store URL; the password never appears in an error.
 ///
 /// `rediss://` connects over TLS, checking the certificate's chain and host
@@ -246,10 +239,7 @@ fn classify(what: &str, error: RedisError, effect: Effect) -> StoreError {
         ErrorKind::Server(_) | ErrorKind::Extension => StoreError::unavailable(context),
         // Refused before anything was sent.
         _ if error.is_connection_refusal() => StoreError::unavailable(context),
-        _ => match effect {
-            Effect::Write => StoreError::outcome_unknown(context),
-            Effect::Read => StoreError::unavailable(context),
-        },
+        _ => effect.no_reply(context),
     }
     .caused_by(error)
 }
@@ -376,12 +366,7 @@ impl RedisStore {
             }
             Err(_) => Err({
                 self.forget_connection().await;
-                match effect {
-                    Effect::Write => {
-                        StoreError::outcome_unknown(format!("{what}: no reply within {:?}", self.call_timeout))
-                    }
-                    Effect::Read => StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)),
-                }
+                effect.no_reply(format!("{what}: no reply within {:?}", self.call_timeout))
             }),
         }
     }
