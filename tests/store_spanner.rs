@@ -601,25 +601,5 @@ async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
     store.ensure_schema().await.unwrap();
     store.ensure_schema().await.unwrap();
     let upgraded = connect(&emulator, &config).await;
-    let row = upgraded.observe("old").await.unwrap().record.unwrap();
-    assert_eq!(
-        (row.term, row.version),
-        (4, None),
-        "the old row is kept, with no version"
-    );
-    let version = leasehold::lease::Version {
-        revision: 2,
-        name: "abc/app:2".into(),
-    };
-    let claim = leasehold::lease::Claim {
-        holder: "a",
-        version: Some(&version),
-        fence: true,
-    };
-    upgraded
-        .acquire_as("old", &claim, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let row = upgraded.observe("old").await.unwrap().record.unwrap();
-    assert_eq!((row.term, row.version), (5, Some(version)));
+    leasehold::store::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&upgraded).await;
 }

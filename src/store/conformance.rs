@@ -252,6 +252,30 @@ pub async fn tls_checks_the_certificate(trusting: &dyn LeaseStore, distrusting: 
     );
 }
 
+/// Issue 16: once `ensure_schema` has upgraded a table from before versions,
+/// its row `old` (term 4, written without a version) reads with no version
+/// recorded, and the next acquisition records one.
+pub async fn an_upgraded_table_keeps_its_row_and_records_versions(store: &dyn LeaseStore) {
+    let row = store.observe("old").await.unwrap().record.unwrap();
+    assert_eq!(
+        (row.term, row.version),
+        (4, None),
+        "the old row is kept, with no version"
+    );
+    let version = Version {
+        revision: 2,
+        name: "abc/app:2".into(),
+    };
+    let claim = Claim {
+        holder: "a",
+        version: Some(&version),
+        fence: true,
+    };
+    store.acquire_as("old", &claim, Duration::from_secs(5)).await.unwrap();
+    let row = store.observe("old").await.unwrap().record.unwrap();
+    assert_eq!((row.term, row.version), (5, Some(version)));
+}
+
 fn version(revision: u64) -> Version {
     Version {
         revision,
