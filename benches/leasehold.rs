@@ -526,9 +526,13 @@ fn renewals(registry: &prometheus_client::registry::Registry) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `q`-quantile of sorted samples, in ms.
+/// `q`-quantile of sorted samples, in ms (NaN when there are none: a run
+/// that measured nothing says so in its line).
 fn quantile(sorted: &[Duration], q: f64) -> f64 {
-    millis(sorted[((sorted.len() - 1) as f64 * q).round() as usize])
+    match sorted.len() {
+        0 => f64::NAN,
+        n => millis(sorted[((n - 1) as f64 * q).round() as usize]),
+    }
 }
 
 /// The reply delay the round-trip count is measured with: an operation of n

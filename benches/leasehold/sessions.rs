@@ -12,6 +12,8 @@ use leasehold::lease::{FencingToken, Identity, Session, SessionStore, StoreError
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
 use leasehold::testing::Emulator;
 
+use super::quantile;
+
 /// Counts every store call (each is one transaction or one read) and times
 /// the session renewals.
 struct Counted {
@@ -75,13 +77,6 @@ fn batch() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100)
-}
-
-fn quantile(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0
 }
 
 /// `locks` locks over 3 sessions at the default timings for `seconds`.
