@@ -59,6 +59,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
         .field_path(".lockName"),
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = unsigned_as_int64)]
 pub struct DistributedLeaseSpec {
     /// The lock's name in the store. Resources in different clusters that
     /// name the same lock and database elect one leader across all of them.
@@ -92,6 +93,14 @@ pub struct DistributedLeaseSpec {
     /// Which version of the candidates leads during a rolling update.
     #[serde(default)]
     pub leadership: LeadershipSpec,
+    /// Share the work as this many partitions instead of electing one
+    /// leader: every candidate holds about N/M of them (M live candidates),
+    /// each with its own fencing token (docs/partitions.md). Needs Cloud
+    /// Spanner. Absent: a plain single lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // lease::MAX_PARTITIONS
+    #[schemars(range(min = 1, max = 1024))]
+    pub partitions: Option<u32>,
 }
 
 /// Version-aware leadership (docs/versions.md). A candidate's version is its

@@ -25,6 +25,12 @@ fn valid_spec() -> Value {
     })
 }
 
+/// `lease` split into `n` partitions.
+fn partitioned(mut lease: DistributedLease, n: u32) -> DistributedLease {
+    lease.spec.partitions = Some(n);
+    lease
+}
+
 fn with(path: &[&str], value: Value) -> DistributedLease {
     let mut spec = valid_spec();
     let (last, parents) = path.split_last().expect("path not empty");
@@ -322,6 +328,28 @@ fn each_invalid_field_gets_its_own_message() {
             with(&["publishing", "labelKey"], json!(format!("x/{}", "a".repeat(64)))),
             "spec.publishing.labelKey must be a label key",
         ),
+        (
+            with(&["partitions"], json!(0)),
+            "spec.partitions must be between 1 and 1024, not 0",
+        ),
+        (
+            partitioned(with(&["lockName"], json!("x".repeat(506))), 4),
+            "spec.lockName is 506 bytes long; a partitioned lock's name is at most 505 bytes",
+        ),
+        (
+            partitioned(with(&["leadership", "prefer"], json!("Newest")), 4),
+            "spec.partitions cannot be combined with spec.leadership",
+        ),
+        (
+            partitioned(
+                with(
+                    &["store"],
+                    json!({"redis": {"urlSecretRef": {"name": "redis", "key": "url"}}}),
+                ),
+                4,
+            ),
+            "spec.partitions needs store.spanner",
+        ),
     ];
     let count = cases.len();
     let mut messages = BTreeSet::new();
@@ -492,4 +520,11 @@ fn leadership_defaults_to_version_blind_and_is_parsed() {
         }
     );
     assert!(serde_json::from_value::<LeadershipSpec>(serde_json::json!({"prefer": "Latest"})).is_err());
+}
+
+#[test]
+fn partitions_default_to_a_single_lock_and_are_parsed() {
+    let lease = with(&["publishing", "labelKey"], json!(DEFAULT_LABEL_KEY));
+    assert_eq!(validate(&lease).unwrap().partitions, None);
+    assert_eq!(validate(&partitioned(lease, 64)).unwrap().partitions, Some(64));
 }

@@ -5,7 +5,9 @@ use kube::core::Selector;
 
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::timing::DEFAULT_JITTER;
-use crate::lease::{LockNameError, Timing, TimingError, VersionPolicy, validate_lock_name};
+use crate::lease::{
+    LockNameError, PartitionsError, Timing, TimingError, VersionPolicy, validate_lock_name, validate_partitions,
+};
 use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
@@ -54,6 +56,8 @@ pub struct ValidLease {
     pub label_key: String,
     pub readiness_gate: bool,
     pub versions: VersionPolicy,
+    /// Work partitioning: the number of partitions, or `None` for one leader.
+    pub partitions: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -64,6 +68,9 @@ pub enum ValidationError {
     /// Lock name messages start with the field name already.
     #[error(transparent)]
     LockName(#[from] LockNameError),
+    /// Partition messages start with the field name already.
+    #[error(transparent)]
+    Partitions(#[from] PartitionsError),
     #[error("{field} {message}")]
     Field { field: String, message: String },
 }
@@ -93,8 +100,10 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     )?;
     let selector = check_selector(lease)?;
     check_label_key(&spec.publishing.label_key)?;
+    let lock = lease.lock_name();
+    check_partitions(spec, &lock, &store)?;
     Ok(ValidLease {
-        lock: lease.lock_name(),
+        lock,
         store,
         timing,
         selector,
@@ -104,7 +113,28 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
             prefer: spec.leadership.prefer,
             fence: spec.leadership.version_fence,
         },
+        partitions: spec.partitions,
     })
+}
+
+/// Partitions are session locks, which Cloud Spanner stores; leadership by
+/// version is about one leader, so it does not mix with them.
+fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &ValidStore) -> Result<()> {
+    let Some(n) = spec.partitions else { return Ok(()) };
+    validate_partitions(("spec.lockName", "spec.partitions"), lock, n)?;
+    if !matches!(store, ValidStore::Spanner(_)) {
+        return Err(invalid(
+            "spec.partitions",
+            "needs store.spanner: partitions are held through sessions, which only the Spanner store keeps",
+        ));
+    }
+    if spec.leadership != super::LeadershipSpec::default() {
+        return Err(invalid(
+            "spec.partitions",
+            "cannot be combined with spec.leadership: version-aware leadership chooses one leader, partitions share the work among all candidates",
+        ));
+    }
+    Ok(())
 }
 
 /// Exactly one store, each field checked; a Secret reference, never a URL.

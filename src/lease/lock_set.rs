@@ -154,6 +154,11 @@ impl Session {
         self.shared.known().session.clone()
     }
 
+    /// The timing the session renews with.
+    pub fn timing(&self) -> Timing {
+        self.shared.timing
+    }
+
     /// The held set, updated on every change and emptied at the deadline.
     pub fn held(&self) -> watch::Receiver<HeldSet> {
         self.shared.held.subscribe()

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod elector;
 pub mod lock_set;
+pub mod partitions;
 pub mod record;
 pub mod session;
 pub mod store;
@@ -14,9 +15,10 @@ pub mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
+pub use partitions::{Assigned, MAX_PARTITIONS, Partitioner, PartitionsError, validate_partitions};
 pub use record::{
     FencingToken, Grant, Identity, InvalidIdentity, LeaseDurationError, LeaseRecord, LockNameError,
-    MAX_LOCK_NAME_BYTES, Observation, StoreTime, lease_from_millis, lease_to_millis, validate_lock_name,
+    MAX_LOCK_NAME_BYTES, Observation, StoreTime, fnv1a_64, lease_from_millis, lease_to_millis, validate_lock_name,
 };
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};

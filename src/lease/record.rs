@@ -15,6 +15,14 @@ use super::version::Version;
 /// 8 KiB limit on a key.
 pub const MAX_LOCK_NAME_BYTES: usize = 512;
 
+/// FNV-1a 64 of `bytes`: stable across versions and platforms, so every
+/// candidate and every store computes the same shard, label and ranking.
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// A lock name that no store should see, naming the field or flag it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockNameError {

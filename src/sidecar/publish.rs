@@ -564,9 +564,7 @@ pub fn lock_label_value(lock: &str) -> String {
     if valid {
         return lock.to_string();
     }
-    let hash = lock.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = crate::lease::fnv1a_64(lock.as_bytes());
     let readable: String = lock
         .chars()
         .map(|c| if allowed(c) { c } else { '-' })

@@ -24,12 +24,7 @@ pub use memory::{Faults, MemoryStore};
 /// the SQL stores, so that a hot set of locks spreads over splits (Spanner)
 /// and ranges (CockroachDB) instead of one key range.
 pub fn shard_of(name: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in name.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (hash % 1024) as i64
+    (crate::lease::fnv1a_64(name.as_bytes()) % 1024) as i64
 }
 
 /// The recorded version, from the SQL stores' `revision` and `version`
