@@ -157,10 +157,11 @@ pub enum Mutant {
     SessionRenewedAfterExpiry,
     LockTakenFromLiveSession,
     FenceOnlyInTheElector,
+    PartitionExtrasKept,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -172,6 +173,7 @@ impl Mutant {
         Mutant::SessionRenewedAfterExpiry,
         Mutant::LockTakenFromLiveSession,
         Mutant::FenceOnlyInTheElector,
+        Mutant::PartitionExtrasKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -187,6 +189,7 @@ impl Mutant {
             Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
             Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
             Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
+            Mutant::PartitionExtrasKept => "partition-extras-kept",
         }
     }
 
@@ -213,6 +216,7 @@ impl Mutant {
             Mutant::FenceOnlyInTheElector => {
                 "the version fence is judged on the follower's own read, not in the acquiring transaction"
             }
+            Mutant::PartitionExtrasKept => "a partition member never hands extra partitions over to a new member",
         }
     }
 
@@ -229,7 +233,8 @@ impl Mutant {
             | Mutant::SessionRenewWithoutCas
             | Mutant::SessionRenewedAfterExpiry
             | Mutant::LockTakenFromLiveSession
-            | Mutant::FenceOnlyInTheElector => None,
+            | Mutant::FenceOnlyInTheElector
+            | Mutant::PartitionExtrasKept => None,
         }
     }
 }
@@ -321,6 +326,8 @@ pub struct Counts {
     pub fenced_schedules: u64,
     /// Acquisitions that moved leadership to a newer revision.
     pub version_moves: u64,
+    /// Session schedules whose processes share partitions (1 or 0 for one schedule).
+    pub partition_schedules: u64,
 }
 
 impl Counts {
@@ -340,6 +347,7 @@ impl Counts {
         self.sessions_replaced += r.sessions_replaced;
         self.fenced_schedules += r.fenced_schedules;
         self.version_moves += r.version_moves;
+        self.partition_schedules += r.partition_schedules;
     }
 }
 
@@ -351,7 +359,8 @@ impl fmt::Display for Counts {
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
              {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
              {} sessions replaced after expiry, \
-             {} schedules with the version fence, {} moves to a newer version",
+             {} schedules with the version fence, {} moves to a newer version, \
+             {} session schedules sharing partitions",
             self.terms,
             self.accepted,
             self.fenced,
@@ -366,7 +375,8 @@ impl fmt::Display for Counts {
             self.ttl_expiries,
             self.sessions_replaced,
             self.fenced_schedules,
-            self.version_moves
+            self.version_moves,
+            self.partition_schedules
         )
     }
 }
@@ -442,9 +452,9 @@ pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
     // Built inside the runtime so every instant is on the paused clock.
     runtime.block_on(async move {
         let schedule = Schedule::new(seed, &setup);
-        match setup.mutant.and_then(sessions::flaw) {
-            Some(_) => schedule.run_sessions(setup.length).await,
-            None => schedule.run(setup.length).await,
+        match setup.mutant.is_some_and(sessions::is_session_mutant) {
+            true => schedule.run_sessions(setup.length).await,
+            false => schedule.run(setup.length).await,
         }
     })
 }

@@ -164,6 +164,8 @@ fn run_session_shard(shard: u64) -> Summary {
     // The schedules must exercise what they claim to: locks changing hands,
     // sessions expiring and replaced, pauses past the gap, crashes.
     assert!(summary.counts.terms > 1000, "lock acquisitions: {summary:?}");
+    // One seed in three shares partitions (and must converge once faults stop).
+    assert!(summary.counts.partition_schedules >= 30, "{summary:?}");
     assert!(summary.counts.accepted > 10_000, "claims checked: {summary:?}");
     assert!(
         summary.counts.sessions_replaced > 0 && summary.counts.long_pauses > 0 && summary.counts.crashes > 0,

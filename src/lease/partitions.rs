@@ -40,7 +40,7 @@ use super::clock::{Instant, Jitter, now};
 use super::lock_set::{HeldSet, Session};
 use super::record::{FencingToken, LockNameError, MAX_LOCK_NAME_BYTES, fnv1a_64, validate_lock_name};
 use super::session::{LocksObservation, SessionStore};
-use super::store::Result;
+use super::store::{Result, StoreError};
 
 /// The most partitions one lock may have: slots and partitions together
 /// (2N names) fit one store call ([`super::session::MAX_LOCKS_PER_CALL`]).
@@ -238,6 +238,8 @@ pub struct Assigned {
     pub deadline: Option<Instant>,
     /// Members in the last read (0 before the first).
     pub members: usize,
+    /// The session the partitions are held through.
+    pub session: String,
 }
 
 impl Assigned {
@@ -247,6 +249,15 @@ impl Assigned {
             .filter(|d| at < *d)
             .and(self.partitions.get(&index).copied())
     }
+}
+
+/// A planted bug for the simulation to catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+pub(crate) enum PartitionFlaw {
+    /// Never hands extras over: a member that rejoins, or joins late, waits
+    /// for ever while others keep more than their quota.
+    ExtrasKept,
 }
 
 /// A candidate taking part in a partitioned lock through its own session.
@@ -259,6 +270,7 @@ pub struct Partitioner {
     jitter: Jitter,
     draining: watch::Sender<BTreeSet<u32>>,
     members: watch::Sender<usize>,
+    flaw: Option<PartitionFlaw>,
 }
 
 impl Partitioner {
@@ -276,7 +288,16 @@ impl Partitioner {
             jitter,
             draining: watch::channel(BTreeSet::new()).0,
             members: watch::channel(0).0,
+            flaw: None,
         }
+    }
+
+    /// Seeds the poll jitter, so a simulation replays exactly, and plants `flaw`.
+    #[cfg(feature = "simulate")]
+    pub(crate) fn simulated(mut self, seed: u64, flaw: Option<PartitionFlaw>) -> Self {
+        self.jitter = Jitter::new(self.session.timing().jitter, Some(seed));
+        self.flaw = flaw;
+        self
     }
 
     /// What may be worked on, updated on every change (a new partition, one
@@ -304,7 +325,10 @@ impl Partitioner {
                 debug!(lock = %self.lock, error = %e, "partitions: poll failed; retrying");
             }
             let next = now() + self.jitter.apply(period);
+            // Biased: an unbiased select draws from an unseeded source, and
+            // simulations must replay.
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep_until(next) => {}
                 // A new session (the old one expired) holds nothing: rejoin at once.
@@ -318,10 +342,19 @@ impl Partitioner {
         self.session.close().await
     }
 
+    /// Reads the partitions, bounded by R as every session call is: a read
+    /// that never answers must not stall the member for good.
+    async fn observe(&self) -> Result<PartitionView> {
+        let read = PartitionView::observe(&*self.store, &self.lock, self.partitions);
+        tokio::time::timeout(self.session.timing().renew_deadline, read)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::unavailable("reading the partitions timed out")))
+    }
+
     /// One poll: join if not a member, then take and release per the plan.
     async fn step(&mut self, shutdown: &CancellationToken) -> Result<()> {
         let me = self.session.id();
-        let mut view = PartitionView::observe(&*self.store, &self.lock, self.partitions).await?;
+        let mut view = self.observe().await?;
         if !view.members.contains(&me) {
             let Some(slot) = slot_to_try(&view, &me) else {
                 self.members.send_replace(view.members.len());
@@ -332,14 +365,31 @@ impl Partitioner {
                 return Ok(());
             }
             info!(lock = %self.lock, slot, session = %me, "partitions: joined as a member");
-            view = PartitionView::observe(&*self.store, &self.lock, self.partitions).await?;
+            view = self.observe().await?;
         }
         self.members.send_replace(view.members.len());
-        let Plan { take, release } = plan(&view, &me);
+        // Level-triggered: partitions the store says this session holds but
+        // the session does not know of (a batch whose reply was lost took
+        // them) are confirmed by asking again, so they can be worked on or
+        // handed over.
+        let known = self.session.held().borrow().locks.clone();
+        let unconfirmed: Vec<String> = (0..self.partitions)
+            .filter(|i| view.owners[*i as usize].as_deref() == Some(me.as_str()))
+            .map(|i| partition_lock(&self.lock, i))
+            .filter(|name| !known.contains_key(name))
+            .collect();
+        if !unconfirmed.is_empty() {
+            self.session.try_lock_many(&unconfirmed).await?;
+        }
+        let Plan { take, mut release } = plan(&view, &me);
+        if self.flaw == Some(PartitionFlaw::ExtrasKept) {
+            release.clear();
+        }
         if !release.is_empty() {
             info!(lock = %self.lock, partitions = ?release, members = view.members.len(), "partitions: handing over extras");
             self.draining.send_modify(|d| d.extend(release.iter().copied()));
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(self.drain) => {}
                 _ = shutdown.cancelled() => return Ok(()),
             }
@@ -381,10 +431,12 @@ async fn publish_assigned(
                     .collect(),
                 deadline: held.deadline,
                 members: *members.borrow_and_update(),
+                session: held.session.clone(),
             }
         };
         tx.send_if_modified(|current| std::mem::replace(current, assigned.clone()) != assigned);
         tokio::select! {
+                biased;
             r = held.changed() => if r.is_err() { return },
             r = draining.changed() => if r.is_err() { return },
             r = members.changed() => if r.is_err() { return },

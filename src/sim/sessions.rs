@@ -6,6 +6,10 @@
 //! duplicated requests, outages, lost replies, clock drift and jumps) plus
 //! crashes and garbage collections run by an outsider (the operator).
 //!
+//! One seed in three runs the processes as members of a partitioned lock
+//! instead ([`Partitioner`]: six partitions, claimed through
+//! [`Assigned::token_at`]), with a drain of up to P before each handover.
+//!
 //! The checker compares every claim with the store's record of lock
 //! acquisitions (their commit instants on the simulated clock):
 //! 1. per lock, tokens strictly increase in commit order;
@@ -15,6 +19,10 @@
 //!    acquisition: no lock is held by two live sessions at one instant, and
 //!    a paused session's locks are not claimed past its deadline (the claim
 //!    and its clock reading are one step, so no pause falls between them).
+//!
+//! Partition schedules also check convergence: once the faults stop, within
+//! 2 D + 8 P every process is a member, every partition has an owner and
+//! shares differ by at most one.
 
 use std::collections::HashMap;
 
@@ -27,6 +35,7 @@ use super::{
 use super::{Link, RngExt, SeedableRng};
 use crate::lease::elector::SimHooks;
 use crate::lease::lock_set::{HeldSet, Session};
+use crate::lease::partitions::{Assigned, PartitionFlaw, PartitionView, Partitioner, partition_lock};
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, SessionStore};
 use crate::lease::{FencingToken, StoreError, StoreTime};
 use crate::store::memory::{LockAcquisition, SessionFlaw};
@@ -34,8 +43,21 @@ use crate::store::memory::{LockAcquisition, SessionFlaw};
 /// The locks every process competes for.
 const LOCKS: [&str; 6] = ["lock-a", "lock-b", "lock-c", "lock-d", "lock-e", "lock-f"];
 
+/// The partitioned lock of partition schedules, and its partition count.
+const PARTITIONED: &str = "jobs";
+const PARTITIONS: u32 = 6;
+
+/// Whether `mutant` is caught by session schedules.
+pub(super) fn is_session_mutant(mutant: Mutant) -> bool {
+    flaw(mutant).is_some() || partition_flaw(Some(mutant)).is_some()
+}
+
+fn partition_flaw(mutant: Option<Mutant>) -> Option<PartitionFlaw> {
+    (mutant == Some(Mutant::PartitionExtrasKept)).then_some(PartitionFlaw::ExtrasKept)
+}
+
 /// The store-side bug of a session mutant.
-pub(super) fn flaw(mutant: Mutant) -> Option<SessionFlaw> {
+fn flaw(mutant: Mutant) -> Option<SessionFlaw> {
     match mutant {
         Mutant::SessionRenewWithoutCas => Some(SessionFlaw::RenewWithoutCas),
         Mutant::SessionRenewedAfterExpiry => Some(SessionFlaw::RenewExpired),
@@ -68,6 +90,8 @@ struct Claim {
 struct Shared {
     claims: Mutex<Vec<Claim>>,
     replaced: Mutex<u64>,
+    /// The processes share the partitions of [`PARTITIONED`].
+    partitioned: bool,
 }
 
 struct Process {
@@ -98,6 +122,7 @@ impl Schedule {
             wrap: Some(pause.wrapper()),
         };
         let (timing, seed, shared) = (self.timing, self.rng.random::<u64>(), shared.clone());
+        let flaw = partition_flaw(self.mutant);
         let spawner = hooks.clone();
         let work = async move {
             let mut rng = StdRng::seed_from_u64(seed);
@@ -114,6 +139,15 @@ impl Schedule {
                     Err(_) => tokio::time::sleep(timing.retry_period).await,
                 }
             };
+            if shared.partitioned {
+                let drain = timing.retry_period.mul_f64(rng.random_range(0.0..1.0));
+                let member =
+                    Partitioner::new(store, session, PARTITIONED, PARTITIONS, drain).simulated(rng.random(), flaw);
+                let _claims = AbortOnDropHandle::new(hooks.spawn(claim_partitions(member.assigned(), shared)));
+                // Runs until the process is aborted (a crash, or the end).
+                let _ = member.run(tokio_util::sync::CancellationToken::new()).await;
+                return;
+            }
             // Aborted with the process.
             let _claims = AbortOnDropHandle::new(hooks.spawn(claim(session.held(), shared)));
             loop {
@@ -152,11 +186,23 @@ impl Schedule {
         if let Some(flaw) = self.mutant.and_then(flaw) {
             self.store.set_session_flaw(Some(flaw));
         }
-        let shared = Arc::new(Shared::default());
+        let partitioned = self.seed % 3 == 2 || partition_flaw(self.mutant).is_some();
+        let shared = Arc::new(Shared {
+            partitioned,
+            ..Shared::default()
+        });
         let slots = self.rng.random_range(2..=5);
         self.note(format!(
-            "{slots} processes with sessions, {:?}, store clock rate {:.3}, forward jumps up to {:?}, mutant {:?}",
-            self.timing, self.clock_rate, self.max_jump, self.mutant
+            "{slots} processes with sessions{}, {:?}, store clock rate {:.3}, forward jumps up to {:?}, mutant {:?}",
+            if partitioned {
+                format!(" sharing {PARTITIONS} partitions")
+            } else {
+                String::new()
+            },
+            self.timing,
+            self.clock_rate,
+            self.max_jump,
+            self.mutant
         ));
         let mut processes: Vec<Process> = (0..slots).map(|i| self.start_process(i, &shared)).collect();
         let end = self.start + length;
@@ -165,11 +211,45 @@ impl Schedule {
             self.inject_sessions(&mut processes, &shared).await;
         }
         self.store.set_faults(Default::default());
+        let unbalanced = match partitioned {
+            true => self.converge_partitions(&processes).await,
+            false => None,
+        };
         for p in &processes {
             p.task.abort();
         }
         tokio::time::sleep(self.timing.lease_duration * 2).await;
-        self.check_sessions(&shared)
+        self.report.counts.partition_schedules = u64::from(partitioned);
+        self.check_sessions(&shared, unbalanced)
+    }
+
+    /// Lifts every fault, waits 2 D + 8 P and reads the partitions: what is
+    /// wrong with them, if anything.
+    async fn converge_partitions(&mut self, processes: &[Process]) -> Option<String> {
+        for p in processes {
+            *p.link.lock().unwrap() = LinkFaults::default();
+            p.pause.0.send_replace(false);
+        }
+        self.note("faults lifted: the partitions must converge".into());
+        let p = self.timing.retry_period;
+        tokio::time::sleep(self.timing.lease_duration * 2 + p.mul_f64(8.0 * (1.0 + self.timing.jitter))).await;
+        let view = match PartitionView::observe(&self.store, PARTITIONED, PARTITIONS).await {
+            Ok(view) => view,
+            Err(e) => return Some(format!("reading the partitions failed: {e}")),
+        };
+        let held = view.held_by_member();
+        let (max, min) = (held.values().max(), held.values().min());
+        let members = processes.len().min(PARTITIONS as usize);
+        let fine =
+            view.members.len() == members && view.unowned() == 0 && max.zip(min).is_some_and(|(a, b)| a - b <= 1);
+        (!fine).then(|| {
+            format!(
+                "partitions did not converge within 2 D + 8 P of the faults stopping: {} members of {members} expected, {} unowned, shares {:?}",
+                view.members.len(),
+                view.unowned(),
+                held
+            )
+        })
     }
 
     async fn inject_sessions(&mut self, processes: &mut [Process], shared: &Arc<Shared>) {
@@ -199,7 +279,7 @@ impl Schedule {
         }
     }
 
-    fn check_sessions(mut self, shared: &Shared) -> Result<Report, Violation> {
+    fn check_sessions(mut self, shared: &Shared, unbalanced: Option<String>) -> Result<Report, Violation> {
         let mut log = std::mem::take(&mut *self.log.lock().unwrap());
         let acquisitions: Vec<LockAcquisition> = self.store.lock_acquisitions();
         let start = self.start;
@@ -269,6 +349,9 @@ impl Schedule {
         if claims.is_empty() {
             return Err(fail("nobody ever held a lock: the schedule tested nothing".into()));
         }
+        if let Some(what) = unbalanced {
+            return Err(fail(what));
+        }
         let stats = self.stats.lock().unwrap();
         self.report.counts.terms = acquisitions.len() as u64;
         self.report.counts.accepted = claims.len() as u64;
@@ -298,6 +381,24 @@ async fn claim(held: tokio::sync::watch::Receiver<HeldSet>, shared: Arc<Shared>)
             set.token_at(name, now).map(|token| Claim {
                 session: set.session.clone(),
                 lock: name.clone(),
+                token,
+                at: now,
+            })
+        });
+        shared.claims.lock().unwrap().extend(claimed);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every 50 ms, records each partition the member may work on now.
+async fn claim_partitions(assigned: tokio::sync::watch::Receiver<Assigned>, shared: Arc<Shared>) {
+    loop {
+        let set = assigned.borrow().clone();
+        let now = Instant::now();
+        let claimed = set.partitions.keys().filter_map(|index| {
+            set.token_at(*index, now).map(|token| Claim {
+                session: set.session.clone(),
+                lock: partition_lock(PARTITIONED, *index),
                 token,
                 at: now,
             })
