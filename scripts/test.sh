@@ -23,6 +23,8 @@ for store in "" postgres redis; do
 done
 # The many-locks example checks its own outcome (every key one owner, higher tokens).
 cargo run -q --no-default-features --example many-locks
+# So does the partitions example (every partition one worker, shares as planned).
+cargo run -q --no-default-features --example partitions
 # One emulator for the whole run (each test makes databases of its own);
 # tests that must own an emulator (to restart it) start a private one.
 if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
