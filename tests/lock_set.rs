@@ -3,9 +3,12 @@
 //! and its deadline, release, close, and one renewal per P.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold::lease::{Identity, Session, SessionStore, StoreError, Timing};
+use async_trait::async_trait;
+use leasehold::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
+use leasehold::lease::{FencingToken, Identity, Session, SessionStore, StoreError, StoreTime, Timing};
 use leasehold::store::{Faults, MemoryStore};
 
 fn timing() -> Timing {
@@ -228,4 +231,119 @@ async fn bad_lock_names_are_refused_naming_what_is_wrong() {
         empty.chain()
     );
     assert!(a.held().borrow().locks.is_empty());
+}
+
+/// A memory store that records how many calls were in flight at once and
+/// how many renewals it saw.
+struct Overlaps {
+    inner: MemoryStore,
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+    renewals: AtomicUsize,
+}
+
+impl Overlaps {
+    fn new(inner: MemoryStore) -> Arc<Self> {
+        Arc::new(Overlaps {
+            inner,
+            in_flight: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            renewals: AtomicUsize::new(0),
+        })
+    }
+
+    async fn counted<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let result = call.await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
+#[async_trait]
+impl SessionStore for Overlaps {
+    async fn ensure_session_schema(&self) -> Result<(), StoreError> {
+        self.inner.ensure_session_schema().await
+    }
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime, StoreError> {
+        self.counted(self.inner.open_session(session, owner, lease)).await
+    }
+    async fn renew_session(&self, session: &str) -> Result<StoreTime, StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.counted(self.inner.renew_session(session)).await
+    }
+    async fn close_session(&self, session: &str) -> Result<(), StoreError> {
+        self.counted(self.inner.close_session(session)).await
+    }
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation, StoreError> {
+        self.counted(self.inner.observe_session(session)).await
+    }
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch, StoreError> {
+        self.counted(self.inner.try_lock(session, names)).await
+    }
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>, StoreError> {
+        self.counted(self.inner.unlock(session, locks)).await
+    }
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation, StoreError> {
+        self.counted(self.inner.observe_locks(names)).await
+    }
+    async fn collect_garbage(&self) -> Result<Collected, StoreError> {
+        self.counted(self.inner.collect_garbage()).await
+    }
+}
+
+/// Batches that each take longer than P: the renewals still happen, but
+/// between batches, never beside one (both write the session row; on the
+/// emulator a second transaction on one client's session ends the first).
+#[tokio::test(start_paused = true)]
+async fn a_session_makes_one_store_call_at_a_time() {
+    let store = MemoryStore::new(10);
+    let overlaps = Overlaps::new(store.clone());
+    let a = Session::open(overlaps.clone(), Identity::new(None, None, "a"), timing())
+        .await
+        .unwrap();
+    store.set_faults(Faults {
+        latency: timing().retry_period,
+        ..Default::default()
+    });
+    for i in 0..6 {
+        let got = a.try_lock_many(&[format!("lock-{i}")]).await.unwrap();
+        assert_eq!(got.taken.len(), 1);
+    }
+    assert!(
+        overlaps.renewals.load(Ordering::SeqCst) >= 2,
+        "renewals got in between the batches"
+    );
+    assert_eq!(overlaps.most.load(Ordering::SeqCst), 1, "never two calls at once");
+    assert_eq!(a.held().borrow().locks.len(), 6);
+}
+
+/// A batch that hangs past the deadline holds up the renewal behind it; the
+/// held set is still emptied at the deadline, not when the batch gives up.
+#[tokio::test(start_paused = true)]
+async fn a_hung_batch_does_not_keep_the_held_set_past_the_deadline() {
+    let store = MemoryStore::new(11);
+    let a = session(&store, "a").await;
+    let mut held = a.held();
+    a.try_lock_many(&["x"]).await.unwrap();
+    let sent = tokio::time::Instant::now();
+    store.set_faults(Faults {
+        latency: timing().lease_duration,
+        ..Default::default()
+    });
+    let a = Arc::new(a);
+    let hung = tokio::spawn({
+        let a = a.clone();
+        async move { a.try_lock_many(&["y"]).await }
+    });
+    tokio::time::timeout(
+        timing().renew_deadline + Duration::from_millis(1),
+        held.wait_for(|h| h.locks.is_empty()),
+    )
+    .await
+    .expect("emptied by the deadline")
+    .unwrap();
+    assert!(tokio::time::Instant::now() <= sent + timing().renew_deadline);
+    assert!(!hung.is_finished() || hung.await.unwrap().is_err());
 }

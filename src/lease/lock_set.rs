@@ -9,8 +9,12 @@
 //! * The held set is published on a `watch` channel with the session's
 //!   deadline, `t_send + R` from the send time of the last successful
 //!   renewal (the elector's rule). At the deadline the set is published
-//!   empty; [`HeldSet::token_at`] also checks the deadline, so a process
-//!   paused past it claims nothing when it wakes.
+//!   empty, also while a store call of the session hangs;
+//!   [`HeldSet::token_at`] also checks the deadline, so a process paused
+//!   past it claims nothing when it wakes.
+//! * A session makes one store call at a time: a renewal waits for a batch
+//!   in flight (which renews the session itself) instead of racing it for
+//!   the session row.
 //! * A renewal the store refuses means the session expired (or was closed):
 //!   every lock of it is gone for good, and the handle opens a new session
 //!   that holds nothing. A renewal that merely failed (store unreachable) is
@@ -96,9 +100,10 @@ struct Shared {
     jitter: Mutex<Jitter>,
     /// Wakes the renewal task early (a store call saw the session lost).
     wake: Notify,
-    /// Taking and freeing locks one at a time: a release in flight must not
-    /// free a lock that a concurrent `try_lock` just confirmed as held (both
-    /// name the same session and token).
+    /// One store call of the session at a time: a release in flight must
+    /// not free a lock that a concurrent `try_lock` just confirmed as held
+    /// (both name the same session and token), and a renewal beside a batch
+    /// would race it for the session row.
     serial: tokio::sync::Mutex<()>,
 }
 
@@ -366,6 +371,23 @@ impl Shared {
         Ok(freed)
     }
 
+    /// Awaits `call` (a store call, or the turn to make one), publishing
+    /// the held set empty meanwhile if the deadline passes: a hung call must
+    /// not keep the locks published past it.
+    async fn publishing_deadlines<T>(&self, call: impl Future<Output = T>) -> T {
+        let mut call = std::pin::pin!(call);
+        loop {
+            let Some(deadline) = self.known().deadline.filter(|d| *d > now()) else {
+                return call.await;
+            };
+            tokio::select! {
+                biased;
+                _ = sleep_until(deadline) => self.publish(),
+                done = &mut call => return done,
+            }
+        }
+    }
+
     /// Renews every P (jittered) until dropped; opens a new session when
     /// the store refuses a renewal.
     async fn renew_forever(self: Arc<Self>) {
@@ -387,17 +409,24 @@ impl Shared {
             if now() < next {
                 continue;
             }
+            // One store call of this session at a time: a batch in flight
+            // renews the session itself, and a renewal beside it would race
+            // it for the session row (on the emulator, a second transaction
+            // on the same client's session even ends the first).
+            let _serial = self.publishing_deadlines(self.serial.lock()).await;
             let session = self.known().session.clone();
             let sent = now();
-            match self.bounded(self.store.renew_session(&session)).await {
+            match self
+                .publishing_deadlines(self.bounded(self.store.renew_session(&session)))
+                .await
+            {
                 Ok(_) => {
                     self.renewed(&session, sent);
                     errors = self.backoff();
                     next = sent + self.jitter.lock().unwrap_or_else(|e| e.into_inner()).apply(p);
-                    let _serial = self.serial.lock().await;
                     let unreleased = self.known().unreleased.clone();
                     if !unreleased.is_empty()
-                        && let Err(e) = self.unlock(&session, unreleased).await
+                        && let Err(e) = self.publishing_deadlines(self.unlock(&session, unreleased)).await
                     {
                         debug!(%session, error = %e, "release still unconfirmed; retrying after the next renewal");
                     }

@@ -10,11 +10,15 @@
 //! * Renewal is one `UPDATE … WHERE CURRENT_TIMESTAMP() <= renewed_at + D
 //!   THEN RETURN` plus the commit, however many locks the session holds: a
 //!   session that expired by the store's clock matches no row and stays dead.
-//! * `try_lock` is one read-write transaction: a read of the caller's
-//!   session (live by `CURRENT_TIMESTAMP()`), one read of the requested lock
-//!   rows joined with their sessions (live judged in the same statement), and
-//!   the taken rows written as mutations with the commit timestamp as token,
-//!   with the session's renewal (`renewed_at` = the commit timestamp).
+//! * `try_lock` is one read-write transaction of three round trips: a read
+//!   of the requested lock rows by primary key, one query judging the
+//!   caller's session and every holder those rows name live or not by
+//!   `CURRENT_TIMESTAMP()`, and the commit carrying the taken rows as
+//!   mutations (the commit timestamp as token) and the session's renewal
+//!   (`renewed_at` = the commit timestamp). Reading by key keeps a batch's
+//!   cost independent of the table's size (a query joining the lock rows
+//!   with their sessions took 2.5 s per batch at 10,000 locks on the
+//!   emulator, which scans).
 //! * Expiry is `CURRENT_TIMESTAMP() > TIMESTAMP_ADD(renewed_at, INTERVAL
 //!   lease_ms MILLISECOND)`, exactly the core's rule
 //!   ([`SessionRecord::is_live_at`]), in one place ([`LIVE`]).
@@ -27,7 +31,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use google_cloud_lro::Poller;
 use google_cloud_spanner::client::DatabaseClient;
+use google_cloud_spanner::key::{Key, KeySet};
 use google_cloud_spanner::mutation::Mutation;
+use google_cloud_spanner::read::ReadRequest;
 use google_cloud_spanner::result::ResultSet;
 use google_cloud_spanner::statement::Statement;
 use google_cloud_spanner::transaction::ReadWriteTransaction;
@@ -82,26 +88,32 @@ impl Tables {
         ]
     }
 
-    /// The caller's session: one row when it exists, with `live`.
-    fn own_session(&self) -> String {
+    /// The store's clock, and each named session that exists with whether
+    /// it is live (one row with a NULL id when none exists).
+    fn sessions_live(&self) -> String {
         format!(
-            "SELECT {LIVE} AS live FROM {} AS s WHERE s.shard = @shard AND s.id = @id",
+            "SELECT CURRENT_TIMESTAMP() AS now, s.id, {LIVE} AS live FROM (SELECT 1 AS one) AS clock \
+             LEFT JOIN {} AS s ON s.shard IN UNNEST(@shards) AND s.id IN UNNEST(@names)",
             self.sessions
         )
     }
 
-    /// The requested lock rows, each with whether its session is live.
-    fn locks_with_holders(&self) -> String {
-        format!(
-            "SELECT l.name, l.session, l.token, (s.id IS NOT NULL AND {LIVE}) AS live \
-             FROM {} AS l LEFT JOIN {} AS s ON s.shard = l.session_shard AND s.id = l.session \
-             WHERE l.shard IN UNNEST(@shards) AND l.name IN UNNEST(@names)",
-            self.locks, self.sessions
-        )
+    /// The lock rows of `names`, read by primary key: one point read per
+    /// name however large the table (module docs).
+    fn lock_rows(&self, names: &[String]) -> ReadRequest {
+        let keys = names
+            .iter()
+            .fold(KeySet::builder(), |keys, name| {
+                keys.add_key(Key::new(vec![shard_of(name).into(), name.clone().into()]))
+            })
+            .build();
+        ReadRequest::builder(&self.locks, ["name", "session", "token"])
+            .with_keys(keys)
+            .build()
     }
 }
 
-/// `@shards` and `@names` for a batch of lock names.
+/// `@shards` and `@names` for a batch of names (locks or sessions).
 fn batch_statement(sql: &str, names: &[String]) -> Statement {
     let mut shards: Vec<i64> = names.iter().map(|n| shard_of(n)).collect();
     shards.sort_unstable();
@@ -120,29 +132,62 @@ fn session_statement(sql: &str, session: &str) -> google_cloud_spanner::statemen
 
 /// One lock row as read.
 struct LockRow {
-    name: String,
     session: Option<String>,
     token: FencingToken,
-    live: bool,
 }
 
 async fn lock_rows(mut rows: ResultSet) -> google_cloud_spanner::Result<HashMap<String, LockRow>> {
     let mut found = HashMap::new();
     while let Some(row) = rows.next().await.transpose()? {
-        let name: String = row.get("name")?;
         let token: Timestamp = row.get("token")?;
-        let live: Option<bool> = row.get("live")?;
         found.insert(
-            name.clone(),
+            row.get("name")?,
             LockRow {
-                name,
                 session: row.get("session")?,
                 token: FencingToken(timestamp_to_store(&token).0),
-                live: live.unwrap_or(false),
             },
         );
     }
     Ok(found)
+}
+
+/// The sessions whose liveness decides a batch: `own` (when given) and
+/// every session named by a found row, each once.
+fn sessions_to_judge(own: Option<&str>, found: &HashMap<String, LockRow>) -> Vec<String> {
+    let mut ids: Vec<String> = own
+        .into_iter()
+        .map(str::to_string)
+        .chain(found.values().filter_map(|r| r.session.clone()))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// What `sessions_live` read: the store's clock and, per existing
+/// session, whether it is live by that clock.
+struct Liveness {
+    now: Timestamp,
+    live: HashMap<String, bool>,
+}
+
+impl Liveness {
+    /// Held by a live session other than none.
+    fn holds(&self, row: &LockRow) -> bool {
+        row.session.as_ref().is_some_and(|s| self.live.get(s) == Some(&true))
+    }
+}
+
+async fn liveness(mut rows: ResultSet) -> google_cloud_spanner::Result<Liveness> {
+    let (mut now, mut live) = (None, HashMap::new());
+    while let Some(row) = rows.next().await.transpose()? {
+        now = Some(row.get::<Timestamp>("now")?);
+        if let Some(id) = row.get::<Option<String>>("id")? {
+            live.insert(id, row.get::<Option<bool>>("live")?.unwrap_or(false));
+        }
+    }
+    let now = now.ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
+    Ok(Liveness { now, live })
 }
 
 /// How many rows a `THEN RETURN` statement gave back; reads them all.
@@ -383,32 +428,32 @@ impl SessionStore for SpannerStore {
         validate_session_id(session)?;
         validate_lock_names(names.iter().map(String::as_str))?;
         let tables = Tables::of(self)?;
-        let (own, read) = (tables.own_session(), tables.locks_with_holders());
+        let (read, judge) = (tables.lock_rows(names), tables.sessions_live());
         let (locks, sessions) = (tables.locks.clone(), tables.sessions.clone());
         let (session_id, wanted) = (session.to_string(), names.to_vec());
         let body = move |tx: ReadWriteTransaction, refusal: super::Refusal| {
-            let own = session_statement(&own, &session_id).build();
-            let read = batch_statement(&read, &wanted);
+            let (read, judge) = (read.clone(), judge.clone());
             let (session_id, wanted) = (session_id.clone(), wanted.clone());
             let (locks, sessions) = (locks.clone(), sessions.clone());
             async move {
-                let mut rows = tx.execute_query(own).await?;
-                let live = match rows.next().await.transpose()? {
-                    Some(row) => row.get::<bool>("live")?,
+                // Two reads under the transaction's locks, then the commit:
+                // the rows by key, then the caller's session and every
+                // holder judged by the store's clock in one statement.
+                let found = lock_rows(tx.execute_read(read).await?).await?;
+                let judged = sessions_to_judge(Some(&session_id), &found);
+                let liveness = liveness(tx.execute_query(batch_statement(&judge, &judged)).await?).await?;
+                match liveness.live.get(&session_id) {
                     None => return refusal.refuse(session_lost(&session_id, "no such session (closed or collected)")),
-                };
-                while rows.next().await.transpose()?.is_some() {}
-                if !live {
-                    return refusal.refuse(session_lost(&session_id, "expired by the store's clock"));
+                    Some(false) => return refusal.refuse(session_lost(&session_id, "expired by the store's clock")),
+                    Some(true) => {}
                 }
-                let found = lock_rows(tx.execute_query(read).await?).await?;
                 let (mut held, mut busy, mut take) = (Vec::new(), Vec::new(), Vec::new());
                 for name in wanted {
                     match found.get(&name) {
                         Some(row) if row.session.as_deref() == Some(session_id.as_str()) => {
-                            held.push((row.name.clone(), row.token));
+                            held.push((name, row.token));
                         }
-                        Some(row) if row.live => busy.push(name),
+                        Some(row) if liveness.holds(row) => busy.push(name),
                         _ => take.push(name),
                     }
                 }
@@ -448,14 +493,13 @@ impl SessionStore for SpannerStore {
         validate_session_id(session)?;
         validate_lock_names(locks.iter().map(|(name, _)| name.as_str()))?;
         let tables = Tables::of(self)?;
-        let (read, table) = (tables.locks_with_holders(), tables.locks.clone());
+        let names: Vec<String> = locks.iter().map(|(n, _)| n.clone()).collect();
+        let (read, table) = (tables.lock_rows(&names), tables.locks.clone());
         let (session_id, wanted) = (session.to_string(), locks.to_vec());
         let body = move |tx: ReadWriteTransaction, _refusal| {
-            let names: Vec<String> = wanted.iter().map(|(n, _)| n.clone()).collect();
-            let read = batch_statement(&read, &names);
-            let (session_id, wanted, table) = (session_id.clone(), wanted.clone(), table.clone());
+            let (read, session_id, wanted, table) = (read.clone(), session_id.clone(), wanted.clone(), table.clone());
             async move {
-                let found = lock_rows(tx.execute_query(read).await?).await?;
+                let found = lock_rows(tx.execute_read(read).await?).await?;
                 let freed: Vec<String> = wanted
                     .iter()
                     .filter(|(name, token)| {
@@ -480,33 +524,25 @@ impl SessionStore for SpannerStore {
     async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation> {
         validate_lock_names(names.iter().map(String::as_str))?;
         let tables = Tables::of(self)?;
-        let (read, clock) = (tables.locks_with_holders(), "SELECT CURRENT_TIMESTAMP() AS now");
-        let (found, now) = self
+        let (read, judge) = (tables.lock_rows(names), tables.sessions_live());
+        let (found, liveness) = self
             .call(|client| {
-                let (read, names) = (read.clone(), names.to_vec());
+                let (read, judge) = (read.clone(), judge.clone());
+                // Both reads in one snapshot: the rows, then their holders.
+                let observe = async move {
+                    let tx = client.read_only_transaction().build().await?;
+                    let found = lock_rows(tx.execute_read(read).await?).await?;
+                    let judged = sessions_to_judge(None, &found);
+                    let liveness = liveness(tx.execute_query(batch_statement(&judge, &judged)).await?).await?;
+                    Ok::<_, google_cloud_spanner::Error>((found, liveness))
+                };
                 async move {
-                    let found = self
-                        .read_only(
-                            "observe locks".into(),
-                            batch_statement(&read, &names),
-                            lock_rows,
-                            client.clone(),
-                        )
-                        .await?;
-                    let now = self
-                        .read_only(
-                            "read the store's clock".into(),
-                            Statement::builder(clock).build(),
-                            |mut rows: ResultSet| async move {
-                                let row = rows.next().await.transpose()?.ok_or_else(|| {
-                                    google_cloud_spanner::Error::deser("the clock query returned no row")
-                                })?;
-                                row.get::<Timestamp>("now")
-                            },
-                            client,
-                        )
-                        .await?;
-                    Ok((found, now))
+                    tokio::time::timeout(self.call_timeout, observe)
+                        .await
+                        .map_err(|_| {
+                            StoreError::unavailable(format!("observe locks: no reply within {:?}", self.call_timeout))
+                        })?
+                        .map_err(|e| classify("observe locks".into(), e, false, &self.config))
                 }
             })
             .await?;
@@ -516,14 +552,14 @@ impl SessionStore for SpannerStore {
                 let row = found.get(name);
                 ObservedLock {
                     name: name.clone(),
-                    holder: row.filter(|r| r.live).and_then(|r| r.session.clone()),
+                    holder: row.filter(|r| liveness.holds(r)).and_then(|r| r.session.clone()),
                     token: row.map(|r| r.token),
                 }
             })
             .collect();
         Ok(LocksObservation {
             locks,
-            now: timestamp_to_store(&now),
+            now: timestamp_to_store(&liveness.now),
         })
     }
 
@@ -568,11 +604,6 @@ mod tests {
         let [sessions, locks] = tables.create();
         assert!(sessions.contains("PRIMARY KEY (shard, id)"), "{sessions}");
         assert!(locks.contains("PRIMARY KEY (shard, name)"), "{locks}");
-        assert!(
-            tables
-                .locks_with_holders()
-                .contains("s.shard = l.session_shard AND s.id = l.session")
-        );
     }
 
     #[test]
