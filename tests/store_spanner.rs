@@ -561,8 +561,9 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
     store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }
 
-/// A partitioned lease on Spanner: the reconcile shows the assignment from
-/// the session tables, and collects a dead session's rows, never a live one's.
+/// A partitioned lease on Spanner: the reconcile creates the session tables,
+/// shows the assignment from them, and collects a dead session's rows, never
+/// a live one's.
 #[tokio::test]
 async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
     use leasehold::lease::SessionStore;
@@ -582,7 +583,24 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
             .await
             .unwrap(),
     );
-    store.ensure_session_schema().await.unwrap();
+    let metrics = Arc::new(Metrics::new(&mut prometheus_client::registry::Registry::default()));
+    let stores = Arc::new(SingleStore::with_sessions(store.clone()));
+    let resource = lease(json!({"partitions": 4}), &[FINALIZER], None);
+
+    // A fresh database: the reconcile creates the session tables and finds no members.
+    let (ctx, server) = context_with(stores.clone(), metrics.clone());
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource.clone(), async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(
+            (&status["partitions"]["members"], &status["partitions"]["unowned"]),
+            (&json!(0), &json!(4))
+        );
+    })
+    .await;
+    result.unwrap();
+
     let names = |slot: u32, partitions: std::ops::Range<u32>| -> Vec<String> {
         std::iter::once(format!("prod/web/m/{slot}"))
             .chain(partitions.map(|i| format!("prod/web/p/{i}")))
@@ -600,9 +618,7 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
     // The short session expires by the store's clock (D after its last take).
     tokio::time::sleep(Duration::from_millis(2_500)).await;
 
-    let metrics = Arc::new(Metrics::new(&mut prometheus_client::registry::Registry::default()));
-    let (ctx, server) = context_with(Arc::new(SingleStore::with_sessions(store.clone())), metrics.clone());
-    let resource = lease(json!({"partitions": 4}), &[FINALIZER], None);
+    let (ctx, server) = context_with(stores, metrics.clone());
     let echo = resource.clone();
     let shown = live.clone();
     let result = run_on(ctx, server, resource, async move |server| {
