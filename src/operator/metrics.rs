@@ -149,3 +149,24 @@ impl Metrics {
         self.leader.get() == 1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collected_rows_are_exposed_by_kind() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics.collected(Collected { sessions: 2, locks: 5 });
+        metrics.collected(Collected { sessions: 1, locks: 0 });
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "leasehold_operator_collected_rows_total{rows=\"sessions\"} 3",
+            "leasehold_operator_collected_rows_total{rows=\"locks\"} 5",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+}
