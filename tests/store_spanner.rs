@@ -561,6 +561,92 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
     store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }
 
+/// A partitioned lease on Spanner: the reconcile creates the session tables,
+/// shows the assignment from them, and collects a dead session's rows, never
+/// a live one's.
+#[tokio::test]
+async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
+    use leasehold::lease::SessionStore;
+    use leasehold::lease::session::new_session_id;
+    use leasehold::operator::metrics::Metrics;
+    use leasehold::operator::reconcile::FINALIZER;
+    use leasehold::operator::reconcile::fixtures::{
+        context_with, expect_pod_list, expect_status_apply, lease, pod, run_on,
+    };
+    use leasehold::operator::stores::SingleStore;
+    use serde_json::json;
+
+    let emulator = Emulator::start_or_connect();
+    let config = emulator.create_database("operator_partitions").await;
+    let store = Arc::new(
+        SpannerStore::connect_to(config, emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+            .await
+            .unwrap(),
+    );
+    let metrics = Arc::new(Metrics::new(&mut prometheus_client::registry::Registry::default()));
+    let stores = Arc::new(SingleStore::with_sessions(store.clone()));
+    let resource = lease(json!({"partitions": 4}), &[FINALIZER], None);
+
+    // A fresh database: the reconcile creates the session tables and finds no members.
+    let (ctx, server) = context_with(stores.clone(), metrics.clone());
+    let echo = resource.clone();
+    let result = run_on(ctx, server, resource.clone(), async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(
+            (&status["partitions"]["members"], &status["partitions"]["unowned"]),
+            (&json!(0), &json!(4))
+        );
+    })
+    .await;
+    result.unwrap();
+
+    let names = |slot: u32, partitions: std::ops::Range<u32>| -> Vec<String> {
+        std::iter::once(format!("prod/web/m/{slot}"))
+            .chain(partitions.map(|i| format!("prod/web/p/{i}")))
+            .collect()
+    };
+    let session = |pod: &str| new_session_id(&Identity::new(None, Some("prod".into()), pod), 1);
+    let (live, dead) = (session("web-0"), session("web-1"));
+    for (id, lease, held) in [
+        (&live, Duration::from_secs(60), names(0, 0..2)),
+        (&dead, Duration::from_secs(2), names(1, 2..4)),
+    ] {
+        store.open_session(id, "test", lease).await.unwrap();
+        assert!(store.try_lock(id, &held).await.unwrap().busy.is_empty());
+    }
+    // The short session expires by the store's clock (D after its last take).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+    let (ctx, server) = context_with(stores, metrics.clone());
+    let echo = resource.clone();
+    let shown = live.clone();
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", None, true), pod("web-1", None, true)]).await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(
+            status["partitions"],
+            json!({"count": 4, "members": 1, "unowned": 2, "balance": 0, "assignment": [
+                {"holder": "web-0", "session": shown, "count": 2, "partitions": "0-1"},
+            ]})
+        );
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(
+        (metrics.collected_rows("sessions"), metrics.collected_rows("locks")),
+        (1, 3),
+        "the dead session, its slot and its two partitions"
+    );
+    assert_eq!(store.observe_session(&dead).await.unwrap().record, None);
+    assert!(store.observe_session(&live).await.unwrap().is_live());
+    let held = store.observe_locks(&names(0, 0..2)).await.unwrap();
+    assert!(
+        held.locks.iter().all(|l| l.holder.as_deref() == Some(live.as_str())),
+        "{held:?}"
+    );
+}
+
 /// Issue 16: a table created by a leasehold from before versions (no
 /// `revision`, `version`) is refused with the fix by a store that may not
 /// change it, never read as "no version"; `ensure_schema` adds the columns,

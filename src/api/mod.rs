@@ -40,6 +40,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
     printcolumn(name = "Term", type_ = "integer", json_path = ".status.term"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.leaderVersion"),
+    printcolumn(name = "Members", type_ = "integer", json_path = ".status.partitions.members"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(
@@ -266,6 +267,45 @@ pub struct DistributedLeaseStatus {
     /// The resource generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// With `spec.partitions`: who holds which partition, from one
+    /// consistent read of the store (the single-lock fields stay empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<PartitionsStatus>,
+}
+
+/// The assignment of a partitioned lease (docs/partitions.md).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = unsigned_as_int64)]
+pub struct PartitionsStatus {
+    /// The number of partitions (N).
+    pub count: u32,
+    /// Live candidates holding a member slot (M): they share the partitions.
+    pub members: u32,
+    /// Partitions no live session holds.
+    pub unowned: u32,
+    /// The most partitions a member holds minus the fewest (0 without
+    /// members); at most 1 once the members have shared them out.
+    pub balance: u32,
+    /// Per live session holding a member slot or a partition, by session id.
+    #[serde(default)]
+    pub assignment: Vec<PartitionHolder>,
+}
+
+/// What one live session holds.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = unsigned_as_int64)]
+pub struct PartitionHolder {
+    /// The session's pod, read from its id; absent for an id of another form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// The session id: `<identity>~<nonce>`.
+    pub session: String,
+    /// How many partitions it holds.
+    pub count: u32,
+    /// Which, as index ranges: `0-3,7`.
+    pub partitions: String,
 }
 
 impl DistributedLease {

@@ -53,6 +53,16 @@ pub fn new_session_id(owner: &Identity, nonce: u64) -> String {
     format!("{owner}~{nonce:016x}")
 }
 
+/// The owner of a session id made by [`new_session_id`], so people see the
+/// pod behind a session; `None` for an id of another form.
+pub fn session_owner(session: &str) -> Option<Identity> {
+    let (owner, nonce) = session.rsplit_once('~')?;
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    owner.parse().ok()
+}
+
 /// One session's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
@@ -251,6 +261,24 @@ mod tests {
         assert!(a.starts_with("pod-0#n~"), "{a}");
         assert_ne!(a, b);
         validate_session_id(&a).unwrap();
+    }
+
+    #[test]
+    fn a_session_id_names_its_owner_and_pod() {
+        let owner = Identity::new(Some("east".into()), Some("prod".into()), "web-0");
+        let id = new_session_id(&owner, 0xab);
+        assert_eq!(session_owner(&id), Some(owner.clone()));
+        assert_eq!(session_owner(&id).unwrap().name(), "web-0");
+        // An id of another form names nobody, even when it looks close.
+        for other in [
+            "web-0",
+            "web-0#n",
+            "web-0#n~ab",
+            "web-0#n~00000000000000zz",
+            "~00000000000000ab",
+        ] {
+            assert_eq!(session_owner(other), None, "{other}");
+        }
     }
 
     #[test]

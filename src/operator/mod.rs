@@ -18,6 +18,7 @@
 pub mod election;
 pub mod http;
 pub mod metrics;
+mod partitions;
 pub mod rbac;
 pub mod reconcile;
 pub mod rollout;

@@ -16,6 +16,10 @@
 //!    publish Events, and write status only when something users see
 //!    changed (holder, term, token, conditions, counts): a renewal alone
 //!    writes nothing, so a steady lease costs no writes and no extra reconcile.
+//!    A partitioned lease reads its whole assignment instead, in one store
+//!    call ([`PartitionView`]), and shows it in `status.partitions`;
+//! 7. after a successful read, collect the store's dead sessions when its
+//!    turn came ([`GC_INTERVAL`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -34,11 +38,13 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::metrics::{Metrics, Outcome};
+use super::partitions;
 use super::rollout;
 use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
 use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
-use crate::lease::Identity;
-use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::lease::partitions::PartitionView;
+use crate::lease::session::{Collected, session_owner};
+use crate::lease::{Identity, LeaseStore, Observation, StoreError};
 use crate::sidecar::interface::TIMING_CONDITION;
 use crate::store::StoreUrl;
 
@@ -62,6 +68,10 @@ const MIN_REQUEUE: Duration = Duration::from_secs(1);
 /// (sooner after a failed store call): a rotated credential is picked up
 /// within this, and a steady lease costs one Secret read per this.
 pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
+/// How often the dead sessions of one store are collected: often enough that
+/// rows of crashed candidates do not pile up, rarely enough to cost nothing
+/// (one transaction per store per interval, whatever the number of leases).
+pub const GC_INTERVAL: Duration = Duration::from_secs(300);
 /// How long a reconcile waits for the pod watch's first list.
 const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 
@@ -105,6 +115,8 @@ pub struct Context {
     schemas: Arc<Mutex<HashSet<String>>>,
     /// Store URLs read from Secrets, with when.
     urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
+    /// When each store's dead sessions were last collected.
+    gc: Arc<GcSchedule>,
 }
 
 impl Context {
@@ -118,6 +130,7 @@ impl Context {
             pods: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
             urls: Arc::default(),
+            gc: Arc::default(),
         }
     }
 
@@ -133,6 +146,7 @@ impl Context {
             pods,
             schemas: self.schemas.clone(),
             urls: self.urls.clone(),
+            gc: self.gc.clone(),
         }
     }
 
@@ -203,6 +217,13 @@ impl Context {
         valid: &ValidLease,
         namespace: &str,
     ) -> Result<(StoreTarget, Arc<dyn LeaseStore>), StoreError> {
+        let target = self.target_of(valid, namespace).await?;
+        let store = self.stores.store(&target).await?;
+        Ok((target, store))
+    }
+
+    /// Where a valid lease's store is, its URL read as [`Context::store_of`] says.
+    async fn target_of(&self, valid: &ValidLease, namespace: &str) -> Result<StoreTarget, StoreError> {
         let url = match url_secret(valid) {
             None => None,
             Some(secret) => {
@@ -221,9 +242,7 @@ impl Context {
                 }
             }
         };
-        let target = StoreTarget::of(valid, url)?;
-        let store = self.stores.store(&target).await?;
-        Ok((target, store))
+        StoreTarget::of(valid, url)
     }
 
     /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
@@ -235,30 +254,15 @@ impl Context {
     }
 
     /// Reads the lease row, creating the table the first time where the
-    /// operator has the rights. Without them (a role that may only read and
-    /// write rows) the table may exist already: the read says whether it does.
+    /// operator has the rights.
     async fn observe(&self, valid: &ValidLease, namespace: &str) -> Result<Observation, StoreError> {
         let read = async {
             let (target, store) = self.store_of(valid, namespace).await?;
-            let key = target.key();
-            let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
-            if !known {
-                match store.ensure_schema().await {
-                    Ok(()) => info!(store = %valid.store, "lease table ready"),
-                    Err(created @ StoreError::Invalid { .. }) => {
-                        let observed = store.observe(&valid.lock).await.map_err(|e| {
-                            StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
-                                .caused_by(e)
-                        })?;
-                        info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
-                        self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-                        return Ok(observed);
-                    }
-                    Err(e) => return Err(e),
-                }
-                self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-            }
-            store.observe(&valid.lock).await
+            let store = &store;
+            self.with_schema(target.key(), valid, store.ensure_schema(), || {
+                store.observe(&valid.lock)
+            })
+            .await
         };
         let observed = read.await;
         if observed.is_err() {
@@ -266,6 +270,123 @@ impl Context {
         }
         observed
     }
+
+    /// Reads the assignment of a partitioned lease in one store call,
+    /// creating the session tables the first time where the operator has
+    /// the rights.
+    async fn observe_partitions(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+        partitions: u32,
+    ) -> Result<PartitionView, StoreError> {
+        let read = async {
+            let target = self.target_of(valid, namespace).await?;
+            let sessions = self.stores.sessions(&target).await?;
+            let key = format!("{}\nsessions", target.key());
+            let sessions = &*sessions;
+            self.with_schema(key, valid, sessions.ensure_session_schema(), || {
+                PartitionView::observe(sessions, &valid.lock, partitions)
+            })
+            .await
+        };
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
+    }
+
+    /// `read`, after `ensure` created the tables the first time for `key`.
+    /// Without the rights to create them (a role that may only read and
+    /// write rows) the tables may exist already: the read says whether they do.
+    async fn with_schema<T, R>(
+        &self,
+        key: String,
+        valid: &ValidLease,
+        ensure: impl Future<Output = Result<(), StoreError>>,
+        read: impl Fn() -> R,
+    ) -> Result<T, StoreError>
+    where
+        R: Future<Output = Result<T, StoreError>>,
+    {
+        let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
+        if !known {
+            match ensure.await {
+                Ok(()) => info!(store = %valid.store, "tables ready"),
+                Err(created @ StoreError::Invalid { .. }) => {
+                    let observed = read().await.map_err(|e| {
+                        StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
+                            .caused_by(e)
+                    })?;
+                    info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
+                    self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                    return Ok(observed);
+                }
+                Err(e) => return Err(e),
+            }
+            self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+        }
+        read().await
+    }
+
+    /// Deletes the dead sessions of the lease's store, and the lock rows
+    /// they left, at most once per [`GC_INTERVAL`] per store (whichever of
+    /// its leases comes first), for stores that keep sessions. The store
+    /// judges death by its own clock in the deleting transaction, so a
+    /// live session is never touched. A failure waits for the next turn.
+    async fn collect_garbage(&self, valid: &ValidLease, namespace: &str) {
+        let Ok(target) = self.target_of(valid, namespace).await else {
+            return;
+        };
+        if !self.gc.due(target.key(), Instant::now()) {
+            return;
+        }
+        let collected = match self.stores.sessions(&target).await {
+            Ok(sessions) => sessions.collect_garbage().await,
+            Err(_) => return,
+        };
+        match collected {
+            Ok(collected) => {
+                self.metrics.collected(collected);
+                if collected != Collected::default() {
+                    info!(store = %valid.store, sessions = collected.sessions, locks = collected.locks, "collected dead sessions");
+                }
+            }
+            // A database whose session tables were never created has nothing to collect.
+            Err(e @ StoreError::Invalid { .. }) => {
+                debug!(store = %valid.store, error = %e.chain(), "no sessions to collect")
+            }
+            Err(e) => {
+                warn!(store = %valid.store, error = %e.chain(), "collecting dead sessions failed; trying again later")
+            }
+        }
+    }
+}
+
+/// When each store's dead sessions were last collected, by [`StoreTarget::key`].
+#[derive(Default)]
+struct GcSchedule(Mutex<HashMap<String, Instant>>);
+
+impl GcSchedule {
+    /// Whether the store `key` is due at `now`; if so, the turn is taken
+    /// (before the call, so a failing store also waits a whole interval).
+    fn due(&self, key: String, now: Instant) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match last.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < GC_INTERVAL => false,
+            _ => {
+                last.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
+/// What a reconcile read from the store.
+enum Read {
+    Lease(Observation),
+    Partitions(PartitionView),
 }
 
 /// The controller's reconcile function.
@@ -374,7 +495,13 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     };
 
     let timing = timing_condition(&old, generation, &candidates);
-    let observed = ctx.observe(&valid, &namespace).await;
+    let observed = match valid.partitions {
+        None => ctx.observe(&valid, &namespace).await.map(Read::Lease),
+        Some(n) => ctx
+            .observe_partitions(&valid, &namespace, n)
+            .await
+            .map(Read::Partitions),
+    };
     let valid_condition = condition(&old, generation, "Valid", "True", "SpecValid", "the spec is valid");
     let counts = DistributedLeaseStatus {
         candidates: u32::try_from(candidates.len()).unwrap_or(u32::MAX),
@@ -408,8 +535,27 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         }
     };
 
-    let holder = observed.live_holder().map(str::to_string);
-    repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, holder.as_deref()).await;
+    ctx.collect_garbage(&valid, &namespace).await;
+    let observed = match observed {
+        Read::Lease(observed) => observed,
+        Read::Partitions(view) => {
+            let members: Vec<HolderPod> = view.members.iter().map(|m| HolderPod::of_session(m)).collect();
+            repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, &members).await;
+            let mut status = partitioned_status(&old, generation, &valid, &view, valid_condition, counts);
+            status.conditions.extend(rollout);
+            status.conditions.push(timing);
+            let shown = status.partitions.as_ref().expect("a partitioned status");
+            if let Some(note) = partitions::assignment_change(old.partitions.as_ref(), shown, &valid.lock) {
+                info!(%note, "partition assignment changed");
+                ctx.publish(lease, EventType::Normal, "PartitionsChanged", "ReadPartitions", note)
+                    .await;
+            }
+            write_status(&leases, &name, &old, status).await?;
+            return Ok((Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)), Outcome::Ok));
+        }
+    };
+    let holder: Vec<HolderPod> = observed.live_holder().map(HolderPod::parse).into_iter().collect();
+    repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, &holder).await;
 
     let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
     status.conditions.extend(rollout);
@@ -470,14 +616,17 @@ fn observed_status(
             condition(old, generation, "Ready", "False", "NoLeader", &message)
         }
     };
-    let table = match &valid.store {
-        crate::api::ValidStore::Spanner(c) => format!("table {} in {} is ready", c.table, c.database),
-        other => format!("{other} is ready"),
-    };
     DistributedLeaseStatus {
         conditions: vec![
             valid_condition,
-            condition(old, generation, "StoreReady", "True", "TableReady", &table),
+            condition(
+                old,
+                generation,
+                "StoreReady",
+                "True",
+                "TableReady",
+                &tables_ready(valid),
+            ),
             ready,
         ],
         holder,
@@ -487,7 +636,88 @@ fn observed_status(
         leader_version: record.and_then(|r| r.version.as_ref()).map(ToString::to_string),
         leader_revision: record.and_then(|r| r.version.as_ref()).map(|v| v.revision),
         transitions,
+        partitions: None,
         ..counts
+    }
+}
+
+/// The status after a read of a partitioned lease: the assignment, and
+/// `Ready` while every partition has a live owner (work may be unevenly
+/// shared for a while after a join, but none is left undone). The
+/// single-lock fields stay empty: there is no one leader.
+fn partitioned_status(
+    old: &DistributedLeaseStatus,
+    generation: Option<i64>,
+    valid: &ValidLease,
+    view: &PartitionView,
+    valid_condition: Condition,
+    counts: DistributedLeaseStatus,
+) -> DistributedLeaseStatus {
+    let shown = partitions::partitions_status(view);
+    let ready = match (shown.unowned, shown.members) {
+        (0, members) => condition(
+            old,
+            generation,
+            "Ready",
+            "True",
+            "PartitionsOwned",
+            &format!(
+                "all {} partitions are owned; {members} members, balance {}",
+                shown.count, shown.balance
+            ),
+        ),
+        (unowned, 0) => condition(
+            old,
+            generation,
+            "Ready",
+            "False",
+            "NoMembers",
+            &format!(
+                "no live candidate is a member; {unowned} of {} partitions are unowned",
+                shown.count
+            ),
+        ),
+        (unowned, members) => condition(
+            old,
+            generation,
+            "Ready",
+            "False",
+            "PartitionsUnowned",
+            &format!(
+                "{unowned} of {} partitions have no live owner; {members} members",
+                shown.count
+            ),
+        ),
+    };
+    DistributedLeaseStatus {
+        conditions: vec![
+            valid_condition,
+            condition(
+                old,
+                generation,
+                "StoreReady",
+                "True",
+                "TableReady",
+                &tables_ready(valid),
+            ),
+            ready,
+        ],
+        holder: None,
+        term: None,
+        token: None,
+        renewed_at: None,
+        leader_version: None,
+        leader_revision: None,
+        partitions: Some(shown),
+        ..counts
+    }
+}
+
+/// The `StoreReady` message of a store that answered.
+fn tables_ready(valid: &ValidLease) -> String {
+    match &valid.store {
+        crate::api::ValidStore::Spanner(c) => format!("table {} in {} is ready", c.table, c.database),
+        other => format!("{other} is ready"),
     }
 }
 
@@ -681,6 +911,13 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
         info!("invalid spec: no lock row to release");
         return Ok(());
     };
+    if valid.partitions.is_some() {
+        // Each candidate frees its partitions when it stops (closing its
+        // session); a dead candidate's expire with its session and are
+        // collected. There is no row of the resource's own to release.
+        info!("partitioned: the candidates' sessions free the partitions");
+        return Ok(());
+    }
     let observed = async {
         let (_, store) = ctx.store_of(&valid, namespace).await?;
         let observed = store.observe(&valid.lock).await?;
@@ -741,22 +978,24 @@ async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Cont
 }
 
 /// Sets the leader label back to `"false"` on candidates that show `"true"`
-/// but do not hold the lease (a sidecar that died before clearing it).
-/// Failures are reported and left for the next reconcile.
+/// but are none of `holders` (a sidecar that died before clearing it): the
+/// lease's live holder, or for a partitioned lease its members (a member
+/// may label itself while it holds partitions, and one holding none yet is
+/// left alone rather than raced). Failures are reported and left for the
+/// next reconcile.
 async fn repair_labels(
     lease: &DistributedLease,
     ctx: &Context,
     pods: &Api<Pod>,
     candidates: &[Arc<Pod>],
     label_key: &str,
-    holder: Option<&str>,
+    holders: &[HolderPod],
 ) {
     let namespace = lease.namespace().unwrap_or_default();
     for pod in candidates {
         let labelled = pod.labels().get(label_key).is_some_and(|v| v == "true");
         let pod_name = pod.name_any();
-        let holds = holder.is_some_and(|h| {
-            let holder = HolderPod::parse(h);
+        let holds = holders.iter().any(|holder| {
             holder.pod() == Some(pod_name.as_str()) && holder.may_be_local(ctx.cluster.as_deref(), &namespace)
         });
         if !labelled || holds {
@@ -813,6 +1052,11 @@ struct HolderPod(Option<Identity>);
 impl HolderPod {
     fn parse(holder: &str) -> Self {
         HolderPod(holder.parse().ok())
+    }
+
+    /// The owner of a session id ([`session_owner`]).
+    fn of_session(session: &str) -> Self {
+        HolderPod(session_owner(session))
     }
 
     /// The holder's pod name, when the holder is an identity.

@@ -1,6 +1,8 @@
 //! How the operator gets a [`LeaseStore`] for a resource's store: Spanner by
 //! database and table, PostgreSQL and Redis by the URL in the Secret the
-//! resource names, read through the Kubernetes API.
+//! resource names, read through the Kubernetes API. Stores that keep
+//! sessions (Spanner) are also reached as a [`SessionStore`], on the same
+//! connection, for partitioned leases and the collection of dead sessions.
 //!
 //! Behind a trait so that tests (and the wire-level fixtures) hand the
 //! reconciler a `MemoryStore`, while production connects once per store and
@@ -14,11 +16,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
 use crate::api::{SecretKeyRef, ValidLease, ValidStore};
-use crate::lease::{LeaseStore, StoreError};
+use crate::lease::{LeaseStore, SessionStore, StoreError};
 use crate::store::StoreUrl;
 use crate::store::postgres::{PostgresConfig, PostgresStore};
 use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
-use crate::store::spanner::SpannerConfig;
+use crate::store::spanner::{SpannerConfig, SpannerStore};
 
 /// A store a resource names, its credentials resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,49 +102,109 @@ pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -
 pub trait StoreProvider: Send + Sync + 'static {
     /// A store for `target`; may be shared with other resources naming the same table.
     async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError>;
+
+    /// The sessions of `target`, on the same connection; `Invalid` for a
+    /// store that keeps none.
+    async fn sessions(&self, target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError>;
+}
+
+/// The `Invalid` answer for sessions on a store that keeps none.
+fn no_sessions() -> StoreError {
+    StoreError::invalid("this store keeps no sessions: partitions need store.spanner")
 }
 
 /// One store for every resource, whatever it names: for tests and for
 /// running the operator against a single store.
-pub struct SingleStore(pub Arc<dyn LeaseStore>);
+pub struct SingleStore {
+    leases: Arc<dyn LeaseStore>,
+    sessions: Option<Arc<dyn SessionStore>>,
+}
+
+impl SingleStore {
+    /// A store of lease rows only.
+    pub fn new(leases: Arc<dyn LeaseStore>) -> Self {
+        SingleStore { leases, sessions: None }
+    }
+
+    /// A store of lease rows and sessions.
+    pub fn with_sessions<S: LeaseStore + SessionStore>(store: Arc<S>) -> Self {
+        SingleStore {
+            leases: store.clone(),
+            sessions: Some(store),
+        }
+    }
+}
 
 #[async_trait]
 impl StoreProvider for SingleStore {
     async fn store(&self, _target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
-        Ok(self.0.clone())
+        Ok(self.leases.clone())
     }
+
+    async fn sessions(&self, _target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError> {
+        self.sessions.clone().ok_or_else(no_sessions)
+    }
+}
+
+/// One open store: its lease rows, and its sessions where it keeps them.
+#[derive(Clone)]
+struct Opened {
+    leases: Arc<dyn LeaseStore>,
+    sessions: Option<Arc<dyn SessionStore>>,
 }
 
 /// Store connections, opened on first use and kept per [`StoreTarget::key`].
 /// A failed connect is not cached, so the next reconcile tries again.
 #[derive(Default)]
 pub struct OpenStores {
-    open: Mutex<HashMap<String, Arc<dyn LeaseStore>>>,
+    open: Mutex<HashMap<String, Opened>>,
 }
 
-#[async_trait]
-impl StoreProvider for OpenStores {
-    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
+impl OpenStores {
+    async fn open(&self, target: &StoreTarget) -> Result<Opened, StoreError> {
         let key = target.key();
-        if let Some(store) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(store.clone());
+        if let Some(opened) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(opened.clone());
         }
-        let store: Arc<dyn LeaseStore> = match target {
-            StoreTarget::Spanner(config) => connect_spanner(config.clone()).await?,
-            StoreTarget::Postgres(config) => Arc::new(PostgresStore::connect(config.clone())?),
-            StoreTarget::Redis(config) => Arc::new(RedisStore::connect(config.clone())?),
+        let opened = match target {
+            StoreTarget::Spanner(config) => {
+                let store = connect_spanner(config.clone()).await?;
+                Opened {
+                    leases: store.clone(),
+                    sessions: Some(store),
+                }
+            }
+            StoreTarget::Postgres(config) => Opened {
+                leases: Arc::new(PostgresStore::connect(config.clone())?),
+                sessions: None,
+            },
+            StoreTarget::Redis(config) => Opened {
+                leases: Arc::new(RedisStore::connect(config.clone())?),
+                sessions: None,
+            },
         };
         Ok(self
             .open
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(key)
-            .or_insert(store)
+            .or_insert(opened)
             .clone())
     }
 }
 
+#[async_trait]
+impl StoreProvider for OpenStores {
+    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        Ok(self.open(target).await?.leases)
+    }
+
+    async fn sessions(&self, target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError> {
+        self.open(target).await?.sessions.ok_or_else(no_sessions)
+    }
+}
+
 /// Opens the Spanner store for one database and table.
-pub async fn connect_spanner(config: SpannerConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
-    Ok(Arc::new(crate::store::spanner::SpannerStore::connect(config).await?))
+pub async fn connect_spanner(config: SpannerConfig) -> Result<Arc<SpannerStore>, StoreError> {
+    Ok(Arc::new(SpannerStore::connect(config).await?))
 }

@@ -153,7 +153,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
         .await
         .unwrap();
 
-    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store.clone())));
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore::new(Arc::new(store.clone())));
     let (controller, metrics) = controller_on(client.clone(), stores.clone());
     let election = Election::Spanner(SpannerElection {
         config: SpannerConfig {
@@ -289,7 +289,7 @@ async fn the_controller_counts_candidates_from_its_pod_watch() {
         .acquire("prod/web", "prod/web-0#n", Duration::from_secs(15))
         .await
         .unwrap();
-    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore(Arc::new(store)));
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore::new(Arc::new(store)));
     let (controller, metrics) = controller_on(client, stores);
     let lease = json!({
         "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",

@@ -109,7 +109,7 @@ fn timing() -> Timing {
 fn replica(api: &Shared, name: &str) -> Replica {
     let (client, server) = mock_client("default");
     serve(server, api.clone());
-    let stores = Arc::new(SingleStore(Arc::new(MemoryStore::new(1))));
+    let stores = Arc::new(SingleStore::new(Arc::new(MemoryStore::new(1))));
     let (controller, metrics) = crate::operator::tests::controller_on(client.clone(), stores);
     let election = LeaseElection::new(
         DEFAULT_LEASE_NAME.into(),

@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::lease::LeaseStore;
+use crate::lease::{LeaseStore, SessionStore};
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::testing::api::{ApiServerVerifier, Call, mock_client};
@@ -32,9 +32,10 @@ pub const MERGE: &str = "application/merge-patch+json";
 pub const APPLY: &str = "application/apply-patch+yaml";
 
 /// A context whose Kubernetes client talks to a scripted mock API server and
-/// whose store provider hands out `store` for every resource.
-pub fn context_on(store: Arc<dyn LeaseStore>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
-    context_with(Arc::new(SingleStore(store)), metrics)
+/// whose store provider hands out `store` (its lease rows and sessions) for
+/// every resource.
+pub fn context_on<S: LeaseStore + SessionStore>(store: Arc<S>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    context_with(Arc::new(SingleStore::with_sessions(store)), metrics)
 }
 
 /// A context on a scripted mock API server, reaching stores through `stores`.
@@ -215,9 +216,9 @@ pub struct StoreSide {
 
 impl StoreSide {
     /// A store every reconcile gets whatever the resource names (Spanner spec).
-    pub fn single(store: Arc<dyn LeaseStore>) -> StoreSide {
+    pub fn single<S: LeaseStore + SessionStore>(store: Arc<S>) -> StoreSide {
         StoreSide {
-            provider: Arc::new(SingleStore(store.clone())),
+            provider: Arc::new(SingleStore::with_sessions(store.clone())),
             store,
             spec_store: json!({"spanner": {"database": "projects/p/instances/i/databases/d"}}),
             secret: None,

@@ -705,3 +705,5 @@ fn a_move_to_a_lower_revision_is_a_warning_and_the_first_sighting_no_move() {
     assert_eq!(version_move(&at(None, 1), &at(Some(1), 2), "l"), None);
     assert_eq!(version_move(&at(Some(1), 2), &at(Some(2), 2), "l"), None);
 }
+
+mod partitions;
