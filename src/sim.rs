@@ -42,10 +42,13 @@
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 //!
-//! Sessions and lock sets have a schedule of their own ([`sessions`]).
+//! Sessions and lock sets have a schedule of their own ([`sessions`]), and
+//! so do rolling updates with a version preference ([`rollout`]).
 
+mod rollout;
 mod sessions;
 
+pub use rollout::simulate_rollouts;
 pub use sessions::simulate_sessions;
 
 use std::collections::{BTreeMap, HashSet};
@@ -86,8 +89,12 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_SIM_VERBOSE")]
     pub verbose: bool,
     /// Run the sessions-and-lock-sets schedule instead of the elector's.
-    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS")]
+    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS", conflicts_with = "rollouts")]
     pub sessions: bool,
+    /// Run the rolling-update schedule (versions and `Newest`/`Oldest`)
+    /// instead of the elector's.
+    #[arg(long, env = "LEASEHOLD_SIM_ROLLOUTS")]
+    pub rollouts: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -119,6 +126,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for seed in seeds {
         let outcome = if args.sessions {
             simulate_sessions(seed, length)
+        } else if args.rollouts {
+            simulate_rollouts(seed, length)
         } else {
             simulate(seed, length)
         };
@@ -157,10 +166,12 @@ pub enum Mutant {
     SessionRenewedAfterExpiry,
     LockTakenFromLiveSession,
     FenceOnlyInTheElector,
+    LeaderIgnoresStandAside,
+    StandAsideForFencedPeers,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -172,6 +183,8 @@ impl Mutant {
         Mutant::SessionRenewedAfterExpiry,
         Mutant::LockTakenFromLiveSession,
         Mutant::FenceOnlyInTheElector,
+        Mutant::LeaderIgnoresStandAside,
+        Mutant::StandAsideForFencedPeers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -187,6 +200,8 @@ impl Mutant {
             Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
             Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
             Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
+            Mutant::LeaderIgnoresStandAside => "leader-ignores-stand-aside",
+            Mutant::StandAsideForFencedPeers => "stand-aside-for-fenced-peers",
         }
     }
 
@@ -213,6 +228,12 @@ impl Mutant {
             Mutant::FenceOnlyInTheElector => {
                 "the version fence is judged on the follower's own read, not in the acquiring transaction"
             }
+            Mutant::LeaderIgnoresStandAside => {
+                "a leader told to stand aside for a preferred version keeps leading; only followers stop"
+            }
+            Mutant::StandAsideForFencedPeers => {
+                "candidates stand aside for a peer of the preferred version that the version fence refuses"
+            }
         }
     }
 
@@ -223,13 +244,15 @@ impl Mutant {
             Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
             Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
             Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
+            Mutant::LeaderIgnoresStandAside => Some(Flaw::LeaderIgnoresStandAside),
             Mutant::RenewWithoutCas
             | Mutant::FollowerAcquiresOnOwnObservation
             | Mutant::TokenFromLocalClock
             | Mutant::SessionRenewWithoutCas
             | Mutant::SessionRenewedAfterExpiry
             | Mutant::LockTakenFromLiveSession
-            | Mutant::FenceOnlyInTheElector => None,
+            | Mutant::FenceOnlyInTheElector
+            | Mutant::StandAsideForFencedPeers => None,
         }
     }
 }
@@ -321,6 +344,10 @@ pub struct Counts {
     pub fenced_schedules: u64,
     /// Acquisitions that moved leadership to a newer revision.
     pub version_moves: u64,
+    /// Leaders told to stand aside for a preferred version (rollout schedule).
+    pub stand_asides: u64,
+    /// Rollout schedules whose lease prefers `Newest` (the rest `Oldest`).
+    pub newest_schedules: u64,
 }
 
 impl Counts {
@@ -340,6 +367,8 @@ impl Counts {
         self.sessions_replaced += r.sessions_replaced;
         self.fenced_schedules += r.fenced_schedules;
         self.version_moves += r.version_moves;
+        self.stand_asides += r.stand_asides;
+        self.newest_schedules += r.newest_schedules;
     }
 }
 
@@ -351,7 +380,8 @@ impl fmt::Display for Counts {
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
              {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
              {} sessions replaced after expiry, \
-             {} schedules with the version fence, {} moves to a newer version",
+             {} schedules with the version fence, {} moves to a newer version, {} leaders stood aside, \
+             {} rollout schedules preferring Newest",
             self.terms,
             self.accepted,
             self.fenced,
@@ -366,7 +396,9 @@ impl fmt::Display for Counts {
             self.ttl_expiries,
             self.sessions_replaced,
             self.fenced_schedules,
-            self.version_moves
+            self.version_moves,
+            self.stand_asides,
+            self.newest_schedules
         )
     }
 }
@@ -442,9 +474,12 @@ pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
     // Built inside the runtime so every instant is on the paused clock.
     runtime.block_on(async move {
         let schedule = Schedule::new(seed, &setup);
-        match setup.mutant.and_then(sessions::flaw) {
-            Some(_) => schedule.run_sessions(setup.length).await,
-            None => schedule.run(setup.length).await,
+        match setup.mutant {
+            Some(mutant) if sessions::flaw(mutant).is_some() => schedule.run_sessions(setup.length).await,
+            Some(Mutant::LeaderIgnoresStandAside | Mutant::StandAsideForFencedPeers) => {
+                schedule.run_rollout(setup.length).await
+            }
+            _ => schedule.run(setup.length).await,
         }
     })
 }
@@ -743,6 +778,9 @@ struct Belief {
 
 struct Candidate {
     name: String,
+    /// Its identity, as beliefs and acquisitions name it.
+    who: String,
+    version: crate::lease::Version,
     handle: ElectorHandle,
     pause: Pause,
     link: Arc<Mutex<LinkFaults>>,
@@ -849,6 +887,12 @@ impl Schedule {
     }
 
     fn start_candidate(&mut self, slot: usize) -> Candidate {
+        self.start_candidate_at(slot, None)
+    }
+
+    /// A candidate in `slot`, of `revision` or (`None`) the newest so far or
+    /// one below.
+    fn start_candidate_at(&mut self, slot: usize, revision: Option<u64>) -> Candidate {
         self.restarts += 1;
         let name = format!("c{slot}");
         let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
@@ -875,13 +919,13 @@ impl Schedule {
             flaw: self.mutant.and_then(Mutant::flaw),
             wrap: Some(pause.wrapper()),
         };
-        let revision = self.revision - u64::from(self.rng.random_bool(0.4));
+        let revision = revision.unwrap_or_else(|| self.revision - u64::from(self.rng.random_bool(0.4)));
         let version = crate::lease::Version {
             revision,
             name: format!("v{revision}"),
         };
         let handle = Elector::new(LOCK, identity, self.timing)
-            .with_version(Some(version), self.fence)
+            .with_version(Some(version.clone()), self.fence)
             .with_seed(self.rng.random())
             .with_sim_hooks(hooks)
             .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
@@ -913,6 +957,8 @@ impl Schedule {
         self.note(format!("start {who} at revision {revision}"));
         Candidate {
             name,
+            who,
+            version,
             handle,
             pause,
             link: link_faults,

@@ -18,10 +18,12 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::{debug, info, warn};
+use tokio::sync::watch;
+use tracing::{debug, warn};
 
 use super::interface::{ENV_REVISION, ENV_VERSION};
-use crate::lease::{ElectorControl, Prefer, Version};
+use crate::lease::version::PeerWatch;
+use crate::lease::{ElectorControl, LeaderState, Prefer, Version};
 
 /// Set by the Deployment controller on each ReplicaSet it makes current
 /// (kubernetes `pkg/controller/deployment/util/deployment_util.go`,
@@ -216,26 +218,49 @@ pub struct Candidate {
     pub app_container: Option<String>,
     pub mine: Option<Version>,
     pub prefer: Prefer,
+    /// The lease's version fence: no standing aside for a peer it refuses.
+    pub fence: bool,
 }
 
 /// Watches the lock's candidate pods and tells the elector to stand aside
-/// while a healthy candidate of the preferred version is live, and to
-/// campaign again when none is. Runs until the watch stream ends.
-pub async fn follow_peers(pods: Api<Pod>, mut revisions: Revisions, candidate: Candidate, control: ElectorControl) {
+/// while a healthy candidate of the preferred version is live (and, with the
+/// fence, could lead: `state` brings the row's recorded version from the
+/// elector's reads), and to campaign again when none is. Runs until the
+/// watch stream ends or the elector is gone.
+pub async fn follow_peers(
+    pods: Api<Pod>,
+    mut revisions: Revisions,
+    candidate: Candidate,
+    control: ElectorControl,
+    mut state: watch::Receiver<LeaderState>,
+) {
     let Candidate {
         me,
         selector,
         app_container,
         mine,
         prefer,
+        fence,
     } = candidate;
     let config = watcher::Config::default().labels(&selector);
     let events = watcher::watcher(pods, config).backoff(super::publish::watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut peers: BTreeMap<String, Pod> = BTreeMap::new();
     let mut listing: Option<BTreeMap<String, Pod>> = None;
-    let mut standing: Option<String> = None;
-    while let Some(event) = events.next().await {
+    let mut watch = PeerWatch::new(prefer, mine, fence, control);
+    watch.recorded(state.borrow_and_update().holder_version.as_ref());
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            changed = state.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                watch.recorded(state.borrow_and_update().holder_version.as_ref());
+                continue;
+            }
+        };
+        let Some(event) = event else { return };
         let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
         match event {
             Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
@@ -261,15 +286,7 @@ pub async fn follow_peers(pods: Api<Pod>, mut revisions: Revisions, candidate: C
                 live.push((peer.clone(), revisions.version_of(pod, app_container.as_deref()).await));
             }
         }
-        let why = prefer.stand_aside_for(mine.as_ref(), live.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
-        if why != standing {
-            match &why {
-                Some(why) => info!(%why, "standing aside"),
-                None => info!("no candidate of a preferred version is live; campaigning"),
-            }
-            control.stand_aside(why.clone());
-            standing = why;
-        }
+        watch.peers(live);
     }
 }
 
@@ -374,8 +391,10 @@ mod tests {
                 app_container: Some("app".into()),
                 mine: Some(mine),
                 prefer: Prefer::Newest,
+                fence: true,
             },
             handle.control(),
+            handle.subscribe(),
         ));
         api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", false));
         tokio::time::sleep(Duration::from_secs(5)).await;
