@@ -5,16 +5,21 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis, sessions, rollout) runs a share of it. `postgres` and `redis` start
+//! postgres, redis, sessions, rollout, rollout-process) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
-//! (default 1000,10000) says how many locks the sessions part holds.
+//! (default 1000,10000) says how many locks the sessions part holds;
+//! LEASEHOLD_BENCH_ROLLOUTS (default 5) how many whole-process rollouts the
+//! `rollout-process` part runs per leadership setting.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 #[path = "leasehold/sessions.rs"]
 mod sessions;
+
+#[path = "leasehold/rollout_process.rs"]
+mod rollout_process;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -739,6 +744,18 @@ fn main() {
     if run("rollout") {
         println!("== rollouts of 3 candidates, maxSurge 1 / maxUnavailable 0, D={D:?} R={R:?} P={P:?}, paused time");
         summary_lines.extend(rollouts(reps).into_iter().map(|l| format!("rollout: {l}")));
+    }
+    if run("rollout-process") {
+        let rollouts = env_or("LEASEHOLD_BENCH_ROLLOUTS", 5);
+        println!(
+            "== whole-process rollouts of 3 sidecars on the emulator, maxSurge 1 / maxUnavailable 0, D={D:?} R={R:?} \
+             P={P:?} drain={DRAIN:?}, {rollouts} per setting"
+        );
+        summary_lines.extend(
+            rollout_process::rollouts_across_processes(rollouts)
+                .into_iter()
+                .map(|l| format!("rollout (processes): {l}")),
+        );
     }
     if run("footprint") {
         println!("== footprint");

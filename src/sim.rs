@@ -42,10 +42,13 @@
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 //!
-//! Sessions and lock sets have a schedule of their own ([`sessions`]).
+//! Sessions and lock sets have a schedule of their own ([`sessions`]), and
+//! so do rolling updates with a version preference ([`rollout`]).
 
+mod rollout;
 mod sessions;
 
+pub use rollout::simulate_rollouts;
 pub use sessions::simulate_sessions;
 
 use std::collections::{BTreeMap, HashSet};
@@ -86,8 +89,12 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_SIM_VERBOSE")]
     pub verbose: bool,
     /// Run the sessions-and-lock-sets schedule instead of the elector's.
-    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS")]
+    #[arg(long, env = "LEASEHOLD_SIM_SESSIONS", conflicts_with = "rollouts")]
     pub sessions: bool,
+    /// Run the rolling-update schedule (versions and `Newest`/`Oldest`)
+    /// instead of the elector's.
+    #[arg(long, env = "LEASEHOLD_SIM_ROLLOUTS")]
+    pub rollouts: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -119,6 +126,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for seed in seeds {
         let outcome = if args.sessions {
             simulate_sessions(seed, length)
+        } else if args.rollouts {
+            simulate_rollouts(seed, length)
         } else {
             simulate(seed, length)
         };
@@ -158,10 +167,12 @@ pub enum Mutant {
     LockTakenFromLiveSession,
     FenceOnlyInTheElector,
     PartitionExtrasKept,
+    LeaderIgnoresStandAside,
+    StandAsideForFencedPeers,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -174,6 +185,8 @@ impl Mutant {
         Mutant::LockTakenFromLiveSession,
         Mutant::FenceOnlyInTheElector,
         Mutant::PartitionExtrasKept,
+        Mutant::LeaderIgnoresStandAside,
+        Mutant::StandAsideForFencedPeers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -190,6 +203,8 @@ impl Mutant {
             Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
             Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
             Mutant::PartitionExtrasKept => "partition-extras-kept",
+            Mutant::LeaderIgnoresStandAside => "leader-ignores-stand-aside",
+            Mutant::StandAsideForFencedPeers => "stand-aside-for-fenced-peers",
         }
     }
 
@@ -217,6 +232,12 @@ impl Mutant {
                 "the version fence is judged on the follower's own read, not in the acquiring transaction"
             }
             Mutant::PartitionExtrasKept => "a partition member never hands extra partitions over to a new member",
+            Mutant::LeaderIgnoresStandAside => {
+                "a leader told to stand aside for a preferred version keeps leading; only followers stop"
+            }
+            Mutant::StandAsideForFencedPeers => {
+                "candidates stand aside for a peer of the preferred version that the version fence refuses"
+            }
         }
     }
 
@@ -227,6 +248,7 @@ impl Mutant {
             Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
             Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
             Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
+            Mutant::LeaderIgnoresStandAside => Some(Flaw::LeaderIgnoresStandAside),
             Mutant::RenewWithoutCas
             | Mutant::FollowerAcquiresOnOwnObservation
             | Mutant::TokenFromLocalClock
@@ -234,7 +256,8 @@ impl Mutant {
             | Mutant::SessionRenewedAfterExpiry
             | Mutant::LockTakenFromLiveSession
             | Mutant::FenceOnlyInTheElector
-            | Mutant::PartitionExtrasKept => None,
+            | Mutant::PartitionExtrasKept
+            | Mutant::StandAsideForFencedPeers => None,
         }
     }
 }
@@ -328,6 +351,10 @@ pub struct Counts {
     pub version_moves: u64,
     /// Session schedules whose processes share partitions (1 or 0 for one schedule).
     pub partition_schedules: u64,
+    /// Leaders told to stand aside for a preferred version (rollout schedule).
+    pub stand_asides: u64,
+    /// Rollout schedules whose lease prefers `Newest` (the rest `Oldest`).
+    pub newest_schedules: u64,
 }
 
 impl Counts {
@@ -348,6 +375,8 @@ impl Counts {
         self.fenced_schedules += r.fenced_schedules;
         self.version_moves += r.version_moves;
         self.partition_schedules += r.partition_schedules;
+        self.stand_asides += r.stand_asides;
+        self.newest_schedules += r.newest_schedules;
     }
 }
 
@@ -359,8 +388,8 @@ impl fmt::Display for Counts {
              {} crashes, {} pauses past the gap, {} late commits, {} duplicated requests, {} store clock jumps, \
              {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
              {} sessions replaced after expiry, \
-             {} schedules with the version fence, {} moves to a newer version, \
-             {} session schedules sharing partitions",
+             {} schedules with the version fence, {} moves to a newer version, {} leaders stood aside, \
+             {} rollout schedules preferring Newest, {} session schedules sharing partitions",
             self.terms,
             self.accepted,
             self.fenced,
@@ -376,6 +405,8 @@ impl fmt::Display for Counts {
             self.sessions_replaced,
             self.fenced_schedules,
             self.version_moves,
+            self.stand_asides,
+            self.newest_schedules,
             self.partition_schedules
         )
     }
@@ -452,9 +483,12 @@ pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
     // Built inside the runtime so every instant is on the paused clock.
     runtime.block_on(async move {
         let schedule = Schedule::new(seed, &setup);
-        match setup.mutant.is_some_and(sessions::is_session_mutant) {
-            true => schedule.run_sessions(setup.length).await,
-            false => schedule.run(setup.length).await,
+        match setup.mutant {
+            Some(mutant) if sessions::is_session_mutant(mutant) => schedule.run_sessions(setup.length).await,
+            Some(Mutant::LeaderIgnoresStandAside | Mutant::StandAsideForFencedPeers) => {
+                schedule.run_rollout(setup.length).await
+            }
+            _ => schedule.run(setup.length).await,
         }
     })
 }
@@ -753,6 +787,9 @@ struct Belief {
 
 struct Candidate {
     name: String,
+    /// Its identity, as beliefs and acquisitions name it.
+    who: String,
+    version: crate::lease::Version,
     handle: ElectorHandle,
     pause: Pause,
     link: Arc<Mutex<LinkFaults>>,
@@ -859,6 +896,12 @@ impl Schedule {
     }
 
     fn start_candidate(&mut self, slot: usize) -> Candidate {
+        self.start_candidate_at(slot, None)
+    }
+
+    /// A candidate in `slot`, of `revision` or (`None`) the newest so far or
+    /// one below.
+    fn start_candidate_at(&mut self, slot: usize, revision: Option<u64>) -> Candidate {
         self.restarts += 1;
         let name = format!("c{slot}");
         let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
@@ -885,13 +928,13 @@ impl Schedule {
             flaw: self.mutant.and_then(Mutant::flaw),
             wrap: Some(pause.wrapper()),
         };
-        let revision = self.revision - u64::from(self.rng.random_bool(0.4));
+        let revision = revision.unwrap_or_else(|| self.revision - u64::from(self.rng.random_bool(0.4)));
         let version = crate::lease::Version {
             revision,
             name: format!("v{revision}"),
         };
         let handle = Elector::new(LOCK, identity, self.timing)
-            .with_version(Some(version), self.fence)
+            .with_version(Some(version.clone()), self.fence)
             .with_seed(self.rng.random())
             .with_sim_hooks(hooks)
             .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
@@ -923,6 +966,8 @@ impl Schedule {
         self.note(format!("start {who} at revision {revision}"));
         Candidate {
             name,
+            who,
+            version,
             handle,
             pause,
             link: link_faults,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_sessions, simulate_with};
+use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_rollouts, simulate_sessions, simulate_with};
 
 fn run_shard(shard: u64) -> Summary {
     let mut summary = Summary::default();
@@ -194,6 +194,63 @@ fn the_simulate_command_runs_the_session_schedule() {
         .args([
             "simulate",
             "--sessions",
+            "--seeds",
+            "3",
+            "--first-seed",
+            "900",
+            "--seconds",
+            "10",
+        ])
+        .output()
+        .expect("leasehold runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("3 seeds, 0 failed"), "{stdout}");
+}
+
+/// Rolling updates with `Newest` or `Oldest` (`src/sim/rollout.rs`): the
+/// stand-aside properties 5 and 6 besides every safety check.
+fn run_rollout_shard(shard: u64) -> Summary {
+    let mut summary = Summary::default();
+    for seed in shard * 100..(shard + 1) * 100 {
+        match simulate_rollouts(seed, Duration::from_secs(60)) {
+            Ok(report) => summary.add(&report),
+            Err(violation) => panic!("{violation}"),
+        }
+    }
+    // Both preferences, with and without the fence, leaders told to stand
+    // aside, leadership moving between versions, through crashes and faults.
+    assert!(
+        (20..=80).contains(&summary.counts.newest_schedules) && (20..=80).contains(&summary.counts.fenced_schedules),
+        "{summary:?}"
+    );
+    assert!(
+        summary.counts.stand_asides > 30 && summary.counts.version_moves > 70,
+        "{summary:?}"
+    );
+    assert!(
+        summary.counts.crashes > 0 && summary.counts.clock_jumps > 0 && summary.counts.terms > 300,
+        "{summary:?}"
+    );
+    summary
+}
+
+#[test]
+fn rollout_seeds_0_to_99() {
+    run_rollout_shard(0);
+}
+
+#[test]
+fn rollout_seeds_100_to_199() {
+    run_rollout_shard(1);
+}
+
+#[test]
+fn the_simulate_command_runs_the_rollout_schedule() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "simulate",
+            "--rollouts",
             "--seeds",
             "3",
             "--first-seed",

@@ -131,6 +131,9 @@ pub(crate) enum Flaw {
     UnknownOutcomeAsSuccess,
     /// Releases first, then stops claiming and waits for the leader work.
     ReleaseBeforeWorkStopped,
+    /// A leader told to stand aside for another version keeps its term;
+    /// only followers stop campaigning.
+    LeaderIgnoresStandAside,
 }
 
 /// Wraps every task the elector spawns (its own and the leader work's): the
@@ -494,21 +497,28 @@ impl Running {
                 self.jitter.set_fraction(timing.jitter);
             }
             let campaign = self.campaign.borrow_and_update().clone();
-            self.state.send_if_modified(|s| {
-                let changed = s.standing_aside != campaign.aside;
+            let active = campaign.active();
+            let newly_aside = self.state.send_if_modified(|s| {
+                let changed = s.standing_aside != campaign.aside || s.campaigning != active;
                 s.standing_aside.clone_from(&campaign.aside);
+                s.campaigning = active;
                 changed
             });
-            if !campaign.active() {
-                if let Some(why) = &campaign.aside {
+            if campaign.on && !active {
+                if newly_aside && let Some(why) = &campaign.aside {
                     info!(lock = %self.elector.lock, %why, "standing aside");
                 }
-                self.state.send_modify(|s| s.campaigning = false);
+                // Standing aside, keep reading the row each poll as a
+                // follower does: its recorded version tells the peer watch
+                // which peers the version fence still lets lead.
+                self.observe_aside().await;
+                continue;
+            }
+            if !active {
                 tokio::select! {
                     _ = self.shutdown.cancelled() => break,
                     _ = self.campaign.changed() => {}
                 }
-                self.state.send_modify(|s| s.campaigning = true);
                 continue;
             }
             match self.follow_once().await {
@@ -534,6 +544,18 @@ impl Running {
             s.leader = false;
             s.deadline = None;
         });
+    }
+
+    /// One round of a candidate standing aside: observe, never acquire,
+    /// then wait a poll (a campaign change ends the wait).
+    async fn observe_aside(&mut self) {
+        let lock = self.elector.lock.clone();
+        match self.bounded(self.store.observe(&lock)).await {
+            Ok(observed) => self.publish_observation(&observed, Change::Observed),
+            Err(e) => debug!(%lock, error = %e, "store error while standing aside"),
+        }
+        let poll = self.jitter.apply(self.timing().retry_period);
+        self.wait(poll).await;
     }
 
     /// One follower round: observe; acquire if the lease is free or expired.
@@ -726,11 +748,12 @@ impl Running {
         let mut next_renew = t_send + self.jitter.apply(timing.retry_period);
         let mut errors = self.backoff();
 
+        let keeps_term_aside = self.flaw(Flaw::LeaderIgnoresStandAside);
         let ended = loop {
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => break Ended::Release,
-                _ = self.campaign.wait_for(|c| !c.active()) => break Ended::Release,
+                _ = self.campaign.wait_for(|c| if keeps_term_aside { !c.on } else { !c.active() }) => break Ended::Release,
                 _ = sleep_until(next_renew.min(deadline)) => {}
             }
             if now() >= deadline {

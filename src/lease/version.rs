@@ -19,6 +19,9 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::ElectorControl;
 
 /// The version a candidate runs: ordered by `revision`; `name` is for people.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -114,6 +117,109 @@ impl Prefer {
         Some(format!(
             "the lease prefers {self:?} and {name} runs {which} {version}, and is healthy"
         ))
+    }
+}
+
+/// A candidate's peer watch: each time the other live, healthy candidates
+/// or the row's recorded version change, it tells the elector to stand
+/// aside (naming why) or to campaign, by [`Prefer::stand_aside_for`]. The
+/// one place that turns peers into the elector's stand-aside switch: the
+/// sidecar's pod watch (`sidecar::versions::follow_peers`) and the
+/// simulation's rollout schedule both drive it.
+///
+/// With the version fence, a peer the fence refuses (older than the
+/// recorded version) cannot lead, so nobody stands aside for it: with
+/// `Oldest`, an old pod whose app turns ready again after a newer version
+/// has led would otherwise hold every newer candidate back while itself
+/// fenced out, and the lease would have no leader until that pod went.
+#[derive(Debug)]
+pub struct PeerWatch {
+    prefer: Prefer,
+    mine: Option<Version>,
+    fence: bool,
+    control: ElectorControl,
+    /// The live, healthy peers last seen, `(name, version)`.
+    live: Vec<(String, Option<Version>)>,
+    /// The version the lease row records, as the elector last read it.
+    recorded: Option<Version>,
+    /// The reason last given to the elector; `None`: campaigning.
+    standing: Option<String>,
+    /// The simulation's mutant: stand aside for peers the fence refuses.
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+    flawed: bool,
+}
+
+impl PeerWatch {
+    pub fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
+        PeerWatch {
+            prefer,
+            mine,
+            fence,
+            control,
+            live: Vec::new(),
+            recorded: None,
+            standing: None,
+            flawed: false,
+        }
+    }
+
+    /// The simulation's mutant `stand-aside-for-fenced-peers`; crate-private
+    /// like the elector's flaws.
+    #[cfg(feature = "simulate")]
+    pub(crate) fn flawed(self) -> Self {
+        PeerWatch { flawed: true, ..self }
+    }
+
+    /// Why the elector was last told to stand aside; `None`: campaigning.
+    pub fn standing(&self) -> Option<&str> {
+        self.standing.as_deref()
+    }
+
+    /// The live, healthy peers now (this candidate not among them). True
+    /// when the decision changed.
+    pub fn peers(&mut self, live: Vec<(String, Option<Version>)>) -> bool {
+        self.live = live;
+        self.decide()
+    }
+
+    /// The version the lease row records, from the elector's latest read
+    /// (`LeaderState::holder_version`). True when the decision changed.
+    pub fn recorded(&mut self, recorded: Option<&Version>) -> bool {
+        if self.recorded.as_ref() == recorded {
+            return false;
+        }
+        self.recorded = recorded.cloned();
+        self.decide()
+    }
+
+    fn decide(&mut self) -> bool {
+        let recorded = self.recorded.as_ref();
+        // A peer that could lead: the fence (when on) lets it acquire.
+        let can_lead = |version: Option<&Version>| {
+            Claim {
+                holder: "",
+                version,
+                fence: self.fence && !self.flawed,
+            }
+            .fenced_by(recorded)
+            .is_none()
+        };
+        let peers = self
+            .live
+            .iter()
+            .map(|(name, version)| (name.as_str(), version.as_ref()))
+            .filter(|(_, version)| can_lead(*version));
+        let why = self.prefer.stand_aside_for(self.mine.as_ref(), peers);
+        if why == self.standing {
+            return false;
+        }
+        match &why {
+            Some(why) => info!(%why, "standing aside"),
+            None => info!("no candidate of a preferred version can lead; campaigning"),
+        }
+        self.control.stand_aside(why.clone());
+        self.standing = why;
+        true
     }
 }
 

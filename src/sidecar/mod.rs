@@ -162,8 +162,10 @@ pub async fn run(args: Args) -> Result<()> {
                 app_container: args.app_container.clone(),
                 mine: version,
                 prefer: settings.versions.prefer,
+                fence: settings.versions.fence,
             },
             handle.control(),
+            handle.subscribe(),
         ));
     }
     let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {

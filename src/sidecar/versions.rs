@@ -11,17 +11,19 @@
 //! and for every peer reading it. Peers are read, never written: the
 //! sidecar's admission policy lets it change only the leader label.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::{debug, info, warn};
+use tokio::sync::watch;
+use tracing::{debug, warn};
 
 use super::interface::{ENV_REVISION, ENV_VERSION};
-use crate::lease::{ElectorControl, Prefer, Version};
+use crate::lease::version::PeerWatch;
+use crate::lease::{ElectorControl, LeaderState, Prefer, Version};
 
 /// Set by the Deployment controller on each ReplicaSet it makes current
 /// (kubernetes `pkg/controller/deployment/util/deployment_util.go`,
@@ -110,12 +112,20 @@ fn healthy(pod: &Pod, app_container: Option<&str>) -> bool {
     }
 }
 
-/// ReplicaSet revisions, read once per ReplicaSet. A rollback makes an old
-/// ReplicaSet current with a new revision; its pods created after that read
-/// the new one, earlier ones keep what they read.
+/// ReplicaSet revisions, read once per ReplicaSet and again at the first
+/// sight of each of its pods. A rollback makes an old ReplicaSet current
+/// with a new revision (kubernetes `pkg/controller/deployment/sync.go`,
+/// `getNewReplicaSet`) and scales it up: its new pods bring the new revision
+/// to every peer, for all of that ReplicaSet's pods. Read once for good, a
+/// peer that had seen the ReplicaSet before would take the rollback's pods
+/// for old ones: with `Oldest`, the pods rolled back from would stand aside
+/// for them while they stood aside for the pods rolled back from, and
+/// nobody would lead.
 pub struct Revisions {
     api: Api<ReplicaSet>,
     known: HashMap<String, Option<u64>>,
+    /// Pods seen so far, by name.
+    pods: HashSet<String>,
 }
 
 impl Revisions {
@@ -123,6 +133,7 @@ impl Revisions {
         Revisions {
             api,
             known: HashMap::new(),
+            pods: HashSet::new(),
         }
     }
 
@@ -152,7 +163,12 @@ impl Revisions {
     /// [`pod_version`], looking the revision up.
     pub async fn version_of(&mut self, pod: &Pod, app_container: Option<&str>) -> Option<Version> {
         let revision = match owning_replica_set(pod) {
-            Some(rs) if env_value(pod, ENV_REVISION).is_none() => self.of(rs).await,
+            Some(rs) if env_value(pod, ENV_REVISION).is_none() => {
+                if self.pods.insert(pod.metadata.name.clone().unwrap_or_default()) {
+                    self.known.remove(rs);
+                }
+                self.of(rs).await
+            }
             _ => None,
         };
         pod_version(pod, app_container, |_| revision)
@@ -216,26 +232,49 @@ pub struct Candidate {
     pub app_container: Option<String>,
     pub mine: Option<Version>,
     pub prefer: Prefer,
+    /// The lease's version fence: no standing aside for a peer it refuses.
+    pub fence: bool,
 }
 
 /// Watches the lock's candidate pods and tells the elector to stand aside
-/// while a healthy candidate of the preferred version is live, and to
-/// campaign again when none is. Runs until the watch stream ends.
-pub async fn follow_peers(pods: Api<Pod>, mut revisions: Revisions, candidate: Candidate, control: ElectorControl) {
+/// while a healthy candidate of the preferred version is live (and, with the
+/// fence, could lead: `state` brings the row's recorded version from the
+/// elector's reads), and to campaign again when none is. Runs until the
+/// watch stream ends or the elector is gone.
+pub async fn follow_peers(
+    pods: Api<Pod>,
+    mut revisions: Revisions,
+    candidate: Candidate,
+    control: ElectorControl,
+    mut state: watch::Receiver<LeaderState>,
+) {
     let Candidate {
         me,
         selector,
         app_container,
         mine,
         prefer,
+        fence,
     } = candidate;
     let config = watcher::Config::default().labels(&selector);
     let events = watcher::watcher(pods, config).backoff(super::publish::watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut peers: BTreeMap<String, Pod> = BTreeMap::new();
     let mut listing: Option<BTreeMap<String, Pod>> = None;
-    let mut standing: Option<String> = None;
-    while let Some(event) = events.next().await {
+    let mut watch = PeerWatch::new(prefer, mine, fence, control);
+    watch.recorded(state.borrow_and_update().holder_version.as_ref());
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            changed = state.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                watch.recorded(state.borrow_and_update().holder_version.as_ref());
+                continue;
+            }
+        };
+        let Some(event) = event else { return };
         let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
         match event {
             Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
@@ -261,15 +300,7 @@ pub async fn follow_peers(pods: Api<Pod>, mut revisions: Revisions, candidate: C
                 live.push((peer.clone(), revisions.version_of(pod, app_container.as_deref()).await));
             }
         }
-        let why = prefer.stand_aside_for(mine.as_ref(), live.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
-        if why != standing {
-            match &why {
-                Some(why) => info!(%why, "standing aside"),
-                None => info!("no candidate of a preferred version is live; campaigning"),
-            }
-            control.stand_aside(why.clone());
-            standing = why;
-        }
+        watch.peers(live);
     }
 }
 
@@ -374,8 +405,10 @@ mod tests {
                 app_container: Some("app".into()),
                 mine: Some(mine),
                 prefer: Prefer::Newest,
+                fence: true,
             },
             handle.control(),
+            handle.subscribe(),
         ));
         api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", false));
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -392,6 +425,37 @@ mod tests {
         );
         api.insert(&pods::collection("prod"), candidate("web-new-a", "web-new", false));
         state.wait_for(|s| s.campaigning).await.unwrap();
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    }
+
+    /// A rollback makes an old ReplicaSet current with a higher revision:
+    /// once a new pod of it shows, its pods count as that revision, those
+    /// seen before included.
+    #[tokio::test]
+    async fn a_rollbacks_new_pod_brings_its_replica_sets_new_revision() {
+        use crate::testing::api::ApiServer;
+        let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
+        let replica_set = |revision: u64| {
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": "web-7d9f", "namespace": "prod",
+                             "annotations": {REVISION_ANNOTATION: revision.to_string()}}})
+        };
+        let replicasets = "/apis/apps/v1/namespaces/prod/replicasets";
+        api.insert(replicasets, replica_set(1));
+        let mut revisions = Revisions::new(Api::namespaced(api.client("prod"), "prod"));
+        let old = pod(json!([]), true);
+        let mut new = pod(json!([]), true);
+        new.metadata.name = Some("web-7d9f-fghij".into());
+        let revision = |v: Option<Version>| v.map(|v| v.revision);
+        assert_eq!(revision(revisions.version_of(&old, Some("app")).await), Some(1));
+        api.insert(replicasets, replica_set(3));
+        assert_eq!(
+            revision(revisions.version_of(&old, Some("app")).await),
+            Some(1),
+            "a pod seen before does not re-read its ReplicaSet"
+        );
+        assert_eq!(revision(revisions.version_of(&new, Some("app")).await), Some(3));
+        assert_eq!(revision(revisions.version_of(&old, Some("app")).await), Some(3));
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 

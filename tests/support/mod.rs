@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses its own share of these
 
 pub mod rollout;
+pub mod rollout_process;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -115,8 +115,10 @@ async fn start(api: &ApiServer, store: &MemoryStore, name: &str, revision: u64, 
                 app_container: Some("app".into()),
                 mine: Some(version),
                 prefer,
+                fence,
             },
             handle.control(),
+            handle.subscribe(),
         ));
     }
     Pod {
