@@ -41,7 +41,7 @@ use super::metrics::{Metrics, Outcome};
 use super::partitions;
 use super::rollout;
 use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
-use crate::api::{DistributedLease, DistributedLeaseStatus, ValidLease, validate};
+use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::{Collected, session_owner};
 use crate::lease::{Identity, LeaseStore, Observation, StoreError};
@@ -541,15 +541,15 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         Read::Partitions(view) => {
             let members: Vec<HolderPod> = view.members.iter().map(|m| HolderPod::of_session(m)).collect();
             repair_labels(lease, ctx, &pods, &candidates, &valid.label_key, &members).await;
-            let mut status = partitioned_status(&old, generation, &valid, &view, valid_condition, counts);
-            status.conditions.extend(rollout);
-            status.conditions.push(timing);
-            let shown = status.partitions.as_ref().expect("a partitioned status");
-            if let Some(note) = partitions::assignment_change(old.partitions.as_ref(), shown, &valid.lock) {
+            let shown = partitions::partitions_status(&view);
+            if let Some(note) = partitions::assignment_change(old.partitions.as_ref(), &shown, &valid.lock) {
                 info!(%note, "partition assignment changed");
                 ctx.publish(lease, EventType::Normal, "PartitionsChanged", "ReadPartitions", note)
                     .await;
             }
+            let mut status = partitioned_status(&old, generation, &valid, shown, valid_condition, counts);
+            status.conditions.extend(rollout);
+            status.conditions.push(timing);
             write_status(&leases, &name, &old, status).await?;
             return Ok((Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)), Outcome::Ok));
         }
@@ -641,19 +641,18 @@ fn observed_status(
     }
 }
 
-/// The status after a read of a partitioned lease: the assignment, and
-/// `Ready` while every partition has a live owner (work may be unevenly
+/// The status after a read of a partitioned lease: the assignment `shown`,
+/// and `Ready` while every partition has a live owner (work may be unevenly
 /// shared for a while after a join, but none is left undone). The
 /// single-lock fields stay empty: there is no one leader.
 fn partitioned_status(
     old: &DistributedLeaseStatus,
     generation: Option<i64>,
     valid: &ValidLease,
-    view: &PartitionView,
+    shown: PartitionsStatus,
     valid_condition: Condition,
     counts: DistributedLeaseStatus,
 ) -> DistributedLeaseStatus {
-    let shown = partitions::partitions_status(view);
     let ready = match (shown.unowned, shown.members) {
         (0, members) => condition(
             old,
