@@ -37,7 +37,7 @@
 //! is told its live, healthy peers after every step and steers the real
 //! elector.
 
-use super::{Candidate, Duration, Instant, Mutant, Mutex, RngExt, Schedule, Violation, paused_runtime};
+use super::{Candidate, Duration, Instant, Mutant, RngExt, Schedule, Violation, paused_runtime};
 use super::{LOCK, Report};
 use crate::lease::version::PeerWatch;
 use crate::lease::{LeaseStore, Prefer, Version};
@@ -73,7 +73,7 @@ struct Deployment {
     prefer: Prefer,
     replicas: usize,
     pods: Vec<Pod>,
-    healthy: Mutex<Vec<Healthy>>,
+    healthy: Vec<Healthy>,
     next_slot: usize,
 }
 
@@ -85,23 +85,22 @@ impl Deployment {
         }
         pod.ready = ready;
         pod.candidate.handle.set_campaigning(ready);
-        let mut healthy = self.healthy.lock().unwrap();
         if ready {
-            healthy.push(Healthy {
+            self.healthy.push(Healthy {
                 who: pod.candidate.who.clone(),
                 revision: pod.candidate.version.revision,
                 from: Instant::now(),
                 until: None,
             });
         } else {
-            end_health(&mut healthy, &pod.candidate.who);
+            end_health(&mut self.healthy, &pod.candidate.who);
         }
     }
 
     /// Removes pod `i` (terminated or crashed): not healthy from now on.
     fn remove(&mut self, i: usize) -> Pod {
         let pod = self.pods.remove(i);
-        end_health(&mut self.healthy.lock().unwrap(), &pod.candidate.who);
+        end_health(&mut self.healthy, &pod.candidate.who);
         pod
     }
 
@@ -140,7 +139,7 @@ impl Schedule {
             prefer,
             replicas,
             pods: Vec::new(),
-            healthy: Mutex::default(),
+            healthy: Vec::new(),
             next_slot: 0,
         };
         for _ in 0..replicas {
@@ -167,7 +166,7 @@ impl Schedule {
             pod.candidate.shutdown.cancel();
         }
         for pod in std::mem::take(&mut deployment.pods) {
-            end_health(&mut deployment.healthy.lock().unwrap(), &pod.candidate.who);
+            end_health(&mut deployment.healthy, &pod.candidate.who);
             pod.candidate.handle.join().await;
         }
         tokio::time::sleep(self.timing.lease_duration * 2).await;
@@ -376,7 +375,7 @@ impl Schedule {
     /// Property 5 over every belief and acquisition.
     fn preference_kept(&self, deployment: &Deployment) -> Result<(), String> {
         let grace = self.timing.renew_deadline * 2;
-        let healthy = deployment.healthy.lock().unwrap().clone();
+        let healthy = &deployment.healthy;
         let acquisitions = self.store.acquisitions();
         let end = Instant::now();
         let prefers = |candidate: u64, peer: u64| match deployment.prefer {
