@@ -64,9 +64,10 @@ async fn lock_waits_until_the_holder_releases_and_gets_a_higher_token() {
     assert!(!waiter.is_finished(), "busy: it waits");
     assert_eq!(a.release(&["x"]).await.unwrap(), ["x"]);
     assert_eq!(a.token("x"), None, "released: no longer claimed");
-    let second = tokio::time::timeout(Duration::from_secs(3), waiter)
+    // backon's jitter adds up to the delay again: one backoff is at most 2 P.
+    let second = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
-        .expect("taken within one backoff of at most P")
+        .expect("taken within one backoff of at most 2 P")
         .unwrap()
         .unwrap();
     assert!(second.token > first.token);
