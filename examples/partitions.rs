@@ -28,7 +28,7 @@ async fn join(store: &Arc<MemoryStore>, name: &'static str) -> Result<Worker, Bo
     let timing = Timing::parse("2s", "1500ms", "300ms", 0.1)?;
     let sessions: Arc<dyn SessionStore> = store.clone();
     let session = Session::open(sessions.clone(), Identity::new(None, None, name), timing).await?;
-    let partitioner = Partitioner::new(sessions, session, "orders", PARTITIONS, Duration::from_millis(200));
+    let partitioner = Partitioner::new(session, "orders", PARTITIONS, Duration::from_millis(200));
     let assigned = partitioner.assigned();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(partitioner.run(shutdown.clone()));

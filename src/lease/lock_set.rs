@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 use super::clock::{Instant, Jitter, now};
 use super::elector::SimHooks;
 use super::record::{FencingToken, Identity};
-use super::session::{MAX_LOCKS_PER_CALL, SessionStore, new_session_id};
+use super::session::{LocksObservation, MAX_LOCKS_PER_CALL, SessionStore, new_session_id};
 use super::store::{Result, StoreError};
 use super::timing::Timing;
 
@@ -214,6 +214,14 @@ impl Session {
             result.busy.extend(batch.busy);
         }
         Ok(result)
+    }
+
+    /// A strongly consistent read of `names`, made as this session's one
+    /// store call at the time (on the emulator, a read beside the session's
+    /// own write transaction ends that transaction) and bounded by R.
+    pub async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation> {
+        let _serial = self.shared.serial.lock().await;
+        self.shared.bounded(self.shared.store.observe_locks(names)).await
     }
 
     /// Waits until `name` is taken, retrying with jittered exponential

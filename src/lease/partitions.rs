@@ -29,7 +29,6 @@
 //! at different moments) cost at most a busy answer and another poll.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -40,7 +39,7 @@ use super::clock::{Instant, Jitter, now};
 use super::lock_set::{HeldSet, Session};
 use super::record::{FencingToken, LockNameError, MAX_LOCK_NAME_BYTES, fnv1a_64, validate_lock_name};
 use super::session::{LocksObservation, SessionStore};
-use super::store::{Result, StoreError};
+use super::store::Result;
 
 /// The most partitions one lock may have: slots and partitions together
 /// (2N names) fit one store call ([`super::session::MAX_LOCKS_PER_CALL`]).
@@ -126,21 +125,29 @@ pub struct PartitionView {
 impl PartitionView {
     /// Reads the N slots and N partitions of `lock` in one store call.
     pub async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
-        let names: Vec<String> = (0..partitions)
+        let observed = store.observe_locks(&Self::names(lock, partitions)).await?;
+        Ok(Self::from_observation(partitions, observed))
+    }
+
+    /// The locks one read covers: the N slots, then the N partitions.
+    fn names(lock: &str, partitions: u32) -> Vec<String> {
+        (0..partitions)
             .map(|j| member_slot(lock, j))
             .chain((0..partitions).map(|i| partition_lock(lock, i)))
-            .collect();
-        let LocksObservation { locks, .. } = store.observe_locks(&names).await?;
+            .collect()
+    }
+
+    fn from_observation(partitions: u32, LocksObservation { locks, .. }: LocksObservation) -> PartitionView {
         let (slots, parts) = locks.split_at(partitions as usize);
         let members: BTreeSet<String> = slots.iter().filter_map(|s| s.holder.clone()).collect();
-        Ok(PartitionView {
+        PartitionView {
             members: members.into_iter().collect(),
             free_slots: (0..partitions)
                 .filter(|j| slots[*j as usize].holder.is_none())
                 .collect(),
             owners: parts.iter().map(|p| p.holder.clone()).collect(),
             tokens: parts.iter().map(|p| p.token).collect(),
-        })
+        }
     }
 
     /// The quota of `member`: 0 unless it is a member.
@@ -265,7 +272,6 @@ pub struct Partitioner {
     lock: String,
     partitions: u32,
     drain: Duration,
-    store: Arc<dyn SessionStore>,
     session: Session,
     jitter: Jitter,
     draining: watch::Sender<BTreeSet<u32>>,
@@ -274,16 +280,15 @@ pub struct Partitioner {
 }
 
 impl Partitioner {
-    /// Takes part in `lock`'s `partitions` through `session` (opened on
-    /// `store`). `drain` is how long a partition stays unclaimed before it is
-    /// released to another member.
-    pub fn new(store: Arc<dyn SessionStore>, session: Session, lock: &str, partitions: u32, drain: Duration) -> Self {
+    /// Takes part in `lock`'s `partitions` through `session`. `drain` is how
+    /// long a partition stays unclaimed before it is released to another
+    /// member.
+    pub fn new(session: Session, lock: &str, partitions: u32, drain: Duration) -> Self {
         let jitter = Jitter::new(session.timing().jitter, None);
         Partitioner {
             lock: lock.to_string(),
             partitions,
             drain,
-            store,
             session,
             jitter,
             draining: watch::channel(BTreeSet::new()).0,
@@ -342,13 +347,13 @@ impl Partitioner {
         self.session.close().await
     }
 
-    /// Reads the partitions, bounded by R as every session call is: a read
-    /// that never answers must not stall the member for good.
+    /// Reads the partitions through the session: one store call of it at a
+    /// time, bounded by R, so a read that never answers cannot stall the
+    /// member for good.
     async fn observe(&self) -> Result<PartitionView> {
-        let read = PartitionView::observe(&*self.store, &self.lock, self.partitions);
-        tokio::time::timeout(self.session.timing().renew_deadline, read)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::unavailable("reading the partitions timed out")))
+        let names = PartitionView::names(&self.lock, self.partitions);
+        let observed = self.session.observe_locks(&names).await?;
+        Ok(PartitionView::from_observation(self.partitions, observed))
     }
 
     /// One poll: join if not a member, then take and release per the plan.

@@ -141,8 +141,7 @@ impl Schedule {
             };
             if shared.partitioned {
                 let drain = timing.retry_period.mul_f64(rng.random_range(0.0..1.0));
-                let member =
-                    Partitioner::new(store, session, PARTITIONED, PARTITIONS, drain).simulated(rng.random(), flaw);
+                let member = Partitioner::new(session, PARTITIONED, PARTITIONS, drain).simulated(rng.random(), flaw);
                 let _claims = AbortOnDropHandle::new(hooks.spawn(claim_partitions(member.assigned(), shared)));
                 // Runs until the process is aborted (a crash, or the end).
                 let _ = member.run(tokio_util::sync::CancellationToken::new()).await;

@@ -1,6 +1,7 @@
 use super::*;
 use crate::lease::{Identity, Timing};
 use crate::store::MemoryStore;
+use std::sync::Arc;
 
 /// A view where `owners[i]` names the member index holding partition `i`.
 fn view(members: usize, owners: &[Option<usize>]) -> PartitionView {
@@ -143,7 +144,7 @@ async fn candidate(store: &MemoryStore, name: &str, n: u32) -> Candidate {
     let session = Session::open(store.clone(), Identity::new(None, None, name), timing())
         .await
         .unwrap();
-    let partitioner = Partitioner::new(store, session, "jobs", n, Duration::from_millis(500));
+    let partitioner = Partitioner::new(session, "jobs", n, Duration::from_millis(500));
     let assigned = partitioner.assigned();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(partitioner.run(shutdown.clone()));
