@@ -231,6 +231,8 @@ fn slot_to_try(view: &PartitionView, me: &str) -> Option<u32> {
 /// The partitions this candidate may work on now, as published.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Assigned {
+    /// The session they are held through (empty before it opens).
+    pub session: String,
     /// Held partitions with their tokens; empty past the session's deadline
     /// and without the ones being drained.
     pub partitions: BTreeMap<u32, FencingToken>,
@@ -373,6 +375,7 @@ async fn publish_assigned(
         let assigned = {
             let (held, draining) = (held.borrow_and_update(), draining.borrow_and_update());
             Assigned {
+                session: held.session.clone(),
                 partitions: held
                     .locks
                     .iter()

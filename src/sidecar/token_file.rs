@@ -3,6 +3,10 @@
 //! (write a temporary file, then rename), so a reader never sees half a
 //! file. Rewritten on every change and every renewal, so `validUntil` moves
 //! forward while the sidecar works and stays put when it stalls.
+//!
+//! A partitioned sidecar writes its `/partitions` document instead (the held
+//! partitions with their tokens, `validUntil`), by the same rules; it is
+//! rewritten with no partitions when the session's deadline passes.
 
 use std::path::{Path, PathBuf};
 
@@ -10,11 +14,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::lease::LeaderState;
-use crate::sidecar::http::LeaderView;
+use crate::lease::{Assigned, LeaderState};
+use crate::sidecar::http::{LeaderView, PartitionsSetup, PartitionsView};
 
 /// Writes `view` to `path` atomically.
-pub async fn write(path: &Path, view: &LeaderView) -> std::io::Result<()> {
+pub async fn write(path: &Path, view: &impl serde::Serialize) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(view).map_err(std::io::Error::other)?;
     let temporary = path.with_extension("tmp");
     tokio::fs::write(&temporary, json).await?;
@@ -36,6 +40,31 @@ pub async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
         }
         if state.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Partitioned: rewrites the file on every change of the held partitions,
+/// their tokens, the members or the session, on every renewal, and when
+/// the session's deadline passes (whether or not anything publishes then).
+pub async fn follow_partitions(path: PathBuf, mut assigned: watch::Receiver<Assigned>, setup: PartitionsSetup) {
+    let mut last = None;
+    loop {
+        let (view, deadline) = {
+            let current = assigned.borrow_and_update();
+            (PartitionsView::of(&current, &setup, Instant::now()), current.deadline)
+        };
+        let key = view.key();
+        if last.as_ref() != Some(&key) {
+            if let Err(e) = write(&path, &view).await {
+                warn!(path = %path.display(), error = %e, "cannot write the token file");
+            }
+            last = Some(key);
+        }
+        let deadline = deadline.filter(|d| *d > Instant::now() && view.holds);
+        tokio::select! {
+            changed = assigned.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {}
         }
     }
 }
