@@ -303,7 +303,7 @@ impl Partitioner {
         let mut held = self.session.held();
         loop {
             if let Err(e) = self.step(&shutdown).await {
-                debug!(lock = %self.lock, error = %e, "partitions: poll failed; retrying");
+                debug!(lock = %self.lock, error = %e.chain(), "partitions: poll failed; retrying");
             }
             let next = now() + self.jitter.apply(period);
             tokio::select! {

@@ -500,3 +500,143 @@ mod tests {
         assert!(renewal.is_ok_and(|e| e.is_some()), "no event for the renewal");
     }
 }
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+    use crate::lease::FencingToken;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    fn setup() -> PartitionsSetup {
+        PartitionsSetup {
+            count: 8,
+            identity: "pod-0#1".into(),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+
+    fn holding(partitions: &[(u32, i64)]) -> Assigned {
+        Assigned {
+            session: "pod-0#1~00".into(),
+            partitions: partitions.iter().map(|(i, t)| (*i, FencingToken(*t))).collect(),
+            deadline: Some(Instant::now() + Duration::from_secs(10)),
+            members: 3,
+        }
+    }
+
+    fn api(assigned: Assigned) -> (PartitionsApi, watch::Sender<Assigned>) {
+        let (tx, rx) = watch::channel(assigned);
+        let api = PartitionsApi {
+            assigned: rx,
+            setup: setup(),
+            app: watch::channel(AppHealth::default()).1,
+            starting: watch::channel(None).1,
+        };
+        (api, tx)
+    }
+
+    async fn get(state: &PartitionsApi, path: &str) -> (StatusCode, serde_json::Value) {
+        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let response = partitions_router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    /// 200 with every held partition and its token (a decimal string, as
+    /// `/leader`'s) while it holds any; 503 with the same document otherwise.
+    #[tokio::test]
+    async fn partitions_lists_the_held_ones_with_their_tokens_and_answers_200_only_while_holding_any() {
+        let (state, tx) = api(holding(&[(1, 1 << 60), (6, 7)]));
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            view["partitions"],
+            serde_json::json!([{"index": 1, "token": "1152921504606846976"}, {"index": 6, "token": "7"}])
+        );
+        assert_eq!((view["holds"].as_bool(), view["count"].as_u64()), (Some(true), Some(8)));
+        assert_eq!(
+            (view["members"].as_u64(), view["session"].as_str()),
+            (Some(3), Some("pod-0#1~00"))
+        );
+        assert!(view["validUntil"].is_string(), "{view}");
+        tx.send_replace(holding(&[]));
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            (view["holds"].as_bool(), view["validUntil"].is_null()),
+            (Some(false), true)
+        );
+    }
+
+    /// A view is never served past the session's deadline, even when
+    /// nothing has published since (a stalled sidecar).
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_served_past_the_sessions_deadline() {
+        let (state, _tx) = api(holding(&[(2, 5)]));
+        assert_eq!(get(&state, "/partitions").await.0, StatusCode::OK);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(view["partitions"], serde_json::json!([]));
+    }
+
+    #[tokio::test]
+    async fn leader_and_root_point_to_partitions_instead_of_naming_a_leader() {
+        let (state, _tx) = api(holding(&[(0, 1)]));
+        for path in ["/leader", "/"] {
+            let (status, body) = get(&state, path).await;
+            assert_eq!(status, StatusCode::CONFLICT, "{path}");
+            assert!(body["error"].as_str().unwrap().contains("GET /partitions"), "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn healthz_tells_when_the_run_has_ended_or_the_store_was_never_reached() {
+        let (tx, assigned) = watch::channel(Assigned::default());
+        let (starting_tx, starting) = watch::channel(Some("the store has not answered since start: x".into()));
+        let state = PartitionsApi {
+            assigned,
+            setup: setup(),
+            app: watch::channel(AppHealth::default()).1,
+            starting,
+        };
+        let answer = partitions_healthz(State(state.clone())).await;
+        assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(answer.1.contains("has not answered"));
+        starting_tx.send_replace(None);
+        assert_eq!(partitions_healthz(State(state.clone())).await.0, StatusCode::OK);
+        drop(tx);
+        assert_eq!(
+            partitions_healthz(State(state)).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the partitioned run has stopped".into()
+            )
+        );
+    }
+
+    /// `/watch`: the current set first, then an event per change of the
+    /// set and per renewal, none for an unchanged state. (Real time: with a
+    /// paused clock the wall-clock `validUntil` would drift and look new.)
+    #[tokio::test]
+    async fn watch_emits_the_partition_set_on_each_change() {
+        let (tx, rx) = watch::channel(holding(&[(0, 1)]));
+        let mut events = Box::pin(partition_changes(rx, setup()));
+        async fn event(events: &mut (impl Stream<Item = Result<Event, Infallible>> + Unpin)) -> bool {
+            tokio::time::timeout(Duration::from_millis(100), events.next())
+                .await
+                .is_ok_and(|e| e.is_some())
+        }
+        assert!(event(&mut events).await, "the current set");
+        tx.send_modify(|a| {
+            a.partitions.insert(3, FencingToken(9));
+        });
+        assert!(event(&mut events).await, "a partition gained");
+        tx.send_modify(|a| a.members = 3);
+        assert!(!event(&mut events).await, "nothing new, no event");
+        tx.send_modify(|a| a.deadline = Some(Instant::now() + Duration::from_secs(20)));
+        assert!(event(&mut events).await, "a renewal");
+    }
+}

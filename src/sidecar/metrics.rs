@@ -282,6 +282,8 @@ mod tests {
             "leasehold_is_leader",
             "leasehold_app_healthy",
             "leasehold_seconds_since_renew",
+            "leasehold_partitions_held",
+            "leasehold_partition_members",
         ] {
             assert!(readme.contains(gauge), "README documents {gauge}");
             assert!(
@@ -297,7 +299,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         let memory = MemoryStore::new(1);
-        let store = MeteredStore::new(Arc::new(memory.clone()), metrics.clone());
+        let store = MeteredStore::<dyn LeaseStore>::new(Arc::new(memory.clone()), metrics.clone());
         let grant = store.acquire("m", "a", Duration::from_secs(10)).await.unwrap();
         store.observe("m").await.unwrap();
         store
@@ -319,6 +321,40 @@ mod tests {
             "leasehold_store_failures_total{op=\"acquire\",kind=\"lost\"} 1",
             "leasehold_store_failures_total{op=\"observe\",kind=\"unavailable\"} 1",
             "leasehold_store_latency_seconds_count{op=\"renew\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    /// Partitioned: session calls are counted by operation, and the gauges
+    /// follow what the partitioner publishes.
+    #[tokio::test]
+    async fn the_partitioned_sidecar_meters_session_calls_and_shows_held_partitions() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let store = MeteredStore::<dyn SessionStore>::new(Arc::new(MemoryStore::new(1)), metrics.clone());
+        store.open_session("s", "o", Duration::from_secs(10)).await.unwrap();
+        store.try_lock("s", &["p/0".into()]).await.unwrap();
+        store.renew_session("s").await.unwrap();
+        assert!(store.renew_session("gone").await.is_err());
+        let (tx, rx) = tokio::sync::watch::channel(Assigned::default());
+        let following = tokio::spawn(metrics.clone().follow_partitions(rx));
+        tx.send_replace(Assigned {
+            partitions: [(0, FencingToken(1)), (5, FencingToken(2))].into(),
+            members: 3,
+            ..Default::default()
+        });
+        drop(tx);
+        following.await.unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "leasehold_store_calls_total{op=\"open_session\"} 1",
+            "leasehold_store_calls_total{op=\"try_lock\"} 1",
+            "leasehold_store_calls_total{op=\"renew_session\"} 2",
+            "leasehold_store_failures_total{op=\"renew_session\",kind=\"lost\"} 1",
+            "leasehold_partitions_held 2",
+            "leasehold_partition_members 3",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

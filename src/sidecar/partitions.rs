@@ -164,14 +164,42 @@ async fn take_part(
             }
         };
         // The session is closed (or its closing failed): nothing is held.
+        let session = published.borrow().session.clone();
         published.send_modify(|a| {
             a.partitions.clear();
             a.deadline = None;
         });
         match ended {
             Ok(()) => info!("session closed: every partition is free"),
-            Err(e) => warn!(error = %e.chain(), "closing the session failed; its partitions come free when it expires"),
+            Err(e) => close_again(&*store, &session, settings.timing.lease_duration, e).await,
         }
+    }
+}
+
+/// Closing the session failed (on the Spanner emulator, often cut short by
+/// another transaction): it is no longer renewed, so its partitions come
+/// free when it expires, but the others need not wait for that. Retries
+/// with capped backoff until closed (`Lost`: gone already) or `lease` has
+/// passed, by which time it has expired anyway.
+async fn close_again(store: &dyn SessionStore, session: &str, lease: std::time::Duration, first: StoreError) {
+    let give_up = tokio::time::Instant::now() + lease;
+    let mut backoff = capped_backoff().build();
+    let mut result = Err(first);
+    loop {
+        let error = match result {
+            Ok(()) | Err(StoreError::Lost { .. }) => {
+                info!(%session, "session closed: every partition is free");
+                return;
+            }
+            Err(e) => e,
+        };
+        let delay = backoff.next().unwrap_or(super::BACKOFF_CAP);
+        if tokio::time::Instant::now() + delay >= give_up {
+            warn!(%session, error = %error.chain(), "closing the session failed; its partitions come free when it expires");
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        result = store.close_session(session).await;
     }
 }
 

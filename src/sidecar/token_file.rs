@@ -144,4 +144,52 @@ mod tests {
         assert!(reads > 0);
         tokio::fs::remove_dir_all(&dir).await.unwrap();
     }
+
+    /// Partitioned: the file lists the held partitions with their tokens,
+    /// follows changes, and is rewritten with none once the session's
+    /// deadline passes, though nothing publishes then (a stalled session).
+    #[tokio::test]
+    async fn the_partitioned_file_lists_the_held_partitions_and_empties_at_the_deadline() {
+        let dir = std::env::temp_dir().join(format!("leasehold-token-{:x}", rand::random::<u64>()));
+        tokio::fs::create_dir_all(&dir).await.unwrap();
+        let path = dir.join("partitions.json");
+        let setup = PartitionsSetup {
+            count: 4,
+            identity: "pod-0#1".into(),
+            renew_deadline: std::time::Duration::from_secs(10),
+        };
+        let read = || async {
+            let bytes = tokio::fs::read(&path).await.unwrap_or_default();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default()
+        };
+        let until = |check: fn(&serde_json::Value) -> bool| async move {
+            for _ in 0..200 {
+                let current = read().await;
+                if check(&current) {
+                    return current;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            panic!("the file never became what was expected: {}", read().await)
+        };
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let (tx, rx) = watch::channel(Assigned {
+            session: "pod-0#1~00".into(),
+            partitions: [(1, crate::lease::FencingToken(11))].into(),
+            deadline: Some(deadline),
+            members: 2,
+        });
+        let _writer = tokio::spawn(follow_partitions(path.clone(), rx, setup));
+        let first = until(|v| v["holds"] == true).await;
+        assert_eq!(first["partitions"], serde_json::json!([{"index": 1, "token": "11"}]));
+        tx.send_modify(|a| {
+            a.partitions.insert(3, crate::lease::FencingToken(12));
+        });
+        until(|v| v["partitions"].as_array().is_some_and(|p| p.len() == 2)).await;
+        // The deadline comes close and passes; nothing is sent on the channel.
+        tx.send_modify(|a| a.deadline = Some(Instant::now() + std::time::Duration::from_millis(300)));
+        let emptied = until(|v| v["holds"] == false).await;
+        assert_eq!(emptied["partitions"], serde_json::json!([]), "{emptied}");
+        tokio::fs::remove_dir_all(&dir).await.unwrap();
+    }
 }
