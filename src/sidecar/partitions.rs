@@ -27,12 +27,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use std::time::Duration;
+
 use super::config::{Settings, StoreChoice};
 use super::http::{PartitionsApi, PartitionsSetup};
 use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
 use super::{Args, Result, bind, capped_backoff, metrics_router, start_health_sources};
-use crate::lease::{Assigned, Partitioner, Session, SessionStore, StoreError};
+use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
 
 pub async fn run(
     args: Args,
@@ -95,17 +97,16 @@ pub async fn run(
         _ = shutdown.cancelled() => None,
     };
     if let Some(store) = store {
-        take_part(
-            store,
-            &settings,
+        let member = Member {
+            lock: settings.lock.clone(),
             count,
-            &args,
-            &report,
-            campaigning,
-            &assigned_tx,
-            &shutdown,
-        )
-        .await;
+            identity: settings.identity.clone(),
+            timing: settings.timing,
+            drain: args.drain,
+        };
+        member
+            .take_part(store, &report, campaigning, &assigned_tx, &shutdown)
+            .await;
     }
     info!("partitioned run stopped");
     drop((assigned_tx, campaigning_tx));
@@ -118,60 +119,97 @@ pub async fn run(
     Ok(())
 }
 
-/// Takes part until `shutdown`, through one session per stretch of app
-/// health, publishing what may be worked on into `published`.
-#[allow(clippy::too_many_arguments)] // one call site, each a different part of the run
-async fn take_part(
-    store: Arc<dyn SessionStore>,
-    settings: &Settings,
+/// This candidate's part in the partitioned lock.
+struct Member {
+    lock: String,
     count: u32,
-    args: &Args,
-    report: &Report,
-    mut campaigning: watch::Receiver<bool>,
-    published: &watch::Sender<Assigned>,
-    shutdown: &CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            healthy = campaigning.wait_for(|on| *on) => if healthy.is_err() { return },
-        }
-        let Some(session) = open_session(&store, settings, report, shutdown).await else {
-            return;
-        };
-        info!(lock = %settings.lock, partitions = count, session = %session.id(), "taking part");
-        let partitioner = Partitioner::new(store.clone(), session, &settings.lock, count, args.drain);
-        let mut assigned = partitioner.assigned();
-        // Leaving (SIGTERM or the app turning unhealthy) stops claiming,
-        // drains and closes the session: Partitioner::run does all three.
-        let leave = shutdown.child_token();
-        let run = partitioner.run(leave.clone());
-        let mut run = std::pin::pin!(run);
-        let mut following = true;
-        let ended = loop {
+    identity: Identity,
+    timing: Timing,
+    drain: Duration,
+}
+
+impl Member {
+    /// Takes part until `shutdown`, through one session per stretch of app
+    /// health, publishing what may be worked on into `published`.
+    async fn take_part(
+        &self,
+        store: Arc<dyn SessionStore>,
+        report: &Report,
+        mut campaigning: watch::Receiver<bool>,
+        published: &watch::Sender<Assigned>,
+        shutdown: &CancellationToken,
+    ) {
+        loop {
             tokio::select! {
-                ended = &mut run => break ended,
-                changed = assigned.changed(), if following => match changed {
-                    Ok(()) => {
-                        published.send_replace(assigned.borrow_and_update().clone());
-                    }
-                    Err(_) => following = false,
-                },
-                unhealthy = campaigning.wait_for(|on| !*on), if !leave.is_cancelled() => if unhealthy.is_ok() {
-                    warn!(drain = ?args.drain, "the app is unhealthy: handing every partition over");
-                    leave.cancel();
-                },
+                _ = shutdown.cancelled() => return,
+                healthy = campaigning.wait_for(|on| *on) => if healthy.is_err() { return },
             }
-        };
-        // The session is closed (or its closing failed): nothing is held.
-        let session = published.borrow().session.clone();
-        published.send_modify(|a| {
-            a.partitions.clear();
-            a.deadline = None;
-        });
-        match ended {
-            Ok(()) => info!("session closed: every partition is free"),
-            Err(e) => close_again(&*store, &session, settings.timing.lease_duration, e).await,
+            let Some(session) = self.open_session(&store, report, shutdown).await else {
+                return;
+            };
+            info!(lock = %self.lock, partitions = self.count, session = %session.id(), "taking part");
+            let partitioner = Partitioner::new(store.clone(), session, &self.lock, self.count, self.drain);
+            let mut assigned = partitioner.assigned();
+            // Leaving (SIGTERM or the app turning unhealthy) stops claiming,
+            // drains and closes the session: Partitioner::run does all three.
+            let leave = shutdown.child_token();
+            let run = partitioner.run(leave.clone());
+            let mut run = std::pin::pin!(run);
+            let mut following = true;
+            let ended = loop {
+                tokio::select! {
+                    ended = &mut run => break ended,
+                    changed = assigned.changed(), if following => match changed {
+                        Ok(()) => {
+                            published.send_replace(assigned.borrow_and_update().clone());
+                        }
+                        Err(_) => following = false,
+                    },
+                    unhealthy = campaigning.wait_for(|on| !*on), if !leave.is_cancelled() => if unhealthy.is_ok() {
+                        warn!(drain = ?self.drain, "the app is unhealthy: handing every partition over");
+                        leave.cancel();
+                    },
+                }
+            };
+            // The session is closed (or its closing failed): nothing is held.
+            let session = published.borrow().session.clone();
+            published.send_modify(|a| {
+                a.partitions.clear();
+                a.deadline = None;
+            });
+            match ended {
+                Ok(()) => info!("session closed: every partition is free"),
+                Err(e) => close_again(&*store, &session, self.timing.lease_duration, e).await,
+            }
+        }
+    }
+
+    /// Opens a session, retrying with capped backoff; `None` on shutdown.
+    async fn open_session(
+        &self,
+        store: &Arc<dyn SessionStore>,
+        report: &Report,
+        shutdown: &CancellationToken,
+    ) -> Option<Session> {
+        let mut backoff = capped_backoff().build();
+        loop {
+            let opened = tokio::select! {
+                opened = Session::open(store.clone(), self.identity.clone(), self.timing) => opened,
+                _ = shutdown.cancelled() => return None,
+            };
+            match opened {
+                Ok(session) => {
+                    report.answered();
+                    return Some(session);
+                }
+                Err(e) => {
+                    report.failed(&e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff.next().unwrap_or(super::BACKOFF_CAP)) => {}
+                        _ = shutdown.cancelled() => return None,
+                    }
+                }
+            }
         }
     }
 }
@@ -181,7 +219,7 @@ async fn take_part(
 /// free when it expires, but the others need not wait for that. Retries
 /// with capped backoff until closed (`Lost`: gone already) or `lease` has
 /// passed, by which time it has expired anyway.
-async fn close_again(store: &dyn SessionStore, session: &str, lease: std::time::Duration, first: StoreError) {
+async fn close_again(store: &dyn SessionStore, session: &str, lease: Duration, first: StoreError) {
     let give_up = tokio::time::Instant::now() + lease;
     let mut backoff = capped_backoff().build();
     let mut result = Err(first);
@@ -231,31 +269,77 @@ async fn connect(choice: &StoreChoice, create_table: bool, metrics: Metrics, rep
     }
 }
 
-/// Opens a session, retrying with capped backoff; `None` on shutdown.
-async fn open_session(
-    store: &Arc<dyn SessionStore>,
-    settings: &Settings,
-    report: &Report,
-    shutdown: &CancellationToken,
-) -> Option<Session> {
-    let mut backoff = capped_backoff().build();
-    loop {
-        let opened = tokio::select! {
-            opened = Session::open(store.clone(), settings.identity.clone(), settings.timing) => opened,
-            _ = shutdown.cancelled() => return None,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::partitions::PartitionView;
+    use crate::store::MemoryStore;
+
+    async fn until(
+        published: &mut watch::Receiver<Assigned>,
+        what: &str,
+        done: impl Fn(&Assigned) -> bool,
+    ) -> Assigned {
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            published.wait_for(|a| done(a)).await.unwrap().clone()
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("never {what}: {:?}", *published.borrow()))
+    }
+
+    /// An unhealthy app's candidate holds no partition and no member slot:
+    /// it stops claiming at once, closes its session after the drain (the
+    /// partitions are free in the store then, not at an expiry), and joins
+    /// again with a new session once the app is healthy. SIGTERM ends the
+    /// same way.
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_app_leaves_its_partitions_and_a_healthy_one_rejoins() {
+        let memory = MemoryStore::new(1);
+        let store: Arc<dyn SessionStore> = Arc::new(memory.clone());
+        let drain = Duration::from_secs(2);
+        let member = Member {
+            lock: "jobs".into(),
+            count: 4,
+            identity: Identity::new(None, None, "pod-0"),
+            timing: Timing::default(),
+            drain,
         };
-        match opened {
-            Ok(session) => {
-                report.answered();
-                return Some(session);
-            }
-            Err(e) => {
-                report.failed(&e);
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.next().unwrap_or(super::BACKOFF_CAP)) => {}
-                    _ = shutdown.cancelled() => return None,
-                }
-            }
-        }
+        let report = Report::new(false, watch::channel(None).0);
+        let (campaigning_tx, campaigning) = watch::channel(true);
+        let (published_tx, mut published) = watch::channel(Assigned::default());
+        let shutdown = CancellationToken::new();
+        let task = {
+            let (store, shutdown) = (store.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                member
+                    .take_part(store, &report, campaigning, &published_tx, &shutdown)
+                    .await
+            })
+        };
+        let first = until(&mut published, "holding all 4", |a| a.partitions.len() == 4).await;
+
+        campaigning_tx.send_replace(false);
+        let left = tokio::time::Instant::now();
+        until(&mut published, "stopping to claim", |a| a.partitions.is_empty()).await;
+        assert!(left.elapsed() < drain, "stops claiming before the drain");
+        let view = PartitionView::observe(&*store, "jobs", 4).await.unwrap();
+        assert_eq!(view.unowned(), 0, "still held in the store during the drain");
+        tokio::time::sleep(drain + Duration::from_millis(100)).await;
+        let view = PartitionView::observe(&*store, "jobs", 4).await.unwrap();
+        assert_eq!(
+            (view.members.len(), view.unowned()),
+            (0, 4),
+            "closed after the drain: {view:?}"
+        );
+
+        campaigning_tx.send_replace(true);
+        let again = until(&mut published, "holding all 4 again", |a| a.partitions.len() == 4).await;
+        assert_ne!(again.session, first.session, "a new session");
+
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(published.borrow().partitions.is_empty());
+        let view = PartitionView::observe(&*store, "jobs", 4).await.unwrap();
+        assert_eq!((view.members.len(), view.unowned()), (0, 4), "closed on shutdown");
     }
 }
