@@ -209,7 +209,7 @@ impl<S: ?Sized> MeteredStore<S> {
 }
 
 #[async_trait]
-impl LeaseStore for MeteredStore<dyn LeaseStore> {
+impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
@@ -232,7 +232,7 @@ impl LeaseStore for MeteredStore<dyn LeaseStore> {
 }
 
 #[async_trait]
-impl SessionStore for MeteredStore<dyn SessionStore> {
+impl<S: SessionStore + ?Sized> SessionStore for MeteredStore<S> {
     async fn ensure_session_schema(&self) -> Result<(), StoreError> {
         self.measure("ensure_session_schema", self.inner.ensure_session_schema())
             .await
