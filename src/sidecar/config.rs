@@ -683,6 +683,23 @@ mod tests {
                 &["--lease", "web"],
                 "--lease web needs the Kubernetes API and POD_NAMESPACE",
             ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--partitions",
+                    "4",
+                ],
+                "--partitions needs --store memory or spanner: the redis store keeps no sessions",
+            ),
+            (
+                &["--lock", "l", "--store", "memory", "--partitions", "0"],
+                "--partitions must be between 1 and 1024, not 0",
+            ),
         ];
         for (argv, expected) in cases {
             // As the binary prints it: the error and its causes.
@@ -718,6 +735,7 @@ mod tests {
             ("--lease-duration", "5s"),
             ("--renew-deadline", "3s"),
             ("--retry-period", "1s"),
+            ("--partitions", "4"),
         ] {
             let err = rejected(&["--lease", "web", flag, value]);
             assert!(
@@ -773,6 +791,16 @@ mod tests {
         );
         let s = settings(&["--lock", "l", "--store", "memory"]).await.unwrap();
         assert_eq!(s.timing, Timing::default());
+    }
+
+    #[tokio::test]
+    async fn partitions_come_from_the_flag_and_default_to_one_leader() {
+        let plain = settings(&["--lock", "l", "--store", "memory"]).await.unwrap();
+        assert_eq!(plain.partitions, None);
+        let parts = settings(&["--lock", "l", "--store", "memory", "--partitions", "8"])
+            .await
+            .unwrap();
+        assert_eq!(parts.partitions, Some(8));
     }
 
     #[tokio::test]
@@ -857,6 +885,7 @@ mod tests {
                     "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
                     "selector": {"matchLabels": {"app": "web"}},
                     "publishing": {"readinessGate": true},
+                    "partitions": 16,
                 }
             }),
         );
@@ -877,6 +906,7 @@ mod tests {
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
         assert_eq!(s.timing.lease_duration, Duration::from_secs(6));
+        assert_eq!(s.partitions, Some(16));
         assert_eq!(
             s.publishing,
             Publishing {
