@@ -5,7 +5,7 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis, sessions, rollout, rollout-process) runs a share of it. `postgres` and `redis` start
+//! postgres, redis, sessions, rollout, rollout-process, partitions) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -18,6 +18,8 @@ mod support;
 #[path = "leasehold/sessions.rs"]
 mod sessions;
 
+#[path = "leasehold/partitions.rs"]
+mod partitions;
 #[path = "leasehold/rollout_process.rs"]
 mod rollout_process;
 
@@ -774,6 +776,17 @@ fn main() {
                 sessions::many_locks_in_sessions(locks, seconds)
             ));
         }
+    }
+    if run("partitions") {
+        println!(
+            "== partitions: {} over 3 sidecar processes, D={D:?} R={R:?} P={P:?}",
+            64
+        );
+        summary_lines.extend(
+            partitions::partitions(reps)
+                .into_iter()
+                .map(|l| format!("partitions: {l}")),
+        );
     }
     println!("\n== summary");
     for line in summary_lines {

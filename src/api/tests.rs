@@ -337,6 +337,10 @@ fn each_invalid_field_gets_its_own_message() {
             "spec.lockName is 506 bytes long; a partitioned lock's name is at most 505 bytes",
         ),
         (
+            partitioned(with(&["publishing", "readinessGate"], json!(true)), 4),
+            "spec.partitions cannot be combined with spec.publishing.readinessGate",
+        ),
+        (
             partitioned(with(&["leadership", "prefer"], json!("Newest")), 4),
             "spec.partitions cannot be combined with spec.leadership",
         ),

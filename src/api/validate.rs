@@ -118,7 +118,8 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
 }
 
 /// Partitions are session locks, which Cloud Spanner stores; leadership by
-/// version is about one leader, so it does not mix with them.
+/// version and the readiness gate are about one leader, so they do not mix
+/// with them.
 fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &ValidStore) -> Result<()> {
     let Some(n) = spec.partitions else { return Ok(()) };
     validate_partitions(("spec.lockName", "spec.partitions"), lock, n)?;
@@ -126,6 +127,12 @@ fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &Vali
         return Err(invalid(
             "spec.partitions",
             "needs store.spanner: partitions are held through sessions, which only the Spanner store keeps",
+        ));
+    }
+    if spec.publishing.readiness_gate {
+        return Err(invalid(
+            "spec.partitions",
+            "cannot be combined with spec.publishing.readinessGate: the gate marks one leader Ready, and every member of a partitioned lease works",
         ));
     }
     if spec.leadership != super::LeadershipSpec::default() {

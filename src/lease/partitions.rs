@@ -238,6 +238,8 @@ fn slot_to_try(view: &PartitionView, me: &str) -> Option<u32> {
 /// The partitions this candidate may work on now, as published.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Assigned {
+    /// The session they are held through (empty before it opens).
+    pub session: String,
     /// Held partitions with their tokens; empty past the session's deadline
     /// and without the ones being drained.
     pub partitions: BTreeMap<u32, FencingToken>,
@@ -245,8 +247,6 @@ pub struct Assigned {
     pub deadline: Option<Instant>,
     /// Members in the last read (0 before the first).
     pub members: usize,
-    /// The session the partitions are held through.
-    pub session: String,
 }
 
 impl Assigned {
@@ -327,7 +327,7 @@ impl Partitioner {
         let mut held = self.session.held();
         loop {
             if let Err(e) = self.step(&shutdown).await {
-                debug!(lock = %self.lock, error = %e, "partitions: poll failed; retrying");
+                debug!(lock = %self.lock, error = %e.chain(), "partitions: poll failed; retrying");
             }
             let next = now() + self.jitter.apply(period);
             // Biased: an unbiased select draws from an unseeded source, and
@@ -428,6 +428,7 @@ async fn publish_assigned(
         let assigned = {
             let (held, draining) = (held.borrow_and_update(), draining.borrow_and_update());
             Assigned {
+                session: held.session.clone(),
                 partitions: held
                     .locks
                     .iter()
@@ -436,7 +437,6 @@ async fn publish_assigned(
                     .collect(),
                 deadline: held.deadline,
                 members: *members.borrow_and_update(),
-                session: held.session.clone(),
             }
         };
         tx.send_if_modified(|current| std::mem::replace(current, assigned.clone()) != assigned);

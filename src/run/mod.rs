@@ -75,6 +75,11 @@ pub enum Error {
          --revision/--version and honours the version fence only: run it as the sidecar, or prefer None"
     )]
     PreferNeedsSidecar(crate::lease::Prefer),
+    #[error(
+        "the lock is shared as {0} partitions, which leasehold run cannot hold (it runs one command while it \
+         leads): run it as the sidecar, whose /partitions tells the app which partitions it holds"
+    )]
+    PartitionsNeedSidecar(u32),
     #[error("cannot find this executable to start the watchdog")]
     Exe(#[source] std::io::Error),
     #[error("signals")]
@@ -111,6 +116,9 @@ pub async fn run(args: Args) -> Result<i32> {
     let grace = grace_period(&settings.timing, args.grace_period)?;
     if settings.versions.prefer != crate::lease::Prefer::None {
         return Err(Error::PreferNeedsSidecar(settings.versions.prefer));
+    }
+    if let Some(n) = settings.partitions {
+        return Err(Error::PartitionsNeedSidecar(n));
     }
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
     let store = crate::sidecar::connect(&settings.store, args.election.create_table).await?;

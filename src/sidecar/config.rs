@@ -10,7 +10,7 @@ use kube::Api;
 use super::{Error, Result, interface};
 use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
 use crate::lease::timing::parse_duration_flag;
-use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name};
+use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name, validate_partitions};
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
 use crate::store::redis::RedisConfig;
@@ -30,13 +30,13 @@ pub enum StoreKind {
 pub struct ElectionArgs {
     /// The DistributedLease (in the pod's namespace) to take every lease
     /// setting from; excludes --store, --database, --table, --store-url,
-    /// --lock and the timing flags.
+    /// --lock, --partitions and the timing flags.
     #[arg(
         long,
         env = interface::ENV_LEASE,
         conflicts_with_all = [
             "store", "database", "table", "store_url", "lock", "lease_duration", "renew_deadline", "retry_period",
-            "prefer", "version_fence",
+            "prefer", "version_fence", "partitions",
         ],
     )]
     pub lease: Option<String>,
@@ -59,6 +59,11 @@ pub struct ElectionArgs {
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
     pub lock: Option<String>,
+    /// Standalone: share the work as this many partitions of --lock, each
+    /// with its own token, instead of electing one leader (docs/partitions.md;
+    /// memory and Spanner stores).
+    #[arg(long, env = "LEASEHOLD_PARTITIONS")]
+    pub partitions: Option<u32>,
     /// Standalone: lease duration D [default: 15s].
     #[arg(long, env = "LEASEHOLD_LEASE_DURATION", value_parser = parse_duration_flag)]
     pub lease_duration: Option<Duration>,
@@ -327,6 +332,8 @@ pub struct Settings {
     /// it from the pod ([`super::versions`]).
     pub version: Option<Version>,
     pub versions: VersionPolicy,
+    /// Work partitioning: the number of partitions; `None` elects one leader.
+    pub partitions: Option<u32>,
 }
 
 /// The version the flags give: `--revision` orders it, `--version` names it.
@@ -343,6 +350,20 @@ pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
         ))),
         (None, _) => Ok(None),
     }
+}
+
+/// Partitions are held through sessions, which only the memory and Spanner
+/// stores keep.
+fn partitions_store(store: &StoreChoice) -> Result<()> {
+    let name = match store {
+        StoreChoice::Memory | StoreChoice::Spanner(_) => return Ok(()),
+        StoreChoice::Postgres(_) => "postgres",
+        StoreChoice::Redis(_) => "redis",
+    };
+    Err(Error::Config(format!(
+        "--partitions needs --store memory or spanner: the {name} store keeps no sessions, \
+         through which partitions are held"
+    )))
 }
 
 /// Checks the flags and, with --lease, reads the resource.
@@ -394,6 +415,8 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 pod: Some(pod.clone()),
                 version: flag_version(args)?,
                 versions: valid.versions,
+                // validate() allowed them only on Spanner.
+                partitions: valid.partitions,
             })
         }
         None => {
@@ -410,6 +433,10 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 })?;
             let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
             let store = choose_store(args.store, args.database.as_deref(), args.table.as_deref(), url)?;
+            if let Some(n) = args.partitions {
+                validate_partitions(("--lock", "--partitions"), &lock, n).map_err(|e| Error::Config(e.to_string()))?;
+                partitions_store(&store)?;
+            }
             Ok(Settings {
                 publishing: Publishing::standalone(&lock),
                 lock,
@@ -422,14 +449,16 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                     prefer: args.prefer.unwrap_or_default(),
                     fence: args.version_fence,
                 },
+                partitions: args.partitions,
             })
         }
     }
 }
 
 /// Follows the `DistributedLease` after start. New timing applies from the
-/// next term; a new lock, store or label key needs a restart (a running
-/// elector cannot move its lease), which is logged.
+/// next term; a new lock, store, label key or partition count needs a
+/// restart (a running elector cannot move its lease, and members counting
+/// different partitions would plan apart), which is logged.
 pub async fn watch_lease(
     client: kube::Client,
     pod: PodRef,
@@ -466,9 +495,10 @@ pub async fn watch_lease(
                 }
                 let moved = valid.lock != started.lock
                     || !same_store(&valid.store, &started.store)
-                    || valid.label_key != started.publishing.label_key;
+                    || valid.label_key != started.publishing.label_key
+                    || valid.partitions != started.partitions;
                 if moved {
-                    warn!(%lease, "the lease's lock, store or label key changed; restart the pod to apply");
+                    warn!(%lease, "the lease's lock, store, label key or partitions changed; restart the pod to apply");
                 }
             }
             Err(e) => warn!(%lease, error = %e, "the DistributedLease is invalid now; keeping the current settings"),
@@ -653,6 +683,23 @@ mod tests {
                 &["--lease", "web"],
                 "--lease web needs the Kubernetes API and POD_NAMESPACE",
             ),
+            (
+                &[
+                    "--lock",
+                    "l",
+                    "--store",
+                    "redis",
+                    "--store-url",
+                    "redis://h",
+                    "--partitions",
+                    "4",
+                ],
+                "--partitions needs --store memory or spanner: the redis store keeps no sessions",
+            ),
+            (
+                &["--lock", "l", "--store", "memory", "--partitions", "0"],
+                "--partitions must be between 1 and 1024, not 0",
+            ),
         ];
         for (argv, expected) in cases {
             // As the binary prints it: the error and its causes.
@@ -688,6 +735,7 @@ mod tests {
             ("--lease-duration", "5s"),
             ("--renew-deadline", "3s"),
             ("--retry-period", "1s"),
+            ("--partitions", "4"),
         ] {
             let err = rejected(&["--lease", "web", flag, value]);
             assert!(
@@ -743,6 +791,16 @@ mod tests {
         );
         let s = settings(&["--lock", "l", "--store", "memory"]).await.unwrap();
         assert_eq!(s.timing, Timing::default());
+    }
+
+    #[tokio::test]
+    async fn partitions_come_from_the_flag_and_default_to_one_leader() {
+        let plain = settings(&["--lock", "l", "--store", "memory"]).await.unwrap();
+        assert_eq!(plain.partitions, None);
+        let parts = settings(&["--lock", "l", "--store", "memory", "--partitions", "8"])
+            .await
+            .unwrap();
+        assert_eq!(parts.partitions, Some(8));
     }
 
     #[tokio::test]
@@ -827,6 +885,7 @@ mod tests {
                     "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
                     "selector": {"matchLabels": {"app": "web"}},
                     "publishing": {"readinessGate": true},
+                    "partitions": 16,
                 }
             }),
         );
@@ -847,6 +906,7 @@ mod tests {
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
         assert_eq!(s.timing.lease_duration, Duration::from_secs(6));
+        assert_eq!(s.partitions, Some(16));
         assert_eq!(
             s.publishing,
             Publishing {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::LeaderState;
+use crate::lease::{Assigned, LeaderState};
 use crate::sidecar::health::AppHealth;
 
 /// The `/leader` document.
@@ -117,7 +117,13 @@ const VALID_UNTIL_MARGIN: f64 = 0.1;
 /// The wall-clock time until which a leader's view may be acted on.
 fn valid_until(state: &LeaderState, now: Instant) -> Option<SystemTime> {
     let (deadline, renewed) = state.deadline.zip(state.renewed).filter(|_| state.is_leader_at(now))?;
-    let margin = (deadline - renewed).mul_f64(VALID_UNTIL_MARGIN);
+    valid_until_of(deadline, deadline - renewed, now)
+}
+
+/// The wall-clock time until which what a renewal proved may be acted on:
+/// its `deadline` (send time + `window`, which is R) less the margin.
+fn valid_until_of(deadline: Instant, window: Duration, now: Instant) -> Option<SystemTime> {
+    let margin = window.mul_f64(VALID_UNTIL_MARGIN);
     let left = deadline.saturating_duration_since(now).saturating_sub(margin);
     Some(SystemTime::now() + left).filter(|_| left > Duration::ZERO)
 }
@@ -188,6 +194,195 @@ pub fn changes(state: watch::Receiver<LeaderState>) -> impl Stream<Item = Result
             news.then(|| {
                 Ok(Event::default()
                     .event("leader")
+                    .json_data(&view)
+                    .unwrap_or_else(|_| Event::default()))
+            })
+        }
+    })
+}
+
+/// One held partition in the `/partitions` document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldPartition {
+    pub index: u32,
+    /// Its fencing token, as a decimal string (it exceeds 2^53).
+    pub token: String,
+}
+
+/// What a partitioned sidecar's views are made of besides its assignment.
+#[derive(Debug, Clone)]
+pub struct PartitionsSetup {
+    /// N, the lock's partitions.
+    pub count: u32,
+    pub identity: String,
+    /// R: a renewal proves the session until its send time + R.
+    pub renew_deadline: Duration,
+}
+
+/// The `/partitions` document (also the token file and each `/watch`
+/// event of a partitioned sidecar).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionsView {
+    /// This candidate holds at least one partition now (within its deadline).
+    pub holds: bool,
+    /// The partitions it may work on now, by index, each with its token;
+    /// empty past the session's deadline and without those being handed over.
+    pub partitions: Vec<HeldPartition>,
+    /// N, how many partitions the lock has.
+    pub count: u32,
+    /// Candidates sharing them, in the last read of the member slots.
+    pub members: usize,
+    /// The session the partitions are held through.
+    pub session: Option<String>,
+    /// RFC 3339 wall-clock time after which these partitions must not be
+    /// worked on, whatever the sidecar does meanwhile: the session's
+    /// deadline (send time of its last renewal + R) minus a margin.
+    pub valid_until: Option<String>,
+    pub identity: String,
+    pub app_healthy: Option<bool>,
+    pub app_health: Option<String>,
+    /// The store's start-up problem, with what to fix.
+    pub store_error: Option<String>,
+}
+
+impl PartitionsView {
+    pub fn of(assigned: &Assigned, setup: &PartitionsSetup, now: Instant) -> Self {
+        // The deadline is checked here too: a stalled publisher must not
+        // let a view outlive it.
+        let live = assigned.deadline.filter(|d| now < *d);
+        let partitions: Vec<HeldPartition> = assigned
+            .partitions
+            .iter()
+            .filter(|_| live.is_some())
+            .map(|(index, token)| HeldPartition {
+                index: *index,
+                token: token.to_string(),
+            })
+            .collect();
+        let valid_until = live
+            .filter(|_| !partitions.is_empty())
+            .and_then(|d| valid_until_of(d, setup.renew_deadline, now));
+        PartitionsView {
+            holds: !partitions.is_empty(),
+            partitions,
+            count: setup.count,
+            members: assigned.members,
+            session: (!assigned.session.is_empty()).then(|| assigned.session.clone()),
+            valid_until: valid_until.map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            identity: setup.identity.clone(),
+            app_healthy: None,
+            app_health: None,
+            store_error: None,
+        }
+    }
+
+    pub fn with_health(self, health: &AppHealth) -> Self {
+        PartitionsView {
+            app_healthy: health.healthy,
+            app_health: (!health.reason.is_empty()).then(|| health.reason.clone()),
+            ..self
+        }
+    }
+
+    /// What a watcher is told about: a partition gained or lost, a new
+    /// token, member count or session, and each renewal (it extends
+    /// `validUntil`).
+    pub fn key(&self) -> (Vec<HeldPartition>, usize, Option<String>, Option<String>) {
+        (
+            self.partitions.clone(),
+            self.members,
+            self.session.clone(),
+            self.valid_until.clone(),
+        )
+    }
+}
+
+/// What the handlers of a partitioned sidecar read.
+#[derive(Clone)]
+pub struct PartitionsApi {
+    pub assigned: watch::Receiver<Assigned>,
+    pub setup: PartitionsSetup,
+    pub app: watch::Receiver<AppHealth>,
+    pub starting: watch::Receiver<Option<String>>,
+}
+
+impl PartitionsApi {
+    fn view(&self) -> PartitionsView {
+        PartitionsView {
+            store_error: self.starting.borrow().clone(),
+            ..PartitionsView::of(&self.assigned.borrow(), &self.setup, Instant::now()).with_health(&self.app.borrow())
+        }
+    }
+}
+
+/// The API of a partitioned lock: `/partitions` instead of `/leader`, which
+/// (like `/`) answers 409 saying so rather than name a leader there is not.
+pub fn partitions_router(state: PartitionsApi) -> Router {
+    Router::new()
+        .route("/partitions", get(partitions))
+        .route("/leader", get(not_elected))
+        .route("/", get(not_elected))
+        .route("/watch", get(watch_partitions))
+        .route("/healthz", get(partitions_healthz))
+        .with_state(state)
+}
+
+/// 200 while this candidate holds at least one partition, else 503; the
+/// document either way.
+async fn partitions(State(state): State<PartitionsApi>) -> impl IntoResponse {
+    let view = state.view();
+    let status = if view.holds {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(view))
+}
+
+async fn not_elected(State(state): State<PartitionsApi>) -> impl IntoResponse {
+    let error = format!(
+        "this lock is shared as {} partitions, not led by one candidate: GET /partitions for the ones this \
+         candidate holds, with their tokens",
+        state.setup.count
+    );
+    (StatusCode::CONFLICT, Json(serde_json::json!({ "error": error })))
+}
+
+/// 200 `ok`, or 503 saying why not: the partitioned run has ended, or the
+/// store has not been reached since start.
+pub async fn partitions_healthz(State(state): State<PartitionsApi>) -> (StatusCode, String) {
+    if state.assigned.has_changed().is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the partitioned run has stopped".into(),
+        );
+    }
+    match state.starting.borrow().clone() {
+        Some(problem) => (StatusCode::SERVICE_UNAVAILABLE, problem),
+        None => (StatusCode::OK, "ok".into()),
+    }
+}
+
+async fn watch_partitions(State(state): State<PartitionsApi>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(partition_changes(state.assigned, state.setup)).keep_alive(KeepAlive::default())
+}
+
+/// One `partitions` event per change of the held set, members or session
+/// and per renewal, starting with the current state.
+pub fn partition_changes(
+    assigned: watch::Receiver<Assigned>,
+    setup: PartitionsSetup,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let mut last = None;
+    WatchStream::new(assigned).filter_map(move |a| {
+        let view = PartitionsView::of(&a, &setup, Instant::now());
+        let news = last.as_ref() != Some(&view.key());
+        last = Some(view.key());
+        async move {
+            news.then(|| {
+                Ok(Event::default()
+                    .event("partitions")
                     .json_data(&view)
                     .unwrap_or_else(|_| Event::default()))
             })
@@ -303,5 +498,145 @@ mod tests {
         });
         let renewal = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
         assert!(renewal.is_ok_and(|e| e.is_some()), "no event for the renewal");
+    }
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+    use crate::lease::FencingToken;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    fn setup() -> PartitionsSetup {
+        PartitionsSetup {
+            count: 8,
+            identity: "pod-0#1".into(),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+
+    fn holding(partitions: &[(u32, i64)]) -> Assigned {
+        Assigned {
+            session: "pod-0#1~00".into(),
+            partitions: partitions.iter().map(|(i, t)| (*i, FencingToken(*t))).collect(),
+            deadline: Some(Instant::now() + Duration::from_secs(10)),
+            members: 3,
+        }
+    }
+
+    fn api(assigned: Assigned) -> (PartitionsApi, watch::Sender<Assigned>) {
+        let (tx, rx) = watch::channel(assigned);
+        let api = PartitionsApi {
+            assigned: rx,
+            setup: setup(),
+            app: watch::channel(AppHealth::default()).1,
+            starting: watch::channel(None).1,
+        };
+        (api, tx)
+    }
+
+    async fn get(state: &PartitionsApi, path: &str) -> (StatusCode, serde_json::Value) {
+        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let response = partitions_router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    /// 200 with every held partition and its token (a decimal string, as
+    /// `/leader`'s) while it holds any; 503 with the same document otherwise.
+    #[tokio::test]
+    async fn partitions_lists_the_held_ones_with_their_tokens_and_answers_200_only_while_holding_any() {
+        let (state, tx) = api(holding(&[(1, 1 << 60), (6, 7)]));
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            view["partitions"],
+            serde_json::json!([{"index": 1, "token": "1152921504606846976"}, {"index": 6, "token": "7"}])
+        );
+        assert_eq!((view["holds"].as_bool(), view["count"].as_u64()), (Some(true), Some(8)));
+        assert_eq!(
+            (view["members"].as_u64(), view["session"].as_str()),
+            (Some(3), Some("pod-0#1~00"))
+        );
+        assert!(view["validUntil"].is_string(), "{view}");
+        tx.send_replace(holding(&[]));
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            (view["holds"].as_bool(), view["validUntil"].is_null()),
+            (Some(false), true)
+        );
+    }
+
+    /// A view is never served past the session's deadline, even when
+    /// nothing has published since (a stalled sidecar).
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_served_past_the_sessions_deadline() {
+        let (state, _tx) = api(holding(&[(2, 5)]));
+        assert_eq!(get(&state, "/partitions").await.0, StatusCode::OK);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let (status, view) = get(&state, "/partitions").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(view["partitions"], serde_json::json!([]));
+    }
+
+    #[tokio::test]
+    async fn leader_and_root_point_to_partitions_instead_of_naming_a_leader() {
+        let (state, _tx) = api(holding(&[(0, 1)]));
+        for path in ["/leader", "/"] {
+            let (status, body) = get(&state, path).await;
+            assert_eq!(status, StatusCode::CONFLICT, "{path}");
+            assert!(body["error"].as_str().unwrap().contains("GET /partitions"), "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn healthz_tells_when_the_run_has_ended_or_the_store_was_never_reached() {
+        let (tx, assigned) = watch::channel(Assigned::default());
+        let (starting_tx, starting) = watch::channel(Some("the store has not answered since start: x".into()));
+        let state = PartitionsApi {
+            assigned,
+            setup: setup(),
+            app: watch::channel(AppHealth::default()).1,
+            starting,
+        };
+        let answer = partitions_healthz(State(state.clone())).await;
+        assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(answer.1.contains("has not answered"));
+        starting_tx.send_replace(None);
+        assert_eq!(partitions_healthz(State(state.clone())).await.0, StatusCode::OK);
+        drop(tx);
+        assert_eq!(
+            partitions_healthz(State(state)).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the partitioned run has stopped".into()
+            )
+        );
+    }
+
+    /// `/watch`: the current set first, then an event per change of the
+    /// set and per renewal, none for an unchanged state. (Real time: with a
+    /// paused clock the wall-clock `validUntil` would drift and look new.)
+    #[tokio::test]
+    async fn watch_emits_the_partition_set_on_each_change() {
+        let (tx, rx) = watch::channel(holding(&[(0, 1)]));
+        let mut events = Box::pin(partition_changes(rx, setup()));
+        async fn event(events: &mut (impl Stream<Item = Result<Event, Infallible>> + Unpin)) -> bool {
+            tokio::time::timeout(Duration::from_millis(100), events.next())
+                .await
+                .is_ok_and(|e| e.is_some())
+        }
+        assert!(event(&mut events).await, "the current set");
+        tx.send_modify(|a| {
+            a.partitions.insert(3, FencingToken(9));
+        });
+        assert!(event(&mut events).await, "a partition gained");
+        tx.send_modify(|a| a.members = 3);
+        assert!(!event(&mut events).await, "nothing new, no event");
+        tx.send_modify(|a| a.deadline = Some(Instant::now() + Duration::from_secs(20)));
+        assert!(event(&mut events).await, "a renewal");
     }
 }

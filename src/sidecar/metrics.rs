@@ -13,11 +13,17 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::lease::{Claim, FencingToken, Grant, LeaderState, LeaseStore, Observation, StoreError};
+use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
+use crate::lease::{
+    Assigned, Claim, FencingToken, Grant, LeaderState, LeaseStore, Observation, SessionStore, StoreError, StoreTime,
+};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
-    /// observe, acquire, renew, release, ensure_schema.
+    /// observe, acquire, renew, release, ensure_schema; partitioned:
+    /// open_session, renew_session, close_session, observe_session,
+    /// try_lock, unlock, observe_locks, collect_garbage,
+    /// ensure_session_schema.
     pub op: &'static str,
 }
 
@@ -39,6 +45,10 @@ pub struct Metrics {
     pub store_calls: Family<OpLabels, Counter>,
     pub store_failures: Family<FailureLabels, Counter>,
     pub store_latency: Family<OpLabels, Histogram>,
+    /// Partitioned: how many partitions this candidate may work on now.
+    pub partitions_held: Gauge,
+    /// Partitioned: the members sharing the partitions, in the last read.
+    pub partition_members: Gauge,
 }
 
 impl Metrics {
@@ -53,6 +63,8 @@ impl Metrics {
             store_latency: Family::new_with_constructor(|| {
                 Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
             }),
+            partitions_held: Gauge::default(),
+            partition_members: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("leasehold");
         r.register("is_leader", "1 while this candidate leads", metrics.is_leader.clone());
@@ -86,7 +98,31 @@ impl Metrics {
             "Store call latency by operation (renew is the renew latency)",
             metrics.store_latency.clone(),
         );
+        r.register(
+            "partitions_held",
+            "Partitions this candidate holds and may work on (0 unless the lock is partitioned)",
+            metrics.partitions_held.clone(),
+        );
+        r.register(
+            "partition_members",
+            "Candidates sharing the partitions, in the last read (0 unless the lock is partitioned)",
+            metrics.partition_members.clone(),
+        );
         metrics
+    }
+
+    /// Partitioned: follows what this candidate may work on.
+    pub async fn follow_partitions(self, mut assigned: tokio::sync::watch::Receiver<Assigned>) {
+        loop {
+            {
+                let current = assigned.borrow_and_update();
+                self.partitions_held.set(current.partitions.len() as i64);
+                self.partition_members.set(current.members as i64);
+            }
+            if assigned.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Follows the elector's state: leadership gauge, transitions, and the
@@ -132,14 +168,15 @@ impl Metrics {
     }
 }
 
-/// Counts and times every call into the wrapped store.
-pub struct MeteredStore {
-    inner: Arc<dyn LeaseStore>,
+/// Counts and times every call into the wrapped store: a lease store
+/// (`dyn LeaseStore`) or, partitioned, a session store (`dyn SessionStore`).
+pub struct MeteredStore<S: ?Sized = dyn LeaseStore> {
+    inner: Arc<S>,
     metrics: Metrics,
 }
 
-impl MeteredStore {
-    pub fn new(inner: Arc<dyn LeaseStore>, metrics: Metrics) -> Self {
+impl<S: ?Sized> MeteredStore<S> {
+    pub fn new(inner: Arc<S>, metrics: Metrics) -> Self {
         MeteredStore { inner, metrics }
     }
 
@@ -172,7 +209,7 @@ impl MeteredStore {
 }
 
 #[async_trait]
-impl LeaseStore for MeteredStore {
+impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
@@ -194,6 +231,40 @@ impl LeaseStore for MeteredStore {
     }
 }
 
+#[async_trait]
+impl<S: SessionStore + ?Sized> SessionStore for MeteredStore<S> {
+    async fn ensure_session_schema(&self) -> Result<(), StoreError> {
+        self.measure("ensure_session_schema", self.inner.ensure_session_schema())
+            .await
+    }
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime, StoreError> {
+        self.measure("open_session", self.inner.open_session(session, owner, lease))
+            .await
+    }
+    async fn renew_session(&self, session: &str) -> Result<StoreTime, StoreError> {
+        self.measure("renew_session", self.inner.renew_session(session)).await
+    }
+    async fn close_session(&self, session: &str) -> Result<(), StoreError> {
+        self.measure("close_session", self.inner.close_session(session)).await
+    }
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation, StoreError> {
+        self.measure("observe_session", self.inner.observe_session(session))
+            .await
+    }
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch, StoreError> {
+        self.measure("try_lock", self.inner.try_lock(session, names)).await
+    }
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>, StoreError> {
+        self.measure("unlock", self.inner.unlock(session, locks)).await
+    }
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation, StoreError> {
+        self.measure("observe_locks", self.inner.observe_locks(names)).await
+    }
+    async fn collect_garbage(&self) -> Result<Collected, StoreError> {
+        self.measure("collect_garbage", self.inner.collect_garbage()).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +282,8 @@ mod tests {
             "leasehold_is_leader",
             "leasehold_app_healthy",
             "leasehold_seconds_since_renew",
+            "leasehold_partitions_held",
+            "leasehold_partition_members",
         ] {
             assert!(readme.contains(gauge), "README documents {gauge}");
             assert!(
@@ -226,7 +299,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         let memory = MemoryStore::new(1);
-        let store = MeteredStore::new(Arc::new(memory.clone()), metrics.clone());
+        let store = MeteredStore::<dyn LeaseStore>::new(Arc::new(memory.clone()), metrics.clone());
         let grant = store.acquire("m", "a", Duration::from_secs(10)).await.unwrap();
         store.observe("m").await.unwrap();
         store
@@ -248,6 +321,40 @@ mod tests {
             "leasehold_store_failures_total{op=\"acquire\",kind=\"lost\"} 1",
             "leasehold_store_failures_total{op=\"observe\",kind=\"unavailable\"} 1",
             "leasehold_store_latency_seconds_count{op=\"renew\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    /// Partitioned: session calls are counted by operation, and the gauges
+    /// follow what the partitioner publishes.
+    #[tokio::test]
+    async fn the_partitioned_sidecar_meters_session_calls_and_shows_held_partitions() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let store = MeteredStore::<dyn SessionStore>::new(Arc::new(MemoryStore::new(1)), metrics.clone());
+        store.open_session("s", "o", Duration::from_secs(10)).await.unwrap();
+        store.try_lock("s", &["p/0".into()]).await.unwrap();
+        store.renew_session("s").await.unwrap();
+        assert!(store.renew_session("gone").await.is_err());
+        let (tx, rx) = tokio::sync::watch::channel(Assigned::default());
+        let following = tokio::spawn(metrics.clone().follow_partitions(rx));
+        tx.send_replace(Assigned {
+            partitions: [(0, FencingToken(1)), (5, FencingToken(2))].into(),
+            members: 3,
+            ..Default::default()
+        });
+        drop(tx);
+        following.await.unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "leasehold_store_calls_total{op=\"open_session\"} 1",
+            "leasehold_store_calls_total{op=\"try_lock\"} 1",
+            "leasehold_store_calls_total{op=\"renew_session\"} 2",
+            "leasehold_store_failures_total{op=\"renew_session\",kind=\"lost\"} 1",
+            "leasehold_partitions_held 2",
+            "leasehold_partition_members 3",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

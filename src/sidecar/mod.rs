@@ -9,6 +9,9 @@
 //! claiming, waits the drain window, releases and exits 0; a second signal
 //! exits at once. The HTTP API starts before the store is reached: a store
 //! unreachable at start is retried and reported (`starting`), not an exit.
+//!
+//! A partitioned lock (`--partitions`, `spec.partitions`) runs
+//! [`partitions`] instead of the elector.
 
 pub mod budget;
 pub mod config;
@@ -17,6 +20,7 @@ pub mod health;
 pub mod http;
 pub mod interface;
 pub mod metrics;
+pub mod partitions;
 pub mod publish;
 pub mod rbac;
 pub mod starting;
@@ -33,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
+use crate::lease::{Change, Elector, LeaderContext, LeaseStore, SessionStore};
 use crate::sidecar::metrics::{MeteredStore, Metrics};
 pub use config::Args;
 use config::StoreChoice;
@@ -71,7 +75,10 @@ pub async fn run(args: Args) -> Result<()> {
         false => None,
     };
     let settings = config::resolve(&args.election, kube.clone()).await?;
-    info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, "starting");
+    info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, partitions = ?settings.partitions, "starting");
+    if let Some(count) = settings.partitions {
+        return partitions::run(args, settings, count, kube, shutdown).await;
+    }
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -120,7 +127,10 @@ pub async fn run(args: Args) -> Result<()> {
         state.clone(),
         settings.timing.retry_period,
     ));
-    let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), &handle, metrics.clone());
+    let control = handle.control();
+    let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), metrics.clone(), move |on| {
+        control.set_campaigning(on)
+    });
     let servers = CancellationToken::new();
     let api = crate::sidecar::http::ApiState {
         leader: state.clone(),
@@ -132,9 +142,12 @@ pub async fn run(args: Args) -> Result<()> {
         crate::sidecar::http::router(api.clone()),
         servers.clone(),
     ));
+    let healthz = axum::Router::new()
+        .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
+        .with_state(api.clone());
     let metrics_task = tokio::spawn(crate::sidecar::http::serve(
         metrics_listener,
-        metrics_router(registry, api.clone()),
+        metrics_router(registry, healthz),
         servers.clone(),
     ));
     tokio::spawn(metrics.follow(state.clone()));
@@ -210,13 +223,14 @@ fn drain_on_step_down(drain: Duration) -> impl FnMut(LeaderContext) -> futures::
 }
 
 /// Starts the configured app health sources; with none, the app counts as
-/// healthy and the sidecar always campaigns.
+/// healthy and the sidecar always campaigns. With sources, `set_campaigning`
+/// is told `false` at once and then follows their verdict.
 fn start_health_sources(
     args: &Args,
     kube: Option<::kube::Client>,
     pod: Option<config::PodRef>,
-    handle: &crate::lease::ElectorHandle,
     metrics: Metrics,
+    set_campaigning: impl Fn(bool) + Send + 'static,
 ) -> tokio::sync::watch::Receiver<health::AppHealth> {
     use health::Verdict;
     let mut sources = Vec::new();
@@ -244,11 +258,8 @@ fn start_health_sources(
     let (health_tx, health_rx) = tokio::sync::watch::channel(health::AppHealth::default());
     if !sources.is_empty() {
         // Campaign only once a source says the app is healthy.
-        handle.set_campaigning(false);
-        let control = handle.control();
-        tokio::spawn(health::follow(sources, health_tx, move |on| {
-            control.set_campaigning(on)
-        }));
+        set_campaigning(false);
+        tokio::spawn(health::follow(sources, health_tx, set_campaigning));
         tokio::spawn(metrics.follow_app_health(health_rx.clone()));
     }
     health_rx
@@ -260,7 +271,8 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
         .map_err(|source| Error::Listen { addr, source })
 }
 
-fn metrics_router(registry: Registry, api: crate::sidecar::http::ApiState) -> axum::Router {
+/// `/metrics`, and `healthz` (a router serving `/healthz` for the mode run).
+fn metrics_router(registry: Registry, healthz: axum::Router) -> axum::Router {
     let registry = Arc::new(registry);
     axum::Router::new()
         .route(
@@ -283,8 +295,7 @@ fn metrics_router(registry: Registry, api: crate::sidecar::http::ApiState) -> ax
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
-        .with_state(api)
+        .merge(healthz)
 }
 
 /// Opens the configured store; with `create_table` a Spanner store creates
@@ -302,6 +313,20 @@ pub async fn connect(
         ),
         StoreChoice::Postgres(config) => Arc::new(crate::store::postgres::PostgresStore::connect(config.clone())?),
         StoreChoice::Redis(config) => Arc::new(crate::store::redis::RedisStore::connect(config.clone())?),
+    })
+}
+
+/// Opens the configured store for sessions: the stores that keep them
+/// (config refuses `--partitions` on the others, naming the store).
+pub async fn connect_sessions(choice: &StoreChoice) -> Result<Arc<dyn SessionStore>, crate::lease::StoreError> {
+    Ok(match choice {
+        StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
+        StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
+        StoreChoice::Postgres(_) | StoreChoice::Redis(_) => {
+            return Err(crate::lease::StoreError::invalid(
+                "this store keeps no sessions: --partitions needs memory or spanner",
+            ));
+        }
     })
 }
 

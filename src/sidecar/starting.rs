@@ -23,7 +23,7 @@ use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, StoreErr
 /// How often a start-up problem that persists is logged again.
 pub const REPORT_EVERY: Duration = Duration::from_secs(30);
 /// How long one connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct StartingStore {
     store: watch::Receiver<Option<Arc<dyn LeaseStore>>>,
@@ -31,17 +31,32 @@ pub struct StartingStore {
     report: Arc<Report>,
 }
 
-/// The start-up problem, as `/healthz` shows it and the log says it.
-struct Report {
+/// The start-up problem, as `/healthz` shows it and the log says it; the
+/// partitioned sidecar ([`super::partitions`]) reports through it too.
+pub struct Report {
     fix: &'static str,
     problem: watch::Sender<Option<String>>,
     throttle: Mutex<Throttle>,
 }
 
 impl Report {
+    pub fn new(create_table: bool, problem: watch::Sender<Option<String>>) -> Self {
+        let fix = if create_table {
+            "check the database name, the credentials and the network to the store"
+        } else {
+            "check the database name, the credentials and the network to the store; \
+             a missing table is created by the operator, or by the sidecar with --create-table"
+        };
+        Report {
+            fix,
+            problem,
+            throttle: Mutex::new(Throttle::new(REPORT_EVERY)),
+        }
+    }
+
     /// A failure before the store first answered: nothing was written, so it
     /// is reported as unavailable, with the fix, and logged at a bounded rate.
-    fn failed(&self, error: &StoreError) -> StoreError {
+    pub fn failed(&self, error: &StoreError) -> StoreError {
         let problem = format!(
             "the store has not answered since start: {}; fix: {}",
             error.chain(),
@@ -58,6 +73,13 @@ impl Report {
         self.problem.send_replace(Some(problem.clone()));
         StoreError::unavailable(problem)
     }
+
+    /// The store answered: the start-up problem, if any, is over.
+    pub fn answered(&self) {
+        if self.problem.send_replace(None).is_some() {
+            info!("the store answers now");
+        }
+    }
 }
 
 impl StartingStore {
@@ -67,17 +89,7 @@ impl StartingStore {
         create_table: bool,
         problem: watch::Sender<Option<String>>,
     ) -> Self {
-        let fix = if create_table {
-            "check the database name, the credentials and the network to the store"
-        } else {
-            "check the database name, the credentials and the network to the store; \
-             a missing table is created by the operator, or by the sidecar with --create-table"
-        };
-        let report = Arc::new(Report {
-            fix,
-            problem,
-            throttle: Mutex::new(Throttle::new(REPORT_EVERY)),
-        });
+        let report = Arc::new(Report::new(create_table, problem));
         let (store_tx, store) = watch::channel(None);
         tokio::spawn(open(connect, create_table, report.clone(), store_tx));
         StartingStore {
@@ -95,8 +107,8 @@ impl StartingStore {
     }
 
     fn answered(&self) {
-        if !self.reached.swap(true, Ordering::SeqCst) && self.report.problem.send_replace(None).is_some() {
-            info!("the store answers now");
+        if !self.reached.swap(true, Ordering::SeqCst) {
+            self.report.answered();
         }
     }
 }
