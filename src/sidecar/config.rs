@@ -873,6 +873,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn with_lease_the_partitions_come_from_the_resource() {
+        let api = api_server();
+        api.insert(
+            LEASES,
+            serde_json::json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "jobs", "namespace": "prod"},
+                "spec": {
+                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                    "selector": {"matchLabels": {"app": "jobs"}},
+                    "partitions": 16,
+                }
+            }),
+        );
+        let cli = Cli::parse_from([
+            "sidecar",
+            "--lease",
+            "jobs",
+            "--pod-name",
+            "jobs-0",
+            "--pod-namespace",
+            "prod",
+            "--kubernetes",
+            "true",
+        ]);
+        let s = resolve(&cli.args.election, Some(api.client("prod"))).await.unwrap();
+        assert_eq!(s.partitions, Some(16));
+    }
+
+    #[tokio::test]
     async fn with_lease_every_setting_comes_from_the_resource() {
         let api = api_server();
         api.insert(
@@ -885,7 +915,6 @@ mod tests {
                     "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
                     "selector": {"matchLabels": {"app": "web"}},
                     "publishing": {"readinessGate": true},
-                    "partitions": 16,
                 }
             }),
         );
@@ -906,7 +935,7 @@ mod tests {
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(s.lock, "prod/web", "the lock defaults to namespace/name");
         assert_eq!(s.timing.lease_duration, Duration::from_secs(6));
-        assert_eq!(s.partitions, Some(16));
+        assert_eq!(s.partitions, None, "absent: one leader");
         assert_eq!(
             s.publishing,
             Publishing {
