@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::clock::{Instant, Jitter, now};
 use super::lock_set::{HeldSet, Session};
@@ -407,7 +407,7 @@ impl Partitioner {
             let names: Vec<String> = take.iter().map(|i| partition_lock(&self.lock, *i)).collect();
             let got = self.session.try_lock_many(&names).await?;
             if !got.busy.is_empty() {
-                warn!(lock = %self.lock, busy = got.busy.len(), "partitions: some free partitions were taken first; retrying at the next poll");
+                debug!(lock = %self.lock, busy = got.busy.len(), "partitions: some free partitions were taken first; retrying at the next poll");
             }
         }
         Ok(())
