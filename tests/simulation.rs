@@ -4,16 +4,38 @@
 
 use std::time::Duration;
 
-use leasehold::sim::{Mutant, Setup, Summary, hunt, simulate, simulate_rollouts, simulate_sessions, simulate_with};
+use leasehold::sim::{
+    Mutant, Report, Setup, Summary, Violation, hunt, simulate, simulate_rollouts, simulate_sessions, simulate_with,
+};
 
-fn run_shard(shard: u64) -> Summary {
+/// Runs `seeds` one-minute schedules of one kind; panics with the first
+/// violation (it names the seed that replays it).
+fn run_seeds(seeds: std::ops::Range<u64>, schedule: fn(u64, Duration) -> Result<Report, Violation>) -> Summary {
     let mut summary = Summary::default();
-    for seed in shard * 250..(shard + 1) * 250 {
-        match simulate(seed, Duration::from_secs(60)) {
+    for seed in seeds {
+        match schedule(seed, Duration::from_secs(60)) {
             Ok(report) => summary.add(&report),
             Err(violation) => panic!("{violation}"),
         }
     }
+    summary
+}
+
+/// `leasehold simulate` with `flags` runs three short seeds and reports none failed.
+fn the_simulate_command_runs(flags: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .arg("simulate")
+        .args(flags)
+        .args(["--seeds", "3", "--first-seed", "900", "--seconds", "10"])
+        .output()
+        .expect("leasehold runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("3 seeds, 0 failed"), "{stdout}");
+}
+
+fn run_shard(shard: u64) -> Summary {
+    let summary = run_seeds(shard * 250..(shard + 1) * 250, simulate);
     // The schedules must actually exercise the faults they claim to.
     assert_eq!(summary.seeds, 250);
     assert!(
@@ -154,13 +176,7 @@ fn the_simulate_command_runs_any_number_of_seeds() {
 }
 
 fn run_session_shard(shard: u64) -> Summary {
-    let mut summary = Summary::default();
-    for seed in shard * 100..(shard + 1) * 100 {
-        match simulate_sessions(seed, Duration::from_secs(60)) {
-            Ok(report) => summary.add(&report),
-            Err(violation) => panic!("{violation}"),
-        }
-    }
+    let summary = run_seeds(shard * 100..(shard + 1) * 100, simulate_sessions);
     // The schedules must exercise what they claim to: locks changing hands,
     // sessions expiring and replaced, pauses past the gap, crashes.
     assert!(summary.counts.terms > 1000, "lock acquisitions: {summary:?}");
@@ -190,34 +206,13 @@ fn session_seeds_100_to_199() {
 
 #[test]
 fn the_simulate_command_runs_the_session_schedule() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args([
-            "simulate",
-            "--sessions",
-            "--seeds",
-            "3",
-            "--first-seed",
-            "900",
-            "--seconds",
-            "10",
-        ])
-        .output()
-        .expect("leasehold runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("3 seeds, 0 failed"), "{stdout}");
+    the_simulate_command_runs(&["--sessions"]);
 }
 
 /// Rolling updates with `Newest` or `Oldest` (`src/sim/rollout.rs`): the
 /// stand-aside properties 5 and 6 besides every safety check.
 fn run_rollout_shard(shard: u64) -> Summary {
-    let mut summary = Summary::default();
-    for seed in shard * 100..(shard + 1) * 100 {
-        match simulate_rollouts(seed, Duration::from_secs(60)) {
-            Ok(report) => summary.add(&report),
-            Err(violation) => panic!("{violation}"),
-        }
-    }
+    let summary = run_seeds(shard * 100..(shard + 1) * 100, simulate_rollouts);
     // Both preferences, with and without the fence, leaders told to stand
     // aside, leadership moving between versions, through crashes and faults.
     assert!(
@@ -247,20 +242,5 @@ fn rollout_seeds_100_to_199() {
 
 #[test]
 fn the_simulate_command_runs_the_rollout_schedule() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args([
-            "simulate",
-            "--rollouts",
-            "--seeds",
-            "3",
-            "--first-seed",
-            "900",
-            "--seconds",
-            "10",
-        ])
-        .output()
-        .expect("leasehold runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("3 seeds, 0 failed"), "{stdout}");
+    the_simulate_command_runs(&["--rollouts"]);
 }

@@ -617,18 +617,7 @@ fn observed_status(
         }
     };
     DistributedLeaseStatus {
-        conditions: vec![
-            valid_condition,
-            condition(
-                old,
-                generation,
-                "StoreReady",
-                "True",
-                "TableReady",
-                &tables_ready(valid),
-            ),
-            ready,
-        ],
+        conditions: read_conditions(old, generation, valid, valid_condition, ready),
         holder,
         term: Some(term),
         token: record.and_then(|r| r.token).map(|t| t.to_string()),
@@ -639,6 +628,26 @@ fn observed_status(
         partitions: None,
         ..counts
     }
+}
+
+/// The conditions after a successful store read: valid, the store's tables
+/// ready, and `ready` as the lease's kind judges it.
+fn read_conditions(
+    old: &DistributedLeaseStatus,
+    generation: Option<i64>,
+    valid: &ValidLease,
+    valid_condition: Condition,
+    ready: Condition,
+) -> Vec<Condition> {
+    let store_ready = condition(
+        old,
+        generation,
+        "StoreReady",
+        "True",
+        "TableReady",
+        &tables_ready(valid),
+    );
+    vec![valid_condition, store_ready, ready]
 }
 
 /// The status after a read of a partitioned lease: the assignment `shown`,
@@ -689,18 +698,7 @@ fn partitioned_status(
         ),
     };
     DistributedLeaseStatus {
-        conditions: vec![
-            valid_condition,
-            condition(
-                old,
-                generation,
-                "StoreReady",
-                "True",
-                "TableReady",
-                &tables_ready(valid),
-            ),
-            ready,
-        ],
+        conditions: read_conditions(old, generation, valid, valid_condition, ready),
         holder: None,
         term: None,
         token: None,

@@ -872,50 +872,16 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[tokio::test]
-    async fn with_lease_the_partitions_come_from_the_resource() {
-        let api = api_server();
-        api.insert(
-            LEASES,
-            serde_json::json!({
-                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
-                "metadata": {"name": "jobs", "namespace": "prod"},
-                "spec": {
-                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
-                    "selector": {"matchLabels": {"app": "jobs"}},
-                    "partitions": 16,
-                }
-            }),
-        );
-        let cli = Cli::parse_from([
-            "sidecar",
-            "--lease",
-            "jobs",
-            "--pod-name",
-            "jobs-0",
-            "--pod-namespace",
-            "prod",
-            "--kubernetes",
-            "true",
-        ]);
-        let s = resolve(&cli.args.election, Some(api.client("prod"))).await.unwrap();
-        assert_eq!(s.partitions, Some(16));
-    }
-
-    #[tokio::test]
-    async fn with_lease_every_setting_comes_from_the_resource() {
+    /// The settings of `leasehold sidecar --lease web` in namespace prod,
+    /// resolved from a DistributedLease `web` with `spec`; and the API model.
+    async fn resolved_from_lease(spec: serde_json::Value) -> (Settings, crate::testing::api::ApiServer) {
         let api = api_server();
         api.insert(
             LEASES,
             serde_json::json!({
                 "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
                 "metadata": {"name": "web", "namespace": "prod"},
-                "spec": {
-                    "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
-                    "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
-                    "selector": {"matchLabels": {"app": "web"}},
-                    "publishing": {"readinessGate": true},
-                }
+                "spec": spec,
             }),
         );
         let cli = Cli::parse_from([
@@ -930,6 +896,29 @@ mod tests {
             "true",
         ]);
         let s = resolve(&cli.args.election, Some(api.client("prod"))).await.unwrap();
+        (s, api)
+    }
+
+    #[tokio::test]
+    async fn with_lease_the_partitions_come_from_the_resource() {
+        let (s, _) = resolved_from_lease(serde_json::json!({
+            "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+            "selector": {"matchLabels": {"app": "web"}},
+            "partitions": 16,
+        }))
+        .await;
+        assert_eq!(s.partitions, Some(16));
+    }
+
+    #[tokio::test]
+    async fn with_lease_every_setting_comes_from_the_resource() {
+        let (s, api) = resolved_from_lease(serde_json::json!({
+            "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+            "leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s",
+            "selector": {"matchLabels": {"app": "web"}},
+            "publishing": {"readinessGate": true},
+        }))
+        .await;
         let requests: Vec<(String, String)> = api.requests().into_iter().map(|r| (r.method, r.uri)).collect();
         assert_eq!(requests, [("GET".to_string(), format!("{LEASES}/web"))]);
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());

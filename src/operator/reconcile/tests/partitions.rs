@@ -17,9 +17,25 @@ use crate::store::MemoryStore;
 async fn member(store: &MemoryStore, pod: &str, lease: Duration, locks: &[String]) -> String {
     let id = new_session_id(&Identity::new(None, Some("prod".into()), pod), 7);
     store.open_session(&id, pod, lease).await.unwrap();
-    let got = store.try_lock(&id, locks).await.unwrap();
-    assert!(got.busy.is_empty(), "{got:?}");
+    take(store, &id, locks).await;
     id
+}
+
+/// `session` takes every lock of `locks`, none busy.
+async fn take(store: &MemoryStore, session: &str, locks: &[String]) {
+    let got = store.try_lock(session, locks).await.unwrap();
+    assert!(got.busy.is_empty(), "{got:?}");
+}
+
+/// One reconcile that only applies the status; returns the status applied.
+async fn status_after(store: &MemoryStore, old: Value, pods: Vec<Value>) -> Value {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (result, _) = reconcile_on(store, Some(old), pods, async move |server, echo| {
+        tx.send(expect_status_apply(server, echo).await).unwrap();
+    })
+    .await;
+    result.unwrap();
+    rx.await.unwrap()
 }
 
 fn locks(slot: u32, partitions: std::ops::Range<u32>) -> Vec<String> {
@@ -198,34 +214,9 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
 
     // The members take the orphans: owned again, Ready; the balance and the
     // members did not change, so the status changes without an Event.
-    assert!(
-        store
-            .try_lock(&a, &["prod/web/p/6".into()])
-            .await
-            .unwrap()
-            .busy
-            .is_empty()
-    );
-    assert!(
-        store
-            .try_lock(&b, &["prod/web/p/7".into()])
-            .await
-            .unwrap()
-            .busy
-            .is_empty()
-    );
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (result, _) = reconcile_on(
-        &store,
-        Some(second),
-        pods(&["web-0", "web-1"]),
-        async move |server, echo| {
-            tx.send(expect_status_apply(server, echo).await).unwrap();
-        },
-    )
-    .await;
-    result.unwrap();
-    let third = rx.await.unwrap();
+    take(&store, &a, &["prod/web/p/6".into()]).await;
+    take(&store, &b, &["prod/web/p/7".into()]).await;
+    let third = status_after(&store, second, pods(&["web-0", "web-1"])).await;
     assert_eq!(
         assignment(&third),
         [("web-0".into(), 4, "0-2,6".into()), ("web-1".into(), 4, "3-5,7".into())]
@@ -242,27 +233,9 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
         assert_eq!(store.unlock(session, &[(name.clone(), token)]).await.unwrap(), [name]);
     }
     for (session, to) in [(&a, 7), (&b, 6)] {
-        assert!(
-            store
-                .try_lock(session, &[format!("prod/web/p/{to}")])
-                .await
-                .unwrap()
-                .busy
-                .is_empty()
-        );
+        take(&store, session, &[format!("prod/web/p/{to}")]).await;
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (result, _) = reconcile_on(
-        &store,
-        Some(third),
-        pods(&["web-0", "web-1"]),
-        async move |server, echo| {
-            tx.send(expect_status_apply(server, echo).await).unwrap();
-        },
-    )
-    .await;
-    result.unwrap();
-    let fourth = rx.await.unwrap();
+    let fourth = status_after(&store, third, pods(&["web-0", "web-1"])).await;
     assert_eq!(
         assignment(&fourth),
         [("web-0".into(), 4, "0-2,7".into()), ("web-1".into(), 4, "3-6".into())]
