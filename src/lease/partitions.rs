@@ -53,6 +53,12 @@ pub fn partition_lock(lock: &str, index: u32) -> String {
     format!("{lock}/p/{index}")
 }
 
+/// The index of `name` when it is one of `lock`'s partitions: the inverse of
+/// [`partition_lock`].
+fn partition_index(lock: &str, name: &str) -> Option<u32> {
+    name.strip_prefix(lock)?.strip_prefix("/p/")?.parse().ok()
+}
+
 /// The lock of member slot `slot`.
 fn member_slot(lock: &str, slot: u32) -> String {
     format!("{lock}/m/{slot}")
@@ -168,6 +174,15 @@ impl PartitionView {
             }
         }
         held
+    }
+
+    /// The most partitions a member holds minus the fewest; 0 without members.
+    pub fn balance(&self) -> usize {
+        let held = self.held_by_member();
+        match (held.values().max(), held.values().min()) {
+            (Some(max), Some(min)) => max - min,
+            _ => 0,
+        }
     }
 
     /// Partitions no live session holds.
@@ -356,6 +371,11 @@ impl Partitioner {
         Ok(PartitionView::from_observation(self.partitions, observed))
     }
 
+    /// The locks of partitions `indexes`.
+    fn locks_of(&self, indexes: &[u32]) -> Vec<String> {
+        indexes.iter().map(|i| partition_lock(&self.lock, *i)).collect()
+    }
+
     /// One poll: join if not a member, then take and release per the plan.
     async fn step(&mut self, shutdown: &CancellationToken) -> Result<()> {
         let me = self.session.id();
@@ -398,14 +418,12 @@ impl Partitioner {
                 _ = tokio::time::sleep(self.drain) => {}
                 _ = shutdown.cancelled() => return Ok(()),
             }
-            let names: Vec<String> = release.iter().map(|i| partition_lock(&self.lock, *i)).collect();
-            let released = self.session.release(&names).await;
+            let released = self.session.release(&self.locks_of(&release)).await;
             self.draining.send_modify(|d| d.retain(|i| !release.contains(i)));
             released?;
         }
         if !take.is_empty() {
-            let names: Vec<String> = take.iter().map(|i| partition_lock(&self.lock, *i)).collect();
-            let got = self.session.try_lock_many(&names).await?;
+            let got = self.session.try_lock_many(&self.locks_of(&take)).await?;
             if !got.busy.is_empty() {
                 debug!(lock = %self.lock, busy = got.busy.len(), "partitions: some free partitions were taken first; retrying at the next poll");
             }
@@ -423,7 +441,6 @@ async fn publish_assigned(
     mut members: watch::Receiver<usize>,
     tx: watch::Sender<Assigned>,
 ) {
-    let prefix = format!("{lock}/p/");
     loop {
         let assigned = {
             let (held, draining) = (held.borrow_and_update(), draining.borrow_and_update());
@@ -432,7 +449,7 @@ async fn publish_assigned(
                 partitions: held
                     .locks
                     .iter()
-                    .filter_map(|(name, token)| Some((name.strip_prefix(&prefix)?.parse().ok()?, *token)))
+                    .filter_map(|(name, token)| Some((partition_index(&lock, name)?, *token)))
                     .filter(|(i, _)| !draining.contains(i))
                     .collect(),
                 deadline: held.deadline,
@@ -441,7 +458,7 @@ async fn publish_assigned(
         };
         tx.send_if_modified(|current| std::mem::replace(current, assigned.clone()) != assigned);
         tokio::select! {
-                biased;
+            biased;
             r = held.changed() => if r.is_err() { return },
             r = draining.changed() => if r.is_err() { return },
             r = members.changed() => if r.is_err() { return },

@@ -12,11 +12,6 @@ use crate::lease::session::session_owner;
 /// The status of `view`: members, unowned partitions, the balance over
 /// members and, per live session holding a slot or a partition, what it holds.
 pub fn partitions_status(view: &PartitionView) -> PartitionsStatus {
-    let held = view.held_by_member();
-    let balance = match (held.values().max(), held.values().min()) {
-        (Some(max), Some(min)) => max - min,
-        _ => 0,
-    };
     // Members first (holding none is worth seeing), then any other live
     // owner (one that lost or gave up its slot while still holding).
     let mut by_session: BTreeMap<&str, Vec<u32>> = view.members.iter().map(|m| (m.as_str(), Vec::new())).collect();
@@ -30,7 +25,7 @@ pub fn partitions_status(view: &PartitionView) -> PartitionsStatus {
         count: count(view.owners.len()),
         members: count(view.members.len()),
         unowned: count(view.unowned()),
-        balance: count(balance),
+        balance: count(view.balance()),
         assignment: by_session
             .into_iter()
             .map(|(session, indexes)| PartitionHolder {

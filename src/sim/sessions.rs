@@ -237,10 +237,8 @@ impl Schedule {
             Err(e) => return Some(format!("reading the partitions failed: {e}")),
         };
         let held = view.held_by_member();
-        let (max, min) = (held.values().max(), held.values().min());
         let members = processes.len().min(PARTITIONS as usize);
-        let fine =
-            view.members.len() == members && view.unowned() == 0 && max.zip(min).is_some_and(|(a, b)| a - b <= 1);
+        let fine = view.members.len() == members && view.unowned() == 0 && view.balance() <= 1;
         (!fine).then(|| {
             format!(
                 "partitions did not converge within 2 D + 8 P of the faults stopping: {} members of {members} expected, {} unowned, shares {:?}",
