@@ -221,15 +221,22 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts one; panics with [`HOW_TO_GET_POSTGRES`] when the binaries are missing.
     pub fn start() -> PostgresServer {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
     /// Starts one that also accepts TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> PostgresServer {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> PostgresServer {
+    /// Starts one that also listens on `host` (an address of this machine)
+    /// and trusts clients on the networks this machine is attached to: the
+    /// end-to-end suite's pods reach it there.
+    pub fn start_on(host: std::net::IpAddr) -> PostgresServer {
+        Self::start_with(false, Some(host))
+    }
+
+    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> PostgresServer {
         let bin = postgres_bin().unwrap_or_else(|| panic!("{HOW_TO_GET_POSTGRES}"));
         let user = unprivileged_user();
         let template = postgres_template(&bin, user);
@@ -238,6 +245,15 @@ impl PostgresServer {
         let copied = Command::new("cp").arg("-a").arg(&template).arg(&data).status();
         assert!(copied.is_ok_and(|s| s.success()), "copying {}", template.display());
         let certificates = tls.then(|| TestCertificates::write(&dir));
+        let mut listen = String::from("listen_addresses=127.0.0.1");
+        if let Some(host) = host {
+            listen.push_str(&format!(",{host}"));
+            // `samenet`: any address in a subnet this machine is directly on.
+            let hba = data.join("pg_hba.conf");
+            let mut rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+            rules.push_str("host all all samenet trust\n");
+            std::fs::write(&hba, rules).expect("pg_hba.conf");
+        }
         chown_tree(&dir, user);
         let port = free_port();
         let mut postgres = Command::new(bin.join("postgres"));
@@ -245,7 +261,7 @@ impl PostgresServer {
             .arg("-D")
             .arg(&data)
             .args(["-p", &port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
+            .args(["-c", &listen, "-c", "unix_socket_directories="])
             .args([
                 "-c",
                 "fsync=off",
