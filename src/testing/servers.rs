@@ -87,6 +87,19 @@ fn stop(child: &mut Child, signal: &str) {
     let _ = child.wait();
 }
 
+fn spawn_postgres(command: &[std::ffi::OsString], dir: &Path, user: Option<(u32, u32)>) -> Child {
+    let mut postgres = Command::new(&command[0]);
+    postgres
+        .args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
+    as_user(&mut postgres, user);
+    postgres
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", command[0].to_string_lossy()))
+}
+
 /// The folder holding initdb, postgres and pg_isready.
 fn postgres_bin() -> Option<PathBuf> {
     let complete = |dir: &Path| {
@@ -215,6 +228,9 @@ pub struct PostgresServer {
     /// Set when the server also speaks TLS.
     pub certificates: Option<TestCertificates>,
     dir: PathBuf,
+    /// The `postgres` command line, to start it again on the same data.
+    command: Vec<std::ffi::OsString>,
+    user: Option<(u32, u32)>,
     child: Child,
 }
 
@@ -256,57 +272,64 @@ impl PostgresServer {
         }
         chown_tree(&dir, user);
         let port = free_port();
-        let mut postgres = Command::new(bin.join("postgres"));
-        postgres
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string()])
-            .args(["-c", &listen, "-c", "unix_socket_directories="])
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "shared_buffers=16MB",
-                "-c",
-                "max_connections=40",
-            ]);
-        if let Some(files) = &certificates {
-            postgres
-                .args(["-c", "ssl=on", "-c"])
-                .arg(format!("ssl_cert_file={}", files.cert_file.display()))
-                .arg("-c")
-                .arg(format!("ssl_key_file={}", files.key_file.display()));
+        let mut command: Vec<std::ffi::OsString> = vec![bin.join("postgres").into(), "-D".into(), data.into()];
+        let settings = [
+            format!("port={port}"),
+            listen,
+            "unix_socket_directories=".into(),
+            "fsync=off".into(),
+            "shared_buffers=16MB".into(),
+            "max_connections=40".into(),
+        ];
+        for setting in settings {
+            command.extend(["-c".into(), setting.into()]);
         }
-        postgres
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
-        as_user(&mut postgres, user);
-        let child = postgres
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
+        if let Some(files) = &certificates {
+            command.extend(["-c".into(), "ssl=on".into(), "-c".into()]);
+            command.push(format!("ssl_cert_file={}", files.cert_file.display()).into());
+            command.push("-c".into());
+            command.push(format!("ssl_key_file={}", files.key_file.display()).into());
+        }
+        let child = spawn_postgres(&command, &dir, user);
         let server = PostgresServer {
             port,
             certificates,
             dir,
+            command,
+            user,
             child,
         };
+        server.wait_ready(&bin);
+        server
+    }
+
+    fn wait_ready(&self, bin: &Path) {
         let started = Instant::now();
         loop {
             let ready = Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
                 .status()
                 .is_ok_and(|s| s.success());
             if ready {
-                return server;
+                return;
             }
             assert!(
                 started.elapsed() < STARTUP,
-                "PostgreSQL on port {port} not ready within {STARTUP:?}; see {}",
-                server.dir.join("server.log").display()
+                "PostgreSQL on port {} not ready within {STARTUP:?}; see {}",
+                self.port,
+                self.dir.join("server.log").display()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops the server (fast shutdown) and starts it again on the same data
+    /// and port, as a restart of a real server does.
+    pub fn restart(&mut self) {
+        stop(&mut self.child, "INT");
+        self.child = spawn_postgres(&self.command, &self.dir, self.user);
+        let bin = Path::new(&self.command[0]).parent().expect("postgres's folder").to_path_buf();
+        self.wait_ready(&bin);
     }
 
     /// The URL of database `postgres` at `addr` (this server, or a proxy in front of it).

@@ -15,7 +15,12 @@
 //! benchmark's, the bounds here are generous liveness bounds.
 
 mod cluster;
+mod faults;
+mod injection;
 mod install;
+mod node;
+mod privilege;
 mod publishing;
 mod stores;
 mod watcher;
+mod watcher_catches;

@@ -44,9 +44,6 @@ struct State {
     /// The highest token the status showed, with its holder.
     token: Option<(u128, String)>,
     violations: Vec<String>,
-    /// Leader label moves: (when, new leader).
-    moves: Vec<(Instant, String)>,
-    last_leader: Option<String>,
 }
 
 pub struct LeadershipWatcher {
@@ -105,11 +102,6 @@ impl LeadershipWatcher {
             (!self.follows_service || self.ready_endpoints() == [leader.clone()]).then(|| leader.clone())
         })
         .await
-    }
-
-    /// How many times the leader label moved to another pod.
-    pub fn moves(&self) -> usize {
-        self.state.lock().unwrap().moves.len().saturating_sub(1)
     }
 
     /// The violations seen so far.
@@ -186,12 +178,6 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
     let leaders: Vec<String> = state.labels.iter().filter(|(_, l)| **l).map(|(p, _)| p.clone()).collect();
     if leaders.len() > 1 {
         state.violations.push(format!("{at:?}: {} pods labelled leader: {}", leaders.len(), leaders.join(", ")));
-    }
-    if let [leader] = leaders.as_slice()
-        && state.last_leader.as_ref() != Some(leader)
-    {
-        state.last_leader = Some(leader.clone());
-        state.moves.push((Instant::now(), leader.clone()));
     }
 }
 

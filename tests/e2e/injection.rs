@@ -1,0 +1,117 @@
+//! Injection: the webhook's opt-in and its native sidecar, and
+//! `leasehold inject` output applied without the webhook.
+
+use std::process::Stdio;
+use std::io::Write;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::cluster::{RELEASE_NAMESPACE, Scenario, scenario, yaml_objects};
+use crate::publishing::{APP, FIRST_LEADER, LEASE, SERVICE};
+use crate::stores::postgres_lease;
+use crate::watcher::{LeadershipWatcher, Watched};
+
+/// The sidecar's container name.
+const SIDECAR: &str = "leasehold";
+const SIDECAR_USER: i64 = 65532;
+
+fn probe_pod(s: &Scenario, name: &str, pod_label: bool) -> Pod {
+    let mut labels = json!({"app": "probe"});
+    if pod_label {
+        labels["leasehold.dev/inject"] = json!("enabled");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": {"leasehold.dev/lease": "probe"}},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": SIDECAR_USER},
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{"name": "app", "image": s.env.app_image,
+                            "command": ["/bin/busybox", "httpd", "-f", "-p", "8080"]}]},
+    }))
+    .expect("a pod")
+}
+
+fn native_sidecar(pod: &Pod) -> Option<Container> {
+    let spec = pod.spec.as_ref()?;
+    spec.init_containers.iter().flatten().find(|c| c.name == SIDECAR && c.restart_policy.as_deref() == Some("Always")).cloned()
+}
+
+async fn create(s: &Scenario, ns: &str, pod: &Pod) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), ns);
+    pods.create(&PostParams::default(), pod).await.unwrap_or_else(|e| panic!("creating a pod in {ns}: {e}"))
+}
+
+#[tokio::test]
+async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_namespace_do_not() {
+    scenario("e2e-inject", |s| async move {
+        // Opted in by the namespace label: the pod needs no label of its own.
+        s.kubectl_ns(&["label", "namespace", &s.ns, "leasehold.dev/inject=enabled", "--overwrite"]);
+        let injected = create(&s, &s.ns, &probe_pod(&s, "probe", false)).await;
+        let sidecar = native_sidecar(&injected).expect("a native sidecar in an opted-in namespace");
+        let user = sidecar.security_context.as_ref().and_then(|c| c.run_as_user);
+        assert_eq!(user, Some(SIDECAR_USER), "the sidecar runs as 65532");
+
+        // Not opted in: untouched.
+        s.kubectl_ns(&["label", "namespace", &s.ns, "leasehold.dev/inject-"]);
+        let plain = create(&s, &s.ns, &probe_pod(&s, "plain", false)).await;
+        assert!(native_sidecar(&plain).is_none(), "a namespace not opted in is untouched");
+
+        // The release namespace, even with the pod label: untouched.
+        let release = create(&s, RELEASE_NAMESPACE, &probe_pod(&s, "e2e-probe", true)).await;
+        let release_pods: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        release_pods.delete("e2e-probe", &DeleteParams::default().grace_period(0)).await.expect("cleanup");
+        assert!(native_sidecar(&release).is_none(), "the release namespace is never injected");
+
+        // The sidecar starts before the app (the kubelet runs init containers first).
+        let pods: Api<Pod> = s.api();
+        let started = crate::cluster::wait_for("the injected pod running", FIRST_LEADER, || async {
+            let status = pods.get("probe").await.ok()?.status?;
+            let at = |list: Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>, name: &str| {
+                list?.into_iter().find(|c| c.name == name)?.state?.running?.started_at
+            };
+            Some((at(status.init_container_statuses.clone(), SIDECAR)?, at(status.container_statuses, "app")?))
+        })
+        .await;
+        assert!(started.0 .0 <= started.1 .0, "the sidecar started at {:?}, the app at {:?}", started.0, started.1);
+    })
+    .await;
+}
+
+/// `leasehold inject` on the example, applied in a namespace without the
+/// webhook's opt-in: the same leadership as with the webhook.
+#[tokio::test]
+async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader() {
+    scenario("e2e-inject-gitops", |s| async move {
+        let (_store, lease) = postgres_lease(&s, LEASE, json!({}));
+        s.apply(lease).await;
+        let mut example = s.example("leader-only-service.yaml");
+        for object in &mut example {
+            // No opt-in label: only `leasehold inject` adds the sidecar.
+            if let Some(labels) = object.pointer_mut("/spec/template/metadata/labels").and_then(Value::as_object_mut) {
+                labels.remove("leasehold.dev/inject");
+            }
+        }
+        let text = example.iter().map(|o| serde_yaml::to_string(o).expect("yaml")).collect::<Vec<_>>().join("---\n");
+        let mut inject = s
+            .env
+            .leasehold()
+            .args(["inject", "--sidecar-image", &s.env.image])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("running leasehold inject");
+        inject.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("writing to inject");
+        let out = inject.wait_with_output().expect("leasehold inject");
+        assert!(out.status.success(), "leasehold inject failed");
+        s.apply(yaml_objects(&String::from_utf8_lossy(&out.stdout))).await;
+        let watcher = LeadershipWatcher::start(&s.client, Watched { ns: &s.ns, pods: APP, service: Some(SERVICE), lease: Some(LEASE) });
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let pod: Pod = s.api().get(&leader).await.expect("the leader pod");
+        assert!(native_sidecar(&pod).is_some(), "the injected sidecar is native");
+        watcher.finish();
+    })
+    .await;
+}
