@@ -31,7 +31,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
-use crate::operator::rollout;
+use crate::operator::{reconcile, rollout};
 
 /// The webhook Secret unless `--webhook-secret` says otherwise (the
 /// operator's own default).
@@ -371,6 +371,16 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
         }
     };
     let mut healthy = true;
+    let without_sidecar = reconcile::without_sidecar(&candidates);
+    if !without_sidecar.is_empty() {
+        healthy = false;
+        report.warn(format!(
+            "{id}: candidate(s) without a leasehold sidecar never campaign: {} (created while the \
+             webhook was down or before the namespace opted in: delete them so they are recreated \
+             with it, or add it with `leasehold inject`)",
+            without_sidecar.join(", ")
+        ));
+    }
     if candidates.is_empty() {
         healthy = false;
         report.warn(format!(

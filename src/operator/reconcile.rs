@@ -40,6 +40,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::metrics::{Metrics, Outcome};
 use super::partitions;
 use super::rollout;
+use super::webhook;
 use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
@@ -512,6 +513,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let counts = DistributedLeaseStatus {
         candidates: u32::try_from(candidates.len()).unwrap_or(u32::MAX),
         ready_candidates: u32::try_from(ready).unwrap_or(u32::MAX),
+        candidates_without_sidecar: without_sidecar(&candidates),
         observed_generation: generation,
         ..old.clone()
     };
@@ -895,6 +897,17 @@ async fn patch_finalizers(
         .patch(&lease.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// The names of the candidates that cannot campaign, sorted.
+pub fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
+    let mut names: Vec<String> = candidates
+        .iter()
+        .filter(|pod| pod.spec.as_ref().and_then(webhook::injected_container).is_none())
+        .map(|pod| pod.name_any())
+        .collect();
+    names.sort();
+    names
 }
 
 /// On delete: frees the row by check-and-set with the holder and token just

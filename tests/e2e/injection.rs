@@ -85,9 +85,10 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
 #[tokio::test]
 async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader() {
     scenario("e2e-inject-gitops", |s| async move {
-        let (_store, lease) = postgres_lease(&s, LEASE, json!({}));
-        s.apply(lease).await;
-        let mut example = s.example("leader-only-service.yaml");
+        // The lease goes through `leasehold inject` with the workload, as in
+        // a GitOps repository: its store Secret is mounted from it.
+        let (_store, mut example) = postgres_lease(&s, LEASE, json!({}));
+        example.extend(s.example("leader-only-service.yaml"));
         for object in &mut example {
             // No opt-in label: only `leasehold inject` adds the sidecar.
             if let Some(labels) = object.pointer_mut("/spec/template/metadata/labels").and_then(Value::as_object_mut) {

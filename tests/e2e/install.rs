@@ -47,7 +47,7 @@ async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answeri
         assert_eq!(pods.len(), 2, "the chart's two operator replicas");
         let active = pods
             .iter()
-            .find(|p| holder.starts_with(&p.metadata.name.clone().unwrap_or_default()))
+            .find(|p| holder.contains(&format!("/{}#", p.metadata.name.clone().unwrap_or_default())))
             .unwrap_or_else(|| panic!("no operator pod is the holder {holder}"));
         let active_name = active.metadata.name.clone().unwrap();
 
@@ -55,7 +55,7 @@ async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answeri
         let api: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
         api.delete(&active_name, &DeleteParams::default().grace_period(0)).await.expect("deleting the active operator");
         let new_holder = wait_for("the standby operator holding the Lease", Duration::from_secs(60), || async {
-            operator_holder(&s).await.filter(|h| !h.starts_with(&active_name))
+            operator_holder(&s).await.filter(|h| !h.contains(&format!("/{active_name}#")))
         })
         .await;
         assert!(!new_holder.is_empty());

@@ -69,13 +69,12 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         );
         seen.respond(200, &echo);
 
+        // web-2 was created while the webhook was down: no sidecar.
+        let mut uninjected = pod("web-2", None, false);
+        uninjected["spec"]["initContainers"] = json!([]);
         expect_pod_list(
             server,
-            vec![
-                pod("web-0", Some("true"), true),
-                pod("web-1", Some("true"), true),
-                pod("web-2", None, false),
-            ],
+            vec![pod("web-0", Some("true"), true), pod("web-1", Some("true"), true), uninjected],
         )
         .await;
 
@@ -109,6 +108,7 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         assert_eq!(status["transitions"], json!(0));
         assert_eq!(status["candidates"], json!(3));
         assert_eq!(status["readyCandidates"], json!(2));
+        assert_eq!(status["candidatesWithoutSidecar"], json!(["web-2"]));
         assert_eq!(status["observedGeneration"], json!(3));
         let conditions = conditions(&status);
         assert_eq!(conditions["Valid"].0, "True");

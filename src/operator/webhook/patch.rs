@@ -276,6 +276,17 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     })
 }
 
+/// The container through which a pod campaigns, if it has one: the
+/// injected sidecar, or the installer of a container wrapped with
+/// `leasehold run`. A candidate without either never campaigns (created while
+/// the webhook was down, or before its namespace opted in).
+pub fn injected_container(spec: &PodSpec) -> Option<&'static str> {
+    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    [SIDECAR_NAME, INSTALLER_NAME]
+        .into_iter()
+        .find(|injected| containers().any(|c| c.name == *injected))
+}
+
 pub fn has_annotation(pod: &Pod, key: &str) -> bool {
     pod.metadata.annotations.iter().flatten().any(|(k, _)| k == key)
 }
@@ -330,11 +341,8 @@ pub fn injection_patch(
     }
     // Before the pod's choices: an injected pod's own sidecar holds the
     // metrics port, and a wrapped container has a command it did not ask for.
-    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    for injected in [SIDECAR_NAME, INSTALLER_NAME] {
-        if containers().any(|c| c.name == injected) {
-            return Err(NotInjected::AlreadyInjected(injected));
-        }
+    if let Some(injected) = injected_container(spec) {
+        return Err(NotInjected::AlreadyInjected(injected));
     }
     let choices = choices(pod, spec, config)?;
     let mut ops = Vec::new();
