@@ -116,3 +116,39 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
     })
     .await;
 }
+
+/// The webhook's failurePolicy lets pods through while it is down: they are
+/// created without a sidecar, and both `leasehold check` and the
+/// DistributedLease status name them.
+#[tokio::test]
+async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without_a_sidecar() {
+    scenario("e2e-webhook-down", |s| async move {
+        let (_store, lease) = postgres_lease(&s, "probe", json!({"selector": {"matchLabels": {"app": "probe"}}}));
+        s.apply(lease).await;
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        let scale = |n: i32| kube::api::Patch::Merge(json!({"spec": {"replicas": n}}));
+        let params = kube::api::PatchParams::default();
+        deployments.patch_scale("leasehold-operator", &params, &scale(0)).await.expect("scaling the operator to 0");
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        crate::cluster::wait_for("no webhook endpoint", std::time::Duration::from_secs(60), || async {
+            let list = slices.list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=leasehold-webhook")).await.ok()?;
+            (crate::cluster::ready_endpoints(&list.items) == 0).then_some(())
+        })
+        .await;
+        let created = create(&s, &s.ns, &probe_pod(&s, "orphan", true)).await;
+        deployments.patch_scale("leasehold-operator", &params, &scale(2)).await.expect("scaling the operator back");
+        assert!(native_sidecar(&created).is_none(), "created without the webhook, so without a sidecar");
+        crate::cluster::wait_operator_available(&s.client).await;
+
+        let out = s.env.leasehold().args(["check", "--lease-namespace", &s.ns]).output().expect("leasehold check");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("without a leasehold sidecar never campaign: orphan"), "leasehold check: {text}");
+        let leases: Api<leasehold::api::DistributedLease> = s.api();
+        crate::cluster::wait_for("the status naming the pod without a sidecar", std::time::Duration::from_secs(60), || async {
+            let status = leases.get("probe").await.ok()?.status?;
+            (status.candidates_without_sidecar == ["orphan"]).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
