@@ -381,15 +381,21 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one; panics with [`HOW_TO_GET_REDIS`] when redis-server is missing.
     pub fn start() -> RedisServer {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
     /// Starts one that speaks only TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> RedisServer {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> RedisServer {
+    /// Starts one that also listens on `host`, an address of this machine
+    /// (the end-to-end suite's pods reach it there).
+    pub fn start_on(host: std::net::IpAddr) -> RedisServer {
+        Self::start_with(false, Some(host))
+    }
+
+    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> RedisServer {
         let binary = std::env::var_os("LEASEHOLD_REDIS_SERVER")
             .map(PathBuf::from)
             .or_else(|| {
@@ -420,8 +426,11 @@ impl RedisServer {
                 .arg("--tls-ca-cert-file")
                 .arg(&files.ca_file),
         };
+        redis.args(["--bind", "127.0.0.1"]);
+        if let Some(host) = host {
+            redis.arg(host.to_string());
+        }
         let child = redis
-            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&dir)

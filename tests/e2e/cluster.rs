@@ -214,12 +214,18 @@ async fn resource_of(client: &Client, object: &Value) -> (ApiResource, ApiCapabi
 /// The chart rendered by real Helm with the README's install values, plus
 /// the image this suite runs and the test namespaces as the sidecar's.
 pub fn rendered_chart(env: &Env) -> Vec<Value> {
+    rendered_chart_with(env, &[])
+}
+
+/// The same with more `--set KEY=VALUE`s, as `helm upgrade --set` adds them.
+pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
     let (repository, tag) = env.image.rsplit_once(':').unwrap_or((&env.image, "latest"));
-    let sets = [
+    let mut sets = vec![
         format!("sidecar.rbac.namespaces={{{}}}", TEST_NAMESPACES.join(",")),
         format!("image.repository={repository}"),
         format!("image.tag={tag}"),
     ];
+    sets.extend_from_slice(more);
     let mut render = Command::new(repo().join(".venv/bin/python"));
     render
         .arg(repo().join("scripts/helm-template.py"))

@@ -47,17 +47,26 @@ async fn create(s: &Scenario, ns: &str, pod: &Pod) -> Pod {
 #[tokio::test]
 async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_namespace_do_not() {
     scenario("e2e-inject", |s| async move {
+        // Not opted in: untouched.
+        let plain = create(&s, &s.ns, &probe_pod(&s, "plain", false)).await;
+        assert!(native_sidecar(&plain).is_none(), "a namespace not opted in is untouched");
+
         // Opted in by the namespace label: the pod needs no label of its own.
+        // The API server matches webhooks' namespaceSelectors against its
+        // informer's copy of the namespace, which follows the label change
+        // a moment later (admission/plugin/webhook/predicates/namespace
+        // uses a namespace lister): dry runs until the webhook applies.
         s.kubectl_ns(&["label", "namespace", &s.ns, "leasehold.dev/inject=enabled", "--overwrite"]);
+        let pods: Api<Pod> = s.api();
+        let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+        crate::cluster::wait_for("the namespace label reaching the webhook's selector", std::time::Duration::from_secs(30), || async {
+            native_sidecar(&pods.create(&dry_run, &probe_pod(&s, "probe", false)).await.ok()?).map(|_| ())
+        })
+        .await;
         let injected = create(&s, &s.ns, &probe_pod(&s, "probe", false)).await;
         let sidecar = native_sidecar(&injected).expect("a native sidecar in an opted-in namespace");
         let user = sidecar.security_context.as_ref().and_then(|c| c.run_as_user);
         assert_eq!(user, Some(SIDECAR_USER), "the sidecar runs as 65532");
-
-        // Not opted in: untouched.
-        s.kubectl_ns(&["label", "namespace", &s.ns, "leasehold.dev/inject-"]);
-        let plain = create(&s, &s.ns, &probe_pod(&s, "plain", false)).await;
-        assert!(native_sidecar(&plain).is_none(), "a namespace not opted in is untouched");
 
         // The release namespace, even with the pod label: untouched.
         let release = create(&s, RELEASE_NAMESPACE, &probe_pod(&s, "e2e-probe", true)).await;

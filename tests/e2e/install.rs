@@ -29,9 +29,10 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
         .collect()
 }
 
-/// `leasehold check` on the cluster: (succeeded, what it printed).
+/// `leasehold check` of the install and this test's namespace (other tests'
+/// leases are theirs to judge): (succeeded, what it printed).
 fn check(s: &Scenario) -> (bool, String) {
-    let out = s.env.leasehold().args(["check"]).output().expect("running leasehold check");
+    let out = s.env.leasehold().args(["check", "--lease-namespace", &s.ns]).output().expect("running leasehold check");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }

@@ -22,5 +22,6 @@ mod node;
 mod privilege;
 mod publishing;
 mod stores;
+mod stores_in_pods;
 mod watcher;
 mod watcher_catches;
