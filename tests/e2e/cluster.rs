@@ -259,15 +259,18 @@ pub async fn ensure_installed(env: &Env, client: &Client) {
     lock.lock().expect("install lock");
     apply(client, &crds()).await;
     apply(client, &[namespace_object(RELEASE_NAMESPACE)]).await;
-    // Each test namespace's part is applied when the test makes its namespace.
-    let chart = rendered_chart(env);
-    let shared: Vec<Value> = chart
-        .into_iter()
-        .filter(|o| !o["metadata"]["namespace"].as_str().is_some_and(|ns| TEST_NAMESPACES.contains(&ns)))
-        .collect();
-    apply(client, &shared).await;
+    apply(client, &install_part(rendered_chart(env))).await;
     lock.unlock().expect("install unlock");
     wait_operator_available(client).await;
+}
+
+/// The chart's objects outside the test namespaces: each test namespace's
+/// part is applied when its test makes the namespace.
+pub fn install_part(chart: Vec<Value>) -> Vec<Value> {
+    chart
+        .into_iter()
+        .filter(|o| !o["metadata"]["namespace"].as_str().is_some_and(|ns| TEST_NAMESPACES.contains(&ns)))
+        .collect()
 }
 
 pub fn namespace_object(name: &str) -> Value {

@@ -21,6 +21,7 @@ mod install;
 mod node;
 mod privilege;
 mod publishing;
+mod spread;
 mod stores;
 mod stores_in_pods;
 mod watcher;

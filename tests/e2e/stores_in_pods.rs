@@ -9,7 +9,7 @@ use leasehold::testing::Emulator;
 use leasehold::testing::servers::RedisServer;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, apply, rendered_chart_with, scenario, wait_operator_available};
+use crate::cluster::{Scenario, apply, install_part, rendered_chart_with, scenario, wait_operator_available};
 use crate::publishing::{APP, FIRST_LEADER, LEASE, SERVICE, SUCCESSOR};
 use crate::stores::{lease, secret};
 use crate::watcher::{LeadershipWatcher, Watched};
@@ -42,14 +42,14 @@ async fn spanner_emulator_through_the_sidecar_and_operator_environment() {
         // --set operator.env.SPANNER_EMULATOR_HOST=...`, as a user of a
         // development cluster would.
         let sets: Vec<String> = emulator_env.iter().map(|(k, v)| format!("operator.env.{k}={v}")).collect();
-        apply(&s.client, &rendered_chart_with(&s.env, &sets)).await;
+        apply(&s.client, &install_part(rendered_chart_with(&s.env, &sets))).await;
         wait_operator_available(&s.client).await;
         let lines: Vec<String> = emulator_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let store = json!({"spanner": {"database": database}});
         elects_and_hands_over(&s, lease(&s, LEASE, store, json!({})), json!({"leasehold.dev/sidecar-env": lines.join("\n")}))
             .await;
         // Back to the suite's install.
-        apply(&s.client, &rendered_chart_with(&s.env, &[])).await;
+        apply(&s.client, &install_part(rendered_chart_with(&s.env, &[]))).await;
         wait_operator_available(&s.client).await;
     })
     .await;

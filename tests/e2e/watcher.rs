@@ -44,6 +44,9 @@ struct State {
     /// The highest token the status showed, with its holder.
     token: Option<(u128, String)>,
     violations: Vec<String>,
+    /// The pod labelled leader last, and how often that changed.
+    last_leader: Option<String>,
+    moves: usize,
 }
 
 pub struct LeadershipWatcher {
@@ -102,6 +105,11 @@ impl LeadershipWatcher {
             (!self.follows_service || self.ready_endpoints() == [leader.clone()]).then(|| leader.clone())
         })
         .await
+    }
+
+    /// How many times the leader label moved to another pod.
+    pub fn moves(&self) -> usize {
+        self.state.lock().unwrap().moves
     }
 
     /// The violations seen so far.
@@ -178,6 +186,14 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
     let leaders: Vec<String> = state.labels.iter().filter(|(_, l)| **l).map(|(p, _)| p.clone()).collect();
     if leaders.len() > 1 {
         state.violations.push(format!("{at:?}: {} pods labelled leader: {}", leaders.len(), leaders.join(", ")));
+    }
+    if let [leader] = leaders.as_slice()
+        && state.last_leader.as_ref() != Some(leader)
+    {
+        if state.last_leader.is_some() {
+            state.moves += 1;
+        }
+        state.last_leader = Some(leader.clone());
     }
 }
 
