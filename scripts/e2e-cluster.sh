@@ -53,7 +53,8 @@ case "${1:-}" in
     echo "export LEASEHOLD_E2E_APP_IMAGE=$app_image"
     echo "export LEASEHOLD_E2E_HOST_IP=$KUBE_HOST_IP"
     echo "export LEASEHOLD_E2E_COMPONENT=\"$tool/component.sh $dir\""
-    echo "export LEASEHOLD_E2E_POD_LOGS=$dir/pod-logs"
+    # client-go's leader election for the benchmark's comparison (cargo bench, kubernetes part).
+    echo "export LEASEHOLD_E2E_KUBE_SCHEDULER=\"$("$tool/install.sh" | tail -n 1)/kube-multi kube-scheduler\""
 
     ;;
   image) load_image ;;

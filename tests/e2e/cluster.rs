@@ -59,6 +59,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-run",
     "e2e-partitions",
     "e2e-versions",
+    // The benchmark's kubernetes part (benches/leasehold/kubernetes.rs).
+    "e2e-bench",
 ];
 
 /// The suite's settings, from the variables README's "End-to-end tests" names.
@@ -417,10 +419,10 @@ impl Scenario {
 
 /// Runs one test in a fresh namespace of its own (leasehold installed), and
 /// prints the namespace's pods, logs and events when it fails.
-pub async fn scenario<F, Fut>(ns: &str, body: F)
+pub async fn scenario<F, Fut, T>(ns: &str, body: F) -> T
 where
     F: FnOnce(Scenario) -> Fut,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = T>,
 {
     assert!(TEST_NAMESPACES.contains(&ns), "{ns} is not in TEST_NAMESPACES");
     let env = Env::from_vars();
@@ -430,12 +432,11 @@ where
     let scenario = Scenario { env: env.clone(), client: client.clone(), ns: ns.to_string() };
     let for_diagnostics = Scenario { env, client, ns: ns.to_string() };
     let outcome = AssertUnwindSafe(body(scenario)).catch_unwind().await;
-    if let Err(panic) = outcome {
+    if outcome.is_err() {
         eprintln!("{}", for_diagnostics.diagnostics());
-        remove_namespace(&for_diagnostics.client, ns).await;
-        std::panic::resume_unwind(panic);
     }
     remove_namespace(&for_diagnostics.client, ns).await;
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Deletes what a previous run left and makes the namespace again with the

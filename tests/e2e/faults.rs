@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
 use crate::node::{kill_and_await_restart, signal_container};
-use crate::publishing::{FIRST_LEADER, SUCCESSOR, leader_only_service};
+use crate::fixtures::{FIRST_LEADER, SUCCESSOR, leader_only_service};
 use crate::watcher::LeadershipWatcher;
 
 /// The sidecar's container name in an injected pod.

@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{RELEASE_NAMESPACE, Scenario, scenario, yaml_objects};
-use crate::publishing::{APP, FIRST_LEADER, LEASE, SERVICE};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE};
 use crate::stores::postgres_lease;
 use crate::watcher::{LeadershipWatcher, Watched};
 

@@ -16,6 +16,7 @@
 
 mod cluster;
 mod faults;
+mod fixtures;
 mod injection;
 mod install;
 mod node;

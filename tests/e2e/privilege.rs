@@ -11,7 +11,7 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, scenario};
-use crate::publishing::{APP, FIRST_LEADER, leader_only_service};
+use crate::fixtures::{APP, FIRST_LEADER, leader_only_service};
 
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound
 /// to the pod.

@@ -6,46 +6,20 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, scenario, wait_for};
+use crate::cluster::{scenario, wait_for};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, exec_app, leader_only_service, ready_pods};
 use crate::stores::postgres_lease;
 use crate::watcher::{LeadershipWatcher, Watched};
-
-pub const APP: &str = "app=scheduler";
-pub const LEASE: &str = "scheduler";
-pub const SERVICE: &str = "scheduler-leader";
-/// Generous: the pods start (a couple of seconds here), the operator makes
-/// the table, one candidate takes the free lease.
-pub const FIRST_LEADER: Duration = Duration::from_secs(120);
-/// A successor once the old leader is gone: D (15 s) + P, with room.
-pub const SUCCESSOR: Duration = Duration::from_secs(60);
-
-/// The leader-only-service example on PostgreSQL with the watcher on it.
-pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (leasehold::testing::servers::PostgresServer, LeadershipWatcher) {
-    let (server, lease) = postgres_lease(s, LEASE, lease_spec);
-    s.apply(lease).await;
-    s.apply(s.example("leader-only-service.yaml")).await;
-    let watcher = LeadershipWatcher::start(
-        &s.client,
-        Watched { ns: &s.ns, pods: APP, service: Some(SERVICE), lease: Some(LEASE) },
-    );
-    (server, watcher)
-}
-
-/// `kubectl exec` into a pod's app container.
-pub fn exec_app(s: &Scenario, pod: &str, command: &[&str]) -> String {
-    let mut args = vec!["exec", pod, "-c", "app", "--"];
-    args.extend_from_slice(command);
-    s.kubectl_ns(&args)
-}
 
 #[tokio::test]
 async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
     scenario("e2e-publish", |s| async move {
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let led_since = std::time::Instant::now();
 
         // The app container reads the same leadership from the token file and /leader.
         let file: Value = serde_json::from_str(&exec_app(&s, &leader, &["/bin/busybox", "cat", "/var/run/leasehold/token.json"]))
@@ -66,6 +40,10 @@ async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
         let file: Value = serde_json::from_str(&exec_app(&s, &follower, &["/bin/busybox", "cat", "/var/run/leasehold/token.json"]))
             .expect("the follower's token file is JSON");
         assert_eq!(file["leader"], false, "a follower's token file: {file}");
+
+        // While nothing happens, the leader Service never loses its endpoint.
+        let idle = watcher.leaderless_between(led_since, std::time::Instant::now());
+        assert_eq!(idle, std::time::Duration::ZERO, "no endpoint for {idle:?} while the leader stayed");
 
         // The endpoint follows the leader.
         s.api::<Pod>().delete(&leader, &DeleteParams::default().grace_period(0)).await.expect("deleting the leader");
@@ -105,18 +83,4 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
         watcher.finish();
     })
     .await;
-}
-
-/// The pods whose Ready condition is True.
-pub async fn ready_pods(s: &Scenario) -> Vec<String> {
-    let pods = s.api::<Pod>().list(&ListParams::default().labels(APP)).await.expect("pods");
-    pods.items
-        .into_iter()
-        .filter(|p| {
-            p.status.as_ref().and_then(|st| st.conditions.as_ref()).is_some_and(|cs| {
-                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-            })
-        })
-        .filter_map(|p| p.metadata.name)
-        .collect()
 }

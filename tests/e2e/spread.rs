@@ -10,8 +10,8 @@ use leasehold::api::{DistributedLease, PartitionsStatus};
 use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
-use crate::publishing::{APP, FIRST_LEADER, LEASE, leader_only_service};
-use crate::stores::postgres_lease;
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, example_with_pod_annotations, leader_only_service};
+use crate::stores::{SpannerForPods, lease};
 
 const PARTITIONS: u32 = 12;
 
@@ -36,14 +36,16 @@ async fn spread_over(s: &Scenario, members: u32, excluding: Option<&str>, within
 #[tokio::test]
 async fn a_partitioned_lease_spreads_over_the_pods_and_rebalances_when_one_goes() {
     scenario("e2e-partitions", |s| async move {
-        let (_store, lease) = postgres_lease(&s, LEASE, json!({"partitions": PARTITIONS}));
-        s.apply(lease).await;
-        s.apply(s.example("leader-only-service.yaml")).await;
+        // Partitions are held through sessions, which the Spanner store keeps.
+        let spanner = SpannerForPods::start(&s).await;
+        s.apply(vec![lease(&s, LEASE, spanner.store.clone(), json!({"partitions": PARTITIONS}))]).await;
+        s.apply(example_with_pod_annotations(&s, spanner.pod_annotations())).await;
         let before = spread_over(&s, 3, None, FIRST_LEADER).await;
         let gone = before.assignment[0].holder.clone().expect("the member's pod");
         s.api::<Pod>().delete(&gone, &DeleteParams::default().grace_period(0)).await.expect("deleting a member");
         // Its replacement joins; the partitions it held move, none stays unowned.
         spread_over(&s, 3, Some(&gone), Duration::from_secs(120)).await;
+        spanner.stop(&s).await;
     })
     .await;
 }

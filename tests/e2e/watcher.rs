@@ -44,6 +44,8 @@ struct State {
     /// The highest token the status showed, with its holder.
     token: Option<(u128, String)>,
     violations: Vec<String>,
+    /// When the leader Service's ready endpoints changed, and to how many.
+    endpoint_history: Vec<(Instant, usize)>,
     /// The pod labelled leader last, and how often that changed.
     last_leader: Option<String>,
     moves: usize,
@@ -110,6 +112,32 @@ impl LeadershipWatcher {
     /// How many times the leader label moved to another pod.
     pub fn moves(&self) -> usize {
         self.state.lock().unwrap().moves
+    }
+
+    /// How long the leader Service had no ready endpoint between `from` and
+    /// `to`, as a client watching its EndpointSlices saw it.
+    pub fn leaderless_between(&self, from: Instant, to: Instant) -> Duration {
+        let state = self.state.lock().unwrap();
+        let mut count_at_from = 0;
+        let mut changes = Vec::new();
+        for (at, count) in &state.endpoint_history {
+            if *at <= from {
+                count_at_from = *count;
+            } else if *at < to {
+                changes.push((*at, *count));
+            }
+        }
+        let (mut total, mut since, mut count) = (Duration::ZERO, from, count_at_from);
+        for (at, next) in changes {
+            if count == 0 {
+                total += at - since;
+            }
+            (since, count) = (at, next);
+        }
+        if count == 0 {
+            total += to - since;
+        }
+        total
     }
 
     /// The violations seen so far.
@@ -218,6 +246,8 @@ fn apply_slice(state: &mut State, change: Change<EndpointSlice>, at: Duration) {
             state.endpoints.remove(&slice.name_any());
         }
     }
+    let ready_now = state.endpoints.values().map(Vec::len).sum();
+    state.endpoint_history.push((Instant::now(), ready_now));
     let endpoints: Vec<&String> = state.endpoints.values().flatten().collect();
     if endpoints.len() > 1 {
         let names: Vec<&str> = endpoints.iter().map(|s| s.as_str()).collect();

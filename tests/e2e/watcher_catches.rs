@@ -10,7 +10,7 @@ use leasehold::api::DistributedLease;
 use serde_json::json;
 
 use crate::cluster::{scenario, wait_for};
-use crate::publishing::{APP, FIRST_LEADER, LEASE, leader_only_service};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, leader_only_service};
 
 #[tokio::test]
 async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
