@@ -55,8 +55,8 @@ pub struct Args {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot configure the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] crate::api::client::ClientError),
     #[error("{0} problem(s) found")]
     Problems(usize),
 }
@@ -113,7 +113,7 @@ impl Report {
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
-    let client = Client::try_default().await.map_err(Error::Client)?;
+    let client = crate::api::client::client().await?;
     let report = check(client, &args).await;
     for finding in &report.0 {
         println!("{finding}");

@@ -6,6 +6,7 @@
 //! (duration syntax, D > R > P in CEL); [`validate`] checks everything again,
 //! because a CRD installed from an older chart may not carry every rule.
 
+pub mod client;
 mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};

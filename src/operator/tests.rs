@@ -3,6 +3,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 
 use super::*;
+use kube::Client;
 use crate::cli::{Cli, Command};
 use crate::lease::LeaseStore;
 use crate::operator::stores::SingleStore;
