@@ -811,7 +811,9 @@ fn main() {
     // Needs a disposable cluster (docs/e2e.md): named, or with the suite's variables set.
     let named = only.split(',').any(|p| p.trim() == "kubernetes");
     if named || (only.is_empty() && std::env::var_os("LEASEHOLD_E2E_KUBECONFIG").is_some()) {
-        println!("== kubernetes: handover on a real cluster, the leader-only-service example on PostgreSQL, D/R/P 15/10/2 s");
+        println!(
+            "== kubernetes: handover on a real cluster, the leader-only-service example on PostgreSQL, D/R/P 15/10/2 s"
+        );
         summary_lines.extend(kubernetes::kubernetes().into_iter().map(|l| format!("kubernetes: {l}")));
     }
     println!("\n== summary");

@@ -47,7 +47,10 @@ const EXITING_SCRIPT: &str = "trap 'exit 0' TERM; /bin/busybox httpd -f -p 8080 
 
 pub fn kubernetes() -> Vec<String> {
     let reps = env_or("LEASEHOLD_BENCH_K8S_REPS", 3) as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut lines = Vec::new();
     for event in [
         Event::GracefulDelete,
@@ -129,10 +132,16 @@ async fn settled_leader(s: &Scenario, watcher: &crate::watcher::LeadershipWatche
         let leader = watcher.one_leader(None, Duration::from_secs(300)).await;
         let pods = s.pods(APP).await;
         let running = pods.len() == 3
-            && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running"));
+            && pods.iter().all(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running")
+            });
         let since = Instant::now();
         tokio::time::sleep(SETTLED).await;
-        if running && watcher.leaders() == [leader.clone()] && watcher.leaderless_between(since, Instant::now()).is_zero() {
+        if running
+            && watcher.leaders() == [leader.clone()]
+            && watcher.leaderless_between(since, Instant::now()).is_zero()
+        {
             return leader;
         }
     }
@@ -175,7 +184,10 @@ async fn client_go(command: &str, reps: usize) -> Vec<String> {
             .expect("starting kube-scheduler")
     };
     let mut lines = Vec::new();
-    for (signal, label) in [("KILL", "client-go crash failover (kill -9)"), ("TERM", "client-go graceful handover (SIGTERM)")] {
+    for (signal, label) in [
+        ("KILL", "client-go crash failover (kill -9)"),
+        ("TERM", "client-go graceful handover (SIGTERM)"),
+    ] {
         let mut samples = Vec::new();
         for _ in 0..reps {
             // The first process leads alone; the other two follow.
@@ -187,7 +199,10 @@ async fn client_go(command: &str, reps: usize) -> Vec<String> {
             let mut others = [start(1), start(2)];
             tokio::time::sleep(Duration::from_secs(5)).await;
             let started = Instant::now();
-            let _ = Command::new("kill").arg(format!("-{signal}")).arg(first.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(first.id().to_string())
+                .status();
             let _ = first.wait();
             wait_for("another kube-scheduler leading", Duration::from_secs(120), || async {
                 holder().await.filter(|h| !h.is_empty() && *h != leader)
@@ -201,7 +216,11 @@ async fn client_go(command: &str, reps: usize) -> Vec<String> {
             // The next round starts from a free Lease.
             let _ = leases.delete("bench-client-go", &DeleteParams::default()).await;
         }
-        lines.push(format!("{label}: {}; median/D = {:.2}", summary(&mut samples), millis(median(&mut samples)) / 15_000.0));
+        lines.push(format!(
+            "{label}: {}; median/D = {:.2}",
+            summary(&mut samples),
+            millis(median(&mut samples)) / 15_000.0
+        ));
     }
     let _ = std::fs::remove_dir_all(&dir);
     lines

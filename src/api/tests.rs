@@ -541,7 +541,9 @@ async fn a_version_1_client_certificate_is_named() {
     let dir = crate::testing::servers::scratch_dir("v1-cert");
     let (key, cert) = (dir.join("v1.key"), dir.join("v1.crt"));
     let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=v1", "-days", "1"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=v1", "-days", "1",
+        ])
         .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .arg("-keyout")
         .arg(&key)

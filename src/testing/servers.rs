@@ -328,7 +328,10 @@ impl PostgresServer {
     pub fn restart(&mut self) {
         stop(&mut self.child, "INT");
         self.child = spawn_postgres(&self.command, &self.dir, self.user);
-        let bin = Path::new(&self.command[0]).parent().expect("postgres's folder").to_path_buf();
+        let bin = Path::new(&self.command[0])
+            .parent()
+            .expect("postgres's folder")
+            .to_path_buf();
         self.wait_ready(&bin);
     }
 

@@ -194,9 +194,13 @@ pub async fn apply(client: &Client, objects: &[Value]) {
             (Scope::Namespaced, None) => panic!("{} {name} has no namespace", resource.kind),
             (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
         };
-        api.patch(name, &PatchParams::apply("leasehold-e2e").force(), &Patch::Apply(object))
-            .await
-            .unwrap_or_else(|e| panic!("applying {} {name}: {e}", resource.kind));
+        api.patch(
+            name,
+            &PatchParams::apply("leasehold-e2e").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", resource.kind));
     }
 }
 
@@ -206,10 +210,14 @@ async fn resource_of(client: &Client, object: &Value) -> (ApiResource, ApiCapabi
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = GroupVersionKind::gvk(group, version, kind);
     // A CRD applied a moment ago is served after its Established condition.
-    wait_for(&format!("the API serves {api_version} {kind}"), Duration::from_secs(30), || {
-        let gvk = gvk.clone();
-        async move { kube::discovery::pinned_kind(client, &gvk).await.ok() }
-    })
+    wait_for(
+        &format!("the API serves {api_version} {kind}"),
+        Duration::from_secs(30),
+        || {
+            let gvk = gvk.clone();
+            async move { kube::discovery::pinned_kind(client, &gvk).await.ok() }
+        },
+    )
     .await
 }
 
@@ -236,8 +244,14 @@ pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
     for set in &sets {
         render.args(["--set", set]);
     }
-    let out = render.output().expect("running scripts/helm-template.py (scripts/setup-python.sh)");
-    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    let out = render
+        .output()
+        .expect("running scripts/helm-template.py (scripts/setup-python.sh)");
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     yaml_objects(&String::from_utf8_lossy(&out.stdout))
 }
 
@@ -271,7 +285,11 @@ pub async fn ensure_installed(env: &Env, client: &Client) {
 pub fn install_part(chart: Vec<Value>) -> Vec<Value> {
     chart
         .into_iter()
-        .filter(|o| !o["metadata"]["namespace"].as_str().is_some_and(|ns| TEST_NAMESPACES.contains(&ns)))
+        .filter(|o| {
+            !o["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| TEST_NAMESPACES.contains(&ns))
+        })
         .collect()
 }
 
@@ -288,8 +306,7 @@ pub async fn wait_operator_available(client: &Client) {
             let want = d.spec.replicas.unwrap_or(1);
             let status = d.status?;
             let current = d.metadata.generation == status.observed_generation;
-            (current && status.available_replicas == Some(want) && status.updated_replicas == Some(want))
-                .then_some(())
+            (current && status.available_replicas == Some(want) && status.updated_replicas == Some(want)).then_some(())
         }
     })
     .await;
@@ -355,7 +372,10 @@ impl Scenario {
                 .and_then(Value::as_array_mut)
             {
                 for container in containers {
-                    if container["image"].as_str().is_some_and(|i| i.starts_with("registry.example.com/")) {
+                    if container["image"]
+                        .as_str()
+                        .is_some_and(|i| i.starts_with("registry.example.com/"))
+                    {
                         container["image"] = json!(self.env.app_image);
                         container["command"] = json!(["/bin/busybox", "httpd", "-f", "-p", "8080"]);
                     }
@@ -393,24 +413,65 @@ impl Scenario {
                 Err(e) => report.push_str(&format!("cannot run kubectl: {e}\n")),
             }
         };
-        section("pods", &["-n", &self.ns, "get", "pods,dlease,endpointslices", "-o", "wide", "--show-labels"]);
+        section(
+            "pods",
+            &[
+                "-n",
+                &self.ns,
+                "get",
+                "pods,dlease,endpointslices",
+                "-o",
+                "wide",
+                "--show-labels",
+            ],
+        );
         section("leases", &["-n", &self.ns, "get", "dlease", "-o", "yaml"]);
         section("events", &["-n", &self.ns, "get", "events", "--sort-by=.lastTimestamp"]);
-        let pods = self.env.kubectl().args(["-n", &self.ns, "get", "pods", "-o", "name"]).output();
-        for pod in pods.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default().lines() {
-            section(&format!("logs of {pod}"), &["-n", &self.ns, "logs", pod, "--all-containers", "--prefix", "--tail=80"]);
+        let pods = self
+            .env
+            .kubectl()
+            .args(["-n", &self.ns, "get", "pods", "-o", "name"])
+            .output();
+        for pod in pods
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+        {
+            section(
+                &format!("logs of {pod}"),
+                &["-n", &self.ns, "logs", pod, "--all-containers", "--prefix", "--tail=80"],
+            );
             section(
                 &format!("previous logs of {pod}"),
-                &["-n", &self.ns, "logs", pod, "--all-containers", "--prefix", "--tail=40", "--previous"],
+                &[
+                    "-n",
+                    &self.ns,
+                    "logs",
+                    pod,
+                    "--all-containers",
+                    "--prefix",
+                    "--tail=40",
+                    "--previous",
+                ],
             );
         }
         let operator = self
             .env
             .kubectl()
-            .args(["-n", RELEASE_NAMESPACE, "logs", "-l", "app.kubernetes.io/name=leasehold", "--prefix", "--tail=2000"])
+            .args([
+                "-n",
+                RELEASE_NAMESPACE,
+                "logs",
+                "-l",
+                "app.kubernetes.io/name=leasehold",
+                "--prefix",
+                "--tail=2000",
+            ])
             .output();
         report.push_str(&format!("\n===== operator log lines naming {}\n", self.ns));
-        let text = operator.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        let text = operator
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| l.contains(&self.ns)).collect();
         report.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
         report
@@ -429,8 +490,16 @@ where
     let client = env.client().await;
     ensure_installed(&env, &client).await;
     fresh_namespace(&env, &client, ns).await;
-    let scenario = Scenario { env: env.clone(), client: client.clone(), ns: ns.to_string() };
-    let for_diagnostics = Scenario { env, client, ns: ns.to_string() };
+    let scenario = Scenario {
+        env: env.clone(),
+        client: client.clone(),
+        ns: ns.to_string(),
+    };
+    let for_diagnostics = Scenario {
+        env,
+        client,
+        ns: ns.to_string(),
+    };
     let outcome = AssertUnwindSafe(body(scenario)).catch_unwind().await;
     if outcome.is_err() {
         eprintln!("{}", for_diagnostics.diagnostics());

@@ -8,8 +8,8 @@ use kube::api::DeleteParams;
 use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
-use crate::node::{kill_and_await_restart, signal_container};
 use crate::fixtures::{FIRST_LEADER, SUCCESSOR, leader_only_service};
+use crate::node::{kill_and_await_restart, signal_container};
 use crate::watcher::LeadershipWatcher;
 
 /// The sidecar's container name in an injected pod.
@@ -47,9 +47,15 @@ async fn the_leader_pod_deleted_gracefully_and_at_once() {
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         // Graceful: the app ignores SIGTERM, so the pod takes its whole
         // 30 s grace period; the successor must not wait for more than that + D.
-        s.api::<Pod>().delete(&leader, &DeleteParams::default()).await.expect("graceful delete");
+        s.api::<Pod>()
+            .delete(&leader, &DeleteParams::default())
+            .await
+            .expect("graceful delete");
         let second = converges(&s, &watcher, Some(&leader), SUCCESSOR + Duration::from_secs(30)).await;
-        s.api::<Pod>().delete(&second, &DeleteParams::default().grace_period(0)).await.expect("delete now");
+        s.api::<Pod>()
+            .delete(&second, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("delete now");
         converges(&s, &watcher, Some(&second), SUCCESSOR).await;
         watcher.finish();
     })
@@ -79,7 +85,10 @@ async fn the_leaders_sidecar_frozen_past_the_lease_duration() {
         signal_container(&s, &leader, SIDECAR, "CONT").await;
         // The resumed sidecar finds its lease lost and stays a follower.
         let after = converges(&s, &watcher, None, SUCCESSOR).await;
-        assert_eq!(after, successor, "leadership stays with the successor after the old leader resumes");
+        assert_eq!(
+            after, successor,
+            "leadership stays with the successor after the old leader resumes"
+        );
         watcher.finish();
     })
     .await;

@@ -21,13 +21,21 @@ pub const FIRST_LEADER: Duration = Duration::from_secs(120);
 pub const SUCCESSOR: Duration = Duration::from_secs(60);
 
 /// The leader-only-service example on PostgreSQL with the watcher on it.
-pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (leasehold::testing::servers::PostgresServer, LeadershipWatcher) {
+pub async fn leader_only_service(
+    s: &Scenario,
+    lease_spec: Value,
+) -> (leasehold::testing::servers::PostgresServer, LeadershipWatcher) {
     let (server, lease) = postgres_lease(s, LEASE, lease_spec);
     s.apply(lease).await;
     s.apply(s.example("leader-only-service.yaml")).await;
     let watcher = LeadershipWatcher::start(
         &s.client,
-        Watched { ns: &s.ns, pods: APP, service: Some(SERVICE), lease: Some(LEASE) },
+        Watched {
+            ns: &s.ns,
+            pods: APP,
+            service: Some(SERVICE),
+            lease: Some(LEASE),
+        },
     );
     (server, watcher)
 }
@@ -36,7 +44,10 @@ pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (leasehold:
 pub fn example_with_pod_annotations(s: &Scenario, annotations: Value) -> Vec<Value> {
     let mut example = s.example("leader-only-service.yaml");
     for object in &mut example {
-        if let Some(target) = object.pointer_mut("/spec/template/metadata/annotations").and_then(Value::as_object_mut) {
+        if let Some(target) = object
+            .pointer_mut("/spec/template/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        {
             target.extend(annotations.as_object().cloned().unwrap_or_default());
         }
     }
@@ -52,13 +63,18 @@ pub fn exec_app(s: &Scenario, pod: &str, command: &[&str]) -> String {
 
 /// The pods whose Ready condition is True.
 pub async fn ready_pods(s: &Scenario) -> Vec<String> {
-    let pods = s.api::<Pod>().list(&ListParams::default().labels(APP)).await.expect("pods");
+    let pods = s
+        .api::<Pod>()
+        .list(&ListParams::default().labels(APP))
+        .await
+        .expect("pods");
     pods.items
         .into_iter()
         .filter(|p| {
-            p.status.as_ref().and_then(|st| st.conditions.as_ref()).is_some_and(|cs| {
-                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-            })
+            p.status
+                .as_ref()
+                .and_then(|st| st.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
         .filter_map(|p| p.metadata.name)
         .collect()

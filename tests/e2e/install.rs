@@ -21,7 +21,9 @@ async fn operator_holder(s: &Scenario) -> Option<String> {
 
 async fn operator_pods(s: &Scenario) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
-    let list = pods.list(&ListParams::default().labels("app.kubernetes.io/name=leasehold")).await;
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=leasehold"))
+        .await;
     list.expect("listing operator pods")
         .items
         .into_iter()
@@ -32,17 +34,28 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
 /// `leasehold check` of the install and this test's namespace (other tests'
 /// leases are theirs to judge): (succeeded, what it printed).
 fn check(s: &Scenario) -> (bool, String) {
-    let out = s.env.leasehold().args(["check", "--lease-namespace", &s.ns]).output().expect("running leasehold check");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = s
+        .env
+        .leasehold()
+        .args(["check", "--lease-namespace", &s.ns])
+        .output()
+        .expect("running leasehold check");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
 #[tokio::test]
 async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answering() {
     scenario("e2e-install", |s| async move {
-        let holder = wait_for("an operator replica holding the operator Lease", Duration::from_secs(60), || {
-            operator_holder(&s)
-        })
+        let holder = wait_for(
+            "an operator replica holding the operator Lease",
+            Duration::from_secs(60),
+            || operator_holder(&s),
+        )
         .await;
         let pods = operator_pods(&s).await;
         assert_eq!(pods.len(), 2, "the chart's two operator replicas");
@@ -54,10 +67,18 @@ async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answeri
 
         // Kill the active replica without grace: the standby takes over.
         let api: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
-        api.delete(&active_name, &DeleteParams::default().grace_period(0)).await.expect("deleting the active operator");
-        let new_holder = wait_for("the standby operator holding the Lease", Duration::from_secs(60), || async {
-            operator_holder(&s).await.filter(|h| !h.contains(&format!("/{active_name}#")))
-        })
+        api.delete(&active_name, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("deleting the active operator");
+        let new_holder = wait_for(
+            "the standby operator holding the Lease",
+            Duration::from_secs(60),
+            || async {
+                operator_holder(&s)
+                    .await
+                    .filter(|h| !h.contains(&format!("/{active_name}#")))
+            },
+        )
         .await;
         assert!(!new_holder.is_empty());
 
@@ -73,7 +94,8 @@ async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answeri
         let pod = s.api::<Pod>().get("probe").await.expect("the probe pod");
         let init = pod.spec.and_then(|s| s.init_containers).unwrap_or_default();
         assert!(
-            init.iter().any(|c| c.name == "leasehold" && c.restart_policy.as_deref() == Some("Always")),
+            init.iter()
+                .any(|c| c.name == "leasehold" && c.restart_policy.as_deref() == Some("Always")),
             "the pod created after the failover has the native sidecar: {init:?}"
         );
         wait_operator_available(&s.client).await;
@@ -91,27 +113,49 @@ async fn leasehold_check_is_clean_and_names_a_webhook_without_endpoints_and_a_mi
         let deployments: Api<Deployment> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
         let scale = |n: i32| json!({"spec": {"replicas": n}});
         let params = PatchParams::default();
-        deployments.patch_scale("leasehold-operator", &params, &Patch::Merge(scale(0))).await.expect("scale to 0");
-        let text = wait_for("leasehold check to fail on the webhook", Duration::from_secs(90), || async {
-            let (ok, text) = check(&s);
-            (!ok).then_some(text)
-        })
+        deployments
+            .patch_scale("leasehold-operator", &params, &Patch::Merge(scale(0)))
+            .await
+            .expect("scale to 0");
+        let text = wait_for(
+            "leasehold check to fail on the webhook",
+            Duration::from_secs(90),
+            || async {
+                let (ok, text) = check(&s);
+                (!ok).then_some(text)
+            },
+        )
         .await;
         assert!(text.contains("webhook"), "check names the webhook: {text}");
-        deployments.patch_scale("leasehold-operator", &params, &Patch::Merge(scale(2))).await.expect("scale to 2");
+        deployments
+            .patch_scale("leasehold-operator", &params, &Patch::Merge(scale(2)))
+            .await
+            .expect("scale to 2");
         wait_operator_available(&s.client).await;
 
         // No CRD.
         let crd_api: Api<CustomResourceDefinition> = Api::all(s.client.clone());
-        crd_api.delete("distributedleases.leasehold.dev", &DeleteParams::default()).await.expect("deleting the CRD");
-        let text = wait_for("leasehold check to fail on the CRD", Duration::from_secs(60), || async {
-            let (ok, text) = check(&s);
-            (!ok && text.contains("distributedleases.leasehold.dev")).then_some(text)
-        })
+        crd_api
+            .delete("distributedleases.leasehold.dev", &DeleteParams::default())
+            .await
+            .expect("deleting the CRD");
+        let text = wait_for(
+            "leasehold check to fail on the CRD",
+            Duration::from_secs(60),
+            || async {
+                let (ok, text) = check(&s);
+                (!ok && text.contains("distributedleases.leasehold.dev")).then_some(text)
+            },
+        )
         .await;
         assert!(text.contains("distributedleases"), "{text}");
         wait_for("the CRD gone", Duration::from_secs(60), || async {
-            crd_api.get_opt("distributedleases.leasehold.dev").await.ok()?.is_none().then_some(())
+            crd_api
+                .get_opt("distributedleases.leasehold.dev")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
         })
         .await;
         crate::cluster::apply(&s.client, &crds()).await;

@@ -14,7 +14,11 @@ use crate::cluster::Scenario;
 pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
     let pod_object: Pod = s.api().get(pod).await.unwrap_or_else(|e| panic!("pod {pod}: {e}"));
     let status = pod_object.status.unwrap_or_default();
-    let statuses = status.container_statuses.into_iter().flatten().chain(status.init_container_statuses.into_iter().flatten());
+    let statuses = status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten());
     let id = statuses
         .filter(|c| c.name == container)
         .find_map(|c| c.container_id)
@@ -52,17 +56,25 @@ fn container_main_pid(container_id: &str) -> Option<u32> {
 /// How many times the kubelet restarted `container` of `pod`.
 pub async fn restarts(s: &Scenario, pod: &str, container: &str) -> Option<i32> {
     let status = s.api::<Pod>().get(pod).await.ok()?.status?;
-    let statuses = status.container_statuses.into_iter().flatten().chain(status.init_container_statuses.into_iter().flatten());
+    let statuses = status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten());
     statuses.filter(|c| c.name == container).map(|c| c.restart_count).next()
 }
 
 /// Kills `container` of `pod` and waits until the kubelet has restarted it:
 /// the fault really happened before the scenario judges what followed.
 pub async fn kill_and_await_restart(s: &Scenario, pod: &str, container: &str) {
-    let before = restarts(s, pod, container).await.unwrap_or_else(|| panic!("{pod} has no container {container}"));
+    let before = restarts(s, pod, container)
+        .await
+        .unwrap_or_else(|| panic!("{pod} has no container {container}"));
     signal_container(s, pod, container, "KILL").await;
-    crate::cluster::wait_for(&format!("the kubelet restarting {pod}/{container}"), std::time::Duration::from_secs(60), || async {
-        restarts(s, pod, container).await.filter(|n| *n > before).map(|_| ())
-    })
+    crate::cluster::wait_for(
+        &format!("the kubelet restarting {pod}/{container}"),
+        std::time::Duration::from_secs(60),
+        || async { restarts(s, pod, container).await.filter(|n| *n > before).map(|_| ()) },
+    )
     .await;
 }

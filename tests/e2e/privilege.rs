@@ -16,7 +16,11 @@ use crate::fixtures::{APP, FIRST_LEADER, leader_only_service};
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound
 /// to the pod.
 async fn client_as(s: &Scenario, pod: &Pod) -> Client {
-    let account = pod.spec.as_ref().and_then(|p| p.service_account_name.clone()).unwrap_or("default".into());
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|p| p.service_account_name.clone())
+        .unwrap_or("default".into());
     let accounts: Api<ServiceAccount> = s.api();
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -40,8 +44,13 @@ async fn client_as(s: &Scenario, pod: &Pod) -> Client {
         .token
         .expect("the issued token");
     let kubeconfig = Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("config");
-    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
     Client::try_from(config).expect("a client with the token")
 }
 
@@ -66,29 +75,65 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let pods = s.pods(APP).await;
-        let follower = pods.iter().find(|p| p.metadata.name.as_deref() != Some(&leader)).expect("a follower");
+        let follower = pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() != Some(&leader))
+            .expect("a follower");
         let follower_name = follower.metadata.name.clone().unwrap();
         let as_follower: Api<Pod> = Api::namespaced(client_as(&s, follower).await, &s.ns);
 
         // What the sidecar does: the leader label on a candidate (here the
         // value it already has) and the leader condition on its own pod.
         let label = |v: &str| json!({"metadata": {"labels": {"leasehold.dev/leader": v}}});
-        patch(&as_follower, &follower_name, false, label("false")).await.expect("its own leader label");
-        patch(&as_follower, &follower_name, true, leader_condition("False")).await.expect("its own leader condition");
+        patch(&as_follower, &follower_name, false, label("false"))
+            .await
+            .expect("its own leader label");
+        patch(&as_follower, &follower_name, true, leader_condition("False"))
+            .await
+            .expect("its own leader condition");
 
         // Anything else is refused.
         let refused = [
-            ("another label", patch(&as_follower, &follower_name, false, json!({"metadata": {"labels": {"app": "x"}}})).await),
-            ("an annotation", patch(&as_follower, &follower_name, false, json!({"metadata": {"annotations": {"a": "b"}}})).await),
-            ("another pod's condition", patch(&as_follower, &leader, true, leader_condition("False")).await),
+            (
+                "another label",
+                patch(
+                    &as_follower,
+                    &follower_name,
+                    false,
+                    json!({"metadata": {"labels": {"app": "x"}}}),
+                )
+                .await,
+            ),
+            (
+                "an annotation",
+                patch(
+                    &as_follower,
+                    &follower_name,
+                    false,
+                    json!({"metadata": {"annotations": {"a": "b"}}}),
+                )
+                .await,
+            ),
+            (
+                "another pod's condition",
+                patch(&as_follower, &leader, true, leader_condition("False")).await,
+            ),
         ];
         for (what, result) in refused {
             let error = result.expect_err(what);
-            assert!(error.contains("leasehold sidecar may"), "{what}: refused by the admission policy: {error}");
+            assert!(
+                error.contains("leasehold sidecar may"),
+                "{what}: refused by the admission policy: {error}"
+            );
         }
         let other: Api<Pod> = Api::namespaced(client_as(&s, follower).await, "e2e-privilege-other");
-        let error = patch(&other, "any", false, label("true")).await.expect_err("a pod of another namespace");
-        assert!(error.contains("forbidden"), "another namespace: refused by RBAC: {error}");
+        let error = patch(&other, "any", false, label("true"))
+            .await
+            .expect_err("a pod of another namespace");
+        assert!(
+            error.contains("forbidden"),
+            "another namespace: refused by RBAC: {error}"
+        );
         watcher.finish();
     })
     .await;

@@ -58,14 +58,23 @@ impl SpannerForPods {
     pub async fn start(s: &Scenario) -> SpannerForPods {
         let emulator = Emulator::start_on(s.env.host_ip).unwrap_or_else(|e| panic!("{e}"));
         let database = emulator.create_database("leasehold_leases").await.database;
-        let sets: Vec<String> = Self::env(&emulator).map(|(k, v)| format!("operator.env.{k}={v}")).collect();
+        let sets: Vec<String> = Self::env(&emulator)
+            .map(|(k, v)| format!("operator.env.{k}={v}"))
+            .collect();
         apply(&s.client, &install_part(rendered_chart_with(&s.env, &sets))).await;
         wait_operator_available(&s.client).await;
-        SpannerForPods { store: json!({"spanner": {"database": database}}), emulator }
+        SpannerForPods {
+            store: json!({"spanner": {"database": database}}),
+            emulator,
+        }
     }
 
     fn env(emulator: &Emulator) -> impl Iterator<Item = (&'static str, String)> {
-        [("SPANNER_EMULATOR_HOST", emulator.host.clone()), ("SPANNER_EMULATOR_REST", emulator.rest.clone())].into_iter()
+        [
+            ("SPANNER_EMULATOR_HOST", emulator.host.clone()),
+            ("SPANNER_EMULATOR_REST", emulator.rest.clone()),
+        ]
+        .into_iter()
     }
 
     /// The candidates' pod annotations that point their sidecars at it.

@@ -18,9 +18,20 @@ use crate::watcher::{LeadershipWatcher, Watched};
 async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Value) {
     s.apply(vec![store_lease]).await;
     s.apply(example_with_pod_annotations(s, annotations)).await;
-    let watcher = LeadershipWatcher::start(&s.client, Watched { ns: &s.ns, pods: APP, service: Some(SERVICE), lease: Some(LEASE) });
+    let watcher = LeadershipWatcher::start(
+        &s.client,
+        Watched {
+            ns: &s.ns,
+            pods: APP,
+            service: Some(SERVICE),
+            lease: Some(LEASE),
+        },
+    );
     let leader = watcher.one_leader(None, FIRST_LEADER).await;
-    s.api::<Pod>().delete(&leader, &DeleteParams::default().grace_period(0)).await.expect("deleting the leader");
+    s.api::<Pod>()
+        .delete(&leader, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("deleting the leader");
     watcher.one_leader(Some(&leader), SUCCESSOR).await;
     watcher.finish();
 }
@@ -29,7 +40,12 @@ async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Va
 async fn spanner_emulator_through_the_sidecar_and_operator_environment() {
     scenario("e2e-store-spanner", |s| async move {
         let spanner = SpannerForPods::start(&s).await;
-        elects_and_hands_over(&s, lease(&s, LEASE, spanner.store.clone(), json!({})), spanner.pod_annotations()).await;
+        elects_and_hands_over(
+            &s,
+            lease(&s, LEASE, spanner.store.clone(), json!({})),
+            spanner.pod_annotations(),
+        )
+        .await;
         spanner.stop(&s).await;
     })
     .await;

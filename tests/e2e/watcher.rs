@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
 use tokio::task::JoinHandle;
@@ -65,24 +65,49 @@ impl LeadershipWatcher {
         let mut tasks = Vec::new();
         let pods: Api<Pod> = Api::namespaced(client.clone(), watched.ns);
         let config = watcher::Config::default().labels(watched.pods);
-        tasks.push(follow(watcher::watcher(pods, config), state.clone(), started, apply_pod));
+        tasks.push(follow(
+            watcher::watcher(pods, config),
+            state.clone(),
+            started,
+            apply_pod,
+        ));
         if let Some(service) = watched.service {
             let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), watched.ns);
             let config = watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
-            tasks.push(follow(watcher::watcher(slices, config), state.clone(), started, apply_slice));
+            tasks.push(follow(
+                watcher::watcher(slices, config),
+                state.clone(),
+                started,
+                apply_slice,
+            ));
         }
         if let Some(lease) = watched.lease {
             let leases: Api<DistributedLease> = Api::namespaced(client.clone(), watched.ns);
             let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
-            tasks.push(follow(watcher::watcher(leases, config), state.clone(), started, apply_lease));
+            tasks.push(follow(
+                watcher::watcher(leases, config),
+                state.clone(),
+                started,
+                apply_lease,
+            ));
         }
-        LeadershipWatcher { state, follows_service: watched.service.is_some(), tasks, started }
+        LeadershipWatcher {
+            state,
+            follows_service: watched.service.is_some(),
+            tasks,
+            started,
+        }
     }
 
     /// The pods labelled leader now.
     pub fn leaders(&self) -> Vec<String> {
         let state = self.state.lock().unwrap();
-        state.labels.iter().filter(|(_, leads)| **leads).map(|(p, _)| p.clone()).collect()
+        state
+            .labels
+            .iter()
+            .filter(|(_, leads)| **leads)
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// The pods behind the leader Service's ready endpoints now.
@@ -211,9 +236,18 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
             state.labels.remove(&pod.name_any());
         }
     }
-    let leaders: Vec<String> = state.labels.iter().filter(|(_, l)| **l).map(|(p, _)| p.clone()).collect();
+    let leaders: Vec<String> = state
+        .labels
+        .iter()
+        .filter(|(_, l)| **l)
+        .map(|(p, _)| p.clone())
+        .collect();
     if leaders.len() > 1 {
-        state.violations.push(format!("{at:?}: {} pods labelled leader: {}", leaders.len(), leaders.join(", ")));
+        state.violations.push(format!(
+            "{at:?}: {} pods labelled leader: {}",
+            leaders.len(),
+            leaders.join(", ")
+        ));
     }
     if let [leader] = leaders.as_slice()
         && state.last_leader.as_ref() != Some(leader)
@@ -232,7 +266,12 @@ fn apply_slice(state: &mut State, change: Change<EndpointSlice>, at: Duration) {
             .iter()
             .flatten()
             .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-            .map(|e| e.target_ref.as_ref().and_then(|t| t.name.clone()).unwrap_or_else(|| e.addresses.join(",")))
+            .map(|e| {
+                e.target_ref
+                    .as_ref()
+                    .and_then(|t| t.name.clone())
+                    .unwrap_or_else(|| e.addresses.join(","))
+            })
             .collect::<Vec<_>>()
     };
     match change {
@@ -251,7 +290,11 @@ fn apply_slice(state: &mut State, change: Change<EndpointSlice>, at: Duration) {
     let endpoints: Vec<&String> = state.endpoints.values().flatten().collect();
     if endpoints.len() > 1 {
         let names: Vec<&str> = endpoints.iter().map(|s| s.as_str()).collect();
-        state.violations.push(format!("{at:?}: {} ready leader endpoints: {}", names.len(), names.join(", ")));
+        state.violations.push(format!(
+            "{at:?}: {} ready leader endpoints: {}",
+            names.len(),
+            names.join(", ")
+        ));
     }
 }
 
@@ -266,7 +309,9 @@ fn apply_lease(state: &mut State, change: Change<DistributedLease>, at: Duration
         let Some(token) = status.token.as_deref() else { continue };
         let holder = status.holder.clone().unwrap_or_default();
         let Ok(value) = token.parse::<u128>() else {
-            state.violations.push(format!("{at:?}: status token {token:?} is not a number"));
+            state
+                .violations
+                .push(format!("{at:?}: status token {token:?} is not a number"));
             continue;
         };
         match &state.token {

@@ -28,7 +28,10 @@ async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
             .find(|p| *p != leader)
             .expect("a follower");
         let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
-        s.api::<Pod>().patch(&follower, &PatchParams::default(), &Patch::Merge(label)).await.expect("planting");
+        s.api::<Pod>()
+            .patch(&follower, &PatchParams::default(), &Patch::Merge(label))
+            .await
+            .expect("planting");
         let seen = wait_for("the watcher to report two leaders", Duration::from_secs(30), || async {
             let v = watcher.violations();
             (v.iter().any(|v| v.contains("pods labelled leader"))
@@ -36,15 +39,29 @@ async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
             .then_some(v)
         })
         .await;
-        assert!(seen.iter().any(|v| v.contains(&follower)), "names the planted pod: {seen:?}");
+        assert!(
+            seen.iter().any(|v| v.contains(&follower)),
+            "names the planted pod: {seen:?}"
+        );
 
         // A status token lower than one already shown.
         let leases = s.api::<DistributedLease>();
         let status = json!({"status": {"token": "1", "holder": "planted/holder#0"}});
-        leases.patch_status(LEASE, &PatchParams::default(), &Patch::Merge(status)).await.expect("planting a token");
-        wait_for("the watcher to report the token going back", Duration::from_secs(30), || async {
-            watcher.violations().iter().any(|v| v.contains("token went backwards")).then_some(())
-        })
+        leases
+            .patch_status(LEASE, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .expect("planting a token");
+        wait_for(
+            "the watcher to report the token going back",
+            Duration::from_secs(30),
+            || async {
+                watcher
+                    .violations()
+                    .iter()
+                    .any(|v| v.contains("token went backwards"))
+                    .then_some(())
+            },
+        )
         .await;
         // Repaired: the sidecars and the operator converge back to one leader.
         watcher.one_leader(None, FIRST_LEADER).await;

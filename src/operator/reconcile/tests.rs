@@ -74,7 +74,11 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         uninjected["spec"]["initContainers"] = json!([]);
         expect_pod_list(
             server,
-            vec![pod("web-0", Some("true"), true), pod("web-1", Some("true"), true), uninjected],
+            vec![
+                pod("web-0", Some("true"), true),
+                pod("web-1", Some("true"), true),
+                uninjected,
+            ],
         )
         .await;
 
@@ -292,7 +296,8 @@ fn deleted_with_the_store_down(ago: Duration) -> (Fixture, Value) {
     });
     let mut resource = lease(json!({}), &[FINALIZER], None);
     let deleted = k8s_openapi::jiff::Timestamp::now() - ago;
-    resource["metadata"]["deletionTimestamp"] = json!(deleted.round(k8s_openapi::jiff::Unit::Second).unwrap().to_string());
+    resource["metadata"]["deletionTimestamp"] =
+        json!(deleted.round(k8s_openapi::jiff::Unit::Second).unwrap().to_string());
     (fixture, resource)
 }
 

@@ -130,7 +130,9 @@ impl std::str::FromStr for ExtraEnv {
         let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
-            return Err(format!("{name:?} is not a variable name (letters, digits and _, not first a digit)"));
+            return Err(format!(
+                "{name:?} is not a variable name (letters, digits and _, not first a digit)"
+            ));
         }
         if INJECTED_ENV.contains(&name) {
             return Err(format!("{name} is set by the injection itself"));
@@ -144,7 +146,11 @@ impl std::str::FromStr for ExtraEnv {
 
 /// The annotation's lines, each `NAME=VALUE` (blank lines skipped).
 fn annotation_env(text: &str) -> Result<Vec<ExtraEnv>, String> {
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::parse).collect()
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::parse)
+        .collect()
 }
 
 /// The sidecar's flags shared by `leasehold operator` (webhook) and `leasehold inject`.

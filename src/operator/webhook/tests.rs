@@ -330,7 +330,10 @@ fn the_metrics_port_follows_the_annotation_and_never_collides() {
 #[test]
 fn extra_environment_comes_from_the_operator_and_the_pod_which_wins() {
     let with_env = InjectionConfig {
-        env: vec!["SPANNER_EMULATOR_HOST=10.0.0.1:9010".parse().unwrap(), "HTTPS_PROXY=http://proxy:3128".parse().unwrap()],
+        env: vec![
+            "SPANNER_EMULATOR_HOST=10.0.0.1:9010".parse().unwrap(),
+            "HTTPS_PROXY=http://proxy:3128".parse().unwrap(),
+        ],
         ..config()
     };
     let pod = annotated(
@@ -343,9 +346,17 @@ fn extra_environment_comes_from_the_operator_and_the_pod_which_wins() {
     assert_eq!(env_value(sidecar, "HTTPS_PROXY"), "http://proxy:3128");
     assert_eq!(env_value(sidecar, "LEASEHOLD_DRAIN"), "2s");
     let names: Vec<&Value> = sidecar["env"].as_array().unwrap().iter().map(|e| &e["name"]).collect();
-    assert_eq!(names.iter().filter(|n| **n == "SPANNER_EMULATOR_HOST").count(), 1, "{names:?}");
+    assert_eq!(
+        names.iter().filter(|n| **n == "SPANNER_EMULATOR_HOST").count(),
+        1,
+        "{names:?}"
+    );
     // The app container gets none of it.
-    assert!(doc["spec"]["containers"][0]["env"].as_array().is_none_or(|env| env.iter().all(|e| e["name"] != "HTTPS_PROXY")));
+    assert!(
+        doc["spec"]["containers"][0]["env"]
+            .as_array()
+            .is_none_or(|env| env.iter().all(|e| e["name"] != "HTTPS_PROXY"))
+    );
 
     for (bad, problem) in [
         ("NOEQUALS", "\"NOEQUALS\" is not NAME=VALUE"),
@@ -355,8 +366,15 @@ fn extra_environment_comes_from_the_operator_and_the_pod_which_wins() {
         let pod = annotated(json!({SIDECAR_ENV_ANNOTATION: bad}), json!({}));
         let err = injection_patch(&pod, GATED, &config()).unwrap_err();
         assert!(err.is_user_error(), "{bad}: {err}");
-        assert!(err.to_string().contains(&format!("annotation {SIDECAR_ENV_ANNOTATION}: {problem}")), "{err}");
-        assert_eq!(bad.parse::<ExtraEnv>().unwrap_err().split(" (").next(), problem.split(" (").next());
+        assert!(
+            err.to_string()
+                .contains(&format!("annotation {SIDECAR_ENV_ANNOTATION}: {problem}")),
+            "{err}"
+        );
+        assert_eq!(
+            bad.parse::<ExtraEnv>().unwrap_err().split(" (").next(),
+            problem.split(" (").next()
+        );
     }
 }
 
@@ -642,12 +660,27 @@ fn sidecar_env_lines_parse_as_the_chart_writes_them() {
         #[command(flatten)]
         sidecar: SidecarArgs,
     }
-    let cli = Cli::parse_from(["x", "--sidecar-env", "HTTPS_PROXY=http://p:3128\nSPANNER_EMULATOR_HOST=10.88.0.1:9010"]);
+    let cli = Cli::parse_from([
+        "x",
+        "--sidecar-env",
+        "HTTPS_PROXY=http://p:3128\nSPANNER_EMULATOR_HOST=10.88.0.1:9010",
+    ]);
     let env = cli.sidecar.injection("img:1".into()).env;
     let pairs: Vec<(&str, &str)> = env.iter().map(|e| (e.name.as_str(), e.value.as_str())).collect();
-    assert_eq!(pairs, [("HTTPS_PROXY", "http://p:3128"), ("SPANNER_EMULATOR_HOST", "10.88.0.1:9010")]);
-    let err = Cli::try_parse_from(["x", "--sidecar-env", "A=1\nPOD_UID=x"]).err().expect("refused");
-    assert!(err.to_string().contains("POD_UID is set by the injection itself"), "{err}");
+    assert_eq!(
+        pairs,
+        [
+            ("HTTPS_PROXY", "http://p:3128"),
+            ("SPANNER_EMULATOR_HOST", "10.88.0.1:9010")
+        ]
+    );
+    let err = Cli::try_parse_from(["x", "--sidecar-env", "A=1\nPOD_UID=x"])
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("POD_UID is set by the injection itself"),
+        "{err}"
+    );
 }
 
 #[test]
