@@ -399,6 +399,23 @@ impl Scenario {
         self.env.kubectl_ok(&all)
     }
 
+    /// `leasehold check` of the install and this test's namespace (other tests'
+    /// leases are theirs to judge): (succeeded, what it printed).
+    pub fn check(&self) -> (bool, String) {
+        let out = self
+            .env
+            .leasehold()
+            .args(["check", "--lease-namespace", &self.ns])
+            .output()
+            .expect("running leasehold check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
     /// Everything a reader needs to see why a test failed.
     fn diagnostics(&self) -> String {
         let mut report = String::new();

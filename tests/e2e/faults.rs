@@ -8,7 +8,7 @@ use kube::api::DeleteParams;
 use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{FIRST_LEADER, SUCCESSOR, leader_only_service};
+use crate::fixtures::{FIRST_LEADER, SUCCESSOR, delete_now, leader_only_service};
 use crate::node::{kill_and_await_restart, signal_container};
 use crate::watcher::LeadershipWatcher;
 
@@ -52,10 +52,7 @@ async fn the_leader_pod_deleted_gracefully_and_at_once() {
             .await
             .expect("graceful delete");
         let second = converges(&s, &watcher, Some(&leader), SUCCESSOR + Duration::from_secs(30)).await;
-        s.api::<Pod>()
-            .delete(&second, &DeleteParams::default().grace_period(0))
-            .await
-            .expect("delete now");
+        delete_now(&s, &second).await;
         converges(&s, &watcher, Some(&second), SUCCESSOR).await;
         watcher.finish();
     })

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams};
+use leasehold::testing::servers::PostgresServer;
 use serde_json::Value;
 
 use crate::cluster::Scenario;
@@ -21,23 +22,40 @@ pub const FIRST_LEADER: Duration = Duration::from_secs(120);
 pub const SUCCESSOR: Duration = Duration::from_secs(60);
 
 /// The leader-only-service example on PostgreSQL with the watcher on it.
-pub async fn leader_only_service(
-    s: &Scenario,
-    lease_spec: Value,
-) -> (leasehold::testing::servers::PostgresServer, LeadershipWatcher) {
+pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (PostgresServer, LeadershipWatcher) {
     let (server, lease) = postgres_lease(s, LEASE, lease_spec);
     s.apply(lease).await;
     s.apply(s.example("leader-only-service.yaml")).await;
-    let watcher = LeadershipWatcher::start(
-        &s.client,
-        Watched {
-            ns: &s.ns,
-            pods: APP,
-            service: Some(SERVICE),
-            lease: Some(LEASE),
-        },
-    );
-    (server, watcher)
+    (server, watch_example(s, true))
+}
+
+/// The watcher on the examples' candidates, their lease and (with
+/// `service`) the leader-only Service.
+pub fn watch_example(s: &Scenario, service: bool) -> LeadershipWatcher {
+    let watched = Watched {
+        ns: &s.ns,
+        pods: APP,
+        service: service.then_some(SERVICE),
+        lease: Some(LEASE),
+    };
+    LeadershipWatcher::start(&s.client, watched)
+}
+
+/// A candidate pod other than `leader`.
+pub async fn a_follower(s: &Scenario, leader: &str) -> String {
+    let pods = s.pods(APP).await;
+    pods.into_iter()
+        .filter_map(|p| p.metadata.name)
+        .find(|p| p != leader)
+        .expect("a follower")
+}
+
+/// Deletes a pod without grace, as `kubectl delete pod --grace-period=0` does.
+pub async fn delete_now(s: &Scenario, pod: &str) {
+    s.api::<Pod>()
+        .delete(pod, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap_or_else(|e| panic!("deleting {pod}: {e}"));
 }
 
 /// The leader-only-service example with `annotations` added to its pods.

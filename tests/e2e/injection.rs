@@ -9,9 +9,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{RELEASE_NAMESPACE, Scenario, scenario, yaml_objects};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE};
+use crate::fixtures::{FIRST_LEADER, LEASE, watch_example};
 use crate::stores::postgres_lease;
-use crate::watcher::{LeadershipWatcher, Watched};
 
 /// The sidecar's container name.
 const SIDECAR: &str = "leasehold";
@@ -163,15 +162,7 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
         let out = inject.wait_with_output().expect("leasehold inject");
         assert!(out.status.success(), "leasehold inject failed");
         s.apply(yaml_objects(&String::from_utf8_lossy(&out.stdout))).await;
-        let watcher = LeadershipWatcher::start(
-            &s.client,
-            Watched {
-                ns: &s.ns,
-                pods: APP,
-                service: Some(SERVICE),
-                lease: Some(LEASE),
-            },
-        );
+        let watcher = watch_example(&s, true);
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let pod: Pod = s.api().get(&leader).await.expect("the leader pod");
         assert!(native_sidecar(&pod).is_some(), "the injected sidecar is native");
@@ -217,13 +208,7 @@ async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without
         );
         crate::cluster::wait_operator_available(&s.client).await;
 
-        let out = s
-            .env
-            .leasehold()
-            .args(["check", "--lease-namespace", &s.ns])
-            .output()
-            .expect("leasehold check");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let (_, text) = s.check();
         assert!(
             text.contains("without a leasehold sidecar never campaign: orphan"),
             "leasehold check: {text}"

@@ -31,23 +31,6 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
         .collect()
 }
 
-/// `leasehold check` of the install and this test's namespace (other tests'
-/// leases are theirs to judge): (succeeded, what it printed).
-fn check(s: &Scenario) -> (bool, String) {
-    let out = s
-        .env
-        .leasehold()
-        .args(["check", "--lease-namespace", &s.ns])
-        .output()
-        .expect("running leasehold check");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[tokio::test]
 async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answering() {
     scenario("e2e-install", |s| async move {
@@ -106,7 +89,7 @@ async fn the_operator_elects_one_replica_and_fails_over_with_the_webhook_answeri
 #[tokio::test]
 async fn leasehold_check_is_clean_and_names_a_webhook_without_endpoints_and_a_missing_crd() {
     scenario("e2e-install", |s| async move {
-        let (ok, text) = check(&s);
+        let (ok, text) = s.check();
         assert!(ok, "leasehold check on a fresh install: {text}");
 
         // No webhook endpoints: scale the operator to zero.
@@ -121,7 +104,7 @@ async fn leasehold_check_is_clean_and_names_a_webhook_without_endpoints_and_a_mi
             "leasehold check to fail on the webhook",
             Duration::from_secs(90),
             || async {
-                let (ok, text) = check(&s);
+                let (ok, text) = s.check();
                 (!ok).then_some(text)
             },
         )
@@ -143,7 +126,7 @@ async fn leasehold_check_is_clean_and_names_a_webhook_without_endpoints_and_a_mi
             "leasehold check to fail on the CRD",
             Duration::from_secs(60),
             || async {
-                let (ok, text) = check(&s);
+                let (ok, text) = s.check();
                 (!ok && text.contains("distributedleases.leasehold.dev")).then_some(text)
             },
         )
@@ -160,7 +143,7 @@ async fn leasehold_check_is_clean_and_names_a_webhook_without_endpoints_and_a_mi
         .await;
         crate::cluster::apply(&s.client, &crds()).await;
         let (ok, text) = wait_for("leasehold check clean again", Duration::from_secs(90), || async {
-            let (ok, text) = check(&s);
+            let (ok, text) = s.check();
             ok.then_some((ok, text))
         })
         .await;

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
 use crate::cluster::{scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, exec_app, leader_only_service, ready_pods};
+use crate::fixtures::{
+    APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, exec_app, leader_only_service, ready_pods,
+    watch_example,
+};
 use crate::stores::postgres_lease;
-use crate::watcher::{LeadershipWatcher, Watched};
 
 #[tokio::test]
 async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
@@ -41,13 +41,7 @@ async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
             http["holder"].as_str().is_some_and(|h| h.contains(&leader)),
             "holder names the pod: {http}"
         );
-        let follower = s
-            .pods(APP)
-            .await
-            .into_iter()
-            .filter_map(|p| p.metadata.name)
-            .find(|p| *p != leader)
-            .expect("a follower");
+        let follower = a_follower(&s, &leader).await;
         let file: Value = serde_json::from_str(&exec_app(
             &s,
             &follower,
@@ -65,10 +59,7 @@ async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
         );
 
         // The endpoint follows the leader.
-        s.api::<Pod>()
-            .delete(&leader, &DeleteParams::default().grace_period(0))
-            .await
-            .expect("deleting the leader");
+        delete_now(&s, &leader).await;
         watcher.one_leader(Some(&leader), SUCCESSOR).await;
         watcher.finish();
     })
@@ -81,15 +72,7 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
         s.apply(s.example("readiness-gated.yaml")).await;
-        let watcher = LeadershipWatcher::start(
-            &s.client,
-            Watched {
-                ns: &s.ns,
-                pods: APP,
-                service: None,
-                lease: Some(LEASE),
-            },
-        );
+        let watcher = watch_example(&s, false);
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let only_leader_ready = || async {
             let ready = ready_pods(&s).await;

@@ -4,13 +4,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
 use leasehold::api::{DistributedLease, PartitionsStatus};
 use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, example_with_pod_annotations, leader_only_service};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, delete_now, example_with_pod_annotations, leader_only_service};
 use crate::stores::{SpannerForPods, lease};
 
 const PARTITIONS: u32 = 12;
@@ -58,10 +56,7 @@ async fn a_partitioned_lease_spreads_over_the_pods_and_rebalances_when_one_goes(
             .await;
         let before = spread_over(&s, 3, None, FIRST_LEADER).await;
         let gone = before.assignment[0].holder.clone().expect("the member's pod");
-        s.api::<Pod>()
-            .delete(&gone, &DeleteParams::default().grace_period(0))
-            .await
-            .expect("deleting a member");
+        delete_now(&s, &gone).await;
         // Its replacement joins; the partitions it held move, none stays unowned.
         spread_over(&s, 3, Some(&gone), Duration::from_secs(120)).await;
         spanner.stop(&s).await;

@@ -3,35 +3,21 @@
 //! and a pod annotation pass) and Redis on this machine's address, elect one
 //! leader and hand over when it goes.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
 use leasehold::testing::servers::RedisServer;
 use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, scenario};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SUCCESSOR, example_with_pod_annotations};
+use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, delete_now, example_with_pod_annotations, watch_example};
 use crate::stores::{SpannerForPods, lease, secret};
-use crate::watcher::{LeadershipWatcher, Watched};
 
 /// Runs the leader-only-service example with `annotations` on its pods,
 /// then deletes the leader: one leader before and after.
 async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Value) {
     s.apply(vec![store_lease]).await;
     s.apply(example_with_pod_annotations(s, annotations)).await;
-    let watcher = LeadershipWatcher::start(
-        &s.client,
-        Watched {
-            ns: &s.ns,
-            pods: APP,
-            service: Some(SERVICE),
-            lease: Some(LEASE),
-        },
-    );
+    let watcher = watch_example(s, true);
     let leader = watcher.one_leader(None, FIRST_LEADER).await;
-    s.api::<Pod>()
-        .delete(&leader, &DeleteParams::default().grace_period(0))
-        .await
-        .expect("deleting the leader");
+    delete_now(s, &leader).await;
     watcher.one_leader(Some(&leader), SUCCESSOR).await;
     watcher.finish();
 }

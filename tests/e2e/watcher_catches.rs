@@ -10,7 +10,7 @@ use leasehold::api::DistributedLease;
 use serde_json::json;
 
 use crate::cluster::{scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, leader_only_service};
+use crate::fixtures::{FIRST_LEADER, LEASE, a_follower, leader_only_service};
 
 #[tokio::test]
 async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
@@ -20,13 +20,7 @@ async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
         assert!(watcher.violations().is_empty(), "{:?}", watcher.violations());
 
         // The planted bug: a follower labelled leader while another holds the lease.
-        let follower = s
-            .pods(APP)
-            .await
-            .into_iter()
-            .filter_map(|p| p.metadata.name)
-            .find(|p| *p != leader)
-            .expect("a follower");
+        let follower = a_follower(&s, &leader).await;
         let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
         s.api::<Pod>()
             .patch(&follower, &PatchParams::default(), &Patch::Merge(label))
