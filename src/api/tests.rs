@@ -393,7 +393,7 @@ fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
     let cases: Vec<(DistributedLease, &str)> = vec![
         (
             with(&["store", "postgres"], secret.clone()),
-            "spec.store must set exactly one of spanner, postgres and redis",
+            "spec.store must set exactly one of spanner, postgres, redis and kubernetes",
         ),
         (with(&["store"], json!({})), "spec.store must set exactly one"),
         (

@@ -36,9 +36,10 @@ use tracing::{info, warn};
 
 use super::ControllerRun;
 use super::http::Role;
-use super::stores::{StoreProvider, StoreTarget};
+use super::stores::StoreProvider;
 use crate::lease::clock::Jitter;
 use crate::lease::{Elector, Identity, LeaderContext, Timing};
+use crate::store::select::StoreConfig;
 use crate::store::spanner::SpannerConfig;
 
 /// The operator's Lease unless `--election-lease-name` says otherwise (the
@@ -375,7 +376,7 @@ impl SpannerElection {
             identity,
         } = self;
         let prepared = async {
-            let store = stores.store(&StoreTarget::Spanner(config.clone())).await?;
+            let store = stores.store(&StoreConfig::Spanner(config.clone())).await?;
             store.ensure_schema().await?;
             Ok(store)
         };
