@@ -260,3 +260,89 @@ async fn followers_read_from_the_watch_and_wake_for_a_release() {
     assert_eq!(after.live_holder(), None, "the release was seen: {after:?}");
     follower.acquire("watched", "follower", lease).await.unwrap();
 }
+
+/// The sidecar's Role (src/sidecar/rbac.rs, the chart's rbac-sidecar.yaml)
+/// is enough for the store: a client impersonating a ServiceAccount bound
+/// to exactly those rules creates, watches, renews, releases and takes the
+/// Lease over; a forbidden call would fail as `Invalid`, naming the verbs.
+#[tokio::test]
+async fn the_sidecar_role_allows_everything_the_store_does() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let cluster = cluster().await;
+    let (client, namespace) = (cluster.namespace.client.clone(), cluster.namespace.name.clone());
+    let post = PostParams::default();
+    let named = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.clone()),
+        ..Default::default()
+    };
+    let account = ServiceAccount {
+        metadata: named("candidate"),
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), &namespace)
+        .create(&post, &account)
+        .await
+        .unwrap();
+    let rules = leasehold::sidecar::rbac::RULES
+        .iter()
+        .map(|rule| PolicyRule {
+            api_groups: Some(vec![rule.api_group.into()]),
+            resources: Some(rule.resources.iter().map(|r| r.to_string()).collect()),
+            verbs: rule.verbs.iter().map(|v| v.to_string()).collect(),
+            resource_names: (!rule.resource_names.is_empty())
+                .then(|| rule.resource_names.iter().map(|n| n.to_string()).collect()),
+            ..Default::default()
+        })
+        .collect();
+    let role = Role {
+        metadata: named("sidecar"),
+        rules: Some(rules),
+    };
+    Api::<Role>::namespaced(client.clone(), &namespace)
+        .create(&post, &role)
+        .await
+        .unwrap();
+    let binding = RoleBinding {
+        metadata: named("sidecar"),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "sidecar".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "candidate".into(),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), &namespace)
+        .create(&post, &binding)
+        .await
+        .unwrap();
+    let mut config = config().await;
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:candidate"));
+    let candidate = |config: kube::Config| KubernetesStore::new(Client::try_from(config).unwrap(), Some(&namespace));
+    let (leader, follower) = (candidate(config.clone()), candidate(config));
+    let lease = Duration::from_secs(30);
+    // A forbidden call is `Invalid` naming the verbs; the first store call
+    // may race the RoleBinding's propagation to the authorizer.
+    let grant = loop {
+        match leader.acquire("prod/web", "leader", lease).await {
+            Ok(grant) => break grant,
+            Err(StoreError::Invalid { context, .. }) if context.contains("forbidden") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    let seen = follower.observe_followed("prod/web").await.unwrap();
+    leader.renew("prod/web", "leader", grant.token, lease).await.unwrap();
+    follower.changed("prod/web", &seen).await;
+    let seen = follower.observe_followed("prod/web").await.unwrap();
+    leader.release("prod/web", "leader", grant.token).await.unwrap();
+    follower.changed("prod/web", &seen).await;
+    follower.acquire("prod/web", "follower", lease).await.unwrap();
+}

@@ -141,7 +141,7 @@ pub struct LeaseStoreSpec {
 }
 
 /// `coordination.k8s.io/v1` Leases in the resource's namespace, one per
-/// lock: nothing to provision (docs/stores.md, "Kubernetes").
+/// lock: nothing to provision (docs/design.md, "The Kubernetes store").
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
 pub struct KubernetesStoreSpec {}
 
