@@ -4,7 +4,8 @@
 //!
 //! What it models, and the API server behaviour each part relies on:
 //! * Objects by collection (`/api/v1/namespaces/prod/pods`, any group), with
-//!   a global, increasing `resourceVersion`; GET, list, POST, PATCH.
+//!   a global, increasing `resourceVersion`; GET, list, POST, PATCH, and PUT
+//!   guarded by the body's `resourceVersion`.
 //! * PATCH with `metadata.resourceVersion` in the body is a precondition: a
 //!   different current version answers 409 Conflict with the API server's
 //!   "the object has been modified" message (the generic registry's Update,
@@ -417,11 +418,40 @@ impl State {
                 Answer::Json(StatusCode::CREATED, object)
             }
             ("PATCH", Some(name)) => self.patch(&collection, &name, subresource.as_deref(), content_type, body),
+            ("PUT", Some(name)) if subresource.is_none() => self.replace(&collection, &name, body),
             _ => Answer::Json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 status_json(405, "MethodNotAllowed", method),
             ),
         }
+    }
+
+    /// An update (PUT): the body's `metadata.resourceVersion` is required
+    /// and must be the current one (a Lease's strategy allows no
+    /// unconditional update), else 422 or 409 as the API server answers.
+    fn replace(&mut self, collection: &str, name: &str, mut body: Value) -> Answer {
+        let Some(current) = self.objects.get(collection).and_then(|c| c.get(name)).cloned() else {
+            return Answer::Json(StatusCode::NOT_FOUND, status_json(404, "NotFound", name));
+        };
+        match body["metadata"]["resourceVersion"].as_str() {
+            None => {
+                let message = "metadata.resourceVersion: Invalid value: 0: must be specified for an update";
+                return Answer::Json(StatusCode::UNPROCESSABLE_ENTITY, status_json(422, "Invalid", message));
+            }
+            Some(wanted) if Some(wanted) != current["metadata"]["resourceVersion"].as_str() => {
+                let message = format!("Operation cannot be fulfilled on {name}: the object has been modified");
+                return Answer::Json(StatusCode::CONFLICT, status_json(409, "Conflict", &message));
+            }
+            Some(_) => {}
+        }
+        self.rv += 1;
+        body["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.objects
+            .entry(collection.to_string())
+            .or_default()
+            .insert(name.to_string(), body.clone());
+        self.record_change(collection, Some(current), Some(body.clone()));
+        Answer::Json(StatusCode::OK, body)
     }
 
     fn patch(
