@@ -347,19 +347,20 @@ async fn the_candidates_of_a_kubernetes_lease_need_the_sidecars_lease_verbs() {
         messages(&report, Severity::Ok).contains(&"DistributedLease prod/kube: 2 candidate(s)".to_string()),
         "{report:#?}"
     );
-    let shared = shared.lock().unwrap();
-    assert_eq!(shared.unexpected, Vec::<String>::new());
-    let reviews = shared
-        .requests
-        .iter()
-        .filter(|r| r.ends_with("/subjectaccessreviews"))
-        .count();
-    assert_eq!(
-        reviews,
-        crate::sidecar::rbac::LEASES.verbs.len(),
-        "one review per verb of the one account"
-    );
-    drop(shared);
+    {
+        let shared = shared.lock().unwrap();
+        assert_eq!(shared.unexpected, Vec::<String>::new());
+        let reviews = shared
+            .requests
+            .iter()
+            .filter(|r| r.ends_with("/subjectaccessreviews"))
+            .count();
+        assert_eq!(
+            reviews,
+            crate::sidecar::rbac::LEASES.verbs.len(),
+            "one review per verb of the one account"
+        );
+    }
 
     let mut cluster = healthy();
     cluster.leases = vec![kube_lease()];
