@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{Identity, LeaseStore, Timing, TimingError};
 use crate::sidecar::budget::AT_RISK_SHARE;
-use crate::sidecar::config::{StoreKind, choose_store, store_url};
+use crate::store::select::{StoreFlags, StoreKind, store_url};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -51,7 +51,7 @@ pub struct Args {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Config(#[from] crate::sidecar::Error),
+    Config(#[from] crate::store::select::SelectError),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("no advice: {0}")]
@@ -132,8 +132,15 @@ pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingErro
 
 pub async fn run(args: Args) -> Result<(), Error> {
     let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
-    let choice = choose_store(Some(args.store), args.database.as_deref(), args.table.as_deref(), url)?;
-    let store: Arc<dyn LeaseStore> = crate::sidecar::connect(&choice, false).await?;
+    let choice = StoreFlags {
+        kind: Some(args.store),
+        database: args.database.as_deref(),
+        table: args.table.as_deref(),
+        url,
+        namespace: None,
+    }
+    .choose()?;
+    let store: Arc<dyn LeaseStore> = choice.connect(false).await?;
     if args.create_table {
         store.ensure_schema().await?;
     }

@@ -12,7 +12,10 @@
 //! * a DistributedLease that is invalid or selects no pod;
 //! * a readiness-gated lease whose Deployment's strategy stalls rollouts
 //!   (the rule of [`crate::operator::rollout`], the one owner);
-//! * a lease whose store the operator reports unreachable (`StoreReady=False`).
+//! * a lease whose store the operator reports unreachable (`StoreReady=False`);
+//! * a lease on `store: {kubernetes: {}}` whose candidates' ServiceAccounts
+//!   lack a Lease verb the sidecar needs (SubjectAccessReview per account
+//!   and verb of [`crate::sidecar::rbac::LEASES`]).
 //!
 //! A failed read is a finding too, never a crash. The exit status is 1 when
 //! any finding is an error.
@@ -22,14 +25,17 @@ use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
-use crate::api::{DistributedLease, validate};
+use crate::api::{DistributedLease, ValidStore, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
 
@@ -399,6 +405,10 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
             Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),
         }
     }
+    if valid.store == ValidStore::Kubernetes && !lease_verbs_granted(client, &namespace, &candidates, &id, report).await
+    {
+        healthy = false;
+    }
     let conditions = lease
         .status
         .as_ref()
@@ -417,6 +427,76 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     if healthy {
         report.ok(format!("{id}: {} candidate(s)", candidates.len()));
     }
+}
+
+/// Whether every candidate's ServiceAccount may do what the sidecar does
+/// with Leases in `namespace` (one SubjectAccessReview per account and
+/// verb); each gap is reported, naming the account and the verbs.
+async fn lease_verbs_granted(
+    client: &Client,
+    namespace: &str,
+    candidates: &[Arc<Pod>],
+    id: &str,
+    report: &mut Report,
+) -> bool {
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let rule = crate::sidecar::rbac::LEASES;
+    let mut accounts: Vec<&str> = candidates
+        .iter()
+        .map(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.as_deref())
+                .unwrap_or("default")
+        })
+        .collect();
+    accounts.sort_unstable();
+    accounts.dedup();
+    let mut granted = true;
+    for account in accounts {
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        let mut missing = Vec::new();
+        for verb in rule.verbs {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    groups: Some(vec![
+                        "system:serviceaccounts".into(),
+                        format!("system:serviceaccounts:{namespace}"),
+                    ]),
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(rule.api_group.to_string()),
+                        resource: Some(rule.resources[0].to_string()),
+                        verb: Some(verb.to_string()),
+                        namespace: Some(namespace.to_string()),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SubjectAccessReviewSpec::default()
+                },
+                ..SubjectAccessReview::default()
+            };
+            match reviews.create(&PostParams::default(), &review).await {
+                Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+                Ok(_) => missing.push(*verb),
+                Err(e) => {
+                    report.warn(format!(
+                        "{id}: cannot review the Lease RBAC of {user} (SubjectAccessReview): {e}"
+                    ));
+                    return false;
+                }
+            }
+        }
+        if !missing.is_empty() {
+            granted = false;
+            report.error(format!(
+                "{id} keeps its lock in a Lease, but ServiceAccount {namespace}/{account} may not {} \
+                 leases.coordination.k8s.io in {namespace}: bind the sidecar Role (docs/rbac-sidecar.md; the chart \
+                 does for sidecar.rbac.namespaces)",
+                missing.join(", ")
+            ));
+        }
+    }
+    granted
 }
 
 #[cfg(test)]

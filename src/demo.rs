@@ -11,31 +11,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::timing::{DEFAULT_JITTER, parse_duration_flag};
 use crate::lease::{Change, Elector, ElectorHandle, Identity, LeaderState, LeaseStore, Timing};
-use crate::store::postgres::{PostgresConfig, PostgresStore};
-use crate::store::redis::{RedisConfig, RedisStore};
+use crate::store::StoreUrl;
+use crate::store::select::{StoreFlags, StoreKind};
 use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore, create_emulator_database};
-use crate::store::{MemoryStore, StoreUrl};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DemoStore {
-    /// In-process memory store.
-    Memory,
-    /// The Cloud Spanner emulator at SPANNER_EMULATOR_HOST.
-    Spanner,
-    /// PostgreSQL (or CockroachDB) at --store-url.
-    Postgres,
-    /// Redis at --store-url.
-    Redis,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Number of candidates.
     #[arg(long, env = "LEASEHOLD_DEMO_CANDIDATES", default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=50))]
     pub candidates: u16,
-    /// Store to elect on.
-    #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_enum, default_value_t = DemoStore::Memory)]
-    pub store: DemoStore,
+    /// Store to elect on (spanner: the Cloud Spanner emulator at
+    /// SPANNER_EMULATOR_HOST; kubernetes: Leases in the KUBECONFIG's namespace).
+    #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_enum, default_value_t = StoreKind::Memory)]
+    pub store: StoreKind,
     /// The PostgreSQL or Redis URL for --store postgres|redis; the demo
     /// creates the lease table when missing and uses a fresh lock.
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
@@ -60,6 +48,8 @@ pub enum Error {
     Timing(#[from] crate::lease::TimingError),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
+    #[error(transparent)]
+    Select(#[from] crate::store::select::SelectError),
     #[error("{0}")]
     Setup(String),
     #[error("no new leader within {0:?}; is the store reachable?")]
@@ -237,24 +227,13 @@ async fn wait_for_leader(candidates: &[Candidate], after: Option<&LeaderState>, 
     }
 }
 
-async fn connect(store: DemoStore, url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
-    match (store, url.map(StoreUrl::new)) {
-        (DemoStore::Postgres | DemoStore::Redis, None) => {
+async fn connect(store: StoreKind, url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
+    let url = url.map(StoreUrl::new);
+    match (store, url) {
+        (StoreKind::Postgres | StoreKind::Redis, None) => {
             Err(Error::Setup("--store postgres|redis needs --store-url".into()))
         }
-        (DemoStore::Memory | DemoStore::Spanner, Some(_)) => Err(Error::Setup(
-            "--store-url needs --store postgres or --store redis".into(),
-        )),
-        (DemoStore::Postgres, Some(url)) => Ok(Arc::new(PostgresStore::connect(PostgresConfig {
-            url,
-            table: crate::api::DEFAULT_TABLE.into(),
-        })?)),
-        (DemoStore::Redis, Some(url)) => Ok(Arc::new(RedisStore::connect(RedisConfig {
-            url,
-            prefix: crate::store::redis::DEFAULT_PREFIX.into(),
-        })?)),
-        (DemoStore::Memory, None) => Ok(Arc::new(MemoryStore::default())),
-        (DemoStore::Spanner, None) => {
+        (StoreKind::Spanner, None) => {
             if std::env::var("SPANNER_EMULATOR_HOST").map_or(true, |h| h.is_empty()) {
                 return Err(Error::Setup(
                     "--store spanner elects on the Cloud Spanner emulator: set SPANNER_EMULATOR_HOST=host:port".into(),
@@ -270,6 +249,14 @@ async fn connect(store: DemoStore, url: Option<&str>) -> Result<Arc<dyn LeaseSto
                 SpannerStore::connect_to(config, endpoints, DEFAULT_CALL_TIMEOUT).await?,
             ))
         }
+        (kind, url) => Ok(StoreFlags {
+            kind: Some(kind),
+            url,
+            ..StoreFlags::default()
+        }
+        .choose()?
+        .connect(false)
+        .await?),
     }
 }
 

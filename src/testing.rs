@@ -5,6 +5,7 @@
 //! behaviour.
 
 pub mod api;
+pub mod cluster;
 pub mod servers;
 
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};

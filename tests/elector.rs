@@ -430,3 +430,72 @@ async fn a_follower_nudged_before_the_release_commits_leads_within_round_trips()
     assert!(bound < timing().retry_period / 10);
     assert_eq!(store.acquisitions().len(), 2, "one handover");
 }
+
+/// A store that can tell when a row may have changed (as the Kubernetes
+/// store's watch does): the memory store, with a notification on every write.
+struct Watched(MemoryStore, Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl LeaseStore for Watched {
+    fn kind(&self) -> &'static str {
+        "watched"
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
+        self.0.observe(lock).await
+    }
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        loop {
+            let next = self.1.notified();
+            if self.0.observe(lock).await.map_or(true, |now| now.record != seen.record) {
+                return;
+            }
+            next.await;
+        }
+    }
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        let grant = self.0.acquire_as(lock, claim, lease).await;
+        self.1.notify_waiters();
+        grant
+    }
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
+        let grant = self.0.renew(lock, holder, token, lease).await;
+        self.1.notify_waiters();
+        grant
+    }
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+        let released = self.0.release(lock, holder, token).await;
+        self.1.notify_waiters();
+        released
+    }
+}
+
+/// On a store that reports changes, a follower wakes for the release itself:
+/// no nudge, no poll (P is 20 s here), no expiry.
+#[tokio::test(start_paused = true)]
+async fn a_follower_on_a_watching_store_takes_a_released_lease_at_once() {
+    let store = Arc::new(Watched(MemoryStore::new(9), Arc::default()));
+    let shutdown = CancellationToken::new();
+    let slow = Timing::new(
+        Duration::from_secs(60),
+        Duration::from_secs(40),
+        Duration::from_secs(20),
+        0.0,
+    )
+    .unwrap();
+    let a = Elector::new(LOCK, Identity::with_nonce("a", "1"), slow).spawn(store.clone(), shutdown.clone());
+    until(&a, |s| s.leader).await;
+    let b = Elector::new(LOCK, Identity::with_nonce("b", "1"), slow).spawn(store.clone(), shutdown.clone());
+    until(&b, |s| s.holder.as_deref() == Some("a#1")).await;
+    a.set_campaigning(false);
+    until(&a, |s| s.change == Change::Released).await;
+    let released_at = Instant::now();
+    until(&b, |s| s.leader).await;
+    assert!(
+        released_at.elapsed() < Duration::from_secs(1),
+        "took {:?}: the follower waited for its poll",
+        released_at.elapsed()
+    );
+}

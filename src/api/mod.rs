@@ -20,8 +20,7 @@ pub use validate::{ValidLease, ValidStore, ValidationError, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
-/// The table the lease rows live in unless the resource says otherwise.
-pub const DEFAULT_TABLE: &str = "leasehold_leases";
+pub use crate::store::DEFAULT_TABLE;
 
 /// Go-style durations that both the API server's CEL `duration()` and
 /// `humantime` accept: integer amounts with units, e.g. `15s`, `1m30s`, `1500ms`.
@@ -123,12 +122,12 @@ pub struct LeadershipSpec {
 }
 
 /// The lease store: exactly one of Cloud Spanner, PostgreSQL (or
-/// CockroachDB) and Redis. Credentials for PostgreSQL and Redis come from a
-/// Secret the resource names, never from the resource itself.
+/// CockroachDB), Redis and Kubernetes Leases. Credentials for PostgreSQL and
+/// Redis come from a Secret the resource names, never from the resource itself.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[x_kube(
-    validation = Rule::new("[has(self.spanner), has(self.postgres), has(self.redis)].filter(x, x).size() == 1")
-        .message("set exactly one of spanner, postgres and redis"),
+    validation = Rule::new("[has(self.spanner), has(self.postgres), has(self.redis), has(self.kubernetes)].filter(x, x).size() == 1")
+        .message("set exactly one of spanner, postgres, redis and kubernetes"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseStoreSpec {
@@ -138,7 +137,14 @@ pub struct LeaseStoreSpec {
     pub postgres: Option<PostgresStoreSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisStoreSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesStoreSpec>,
 }
+
+/// `coordination.k8s.io/v1` Leases in the resource's namespace, one per
+/// lock: nothing to provision (docs/design.md, "The Kubernetes store").
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+pub struct KubernetesStoreSpec {}
 
 /// A key of a Secret in the resource's namespace.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]

@@ -393,7 +393,7 @@ fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
     let cases: Vec<(DistributedLease, &str)> = vec![
         (
             with(&["store", "postgres"], secret.clone()),
-            "spec.store must set exactly one of spanner, postgres and redis",
+            "spec.store must set exactly one of spanner, postgres, redis and kubernetes",
         ),
         (with(&["store"], json!({})), "spec.store must set exactly one"),
         (
@@ -424,7 +424,7 @@ fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
     let store = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["store"];
     assert_eq!(
         store["x-kubernetes-validations"][0]["rule"],
-        "[has(self.spanner), has(self.postgres), has(self.redis)].filter(x, x).size() == 1"
+        "[has(self.spanner), has(self.postgres), has(self.redis), has(self.kubernetes)].filter(x, x).size() == 1"
     );
     let fields = |kind: &str| -> Vec<String> {
         store["properties"][kind]["properties"]
@@ -436,6 +436,32 @@ fn postgres_and_redis_leases_reference_a_secret_and_exactly_one_store_is_set() {
     };
     assert_eq!(fields("postgres"), ["table", "urlSecretRef"]);
     assert_eq!(fields("redis"), ["urlSecretRef"]);
+}
+
+/// `store: {kubernetes: {}}` names Leases in the resource's namespace, and
+/// counts as a store of its own in "exactly one".
+#[test]
+fn a_kubernetes_lease_names_leases_in_its_namespace_and_no_other_store() {
+    let kubernetes = with(&["store"], json!({"kubernetes": {}}));
+    let valid = validate(&kubernetes).unwrap();
+    assert_eq!(valid.store, ValidStore::Kubernetes);
+    assert_eq!(valid.store.url_secret(), None);
+    let resolved = valid.store.resolve(
+        "prod",
+        || -> Result<crate::store::StoreUrl, crate::lease::StoreError> { unreachable!("no URL for Leases") },
+    );
+    assert_eq!(
+        resolved.unwrap(),
+        crate::store::select::StoreConfig::Kubernetes(crate::store::kubernetes::KubernetesConfig::new(Some(
+            "prod".into()
+        )))
+    );
+    let both = with(&["store", "kubernetes"], json!({}));
+    let message = validate(&both).unwrap_err().to_string();
+    assert!(
+        message.starts_with("spec.store must set exactly one of spanner, postgres, redis and kubernetes"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -22,6 +22,8 @@ pub enum ValidStore {
     Redis {
         url_secret: SecretKeyRef,
     },
+    /// Leases in the resource's namespace.
+    Kubernetes,
 }
 
 impl std::fmt::Display for ValidStore {
@@ -41,6 +43,51 @@ impl std::fmt::Display for ValidStore {
                     url_secret.name, url_secret.key
                 )
             }
+            ValidStore::Kubernetes => write!(f, "Kubernetes Leases in the resource's namespace"),
+        }
+    }
+}
+
+#[cfg(any(feature = "sidecar", feature = "operator"))]
+impl ValidStore {
+    /// The store to connect to: Leases in `namespace` (the resource's), and
+    /// for PostgreSQL and Redis the URL that `url` reads from the Secret.
+    pub fn resolve<E: From<crate::lease::StoreError>>(
+        &self,
+        namespace: &str,
+        url: impl FnOnce() -> Result<crate::store::StoreUrl, E>,
+    ) -> Result<crate::store::select::StoreConfig, E> {
+        use crate::store::select::StoreConfig;
+        Ok(match self {
+            ValidStore::Spanner(config) => StoreConfig::Spanner(config.clone()),
+            ValidStore::Postgres { table, .. } => StoreConfig::postgres(url()?, table.clone())?,
+            ValidStore::Redis { .. } => StoreConfig::redis(url()?)?,
+            ValidStore::Kubernetes => StoreConfig::Kubernetes(crate::store::kubernetes::KubernetesConfig::new(Some(
+                namespace.to_string(),
+            ))),
+        })
+    }
+
+    /// Whether `config` is still the store this names (the URL behind a
+    /// Secret is not compared: it is read once at start).
+    pub fn names(&self, config: &crate::store::select::StoreConfig) -> bool {
+        use crate::store::select::StoreConfig;
+        match (self, config) {
+            (ValidStore::Spanner(a), StoreConfig::Spanner(b)) => a == b,
+            (ValidStore::Postgres { table, .. }, StoreConfig::Postgres(b)) => *table == b.table,
+            (ValidStore::Redis { .. }, StoreConfig::Redis(_))
+            | (ValidStore::Kubernetes, StoreConfig::Kubernetes(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+impl ValidStore {
+    /// The Secret key a PostgreSQL or Redis lease reads its URL from.
+    pub fn url_secret(&self) -> Option<&SecretKeyRef> {
+        match self {
+            ValidStore::Spanner(_) | ValidStore::Kubernetes => None,
+            ValidStore::Postgres { url_secret, .. } | ValidStore::Redis { url_secret } => Some(url_secret),
         }
     }
 }
@@ -146,12 +193,20 @@ fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &Vali
 
 /// Exactly one store, each field checked; a Secret reference, never a URL.
 fn check_store(store: &super::LeaseStoreSpec) -> Result<ValidStore> {
-    let set = [store.spanner.is_some(), store.postgres.is_some(), store.redis.is_some()];
+    let set = [
+        store.spanner.is_some(),
+        store.postgres.is_some(),
+        store.redis.is_some(),
+        store.kubernetes.is_some(),
+    ];
     if set.iter().filter(|s| **s).count() != 1 {
         return Err(invalid(
             "spec.store",
-            "must set exactly one of spanner, postgres and redis",
+            "must set exactly one of spanner, postgres, redis and kubernetes",
         ));
+    }
+    if store.kubernetes.is_some() {
+        return Ok(ValidStore::Kubernetes);
     }
     if let Some(spanner) = &store.spanner {
         check_database(&spanner.database)?;

@@ -25,6 +25,8 @@ struct Cluster {
     /// (group, resource, verb) the account may not do.
     denied: Vec<(&'static str, &'static str, &'static str)>,
     leases: Vec<Value>,
+    /// (ServiceAccount in prod, verb) that a SubjectAccessReview denies.
+    denied_accounts: Vec<(&'static str, &'static str)>,
     pods: Vec<Value>,
     deployments: Vec<Value>,
     /// Requests nobody expected, and access reviews the operator's rules do not grant.
@@ -99,6 +101,20 @@ impl Cluster {
                     .denied
                     .iter()
                     .any(|(g, r, v)| *g == text("group") && *r == resource && *v == text("verb"));
+                let mut answer = body.clone();
+                answer["status"] = json!({"allowed": allowed});
+                (201, answer)
+            }
+            ("POST", ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
+                let attributes = &body["spec"]["resourceAttributes"];
+                let text = |k: &str| attributes[k].as_str().unwrap_or_default().to_string();
+                let rule = crate::sidecar::rbac::LEASES;
+                if (text("group"), text("resource"), text("namespace")) != (rule.api_group.into(), "leases".into(), "prod".into()) {
+                    self.unexpected.push(format!("review of {attributes}, not of the sidecar's Lease rule in prod"));
+                }
+                let user = body["spec"]["user"].as_str().unwrap_or_default();
+                let account = user.strip_prefix("system:serviceaccount:prod:").unwrap_or_default();
+                let allowed = !self.denied_accounts.iter().any(|(a, v)| *a == account && *v == text("verb"));
                 let mut answer = body.clone();
                 answer["status"] = json!({"allowed": allowed});
                 (201, answer)
@@ -317,6 +333,57 @@ async fn every_problem_is_named_in_plain_words() {
     }
     assert_eq!(report.errors(), 6, "{report:#?}");
     assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+/// A lease on the Kubernetes store: each candidate ServiceAccount is
+/// reviewed once per Lease verb the sidecar needs, and a missing verb is an
+/// error naming the account and the verbs.
+#[tokio::test]
+async fn the_candidates_of_a_kubernetes_lease_need_the_sidecars_lease_verbs() {
+    let kube_lease = || lease("kube", json!({"store": {"kubernetes": {}}}), None);
+    let candidate = |name: &str| {
+        let mut pod = pod(name, "kube", None);
+        pod["spec"] = json!({"serviceAccountName": "kube-app", "containers": []});
+        pod
+    };
+    let mut cluster = healthy();
+    cluster.leases = vec![kube_lease()];
+    cluster.pods = vec![candidate("kube-0"), candidate("kube-1")];
+    let (report, shared) = check_against(cluster).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    assert!(
+        messages(&report, Severity::Ok).contains(&"DistributedLease prod/kube: 2 candidate(s)".to_string()),
+        "{report:#?}"
+    );
+    {
+        let shared = shared.lock().unwrap();
+        assert_eq!(shared.unexpected, Vec::<String>::new());
+        let reviews = shared
+            .requests
+            .iter()
+            .filter(|r| r.ends_with("/subjectaccessreviews"))
+            .count();
+        assert_eq!(
+            reviews,
+            crate::sidecar::rbac::LEASES.verbs.len(),
+            "one review per verb of the one account"
+        );
+    }
+
+    let mut cluster = healthy();
+    cluster.leases = vec![kube_lease()];
+    cluster.pods = vec![candidate("kube-0")];
+    cluster.denied_accounts = vec![("kube-app", "watch"), ("kube-app", "update")];
+    let (report, _) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    assert!(
+        errors.contains(
+            "DistributedLease prod/kube keeps its lock in a Lease, but ServiceAccount prod/kube-app may not watch, \
+             update leases.coordination.k8s.io in prod"
+        ),
+        "{errors}"
+    );
+    assert_eq!(report.errors(), 1, "{report:#?}");
 }
 
 #[tokio::test]

@@ -550,12 +550,17 @@ impl Running {
     /// then wait a poll (a campaign change ends the wait).
     async fn observe_aside(&mut self) {
         let lock = self.elector.lock.clone();
-        match self.bounded(self.store.observe(&lock)).await {
-            Ok(observed) => self.publish_observation(&observed, Change::Observed),
-            Err(e) => debug!(%lock, error = %e, "store error while standing aside"),
-        }
         let poll = self.jitter.apply(self.timing().retry_period);
-        self.wait(poll).await;
+        match self.bounded(self.store.observe_followed(&lock)).await {
+            Ok(observed) => {
+                self.publish_observation(&observed, Change::Observed);
+                self.wait_or_change(poll, &observed).await;
+            }
+            Err(e) => {
+                debug!(%lock, error = %e, "store error while standing aside");
+                self.wait(poll).await;
+            }
+        }
     }
 
     /// One follower round: observe; acquire if the lease is free or expired.
@@ -565,7 +570,7 @@ impl Running {
         let lock = self.elector.lock.clone();
         let me = self.me();
         let asked = now();
-        let observed = self.bounded(self.store.observe(&lock)).await?;
+        let observed = self.bounded(self.store.observe_followed(&lock)).await?;
         let round_trip = now().saturating_duration_since(asked);
         let claim = Claim {
             holder: &me,
@@ -584,7 +589,7 @@ impl Running {
         if fenced.is_some() {
             // Keep watching: a newer candidate may take it.
             let poll = self.jitter.apply(timing.retry_period);
-            self.wait(poll).await;
+            self.wait_or_change(poll, &observed).await;
             return Ok(None);
         }
         let t_send = now();
@@ -608,7 +613,7 @@ impl Running {
                     .map(|r| self.jitter.apply(r + Duration::from_millis(1)));
                 let wait = until_expiry.map_or(poll, |e| e.min(poll));
                 let wait = self.hurried(round_trip).map_or(wait, |gap| gap.min(wait));
-                self.wait(wait).await;
+                self.wait_or_change(wait, &observed).await;
                 return Ok(None);
             }
             None => {
@@ -690,6 +695,16 @@ impl Running {
                 });
             }
             _ = self.campaign.changed() => {}
+        }
+    }
+
+    /// [`wait`](Self::wait), also ending when the store reports that the
+    /// row may differ from `seen` (stores that watch their rows).
+    async fn wait_or_change(&mut self, delay: Duration, seen: &Observation) {
+        let (store, lock) = (self.store.clone(), self.elector.lock.clone());
+        tokio::select! {
+            () = self.wait(delay) => {}
+            () = store.changed(&lock, seen) => {}
         }
     }
 

@@ -106,6 +106,23 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A strongly consistent, lock-free read of the row and the store's clock.
     async fn observe(&self, lock: &str) -> Result<Observation>;
 
+    /// What a follower between two attempts reads: [`observe`](Self::observe)
+    /// for stores that are polled; a store that watches its rows (the
+    /// Kubernetes store) answers from the watch, without a request. It may
+    /// lag the store by the watch's delay; that costs only time, because
+    /// every write is check-and-set on what the store itself finds.
+    async fn observe_followed(&self, lock: &str) -> Result<Observation> {
+        self.observe(lock).await
+    }
+
+    /// Resolves once the row may differ from `seen`, so a follower wakes for
+    /// a release at once instead of at its next poll. Stores that cannot
+    /// tell never resolve: their followers poll every retry period.
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        let _ = (lock, seen);
+        futures::future::pending::<()>().await
+    }
+
     /// Takes the lease when the row is absent, free, or expired by the store's
     /// clock: term + 1, token = renewed_at = commit timestamp, and records
     /// the claim's version. With `claim.fence`, refuses (as `Lost`) in the

@@ -68,12 +68,14 @@ pub const NAMESPACED_RULES: &[Rule] = &[
         resource_names: &[],
     },
     // Leader election on a coordination.k8s.io Lease (the default): create
-    // it the first time (RBAC cannot limit create by name), then read and
-    // renew only the operator's own Lease.
+    // it the first time (RBAC cannot limit create by name); list it (the
+    // consistent list whose version is the token of a create) and watch it
+    // (standbys follow the watch), by a metadata.name field selector; then
+    // read and renew only the operator's own Lease.
     Rule {
         api_group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["create"],
+        verbs: &["create", "list", "watch"],
         resource_names: &[],
     },
     Rule {

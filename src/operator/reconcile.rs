@@ -40,7 +40,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::metrics::{Metrics, Outcome};
 use super::partitions;
 use super::rollout;
-use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
+use super::stores::{StoreProvider, read_url, target_of};
 use super::webhook;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
@@ -48,6 +48,7 @@ use crate::lease::session::{Collected, session_owner};
 use crate::lease::{Identity, LeaseStore, Observation, StoreError};
 use crate::sidecar::interface::TIMING_CONDITION;
 use crate::store::StoreUrl;
+use crate::store::select::StoreConfig;
 
 /// The field manager of every status write.
 pub const FIELD_MANAGER: &str = "leasehold-operator";
@@ -118,7 +119,7 @@ pub struct Context {
     cluster: Option<String>,
     /// The pod watch's cache: the candidates of every lease.
     pods: Store<Pod>,
-    /// The stores (by [`StoreTarget::key`]) whose table is known to exist.
+    /// The stores (by [`StoreConfig::key`]) whose table is known to exist.
     schemas: Arc<Mutex<HashSet<String>>>,
     /// Store URLs read from Secrets, with when.
     urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
@@ -223,15 +224,15 @@ impl Context {
         &self,
         valid: &ValidLease,
         namespace: &str,
-    ) -> Result<(StoreTarget, Arc<dyn LeaseStore>), StoreError> {
+    ) -> Result<(StoreConfig, Arc<dyn LeaseStore>), StoreError> {
         let target = self.target_of(valid, namespace).await?;
         let store = self.stores.store(&target).await?;
         Ok((target, store))
     }
 
     /// Where a valid lease's store is, its URL read as [`Context::store_of`] says.
-    async fn target_of(&self, valid: &ValidLease, namespace: &str) -> Result<StoreTarget, StoreError> {
-        let url = match url_secret(valid) {
+    async fn target_of(&self, valid: &ValidLease, namespace: &str) -> Result<StoreConfig, StoreError> {
+        let url = match valid.store.url_secret() {
             None => None,
             Some(secret) => {
                 let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
@@ -249,12 +250,12 @@ impl Context {
                 }
             }
         };
-        StoreTarget::of(valid, url)
+        target_of(valid, namespace, url)
     }
 
     /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
     fn forget_url(&self, valid: &ValidLease, namespace: &str) {
-        if let Some(secret) = url_secret(valid) {
+        if let Some(secret) = valid.store.url_secret() {
             let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
             self.urls.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         }
@@ -371,7 +372,7 @@ impl Context {
     }
 }
 
-/// When each store's dead sessions were last collected, by [`StoreTarget::key`].
+/// When each store's dead sessions were last collected, by [`StoreConfig::key`].
 #[derive(Default)]
 struct GcSchedule(Mutex<HashMap<String, Instant>>);
 

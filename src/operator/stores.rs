@@ -15,60 +15,17 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
-use crate::api::{SecretKeyRef, ValidLease, ValidStore};
+use crate::api::{SecretKeyRef, ValidLease};
 use crate::lease::{LeaseStore, SessionStore, StoreError};
 use crate::store::StoreUrl;
-use crate::store::postgres::{PostgresConfig, PostgresStore};
-use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
-use crate::store::spanner::{SpannerConfig, SpannerStore};
+use crate::store::select::{StoreConfig, no_sessions};
 
-/// A store a resource names, its credentials resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreTarget {
-    Spanner(SpannerConfig),
-    Postgres(PostgresConfig),
-    Redis(RedisConfig),
-}
-
-impl StoreTarget {
-    /// The store of `valid`; `url` is the one its Secret holds (PostgreSQL,
-    /// Redis), read by [`read_url`].
-    pub fn of(valid: &ValidLease, url: Option<StoreUrl>) -> Result<StoreTarget, StoreError> {
-        let url = || {
-            url.clone()
-                .ok_or_else(|| StoreError::invalid("the store's URL was not read"))
-        };
-        Ok(match &valid.store {
-            ValidStore::Spanner(config) => StoreTarget::Spanner(config.clone()),
-            ValidStore::Postgres { table, .. } => StoreTarget::Postgres(PostgresConfig {
-                url: url()?,
-                table: table.clone(),
-            }),
-            // The prefix the injected sidecars use: the resource has no field for it.
-            ValidStore::Redis { .. } => StoreTarget::Redis(RedisConfig {
-                url: url()?,
-                prefix: DEFAULT_PREFIX.into(),
-            }),
-        })
-    }
-
-    /// One key per store and table (or key space): connections and created
-    /// tables are remembered by it. Holds the URL; never logged.
-    pub fn key(&self) -> String {
-        match self {
-            StoreTarget::Spanner(c) => format!("spanner\n{}\n{}", c.database, c.table),
-            StoreTarget::Postgres(c) => format!("postgres\n{}\n{}", c.url.expose(), c.table),
-            StoreTarget::Redis(c) => format!("redis\n{}\n{}", c.url.expose(), c.prefix),
-        }
-    }
-}
-
-/// The Secret key a PostgreSQL or Redis lease reads its URL from.
-pub fn url_secret(valid: &ValidLease) -> Option<&SecretKeyRef> {
-    match &valid.store {
-        ValidStore::Spanner(_) => None,
-        ValidStore::Postgres { url_secret, .. } | ValidStore::Redis { url_secret } => Some(url_secret),
-    }
+/// The store of `valid` in `namespace`; `url` is the one its Secret holds
+/// (PostgreSQL, Redis), read by [`read_url`].
+pub fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> Result<StoreConfig, StoreError> {
+    valid.store.resolve(namespace, || {
+        url.ok_or_else(|| StoreError::invalid("the store's URL was not read"))
+    })
 }
 
 /// The store URL in `secret` of `namespace`, read through the API (RBAC:
@@ -101,16 +58,11 @@ pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -
 #[async_trait]
 pub trait StoreProvider: Send + Sync + 'static {
     /// A store for `target`; may be shared with other resources naming the same table.
-    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError>;
+    async fn store(&self, target: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError>;
 
     /// The sessions of `target`, on the same connection; `Invalid` for a
     /// store that keeps none.
-    async fn sessions(&self, target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError>;
-}
-
-/// The `Invalid` answer for sessions on a store that keeps none.
-fn no_sessions() -> StoreError {
-    StoreError::invalid("this store keeps no sessions: partitions need store.spanner")
+    async fn sessions(&self, target: &StoreConfig) -> Result<Arc<dyn SessionStore>, StoreError>;
 }
 
 /// One store for every resource, whatever it names: for tests and for
@@ -137,12 +89,12 @@ impl SingleStore {
 
 #[async_trait]
 impl StoreProvider for SingleStore {
-    async fn store(&self, _target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    async fn store(&self, _target: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
         Ok(self.leases.clone())
     }
 
-    async fn sessions(&self, _target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError> {
-        self.sessions.clone().ok_or_else(no_sessions)
+    async fn sessions(&self, target: &StoreConfig) -> Result<Arc<dyn SessionStore>, StoreError> {
+        self.sessions.clone().ok_or_else(|| no_sessions(target.kind()))
     }
 }
 
@@ -153,7 +105,7 @@ struct Opened {
     sessions: Option<Arc<dyn SessionStore>>,
 }
 
-/// Store connections, opened on first use and kept per [`StoreTarget::key`].
+/// Store connections, opened on first use and kept per [`StoreConfig::key`].
 /// A failed connect is not cached, so the next reconcile tries again.
 #[derive(Default)]
 pub struct OpenStores {
@@ -161,50 +113,32 @@ pub struct OpenStores {
 }
 
 impl OpenStores {
-    async fn open(&self, target: &StoreTarget) -> Result<Opened, StoreError> {
+    async fn open(&self, target: &StoreConfig) -> Result<Opened, StoreError> {
         let key = target.key();
         if let Some(opened) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(opened.clone());
         }
-        let opened = match target {
-            StoreTarget::Spanner(config) => {
-                let store = connect_spanner(config.clone()).await?;
-                Opened {
-                    leases: store.clone(),
-                    sessions: Some(store),
-                }
-            }
-            StoreTarget::Postgres(config) => Opened {
-                leases: Arc::new(PostgresStore::connect(config.clone())?),
-                sessions: None,
-            },
-            StoreTarget::Redis(config) => Opened {
-                leases: Arc::new(RedisStore::connect(config.clone())?),
-                sessions: None,
-            },
-        };
+        let (leases, sessions) = target.connect_both().await?;
         Ok(self
             .open
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(key)
-            .or_insert(opened)
+            .or_insert(Opened { leases, sessions })
             .clone())
     }
 }
 
 #[async_trait]
 impl StoreProvider for OpenStores {
-    async fn store(&self, target: &StoreTarget) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    async fn store(&self, target: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
         Ok(self.open(target).await?.leases)
     }
 
-    async fn sessions(&self, target: &StoreTarget) -> Result<Arc<dyn SessionStore>, StoreError> {
-        self.open(target).await?.sessions.ok_or_else(no_sessions)
+    async fn sessions(&self, target: &StoreConfig) -> Result<Arc<dyn SessionStore>, StoreError> {
+        self.open(target)
+            .await?
+            .sessions
+            .ok_or_else(|| no_sessions(target.kind()))
     }
-}
-
-/// Opens the Spanner store for one database and table.
-pub async fn connect_spanner(config: SpannerConfig) -> Result<Arc<SpannerStore>, StoreError> {
-    Ok(Arc::new(SpannerStore::connect(config).await?))
 }

@@ -121,7 +121,7 @@ pub async fn run(args: Args) -> Result<i32> {
         return Err(Error::PartitionsNeedSidecar(n));
     }
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
-    let store = crate::sidecar::connect(&settings.store, args.election.create_table).await?;
+    let store = settings.store.connect(args.election.create_table).await?;
     if args.election.create_table {
         store.ensure_schema().await?;
     }

@@ -143,6 +143,14 @@ impl LeaseStore for RenewBudget {
         self.store.observe(lock).await
     }
 
+    async fn observe_followed(&self, lock: &str) -> Result<Observation> {
+        self.store.observe_followed(lock).await
+    }
+
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        self.store.changed(lock, seen).await
+    }
+
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         self.store.acquire_as(lock, claim, lease).await
     }

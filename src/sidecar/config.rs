@@ -8,22 +8,12 @@ use std::time::Duration;
 use kube::Api;
 
 use super::{Error, Result, interface};
-use crate::api::{DEFAULT_LABEL_KEY, DEFAULT_TABLE, DistributedLease, ValidStore, validate};
+use crate::api::{DEFAULT_LABEL_KEY, DistributedLease, ValidStore, validate};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name, validate_partitions};
 use crate::store::StoreUrl;
-use crate::store::postgres::PostgresConfig;
-use crate::store::redis::RedisConfig;
-use crate::store::spanner::SpannerConfig;
+use crate::store::select::{StoreConfig, StoreFlags, StoreKind, store_url};
 use tracing::{debug, info, warn};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreKind {
-    Memory,
-    Spanner,
-    Postgres,
-    Redis,
-}
 
 /// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
 #[derive(Debug, clap::Args)]
@@ -148,144 +138,18 @@ impl ElectionArgs {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreChoice {
-    Memory,
-    Spanner(SpannerConfig),
-    Postgres(PostgresConfig),
-    Redis(RedisConfig),
-}
-
-/// The store URL from --store-url or --store-url-file (read now, trimmed);
-/// clap lets only one of them through.
-pub fn store_url(url: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<StoreUrl>> {
-    match (url, file) {
-        (Some(url), _) => Ok(Some(StoreUrl::new(url))),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::Config(format!("--store-url-file {}: {e}", path.display())))?;
-            match text.trim() {
-                "" => Err(Error::Config(format!("--store-url-file {} is empty", path.display()))),
-                url => Ok(Some(StoreUrl::new(url))),
-            }
-        }
-        (None, None) => Ok(None),
-    }
-}
-
 /// The store a `DistributedLease` names. PostgreSQL and Redis URLs come
 /// from the Secret it references, which the webhook mounts into the sidecar
 /// and names with LEASEHOLD_STORE_URL_FILE.
-fn lease_store(store: &ValidStore, args: &ElectionArgs) -> Result<StoreChoice> {
-    let url = || -> Result<StoreUrl> {
+fn lease_store(store: &ValidStore, namespace: &str, args: &ElectionArgs) -> Result<StoreConfig> {
+    store.resolve(namespace, || -> Result<StoreUrl> {
         store_url(None, args.store_url_file.as_deref())?.ok_or_else(|| {
             Error::Config(format!(
                 "the lease's store is {store}: mount that Secret key and pass its path as --store-url-file \
                  (LEASEHOLD_STORE_URL_FILE)"
             ))
         })
-    };
-    Ok(match store {
-        ValidStore::Spanner(config) => StoreChoice::Spanner(config.clone()),
-        ValidStore::Postgres { table, .. } => {
-            let config = PostgresConfig {
-                url: url()?,
-                table: table.clone(),
-            };
-            crate::store::postgres::parse_url(&config.url)?;
-            StoreChoice::Postgres(config)
-        }
-        ValidStore::Redis { .. } => {
-            let config = RedisConfig {
-                url: url()?,
-                prefix: crate::store::redis::DEFAULT_PREFIX.into(),
-            };
-            crate::store::redis::parse_url(&config.url)?;
-            StoreChoice::Redis(config)
-        }
     })
-}
-
-/// Whether a lease still names the store a sidecar started on (the URL
-/// behind a Secret is not compared: it is read once at start).
-fn same_store(store: &ValidStore, started: &StoreChoice) -> bool {
-    match (store, started) {
-        (ValidStore::Spanner(a), StoreChoice::Spanner(b)) => a == b,
-        (ValidStore::Postgres { table, .. }, StoreChoice::Postgres(b)) => *table == b.table,
-        (ValidStore::Redis { .. }, StoreChoice::Redis(_)) => true,
-        _ => false,
-    }
-}
-
-/// The standalone store from its flags: --store, --database, --table and the
-/// URL (from [`store_url`]); every contradiction named by its flags.
-pub fn choose_store(
-    kind: Option<StoreKind>,
-    database: Option<&str>,
-    table: Option<&str>,
-    url: Option<StoreUrl>,
-) -> Result<StoreChoice> {
-    let store = match (kind, database) {
-        (Some(kind @ (StoreKind::Postgres | StoreKind::Redis)), database) => {
-            let flag = if kind == StoreKind::Postgres {
-                "postgres"
-            } else {
-                "redis"
-            };
-            if database.is_some() {
-                return Err(Error::Config(format!("--database contradicts --store {flag}")));
-            }
-            let url =
-                url.ok_or_else(|| Error::Config(format!("--store {flag} needs --store-url or --store-url-file")))?;
-            if kind == StoreKind::Postgres {
-                let config = PostgresConfig {
-                    url,
-                    table: table.unwrap_or(DEFAULT_TABLE).to_string(),
-                };
-                crate::store::postgres::validate_table(&config.table)?;
-                crate::store::postgres::parse_url(&config.url)?;
-                StoreChoice::Postgres(config)
-            } else {
-                if table.is_some() {
-                    return Err(Error::Config(
-                        "--table contradicts --store redis (keys, not tables)".into(),
-                    ));
-                }
-                let config = RedisConfig {
-                    url,
-                    prefix: crate::store::redis::DEFAULT_PREFIX.into(),
-                };
-                crate::store::redis::parse_url(&config.url)?;
-                StoreChoice::Redis(config)
-            }
-        }
-        (_, _) if url.is_some() => {
-            return Err(Error::Config(
-                "--store-url (or --store-url-file) needs --store postgres or --store redis".into(),
-            ));
-        }
-        (None, None) => {
-            return Err(Error::Config(
-                "--store memory|spanner|postgres|redis (or --lease) is required".into(),
-            ));
-        }
-        (Some(StoreKind::Memory), Some(_)) => {
-            return Err(Error::Config("--database contradicts --store memory".into()));
-        }
-        (Some(StoreKind::Memory), None) => StoreChoice::Memory,
-        (_, Some(database)) => StoreChoice::Spanner(SpannerConfig {
-            database: database.to_string(),
-            table: table.unwrap_or(DEFAULT_TABLE).to_string(),
-        }),
-        (Some(StoreKind::Spanner), None) => {
-            return Err(Error::Config("--store spanner needs --database".into()));
-        }
-    };
-    if let StoreChoice::Spanner(config) = &store {
-        crate::store::spanner::validate_database(&config.database)?;
-        crate::store::spanner::validate_table(&config.table)?;
-    }
-    Ok(store)
 }
 
 /// Where and how leadership is published on the pod.
@@ -325,7 +189,7 @@ pub struct Settings {
     pub lock: String,
     pub identity: Identity,
     pub timing: Timing,
-    pub store: StoreChoice,
+    pub store: StoreConfig,
     pub publishing: Publishing,
     pub pod: Option<PodRef>,
     /// The version from the flags; inside Kubernetes the sidecar completes
@@ -354,15 +218,15 @@ pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
 
 /// Partitions are held through sessions, which only the memory and Spanner
 /// stores keep.
-fn partitions_store(store: &StoreChoice) -> Result<()> {
-    let name = match store {
-        StoreChoice::Memory | StoreChoice::Spanner(_) => return Ok(()),
-        StoreChoice::Postgres(_) => "postgres",
-        StoreChoice::Redis(_) => "redis",
-    };
+fn partitions_store(store: &StoreConfig) -> Result<()> {
+    let kind = store.kind();
+    if kind.keeps_sessions() {
+        return Ok(());
+    }
     Err(Error::Config(format!(
-        "--partitions needs --store memory or spanner: the {name} store keeps no sessions, \
-         through which partitions are held"
+        "--partitions needs --store memory or spanner: the {} store keeps no sessions, \
+         through which partitions are held",
+        kind.flag()
     )))
 }
 
@@ -406,7 +270,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 lock: valid.lock,
                 identity,
                 timing: valid.timing,
-                store: lease_store(&valid.store, args)?,
+                store: lease_store(&valid.store, &pod.namespace, args)?,
                 publishing: Publishing {
                     label_key: valid.label_key,
                     selector: valid.selector.to_string(),
@@ -432,7 +296,14 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                     source,
                 })?;
             let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
-            let store = choose_store(args.store, args.database.as_deref(), args.table.as_deref(), url)?;
+            let store = StoreFlags {
+                kind: args.store,
+                database: args.database.as_deref(),
+                table: args.table.as_deref(),
+                url,
+                namespace: args.pod_namespace.as_deref(),
+            }
+            .choose()?;
             if let Some(n) = args.partitions {
                 validate_partitions(("--lock", "--partitions"), &lock, n).map_err(|e| Error::Config(e.to_string()))?;
                 partitions_store(&store)?;
@@ -494,7 +365,7 @@ pub async fn watch_lease(
                     timing = valid.timing;
                 }
                 let moved = valid.lock != started.lock
-                    || !same_store(&valid.store, &started.store)
+                    || !valid.store.names(&started.store)
                     || valid.label_key != started.publishing.label_key
                     || valid.partitions != started.partitions;
                 if moved {
@@ -509,6 +380,10 @@ pub async fn watch_lease(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::DEFAULT_TABLE;
+    use crate::store::postgres::PostgresConfig;
+    use crate::store::redis::RedisConfig;
+    use crate::store::spanner::SpannerConfig;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -572,7 +447,7 @@ mod tests {
             (&["--store", "memory"], "--lock (or --lease) is required"),
             (
                 &["--lock", "l"],
-                "--store memory|spanner|postgres|redis (or --lease) is required",
+                "--store memory|spanner|postgres|redis|kubernetes (or --lease) is required",
             ),
             (
                 &["--lock", "l", "--store", "postgres"],
@@ -819,7 +694,7 @@ mod tests {
         assert_eq!(s.timing.retry_period, Duration::from_secs(1));
         assert_eq!(
             s.store,
-            StoreChoice::Spanner(SpannerConfig {
+            StoreConfig::Spanner(SpannerConfig {
                 database: "projects/p/instances/i/databases/d".into(),
                 table: DEFAULT_TABLE.into()
             })
@@ -850,7 +725,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             s.store,
-            StoreChoice::Postgres(PostgresConfig {
+            StoreConfig::Postgres(PostgresConfig {
                 url: StoreUrl::new("postgres://app:hunter2@db:5432/leases"),
                 table: DEFAULT_TABLE.into()
             })
@@ -864,7 +739,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             s.store,
-            StoreChoice::Redis(RedisConfig {
+            StoreConfig::Redis(RedisConfig {
                 url: StoreUrl::new("redis://cache:6379/0"),
                 prefix: crate::store::redis::DEFAULT_PREFIX.into()
             })
@@ -974,7 +849,7 @@ mod tests {
             if with_file {
                 assert_eq!(
                     resolved.unwrap().store,
-                    StoreChoice::Postgres(PostgresConfig {
+                    StoreConfig::Postgres(PostgresConfig {
                         url: StoreUrl::new("postgres://app:pw@db/leases"),
                         table: "web_leases".into()
                     })

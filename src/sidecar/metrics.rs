@@ -219,6 +219,13 @@ impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
         self.measure("observe", self.inner.observe(lock)).await
     }
+    async fn observe_followed(&self, lock: &str) -> Result<Observation, StoreError> {
+        self.measure("observe_followed", self.inner.observe_followed(lock))
+            .await
+    }
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        self.inner.changed(lock, seen).await
+    }
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
         self.measure("acquire", self.inner.acquire_as(lock, claim, lease)).await
     }

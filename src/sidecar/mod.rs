@@ -37,10 +37,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::lease::{Change, Elector, LeaderContext, LeaseStore, SessionStore};
+use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
 use crate::sidecar::metrics::{MeteredStore, Metrics};
 pub use config::Args;
-use config::StoreChoice;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -52,6 +51,8 @@ pub enum Error {
         #[source]
         source: crate::lease::TimingError,
     },
+    #[error(transparent)]
+    Select(#[from] crate::store::select::SelectError),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
@@ -90,7 +91,7 @@ pub async fn run(args: Args) -> Result<()> {
             let (choice, metrics) = (choice.clone(), metered.clone());
             Box::pin(async move {
                 let store: Arc<dyn LeaseStore> =
-                    Arc::new(MeteredStore::new(connect(&choice, create_table).await?, metrics));
+                    Arc::new(MeteredStore::new(choice.connect(create_table).await?, metrics));
                 Ok(store)
             })
         },
@@ -296,38 +297,6 @@ fn metrics_router(registry: Registry, healthz: axum::Router) -> axum::Router {
             }),
         )
         .merge(healthz)
-}
-
-/// Opens the configured store; with `create_table` a Spanner store creates
-/// its table whenever it finds it missing (at start and after it vanished).
-pub async fn connect(
-    choice: &StoreChoice,
-    create_table: bool,
-) -> Result<Arc<dyn LeaseStore>, crate::lease::StoreError> {
-    Ok(match choice {
-        StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
-        StoreChoice::Spanner(config) => Arc::new(
-            crate::store::spanner::SpannerStore::connect(config.clone())
-                .await?
-                .with_create_table(create_table),
-        ),
-        StoreChoice::Postgres(config) => Arc::new(crate::store::postgres::PostgresStore::connect(config.clone())?),
-        StoreChoice::Redis(config) => Arc::new(crate::store::redis::RedisStore::connect(config.clone())?),
-    })
-}
-
-/// Opens the configured store for sessions: the stores that keep them
-/// (config refuses `--partitions` on the others, naming the store).
-pub async fn connect_sessions(choice: &StoreChoice) -> Result<Arc<dyn SessionStore>, crate::lease::StoreError> {
-    Ok(match choice {
-        StoreChoice::Memory => Arc::new(crate::store::MemoryStore::default()),
-        StoreChoice::Spanner(config) => Arc::new(crate::store::spanner::SpannerStore::connect(config.clone()).await?),
-        StoreChoice::Postgres(_) | StoreChoice::Redis(_) => {
-            return Err(crate::lease::StoreError::invalid(
-                "this store keeps no sessions: --partitions needs memory or spanner",
-            ));
-        }
-    })
 }
 
 /// The longest wait between two attempts at anything the sidecar retries

@@ -29,12 +29,13 @@ use tracing::{info, warn};
 
 use std::time::Duration;
 
-use super::config::{Settings, StoreChoice};
+use super::config::Settings;
 use super::http::{PartitionsApi, PartitionsSetup};
 use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
 use super::{Args, Result, bind, capped_backoff, metrics_router, start_health_sources};
 use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
+use crate::store::select::StoreConfig;
 
 pub async fn run(
     args: Args,
@@ -243,12 +244,12 @@ async fn close_again(store: &dyn SessionStore, session: &str, lease: Duration, f
 
 /// Connects to the store (and, with `create_table`, creates the session
 /// tables), retrying with capped backoff and reporting until it answers.
-async fn connect(choice: &StoreChoice, create_table: bool, metrics: Metrics, report: &Report) -> Arc<dyn SessionStore> {
+async fn connect(choice: &StoreConfig, create_table: bool, metrics: Metrics, report: &Report) -> Arc<dyn SessionStore> {
     let mut backoff = capped_backoff().build();
     loop {
         let attempt = async {
             let timed_out = || StoreError::unavailable(format!("no answer within {CONNECT_TIMEOUT:?}"));
-            let store = tokio::time::timeout(CONNECT_TIMEOUT, super::connect_sessions(choice))
+            let store = tokio::time::timeout(CONNECT_TIMEOUT, choice.connect_sessions())
                 .await
                 .map_err(|_| timed_out())??;
             let store: Arc<dyn SessionStore> = Arc::new(MeteredStore::new(store, metrics.clone()));

@@ -46,7 +46,19 @@ pub const RULES: &[Rule] = &[
         verbs: &["get"],
         resource_names: &[],
     },
+    LEASES,
 ];
+
+/// store.kubernetes (`--store kubernetes`): the lock's Lease, read, listed
+/// (a consistent list before creating it, and the watch's list), watched
+/// by followers, created and replaced by check-and-set. Never patched or
+/// deleted. `leasehold check` reviews it for each candidate's account.
+pub const LEASES: Rule = Rule {
+    api_group: "coordination.k8s.io",
+    resources: &["leases"],
+    verbs: &["get", "list", "watch", "create", "update"],
+    resource_names: &[],
+};
 
 /// Whether the sidecar's Role allows a request, for the wire-level tests.
 pub fn allows_request(method: &str, path: &str, watch: bool) -> bool {

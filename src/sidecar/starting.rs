@@ -111,6 +111,19 @@ impl StartingStore {
             self.report.answered();
         }
     }
+
+    /// A read's answer, reported until the store first answers.
+    fn read_reported(&self, read: Result<Observation, StoreError>) -> Result<Observation, StoreError> {
+        match read {
+            Ok(observation) => {
+                self.answered();
+                Ok(observation)
+            }
+            // A read: nothing written whatever the kind (a missing table, say).
+            Err(e) if !self.reached.load(Ordering::SeqCst) => Err(self.report.failed(&e)),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Connects, creates the table when asked, and hands the store over;
@@ -157,14 +170,15 @@ impl LeaseStore for StartingStore {
         self.ready()?.ensure_schema().await
     }
     async fn observe(&self, lock: &str) -> Result<Observation, StoreError> {
-        match self.ready()?.observe(lock).await {
-            Ok(observation) => {
-                self.answered();
-                Ok(observation)
-            }
-            // A read: nothing written whatever the kind (a missing table, say).
-            Err(e) if !self.reached.load(Ordering::SeqCst) => Err(self.report.failed(&e)),
-            Err(e) => Err(e),
+        self.read_reported(self.ready()?.observe(lock).await)
+    }
+    async fn observe_followed(&self, lock: &str) -> Result<Observation, StoreError> {
+        self.read_reported(self.ready()?.observe_followed(lock).await)
+    }
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        match self.ready() {
+            Ok(store) => store.changed(lock, seen).await,
+            Err(_) => futures::future::pending().await,
         }
     }
     // The elector observes before it writes, so the writes need no reporting.

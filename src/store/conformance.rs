@@ -31,19 +31,24 @@ fn is_lost<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {
     matches!(result, Err(StoreError::Lost { .. }))
 }
 
+/// `candidates` acquisitions of `lock` at once, by `candidate-<i>`.
+async fn race(store: &Arc<dyn LeaseStore>, lock: &'static str, candidates: usize) -> Vec<Result<Grant, StoreError>> {
+    let racers = (0..candidates).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire(lock, &format!("candidate-{i}"), LEASE).await })
+    });
+    futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|r| r.expect("join"))
+        .collect()
+}
+
 /// S5: N candidates race for a free lock; exactly one wins, the others lose.
 pub async fn racing_candidates_one_wins(target: &dyn Target, candidates: usize) {
     let store = target.store();
     store.ensure_schema().await.expect("ensure_schema");
-    let racers = (0..candidates).map(|i| {
-        let store = store.clone();
-        tokio::spawn(async move { store.acquire("race", &format!("candidate-{i}"), LEASE).await })
-    });
-    let results: Vec<_> = futures::future::join_all(racers)
-        .await
-        .into_iter()
-        .map(|r| r.expect("join"))
-        .collect();
+    let results = race(&store, "race", candidates).await;
     let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
     assert_eq!(winners.len(), 1, "exactly one racer must win: {results:?}");
     for r in results.iter().filter(|r| r.is_err()) {
@@ -59,6 +64,22 @@ pub async fn racing_candidates_one_wins(target: &dyn Target, candidates: usize) 
     assert!(holder.starts_with("candidate-"));
     // The lease is taken: a late racer loses too.
     assert!(is_lost(&store.acquire("race", "latecomer", LEASE).await));
+}
+
+/// S5 on a row that exists: N candidates race for a released lock; exactly
+/// one wins. (On an absent row a create's uniqueness alone decides the
+/// race; here only the check-and-set of the write can.)
+pub async fn racing_for_a_released_lock_one_wins(target: &dyn Target, candidates: usize) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let first = store.acquire("rerace", "first", LEASE).await.expect("acquire");
+    store.release("rerace", "first", first.token).await.expect("release");
+    let results = race(&store, "rerace", candidates).await;
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one racer must win: {results:?}");
+    assert!(winners[0].token > first.token, "{results:?}");
+    let observed = store.observe("rerace").await.expect("observe");
+    assert_eq!(observed.record.as_ref().unwrap().token, Some(winners[0].token));
 }
 
 /// S6/S7: renew is check-and-set; a superseded token is lost.
@@ -444,6 +465,10 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn racing_candidates_one_wins() {
             suite::racing_candidates_one_wins(&$make.await, 10).await;
+        }
+        #[tokio::test]
+        async fn racing_for_a_released_lock_one_wins() {
+            suite::racing_for_a_released_lock_one_wins(&$make.await, 10).await;
         }
         #[tokio::test]
         async fn superseded_token_cannot_renew() {

@@ -3,11 +3,15 @@
 
 #[cfg(feature = "testing")]
 pub mod conformance;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "sidecar", feature = "operator"))]
+pub mod select;
 #[cfg(feature = "spanner")]
 pub mod spanner;
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -19,6 +23,9 @@ pub use crate::lease::store::{LeaseStore, Result, StoreError};
 #[cfg(any(feature = "postgres", feature = "spanner"))]
 use crate::lease::{Claim, Version};
 pub use memory::{Faults, MemoryStore};
+
+/// The lease table of the SQL stores unless a flag or the resource names another.
+pub const DEFAULT_TABLE: &str = "leasehold_leases";
 
 /// FNV-1a 64 of the lock name, mod 1024: the leading primary-key column of
 /// the SQL stores, so that a hot set of locks spreads over splits (Spanner)

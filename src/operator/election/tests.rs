@@ -1,7 +1,7 @@
-//! The Lease election against a fake API server that keeps one Lease with
-//! the API server's optimistic concurrency (an update whose resourceVersion
-//! is not the current one is a 409), on tokio's paused clock so the bounds
-//! below are exact. Every request is checked against the operator's RBAC.
+//! The Lease election against the stateful API model (an update whose
+//! resourceVersion is not the current one is a 409; watches stream every
+//! change), on tokio's paused clock so the bounds below are exact. Every
+//! request is checked against the operator's RBAC.
 
 use std::sync::Mutex;
 
@@ -13,86 +13,92 @@ use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
-use crate::testing::api::{ApiServerVerifier, mock_client, status};
+use crate::testing::api::ApiServer;
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/leasehold-system/leases";
 
-/// One Lease as the API server keeps it, and what it was asked.
-#[derive(Default)]
+/// The API model, and when the Lease changed.
+#[derive(Clone)]
 struct FakeApi {
-    lease: Option<Value>,
-    version: u64,
-    /// Every Lease request answers 503 while set.
-    down: bool,
-    /// (when, method, body) of every Lease write that succeeded.
-    writes: Vec<(Instant, String, Value)>,
-    /// Requests the operator's RBAC would refuse.
-    forbidden: Vec<String>,
+    server: ApiServer,
+    /// (when, resourceVersion) of every change of the Lease.
+    changes: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
-type Shared = Arc<Mutex<FakeApi>>;
+impl Default for FakeApi {
+    fn default() -> Self {
+        let server = ApiServer::new(Some(rbac::allows_request));
+        // The namespace exists, so the cluster's resourceVersion is past 0
+        // (an etcd revision never is 0; the store refuses it).
+        server.insert(
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "leasehold-system"}}),
+        );
+        let changes: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+        let seen = changes.clone();
+        server.observe(move |snapshot| {
+            let Some(lease) = snapshot.collection(LEASES).next() else {
+                return;
+            };
+            let version = lease["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+            let mut changes = seen.lock().unwrap();
+            if changes.last().is_none_or(|(_, v)| *v != version) {
+                changes.push((Instant::now(), version));
+            }
+        });
+        FakeApi { server, changes }
+    }
+}
 
 impl FakeApi {
+    fn lease(&self) -> Option<Value> {
+        self.server.get(LEASES, DEFAULT_LEASE_NAME)
+    }
+
     fn holder(&self) -> Option<String> {
-        self.lease.as_ref()?["spec"]["holderIdentity"]
-            .as_str()
-            .map(str::to_string)
+        self.lease()?["spec"]["holderIdentity"].as_str().map(str::to_string)
+    }
+
+    fn version(&self) -> String {
+        self.lease()
+            .map(|l| l["metadata"]["resourceVersion"].as_str().unwrap().to_string())
+            .unwrap_or_default()
     }
 
     /// Another replica writes the Lease (a renewal or a takeover).
-    fn write_as(&mut self, holder: &str, transitions: i64) {
-        self.version += 1;
-        self.lease = Some(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": DEFAULT_LEASE_NAME, "namespace": "leasehold-system",
-                         "resourceVersion": self.version.to_string()},
-            // A renewTime far in the past: takeover must not judge by it.
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 1, "leaseTransitions": transitions,
-                     "renewTime": format!("2000-01-01T00:00:{:02}.000000Z", self.version % 60)},
-        }));
+    fn write_as(&self, holder: &str, transitions: i64) {
+        let second = self.server.requests().len() % 60;
+        self.server.insert(
+            LEASES,
+            json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": DEFAULT_LEASE_NAME, "namespace": "leasehold-system"},
+                // A renewTime far in the past: takeover must not judge by it.
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 1, "leaseTransitions": transitions,
+                         "renewTime": format!("2000-01-01T00:00:{second:02}.000000Z")},
+            }),
+        );
     }
 
-    fn answer(&mut self, method: &str, path: &str, body: Value) -> (u16, Value) {
-        if self.down {
-            return (503, status(503, "ServiceUnavailable", "down"));
-        }
-        let named = path.strip_prefix(LEASES).and_then(|p| p.strip_prefix('/'));
-        match (method, named) {
-            ("GET", Some(_)) => match &self.lease {
-                Some(lease) => (200, lease.clone()),
-                None => (404, status(404, "NotFound", "no Lease")),
-            },
-            ("POST", None) if self.lease.is_some() => (409, status(409, "AlreadyExists", "the Lease exists")),
-            ("PUT", Some(_)) if body["metadata"]["resourceVersion"] != json!(self.version.to_string()) => {
-                (409, status(409, "Conflict", "the object has been modified"))
-            }
-            ("POST", None) | ("PUT", Some(_)) => {
-                self.version += 1;
-                let mut lease = body.clone();
-                lease["metadata"]["resourceVersion"] = json!(self.version.to_string());
-                self.writes.push((Instant::now(), method.to_string(), body));
-                self.lease = Some(lease.clone());
-                (if method == "POST" { 201 } else { 200 }, lease)
-            }
-            _ => panic!("unexpected Lease request {method} {path}"),
-        }
+    /// (method, body) of every Lease write the operator made that succeeded.
+    fn writes(&self) -> Vec<(String, Value)> {
+        let requests = self.server.requests().into_iter();
+        requests
+            .filter(|r| r.uri.starts_with(LEASES) && matches!(r.method.as_str(), "POST" | "PUT") && r.status / 100 == 2)
+            .map(|r| (r.method, r.body))
+            .collect()
+    }
+
+    fn changes(&self) -> Vec<(Instant, String)> {
+        self.changes.lock().unwrap().clone()
+    }
+
+    fn forbidden(&self) -> Vec<String> {
+        self.server.forbidden()
     }
 }
 
-/// Serves Lease requests from `api`; other requests (the controller's
-/// watch of DistributedLeases) are held unanswered.
-fn serve(server: ApiServerVerifier, api: Shared) {
-    server.serve(move |request| {
-        let (method, path) = (request.method.as_str(), request.path.as_str());
-        if !rbac::allows_request(method, path, request.is_watch()) {
-            api.lock().unwrap().forbidden.push(format!("{method} {path}"));
-        }
-        if !path.starts_with(LEASES) {
-            return None;
-        }
-        Some(api.lock().unwrap().answer(method, path, request.body.clone()))
-    });
-}
+type Shared = FakeApi;
 
 struct Replica {
     role: watch::Receiver<Role>,
@@ -107,8 +113,7 @@ fn timing() -> Timing {
 
 /// Starts one operator replica electing on the fake API server's Lease.
 fn replica(api: &Shared, name: &str) -> Replica {
-    let (client, server) = mock_client("default");
-    serve(server, api.clone());
+    let client = api.server.client("default");
     let stores = Arc::new(SingleStore::new(Arc::new(MemoryStore::new(1))));
     let (controller, metrics) = crate::operator::tests::controller_on(client.clone(), stores);
     let election = LeaseElection::new(
@@ -145,16 +150,18 @@ async fn wait_for(role: &mut watch::Receiver<Role>, wanted: Role) -> Instant {
 #[tokio::test(start_paused = true)]
 async fn a_standby_takes_over_only_after_the_record_stops_changing_for_the_lease_duration() {
     let api = Shared::default();
-    api.lock().unwrap().write_as("other-0#x", 4);
+    api.write_as("other-0#x", 4);
     let mut replica = replica(&api, "operator-1");
     wait_for(&mut replica.role, Role::Standby).await;
 
     // The other replica renews every 400 ms for 3 s: no takeover meanwhile.
     let mut last_renewal = Instant::now();
+    let mut last_version = api.version();
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        api.lock().unwrap().write_as("other-0#x", 4);
+        api.write_as("other-0#x", 4);
         last_renewal = Instant::now();
+        last_version = api.version();
         assert_eq!(*replica.role.borrow(), Role::Standby, "took over a live Lease");
     }
     // Then it dies: the takeover comes after D, within D + P (+ one read).
@@ -165,8 +172,8 @@ async fn a_standby_takes_over_only_after_the_record_stops_changing_for_the_lease
         "took over {waited:?} after the last renewal"
     );
     assert!(replica.metrics.is_leader());
-    let api = api.lock().unwrap();
-    let (_, method, body) = api.writes.first().expect("the takeover wrote the Lease");
+    let taken_from = api.writes().len();
+    let (method, body) = api.writes().first().cloned().expect("the takeover wrote the Lease");
     assert_eq!(method, "PUT");
     assert_eq!(body["spec"]["holderIdentity"], json!("operator-1#n"));
     assert_eq!(body["spec"]["leaseDurationSeconds"], json!(1));
@@ -175,12 +182,13 @@ async fn a_standby_takes_over_only_after_the_record_stops_changing_for_the_lease
         json!(5),
         "a new holder is a transition"
     );
+    assert_eq!(taken_from, 1, "only the takeover: {:?}", api.writes());
     assert_eq!(
         body["metadata"]["resourceVersion"],
-        json!("9"),
+        json!(last_version),
         "guarded by the version read"
     );
-    assert_eq!(api.forbidden, Vec::<String>::new());
+    assert_eq!(api.forbidden(), Vec::<String>::new());
 }
 
 /// The leader renews every P and, when the API server stops answering,
@@ -193,14 +201,14 @@ async fn the_leader_stops_claiming_within_the_renew_deadline_of_its_last_renewal
     wait_for(&mut replica.role, Role::Active).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let down_at = {
-        let mut api = api.lock().unwrap();
-        api.down = true;
-        let renewals: Vec<_> = api.writes.iter().filter(|(_, m, _)| m == "PUT").collect();
+        api.server.set_down(true);
+        let writes = api.writes();
+        let renewals: Vec<_> = writes.iter().filter(|(m, _)| m == "PUT").collect();
         assert!(renewals.len() >= 15, "renews every 100 ms: {} in 2 s", renewals.len());
-        assert_eq!(api.writes[0].1, "POST", "the first replica creates the Lease");
+        assert_eq!(writes[0].0, "POST", "the first replica creates the Lease");
         Instant::now()
     };
-    let last_success = api.lock().unwrap().writes.last().unwrap().0;
+    let last_success = api.changes().last().unwrap().0;
     let standby = wait_for(&mut replica.role, Role::Standby).await;
     assert_eq!(
         standby - last_success,
@@ -211,7 +219,7 @@ async fn the_leader_stops_claiming_within_the_renew_deadline_of_its_last_renewal
     assert!(standby >= down_at);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!replica.metrics.is_leader(), "the controller stopped");
-    assert_eq!(api.lock().unwrap().forbidden, Vec::<String>::new());
+    assert_eq!(api.forbidden(), Vec::<String>::new());
 }
 
 /// Two replicas: one leads; on shutdown it frees the Lease by a guarded
@@ -236,20 +244,25 @@ async fn shutdown_releases_the_lease_and_the_standby_takes_over_at_once() {
         .unwrap();
     assert_ne!(*first.role.borrow(), Role::Active);
     {
-        let api = api.lock().unwrap();
-        let (_, method, body) = api.writes.last().unwrap();
+        // Only the operator writes the Lease here: its k-th write made the k-th change.
+        let (writes, changes) = (api.writes(), api.changes());
+        let release = writes
+            .iter()
+            .position(|(_, b)| b["spec"].get("holderIdentity").is_none())
+            .unwrap();
+        let (method, body) = &writes[release];
         assert_eq!(method, "PUT");
         assert_eq!(body["spec"].get("holderIdentity"), None, "released: no holder");
         assert_eq!(
-            body["metadata"]["resourceVersion"],
-            json!((api.version - 1).to_string()),
+            body["metadata"]["resourceVersion"].as_str(),
+            Some(changes[release - 1].1.as_str()),
             "the release is guarded by the version last written"
         );
     }
     let active = wait_for(&mut second.role, Role::Active).await;
     assert!(active - released_at <= timing().retry_period + Duration::from_millis(60));
-    assert_eq!(api.lock().unwrap().holder().as_deref(), Some("operator-1#n"));
-    assert_eq!(api.lock().unwrap().forbidden, Vec::<String>::new());
+    assert_eq!(api.holder().as_deref(), Some("operator-1#n"));
+    assert_eq!(api.forbidden(), Vec::<String>::new());
     second.shutdown.cancel();
     second.running.await.unwrap();
 }

@@ -4,7 +4,8 @@
 //!
 //! What it models, and the API server behaviour each part relies on:
 //! * Objects by collection (`/api/v1/namespaces/prod/pods`, any group), with
-//!   a global, increasing `resourceVersion`; GET, list, POST, PATCH.
+//!   a global, increasing `resourceVersion`; GET, list, POST, PATCH, and PUT
+//!   guarded by the body's `resourceVersion`.
 //! * PATCH with `metadata.resourceVersion` in the body is a precondition: a
 //!   different current version answers 409 Conflict with the API server's
 //!   "the object has been modified" message (the generic registry's Update,
@@ -417,11 +418,42 @@ impl State {
                 Answer::Json(StatusCode::CREATED, object)
             }
             ("PATCH", Some(name)) => self.patch(&collection, &name, subresource.as_deref(), content_type, body),
+            ("PUT", Some(name)) if subresource.is_none() => self.replace(&collection, &name, body),
             _ => Answer::Json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 status_json(405, "MethodNotAllowed", method),
             ),
         }
+    }
+
+    /// An update (PUT): the body's `metadata.resourceVersion` is required
+    /// and must be the current one (a Lease's strategy allows no
+    /// unconditional update), else 422 or 409 as the API server answers.
+    fn replace(&mut self, collection: &str, name: &str, body: Value) -> Answer {
+        let Some(current) = self.objects.get(collection).and_then(|c| c.get(name)).cloned() else {
+            return Answer::Json(StatusCode::NOT_FOUND, status_json(404, "NotFound", name));
+        };
+        match body["metadata"]["resourceVersion"].as_str() {
+            None => {
+                let message = "metadata.resourceVersion: Invalid value: 0: must be specified for an update";
+                return Answer::Json(StatusCode::UNPROCESSABLE_ENTITY, status_json(422, "Invalid", message));
+            }
+            Some(wanted) if Some(wanted) != current["metadata"]["resourceVersion"].as_str() => return conflict(name),
+            Some(_) => {}
+        }
+        self.commit(collection, name, current, body)
+    }
+
+    /// Stores `updated` over `current` at the next resourceVersion.
+    fn commit(&mut self, collection: &str, name: &str, current: Value, mut updated: Value) -> Answer {
+        self.rv += 1;
+        updated["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.objects
+            .entry(collection.to_string())
+            .or_default()
+            .insert(name.to_string(), updated.clone());
+        self.record_change(collection, Some(current), Some(updated.clone()));
+        Answer::Json(StatusCode::OK, updated)
     }
 
     fn patch(
@@ -448,11 +480,7 @@ impl State {
         if let Some(wanted) = patch["metadata"]["resourceVersion"].as_str()
             && Some(wanted) != current["metadata"]["resourceVersion"].as_str()
         {
-            let message = format!(
-                "Operation cannot be fulfilled on {name}: the object has been modified; \
-                 please apply your changes to the latest version and try again"
-            );
-            return Answer::Json(StatusCode::CONFLICT, status_json(409, "Conflict", &message));
+            return conflict(name);
         }
         let mut patched = current.clone();
         merge(&mut patched, &patch, strategic);
@@ -478,14 +506,7 @@ impl State {
         if updated == current {
             return Answer::Json(StatusCode::OK, current);
         }
-        self.rv += 1;
-        updated["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.objects
-            .entry(collection.to_string())
-            .or_default()
-            .insert(name.to_string(), updated.clone());
-        self.record_change(collection, Some(current), Some(updated.clone()));
-        Answer::Json(StatusCode::OK, updated)
+        self.commit(collection, name, current, updated)
     }
 
     fn record_change(&mut self, collection: &str, previous: Option<Value>, current: Option<Value>) {
@@ -522,6 +543,15 @@ impl State {
 }
 
 /// The event a watcher with these selectors gets for `change`, if any.
+/// The API server's answer to a write whose resourceVersion precondition failed.
+fn conflict(name: &str) -> Answer {
+    let message = format!(
+        "Operation cannot be fulfilled on {name}: the object has been modified; \
+         please apply your changes to the latest version and try again"
+    );
+    Answer::Json(StatusCode::CONFLICT, status_json(409, "Conflict", &message))
+}
+
 fn watch_event(change: &Change, labels: &str, fields: &str) -> Option<Value> {
     let now = change.current.as_ref().filter(|o| matches(o, labels, fields));
     let before = change.previous.as_ref().filter(|o| matches(o, labels, fields));

@@ -1,0 +1,889 @@
+//! The Kubernetes store: one `coordination.k8s.io/v1` Lease per lock in a
+//! namespace, so that electing needs nothing but the cluster.
+//!
+//! * **Check-and-set.** Every write is a create (absent Lease) or a replace
+//!   carrying the `resourceVersion` it was judged on; of two racing writers
+//!   the API server lets one through and answers 409 Conflict to the other
+//!   ([`StoreError::Lost`]). A write whose reply never came (timeout, reset
+//!   after sending, a 5xx) is [`StoreError::OutcomeUnknown`], never success.
+//! * **Expiry by observed change**, as client-go's `tryAcquireOrRenew` does
+//!   (`observedTime`: "a client observes timestamps captured locally to infer
+//!   the state of the leader election", `tools/leaderelection/doc.go`): a
+//!   Lease is expired when its `resourceVersion` has not changed for D on
+//!   *this process's monotonic clock* since this process first saw that
+//!   version. `renewTime` is written for people and never read, so no two
+//!   clocks are ever compared. The store's "clock" in [`Observation::now`] is
+//!   that monotonic clock, shown as wall time from the store's start.
+//!   Safe when clock *rates* differ by less than (D − R)/(D + R): 20 % at the
+//!   default 15 s/10 s (docs/design.md, "The Kubernetes store").
+//! * **Fencing tokens from resource versions.** An acquisition's token is the
+//!   `resourceVersion` its check-and-set was judged on (for a create: the
+//!   `resourceVersion` of a consistent list of the Lease, read just before).
+//!   Resource versions of one resource strictly increase with every write,
+//!   deletes and re-creates included (KEP-5504, comparable resource versions,
+//!   GA in 1.35), and the write that grants a token gets a version above it,
+//!   so every later acquisition is judged on a version above every token
+//!   granted before: tokens strictly increase across deletion, re-creation
+//!   and hand edits. The token annotation only says which token the holder
+//!   has (for its check-and-set and for readers); it never feeds the next
+//!   token, so a hand edit of it cannot move tokens back. Assumes the
+//!   cluster's etcd revision never goes back (restoring a snapshot without
+//!   `--bump-revision` would break it, as it breaks watches).
+//! * **Followers watch.** [`LeaseStore::observe_followed`] answers from a
+//!   watch of the Lease and [`LeaseStore::changed`] wakes the elector on the
+//!   next event: no request per retry period while the lease is held, and a
+//!   release is seen at once.
+//! * **Names.** A lock that is a DNS subdomain (at most 253 of `a-z0-9.-`) is
+//!   the Lease's name as is; any other lock becomes its lowercased, sanitised
+//!   text (at most 200 characters) plus `-` and 10 hex digits of its FNV-1a
+//!   64 hash. The lock itself is kept in the Lease's record annotation and
+//!   checked on every read, so two locks that map to one name are refused
+//!   (`Invalid`), never shared. The Lease has no owner references: nothing
+//!   garbage-collects it while it is held.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::debug;
+
+use crate::lease::clock::{Instant, now};
+use crate::lease::store::Result;
+use crate::lease::{
+    Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version, lease_to_millis,
+    validate_lock_name,
+};
+
+/// The annotation holding the leasehold record of the Lease (JSON).
+pub const RECORD_ANNOTATION: &str = "leasehold.dev/record";
+/// How long one API call may take before it is abandoned (a write's outcome
+/// is then unknown).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest sanitised prefix of a hashed Lease name (253 allowed).
+const NAME_PREFIX_LEN: usize = 200;
+
+/// Where the Leases are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// `None`: the client's default namespace (in a pod: its own).
+    pub namespace: Option<String>,
+}
+
+impl KubernetesConfig {
+    pub fn new(namespace: Option<String>) -> Self {
+        KubernetesConfig { namespace }
+    }
+}
+
+/// What leasehold keeps in the Lease beside the standard fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    lock: String,
+    /// The holder this record speaks for; another `holderIdentity` (a
+    /// client-go candidate, a hand edit) means the record is not its.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder: Option<String>,
+    term: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<i64>,
+    lease_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<Version>,
+}
+
+/// The Lease name of `lock` (module docs, "Names").
+pub fn lease_name(lock: &str) -> String {
+    if is_dns_subdomain(lock) {
+        return lock.to_string();
+    }
+    let mut text = String::with_capacity(NAME_PREFIX_LEN);
+    for c in lock.chars().flat_map(char::to_lowercase) {
+        if text.len() >= NAME_PREFIX_LEN {
+            break;
+        }
+        let c = if c.is_ascii_alphanumeric() { c } else { '-' };
+        if !(c == '-' && (text.is_empty() || text.ends_with('-'))) {
+            text.push(c);
+        }
+    }
+    let hash = crate::lease::fnv1a_64(lock.as_bytes());
+    let hash = format!("{:010x}", hash >> 24);
+    match text.trim_end_matches('-') {
+        "" => format!("lock-{hash}"),
+        text => format!("{text}-{hash}"),
+    }
+}
+
+/// RFC 1123 subdomain, as the API server checks object names.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// A resource version as the number KEP-5504 makes it.
+fn resource_version(meta: &ObjectMeta) -> Result<u64> {
+    let text = meta.resource_version.as_deref().unwrap_or_default();
+    parse_resource_version(text)
+}
+
+fn parse_resource_version(text: &str) -> Result<u64> {
+    text.parse::<u64>().ok().filter(|v| *v > 0).ok_or_else(|| {
+        StoreError::invalid(format!(
+            "resourceVersion {text:?} is not a positive integer: this API server predates comparable \
+             resource versions (Kubernetes 1.35), which the Kubernetes store's tokens rest on"
+        ))
+    })
+}
+
+/// What this process has seen of one Lease.
+#[derive(Debug, Clone)]
+enum Seen {
+    Unknown,
+    /// Absent as of a read at least as new as `after` (0: any).
+    Absent {
+        after: u64,
+    },
+    /// `at`: when this process first saw `version` (client-go's observedTime).
+    Present {
+        lease: Box<Lease>,
+        version: u64,
+        at: Instant,
+    },
+}
+
+impl Seen {
+    fn version(&self) -> Option<u64> {
+        match self {
+            Seen::Unknown => None,
+            Seen::Absent { after } => Some(*after),
+            Seen::Present { version, .. } => Some(*version),
+        }
+    }
+}
+
+/// One lock's view, shared by every caller of this store.
+struct LockView {
+    name: String,
+    seen: Mutex<Seen>,
+    /// Bumped on every change of `seen`; [`LeaseStore::changed`] waits on it.
+    changes: watch::Sender<u64>,
+    /// The watch of the Lease, started by the first follower.
+    watching: Mutex<Option<AbortOnDropHandle<()>>>,
+}
+
+impl LockView {
+    /// Takes a newer view; an older one (a watch event behind a read or our
+    /// own write) is dropped, and a version seen before keeps its time.
+    fn learn(&self, lease: Option<Lease>, at: Instant) -> Result<Seen> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let known = seen.version();
+        let next = match lease {
+            Some(lease) => {
+                let version = resource_version(&lease.metadata)?;
+                match &*seen {
+                    Seen::Present { version: v, .. } if *v == version => return Ok(seen.clone()),
+                    _ if known.is_some_and(|k| k >= version) => return Ok(seen.clone()),
+                    _ => Seen::Present {
+                        lease: Box::new(lease),
+                        version,
+                        at,
+                    },
+                }
+            }
+            None => Seen::Absent {
+                after: known.unwrap_or(0),
+            },
+        };
+        *seen = next.clone();
+        drop(seen);
+        self.changes.send_modify(|n| *n += 1);
+        Ok(next)
+    }
+
+    /// A deletion the watch reported, at the version the API server stamped on it.
+    fn deleted(&self, version: u64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.version().is_none_or(|k| k < version) {
+            *seen = Seen::Absent { after: version };
+            drop(seen);
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn current(&self) -> Seen {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A deliberate bug for the planted-bug check of the conformance suite:
+/// writes without the `resourceVersion` precondition.
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    UnconditionalWrites,
+}
+
+/// The store; cheap to share (`Arc`), one watch per followed lock.
+pub struct KubernetesStore {
+    api: Api<Lease>,
+    namespace: String,
+    call_timeout: Duration,
+    /// Maps the monotonic clock to [`StoreTime`] for display: wall time at start.
+    start: (Instant, i64),
+    locks: Mutex<HashMap<String, Arc<LockView>>>,
+    /// API calls sent (reads and writes; the watches' streams aside).
+    requests: AtomicU64,
+    #[cfg(feature = "testing")]
+    mutant: Option<Mutant>,
+}
+
+impl std::fmt::Debug for KubernetesStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesStore")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a failed API call is reported: a read that failed changed nothing; a
+/// write whose answer is not a refusal may have happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Read,
+    Write,
+}
+
+impl KubernetesStore {
+    /// The in-cluster (or `KUBECONFIG`) client, Leases in `config.namespace`.
+    pub async fn connect(config: KubernetesConfig) -> Result<Self> {
+        let client = Client::try_default()
+            .await
+            .map_err(|e| StoreError::unavailable("no Kubernetes client (in-cluster or KUBECONFIG)").caused_by(e))?;
+        Ok(Self::new(client, config.namespace.as_deref()))
+    }
+
+    /// Leases in `namespace` (`None`: the client's default namespace).
+    pub fn new(client: Client, namespace: Option<&str>) -> Self {
+        let namespace = namespace.map_or_else(|| client.default_namespace().to_string(), str::to_string);
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        KubernetesStore {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            start: (now(), wall),
+            locks: Mutex::default(),
+            requests: AtomicU64::new(0),
+            #[cfg(feature = "testing")]
+            mutant: None,
+        }
+    }
+
+    /// Abandons each API call after `timeout` (default [`DEFAULT_CALL_TIMEOUT`]).
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The planted bug, for the conformance suite's check that it is caught.
+    #[cfg(feature = "testing")]
+    pub fn with_mutant(mut self, mutant: Mutant) -> Self {
+        self.mutant = Some(mutant);
+        self
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// API calls sent so far (reads and writes; the watches' streams aside).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn store_time(&self, at: Instant) -> StoreTime {
+        let since = at.saturating_duration_since(self.start.0);
+        StoreTime(
+            self.start
+                .1
+                .saturating_add(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    fn view(&self, lock: &str) -> Result<Arc<LockView>> {
+        validate_lock_name("lock", lock).map_err(|e| StoreError::invalid(e.to_string()))?;
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(locks
+            .entry(lock.to_string())
+            .or_insert_with(|| {
+                Arc::new(LockView {
+                    name: lease_name(lock),
+                    seen: Mutex::new(Seen::Unknown),
+                    changes: watch::channel(0).0,
+                    watching: Mutex::new(None),
+                })
+            })
+            .clone())
+    }
+
+    /// One API call, bounded by the call timeout, its failure classified.
+    async fn call<T>(
+        &self,
+        kind: Call,
+        what: impl Fn() -> String,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiFailure> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(ApiFailure::Conflict),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(ApiFailure::NotFound),
+            Ok(Err(e)) => Err(ApiFailure::Failed(self.classify(kind, what(), e))),
+            Err(_) => {
+                let context = format!("{} got no answer within {:?}", what(), self.call_timeout);
+                Err(ApiFailure::Failed(match kind {
+                    Call::Read => StoreError::unavailable(context),
+                    Call::Write => StoreError::outcome_unknown(context),
+                }))
+            }
+        }
+    }
+
+    fn classify(&self, kind: Call, context: String, error: kube::Error) -> StoreError {
+        let refused = match &error {
+            kube::Error::Api(status) => match status.code {
+                403 => {
+                    return StoreError::invalid(format!(
+                        "{context}: forbidden; grant get, list, watch, create and update on \
+                         leases.coordination.k8s.io in namespace {} (docs/rbac-sidecar.md)",
+                        self.namespace
+                    ))
+                    .caused_by(error);
+                }
+                400 | 422 => return StoreError::invalid(context).caused_by(error),
+                // Throttled or refused before it ran.
+                401 | 429 => true,
+                // An internal error or timeout of the API server: a write may
+                // have reached etcd.
+                _ => false,
+            },
+            _ => false,
+        };
+        match (kind, refused) {
+            (Call::Write, false) => StoreError::outcome_unknown(context).caused_by(error),
+            _ => StoreError::unavailable(context).caused_by(error),
+        }
+    }
+
+    /// A consistent read of the Lease (served at least as new as etcd).
+    async fn read(&self, view: &LockView) -> Result<Seen> {
+        let what = || format!("reading Lease {}/{}", self.namespace, view.name);
+        let found = match self.call(Call::Read, what, self.api.get_opt(&view.name)).await {
+            Ok(found) => found,
+            Err(ApiFailure::Failed(e)) => return Err(e),
+            Err(_) => return Err(StoreError::unavailable(what())),
+        };
+        view.learn(found, now())
+    }
+
+    /// The record a [`Seen`] stands for, judged against `lock`.
+    fn record(&self, lock: &str, seen: &Seen) -> Result<Option<LeaseRecord>> {
+        let Seen::Present { lease, at, .. } = seen else {
+            return Ok(None);
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.filter(|h| !h.is_empty());
+        let record = read_record(lease, lock)?;
+        // The record speaks for the holder it names; a Lease taken by a
+        // client-go candidate or edited by hand keeps stale annotations.
+        let ours = record.as_ref().filter(|r| r.holder == holder);
+        let lease_duration = match (ours, &holder) {
+            (Some(r), _) => Duration::from_millis(r.lease_ms),
+            (None, Some(_)) => {
+                let seconds = spec.lease_duration_seconds.unwrap_or(0);
+                let seconds = u64::try_from(seconds).ok().filter(|s| *s > 0).ok_or_else(|| {
+                    StoreError::invalid(format!(
+                        "Lease {}/{} is held by {holder:?} with leaseDurationSeconds {seconds}: correct or delete it",
+                        self.namespace,
+                        lease_name(lock)
+                    ))
+                })?;
+                Duration::from_secs(seconds)
+            }
+            (None, None) => record
+                .as_ref()
+                .map_or(Duration::ZERO, |r| Duration::from_millis(r.lease_ms)),
+        };
+        let term = record.as_ref().map_or_else(
+            || u64::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0),
+            |r| r.term,
+        );
+        Ok(Some(LeaseRecord {
+            name: lock.to_string(),
+            renewed_at: holder.as_ref().map(|_| self.store_time(*at)),
+            // A holder the record does not name has no token of ours.
+            token: ours.and_then(|r| r.token).map(FencingToken),
+            version: ours.and_then(|r| r.version.clone()),
+            holder,
+            term,
+            lease_duration,
+        }))
+    }
+
+    fn observation(&self, lock: &str, seen: &Seen) -> Result<Observation> {
+        Ok(Observation {
+            record: self.record(lock, seen)?,
+            now: self.store_time(now()),
+        })
+    }
+
+    /// Starts the watch of `view`'s Lease unless it runs.
+    fn follow(&self, view: &Arc<LockView>) {
+        let mut watching = view.watching.lock().unwrap_or_else(|e| e.into_inner());
+        if watching.is_some() {
+            return;
+        }
+        let (api, target) = (self.api.clone(), Arc::downgrade(view));
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", view.name));
+        let task = async move {
+            let events = watcher::watcher(api.clone(), config).default_backoff();
+            let mut events = std::pin::pin!(events);
+            let mut listed = false;
+            while let Some(event) = events.next().await {
+                let Some(view) = target.upgrade() else { return };
+                let learned = match event {
+                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                        listed = true;
+                        view.learn(Some(lease), now()).map(|_| ())
+                    }
+                    Ok(watcher::Event::Delete(lease)) => {
+                        resource_version(&lease.metadata).map(|version| view.deleted(version))
+                    }
+                    Ok(watcher::Event::Init) => {
+                        listed = false;
+                        Ok(())
+                    }
+                    // Listed and not there: confirm by a read (the list may
+                    // predate our own create).
+                    Ok(watcher::Event::InitDone) if !listed => match api.get_opt(&view.name).await {
+                        Ok(found) => view.learn(found, now()).map(|_| ()),
+                        Err(e) => Err(StoreError::unavailable("reading the Lease after a relist").caused_by(e)),
+                    },
+                    Ok(watcher::Event::InitDone) => Ok(()),
+                    Err(e) => Err(StoreError::unavailable("watching the Lease").caused_by(e)),
+                };
+                if let Err(e) = learned {
+                    debug!(lease = %view.name, error = %e.chain(), "Lease watch; the watcher retries");
+                }
+            }
+        };
+        *watching = Some(AbortOnDropHandle::new(tokio::spawn(task)));
+    }
+
+    /// The Lease to write: `base` with the spec and record given, carrying
+    /// `base`'s resourceVersion (the check-and-set) unless a mutant drops it.
+    fn write_body(&self, base: &Lease, spec: LeaseSpec, record: &Record) -> Result<Lease> {
+        let mut lease = base.clone();
+        let text =
+            serde_json::to_string(record).map_err(|e| StoreError::invalid("encoding the lease record").caused_by(e))?;
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(RECORD_ANNOTATION.into(), text);
+        lease.metadata.managed_fields = None;
+        lease.spec = Some(spec);
+        Ok(lease)
+    }
+
+    /// Replaces the Lease by check-and-set; the reply is learned.
+    async fn replace(&self, view: &LockView, lock: &str, body: &Lease) -> Result<(Lease, Instant)> {
+        let what = || format!("writing Lease {}/{}", self.namespace, view.name);
+        #[cfg(feature = "testing")]
+        if self.mutant == Some(Mutant::UnconditionalWrites) {
+            return self.overwrite(view, body).await;
+        }
+        match self
+            .call(
+                Call::Write,
+                what,
+                self.api.replace(&view.name, &PostParams::default(), body),
+            )
+            .await
+        {
+            Ok(written) => {
+                let at = now();
+                view.learn(Some(written.clone()), at)?;
+                Ok((written, at))
+            }
+            Err(ApiFailure::Conflict | ApiFailure::NotFound) => {
+                // Someone wrote (or deleted) it since we judged: look again
+                // for the next attempt.
+                let _ = self.read(view).await;
+                Err(lost(lock, "another writer changed the Lease first (409 Conflict)"))
+            }
+            Err(ApiFailure::Failed(e)) => Err(e),
+        }
+    }
+
+    /// The mutant's write: over whatever version is current, again after
+    /// each conflict (the API server refuses a Lease update without a
+    /// version; this is what an unconditional patch does): last writer wins.
+    #[cfg(feature = "testing")]
+    async fn overwrite(&self, view: &LockView, body: &Lease) -> Result<(Lease, Instant)> {
+        let mut body = body.clone();
+        loop {
+            let current = self.api.get(&view.name).await;
+            body.metadata.resource_version = current.ok().and_then(|l| l.metadata.resource_version);
+            match self.api.replace(&view.name, &PostParams::default(), &body).await {
+                Ok(written) => {
+                    let at = now();
+                    view.learn(Some(written.clone()), at)?;
+                    return Ok((written, at));
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => return Err(StoreError::unavailable("overwriting").caused_by(e)),
+            }
+        }
+    }
+
+    /// The current Lease when `holder` holds it with `token`; read afresh
+    /// when our view says otherwise (it may be behind our own last write).
+    async fn ours(&self, view: &LockView, lock: &str, holder: &str, token: FencingToken) -> Result<Box<Lease>> {
+        let mut seen = view.current();
+        for fresh in [false, true] {
+            if fresh {
+                seen = self.read(view).await?;
+            }
+            let record = self.record(lock, &seen)?;
+            let reason = match (&seen, &record) {
+                (Seen::Present { lease, .. }, Some(r))
+                    if r.holder.as_deref() == Some(holder) && r.token == Some(token) =>
+                {
+                    return Ok(lease.clone());
+                }
+                (_, Some(r)) => match &r.holder {
+                    Some(other) if other != holder => format!("held by {other}"),
+                    Some(_) => format!("token {token} superseded by {:?}", r.token),
+                    None => "released".to_string(),
+                },
+                (_, None) => "no such lease".to_string(),
+            };
+            if fresh {
+                return Err(lost(lock, &reason));
+            }
+        }
+        unreachable!("the second pass returns")
+    }
+
+    /// A check-and-set write of our own Lease (renew, release): on a
+    /// conflict, once more from a fresh read if it is still ours (our own
+    /// earlier write whose reply was lost, or an edit of other fields).
+    async fn rewrite(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        change: impl Fn(&Lease) -> Result<Lease>,
+    ) -> Result<(Lease, Instant)> {
+        let view = self.view(lock)?;
+        let mut attempt = 0;
+        loop {
+            let current = self.ours(&view, lock, holder, token).await?;
+            match self.replace(&view, lock, &change(&current)?).await {
+                Err(StoreError::Lost { .. }) if attempt == 0 => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A refusal of the API that the caller turns into its own answer.
+enum ApiFailure {
+    Conflict,
+    NotFound,
+    Failed(StoreError),
+}
+
+fn lost(lock: &str, reason: &str) -> StoreError {
+    StoreError::Lost {
+        lock: lock.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The record annotation of `lease`, refused when it names another lock.
+fn read_record(lease: &Lease, lock: &str) -> Result<Option<Record>> {
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    let Some(text) = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECORD_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    let record: Record = serde_json::from_str(text).map_err(|e| {
+        StoreError::invalid(format!(
+            "Lease {name}: annotation {RECORD_ANNOTATION} is not a leasehold record: correct or remove it"
+        ))
+        .caused_by(e)
+    })?;
+    if record.lock != lock {
+        return Err(StoreError::invalid(format!(
+            "Lease {name} holds lock {:?}, not {lock:?}: the two lock names map to one Lease name; rename one",
+            record.lock
+        )));
+    }
+    Ok(Some(record))
+}
+
+fn micro_now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// `leaseDurationSeconds` for people and client-go readers: D rounded up.
+fn whole_seconds(lease: Duration) -> i32 {
+    i32::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl LeaseStore for KubernetesStore {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    /// Leases need no schema (and no permission beyond the Lease's own).
+    async fn ensure_schema(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn observe(&self, lock: &str) -> Result<Observation> {
+        let view = self.view(lock)?;
+        let seen = self.read(&view).await?;
+        self.observation(lock, &seen)
+    }
+
+    async fn observe_followed(&self, lock: &str) -> Result<Observation> {
+        let view = self.view(lock)?;
+        self.follow(&view);
+        match view.current() {
+            Seen::Unknown => self.observe(lock).await,
+            seen => self.observation(lock, &seen),
+        }
+    }
+
+    async fn changed(&self, lock: &str, seen: &Observation) {
+        let Ok(view) = self.view(lock) else {
+            return futures::future::pending().await;
+        };
+        self.follow(&view);
+        let mut changes = view.changes.subscribe();
+        loop {
+            let differs = self
+                .record(lock, &view.current())
+                .map_or(true, |record| record != seen.record);
+            if differs || changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
+        let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
+        let view = self.view(lock)?;
+        let seen = match view.current() {
+            Seen::Unknown => self.read(&view).await?,
+            seen => seen,
+        };
+        let current = self.record(lock, &seen)?;
+        if let Some(row) = &current
+            && let (Some(holder), Seen::Present { at, .. }) = (&row.holder, &seen)
+            && now().saturating_duration_since(at.to_owned()) <= row.lease_duration
+        {
+            return Err(lost(lock, &format!("held by {holder}")));
+        }
+        if let Some(why) = claim.fenced_by(current.as_ref().and_then(|r| r.version.as_ref())) {
+            return Err(lost(lock, &why));
+        }
+        let term = current.as_ref().map_or(0, |r| r.term) + 1;
+        let (base, token) = match &seen {
+            Seen::Present { lease, version, .. } => (Lease::clone(lease), version.to_owned()),
+            // Absent: the token is the version of a consistent list, newer
+            // than every write of the Lease before (its deletion included).
+            _ => {
+                let what = || format!("listing Lease {}/{}", self.namespace, view.name);
+                let params = ListParams::default().fields(&format!("metadata.name={}", view.name));
+                let listed = match self.call(Call::Read, what, self.api.list(&params)).await {
+                    Ok(listed) => listed,
+                    Err(ApiFailure::Failed(e)) => return Err(e),
+                    Err(_) => return Err(StoreError::unavailable(what())),
+                };
+                if let Some(found) = listed.items.into_iter().next() {
+                    view.learn(Some(found), now())?;
+                    return Err(lost(lock, "the Lease appeared since it was read"));
+                }
+                let version = parse_resource_version(listed.metadata.resource_version.as_deref().unwrap_or_default())?;
+                let base = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(view.name.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: None,
+                };
+                (base, version)
+            }
+        };
+        let token = i64::try_from(token).map_err(|_| StoreError::invalid("resourceVersion beyond INT64"))?;
+        let record = Record {
+            lock: lock.to_string(),
+            holder: Some(claim.holder.to_string()),
+            term,
+            token: Some(token),
+            lease_ms: lease_ms as u64,
+            version: claim.version.cloned(),
+        };
+        let stamp = micro_now();
+        let transitions = base.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+        let spec = LeaseSpec {
+            holder_identity: Some(claim.holder.to_string()),
+            lease_duration_seconds: Some(whole_seconds(lease)),
+            acquire_time: Some(stamp.clone()),
+            renew_time: Some(stamp),
+            lease_transitions: Some(if base.spec.is_some() {
+                transitions.saturating_add(1)
+            } else {
+                0
+            }),
+            ..base.spec.clone().unwrap_or_default()
+        };
+        let body = self.write_body(&base, spec, &record)?;
+        let (_, at) = if matches!(seen, Seen::Present { .. }) {
+            self.replace(&view, lock, &body).await?
+        } else {
+            let what = || format!("creating Lease {}/{}", self.namespace, view.name);
+            match self
+                .call(Call::Write, what, self.api.create(&PostParams::default(), &body))
+                .await
+            {
+                Ok(created) => {
+                    let at = now();
+                    view.learn(Some(created.clone()), at)?;
+                    (created, at)
+                }
+                Err(ApiFailure::Conflict) => {
+                    let _ = self.read(&view).await;
+                    return Err(lost(lock, "another candidate created the Lease first"));
+                }
+                Err(ApiFailure::NotFound) => {
+                    return Err(StoreError::invalid(format!(
+                        "namespace {} does not exist",
+                        self.namespace
+                    )));
+                }
+                Err(ApiFailure::Failed(e)) => return Err(e),
+            }
+        };
+        Ok(Grant {
+            term,
+            token: FencingToken(token),
+            committed_at: self.store_time(at),
+        })
+    }
+
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
+        let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
+        let (written, at) = self
+            .rewrite(lock, holder, token, |current| {
+                let mut record = read_record(current, lock)?.ok_or_else(|| lost(lock, "no record"))?;
+                record.lease_ms = lease_ms as u64;
+                let spec = LeaseSpec {
+                    lease_duration_seconds: Some(whole_seconds(lease)),
+                    renew_time: Some(micro_now()),
+                    ..current.spec.clone().unwrap_or_default()
+                };
+                self.write_body(current, spec, &record)
+            })
+            .await?;
+        let term = read_record(&written, lock)?.map_or(0, |r| r.term);
+        Ok(Grant {
+            term,
+            token,
+            committed_at: self.store_time(at),
+        })
+    }
+
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+        self.rewrite(lock, holder, token, |current| {
+            let mut record = read_record(current, lock)?.ok_or_else(|| lost(lock, "no record"))?;
+            record.holder = None;
+            let spec = LeaseSpec {
+                holder_identity: None,
+                renew_time: Some(micro_now()),
+                ..current.spec.clone().unwrap_or_default()
+            };
+            self.write_body(current, spec, &record)
+        })
+        .await
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_names_are_kept_and_others_hashed_apart() {
+        assert_eq!(lease_name("web-scheduler"), "web-scheduler");
+        assert_eq!(lease_name("a.b-c"), "a.b-c");
+        let mapped = lease_name("prod/Web_Scheduler");
+        assert!(mapped.starts_with("prod-web-scheduler-"), "{mapped}");
+        assert!(is_dns_subdomain(&mapped), "{mapped}");
+        // Locks that sanitise alike still get different names.
+        assert_ne!(lease_name("prod/web"), lease_name("prod_web"));
+        assert_ne!(lease_name("prod/web"), lease_name("Prod/web"));
+        for lock in ["/", "ü", &"x/".repeat(256), "-a-", "A", "a..b"] {
+            let name = lease_name(lock);
+            assert!(is_dns_subdomain(&name) && name.len() <= 253, "{lock:?} -> {name:?}");
+        }
+    }
+
+    #[test]
+    fn resource_versions_must_be_positive_integers() {
+        assert_eq!(parse_resource_version("42").unwrap(), 42);
+        for bad in ["", "0", "-1", "abc", "1.5"] {
+            let err = parse_resource_version(bad).unwrap_err().to_string();
+            assert!(err.contains("is not a positive integer"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        assert_eq!(whole_seconds(Duration::from_millis(300)), 1);
+        assert_eq!(whole_seconds(Duration::from_secs(15)), 15);
+        assert_eq!(whole_seconds(Duration::from_millis(15_001)), 16);
+    }
+}
