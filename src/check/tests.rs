@@ -343,7 +343,7 @@ async fn the_candidates_of_a_kubernetes_lease_need_the_sidecars_lease_verbs() {
     let kube_lease = || lease("kube", json!({"store": {"kubernetes": {}}}), None);
     let candidate = |name: &str| {
         let mut pod = pod(name, "kube", None);
-        pod["spec"] = json!({"serviceAccountName": "kube-app", "containers": []});
+        pod["spec"]["serviceAccountName"] = json!("kube-app");
         pod
     };
     let mut cluster = healthy();
