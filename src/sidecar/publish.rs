@@ -114,12 +114,16 @@ enum Write {
     Label { pod: String, leader: bool, version: String },
     /// `leader` as `pod`'s leader condition.
     Condition { pod: String, leader: bool, version: String },
+    /// Our own leader condition False, saying we released `term`: peers
+    /// watching it look at the store at once (the label turned "false"
+    /// already when we stopped claiming, before the drain).
+    Released { pod: String, term: u64, version: String },
 }
 
 impl Write {
     fn pod(&self) -> &str {
         match self {
-            Write::Label { pod, .. } | Write::Condition { pod, .. } => pod,
+            Write::Label { pod, .. } | Write::Condition { pod, .. } | Write::Released { pod, .. } => pod,
         }
     }
 }
@@ -128,14 +132,31 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-fn condition(pod: &Pod) -> Option<&str> {
+fn leader_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
     pod.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
         .find(|c| c.type_ == LEADER_CONDITION)
-        .map(|c| c.status.as_str())
+}
+
+fn condition(pod: &Pod) -> Option<&str> {
+    leader_condition(pod).map(|c| c.status.as_str())
+}
+
+/// The reason of the leader condition that says a pod released its term.
+const RELEASED_REASON: &str = "Released";
+
+fn released_message(term: u64) -> String {
+    format!("released term {term}")
+}
+
+/// The term a pod's leader condition says it released, as its message.
+fn released_mark(pod: &Pod) -> Option<&str> {
+    leader_condition(pod)
+        .filter(|c| c.reason.as_deref() == Some(RELEASED_REASON))
+        .and_then(|c| c.message.as_deref())
 }
 
 fn version(pod: &Pod) -> String {
@@ -185,7 +206,7 @@ impl Publisher {
     /// The next write towards `leads`, or `None` when the pods match it
     /// (or cannot be judged yet: our pod not seen, or, to claim, the other
     /// candidates not listed).
-    fn next_write(&self, leads: bool, observed: &Observed) -> Option<Write> {
+    fn next_write(&self, leads: bool, released: Option<u64>, observed: &Observed) -> Option<Write> {
         let me = &self.pod.name;
         let own = observed.own.as_ref()?;
         let gated = readiness_gated(own);
@@ -212,7 +233,16 @@ impl Publisher {
             if gated && condition(own) != Some("False") {
                 return Some(own_condition(false));
             }
-            return (!own_labels_are(false)).then(|| own_label(false));
+            if !own_labels_are(false) {
+                return Some(own_label(false));
+            }
+            return released
+                .filter(|term| released_mark(own) != Some(released_message(*term).as_str()))
+                .map(|term| Write::Released {
+                    pod: me.clone(),
+                    term,
+                    version: version(own),
+                });
         }
         if !observed.peers_listed {
             return None;
@@ -259,11 +289,20 @@ impl Publisher {
                 let patch = Patch::Merge(json!({"metadata": {"resourceVersion": version, "labels": labels}}));
                 Box::pin(async move { pods.patch(&pod, &params, &patch).await })
             }
-            Write::Condition { pod, leader, version } => {
-                let (status, reason, message) = match (leader, pod == self.pod.name) {
-                    (true, _) => ("True", "Leader", "this pod holds the lease"),
-                    (false, true) => ("False", "Follower", "this pod does not hold the lease"),
-                    (false, false) => ("False", "NotLeader", "cleared by the new leader"),
+            Write::Condition { .. } | Write::Released { .. } => {
+                let (pod, version, status, reason, message) = match write.clone() {
+                    Write::Released { pod, term, version } => {
+                        (pod, version, "False", RELEASED_REASON, released_message(term))
+                    }
+                    Write::Condition { pod, leader, version } => {
+                        let (status, reason, message) = match (leader, pod == self.pod.name) {
+                            (true, _) => ("True", "Leader", "this pod holds the lease"),
+                            (false, true) => ("False", "Follower", "this pod does not hold the lease"),
+                            (false, false) => ("False", "NotLeader", "cleared by the new leader"),
+                        };
+                        (pod, version, status, reason, message.to_string())
+                    }
+                    Write::Label { .. } => unreachable!("matched above"),
                 };
                 let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
                 // Strategic merge: the API server merges conditions by type.
@@ -305,6 +344,8 @@ impl Publisher {
         let mut retry_at: Option<Instant> = None;
         let mut report = Throttle::new(REPORT_EVERY);
         let mut desired = false;
+        // The term we last released, to say so on our pod until we lead again.
+        let mut released: Option<u64> = None;
         let mut ending: Option<Instant> = None;
         loop {
             let current = state.borrow().clone();
@@ -317,7 +358,12 @@ impl Publisher {
                 retry_at = None;
                 backoff = write_backoff();
             }
-            let next = self.next_write(desired, &observed);
+            if current.change == Change::Released {
+                released = Some(current.term);
+            } else if desired {
+                released = None;
+            }
+            let next = self.next_write(desired, released, &observed);
             if in_flight.as_ref().is_some_and(|(w, _)| Some(w) != next.as_ref()) {
                 in_flight = None;
             }
@@ -410,6 +456,13 @@ impl Publisher {
         let held = state.holder.as_deref().and_then(holder_pod).as_deref() == Some(name);
         if name != self.pod.name && released && (held || was_leader) {
             info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
+            control.nudge();
+        }
+        // Its label turned "false" when it stopped claiming; it releases
+        // after its drain, and says so on its leader condition.
+        let newly_released = released_mark(pod).is_some() && released_mark(pod) != before.and_then(released_mark);
+        if name != self.pod.name && newly_released && held {
+            info!(pod = %name, "the leader's pod says it released; trying to acquire now");
             control.nudge();
         }
     }
