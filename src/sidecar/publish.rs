@@ -1055,6 +1055,66 @@ mod tests {
         );
     }
 
+    /// Issue 25: a leader's label turns "false" when it stops claiming, a
+    /// drain before it releases. Once released it says so on its own leader
+    /// condition (after the label), also on a pod without the readiness gate.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_release_the_pod_says_so_on_its_leader_condition() {
+        let api = api();
+        add_pod(&api, "web-0", "true", None, false);
+        let released = LeaderState {
+            term: 4,
+            change: Change::Released,
+            ..Default::default()
+        };
+        let (_state, rx) = watch::channel(released);
+        start(publisher(&api), rx);
+        until(&api, "marked released", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("False")
+        })
+        .await;
+        let patches = patches(&api);
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(patches[0].body["metadata"]["labels"], json!({KEY: "false"}), "the label first");
+        assert_eq!(patches[1].uri, "/api/v1/namespaces/prod/pods/web-0/status?");
+        let condition = &patches[1].body["status"]["conditions"][0];
+        assert_eq!(condition["reason"], RELEASED_REASON);
+        assert_eq!(condition["message"], "released term 4");
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    }
+
+    /// The holder's pod saying it released (its label turned "false" a
+    /// drain earlier, longer than the hurry after that nudge) makes a
+    /// follower acquire at once instead of at its next poll (P = 30 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_saying_it_released_makes_a_follower_acquire_at_once() {
+        use crate::lease::LeaseStore;
+        let api = api();
+        let store = crate::store::MemoryStore::new(1);
+        let (handle, grant) = follower_of_web1(&api, &store, true).await;
+        let mut state = handle.subscribe();
+        state
+            .wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc"))
+            .await
+            .unwrap();
+        label_web1_false(&api);
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        assert!(!handle.state().leader, "web-1 drains, still holding the lease");
+
+        store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
+        let mut released = pod(&api, "web-1");
+        released["status"]["conditions"] = json!([{"type": LEADER_CONDITION, "status": "False",
+            "reason": RELEASED_REASON, "message": released_message(grant.term)}]);
+        api.insert(&pods::collection("prod"), released);
+        let at = Instant::now();
+        state.wait_for(|s| s.leader).await.unwrap();
+        assert!(
+            at.elapsed() < Duration::from_secs(1),
+            "acquired only after {:?}",
+            at.elapsed()
+        );
+    }
+
     #[test]
     fn holder_identities_name_their_pod() {
         assert_eq!(holder_pod("eu/prod/web-1#abc").as_deref(), Some("web-1"));
