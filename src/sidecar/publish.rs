@@ -442,8 +442,11 @@ impl Publisher {
         let _ = tokio::time::timeout(Duration::from_secs(2), announcer).await;
     }
 
-    /// The current holder's pod turned its label to "false": it released,
-    /// so acquire now instead of at the next poll. Also when a pod labelled
+    /// The current holder's pod turned its label to "false" (it stopped
+    /// claiming), or changed again while labelled so (its app exited, or it
+    /// marked its leader condition `Released` after its drain): it has
+    /// released or is about to, so look at the store now instead of at the
+    /// next poll. Also when a pod labelled
     /// "true" (`before`) turns "false" while we do not know the holder yet:
     /// a candidate that has just started campaigning (its app turned ready,
     /// the moment `Newest` makes the old leader stand aside) has not
@@ -456,13 +459,6 @@ impl Publisher {
         let held = state.holder.as_deref().and_then(holder_pod).as_deref() == Some(name);
         if name != self.pod.name && released && (held || was_leader) {
             info!(pod = %name, "the leader's pod turned its label to false; trying to acquire now");
-            control.nudge();
-        }
-        // Its label turned "false" when it stopped claiming; it releases
-        // after its drain, and says so on its leader condition.
-        let newly_released = released_mark(pod).is_some() && released_mark(pod) != before.and_then(released_mark);
-        if name != self.pod.name && newly_released && held {
-            info!(pod = %name, "the leader's pod says it released; trying to acquire now");
             control.nudge();
         }
     }
@@ -1075,7 +1071,11 @@ mod tests {
         .await;
         let patches = patches(&api);
         assert_eq!(patches.len(), 2, "{patches:?}");
-        assert_eq!(patches[0].body["metadata"]["labels"], json!({KEY: "false"}), "the label first");
+        assert_eq!(
+            patches[0].body["metadata"]["labels"],
+            json!({KEY: "false"}),
+            "the label first"
+        );
         assert_eq!(patches[1].uri, "/api/v1/namespaces/prod/pods/web-0/status?");
         let condition = &patches[1].body["status"]["conditions"][0];
         assert_eq!(condition["reason"], RELEASED_REASON);
@@ -1085,7 +1085,8 @@ mod tests {
 
     /// The holder's pod saying it released (its label turned "false" a
     /// drain earlier, longer than the hurry after that nudge) makes a
-    /// follower acquire at once instead of at its next poll (P = 30 s).
+    /// follower acquire at once instead of at its next poll (P = 30 s):
+    /// any change of the holder's pod while labelled "false" nudges it.
     #[tokio::test(start_paused = true)]
     async fn a_leader_saying_it_released_makes_a_follower_acquire_at_once() {
         use crate::lease::LeaseStore;
@@ -1098,7 +1099,13 @@ mod tests {
             .await
             .unwrap();
         label_web1_false(&api);
+        // Past the hurry that nudge started (one P), and just after a poll:
+        // the next one is a whole P (30 s) away.
         tokio::time::sleep(Duration::from_secs(40)).await;
+        let reads = store.calls().reads;
+        while store.calls().reads == reads {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert!(!handle.state().leader, "web-1 drains, still holding the lease");
 
         store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
