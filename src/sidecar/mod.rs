@@ -123,7 +123,8 @@ pub async fn run(args: Args) -> Result<()> {
     // Leader work here is the drain window: when stepping down on purpose
     // (SIGTERM, the pod deleted, the app turned unhealthy) the main
     // container sees 503 first and gets time to finish before we release.
-    let work = drain_on_step_down(args.drain, own_pod::release_reserve(&settings.timing), own.clone());
+    let reserve = own_pod::release_reserve(&settings.timing);
+    let work = drain_on_step_down(args.drain, reserve, own.clone(), shutdown.clone());
     let handle = elector.spawn_with_work(store, shutdown.clone(), work);
     let state = handle.subscribe();
     tokio::spawn(footprint::release_start_up_pages(
@@ -214,9 +215,10 @@ fn drain_on_step_down(
     drain: Duration,
     reserve: Duration,
     own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
+    shutdown: CancellationToken,
 ) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
     move |ctx: LeaderContext| {
-        let own = own.clone();
+        let (own, shutdown) = (own.clone(), shutdown.clone());
         // The app run this term leads for: its end ends the drain.
         let led = own.as_ref().and_then(|o| o.borrow().app);
         Box::pin(async move {
@@ -228,7 +230,7 @@ fn drain_on_step_down(
             let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
             if ended.is_ok_and(|change| change == Change::SteppingDown) {
                 info!(?drain, "stopped claiming; draining before the release");
-                own_pod::drain(drain, reserve, own, led).await;
+                own_pod::drain(drain, reserve, own, led, shutdown).await;
             }
         })
     }
@@ -390,7 +392,7 @@ mod tests {
         let handle = elector.spawn_with_work(
             Arc::new(store.clone()),
             shutdown.clone(),
-            drain_on_step_down(drain, Duration::ZERO, None),
+            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone()),
         );
         let mut state = handle.subscribe();
         state.wait_for(|s| s.leader).await.unwrap();
@@ -421,6 +423,8 @@ mod tests {
         api: crate::testing::api::ApiServer,
         store: MemoryStore,
         handle: crate::lease::ElectorHandle,
+        /// SIGTERM.
+        shutdown: CancellationToken,
     }
 
     #[derive(clap::Parser)]
@@ -453,12 +457,17 @@ mod tests {
     }
 
     impl LeaderPod {
-        async fn start(drain: &str) -> LeaderPod {
+        /// `native`: the sidecar is an init container with `restartPolicy: Always`.
+        async fn start(drain: &str, native: bool) -> LeaderPod {
             use crate::testing::api::{ApiServer, pods};
             use clap::Parser;
             let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
             let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
             pod["status"]["containerStatuses"] = serde_json::json!([app_status(true, 0)]);
+            if native {
+                pod["spec"]["initContainers"] =
+                    serde_json::json!([{"name": interface::SIDECAR_CONTAINER, "restartPolicy": "Always"}]);
+            }
             api.insert(&pods::collection("prod"), pod);
             let cli = Cli::parse_from(["sidecar", "--app-container", "app", "--drain", drain]);
             let pod = config::PodRef {
@@ -470,13 +479,20 @@ mod tests {
             let own = watch_own_pod(Some(api.client("prod")), Some(&pod), cli.args.app_container.clone());
             let store = MemoryStore::new(1);
             let elector = Elector::new("web", Identity::new(None, Some("prod".into()), "web-0"), timing);
-            let work = drain_on_step_down(cli.args.drain, own_pod::release_reserve(&timing), own.clone());
-            let handle = elector.spawn_with_work(Arc::new(store.clone()), CancellationToken::new(), work);
+            let shutdown = CancellationToken::new();
+            let reserve = own_pod::release_reserve(&timing);
+            let work = drain_on_step_down(cli.args.drain, reserve, own.clone(), shutdown.clone());
+            let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), work);
             let control = handle.control();
             let metrics = Metrics::new(&mut Registry::default());
             start_health_sources(&cli.args, own, metrics, move |on| control.set_campaigning(on));
             handle.subscribe().wait_for(|s| s.leader).await.unwrap();
-            LeaderPod { api, store, handle }
+            LeaderPod {
+                api,
+                store,
+                handle,
+                shutdown,
+            }
         }
 
         fn update(&self, change: impl FnOnce(&mut serde_json::Value)) {
@@ -520,7 +536,7 @@ mod tests {
     /// holding a lease it could have released.
     #[tokio::test(start_paused = true)]
     async fn a_deleted_leader_pod_stops_claiming_at_once_and_releases_before_its_grace_period_ends() {
-        let pod = LeaderPod::start("60s").await;
+        let pod = LeaderPod::start("60s", false).await;
         let grace = Duration::from_secs(30);
         let reserve = own_pod::release_reserve(&long_lease());
         pod.delete(grace);
@@ -545,7 +561,7 @@ mod tests {
     /// deleted pod releases as soon as its status shows the app exited.
     #[tokio::test(start_paused = true)]
     async fn a_deleted_leader_pod_releases_as_soon_as_its_app_has_exited() {
-        let pod = LeaderPod::start("60s").await;
+        let pod = LeaderPod::start("60s", false).await;
         pod.delete(Duration::from_secs(30));
         pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -562,7 +578,7 @@ mod tests {
     /// once, without the drain (60 s here); restarted and ready, it leads again.
     #[tokio::test(start_paused = true)]
     async fn an_app_container_that_exited_releases_at_once_and_campaigns_again_when_restarted() {
-        let pod = LeaderPod::start("60s").await;
+        let pod = LeaderPod::start("60s", false).await;
         pod.app(false, 0);
         let released = pod.released().await;
         assert!(
@@ -577,7 +593,7 @@ mod tests {
     /// the kubelet has already restarted it (running again, one more restart).
     #[tokio::test(start_paused = true)]
     async fn an_app_restarted_between_two_looks_ends_the_drain() {
-        let pod = LeaderPod::start("60s").await;
+        let pod = LeaderPod::start("60s", false).await;
         pod.update(|p| {
             let mut restarted = app_status(true, 1);
             restarted["ready"] = serde_json::json!(false);
@@ -588,5 +604,33 @@ mod tests {
             released < Duration::from_secs(1),
             "released {released:?} after the restart"
         );
+    }
+
+    /// A native sidecar gets SIGTERM only once the app containers have
+    /// exited, while the pod's status still shows the app running (the
+    /// kubelet writes it once the whole pod has stopped): the SIGTERM ends
+    /// the drain.
+    #[tokio::test(start_paused = true)]
+    async fn sigterm_to_a_native_sidecar_of_a_deleted_pod_ends_the_drain() {
+        let pod = LeaderPod::start("60s", true).await;
+        pod.delete(Duration::from_secs(30));
+        pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(pod.held().await, "the app still runs: draining");
+        pod.shutdown.cancel();
+        let released = pod.released().await;
+        assert!(released < Duration::from_secs(1), "released {released:?} after SIGTERM");
+    }
+
+    /// A sidecar that is a regular container gets SIGTERM together with the
+    /// app: the app may still be running, so the drain goes on.
+    #[tokio::test(start_paused = true)]
+    async fn sigterm_to_a_sidecar_container_keeps_the_drain() {
+        let pod = LeaderPod::start("60s", false).await;
+        pod.delete(Duration::from_secs(30));
+        pod.shutdown.cancel();
+        pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(pod.held().await, "the app may still run: draining");
     }
 }

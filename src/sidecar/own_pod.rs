@@ -22,6 +22,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::health::{AppHealth, Verdict, container_verdict};
+use super::interface::SIDECAR_CONTAINER;
+use tokio_util::sync::CancellationToken;
 
 /// What the pod watch last showed.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +34,10 @@ pub struct OwnPod {
     pub app: Option<AppProcess>,
     /// The app container's readiness, for the health source.
     pub app_verdict: Verdict,
+    /// We run as a native sidecar (an init container named
+    /// [`SIDECAR_CONTAINER`] with `restartPolicy: Always`): the kubelet
+    /// sends us SIGTERM only once every app container has exited.
+    pub native_sidecar: bool,
 }
 
 impl Default for OwnPod {
@@ -40,6 +46,7 @@ impl Default for OwnPod {
             terminating: None,
             app: None,
             app_verdict: Verdict::Unknown("pod not read yet".into()),
+            native_sidecar: false,
         }
     }
 }
@@ -99,10 +106,16 @@ impl OwnPod {
             Some(name) => container_verdict(pod, name),
             None => Verdict::Unknown("no app container to follow".into()),
         };
+        let native_sidecar = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == SIDECAR_CONTAINER && c.restart_policy.as_deref() == Some("Always"));
         OwnPod {
             terminating,
             app,
             app_verdict,
+            native_sidecar,
         }
     }
 }
@@ -216,23 +229,39 @@ pub fn release_reserve(timing: &crate::lease::Timing) -> Duration {
 
 /// The drain before a deliberate release: `drain` at most, over as soon as
 /// the app run that led (`led`) has ended, and never later than `reserve`
-/// before the pod's grace period ends.
-pub async fn drain(drain: Duration, reserve: Duration, own: Option<watch::Receiver<OwnPod>>, led: Option<AppProcess>) {
+/// before the pod's grace period ends. A native sidecar's SIGTERM
+/// (`shutdown`) also ends it: the kubelet stops regular containers first
+/// and sidecars only once they have all exited (KEP-753; seen on a 1.36
+/// cluster: the sidecar's SIGTERM follows the app's exit by under a
+/// second, while the pod's status shows the app terminated only after the
+/// whole pod has stopped, too late to wait for).
+pub async fn drain(
+    drain: Duration,
+    reserve: Duration,
+    own: Option<watch::Receiver<OwnPod>>,
+    led: Option<AppProcess>,
+    shutdown: CancellationToken,
+) {
     let until = Instant::now() + drain;
     let Some(mut own) = own else {
         tokio::time::sleep_until(until).await;
         return;
     };
     loop {
-        let (ended, grace_ends) = {
+        let (ended, grace_ends, native) = {
             let pod = own.borrow_and_update();
             (
                 AppProcess::ended_since(pod.app, led),
                 pod.terminating.map(|t| t.grace_ends),
+                pod.native_sidecar,
             )
         };
         if ended {
             info!("the app container has exited: nothing left to drain, releasing now");
+            return;
+        }
+        if native && shutdown.is_cancelled() {
+            info!("SIGTERM to a native sidecar: the app containers have exited, releasing now");
             return;
         }
         let end = grace_ends.map_or(until, |g| {
@@ -245,6 +274,7 @@ pub async fn drain(drain: Duration, reserve: Duration, own: Option<watch::Receiv
                 }
                 return;
             }
+            _ = shutdown.cancelled(), if native => {}
             changed = own.changed() => if changed.is_err() {
                 tokio::time::sleep_until(end).await;
                 return;
