@@ -10,10 +10,7 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -158,28 +155,9 @@ pub fn container_verdict(pod: &Pod, container: &str) -> Verdict {
     }
 }
 
-/// Watches our own pod for the main container's readiness.
-pub async fn watch_container(pods: Api<Pod>, pod: String, container: String, verdict: watch::Sender<Verdict>) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
-    let events = watcher::watcher(pods, config).backoff(super::publish::watch_backoff());
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let next = match event {
-            Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => container_verdict(&p, &container),
-            Ok(_) => continue,
-            Err(e) => Verdict::Unknown(format!("cannot watch our pod: {e}")),
-        };
-        verdict.send_if_modified(|v| std::mem::replace(v, next.clone()) != next);
-    }
-}
-
-/// Turns the sources' verdicts into campaigning on or off, publishing the
-/// combined health for `/leader`, metrics and Events.
-pub async fn follow(
-    sources: Vec<(&'static str, watch::Receiver<Verdict>)>,
-    health: watch::Sender<AppHealth>,
-    set_campaigning: impl Fn(bool),
-) {
+/// Combines the sources' verdicts into the app's health, for the campaign
+/// ([`super::own_pod::steer_campaign`]), `/leader`, metrics and Events.
+pub async fn follow(sources: Vec<(&'static str, watch::Receiver<Verdict>)>, health: watch::Sender<AppHealth>) {
     let mut sources = sources;
     loop {
         let verdicts: Vec<(&str, Verdict)> = sources
@@ -188,11 +166,6 @@ pub async fn follow(
             .collect();
         let refs: Vec<(&str, &Verdict)> = verdicts.iter().map(|(n, v)| (*n, v)).collect();
         let combined = AppHealth::combine(&refs);
-        match combined.healthy {
-            Some(true) => set_campaigning(true),
-            Some(false) => set_campaigning(false),
-            None => {}
-        }
         let changed = health.send_if_modified(|h| std::mem::replace(h, combined.clone()) != combined);
         if changed {
             match combined.healthy {
@@ -251,55 +224,5 @@ mod tests {
         );
         assert_eq!(container_verdict(&pod, "leasehold"), Verdict::Healthy);
         assert!(matches!(container_verdict(&pod, "other"), Verdict::Unknown(_)));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_pod_event_with_the_main_container_not_ready_stops_the_campaign() {
-        use crate::testing::api::{ApiServer, pods};
-        let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
-        let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
-        pod["status"]["containerStatuses"] = serde_json::json!([
-            {"name": "app", "ready": true, "restartCount": 0, "image": "app", "imageID": ""},
-            {"name": "leasehold", "ready": true, "restartCount": 0, "image": "lh", "imageID": ""},
-        ]);
-        api.insert(&pods::collection("prod"), pod.clone());
-        api.insert(
-            &pods::collection("prod"),
-            pods::pod("web-1", "prod", serde_json::json!({"app": "web"}), None),
-        );
-        let pods_api: Api<Pod> = Api::namespaced(api.client("prod"), "prod");
-        let (verdict_tx, verdict_rx) = watch::channel(Verdict::Unknown("pod not read yet".into()));
-        tokio::spawn(watch_container(pods_api, "web-0".into(), "app".into(), verdict_tx));
-        let (health_tx, mut health_rx) = watch::channel(AppHealth::default());
-        let (campaign_tx, mut campaign_rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(follow(vec![("container", verdict_rx)], health_tx, move |on| {
-            campaign_tx.send(on).unwrap()
-        }));
-        assert_eq!(campaign_rx.recv().await, Some(true), "ready: campaign");
-
-        // The app container turns unready (restarted once).
-        pod["status"]["containerStatuses"][0]["ready"] = serde_json::json!(false);
-        pod["status"]["containerStatuses"][0]["restartCount"] = serde_json::json!(1);
-        api.insert(&pods::collection("prod"), pod);
-        assert_eq!(
-            campaign_rx.recv().await,
-            Some(false),
-            "not ready: stop campaigning (a leader releases)"
-        );
-        let health = health_rx.wait_for(|h| h.healthy == Some(false)).await.unwrap().clone();
-        assert_eq!(health.reason, "container: container app is not ready (restarts: 1)");
-
-        let watch = api
-            .requests()
-            .into_iter()
-            .find(|r| r.uri.contains("watch=true"))
-            .expect("a watch of our pod");
-        assert_eq!(watch.path(), "/api/v1/namespaces/prod/pods");
-        assert!(
-            watch.uri.contains("fieldSelector=metadata.name%3Dweb-0"),
-            "{}",
-            watch.uri
-        );
-        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 }

@@ -2,6 +2,12 @@
 //! its default ports. The flags in `config.rs` and the injection patch
 //! (webhook and `leasehold inject`) both read these, so they cannot drift.
 
+/// The injected sidecar container's name. The sidecar finds itself by it
+/// in its pod's spec: as a native sidecar (an init container with
+/// `restartPolicy: Always`) it gets SIGTERM only once every app container
+/// has exited.
+pub const SIDECAR_CONTAINER: &str = "leasehold";
+
 /// The DistributedLease to follow (`--lease`).
 pub const ENV_LEASE: &str = "LEASEHOLD_LEASE";
 /// The pod's name, namespace and UID, from the downward API.

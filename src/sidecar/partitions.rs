@@ -33,7 +33,7 @@ use super::config::Settings;
 use super::http::{PartitionsApi, PartitionsSetup};
 use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
-use super::{Args, Result, bind, capped_backoff, metrics_router, start_health_sources};
+use super::{Args, Result, bind, capped_backoff, metrics_router, start_health_sources, watch_own_pod};
 use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
 use crate::store::select::StoreConfig;
 
@@ -55,7 +55,8 @@ pub async fn run(
     let campaigning_tx = Arc::new(watch::channel(true).0);
     let campaigning = campaigning_tx.subscribe();
     let follower = campaigning_tx.clone();
-    let app = start_health_sources(&args, kube.clone(), settings.pod.clone(), metrics.clone(), move |on| {
+    let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());
+    let app = start_health_sources(&args, own, metrics.clone(), move |on| {
         follower.send_replace(on);
     });
     let api = PartitionsApi {

@@ -114,12 +114,16 @@ enum Write {
     Label { pod: String, leader: bool, version: String },
     /// `leader` as `pod`'s leader condition.
     Condition { pod: String, leader: bool, version: String },
+    /// Our own leader condition False, saying we released `term`: peers
+    /// watching it look at the store at once (the label turned "false"
+    /// already when we stopped claiming, before the drain).
+    Released { pod: String, term: u64, version: String },
 }
 
 impl Write {
     fn pod(&self) -> &str {
         match self {
-            Write::Label { pod, .. } | Write::Condition { pod, .. } => pod,
+            Write::Label { pod, .. } | Write::Condition { pod, .. } | Write::Released { pod, .. } => pod,
         }
     }
 }
@@ -128,14 +132,31 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-fn condition(pod: &Pod) -> Option<&str> {
+fn leader_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
     pod.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
         .find(|c| c.type_ == LEADER_CONDITION)
-        .map(|c| c.status.as_str())
+}
+
+fn condition(pod: &Pod) -> Option<&str> {
+    leader_condition(pod).map(|c| c.status.as_str())
+}
+
+/// The reason of the leader condition that says a pod released its term.
+const RELEASED_REASON: &str = "Released";
+
+fn released_message(term: u64) -> String {
+    format!("released term {term}")
+}
+
+/// The term a pod's leader condition says it released, as its message.
+fn released_mark(pod: &Pod) -> Option<&str> {
+    leader_condition(pod)
+        .filter(|c| c.reason.as_deref() == Some(RELEASED_REASON))
+        .and_then(|c| c.message.as_deref())
 }
 
 fn version(pod: &Pod) -> String {
@@ -185,7 +206,7 @@ impl Publisher {
     /// The next write towards `leads`, or `None` when the pods match it
     /// (or cannot be judged yet: our pod not seen, or, to claim, the other
     /// candidates not listed).
-    fn next_write(&self, leads: bool, observed: &Observed) -> Option<Write> {
+    fn next_write(&self, leads: bool, released: Option<u64>, observed: &Observed) -> Option<Write> {
         let me = &self.pod.name;
         let own = observed.own.as_ref()?;
         let gated = readiness_gated(own);
@@ -212,7 +233,16 @@ impl Publisher {
             if gated && condition(own) != Some("False") {
                 return Some(own_condition(false));
             }
-            return (!own_labels_are(false)).then(|| own_label(false));
+            if !own_labels_are(false) {
+                return Some(own_label(false));
+            }
+            return released
+                .filter(|term| released_mark(own) != Some(released_message(*term).as_str()))
+                .map(|term| Write::Released {
+                    pod: me.clone(),
+                    term,
+                    version: version(own),
+                });
         }
         if !observed.peers_listed {
             return None;
@@ -259,11 +289,20 @@ impl Publisher {
                 let patch = Patch::Merge(json!({"metadata": {"resourceVersion": version, "labels": labels}}));
                 Box::pin(async move { pods.patch(&pod, &params, &patch).await })
             }
-            Write::Condition { pod, leader, version } => {
-                let (status, reason, message) = match (leader, pod == self.pod.name) {
-                    (true, _) => ("True", "Leader", "this pod holds the lease"),
-                    (false, true) => ("False", "Follower", "this pod does not hold the lease"),
-                    (false, false) => ("False", "NotLeader", "cleared by the new leader"),
+            Write::Condition { .. } | Write::Released { .. } => {
+                let (pod, version, status, reason, message) = match write.clone() {
+                    Write::Released { pod, term, version } => {
+                        (pod, version, "False", RELEASED_REASON, released_message(term))
+                    }
+                    Write::Condition { pod, leader, version } => {
+                        let (status, reason, message) = match (leader, pod == self.pod.name) {
+                            (true, _) => ("True", "Leader", "this pod holds the lease"),
+                            (false, true) => ("False", "Follower", "this pod does not hold the lease"),
+                            (false, false) => ("False", "NotLeader", "cleared by the new leader"),
+                        };
+                        (pod, version, status, reason, message.to_string())
+                    }
+                    Write::Label { .. } => unreachable!("matched above"),
                 };
                 let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
                 // Strategic merge: the API server merges conditions by type.
@@ -305,6 +344,8 @@ impl Publisher {
         let mut retry_at: Option<Instant> = None;
         let mut report = Throttle::new(REPORT_EVERY);
         let mut desired = false;
+        // The term we last released, to say so on our pod until we lead again.
+        let mut released: Option<u64> = None;
         let mut ending: Option<Instant> = None;
         loop {
             let current = state.borrow().clone();
@@ -317,7 +358,12 @@ impl Publisher {
                 retry_at = None;
                 backoff = write_backoff();
             }
-            let next = self.next_write(desired, &observed);
+            if current.change == Change::Released {
+                released = Some(current.term);
+            } else if desired {
+                released = None;
+            }
+            let next = self.next_write(desired, released, &observed);
             if in_flight.as_ref().is_some_and(|(w, _)| Some(w) != next.as_ref()) {
                 in_flight = None;
             }
@@ -396,8 +442,11 @@ impl Publisher {
         let _ = tokio::time::timeout(Duration::from_secs(2), announcer).await;
     }
 
-    /// The current holder's pod turned its label to "false": it released,
-    /// so acquire now instead of at the next poll. Also when a pod labelled
+    /// The current holder's pod turned its label to "false" (it stopped
+    /// claiming), or changed again while labelled so (its app exited, or it
+    /// marked its leader condition `Released` after its drain): it has
+    /// released or is about to, so look at the store now instead of at the
+    /// next poll. Also when a pod labelled
     /// "true" (`before`) turns "false" while we do not know the holder yet:
     /// a candidate that has just started campaigning (its app turned ready,
     /// the moment `Newest` makes the old leader stand aside) has not
@@ -994,6 +1043,77 @@ mod tests {
             Some("prod/web-1#abc"),
             "the first look missed the release"
         );
+        state.wait_for(|s| s.leader).await.unwrap();
+        assert!(
+            at.elapsed() < Duration::from_secs(1),
+            "acquired only after {:?}",
+            at.elapsed()
+        );
+    }
+
+    /// Issue 25: a leader's label turns "false" when it stops claiming, a
+    /// drain before it releases. Once released it says so on its own leader
+    /// condition (after the label), also on a pod without the readiness gate.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_release_the_pod_says_so_on_its_leader_condition() {
+        let api = api();
+        add_pod(&api, "web-0", "true", None, false);
+        let released = LeaderState {
+            term: 4,
+            change: Change::Released,
+            ..Default::default()
+        };
+        let (_state, rx) = watch::channel(released);
+        start(publisher(&api), rx);
+        until(&api, "marked released", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("False")
+        })
+        .await;
+        let patches = patches(&api);
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(
+            patches[0].body["metadata"]["labels"],
+            json!({KEY: "false"}),
+            "the label first"
+        );
+        assert_eq!(patches[1].uri, "/api/v1/namespaces/prod/pods/web-0/status?");
+        let condition = &patches[1].body["status"]["conditions"][0];
+        assert_eq!(condition["reason"], RELEASED_REASON);
+        assert_eq!(condition["message"], "released term 4");
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    }
+
+    /// The holder's pod saying it released (its label turned "false" a
+    /// drain earlier, longer than the hurry after that nudge) makes a
+    /// follower acquire at once instead of at its next poll (P = 30 s):
+    /// any change of the holder's pod while labelled "false" nudges it.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_saying_it_released_makes_a_follower_acquire_at_once() {
+        use crate::lease::LeaseStore;
+        let api = api();
+        let store = crate::store::MemoryStore::new(1);
+        let (handle, grant) = follower_of_web1(&api, &store, true).await;
+        let mut state = handle.subscribe();
+        state
+            .wait_for(|s| s.holder.as_deref() == Some("prod/web-1#abc"))
+            .await
+            .unwrap();
+        label_web1_false(&api);
+        // Past the hurry that nudge started (one P), and just after a poll:
+        // the next one is a whole P (30 s) away.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let reads = store.calls().reads;
+        while store.calls().reads == reads {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!handle.state().leader, "web-1 drains, still holding the lease");
+
+        store.release("web", "prod/web-1#abc", grant.token).await.unwrap();
+        let mut released = pod(&api, "web-1");
+        released["status"]["conditions"] = json!([{"type": LEADER_CONDITION, "status": "False",
+            "reason": RELEASED_REASON, "message": released_message(grant.term)}]);
+        api.insert(&pods::collection("prod"), released);
+        let at = Instant::now();
         state.wait_for(|s| s.leader).await.unwrap();
         assert!(
             at.elapsed() < Duration::from_secs(1),

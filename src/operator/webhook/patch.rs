@@ -17,7 +17,7 @@ use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
 
 use crate::sidecar::interface::{
     DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR,
-    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE,
+    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE, SIDECAR_CONTAINER,
 };
 
 /// The annotation that asks for injection and names the DistributedLease.
@@ -41,7 +41,7 @@ pub const INJECT_LABEL: &str = "leasehold.dev/inject";
 const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
 /// The readiness-gate condition type the sidecar sets.
 pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
-pub const SIDECAR_NAME: &str = "leasehold";
+pub const SIDECAR_NAME: &str = SIDECAR_CONTAINER;
 /// The image's numeric user and group (Dockerfile `USER 65532:65532`): the
 /// kubelet can check `runAsNonRoot` only against a numeric user.
 pub const SIDECAR_USER: i64 = 65532;
