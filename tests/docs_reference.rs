@@ -213,7 +213,7 @@ fn generate() -> String {
         "# Reference (generated)\n\n<!-- Generated from the code by tests/docs_reference.rs; do not edit.\n     \
          Regenerate: LEASEHOLD_BLESS=1 cargo nextest run --test docs_reference -->\n\n\
          What each part means and how they work together: [operator.md](operator.md) (the resource),\n\
-         the [README](../README.md) (the sidecar, `leasehold run`), [versions.md](versions.md),\n\
+         the [README](../README.md) (the sidecar), [run.md](run.md), [versions.md](versions.md),\n\
          [partitions.md](partitions.md).\n\n## DistributedLease fields\n\n| field | type | description |\n|---|---|---|\n",
     );
     for (path, kind, description) in crd_fields() {
