@@ -279,9 +279,7 @@ async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, servic
 
 /// What RBAC is asked about for each verb of each rule: the review's
 /// attributes (in `namespace` unless cluster-wide) and how a report names it.
-fn permissions<'a>(
-    rules: impl IntoIterator<Item = (&'a Rule, Option<&'a str>)>,
-) -> Vec<(ResourceAttributes, String)> {
+fn permissions<'a>(rules: impl IntoIterator<Item = (&'a Rule, Option<&'a str>)>) -> Vec<(ResourceAttributes, String)> {
     let mut permissions = Vec::new();
     for (rule, namespace) in rules {
         for resource in rule.resources {
@@ -370,9 +368,15 @@ async fn check_sidecar_rbac(
     for (namespace, by_account) in accounts {
         for (account, leases) in by_account {
             let user = format!("system:serviceaccount:{namespace}:{account}");
-            let groups = ["system:serviceaccounts", &format!("system:serviceaccounts:{namespace}"), "system:authenticated"];
+            let groups = [
+                "system:serviceaccounts",
+                &format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated",
+            ];
             let mut missing = Vec::new();
-            let scoped = crate::sidecar::rbac::RULES.iter().map(|r| (r, Some(namespace.as_str())));
+            let scoped = crate::sidecar::rbac::RULES
+                .iter()
+                .map(|r| (r, Some(namespace.as_str())));
             for (attributes, what) in permissions(scoped) {
                 let review = SubjectAccessReview {
                     spec: SubjectAccessReviewSpec {

@@ -27,7 +27,10 @@ fn the_image_builds_from_the_dockerfile() {
         String::from_utf8_lossy(&version.stdout).trim(),
         format!("leasehold {}", env!("CARGO_PKG_VERSION"))
     );
-    assert_eq!(destination, IMAGE_BINARY, "the Dockerfile copies the binary elsewhere than IMAGE_BINARY");
+    assert_eq!(
+        destination, IMAGE_BINARY,
+        "the Dockerfile copies the binary elsewhere than IMAGE_BINARY"
+    );
     let stages = stages();
     let entrypoint = stages.last().unwrap().all("ENTRYPOINT").last().map(exec_form);
     assert_eq!(entrypoint, Some(Ok(vec![IMAGE_BINARY.to_string()])));
@@ -67,7 +70,10 @@ fn leaving_out_any_copied_file_fails_the_build() {
         let outcome = run_build(&offline, &scratch);
         std::fs::remove_dir_all(&scratch).unwrap();
         let Err(failure) = outcome else {
-            panic!("the build stage without `COPY {}` still builds: that line is not needed", removed.arguments);
+            panic!(
+                "the build stage without `COPY {}` still builds: that line is not needed",
+                removed.arguments
+            );
         };
         // For the want of what that line copies, not for another reason.
         let copy = parse_copy(&removed.arguments).unwrap();
@@ -92,7 +98,10 @@ fn tempdir(name: &str) -> std::path::PathBuf {
 fn mount_problem(binary: &str, mount: &str) -> Option<String> {
     let mount = Path::new(mount);
     if mount.ancestors().any(|folder| folder == Path::new(binary)) {
-        return Some(format!("{} needs a folder where the image has the file {binary}", mount.display()));
+        return Some(format!(
+            "{} needs a folder where the image has the file {binary}",
+            mount.display()
+        ));
     }
     Path::new(binary)
         .starts_with(mount)
@@ -109,7 +118,8 @@ fn the_installer_mount_leaves_the_image_binary_alone() {
 
 #[test]
 fn the_parser_reads_continuations_stages_and_copies() {
-    let stages = parse("# c\nFROM a AS build\nWORKDIR /src\nRUN x \\\n && y\n\nFROM b\nCOPY --from=build /src/t /t\n").unwrap();
+    let stages =
+        parse("# c\nFROM a AS build\nWORKDIR /src\nRUN x \\\n && y\n\nFROM b\nCOPY --from=build /src/t /t\n").unwrap();
     assert_eq!(stages.len(), 2);
     assert_eq!(stages[0].name.as_deref(), Some("build"));
     assert_eq!(stages[0].all("RUN").collect::<Vec<_>>(), ["x && y"]);
@@ -118,6 +128,9 @@ fn the_parser_reads_continuations_stages_and_copies() {
         (copy.from.as_deref(), copy.sources, copy.destination.as_str()),
         (Some("build"), vec!["/src/t".to_string()], "/t")
     );
-    assert!(parse_copy("--chown=1 a b").is_err(), "an unsupported flag is refused, not ignored");
+    assert!(
+        parse_copy("--chown=1 a b").is_err(),
+        "an unsupported flag is refused, not ignored"
+    );
     assert!(parse("RUN x\n").is_err());
 }

@@ -20,7 +20,10 @@ fn root() -> &'static Path {
 }
 
 fn cell(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|")
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('|', "\\|")
 }
 
 /// (path, type, description) of every field under `schema`, depth first.
@@ -73,7 +76,8 @@ fn metrics() -> Vec<(String, String, String)> {
             let [name, help, ..] = literals.as_slice() else {
                 panic!("{}: a register call without name and help: {call}", file.display())
             };
-            let metric = (call.trim_end().trim_end_matches(',').rsplit(',').next().unwrap().trim()).trim_end_matches(".clone()");
+            let metric =
+                (call.trim_end().trim_end_matches(',').rsplit(',').next().unwrap().trim()).trim_end_matches(".clone()");
             let field = metric.rsplit('.').next().unwrap();
             let declaration = [format!("let {field} = "), format!("{field}: ")]
                 .iter()
@@ -88,7 +92,11 @@ fn metrics() -> Vec<(String, String, String)> {
                 "Counter" => format!("{prefix}_{name}_total"),
                 _ => format!("{prefix}_{name}"),
             };
-            let family = if declaration.contains("Family<") { " (labelled)" } else { "" };
+            let family = if declaration.contains("Family<") {
+                " (labelled)"
+            } else {
+                ""
+            };
             out.push((scraped, format!("{}{family}", kind.to_lowercase()), help.to_string()));
         }
     }
@@ -118,7 +126,11 @@ fn literals_with_context(source: &str) -> Vec<(String, String)> {
 /// (test files left out).
 fn sources() -> Vec<(std::path::PathBuf, &'static str)> {
     let mut out = Vec::new();
-    for (dir, component) in [("src/operator", "operator"), ("src/sidecar", "sidecar"), ("src/run", "runner")] {
+    for (dir, component) in [
+        ("src/operator", "operator"),
+        ("src/sidecar", "sidecar"),
+        ("src/run", "runner"),
+    ] {
         let mut folders = vec![root().join(dir)];
         while let Some(folder) = folders.pop() {
             for entry in std::fs::read_dir(folder).unwrap() {
@@ -163,9 +175,8 @@ fn event_reasons() -> BTreeSet<(String, &'static str)> {
                     next.starts_with(char::is_uppercase) && between.ends_with(&format!("\"{literal}\", "))
                 });
             let returned_with_message = tail.ends_with('(') && source.contains(&format!("(\"{literal}\", format!("));
-            let returned_in_tuple = tail.ends_with('(')
-                && source.contains(&format!("\"{literal}\",\n"))
-                && context.contains("=>");
+            let returned_in_tuple =
+                tail.ends_with('(') && source.contains(&format!("\"{literal}\",\n")) && context.contains("=>");
             if after_type || before_action || returned_with_message || returned_in_tuple {
                 reasons.insert((literal.clone(), component));
             }
@@ -189,7 +200,10 @@ fn flags() -> Vec<(String, String, String, String, String)> {
                 Some(long) => format!("--{long}"),
                 None => format!("<{}>", id.to_uppercase()),
             };
-            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+            let env = arg
+                .get_env()
+                .map(|e| e.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let default = (arg.get_default_values().iter())
                 .map(|v| v.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
@@ -313,10 +327,22 @@ fn the_operator_doc_names_every_field() {
 #[test]
 fn the_checks_catch_an_undocumented_name() {
     let docs = hand_docs();
-    assert_eq!(unmentioned(&docs, ["NoSuchReason", "leasehold_no_such_metric"]).len(), 2);
+    assert_eq!(
+        unmentioned(&docs, ["NoSuchReason", "leasehold_no_such_metric"]).len(),
+        2
+    );
     let reasons = event_reasons();
-    for reason in ["Acquired", "TimingAtRisk", "LeaderVersionChanged", "StoreUnavailable", "StaleLabelCleared"] {
-        assert!(reasons.iter().any(|(r, _)| r == reason), "{reason} not found by the scan: {reasons:?}");
+    for reason in [
+        "Acquired",
+        "TimingAtRisk",
+        "LeaderVersionChanged",
+        "StoreUnavailable",
+        "StaleLabelCleared",
+    ] {
+        assert!(
+            reasons.iter().any(|(r, _)| r == reason),
+            "{reason} not found by the scan: {reasons:?}"
+        );
     }
     let scanned = literals_with_context("ctx.publish(lease, EventType::Warning, \"Planted\", \"Act\", m)");
     assert_eq!(scanned[0].0, "Planted");

@@ -50,7 +50,11 @@ fn the_examples_leave_the_sidecar_role_to_the_chart() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         for kind in ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] {
-            assert!(!text.contains(&format!("\nkind: {kind}\n")), "{}: a {kind}", path.display());
+            assert!(
+                !text.contains(&format!("\nkind: {kind}\n")),
+                "{}: a {kind}",
+                path.display()
+            );
         }
     }
 }

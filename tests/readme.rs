@@ -23,13 +23,14 @@ fn read(path: &str) -> String {
 #[test]
 fn the_walkthrough_steps_come_in_the_order_the_install_needs() {
     let script = e2e_script(&read("README.md"));
-    // The operator (and its webhook) before the namespace's pods; the
-    // Secret before the lease that names it; the lease before its pods.
+    // The namespace before the chart puts the sidecar's Role in it; the
+    // operator (and its webhook's certificate) before the namespace's pods;
+    // the Secret before the lease that names it; the lease before its pods.
     let steps = [
-        "helm install leasehold charts/leasehold",
-        "mutatingwebhookconfiguration/leasehold-sidecar-injector",
         "kubectl create namespace my-app",
         "kubectl label namespace my-app leasehold.dev/inject=enabled",
+        "helm install leasehold charts/leasehold",
+        "mutatingwebhookconfiguration/leasehold-sidecar-injector",
         "create secret generic leases-db",
         "-f manifests/examples/lease.yaml",
         "-f manifests/examples/leader-only-service.yaml",
@@ -39,7 +40,9 @@ fn the_walkthrough_steps_come_in_the_order_the_install_needs() {
     ];
     let mut at = 0;
     for step in steps {
-        let found = script[at..].find(step).unwrap_or_else(|| panic!("{step:?} missing or out of order in:\n{script}"));
+        let found = script[at..]
+            .find(step)
+            .unwrap_or_else(|| panic!("{step:?} missing or out of order in:\n{script}"));
         at += found + step.len();
     }
 }
@@ -58,7 +61,12 @@ fn the_walkthrough_uses_only_what_the_end_to_end_suite_provides() {
     let planted = "docker build -t leasehold:dev .\nkubectl get pods | grep x\necho $HOME\n";
     assert_eq!(
         unprovided(planted),
-        ["command \"docker\" (docker build -t leasehold:dev .)", "command \"grep\" (grep x)", "command \"echo\" (echo $HOME)", "variable $HOME"]
+        [
+            "command \"docker\" (docker build -t leasehold:dev .)",
+            "command \"grep\" (grep x)",
+            "command \"echo\" (echo $HOME)",
+            "variable $HOME"
+        ]
     );
 }
 
@@ -74,12 +82,23 @@ fn the_walkthrough_binds_the_account_the_examples_run_as() {
         .and_then(|rest| rest.split('\'').next())
         .expect("the install sets sidecar.rbac.namespaces");
     let (namespace, accounts) = set.split_once('=').unwrap();
-    assert!(script.contains(&format!("kubectl create namespace {namespace}")), "{script}");
+    assert!(
+        script.contains(&format!("kubectl create namespace {namespace}")),
+        "{script}"
+    );
     for example in ["leader-only-service", "readiness-gated"] {
         let text = read(&format!("manifests/examples/{example}.yaml"));
-        let account = text.split("serviceAccountName: ").nth(1).unwrap().lines().next().unwrap();
+        let account = text
+            .split("serviceAccountName: ")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap();
         assert_eq!(accounts, format!("{{{account}}}"), "{example} runs as {account}");
-        assert!(script.contains(&format!("kubectl -n {namespace} apply -f manifests/examples/{example}.yaml")));
+        assert!(script.contains(&format!(
+            "kubectl -n {namespace} apply -f manifests/examples/{example}.yaml"
+        )));
     }
 }
 
@@ -105,7 +124,11 @@ fn the_one_machine_trial_elects_one_of_two_candidates() {
     };
     let postgres = PostgresServer::start();
     let binary = Path::new(env!("CARGO_BIN_EXE_leasehold"));
-    let path = format!("{}:{}", binary.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut shell = Command::new("bash")
         .args(["-c", &trial.text])
         .env("PATH", path)
@@ -116,7 +139,9 @@ fn the_one_machine_trial_elects_one_of_two_candidates() {
         .unwrap();
     let group = shell.id();
     let stop = || {
-        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{group}")])
+            .status();
     };
     // The script ends after its curls; the candidates it started run on.
     let finished = shell.wait().unwrap();

@@ -295,7 +295,10 @@ async fn a_healthy_install_reports_only_ok() {
     let sidecar_verbs: usize = (crate::sidecar::rbac::RULES.iter())
         .map(|r| r.resources.len() * r.verbs.len())
         .sum();
-    assert_eq!(sidecar_reviews, sidecar_verbs, "one account (both pods run as it), one review per verb");
+    assert_eq!(
+        sidecar_reviews, sidecar_verbs,
+        "one account (both pods run as it), one review per verb"
+    );
 }
 
 /// Candidates running as an account without the sidecar's Role are an
@@ -317,12 +320,17 @@ async fn a_candidate_account_without_the_sidecar_role_is_named() {
     let (report, cluster) = check_against(cluster).await;
     assert_eq!(
         messages(&report, Severity::Error),
-        ["ServiceAccount prod/default, which candidates of prod/jobs run as, lacks the sidecar's permissions: \
+        [
+            "ServiceAccount prod/default, which candidates of prod/jobs run as, lacks the sidecar's permissions: \
           patch pods/status, watch leasehold.dev/distributedleases; bind the sidecar Role to it (chart: --set \
-          'sidecar.rbac.namespaces.prod={default}' with the namespace's other accounts; see docs/rbac-sidecar.md)"]
+          'sidecar.rbac.namespaces.prod={default}' with the namespace's other accounts; see docs/rbac-sidecar.md)"
+        ]
     );
     let ok = messages(&report, Severity::Ok).join("\n");
-    assert!(ok.contains("ServiceAccount prod/web (candidates of prod/web) has the sidecar's permissions"), "{ok}");
+    assert!(
+        ok.contains("ServiceAccount prod/web (candidates of prod/web) has the sidecar's permissions"),
+        "{ok}"
+    );
     assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
 }
 
@@ -333,7 +341,10 @@ async fn a_check_that_may_not_review_others_says_so() {
     let (report, _) = check_against(cluster).await;
     assert_eq!(report.errors(), 0, "{report:#?}");
     let warnings = messages(&report, Severity::Warning).join("\n");
-    assert!(warnings.contains("cannot review the sidecar's RBAC (SubjectAccessReview)"), "{warnings}");
+    assert!(
+        warnings.contains("cannot review the sidecar's RBAC (SubjectAccessReview)"),
+        "{warnings}"
+    );
 }
 
 #[tokio::test]

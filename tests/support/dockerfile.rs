@@ -171,7 +171,10 @@ fn ignored_paths(root: &Path) -> Result<Vec<String>, String> {
 /// Copies `from` to `to` (a folder recursively), keeping modification times,
 /// skipping what `.dockerignore` excludes (`relative` is `from` in the context).
 fn copy_keeping_times(from: &Path, to: &Path, relative: &str, ignored: &[String]) -> Result<(), String> {
-    if ignored.iter().any(|i| relative == i || relative.starts_with(&format!("{i}/"))) {
+    if ignored
+        .iter()
+        .any(|i| relative == i || relative.starts_with(&format!("{i}/")))
+    {
         return Ok(());
     }
     let what = |e: std::io::Error| format!("{}: {e}", from.display());
@@ -181,7 +184,12 @@ fn copy_keeping_times(from: &Path, to: &Path, relative: &str, ignored: &[String]
         for entry in fs::read_dir(from).map_err(what)? {
             let name = entry.map_err(what)?.file_name();
             let name = name.to_string_lossy();
-            copy_keeping_times(&from.join(&*name), &to.join(&*name), &format!("{relative}/{name}"), ignored)?;
+            copy_keeping_times(
+                &from.join(&*name),
+                &to.join(&*name),
+                &format!("{relative}/{name}"),
+                ignored,
+            )?;
         }
     } else {
         fs::copy(from, to).map_err(what)?;
@@ -211,14 +219,20 @@ pub fn prepare_context(build: &Stage, dir: &Path) -> Result<(), String> {
         let entry = entry.map_err(|e| e.to_string())?;
         if entry.file_name() != "target" {
             let path = entry.path();
-            let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
             removed.map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
     for arguments in build.all("COPY") {
         let copy = parse_copy(arguments)?;
         if copy.from.is_some() {
-            return Err(format!("COPY {arguments}: copies between build stages are not supported here"));
+            return Err(format!(
+                "COPY {arguments}: copies between build stages are not supported here"
+            ));
         }
         // Relative to WORKDIR, which the build folder stands for.
         let destination = copy.destination.trim_start_matches(workdir).trim_start_matches("./");
@@ -231,7 +245,8 @@ pub fn prepare_context(build: &Stage, dir: &Path) -> Result<(), String> {
             }
             // Docker copies a folder's contents, a file as itself.
             let to = if into_folder && !from.is_dir() {
-                dir.join(destination).join(relative.rsplit('/').next().unwrap_or(relative))
+                dir.join(destination)
+                    .join(relative.rsplit('/').next().unwrap_or(relative))
             } else {
                 dir.join(destination)
             };
@@ -276,7 +291,10 @@ pub fn build_image_binary() -> Result<(PathBuf, String), String> {
     run_build(build, &dir)?;
     let workdir = build.last("WORKDIR").unwrap_or("/");
     let [source] = copy.sources.as_slice() else {
-        return Err(format!("COPY --from copies {} files; one binary expected", copy.sources.len()));
+        return Err(format!(
+            "COPY --from copies {} files; one binary expected",
+            copy.sources.len()
+        ));
     };
     let built = dir.join(source.trim_start_matches(workdir).trim_start_matches('/'));
     Ok((built, copy.destination))

@@ -65,7 +65,11 @@ pub fn commands(script: &str) -> Vec<String> {
         if line.trim_start().starts_with('#') {
             continue;
         }
-        for part in line.split("&&").flat_map(|p| p.split("||")).flat_map(|p| p.split([';', '|'])) {
+        for part in line
+            .split("&&")
+            .flat_map(|p| p.split("||"))
+            .flat_map(|p| p.split([';', '|']))
+        {
             let part = part.trim().trim_end_matches('&').trim();
             if !part.is_empty() {
                 out.push(part.to_string());
