@@ -5,12 +5,13 @@
 //! that the `COPY` lines leave out therefore fails here as it fails there.
 //!
 //! The build folder is `<target dir>/dockerfile/src` (the stage's WORKDIR) and
-//! outlives the run: its `target/` stays, and copies keep the source files'
-//! modification times, so cargo rebuilds only what changed and the release
+//! outlives the run: its `target/` stays, and a file is rewritten only when
+//! its bytes changed, so cargo rebuilds only what changed and the release
 //! build (lto, one codegen unit) is paid in full once per machine.
 
 #![allow(dead_code)] // the end-to-end suite uses the binary, the Dockerfile test the parsing too
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -168,33 +169,70 @@ fn ignored_paths(root: &Path) -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// Copies `from` to `to` (a folder recursively), keeping modification times,
-/// skipping what `.dockerignore` excludes (`relative` is `from` in the context).
-fn copy_keeping_times(from: &Path, to: &Path, relative: &str, ignored: &[String]) -> Result<(), String> {
+/// Adds to `files` every file `from` holds (itself, or a folder's files
+/// recursively) as its path under `to`, skipping what `.dockerignore`
+/// excludes (`relative` is `from` in the build context).
+fn collect(
+    from: &Path,
+    to: &Path,
+    relative: &str,
+    ignored: &[String],
+    files: &mut BTreeMap<PathBuf, PathBuf>,
+) -> Result<(), String> {
     if ignored
         .iter()
         .any(|i| relative == i || relative.starts_with(&format!("{i}/")))
     {
         return Ok(());
     }
-    let what = |e: std::io::Error| format!("{}: {e}", from.display());
-    let metadata = fs::metadata(from).map_err(what)?;
-    if metadata.is_dir() {
-        fs::create_dir_all(to).map_err(what)?;
-        for entry in fs::read_dir(from).map_err(what)? {
-            let name = entry.map_err(what)?.file_name();
+    if from.is_dir() {
+        let entries = fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))?;
+        for entry in entries {
+            let name = entry.map_err(|e| e.to_string())?.file_name();
             let name = name.to_string_lossy();
-            copy_keeping_times(
+            collect(
                 &from.join(&*name),
                 &to.join(&*name),
                 &format!("{relative}/{name}"),
                 ignored,
+                files,
             )?;
         }
     } else {
-        fs::copy(from, to).map_err(what)?;
-        let copied = fs::File::options().write(true).open(to).map_err(what)?;
-        copied.set_modified(metadata.modified().map_err(what)?).map_err(what)?;
+        files.insert(to.to_path_buf(), from.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Makes `dir` hold exactly `files` (path in `dir` -> source), `target/`
+/// aside. A file whose bytes are already there is left alone, so cargo sees
+/// it unchanged; any other is written anew, so cargo sees it changed (by
+/// content, not by the source's modification time, which can predate the
+/// last build when a file was edited during it).
+fn sync(dir: &Path, files: &BTreeMap<PathBuf, PathBuf>) -> Result<(), String> {
+    fn what(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+        move |e| format!("{}: {e}", path.display())
+    }
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in fs::read_dir(&folder).map_err(what(&folder))? {
+            let path = entry.map_err(what(&folder))?.path();
+            if path == dir.join("target") {
+                continue;
+            }
+            if path.is_dir() {
+                folders.push(path);
+            } else if !files.contains_key(&path) {
+                fs::remove_file(&path).map_err(what(&path))?;
+            }
+        }
+    }
+    for (to, from) in files {
+        let bytes = fs::read(from).map_err(what(from))?;
+        if fs::read(to).ok().as_ref() != Some(&bytes) {
+            fs::create_dir_all(to.parent().unwrap_or(dir)).map_err(what(to))?;
+            fs::write(to, &bytes).map_err(what(to))?;
+        }
     }
     Ok(())
 }
@@ -215,18 +253,7 @@ pub fn prepare_context(build: &Stage, dir: &Path) -> Result<(), String> {
     let ignored = ignored_paths(root)?;
     let workdir = build.last("WORKDIR").ok_or("the build stage sets no WORKDIR")?;
     fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for entry in fs::read_dir(dir).map_err(|e| e.to_string())? {
-        let entry = entry.map_err(|e| e.to_string())?;
-        if entry.file_name() != "target" {
-            let path = entry.path();
-            let removed = if path.is_dir() {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            removed.map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-    }
+    let mut files = BTreeMap::new();
     for arguments in build.all("COPY") {
         let copy = parse_copy(arguments)?;
         if copy.from.is_some() {
@@ -250,10 +277,10 @@ pub fn prepare_context(build: &Stage, dir: &Path) -> Result<(), String> {
             } else {
                 dir.join(destination)
             };
-            copy_keeping_times(&from, &to, relative, &ignored)?;
+            collect(&from, &to, relative, &ignored, &mut files)?;
         }
     }
-    Ok(())
+    sync(dir, &files)
 }
 
 /// Runs the build stage's `RUN` lines in `dir` with `sh -c`, in an
