@@ -96,6 +96,13 @@ fn the_walkthrough_binds_the_account_the_examples_run_as() {
             .next()
             .unwrap();
         assert_eq!(accounts, format!("{{{account}}}"), "{example} runs as {account}");
+        // kubectl -n refuses a file naming another namespace.
+        for object in text.split("\n---\n") {
+            assert!(
+                format!("{object}\n").contains(&format!("\n  namespace: {namespace}\n")),
+                "{example}: {object}"
+            );
+        }
         assert!(script.contains(&format!(
             "kubectl -n {namespace} apply -f manifests/examples/{example}.yaml"
         )));
