@@ -5,7 +5,7 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis, sessions, rollout, rollout-process, partitions) runs a share of it. `postgres` and `redis` start
+//! postgres, redis, sessions, rollout, rollout-process, partitions, kubernetes) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -22,6 +22,26 @@ mod sessions;
 mod partitions;
 #[path = "leasehold/rollout_process.rs"]
 mod rollout_process;
+
+// The end-to-end suite's harness, for the kubernetes part; not every helper
+// the scenarios use is used here.
+#[allow(dead_code)]
+#[path = "../tests/e2e/cluster.rs"]
+mod cluster;
+#[allow(dead_code)]
+#[path = "../tests/e2e/fixtures.rs"]
+mod fixtures;
+#[path = "leasehold/kubernetes.rs"]
+mod kubernetes;
+#[allow(dead_code)]
+#[path = "../tests/e2e/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../tests/e2e/stores.rs"]
+mod stores;
+#[allow(dead_code)]
+#[path = "../tests/e2e/watcher.rs"]
+mod watcher;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -787,6 +807,14 @@ fn main() {
                 .into_iter()
                 .map(|l| format!("partitions: {l}")),
         );
+    }
+    // Needs a disposable cluster (docs/e2e.md): named, or with the suite's variables set.
+    let named = only.split(',').any(|p| p.trim() == "kubernetes");
+    if named || (only.is_empty() && std::env::var_os("LEASEHOLD_E2E_KUBECONFIG").is_some()) {
+        println!(
+            "== kubernetes: handover on a real cluster, the leader-only-service example on PostgreSQL, D/R/P 15/10/2 s"
+        );
+        summary_lines.extend(kubernetes::kubernetes().into_iter().map(|l| format!("kubernetes: {l}")));
     }
     println!("\n== summary");
     for line in summary_lines {

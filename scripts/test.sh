@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, conformance (memory and the Spanner emulator),
-# elector, simulation, Kubernetes wire-level, whole-process and manifest checks.
+# elector, simulation, Kubernetes wire-level, whole-process and manifest checks,
+# and the end-to-end suite on a real cluster.
 #
 # Needs the Cloud Spanner emulator: SPANNER_EMULATOR_HOST (one already
 # running), SPANNER_EMULATOR_DIR (folder with gateway_main and emulator_main),
@@ -31,5 +32,14 @@ if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
   coproc EMULATOR { cargo run -q --example spanner-emulator; }
   read -r line <&"${EMULATOR[0]}" || { echo "the Spanner emulator did not start" >&2; exit 1; }
   export ${line?}
+fi
+# The end-to-end suite (tests/e2e) needs a disposable Kubernetes cluster:
+# LEASEHOLD_E2E_KUBECONFIG and friends for one of yours (e.g. kind; README,
+# "End-to-end tests"), or LEASEHOLD_KUBERNETES_TOOL, a test-cluster tool
+# folder that this script starts one with (and stops at the end). Without
+# either, the e2e tests fail saying so.
+if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" ]]; then
+  eval "$(scripts/e2e-cluster.sh up)"
+  trap 'scripts/e2e-cluster.sh down' EXIT
 fi
 cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}"

@@ -38,7 +38,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
-use crate::operator::rollout;
+use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
 
 /// The webhook Secret unless `--webhook-secret` says otherwise (the
@@ -63,8 +63,8 @@ pub struct Args {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot configure the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] crate::api::client::ClientError),
     #[error("{0} problem(s) found")]
     Problems(usize),
 }
@@ -121,7 +121,7 @@ impl Report {
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
-    let client = Client::try_default().await.map_err(Error::Client)?;
+    let client = crate::api::client::client().await?;
     let report = check(client, &args).await;
     for finding in &report.0 {
         println!("{finding}");
@@ -466,6 +466,16 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
         }
     };
     let mut healthy = true;
+    let without_sidecar = reconcile::without_sidecar(&candidates);
+    if !without_sidecar.is_empty() {
+        healthy = false;
+        report.warn(format!(
+            "{id}: candidate(s) without a leasehold sidecar never campaign: {} (created while the \
+             webhook was down or before the namespace opted in: delete them so they are recreated \
+             with it, or add it with `leasehold inject`)",
+            without_sidecar.join(", ")
+        ));
+    }
     if candidates.is_empty() {
         healthy = false;
         report.warn(format!(

@@ -7,7 +7,7 @@
 pub mod api;
 pub mod servers;
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -74,11 +74,17 @@ impl Emulator {
     /// Starts an emulator of this process's own, even when
     /// `SPANNER_EMULATOR_HOST` names one: for tests that restart it.
     pub fn start_own() -> Result<Emulator, String> {
+        Self::start_on(LOOPBACK)
+    }
+
+    /// Starts an emulator of this process's own listening on `host`, an
+    /// address of this machine (the end-to-end suite's pods reach it there).
+    pub fn start_on(host: IpAddr) -> Result<Emulator, String> {
         let (grpc, http) = (free_port(), free_port());
-        let child = spawn(grpc, http)?;
+        let child = spawn(host, grpc, http)?;
         Ok(Emulator {
-            host: format!("127.0.0.1:{grpc}"),
-            rest: format!("http://127.0.0.1:{http}"),
+            host: SocketAddr::new(host, grpc).to_string(),
+            rest: format!("http://{}", SocketAddr::new(host, http)),
             child: Some(child),
         })
     }
@@ -87,16 +93,16 @@ impl Emulator {
     /// same ports: every instance, database, session and row is gone, as
     /// after a crash of the real thing.
     pub fn restart(&mut self) -> Result<(), String> {
-        let ports = |address: &str| address.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
-        let (Some(grpc), Some(http)) = (ports(&self.host), ports(&self.rest)) else {
-            return Err(format!("cannot tell the ports of {} and {}", self.host, self.rest));
+        let address = |endpoint: &str| endpoint.trim_start_matches("http://").parse::<SocketAddr>().ok();
+        let (Some(grpc), Some(http)) = (address(&self.host), address(&self.rest)) else {
+            return Err(format!("cannot tell the addresses of {} and {}", self.host, self.rest));
         };
         let child = self
             .child
             .as_mut()
             .ok_or("this emulator was not started by this process; use Emulator::start_own")?;
         kill_group(child);
-        self.child = Some(spawn(grpc, http)?);
+        self.child = Some(spawn(grpc.ip(), grpc.port(), http.port())?);
         Ok(())
     }
 
@@ -149,13 +155,13 @@ fn kill_group(child: &mut Child) {
 
 /// Starts the emulator found in `SPANNER_EMULATOR_DIR`, the gcloud SDK or
 /// `PATH` on the given ports and waits until both are open.
-fn spawn(grpc: u16, http: u16) -> Result<Child, String> {
+fn spawn(host: IpAddr, grpc: u16, http: u16) -> Result<Child, String> {
     let dir = find_binaries().ok_or_else(|| HOW_TO_GET_THE_EMULATOR.to_string())?;
     let mut command = Command::new(dir.join("gateway_main"));
     command
         .args([
             "--hostname",
-            "127.0.0.1",
+            &host.to_string(),
             "--grpc_port",
             &grpc.to_string(),
             "--http_port",
@@ -171,7 +177,7 @@ fn spawn(grpc: u16, http: u16) -> Result<Child, String> {
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", dir.join("gateway_main").display()))?;
     let started = Instant::now();
-    while !(port_open(grpc) && port_open(http)) {
+    while !(address_open(SocketAddr::new(host, grpc)) && address_open(SocketAddr::new(host, http))) {
         if started.elapsed() > Duration::from_secs(30) {
             kill_group(&mut child);
             return Err(format!(
@@ -215,8 +221,14 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 pub(crate) fn port_open(port: u16) -> bool {
-    std::net::TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(100)).is_ok()
+    address_open(SocketAddr::new(LOOPBACK, port))
+}
+
+fn address_open(address: SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok()
 }
 
 /// What the proxy does with traffic.

@@ -35,8 +35,10 @@ fn the_walkthrough_steps_come_in_the_order_the_install_needs() {
         "-f manifests/examples/lease.yaml",
         "-f manifests/examples/leader-only-service.yaml",
         "--for=condition=Ready distributedlease/scheduler",
+        // The gate is added when a pod is created: the old pods go first.
+        "delete -f manifests/examples/leader-only-service.yaml",
         "-f manifests/examples/readiness-gated.yaml",
-        "--for=condition=Ready distributedlease/gated",
+        "pod -l app=scheduler,leasehold.dev/leader=true",
     ];
     let mut at = 0;
     for step in steps {

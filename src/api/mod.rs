@@ -6,6 +6,7 @@
 //! (duration syntax, D > R > P in CEL); [`validate`] checks everything again,
 //! because a CRD installed from an older chart may not carry every rule.
 
+pub mod client;
 mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -264,6 +265,11 @@ pub struct DistributedLeaseStatus {
     /// Candidate pods that are Ready.
     #[serde(default)]
     pub ready_candidates: u32,
+    /// Candidate pods with no leasehold sidecar, which never campaign:
+    /// created while the injection webhook was down (its failurePolicy lets
+    /// them through) or before their namespace opted in. Recreate them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates_without_sidecar: Vec<String>,
     /// The resource generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

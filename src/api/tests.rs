@@ -532,3 +532,53 @@ fn partitions_default_to_a_single_lock_and_are_parsed() {
     assert_eq!(validate(&lease).unwrap().partitions, None);
     assert_eq!(validate(&partitioned(lease, 64)).unwrap().partitions, Some(64));
 }
+
+/// A kubeconfig whose client certificate is X.509 version 1 (what
+/// `openssl x509 -req` without extensions issues): the error names the
+/// user and the file, not only webpki's `UnsupportedCertVersion`.
+#[tokio::test]
+async fn a_version_1_client_certificate_is_named() {
+    let dir = crate::testing::servers::scratch_dir("v1-cert");
+    let (key, cert) = (dir.join("v1.key"), dir.join("v1.crt"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=v1", "-days", "1",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian: apt-get install openssl)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    // `req -x509` makes version 3; re-sign the same request as version 1.
+    let csr = dir.join("v1.csr");
+    let signed = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl req -new -key {key} -subj /CN=v1 -out {csr} && openssl x509 -req -in {csr} -signkey {key} -days 1 -out {cert}",
+            key = key.display(),
+            csr = csr.display(),
+            cert = cert.display()
+        ))
+        .output()
+        .expect("openssl");
+    assert!(signed.status.success(), "{}", String::from_utf8_lossy(&signed.stderr));
+    let kubeconfig: kube::config::Kubeconfig = serde_yaml::from_str(&format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: tester, user: {{client-certificate: {}, client-key: {}}}}}]\n\
+         contexts: [{{name: c, context: {{cluster: k, user: tester}}}}]\n",
+        cert.display(),
+        key.display()
+    ))
+    .unwrap();
+    let Err(error) = crate::api::client::client_for(kubeconfig).await else {
+        panic!("a version 1 client certificate was accepted");
+    };
+    let message = error.to_string();
+    assert!(message.contains("kubeconfig user tester"), "{message}");
+    assert!(message.contains(&format!("file {}", cert.display())), "{message}");
+    assert!(message.contains("X.509 version 1"), "{message}");
+}

@@ -220,7 +220,9 @@ fn lease(name: &str, spec: Value, status: Option<Value>) -> Value {
 fn pod(name: &str, app: &str, replica_set: Option<(&str, &str)>) -> Value {
     let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": name, "namespace": "prod", "labels": {"app": app}},
-                         "spec": {"containers": [], "serviceAccountName": app}});
+                         "spec": {"containers": [{"name": "app"}],
+                                  "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}],
+                                  "serviceAccountName": app}});
     if let Some((rs, hash)) = replica_set {
         pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
         pod["metadata"]["ownerReferences"] =
@@ -368,10 +370,15 @@ async fn every_problem_is_named_in_plain_words() {
         lease("gated", json!({"publishing": {"readinessGate": true}}), None),
         lease("down", json!({}), Some(json!({"conditions": [ready]}))),
         lease("bad", json!({"retryPeriod": "10s"}), None),
+        lease("bare", json!({}), None),
     ];
+    // bare-0 was created while the webhook was down: no sidecar.
+    let mut uninjected = pod("bare-0", "bare", None);
+    uninjected["spec"]["initContainers"] = json!([]);
     cluster.pods = vec![
         pod("gated-7d9f-a", "gated", Some(("gated-7d9f", "7d9f"))),
         pod("down-0", "down", None),
+        uninjected,
     ];
     cluster.deployments = vec![json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gated", "namespace": "prod"},
@@ -394,6 +401,7 @@ async fn every_problem_is_named_in_plain_words() {
     for expected in [
         "DistributedLease prod/lonely has no candidates: no pod in prod matches the selector app=lonely",
         "DistributedLease prod/gated (readiness gate): deployment gated: maxUnavailable resolves to 2 of 3 replicas",
+        "DistributedLease prod/bare: candidate(s) without a leasehold sidecar never campaign: bare-0",
     ] {
         assert!(
             warnings.contains(expected),

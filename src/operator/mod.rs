@@ -36,7 +36,7 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, Client, ResourceExt as _};
+use kube::{Api, ResourceExt as _};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -75,8 +75,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot configure the Kubernetes client")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] crate::api::client::ClientError),
     #[error("the injection webhook failed")]
     Webhook(#[from] webhook::Error),
     #[error("the HTTP server failed")]
@@ -232,7 +232,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     info!(%address, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http::router(registry, role_rx), shutdown.clone()));
 
-    let client = Client::try_default().await.map_err(Error::Client)?;
+    let client = crate::api::client::client().await?;
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity.to_string()),

@@ -41,6 +41,7 @@ use super::metrics::{Metrics, Outcome};
 use super::partitions;
 use super::rollout;
 use super::stores::{StoreProvider, StoreTarget, read_url, url_secret};
+use super::webhook;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::{Collected, session_owner};
@@ -74,6 +75,12 @@ pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
 pub const GC_INTERVAL: Duration = Duration::from_secs(300);
 /// How long a reconcile waits for the pod watch's first list.
 const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
+/// How long a delete waits for an unreachable store before it drops the
+/// finalizer anyway. The release only spares successors the wait: an
+/// unreleased row expires by the store's clock after D, so nothing unsafe is
+/// left, and deleting a namespace (whose Secret, and often whose store, go
+/// with it) does not hang on the finalizer.
+pub const RELEASE_PATIENCE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -506,6 +513,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let counts = DistributedLeaseStatus {
         candidates: u32::try_from(candidates.len()).unwrap_or(u32::MAX),
         ready_candidates: u32::try_from(ready).unwrap_or(u32::MAX),
+        candidates_without_sidecar: without_sidecar(&candidates),
         observed_generation: generation,
         ..old.clone()
     };
@@ -891,6 +899,17 @@ async fn patch_finalizers(
     Ok(())
 }
 
+/// The names of the candidates that cannot campaign, sorted.
+pub fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
+    let mut names: Vec<String> = candidates
+        .iter()
+        .filter(|pod| pod.spec.as_ref().and_then(webhook::injected_container).is_none())
+        .map(|pod| pod.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
 /// On delete: frees the row by check-and-set with the holder and token just
 /// read, so a new resource with the same lock starts clean, but only when
 /// the holder is gone: a live holder whose pod still runs keeps its lease
@@ -902,8 +921,38 @@ async fn patch_finalizers(
 /// cluster's or namespace's resource may name the same lock, and its leader
 /// is not ours to depose. An invalid spec or a store that cannot hold the
 /// table has nothing to release; an unreachable store keeps the finalizer
-/// until it answers.
+/// until it answers, for [`RELEASE_PATIENCE`] after the delete.
 async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
+    match try_release_on_delete(lease, namespace, ctx).await {
+        Err(Error::Release { lock, source }) if deleted_for(lease) >= RELEASE_PATIENCE => {
+            warn!(%lock, error = %source.chain(), "store unreachable since the delete; the row expires after D");
+            ctx.publish(
+                lease,
+                EventType::Warning,
+                "ReleaseSkipped",
+                "Release",
+                format!(
+                    "could not release lock {lock} for {}: {source}; it expires by itself after the lease duration",
+                    humantime::format_duration(RELEASE_PATIENCE)
+                ),
+            )
+            .await;
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// How long ago the resource was deleted (zero if it is not).
+fn deleted_for(lease: &DistributedLease) -> Duration {
+    let Some(deleted) = &lease.meta().deletion_timestamp else {
+        return Duration::ZERO;
+    };
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(deleted.0);
+    Duration::try_from(age).unwrap_or(Duration::ZERO)
+}
+
+async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
     let Ok(valid) = validate(lease) else {
         info!("invalid spec: no lock row to release");
         return Ok(());

@@ -8,6 +8,7 @@ use crate::lease::LeaseStore;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;
 use crate::testing::api::mock_client;
+use kube::Client;
 
 /// Every flag has a LEASEHOLD_ variable, except the pod's identity, which
 /// comes from the downward API under the sidecar's names.

@@ -87,6 +87,19 @@ fn stop(child: &mut Child, signal: &str) {
     let _ = child.wait();
 }
 
+fn spawn_postgres(command: &[std::ffi::OsString], dir: &Path, user: Option<(u32, u32)>) -> Child {
+    let mut postgres = Command::new(&command[0]);
+    postgres
+        .args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
+    as_user(&mut postgres, user);
+    postgres
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", command[0].to_string_lossy()))
+}
+
 /// The folder holding initdb, postgres and pg_isready.
 fn postgres_bin() -> Option<PathBuf> {
     let complete = |dir: &Path| {
@@ -215,21 +228,31 @@ pub struct PostgresServer {
     /// Set when the server also speaks TLS.
     pub certificates: Option<TestCertificates>,
     dir: PathBuf,
+    /// The `postgres` command line, to start it again on the same data.
+    command: Vec<std::ffi::OsString>,
+    user: Option<(u32, u32)>,
     child: Child,
 }
 
 impl PostgresServer {
     /// Starts one; panics with [`HOW_TO_GET_POSTGRES`] when the binaries are missing.
     pub fn start() -> PostgresServer {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
     /// Starts one that also accepts TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> PostgresServer {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> PostgresServer {
+    /// Starts one that also listens on `host` (an address of this machine)
+    /// and trusts clients on the networks this machine is attached to: the
+    /// end-to-end suite's pods reach it there.
+    pub fn start_on(host: std::net::IpAddr) -> PostgresServer {
+        Self::start_with(false, Some(host))
+    }
+
+    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> PostgresServer {
         let bin = postgres_bin().unwrap_or_else(|| panic!("{HOW_TO_GET_POSTGRES}"));
         let user = unprivileged_user();
         let template = postgres_template(&bin, user);
@@ -238,59 +261,78 @@ impl PostgresServer {
         let copied = Command::new("cp").arg("-a").arg(&template).arg(&data).status();
         assert!(copied.is_ok_and(|s| s.success()), "copying {}", template.display());
         let certificates = tls.then(|| TestCertificates::write(&dir));
+        let mut listen = String::from("listen_addresses=127.0.0.1");
+        if let Some(host) = host {
+            listen.push_str(&format!(",{host}"));
+            // `samenet`: any address in a subnet this machine is directly on.
+            let hba = data.join("pg_hba.conf");
+            let mut rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+            rules.push_str("host all all samenet trust\n");
+            std::fs::write(&hba, rules).expect("pg_hba.conf");
+        }
         chown_tree(&dir, user);
         let port = free_port();
-        let mut postgres = Command::new(bin.join("postgres"));
-        postgres
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "shared_buffers=16MB",
-                "-c",
-                "max_connections=40",
-            ]);
-        if let Some(files) = &certificates {
-            postgres
-                .args(["-c", "ssl=on", "-c"])
-                .arg(format!("ssl_cert_file={}", files.cert_file.display()))
-                .arg("-c")
-                .arg(format!("ssl_key_file={}", files.key_file.display()));
+        let mut command: Vec<std::ffi::OsString> = vec![bin.join("postgres").into(), "-D".into(), data.into()];
+        let settings = [
+            format!("port={port}"),
+            listen,
+            "unix_socket_directories=".into(),
+            "fsync=off".into(),
+            "shared_buffers=16MB".into(),
+            "max_connections=40".into(),
+        ];
+        for setting in settings {
+            command.extend(["-c".into(), setting.into()]);
         }
-        postgres
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log")).map_or(Stdio::null(), Stdio::from));
-        as_user(&mut postgres, user);
-        let child = postgres
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
+        if let Some(files) = &certificates {
+            command.extend(["-c".into(), "ssl=on".into(), "-c".into()]);
+            command.push(format!("ssl_cert_file={}", files.cert_file.display()).into());
+            command.push("-c".into());
+            command.push(format!("ssl_key_file={}", files.key_file.display()).into());
+        }
+        let child = spawn_postgres(&command, &dir, user);
         let server = PostgresServer {
             port,
             certificates,
             dir,
+            command,
+            user,
             child,
         };
+        server.wait_ready(&bin);
+        server
+    }
+
+    fn wait_ready(&self, bin: &Path) {
         let started = Instant::now();
         loop {
             let ready = Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
                 .status()
                 .is_ok_and(|s| s.success());
             if ready {
-                return server;
+                return;
             }
             assert!(
                 started.elapsed() < STARTUP,
-                "PostgreSQL on port {port} not ready within {STARTUP:?}; see {}",
-                server.dir.join("server.log").display()
+                "PostgreSQL on port {} not ready within {STARTUP:?}; see {}",
+                self.port,
+                self.dir.join("server.log").display()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops the server (fast shutdown) and starts it again on the same data
+    /// and port, as a restart of a real server does.
+    pub fn restart(&mut self) {
+        stop(&mut self.child, "INT");
+        self.child = spawn_postgres(&self.command, &self.dir, self.user);
+        let bin = Path::new(&self.command[0])
+            .parent()
+            .expect("postgres's folder")
+            .to_path_buf();
+        self.wait_ready(&bin);
     }
 
     /// The URL of database `postgres` at `addr` (this server, or a proxy in front of it).
@@ -342,15 +384,21 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one; panics with [`HOW_TO_GET_REDIS`] when redis-server is missing.
     pub fn start() -> RedisServer {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
     /// Starts one that speaks only TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> RedisServer {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> RedisServer {
+    /// Starts one that also listens on `host`, an address of this machine
+    /// (the end-to-end suite's pods reach it there).
+    pub fn start_on(host: std::net::IpAddr) -> RedisServer {
+        Self::start_with(false, Some(host))
+    }
+
+    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> RedisServer {
         let binary = std::env::var_os("LEASEHOLD_REDIS_SERVER")
             .map(PathBuf::from)
             .or_else(|| {
@@ -381,8 +429,11 @@ impl RedisServer {
                 .arg("--tls-ca-cert-file")
                 .arg(&files.ca_file),
         };
+        redis.args(["--bind", "127.0.0.1"]);
+        if let Some(host) = host {
+            redis.arg(host.to_string());
+        }
         let child = redis
-            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&dir)

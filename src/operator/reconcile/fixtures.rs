@@ -126,6 +126,9 @@ pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "prod", "resourceVersion": format!("rv-{name}"), "labels": labels},
+        // Injected: the webhook's native sidecar.
+        "spec": {"containers": [{"name": "app"}],
+                 "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}]},
         "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
     })
 }

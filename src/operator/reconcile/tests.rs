@@ -69,12 +69,15 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         );
         seen.respond(200, &echo);
 
+        // web-2 was created while the webhook was down: no sidecar.
+        let mut uninjected = pod("web-2", None, false);
+        uninjected["spec"]["initContainers"] = json!([]);
         expect_pod_list(
             server,
             vec![
                 pod("web-0", Some("true"), true),
                 pod("web-1", Some("true"), true),
-                pod("web-2", None, false),
+                uninjected,
             ],
         )
         .await;
@@ -109,6 +112,7 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         assert_eq!(status["transitions"], json!(0));
         assert_eq!(status["candidates"], json!(3));
         assert_eq!(status["readyCandidates"], json!(2));
+        assert_eq!(status["candidatesWithoutSidecar"], json!(["web-2"]));
         assert_eq!(status["observedGeneration"], json!(3));
         let conditions = conditions(&status);
         assert_eq!(conditions["Valid"].0, "True");
@@ -283,15 +287,23 @@ async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
     expect_delete_keeps_the_holder(spec, "global/payments", "eu/payments/api-0#n2", None).await;
 }
 
-#[tokio::test]
-async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
+/// A resource deleted `ago` whose store is down.
+fn deleted_with_the_store_down(ago: Duration) -> (Fixture, Value) {
     let fixture = fixture();
     fixture.store.set_faults(Faults {
         down: true,
         ..Faults::default()
     });
     let mut resource = lease(json!({}), &[FINALIZER], None);
-    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let deleted = k8s_openapi::jiff::Timestamp::now() - ago;
+    resource["metadata"]["deletionTimestamp"] =
+        json!(deleted.round(k8s_openapi::jiff::Unit::Second).unwrap().to_string());
+    (fixture, resource)
+}
+
+#[tokio::test]
+async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
+    let (fixture, resource) = deleted_with_the_store_down(Duration::from_secs(5));
     let (result, _, metrics) = run(fixture, resource, async move |server| {
         expect_event(
             server,
@@ -304,6 +316,20 @@ async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
     .await;
     assert!(matches!(result, Err(Error::Release { .. })), "{result:?}");
     assert_eq!(metrics.reconciles(Outcome::Error), 1);
+}
+
+/// Deleting a namespace takes the store's Secret (and often the store) with
+/// it: past RELEASE_PATIENCE the finalizer goes, the row expires by itself.
+#[tokio::test]
+async fn a_delete_stops_waiting_for_a_down_store_after_the_patience() {
+    let (fixture, resource) = deleted_with_the_store_down(RELEASE_PATIENCE + Duration::from_secs(5));
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_event(server, "Warning", "ReleaseSkipped", "could not release lock prod/web").await;
+        expect_finalizer_dropped(server, &echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
 }
 
 #[tokio::test]

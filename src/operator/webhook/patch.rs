@@ -99,6 +99,69 @@ pub struct InjectionConfig {
     pub cpu_request: String,
     pub memory_request: String,
     pub memory_limit: String,
+    /// Extra environment for every injected sidecar.
+    pub env: Vec<ExtraEnv>,
+}
+
+/// Extra environment of one pod's sidecar, one `NAME=VALUE` per line; a name
+/// also in the operator's `--sidecar-env` takes the pod's value.
+pub const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
+
+/// The variables the injection sets itself, which extra environment may not
+/// replace.
+const INJECTED_ENV: [&str; 9] = [
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_LEASE,
+    ENV_APP_CONTAINER,
+    ENV_TOKEN_FILE,
+    ENV_HTTP_ADDR,
+    ENV_METRICS_ADDR,
+    ENV_STORE_URL_FILE,
+];
+
+/// One `NAME=VALUE` of extra sidecar environment: what a development
+/// cluster's Spanner emulator (`SPANNER_EMULATOR_HOST`), a proxy or a
+/// credentials path needs, or a sidecar flag's variable (`LEASEHOLD_DRAIN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraEnv {
+    pub name: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for ExtraEnv {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ExtraEnv, String> {
+        let (name, value) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
+        let mut chars = name.chars();
+        let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "{name:?} is not a variable name (letters, digits and _, not first a digit)"
+            ));
+        }
+        if INJECTED_ENV.contains(&name) {
+            return Err(format!("{name} is set by the injection itself"));
+        }
+        Ok(ExtraEnv {
+            name: name.into(),
+            value: value.into(),
+        })
+    }
+}
+
+/// The annotation's lines, each `NAME=VALUE` (blank lines skipped).
+fn annotation_env(text: &str) -> Result<Vec<ExtraEnv>, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::parse)
+        .collect()
 }
 
 /// The sidecar's flags shared by `leasehold operator` (webhook) and `leasehold inject`.
@@ -132,6 +195,11 @@ pub struct SidecarArgs {
         default_value = "64Mi"
     )]
     pub sidecar_memory_limit: String,
+    /// Extra environment for every injected sidecar, NAME=VALUE; repeat the
+    /// flag, or one per line in the variable. A pod's
+    /// leasehold.dev/sidecar-env annotation adds to it and wins.
+    #[arg(long = "sidecar-env", env = "LEASEHOLD_SIDECAR_ENV", value_delimiter = '\n')]
+    pub sidecar_env: Vec<ExtraEnv>,
 }
 
 impl SidecarArgs {
@@ -145,6 +213,7 @@ impl SidecarArgs {
             cpu_request: self.sidecar_cpu_request.clone(),
             memory_request: self.sidecar_memory_request.clone(),
             memory_limit: self.sidecar_memory_limit.clone(),
+            env: self.sidecar_env.clone(),
         }
     }
 }
@@ -205,6 +274,8 @@ struct PodChoices<'a> {
     app_container: &'a str,
     metrics_port: u16,
     mode: SidecarMode,
+    /// From [`SIDECAR_ENV_ANNOTATION`].
+    env: Vec<ExtraEnv>,
 }
 
 fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Result<PodChoices<'a>, NotInjected> {
@@ -278,13 +349,30 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
             .or_else(|| spec.containers.first().map(|c| c.name.as_str()))
             .ok_or(NotInjected::NoSpec)?,
     };
+    let env = annotations
+        .get(SIDECAR_ENV_ANNOTATION)
+        .map(|text| annotation_env(text).map_err(|problem| bad(SIDECAR_ENV_ANNOTATION, problem)))
+        .transpose()?
+        .unwrap_or_default();
     Ok(PodChoices {
         lease,
         run,
         app_container,
         metrics_port,
         mode,
+        env,
     })
+}
+
+/// The container through which a pod campaigns, if it has one: the
+/// injected sidecar, or the installer of a container wrapped with
+/// `leasehold run`. A candidate without either never campaigns (created while
+/// the webhook was down, or before its namespace opted in).
+pub fn injected_container(spec: &PodSpec) -> Option<&'static str> {
+    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    [SIDECAR_NAME, INSTALLER_NAME]
+        .into_iter()
+        .find(|injected| containers().any(|c| c.name == *injected))
 }
 
 pub fn has_annotation(pod: &Pod, key: &str) -> bool {
@@ -341,11 +429,8 @@ pub fn injection_patch(
     }
     // Before the pod's choices: an injected pod's own sidecar holds the
     // metrics port, and a wrapped container has a command it did not ask for.
-    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    for injected in [SIDECAR_NAME, INSTALLER_NAME] {
-        if containers().any(|c| c.name == injected) {
-            return Err(NotInjected::AlreadyInjected(injected));
-        }
+    if let Some(injected) = injected_container(spec) {
+        return Err(NotInjected::AlreadyInjected(injected));
     }
     let choices = choices(pod, spec, config)?;
     let mut ops = Vec::new();
@@ -624,6 +709,11 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool) -> C
         plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
     ];
     env.extend(store_url.then(store_url_env));
+    // The operator's extra environment, then the pod's, which wins by name.
+    for extra in config.env.iter().chain(&choices.env) {
+        env.retain(|e| e.name != extra.name);
+        env.push(plain_env(&extra.name, extra.value.clone()));
+    }
     let mut mounts = vec![VolumeMount {
         name: TOKEN_VOLUME.into(),
         mount_path: TOKEN_DIR.into(),

@@ -20,6 +20,7 @@ fn config() -> InjectionConfig {
         cpu_request: "10m".into(),
         memory_request: "32Mi".into(),
         memory_limit: "64Mi".into(),
+        env: vec![],
     }
 }
 
@@ -324,6 +325,59 @@ fn the_metrics_port_follows_the_annotation_and_never_collides() {
     );
 }
 
+/// A development cluster's emulator address, a proxy: the operator's
+/// `--sidecar-env` for every pod, the annotation for one, which wins by name.
+#[test]
+fn extra_environment_comes_from_the_operator_and_the_pod_which_wins() {
+    let with_env = InjectionConfig {
+        env: vec![
+            "SPANNER_EMULATOR_HOST=10.0.0.1:9010".parse().unwrap(),
+            "HTTPS_PROXY=http://proxy:3128".parse().unwrap(),
+        ],
+        ..config()
+    };
+    let pod = annotated(
+        json!({SIDECAR_ENV_ANNOTATION: "SPANNER_EMULATOR_HOST=10.88.0.1:9010\n\n  LEASEHOLD_DRAIN=2s\n"}),
+        json!({}),
+    );
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &with_env).unwrap());
+    let sidecar = &doc["spec"]["initContainers"][0];
+    assert_eq!(env_value(sidecar, "SPANNER_EMULATOR_HOST"), "10.88.0.1:9010");
+    assert_eq!(env_value(sidecar, "HTTPS_PROXY"), "http://proxy:3128");
+    assert_eq!(env_value(sidecar, "LEASEHOLD_DRAIN"), "2s");
+    let names: Vec<&Value> = sidecar["env"].as_array().unwrap().iter().map(|e| &e["name"]).collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "SPANNER_EMULATOR_HOST").count(),
+        1,
+        "{names:?}"
+    );
+    // The app container gets none of it.
+    assert!(
+        doc["spec"]["containers"][0]["env"]
+            .as_array()
+            .is_none_or(|env| env.iter().all(|e| e["name"] != "HTTPS_PROXY"))
+    );
+
+    for (bad, problem) in [
+        ("NOEQUALS", "\"NOEQUALS\" is not NAME=VALUE"),
+        ("1X=y", "\"1X\" is not a variable name"),
+        ("POD_NAME=x", "POD_NAME is set by the injection itself"),
+    ] {
+        let pod = annotated(json!({SIDECAR_ENV_ANNOTATION: bad}), json!({}));
+        let err = injection_patch(&pod, GATED, &config()).unwrap_err();
+        assert!(err.is_user_error(), "{bad}: {err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("annotation {SIDECAR_ENV_ANNOTATION}: {problem}")),
+            "{err}"
+        );
+        assert_eq!(
+            bad.parse::<ExtraEnv>().unwrap_err().split(" (").next(),
+            problem.split(" (").next()
+        );
+    }
+}
+
 fn pod_with_port(port: u16) -> Pod {
     pod(
         json!({"containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": port}]}]}),
@@ -593,6 +647,39 @@ async fn the_first_replica_stores_the_certificate_and_later_ones_reuse_it() {
     assert_eq!(
         (second.ca_pem, second.cert_pem, second.key_pem),
         (first.ca_pem, first.cert_pem, first.key_pem)
+    );
+}
+
+/// The chart passes the sidecar's extra environment in one variable, one
+/// NAME=VALUE per line; a bad line is refused at start-up, naming it.
+#[test]
+fn sidecar_env_lines_parse_as_the_chart_writes_them() {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sidecar: SidecarArgs,
+    }
+    let cli = Cli::parse_from([
+        "x",
+        "--sidecar-env",
+        "HTTPS_PROXY=http://p:3128\nSPANNER_EMULATOR_HOST=10.88.0.1:9010",
+    ]);
+    let env = cli.sidecar.injection("img:1".into()).env;
+    let pairs: Vec<(&str, &str)> = env.iter().map(|e| (e.name.as_str(), e.value.as_str())).collect();
+    assert_eq!(
+        pairs,
+        [
+            ("HTTPS_PROXY", "http://p:3128"),
+            ("SPANNER_EMULATOR_HOST", "10.88.0.1:9010")
+        ]
+    );
+    let err = Cli::try_parse_from(["x", "--sidecar-env", "A=1\nPOD_UID=x"])
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("POD_UID is set by the injection itself"),
+        "{err}"
     );
 }
 

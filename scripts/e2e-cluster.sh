@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The disposable cluster of the end-to-end suite (tests/e2e).
+#
+#   scripts/e2e-cluster.sh up      starts a cluster and loads the leasehold image;
+#                                  prints `export VAR=...` lines for the suite
+#   scripts/e2e-cluster.sh image   rebuilds the image from the current tree and loads it
+#   scripts/e2e-cluster.sh down    stops the cluster and removes its files
+#
+# It starts the cluster with a Kubernetes test-cluster tool named by
+# LEASEHOLD_KUBERNETES_TOOL: a folder holding start.sh DIR, stop.sh DIR --rm,
+# component.sh DIR NAME stop|start|pause|resume and image.py NAME:TAG OUT.tar
+# (a single-node cluster with a real kubelet and containerd). Users with a
+# disposable cluster of their own (e.g. kind) skip this script and set the
+# suite's variables themselves (README, "End-to-end tests").
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+tool="${LEASEHOLD_KUBERNETES_TOOL:?LEASEHOLD_KUBERNETES_TOOL names the test-cluster tool folder}"
+dir="${LEASEHOLD_E2E_CLUSTER_DIR:-/tmp/leasehold-e2e-cluster}"
+image="${LEASEHOLD_E2E_IMAGE:-leasehold:e2e}"
+# The stand-in app: busybox's httpd, which as PID 1 ignores SIGTERM like many real apps.
+app_image="${LEASEHOLD_E2E_APP_IMAGE:-leasehold-e2e-app:busybox}"
+target="${CARGO_TARGET_DIR:-target}"
+
+# The binary's path inside the image, from the Dockerfile's ENTRYPOINT (its one owner).
+entrypoint() {
+  sed -n 's/^ENTRYPOINT \["\([^"]*\)".*/\1/p' Dockerfile
+}
+
+load_image() {
+  local binary="$target/debug/leasehold" path
+  path="$(entrypoint)"
+  [[ -n "$path" ]] || { echo "no ENTRYPOINT in the Dockerfile" >&2; exit 1; }
+  cargo build -q --bin leasehold >&2
+  python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \
+    --user 65532:65532 --entrypoint "$path" >&2
+  python3 "$tool/image.py" "$app_image" "$dir/app.tar" --bin "$(command -v busybox):/bin/busybox" \
+    --entrypoint '["/bin/busybox", "httpd", "-f", "-p", "8080"]' >&2
+  for tar in image app; do
+    ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import "$dir/$tar.tar" >/dev/null
+  done
+}
+
+case "${1:-}" in
+  up)
+
+    "$tool/stop.sh" "$dir" --rm >/dev/null 2>&1 || true
+    "$tool/start.sh" "$dir" >&2
+    load_image
+    # shellcheck disable=SC1091
+    source "$dir/env"
+    echo "export LEASEHOLD_E2E_KUBECONFIG=$dir/kubeconfig"
+    echo "export LEASEHOLD_E2E_IMAGE=$image"
+    echo "export LEASEHOLD_E2E_APP_IMAGE=$app_image"
+    echo "export LEASEHOLD_E2E_HOST_IP=$KUBE_HOST_IP"
+    echo "export LEASEHOLD_E2E_COMPONENT=\"$tool/component.sh $dir\""
+    # client-go's leader election for the benchmark's comparison (cargo bench, kubernetes part).
+    echo "export LEASEHOLD_E2E_KUBE_SCHEDULER=\"$("$tool/install.sh" | tail -n 1)/kube-multi kube-scheduler\""
+
+    ;;
+  image) load_image ;;
+  down) "$tool/stop.sh" "$dir" --rm >&2 ;;
+  *) echo "usage: $0 up|image|down" >&2; exit 2 ;;
+esac

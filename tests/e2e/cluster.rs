@@ -1,0 +1,540 @@
+//! The cluster under test: where it is, how leasehold is installed on it, and
+//! one namespace per test with its diagnostics when the test fails.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::discovery::{ApiCapabilities, ApiResource, Scope};
+use kube::{Client, Config};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// What a user without a cluster reads.
+pub const HOW_TO_GET_A_CLUSTER: &str = "\
+the end-to-end suite needs a disposable Kubernetes cluster (>= 1.30) and the leasehold image in it:
+  - with kind: kind create cluster; docker build -t leasehold:e2e .; kind load docker-image leasehold:e2e;
+    then LEASEHOLD_E2E_KUBECONFIG=$HOME/.kube/config LEASEHOLD_E2E_IMAGE=leasehold:e2e
+    LEASEHOLD_E2E_APP_IMAGE=busybox:1.36 LEASEHOLD_E2E_HOST_IP=<the docker bridge's gateway, e.g. 172.18.0.1>
+    (README, \"End-to-end tests\");
+  - or LEASEHOLD_KUBERNETES_TOOL=<a test-cluster tool folder> and scripts/test.sh starts one
+    (scripts/e2e-cluster.sh says what the folder holds).
+The suite creates namespaces and cluster-wide objects there: never point it at a cluster you care about";
+
+/// The release the suite installs, as the README's `helm install` names it.
+pub const RELEASE: &str = "leasehold";
+pub const RELEASE_NAMESPACE: &str = "leasehold-system";
+
+/// Every test's namespace, one per test. The chart binds the sidecar's RBAC
+/// and admission policy in each (`sidecar.rbac.namespaces`), as a user lists
+/// the namespaces of their workloads.
+pub const TEST_NAMESPACES: &[&str] = &[
+    "e2e-install",
+    "e2e-inject",
+    "e2e-inject-gitops",
+    "e2e-webhook-down",
+    "e2e-publish",
+    "e2e-gated",
+    "e2e-privilege",
+    "e2e-privilege-other",
+    "e2e-watcher",
+    "e2e-fault-sidecar",
+    "e2e-fault-delete",
+    "e2e-fault-app",
+    "e2e-fault-freeze",
+    "e2e-fault-apiserver",
+    "e2e-fault-store",
+    "e2e-store-spanner",
+    "e2e-store-redis",
+    "e2e-run",
+    "e2e-partitions",
+    "e2e-versions",
+    // The benchmark's kubernetes part (benches/leasehold/kubernetes.rs).
+    "e2e-bench",
+];
+
+/// The suite's settings, from the variables README's "End-to-end tests" names.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub kubeconfig: PathBuf,
+    /// The leasehold image, present in the cluster.
+    pub image: String,
+    /// The stand-in app: an image with /bin/busybox.
+    pub app_image: String,
+    /// An address of this machine that pods reach (stores run here).
+    pub host_ip: IpAddr,
+    /// A command that takes `NAME stop|start|pause|resume` for a part of the
+    /// cluster (kube-apiserver, ...), for the fault scenarios.
+    pub component: Option<String>,
+}
+
+impl Env {
+    pub fn from_vars() -> Env {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| panic!("{name} is not set: {HOW_TO_GET_A_CLUSTER}"))
+        };
+        let host_ip = var("LEASEHOLD_E2E_HOST_IP");
+        Env {
+            kubeconfig: var("LEASEHOLD_E2E_KUBECONFIG").into(),
+            image: var("LEASEHOLD_E2E_IMAGE"),
+            app_image: var("LEASEHOLD_E2E_APP_IMAGE"),
+            host_ip: host_ip
+                .parse()
+                .unwrap_or_else(|e| panic!("LEASEHOLD_E2E_HOST_IP={host_ip}: {e}")),
+            component: std::env::var("LEASEHOLD_E2E_COMPONENT").ok().filter(|v| !v.is_empty()),
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", self.kubeconfig.display()));
+        Client::try_from(config).expect("a client for the kubeconfig")
+    }
+
+    /// `kubectl` (the one the project's venv installs) on the cluster.
+    pub fn kubectl(&self) -> Command {
+        let mut kubectl = Command::new(repo().join(".venv/bin/kubectl"));
+        kubectl.env("KUBECONFIG", &self.kubeconfig);
+        kubectl
+    }
+
+    /// Runs kubectl and returns its stdout; panics with its stderr on failure.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self
+            .kubectl()
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running kubectl (scripts/setup-python.sh installs it): {e}"));
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Stops, starts, pauses or resumes a part of the cluster.
+    pub fn component(&self, name: &str, action: &str) {
+        let command = self.component.as_deref().unwrap_or_else(|| {
+            panic!(
+                "LEASEHOLD_E2E_COMPONENT is not set: this fault scenario stops parts of the \
+                 cluster through it (scripts/e2e-cluster.sh sets it; on kind, point it to a \
+                 script that takes NAME stop|start|pause|resume)"
+            )
+        });
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{command} {name} {action}"))
+            .status()
+            .expect("running LEASEHOLD_E2E_COMPONENT");
+        assert!(status.success(), "{command} {name} {action} failed");
+    }
+
+    /// The leasehold binary of this tree, as `leasehold check`/`inject` users run it.
+    pub fn leasehold(&self) -> Command {
+        let mut leasehold = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        leasehold.env("KUBECONFIG", &self.kubeconfig);
+        leasehold
+    }
+}
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Polls `probe` until it gives a value, or fails the test naming `what`.
+/// The bounds are generous liveness bounds; timings are the benchmark's.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The objects of a multi-document YAML text.
+pub fn yaml_objects(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).expect("valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Server-side apply of objects, as `kubectl apply --server-side` does.
+pub async fn apply(client: &Client, objects: &[Value]) {
+    for object in objects {
+        let (resource, caps) = resource_of(client, object).await;
+        let name = object["metadata"]["name"].as_str().expect("metadata.name");
+        let api: Api<DynamicObject> = match (caps.scope, object["metadata"]["namespace"].as_str()) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+            (Scope::Namespaced, None) => panic!("{} {name} has no namespace", resource.kind),
+            (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(
+            name,
+            &PatchParams::apply("leasehold-e2e").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", resource.kind));
+    }
+}
+
+async fn resource_of(client: &Client, object: &Value) -> (ApiResource, ApiCapabilities) {
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let kind = object["kind"].as_str().expect("kind");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    // A CRD applied a moment ago is served after its Established condition.
+    wait_for(
+        &format!("the API serves {api_version} {kind}"),
+        Duration::from_secs(30),
+        || {
+            let gvk = gvk.clone();
+            async move { kube::discovery::pinned_kind(client, &gvk).await.ok() }
+        },
+    )
+    .await
+}
+
+/// The chart rendered by real Helm with the README's install values, plus
+/// the image this suite runs and the test namespaces as the sidecar's.
+pub fn rendered_chart(env: &Env) -> Vec<Value> {
+    rendered_chart_with(env, &[])
+}
+
+/// The same with more `--set KEY=VALUE`s, as `helm upgrade --set` adds them.
+pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
+    let (repository, tag) = env.image.rsplit_once(':').unwrap_or((&env.image, "latest"));
+    let mut sets = vec![
+        // The candidates run as the examples' ServiceAccount or the default one.
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+    ];
+    sets.extend(
+        TEST_NAMESPACES
+            .iter()
+            .map(|ns| format!("sidecar.rbac.namespaces.{ns}={{default,scheduler}}")),
+    );
+    sets.extend_from_slice(more);
+    let mut render = Command::new(repo().join(".venv/bin/python"));
+    render
+        .arg(repo().join("scripts/helm-template.py"))
+        .args([RELEASE, "charts/leasehold", "-n", RELEASE_NAMESPACE])
+        .current_dir(repo());
+    for set in &sets {
+        render.args(["--set", set]);
+    }
+    let out = render
+        .output()
+        .expect("running scripts/helm-template.py (scripts/setup-python.sh)");
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_objects(&String::from_utf8_lossy(&out.stdout))
+}
+
+pub fn crds() -> Vec<Value> {
+    let mut objects = Vec::new();
+    for entry in std::fs::read_dir(repo().join("crds")).expect("crds/") {
+        let path = entry.expect("crds/ entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            objects.extend(yaml_objects(&std::fs::read_to_string(&path).expect("CRD file")));
+        }
+    }
+    objects
+}
+
+/// Installs CRDs and the chart (server-side apply: idempotent, so every test
+/// may call it) and waits for the operator and its webhook to serve. One
+/// test process at a time, under a file lock, so the namespaces are made once.
+pub async fn ensure_installed(env: &Env, client: &Client) {
+    let lock_path = std::env::temp_dir().join("leasehold-e2e-install.lock");
+    let lock = std::fs::File::create(&lock_path).expect("install lock file");
+    lock.lock().expect("install lock");
+    apply(client, &crds()).await;
+    apply(client, &[namespace_object(RELEASE_NAMESPACE)]).await;
+    apply(client, &install_part(rendered_chart(env))).await;
+    lock.unlock().expect("install unlock");
+    wait_operator_available(client).await;
+}
+
+/// The chart's objects outside the test namespaces: each test namespace's
+/// part is applied when its test makes the namespace.
+pub fn install_part(chart: Vec<Value>) -> Vec<Value> {
+    chart
+        .into_iter()
+        .filter(|o| {
+            !o["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| TEST_NAMESPACES.contains(&ns))
+        })
+        .collect()
+}
+
+pub fn namespace_object(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+pub async fn wait_operator_available(client: &Client) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    wait_for("the operator Deployment available", Duration::from_secs(120), || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get_opt("leasehold-operator").await.ok()??;
+            let want = d.spec.replicas.unwrap_or(1);
+            let status = d.status?;
+            let current = d.metadata.generation == status.observed_generation;
+            (current && status.available_replicas == Some(want) && status.updated_replicas == Some(want)).then_some(())
+        }
+    })
+    .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    wait_for("a ready webhook endpoint", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        async move {
+            let list = slices
+                .list(&ListParams::default().labels("kubernetes.io/service-name=leasehold-webhook"))
+                .await
+                .ok()?;
+            (ready_endpoints(&list.items) > 0).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Endpoints with `ready: true` over a Service's slices.
+pub fn ready_endpoints(slices: &[EndpointSlice]) -> usize {
+    slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .count()
+}
+
+/// One test's namespace and cluster, made fresh for it.
+pub struct Scenario {
+    pub env: Env,
+    pub client: Client,
+    pub ns: String,
+}
+
+impl Scenario {
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Applies objects after moving them into this test's namespace.
+    pub async fn apply(&self, mut objects: Vec<Value>) {
+        for object in &mut objects {
+            if object["kind"] != "Namespace" {
+                object["metadata"]["namespace"] = json!(self.ns);
+            }
+        }
+        apply(&self.client, &objects).await;
+    }
+
+    /// An example from manifests/examples with this test's namespace, the
+    /// stand-in app image (busybox httpd) and the given changes.
+    pub fn example(&self, file: &str) -> Vec<Value> {
+        let path = repo().join("manifests/examples").join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The examples live in `my-app`, as a user's copy would name their own.
+        let mut objects = yaml_objects(&text.replace("my-app", &self.ns));
+        for object in &mut objects {
+            if let Some(containers) = object
+                .pointer_mut("/spec/template/spec/containers")
+                .and_then(Value::as_array_mut)
+            {
+                for container in containers {
+                    // The examples' stand-in app does nothing; this one serves HTTP.
+                    if (container["image"].as_str()).is_some_and(|i| {
+                        i.starts_with("registry.example.com/") || i.starts_with("registry.k8s.io/pause:")
+                    }) {
+                        container["image"] = json!(self.env.app_image);
+                        container["command"] = json!(["/bin/busybox", "httpd", "-f", "-p", "8080"]);
+                    }
+                }
+            }
+        }
+        objects
+    }
+
+    pub async fn pods(&self, selector: &str) -> Vec<Pod> {
+        self.api::<Pod>()
+            .list(&ListParams::default().labels(selector))
+            .await
+            .expect("listing pods")
+            .items
+    }
+
+    pub fn kubectl_ns(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", &self.ns];
+        all.extend_from_slice(args);
+        self.env.kubectl_ok(&all)
+    }
+
+    /// Everything a reader needs to see why a test failed.
+    fn diagnostics(&self) -> String {
+        let mut report = String::new();
+        let mut section = |title: &str, args: &[&str]| {
+            let out = self.env.kubectl().args(args).output();
+            report.push_str(&format!("\n===== {title}: kubectl {}\n", args.join(" ")));
+            match out {
+                Ok(out) => {
+                    report.push_str(&String::from_utf8_lossy(&out.stdout));
+                    report.push_str(&String::from_utf8_lossy(&out.stderr));
+                }
+                Err(e) => report.push_str(&format!("cannot run kubectl: {e}\n")),
+            }
+        };
+        section(
+            "pods",
+            &[
+                "-n",
+                &self.ns,
+                "get",
+                "pods,dlease,endpointslices",
+                "-o",
+                "wide",
+                "--show-labels",
+            ],
+        );
+        section("leases", &["-n", &self.ns, "get", "dlease", "-o", "yaml"]);
+        section("events", &["-n", &self.ns, "get", "events", "--sort-by=.lastTimestamp"]);
+        let pods = self
+            .env
+            .kubectl()
+            .args(["-n", &self.ns, "get", "pods", "-o", "name"])
+            .output();
+        for pod in pods
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+        {
+            section(
+                &format!("logs of {pod}"),
+                &["-n", &self.ns, "logs", pod, "--all-containers", "--prefix", "--tail=80"],
+            );
+            section(
+                &format!("previous logs of {pod}"),
+                &[
+                    "-n",
+                    &self.ns,
+                    "logs",
+                    pod,
+                    "--all-containers",
+                    "--prefix",
+                    "--tail=40",
+                    "--previous",
+                ],
+            );
+        }
+        let operator = self
+            .env
+            .kubectl()
+            .args([
+                "-n",
+                RELEASE_NAMESPACE,
+                "logs",
+                "-l",
+                "app.kubernetes.io/name=leasehold",
+                "--prefix",
+                "--tail=2000",
+            ])
+            .output();
+        report.push_str(&format!("\n===== operator log lines naming {}\n", self.ns));
+        let text = operator
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(&self.ns)).collect();
+        report.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+        report
+    }
+}
+
+/// Runs one test in a fresh namespace of its own (leasehold installed), and
+/// prints the namespace's pods, logs and events when it fails.
+pub async fn scenario<F, Fut, T>(ns: &str, body: F) -> T
+where
+    F: FnOnce(Scenario) -> Fut,
+    Fut: Future<Output = T>,
+{
+    assert!(TEST_NAMESPACES.contains(&ns), "{ns} is not in TEST_NAMESPACES");
+    let env = Env::from_vars();
+    let client = env.client().await;
+    ensure_installed(&env, &client).await;
+    fresh_namespace(&env, &client, ns).await;
+    let scenario = Scenario {
+        env: env.clone(),
+        client: client.clone(),
+        ns: ns.to_string(),
+    };
+    let for_diagnostics = Scenario {
+        env,
+        client,
+        ns: ns.to_string(),
+    };
+    let outcome = AssertUnwindSafe(body(scenario)).catch_unwind().await;
+    if outcome.is_err() {
+        eprintln!("{}", for_diagnostics.diagnostics());
+    }
+    remove_namespace(&for_diagnostics.client, ns).await;
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Deletes what a previous run left and makes the namespace again with the
+/// chart's objects in it (its sidecar Role and RoleBinding).
+async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
+    remove_namespace(client, ns).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    wait_for(&format!("namespace {ns} gone"), Duration::from_secs(180), || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    apply(client, &[namespace_object(ns)]).await;
+    let chart = rendered_chart(env);
+    let inside: Vec<Value> = chart.into_iter().filter(|o| o["metadata"]["namespace"] == ns).collect();
+    apply(client, &inside).await;
+}
+
+/// Removes a test's namespace without waiting out its pods' grace periods.
+async fn remove_namespace(client: &Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let _ = pods
+        .delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default())
+        .await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+}

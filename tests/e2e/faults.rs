@@ -1,0 +1,122 @@
+//! Faults with the watcher on: each ends with exactly one leader again
+//! within a generous liveness bound (how fast is the benchmark's).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use serde_json::json;
+
+use crate::cluster::{Scenario, scenario, wait_for};
+use crate::fixtures::{FIRST_LEADER, SUCCESSOR, leader_only_service};
+use crate::node::{kill_and_await_restart, signal_container};
+use crate::watcher::LeadershipWatcher;
+
+/// The sidecar's container name in an injected pod.
+const SIDECAR: &str = "leasehold";
+
+/// After a fault: one leader, the one ready endpoint, and (once the status
+/// caught up) the DistributedLease naming that pod as holder.
+async fn converges(s: &Scenario, watcher: &LeadershipWatcher, other_than: Option<&str>, within: Duration) -> String {
+    let leader = watcher.one_leader(other_than, within).await;
+    let leases: kube::Api<leasehold::api::DistributedLease> = s.api();
+    wait_for("the status naming the labelled leader", within, || async {
+        let status = leases.get("scheduler").await.ok()?.status?;
+        status.holder?.contains(&format!("/{leader}#")).then_some(())
+    })
+    .await;
+    leader
+}
+
+#[tokio::test]
+async fn the_leaders_sidecar_killed() {
+    scenario("e2e-fault-sidecar", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        kill_and_await_restart(&s, &leader, SIDECAR).await;
+        converges(&s, &watcher, None, SUCCESSOR).await;
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_leader_pod_deleted_gracefully_and_at_once() {
+    scenario("e2e-fault-delete", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        // Graceful: the app ignores SIGTERM, so the pod takes its whole
+        // 30 s grace period; the successor must not wait for more than that + D.
+        s.api::<Pod>()
+            .delete(&leader, &DeleteParams::default())
+            .await
+            .expect("graceful delete");
+        let second = converges(&s, &watcher, Some(&leader), SUCCESSOR + Duration::from_secs(30)).await;
+        s.api::<Pod>()
+            .delete(&second, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("delete now");
+        converges(&s, &watcher, Some(&second), SUCCESSOR).await;
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_leaders_app_container_killed() {
+    scenario("e2e-fault-app", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        kill_and_await_restart(&s, &leader, "app").await;
+        converges(&s, &watcher, None, SUCCESSOR).await;
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_leaders_sidecar_frozen_past_the_lease_duration() {
+    scenario("e2e-fault-freeze", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        signal_container(&s, &leader, SIDECAR, "STOP").await;
+        // D is 15 s: past it, another candidate takes the expired lease.
+        let successor = converges(&s, &watcher, Some(&leader), SUCCESSOR).await;
+        signal_container(&s, &leader, SIDECAR, "CONT").await;
+        // The resumed sidecar finds its lease lost and stays a follower.
+        let after = converges(&s, &watcher, None, SUCCESSOR).await;
+        assert_eq!(
+            after, successor,
+            "leadership stays with the successor after the old leader resumes"
+        );
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_api_server_stopped_for_30_seconds() {
+    scenario("e2e-fault-apiserver", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        watcher.one_leader(None, FIRST_LEADER).await;
+        s.env.component("kube-apiserver", "stop");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        s.env.component("kube-apiserver", "start");
+        // Labels, endpoints and status converge once the API answers again.
+        converges(&s, &watcher, None, Duration::from_secs(120)).await;
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_store_restarted() {
+    scenario("e2e-fault-store", |s| async move {
+        let (mut store, watcher) = leader_only_service(&s, json!({})).await;
+        watcher.one_leader(None, FIRST_LEADER).await;
+        store.restart();
+        converges(&s, &watcher, None, SUCCESSOR).await;
+        watcher.finish();
+    })
+    .await;
+}

@@ -1,0 +1,80 @@
+//! Signals to one container's processes, as a crash, an OOM kill or a
+//! freeze would deliver them, through the node's process table: the suite
+//! runs as root on the machine whose kernel runs the pods (the tool's node,
+//! or a kind node, whose containers are processes of the docker host).
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::Scenario;
+
+/// Sends SIG`signal` (KILL, STOP, CONT, TERM) to the main process of
+/// `container` (an app or init container) in `pod`.
+pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
+    let pod_object: Pod = s.api().get(pod).await.unwrap_or_else(|e| panic!("pod {pod}: {e}"));
+    let status = pod_object.status.unwrap_or_default();
+    let statuses = status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten());
+    let id = statuses
+        .filter(|c| c.name == container)
+        .find_map(|c| c.container_id)
+        .unwrap_or_else(|| panic!("pod {pod} has no running container {container}"));
+    let id = id.rsplit("://").next().unwrap_or(&id).to_string();
+    let pid = container_main_pid(&id).unwrap_or_else(|| {
+        panic!("no process of container {id} in /proc: the fault scenarios run on the node's machine, as root")
+    });
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{signal} {pid} ({pod}/{container})");
+}
+
+/// The process of the container whose parent is outside it (its PID 1).
+fn container_main_pid(container_id: &str) -> Option<u32> {
+    let in_container = |pid: u32| {
+        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup"))
+            .is_ok_and(|cgroup| cgroup.contains(container_id))
+    };
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| in_container(*pid))
+        .find(|pid| parent(*pid).is_some_and(|ppid| !in_container(ppid)))
+}
+
+/// How many times the kubelet restarted `container` of `pod`.
+pub async fn restarts(s: &Scenario, pod: &str, container: &str) -> Option<i32> {
+    let status = s.api::<Pod>().get(pod).await.ok()?.status?;
+    let statuses = status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten());
+    statuses.filter(|c| c.name == container).map(|c| c.restart_count).next()
+}
+
+/// Kills `container` of `pod` and waits until the kubelet has restarted it:
+/// the fault really happened before the scenario judges what followed.
+pub async fn kill_and_await_restart(s: &Scenario, pod: &str, container: &str) {
+    let before = restarts(s, pod, container)
+        .await
+        .unwrap_or_else(|| panic!("{pod} has no container {container}"));
+    signal_container(s, pod, container, "KILL").await;
+    crate::cluster::wait_for(
+        &format!("the kubelet restarting {pod}/{container}"),
+        std::time::Duration::from_secs(60),
+        || async { restarts(s, pod, container).await.filter(|n| *n > before).map(|_| ()) },
+    )
+    .await;
+}

@@ -1,0 +1,140 @@
+//! Least privilege, enforced by the API server: with a candidate pod's own
+//! ServiceAccount token (bound to that pod, as the kubelet mounts it), the
+//! sidecar's writes are allowed and nothing else is, by RBAC or by the
+//! chart's ValidatingAdmissionPolicy.
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+use crate::cluster::{Scenario, scenario};
+use crate::fixtures::{APP, FIRST_LEADER, leader_only_service};
+
+/// A client that authenticates as `pod`'s ServiceAccount with a token bound
+/// to the pod.
+async fn client_as(s: &Scenario, pod: &Pod) -> Client {
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|p| p.service_account_name.clone())
+        .unwrap_or("default".into());
+    let accounts: Api<ServiceAccount> = s.api();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(&account, &PostParams::default(), &request)
+        .await
+        .expect("a token for the pod's ServiceAccount")
+        .status
+        .expect("a token")
+        .token
+        .expect("the issued token");
+    let kubeconfig = Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    Client::try_from(config).expect("a client with the token")
+}
+
+/// Patches `pod` (or its status) and returns the API server's refusal, if any.
+async fn patch(pods: &Api<Pod>, pod: &str, status: bool, body: Value) -> Result<(), String> {
+    let params = PatchParams::default();
+    let result = if status {
+        pods.patch_status(pod, &params, &Patch::Strategic(body)).await
+    } else {
+        pods.patch(pod, &params, &Patch::Strategic(body)).await
+    };
+    result.map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn leader_condition(status: &str) -> Value {
+    json!({"status": {"conditions": [{"type": "leasehold.dev/leader", "status": status}]}})
+}
+
+#[tokio::test]
+async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_else() {
+    scenario("e2e-privilege", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let pods = s.pods(APP).await;
+        let follower = pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() != Some(&leader))
+            .expect("a follower");
+        let follower_name = follower.metadata.name.clone().unwrap();
+        let as_follower: Api<Pod> = Api::namespaced(client_as(&s, follower).await, &s.ns);
+
+        // What the sidecar does: the leader label on a candidate (here the
+        // value it already has) and the leader condition on its own pod.
+        let label = |v: &str| json!({"metadata": {"labels": {"leasehold.dev/leader": v}}});
+        patch(&as_follower, &follower_name, false, label("false"))
+            .await
+            .expect("its own leader label");
+        patch(&as_follower, &follower_name, true, leader_condition("False"))
+            .await
+            .expect("its own leader condition");
+
+        // Anything else is refused.
+        let refused = [
+            (
+                "another label",
+                patch(
+                    &as_follower,
+                    &follower_name,
+                    false,
+                    json!({"metadata": {"labels": {"app": "x"}}}),
+                )
+                .await,
+            ),
+            (
+                "an annotation",
+                patch(
+                    &as_follower,
+                    &follower_name,
+                    false,
+                    json!({"metadata": {"annotations": {"a": "b"}}}),
+                )
+                .await,
+            ),
+            (
+                "another pod's condition",
+                patch(&as_follower, &leader, true, leader_condition("False")).await,
+            ),
+        ];
+        for (what, result) in refused {
+            let error = result.expect_err(what);
+            assert!(
+                error.contains("leasehold sidecar may"),
+                "{what}: refused by the admission policy: {error}"
+            );
+        }
+        let other: Api<Pod> = Api::namespaced(client_as(&s, follower).await, "e2e-privilege-other");
+        let error = patch(&other, "any", false, label("true"))
+            .await
+            .expect_err("a pod of another namespace");
+        assert!(
+            error.contains("forbidden"),
+            "another namespace: refused by RBAC: {error}"
+        );
+        watcher.finish();
+    })
+    .await;
+}

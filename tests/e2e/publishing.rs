@@ -1,0 +1,122 @@
+//! Publishing: one leader label, the leader-only Service's one ready endpoint
+//! following the leader, the readiness-gated variant, and what the app
+//! container itself reads (token file, `/leader`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+
+use crate::cluster::{scenario, wait_for};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, exec_app, leader_only_service, ready_pods};
+use crate::stores::postgres_lease;
+use crate::watcher::{LeadershipWatcher, Watched};
+
+#[tokio::test]
+async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
+    scenario("e2e-publish", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let led_since = std::time::Instant::now();
+
+        // The app container reads the same leadership from the token file and /leader.
+        let file: Value = serde_json::from_str(&exec_app(
+            &s,
+            &leader,
+            &["/bin/busybox", "cat", "/var/run/leasehold/token.json"],
+        ))
+        .expect("the token file is JSON");
+        assert_eq!(file["leader"], true, "the leader's token file: {file}");
+        let http: Value = serde_json::from_str(&exec_app(
+            &s,
+            &leader,
+            &["/bin/busybox", "wget", "-qO-", "http://127.0.0.1:4040/leader"],
+        ))
+        .expect("/leader is JSON");
+        assert_eq!(http["leader"], true, "/leader on the leader: {http}");
+        assert_eq!(file["token"], http["token"], "token file and /leader agree");
+        assert!(
+            http["holder"].as_str().is_some_and(|h| h.contains(&leader)),
+            "holder names the pod: {http}"
+        );
+        let follower = s
+            .pods(APP)
+            .await
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .find(|p| *p != leader)
+            .expect("a follower");
+        let file: Value = serde_json::from_str(&exec_app(
+            &s,
+            &follower,
+            &["/bin/busybox", "cat", "/var/run/leasehold/token.json"],
+        ))
+        .expect("the follower's token file is JSON");
+        assert_eq!(file["leader"], false, "a follower's token file: {file}");
+
+        // While nothing happens, the leader Service never loses its endpoint.
+        let idle = watcher.leaderless_between(led_since, std::time::Instant::now());
+        assert_eq!(
+            idle,
+            std::time::Duration::ZERO,
+            "no endpoint for {idle:?} while the leader stayed"
+        );
+
+        // The endpoint follows the leader.
+        s.api::<Pod>()
+            .delete(&leader, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("deleting the leader");
+        watcher.one_leader(Some(&leader), SUCCESSOR).await;
+        watcher.finish();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_completes() {
+    scenario("e2e-gated", |s| async move {
+        let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
+        s.apply(lease).await;
+        s.apply(s.example("readiness-gated.yaml")).await;
+        let watcher = LeadershipWatcher::start(
+            &s.client,
+            Watched {
+                ns: &s.ns,
+                pods: APP,
+                service: None,
+                lease: Some(LEASE),
+            },
+        );
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let only_leader_ready = || async {
+            let ready = ready_pods(&s).await;
+            (ready.len() == 1).then(|| ready[0].clone())
+        };
+        let ready = wait_for("only the leader Ready", FIRST_LEADER, only_leader_ready).await;
+        assert_eq!(ready, leader);
+
+        s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
+        let deployments = s.api::<Deployment>();
+        let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
+        wait_for(
+            "the rollout replaced every pod, one new leader Ready",
+            Duration::from_secs(180),
+            || async {
+                let d = deployments.get("scheduler").await.ok()?;
+                let status = d.status?;
+                let pods = s.pods(APP).await;
+                let replaced = pods
+                    .iter()
+                    .all(|p| p.metadata.name.as_ref().is_some_and(|n| !old.contains(n)));
+                let ready = ready_pods(&s).await;
+                (replaced && status.updated_replicas == Some(3) && pods.len() == 3 && ready.len() == 1).then_some(())
+            },
+        )
+        .await;
+        watcher.finish();
+    })
+    .await;
+}

@@ -1,0 +1,64 @@
+//! Stores from inside pods: the candidates reach Spanner (the emulator, as a
+//! development cluster runs it, through the sidecar environment the chart
+//! and a pod annotation pass) and Redis on this machine's address, elect one
+//! leader and hand over when it goes.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use leasehold::testing::servers::RedisServer;
+use serde_json::{Value, json};
+
+use crate::cluster::{Scenario, scenario};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SUCCESSOR, example_with_pod_annotations};
+use crate::stores::{SpannerForPods, lease, secret};
+use crate::watcher::{LeadershipWatcher, Watched};
+
+/// Runs the leader-only-service example with `annotations` on its pods,
+/// then deletes the leader: one leader before and after.
+async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Value) {
+    s.apply(vec![store_lease]).await;
+    s.apply(example_with_pod_annotations(s, annotations)).await;
+    let watcher = LeadershipWatcher::start(
+        &s.client,
+        Watched {
+            ns: &s.ns,
+            pods: APP,
+            service: Some(SERVICE),
+            lease: Some(LEASE),
+        },
+    );
+    let leader = watcher.one_leader(None, FIRST_LEADER).await;
+    s.api::<Pod>()
+        .delete(&leader, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("deleting the leader");
+    watcher.one_leader(Some(&leader), SUCCESSOR).await;
+    watcher.finish();
+}
+
+#[tokio::test]
+async fn spanner_emulator_through_the_sidecar_and_operator_environment() {
+    scenario("e2e-store-spanner", |s| async move {
+        let spanner = SpannerForPods::start(&s).await;
+        elects_and_hands_over(
+            &s,
+            lease(&s, LEASE, spanner.store.clone(), json!({})),
+            spanner.pod_annotations(),
+        )
+        .await;
+        spanner.stop(&s).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redis_on_the_host() {
+    scenario("e2e-store-redis", |s| async move {
+        let server = RedisServer::start_on(s.env.host_ip);
+        let url = server.url_at((s.env.host_ip, server.port).into());
+        s.apply(vec![secret(&s, &url)]).await;
+        let store = json!({"redis": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
+        elects_and_hands_over(&s, lease(&s, LEASE, store, json!({})), json!({})).await;
+    })
+    .await;
+}
