@@ -38,7 +38,7 @@ fn the_walkthrough_steps_come_in_the_order_the_install_needs() {
         // The gate is added when a pod is created: the old pods go first.
         "delete -f manifests/examples/leader-only-service.yaml",
         "-f manifests/examples/readiness-gated.yaml",
-        "pod -l app=scheduler,leasehold.dev/leader=true",
+        "--for=jsonpath='{.status.readyReplicas}'=1 deployment/scheduler",
     ];
     let mut at = 0;
     for step in steps {
