@@ -54,7 +54,7 @@ ALL_ON = {
     "global": {"imageRegistry": "registry.example.com"},
     "imagePullSecrets": [{"name": "regcred"}],
     "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer"}},
-    "sidecar": {"mode": "container", "rbac": {"namespaces": ["my-app", "batch"], "serviceAccountName": "scheduler"},
+    "sidecar": {"mode": "container", "rbac": {"namespaces": {"my-app": ["scheduler"], "batch": ["consumer", "default"]}},
                 "admissionPolicy": {"enabled": True, "required": True}},
     "metrics": {"serviceMonitor": {"enabled": True}},
     "podDisruptionBudget": {"enabled": True},
@@ -326,6 +326,7 @@ def check_helm(schemas):
     roles = [d["metadata"]["name"] for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != RELEASE_NAMESPACE]
     if roles and not all(r.startswith(RELEASE) for r in roles):
         problems.append(f"chart: sidecar Roles {roles} are not named after the release; two releases would collide")
+    problems.extend(sidecar_binding_problems(docs, ALL_ON["sidecar"]["rbac"]["namespaces"]))
     check_service_monitor_template(chart)
     # A parent chart passes `global` to its subcharts.
     try:
@@ -356,6 +357,22 @@ def check_service_monitor_template(chart):
             problems.append(f"servicemonitor.yaml: {len(monitors)} ServiceMonitors where the API exists, expected 1")
         elif not all(e["port"] in ports for e in monitors[0]["spec"]["endpoints"]):
             problems.append(f"ServiceMonitor scrapes a port no Service has ({ports})")
+
+
+def sidecar_binding_problems(docs, namespaces):
+    """The sidecar Role is bound, per namespace, to exactly the ServiceAccounts
+    sidecar.rbac.namespaces names for it (least privilege: no other account
+    of that namespace gets it)."""
+    found = []
+    bound = {}
+    for d in docs:
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"].endswith("-sidecar"):
+            bound[d["metadata"]["namespace"]] = sorted(
+                (s["namespace"], s["name"]) for s in d["subjects"] if s["kind"] == "ServiceAccount")
+    want = {ns: sorted((ns, sa) for sa in accounts) for ns, accounts in namespaces.items()}
+    if bound != want:
+        found.append(f"chart: the sidecar RoleBindings bind {bound}, expected {want}")
+    return found
 
 
 # --- webhook opt-in ---------------------------------------------------------
@@ -470,6 +487,10 @@ POLICY_CASES = [
      changed(lambda p: p["status"].__setitem__("conditions", [{"type": "leasehold.dev/leader", "status": "True"}])), True),
     ("someone else changes any label", sidecar_request(username="system:serviceaccount:my-app:other"), base_pod(),
      changed(set_label("app", "evil")), True),
+    ("a second listed ServiceAccount changes another label", sidecar_request(username="system:serviceaccount:batch:default"),
+     base_pod(), changed(set_label("app", "evil")), False),
+    ("an unlisted ServiceAccount of a listed namespace changes any label",
+     sidecar_request(username="system:serviceaccount:batch:other"), base_pod(), changed(set_label("app", "evil")), True),
     ("the sidecar changes another label", sidecar_request(), base_pod(), changed(set_label("app", "evil")), False),
     ("the sidecar adds another label", sidecar_request(), base_pod(), changed(set_label("tier", "x")), False),
     ("the sidecar removes another label", sidecar_request(), base_pod(),
@@ -579,6 +600,11 @@ def check_checks_catch_planted_bugs(policies):
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}}]}
     if not webhook_selector_problems(everything, "leasehold-system", "self-test"):
         problems.append("self-test: a webhook called for every pod passed the opt-in check")
+    one_account = {"kind": "RoleBinding", "metadata": {"name": "lh-leasehold-sidecar", "namespace": "batch"},
+                   "roleRef": {"name": "lh-leasehold-sidecar"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "batch"}]}
+    if not sidecar_binding_problems([one_account], {"batch": ["consumer", "default"]}):
+        problems.append("self-test: a sidecar RoleBinding missing a listed ServiceAccount passed the binding check")
     for policy in policies:
         permissive = copy.deepcopy(policy)
         permissive["spec"]["validations"] = [{"expression": "true"}]

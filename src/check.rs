@@ -10,6 +10,9 @@
 //!   (SelfSubjectAccessReview per rule: run it as the operator's
 //!   ServiceAccount to check the operator's RBAC);
 //! * a DistributedLease that is invalid or selects no pod;
+//! * a ServiceAccount that candidate pods run as and that lacks the
+//!   sidecar's RBAC ([`crate::sidecar::rbac::RULES`], one SubjectAccessReview
+//!   per verb, in the pods' namespace);
 //! * a readiness-gated lease whose Deployment's strategy stalls rollouts
 //!   (the rule of [`crate::operator::rollout`], the one owner);
 //! * a lease whose store the operator reports unreachable (`StoreReady=False`);
@@ -20,6 +23,7 @@
 //! A failed read is a finding too, never a crash. The exit status is 1 when
 //! any finding is an error.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -38,6 +42,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use crate::api::{DistributedLease, ValidStore, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
+use crate::rbac::Rule;
 
 /// The webhook Secret unless `--webhook-secret` says otherwise (the
 /// operator's own default).
@@ -275,6 +280,38 @@ async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, servic
     }
 }
 
+/// What RBAC is asked about for each verb of each rule: the review's
+/// attributes (in `namespace` unless cluster-wide) and how a report names it.
+fn permissions<'a>(rules: impl IntoIterator<Item = (&'a Rule, Option<&'a str>)>) -> Vec<(ResourceAttributes, String)> {
+    let mut permissions = Vec::new();
+    for (rule, namespace) in rules {
+        for resource in rule.resources {
+            let (resource, subresource) = match resource.split_once('/') {
+                Some((resource, sub)) => (resource, Some(sub.to_string())),
+                None => (*resource, None),
+            };
+            for verb in rule.verbs {
+                let attributes = ResourceAttributes {
+                    group: Some(rule.api_group.to_string()),
+                    resource: Some(resource.to_string()),
+                    subresource: subresource.clone(),
+                    verb: Some(verb.to_string()),
+                    namespace: namespace.map(str::to_string),
+                    name: rule.resource_names.first().map(|n| n.to_string()),
+                    ..ResourceAttributes::default()
+                };
+                let group = match rule.api_group {
+                    "" => String::new(),
+                    group => format!("{group}/"),
+                };
+                let subresource = subresource.as_ref().map(|s| format!("/{s}")).unwrap_or_default();
+                permissions.push((attributes, format!("{verb} {group}{resource}{subresource}")));
+            }
+        }
+    }
+    permissions
+}
+
 /// One SelfSubjectAccessReview per verb of every operator rule.
 async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
@@ -283,46 +320,20 @@ async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
         .iter()
         .map(|r| (r, None))
         .chain(NAMESPACED_RULES.iter().map(|r| (r, Some(args.namespace.as_str()))));
-    for (rule, namespace) in scoped {
-        for resource in rule.resources {
-            let (resource, subresource) = match resource.split_once('/') {
-                Some((resource, sub)) => (resource, Some(sub.to_string())),
-                None => (*resource, None),
-            };
-            for verb in rule.verbs {
-                let review = SelfSubjectAccessReview {
-                    spec: SelfSubjectAccessReviewSpec {
-                        resource_attributes: Some(ResourceAttributes {
-                            group: Some(rule.api_group.to_string()),
-                            resource: Some(resource.to_string()),
-                            subresource: subresource.clone(),
-                            verb: Some(verb.to_string()),
-                            namespace: namespace.map(str::to_string),
-                            name: rule.resource_names.first().map(|n| n.to_string()),
-                            ..ResourceAttributes::default()
-                        }),
-                        ..SelfSubjectAccessReviewSpec::default()
-                    },
-                    ..SelfSubjectAccessReview::default()
-                };
-                let what = format!(
-                    "{verb} {}{}{}",
-                    if rule.api_group.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}/", rule.api_group)
-                    },
-                    resource,
-                    subresource.as_ref().map(|s| format!("/{s}")).unwrap_or_default()
-                );
-                match reviews.create(&PostParams::default(), &review).await {
-                    Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
-                    Ok(_) => missing.push(what),
-                    Err(e) => {
-                        report.error(format!("cannot review RBAC (SelfSubjectAccessReview): {e}"));
-                        return;
-                    }
-                }
+    for (attributes, what) in permissions(scoped) {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(attributes),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        match reviews.create(&PostParams::default(), &review).await {
+            Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+            Ok(_) => missing.push(what),
+            Err(e) => {
+                report.error(format!("cannot review RBAC (SelfSubjectAccessReview): {e}"));
+                return;
             }
         }
     }
@@ -334,6 +345,78 @@ async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
              the operator's ServiceAccount to check the operator itself)",
             missing.join(", ")
         ));
+    }
+}
+
+/// The ServiceAccount a pod runs as (the API server sets `default` when
+/// the spec names none; a pod read back always has it, this covers one
+/// that does not).
+fn service_account(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into())
+}
+
+/// One SubjectAccessReview per verb of every sidecar rule, for each
+/// ServiceAccount candidate pods run as (namespace -> account -> the
+/// leases whose candidates use it). The review names the account as the
+/// API server authenticates its tokens: the user and its groups.
+async fn check_sidecar_rbac(
+    client: &Client,
+    accounts: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    report: &mut Report,
+) {
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    for (namespace, by_account) in accounts {
+        for (account, leases) in by_account {
+            let user = format!("system:serviceaccount:{namespace}:{account}");
+            let groups = [
+                "system:serviceaccounts",
+                &format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated",
+            ];
+            let mut missing = Vec::new();
+            let scoped = crate::sidecar::rbac::RULES
+                .iter()
+                .map(|r| (r, Some(namespace.as_str())));
+            for (attributes, what) in permissions(scoped) {
+                let review = SubjectAccessReview {
+                    spec: SubjectAccessReviewSpec {
+                        user: Some(user.clone()),
+                        groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+                        resource_attributes: Some(attributes),
+                        ..SubjectAccessReviewSpec::default()
+                    },
+                    ..SubjectAccessReview::default()
+                };
+                match reviews.create(&PostParams::default(), &review).await {
+                    Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+                    Ok(_) => missing.push(what),
+                    Err(e) => {
+                        report.warn(format!(
+                            "cannot review the sidecar's RBAC (SubjectAccessReview): {e}; run the check as an \
+                             account that may create subjectaccessreviews"
+                        ));
+                        return;
+                    }
+                }
+            }
+            let leases = leases.iter().cloned().collect::<Vec<_>>().join(", ");
+            if missing.is_empty() {
+                report.ok(format!(
+                    "ServiceAccount {namespace}/{account} (candidates of {leases}) has the sidecar's permissions"
+                ));
+            } else {
+                report.error(format!(
+                    "ServiceAccount {namespace}/{account}, which candidates of {leases} run as, lacks the sidecar's \
+                     permissions: {}; bind the sidecar Role to it (chart: --set \
+                     'sidecar.rbac.namespaces.{namespace}={{{account}}}' with the namespace's other accounts; see \
+                     docs/rbac-sidecar.md)",
+                    missing.join(", ")
+                ));
+            }
+        }
     }
 }
 
@@ -352,19 +435,28 @@ async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
     if leases.is_empty() {
         report.ok("no DistributedLeases yet");
     }
+    let mut accounts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for lease in leases {
-        check_lease(client, &lease, report).await;
+        let namespace = lease.namespace().unwrap_or_default();
+        for candidate in check_lease(client, &lease, report).await {
+            (accounts.entry(namespace.clone()).or_default())
+                .entry(service_account(&candidate))
+                .or_default()
+                .insert(format!("{namespace}/{}", lease.name_any()));
+        }
     }
+    check_sidecar_rbac(client, &accounts, report).await;
 }
 
-async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Report) {
+/// The lease's findings; returns its candidate pods.
+async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Report) -> Vec<Arc<Pod>> {
     let namespace = lease.namespace().unwrap_or_default();
     let id = format!("DistributedLease {namespace}/{}", lease.name_any());
     let valid = match validate(lease) {
         Ok(valid) => valid,
         Err(e) => {
             report.error(format!("{id} is invalid: {e}"));
-            return;
+            return Vec::new();
         }
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -373,7 +465,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
         Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
             report.error(format!("{id}: cannot list its pods: {e}"));
-            return;
+            return Vec::new();
         }
     };
     let mut healthy = true;
@@ -427,6 +519,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     if healthy {
         report.ok(format!("{id}: {} candidate(s)", candidates.len()));
     }
+    candidates
 }
 
 /// Whether every candidate's ServiceAccount may do what the sidecar does

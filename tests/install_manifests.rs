@@ -26,9 +26,6 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
             vec![&operator, &operator_namespaced, &operator_store_secrets],
         ),
         ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
-        ("manifests/examples/leader-only-service.yaml", vec![&sidecar]),
-        ("manifests/examples/readiness-gated.yaml", vec![&sidecar]),
-        ("manifests/examples/run-wrapped.yaml", vec![&sidecar]),
     ] {
         let text = as_release_leasehold(&read(file));
         for rules in expected {
@@ -41,6 +38,24 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
             text.matches("\nkind: Role\n").count() + text.matches("\nkind: ClusterRole\n").count(),
             "{file}"
         );
+    }
+}
+
+/// The sidecar's Role has one owner, the chart (bound to the ServiceAccounts
+/// `sidecar.rbac.namespaces` names): the examples bring none of their own,
+/// which would collide with the chart's by name and bind other accounts.
+#[test]
+fn the_examples_leave_the_sidecar_role_to_the_chart() {
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/examples")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for kind in ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] {
+            assert!(
+                !text.contains(&format!("\nkind: {kind}\n")),
+                "{}: a {kind}",
+                path.display()
+            );
+        }
     }
 }
 

@@ -24,6 +24,10 @@ struct Cluster {
     ready_endpoints: usize,
     /// (group, resource, verb) the account may not do.
     denied: Vec<(&'static str, &'static str, &'static str)>,
+    /// (user, resource, verb) a ServiceAccount may not do, for the sidecar's reviews.
+    sidecar_denied: Vec<(&'static str, &'static str, &'static str)>,
+    /// Whether this account may create SubjectAccessReviews.
+    reviews_forbidden: bool,
     leases: Vec<Value>,
     /// (ServiceAccount in prod, verb) that a SubjectAccessReview denies.
     denied_accounts: Vec<(&'static str, &'static str)>,
@@ -36,6 +40,23 @@ struct Cluster {
 
 fn base64(text: &str) -> Value {
     serde_json::to_value(ByteString(text.as_bytes().to_vec())).unwrap()
+}
+
+/// An access review's permission as RBAC sees it, and the user it names.
+fn review_of(body: &Value) -> (RequestAttributes, String) {
+    let attributes = &body["spec"]["resourceAttributes"];
+    let text = |k: &str| attributes[k].as_str().unwrap_or_default().to_string();
+    let resource = match text("subresource").as_str() {
+        "" => text("resource"),
+        sub => format!("{}/{sub}", text("resource")),
+    };
+    let request = RequestAttributes {
+        api_group: text("group"),
+        resource,
+        name: attributes["name"].as_str().map(str::to_string),
+        verb: Box::leak(text("verb").into_boxed_str()),
+    };
+    (request, body["spec"]["user"].as_str().unwrap_or_default().to_string())
 }
 
 fn not_found() -> (u16, Value) {
@@ -82,25 +103,37 @@ impl Cluster {
                 (200, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": [slice]}))
             }
             ("POST", ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
-                let attributes = &body["spec"]["resourceAttributes"];
-                let text = |k: &str| attributes[k].as_str().unwrap_or_default().to_string();
-                let resource = match text("subresource").as_str() {
-                    "" => text("resource"),
-                    sub => format!("{}/{sub}", text("resource")),
-                };
-                let request = RequestAttributes {
-                    api_group: text("group"),
-                    resource: resource.clone(),
-                    name: attributes["name"].as_str().map(str::to_string),
-                    verb: Box::leak(text("verb").into_boxed_str()),
-                };
+                let (request, _) = review_of(&body);
                 if !crate::operator::rbac::allows(&request) {
                     self.unexpected.push(format!("review of {request:?}, which the operator's rules do not grant"));
                 }
                 let allowed = !self
                     .denied
                     .iter()
-                    .any(|(g, r, v)| *g == text("group") && *r == resource && *v == text("verb"));
+                    .any(|(g, r, v)| *g == request.api_group && *r == request.resource && *v == request.verb);
+                let mut answer = body.clone();
+                answer["status"] = json!({"allowed": allowed});
+                (201, answer)
+            }
+            ("POST", ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
+                if self.reviews_forbidden {
+                    return (403, api::status(403, "Forbidden", "cannot create subjectaccessreviews"));
+                }
+                let (request, user) = review_of(&body);
+                let namespace = body["spec"]["resourceAttributes"]["namespace"].as_str().unwrap_or_default();
+                let groups = &body["spec"]["groups"];
+                if !crate::rbac::grants(crate::sidecar::rbac::RULES, &request)
+                    || !user.starts_with(&format!("system:serviceaccount:{namespace}:"))
+                    || !groups
+                        .as_array()
+                        .is_some_and(|g| g.contains(&json!(format!("system:serviceaccounts:{namespace}"))))
+                {
+                    self.unexpected.push(format!("sidecar review of {request:?} as {user} with {groups}"));
+                }
+                let allowed = !self
+                    .sidecar_denied
+                    .iter()
+                    .any(|(u, r, v)| *u == user && *r == request.resource && *v == request.verb);
                 let mut answer = body.clone();
                 answer["status"] = json!({"allowed": allowed});
                 (201, answer)
@@ -204,7 +237,8 @@ fn pod(name: &str, app: &str, replica_set: Option<(&str, &str)>) -> Value {
     let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": name, "namespace": "prod", "labels": {"app": app}},
                          "spec": {"containers": [{"name": "app"}],
-                                  "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}]}});
+                                  "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}],
+                                  "serviceAccountName": app}});
     if let Some((rs, hash)) = replica_set {
         pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
         pod["metadata"]["ownerReferences"] =
@@ -254,6 +288,7 @@ async fn a_healthy_install_reports_only_ok() {
         "Service leasehold-system/leasehold-webhook has 2 ready endpoint(s)",
         "this account has every permission the operator needs",
         "DistributedLease prod/web: 2 candidate(s)",
+        "ServiceAccount prod/web (candidates of prod/web) has the sidecar's permissions",
     ] {
         assert!(ok.contains(expected), "{expected:?} missing from:\n{ok}");
     }
@@ -270,6 +305,64 @@ async fn a_healthy_install_reports_only_ok() {
         .map(|r| r.resources.len() * r.verbs.len())
         .sum();
     assert_eq!(reviews, verbs, "one review per verb of every rule");
+    let sidecar_reviews = cluster
+        .requests
+        .iter()
+        .filter(|r| r.ends_with("/subjectaccessreviews"))
+        .count();
+    let sidecar_verbs: usize = (crate::sidecar::rbac::RULES.iter())
+        .map(|r| r.resources.len() * r.verbs.len())
+        .sum();
+    assert_eq!(
+        sidecar_reviews, sidecar_verbs,
+        "one account (both pods run as it), one review per verb"
+    );
+}
+
+/// Candidates running as an account without the sidecar's Role are an
+/// error naming the account, its leases, what it lacks and the chart value
+/// that binds it; an account that has it is reported ok.
+#[tokio::test]
+async fn a_candidate_account_without_the_sidecar_role_is_named() {
+    let mut cluster = healthy();
+    cluster.leases.push(lease("jobs", json!({}), None));
+    let mut unbound = pod("jobs-0", "jobs", None);
+    unbound["spec"]["serviceAccountName"] = json!("default");
+    let mut defaulted = pod("jobs-1", "jobs", None);
+    defaulted["spec"].as_object_mut().unwrap().remove("serviceAccountName");
+    cluster.pods.extend([unbound, defaulted]);
+    cluster.sidecar_denied = vec![
+        ("system:serviceaccount:prod:default", "pods/status", "patch"),
+        ("system:serviceaccount:prod:default", "distributedleases", "watch"),
+    ];
+    let (report, cluster) = check_against(cluster).await;
+    assert_eq!(
+        messages(&report, Severity::Error),
+        [
+            "ServiceAccount prod/default, which candidates of prod/jobs run as, lacks the sidecar's permissions: \
+          patch pods/status, watch leasehold.dev/distributedleases; bind the sidecar Role to it (chart: --set \
+          'sidecar.rbac.namespaces.prod={default}' with the namespace's other accounts; see docs/rbac-sidecar.md)"
+        ]
+    );
+    let ok = messages(&report, Severity::Ok).join("\n");
+    assert!(
+        ok.contains("ServiceAccount prod/web (candidates of prod/web) has the sidecar's permissions"),
+        "{ok}"
+    );
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_check_that_may_not_review_others_says_so() {
+    let mut cluster = healthy();
+    cluster.reviews_forbidden = true;
+    let (report, _) = check_against(cluster).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    let warnings = messages(&report, Severity::Warning).join("\n");
+    assert!(
+        warnings.contains("cannot review the sidecar's RBAC (SubjectAccessReview)"),
+        "{warnings}"
+    );
 }
 
 #[tokio::test]

@@ -230,11 +230,13 @@ pub fn rendered_chart(env: &Env) -> Vec<Value> {
 /// The same with more `--set KEY=VALUE`s, as `helm upgrade --set` adds them.
 pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
     let (repository, tag) = env.image.rsplit_once(':').unwrap_or((&env.image, "latest"));
-    let mut sets = vec![
-        format!("sidecar.rbac.namespaces={{{}}}", TEST_NAMESPACES.join(",")),
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-    ];
+    let mut sets = vec![format!("image.repository={repository}"), format!("image.tag={tag}")];
+    // The candidates run as the examples' ServiceAccount or the default one.
+    sets.extend(
+        TEST_NAMESPACES
+            .iter()
+            .map(|ns| format!("sidecar.rbac.namespaces.{ns}={{default,scheduler}}")),
+    );
     sets.extend_from_slice(more);
     let mut render = Command::new(repo().join(".venv/bin/python"));
     render
@@ -372,10 +374,10 @@ impl Scenario {
                 .and_then(Value::as_array_mut)
             {
                 for container in containers {
-                    if container["image"]
-                        .as_str()
-                        .is_some_and(|i| i.starts_with("registry.example.com/"))
-                    {
+                    // The examples' stand-in app does nothing; this one serves HTTP.
+                    if (container["image"].as_str()).is_some_and(|i| {
+                        i.starts_with("registry.example.com/") || i.starts_with("registry.k8s.io/pause:")
+                    }) {
                         container["image"] = json!(self.env.app_image);
                         container["command"] = json!(["/bin/busybox", "httpd", "-f", "-p", "8080"]);
                     }

@@ -53,7 +53,16 @@ const TOKEN_DIR: &str = "/var/run/leasehold";
 /// app's image does not have it): `leasehold __install-self BIN_DIR`.
 pub const INSTALLER_NAME: &str = "leasehold-install";
 const BIN_VOLUME: &str = "leasehold-bin";
+/// Where the installer's emptyDir is mounted, in the installer (leasehold's
+/// image) and in the wrapped container (the app's image).
 pub const BIN_DIR: &str = "/leasehold/bin";
+/// The binary in leasehold's image (the Dockerfile's COPY and ENTRYPOINT;
+/// tests/dockerfile.rs holds the Dockerfile to it). Injected containers run
+/// the image's entrypoint, so the code never starts it by path; it must only
+/// stay clear of BIN_DIR, which the installer mounts over that image (a file
+/// on BIN_DIR's path makes runc fail with "not a directory", one under it
+/// would be hidden by the mount).
+pub const IMAGE_BINARY: &str = "/usr/local/bin/leasehold";
 /// The binary as the wrapped container sees it.
 pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
 /// The lease's store-URL Secret key, mounted into the container that
@@ -73,8 +82,10 @@ pub enum SidecarMode {
     /// https://kubernetes.io/docs/concepts/workloads/pods/sidecar-containers/),
     /// so the lease is released only after the app has exited.
     Native,
-    /// A regular container, for clusters older than 1.29: it starts and stops
-    /// together with the app, so the drain window must cover the app's exit.
+    /// A regular container, for clusters without native sidecars (older
+    /// than 1.29, or 1.29–1.32 with the SidecarContainers feature gate
+    /// off): it starts and stops together with the app, so the drain window
+    /// must cover the app's exit.
     Container,
 }
 
