@@ -39,7 +39,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
-use crate::api::{DistributedLease, ValidStore, validate};
+use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
@@ -497,10 +497,6 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
             Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),
         }
     }
-    if valid.store == ValidStore::Kubernetes && !lease_verbs_granted(client, &namespace, &candidates, &id, report).await
-    {
-        healthy = false;
-    }
     let conditions = lease
         .status
         .as_ref()
@@ -522,75 +518,6 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     candidates
 }
 
-/// Whether every candidate's ServiceAccount may do what the sidecar does
-/// with Leases in `namespace` (one SubjectAccessReview per account and
-/// verb); each gap is reported, naming the account and the verbs.
-async fn lease_verbs_granted(
-    client: &Client,
-    namespace: &str,
-    candidates: &[Arc<Pod>],
-    id: &str,
-    report: &mut Report,
-) -> bool {
-    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
-    let rule = crate::sidecar::rbac::LEASES;
-    let mut accounts: Vec<&str> = candidates
-        .iter()
-        .map(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.service_account_name.as_deref())
-                .unwrap_or("default")
-        })
-        .collect();
-    accounts.sort_unstable();
-    accounts.dedup();
-    let mut granted = true;
-    for account in accounts {
-        let user = format!("system:serviceaccount:{namespace}:{account}");
-        let mut missing = Vec::new();
-        for verb in rule.verbs {
-            let review = SubjectAccessReview {
-                spec: SubjectAccessReviewSpec {
-                    user: Some(user.clone()),
-                    groups: Some(vec![
-                        "system:serviceaccounts".into(),
-                        format!("system:serviceaccounts:{namespace}"),
-                    ]),
-                    resource_attributes: Some(ResourceAttributes {
-                        group: Some(rule.api_group.to_string()),
-                        resource: Some(rule.resources[0].to_string()),
-                        verb: Some(verb.to_string()),
-                        namespace: Some(namespace.to_string()),
-                        ..ResourceAttributes::default()
-                    }),
-                    ..SubjectAccessReviewSpec::default()
-                },
-                ..SubjectAccessReview::default()
-            };
-            match reviews.create(&PostParams::default(), &review).await {
-                Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
-                Ok(_) => missing.push(*verb),
-                Err(e) => {
-                    report.warn(format!(
-                        "{id}: cannot review the Lease RBAC of {user} (SubjectAccessReview): {e}"
-                    ));
-                    return false;
-                }
-            }
-        }
-        if !missing.is_empty() {
-            granted = false;
-            report.error(format!(
-                "{id} keeps its lock in a Lease, but ServiceAccount {namespace}/{account} may not {} \
-                 leases.coordination.k8s.io in {namespace}: bind the sidecar Role (docs/rbac-sidecar.md; the chart \
-                 does for sidecar.rbac.namespaces)",
-                missing.join(", ")
-            ));
-        }
-    }
-    granted
-}
 
 #[cfg(test)]
 mod tests;
