@@ -12,8 +12,8 @@ use std::time::Duration;
 use leasehold::lease::Timing;
 use leasehold::lease::session::Collected;
 use leasehold::operator::metrics::Outcome;
-use leasehold::sidecar::metrics::{FailureLabels, OpLabels};
 use leasehold::sidecar::budget::{AT_RISK_SHARE, RenewBudget};
+use leasehold::sidecar::metrics::{FailureLabels, OpLabels};
 use leasehold::store::memory::MemoryStore;
 use prometheus_client::registry::Registry;
 
@@ -22,7 +22,15 @@ const CHART_RULES: &str = "charts/leasehold/files/leasehold-rules.yaml";
 const RULES_TESTS: &str = "tests/prometheus/leasehold-rules.test.yaml";
 const DASHBOARD: &str = "charts/leasehold/files/leasehold-dashboard.json";
 /// Grafana's core panel types the dashboard may use.
-const PANEL_TYPES: &[&str] = &["timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "text"];
+const PANEL_TYPES: &[&str] = &[
+    "timeseries",
+    "stat",
+    "gauge",
+    "bargauge",
+    "table",
+    "state-timeline",
+    "text",
+];
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,7 +50,11 @@ fn promtool_test_rules(tests: &Path) -> (bool, String) {
         .unwrap_or_else(|e| {
             panic!("running promtool: {e}; install Prometheus's promtool (Debian: apt-get install prometheus; scripts/setup-servers.sh does)")
         });
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -58,7 +70,13 @@ fn exported_metrics() -> BTreeSet<String> {
     let op = OpLabels { op: "renew" };
     sidecar.store_calls.get_or_create(&op).inc();
     sidecar.store_latency.get_or_create(&op).observe(0.01);
-    sidecar.store_failures.get_or_create(&FailureLabels { op: "renew", kind: "unavailable" }).inc();
+    sidecar
+        .store_failures
+        .get_or_create(&FailureLabels {
+            op: "renew",
+            kind: "unavailable",
+        })
+        .inc();
     operator.reconciled(Outcome::StoreError, Duration::from_millis(5));
     operator.event_failed("LeaderElected");
     operator.collected(Collected { sessions: 1, locks: 1 });
@@ -66,7 +84,9 @@ fn exported_metrics() -> BTreeSet<String> {
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     let mut names = BTreeSet::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
         let (name, kind) = rest.split_once(' ').unwrap();
         let suffixes: &[&str] = match kind {
             "counter" => &["_total"],
@@ -103,7 +123,10 @@ fn the_chart_ships_the_same_rules() {
 
 /// The `leasehold_…` names in `text` that the code does not export.
 fn unknown_metrics(text: &str) -> Vec<String> {
-    metrics_named_in(text).difference(&exported_metrics()).cloned().collect()
+    metrics_named_in(text)
+        .difference(&exported_metrics())
+        .cloned()
+        .collect()
 }
 
 #[test]
@@ -111,7 +134,10 @@ fn the_rules_query_only_metrics_the_code_exports() {
     let rules = read(RULES);
     assert!(metrics_named_in(&rules).contains("leasehold_is_leader"), "{rules}");
     let unknown = unknown_metrics(&rules);
-    assert!(unknown.is_empty(), "{RULES} queries {unknown:?}, which the code does not export");
+    assert!(
+        unknown.is_empty(),
+        "{RULES} queries {unknown:?}, which the code does not export"
+    );
     // The check itself: a renamed metric is caught.
     let planted = rules.replace("leasehold_is_leader)", "leasehold_leader)");
     assert_eq!(unknown_metrics(&planted), ["leasehold_leader"]);
@@ -131,7 +157,11 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
     let dir = std::env::temp_dir().join(format!("leasehold-rules-mutants-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mutants = [
-        ("two leaders: threshold 2", "(leasehold_is_leader) > 1", "(leasehold_is_leader) > 2"),
+        (
+            "two leaders: threshold 2",
+            "(leasehold_is_leader) > 1",
+            "(leasehold_is_leader) > 2",
+        ),
         (
             "two leaders: summed per pod, not per lock",
             "sum by (namespace, lease) (leasehold_is_leader)",
@@ -155,19 +185,22 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
             "increase(leasehold_store_calls_total[2m])",
             "increase(leasehold_store_calls_total{op=\"acquire\"}[2m])",
         ),
-        (
-            "operator: every outcome counted",
-            "{outcome=\"store_error\"}",
-            "",
-        ),
+        ("operator: every outcome counted", "{outcome=\"store_error\"}", ""),
     ];
     let mut survived = Vec::new();
     for (i, (name, from, to)) in mutants.iter().enumerate() {
-        assert_eq!(rules.matches(from).count(), 1, "mutant {name}: `{from}` once in {RULES}");
+        assert_eq!(
+            rules.matches(from).count(),
+            1,
+            "mutant {name}: `{from}` once in {RULES}"
+        );
         let mutant_rules = dir.join(format!("rules-{i}.yaml"));
         std::fs::write(&mutant_rules, rules.replace(from, to)).unwrap();
         let mutant_tests = dir.join(format!("tests-{i}.yaml"));
-        let pointed = tests.replace("../../manifests/prometheus/leasehold-rules.yaml", mutant_rules.to_str().unwrap());
+        let pointed = tests.replace(
+            "../../manifests/prometheus/leasehold-rules.yaml",
+            mutant_rules.to_str().unwrap(),
+        );
         assert_ne!(pointed, tests, "{RULES_TESTS} names {RULES} in rule_files");
         std::fs::write(&mutant_tests, pointed).unwrap();
         if promtool_test_rules(&mutant_tests).0 {
@@ -175,7 +208,10 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(survived.is_empty(), "planted bugs the promtool tests let pass: {survived:?}");
+    assert!(
+        survived.is_empty(),
+        "planted bugs the promtool tests let pass: {survived:?}"
+    );
 }
 
 /// scripts/check-dashboard.sh on `json`: whether Grafana's dashboard types
@@ -190,7 +226,11 @@ fn check_dashboard(json: &str) -> (bool, String) {
         .output()
         .unwrap_or_else(|e| panic!("running scripts/check-dashboard.sh (needs Node.js and npm): {e}"));
     std::fs::remove_file(&file).unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -220,7 +260,9 @@ fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<(String, String, Stri
         let targets = panel["targets"].as_array().map(Vec::as_slice).unwrap_or_default();
         assert!(!targets.is_empty(), "panel {title:?} queries nothing");
         for target in targets {
-            let expr = target["expr"].as_str().unwrap_or_else(|| panic!("panel {title:?}: a target without expr"));
+            let expr = target["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("panel {title:?}: a target without expr"));
             queries.push((title.clone(), kind.clone(), expr.to_string()));
         }
     }
@@ -232,10 +274,19 @@ fn the_dashboard_answers_the_operators_questions_with_exported_metrics() {
     let dashboard: serde_json::Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
     let queries = dashboard_queries(&dashboard);
     for (title, kind, expr) in &queries {
-        assert!(PANEL_TYPES.contains(&kind.as_str()), "panel {title:?}: type {kind:?} is not a core panel");
+        assert!(
+            PANEL_TYPES.contains(&kind.as_str()),
+            "panel {title:?}: type {kind:?} is not a core panel"
+        );
         let unknown = unknown_metrics(expr);
-        assert!(unknown.is_empty(), "panel {title:?} queries {unknown:?}, which the code does not export");
-        assert!(expr.contains("lease=~\"$lease\""), "panel {title:?} ignores the lease variable: {expr}");
+        assert!(
+            unknown.is_empty(),
+            "panel {title:?} queries {unknown:?}, which the code does not export"
+        );
+        assert!(
+            expr.contains("lease=~\"$lease\""),
+            "panel {title:?} ignores the lease variable: {expr}"
+        );
     }
     let all: String = queries.iter().map(|(_, _, e)| e.as_str()).collect();
     for needed in [
@@ -252,7 +303,12 @@ fn the_dashboard_answers_the_operators_questions_with_exported_metrics() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["targets"][0]["expr"].as_str().unwrap().contains("leasehold_renew_budget_used"))
+        .find(|p| {
+            p["targets"][0]["expr"]
+                .as_str()
+                .unwrap()
+                .contains("leasehold_renew_budget_used")
+        })
         .unwrap();
     let steps = &budget["fieldConfig"]["defaults"]["thresholds"]["steps"];
     assert_eq!(steps[1]["value"].as_f64(), Some(AT_RISK_SHARE), "{steps}");

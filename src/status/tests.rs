@@ -76,13 +76,21 @@ fn a_line_holds_the_holder_term_ages_candidates_policy_and_conditions() {
     assert_eq!(web.holder.as_deref(), Some("shop/web-1#7f3a"));
     assert_eq!(web.term, Some(4));
     assert_eq!(web.token_age_seconds, Some(90.0));
-    assert_eq!(web.since_transition_seconds, Some(90.0), "the acquisition is the later change");
+    assert_eq!(
+        web.since_transition_seconds,
+        Some(90.0),
+        "the acquisition is the later change"
+    );
     assert_eq!((web.ready_candidates, web.candidates), (2, 3));
     assert_eq!((web.prefer, web.version_fence), (Prefer::Newest, true));
     let jobs = line(&jobs);
     assert_eq!(jobs.holder, None);
     assert_eq!(jobs.token_age_seconds, Some(600.0));
-    assert_eq!(jobs.since_transition_seconds, Some(30.0), "losing the leader is the later change");
+    assert_eq!(
+        jobs.since_transition_seconds,
+        Some(30.0),
+        "losing the leader is the later change"
+    );
     assert_eq!(
         jobs.conditions[0],
         ConditionState {
@@ -109,10 +117,17 @@ shop        batch   <8 partitions, 2 members, 1 unowned>   -      -           - 
 
 #[test]
 fn ages_read_like_kubectls() {
-    let shown: Vec<String> = [None, Some(0.4), Some(59.9), Some(61.0), Some(7260.0), Some(2.0 * 86400.0 + 3600.0)]
-        .into_iter()
-        .map(age)
-        .collect();
+    let shown: Vec<String> = [
+        None,
+        Some(0.4),
+        Some(59.9),
+        Some(61.0),
+        Some(7260.0),
+        Some(2.0 * 86400.0 + 3600.0),
+    ]
+    .into_iter()
+    .map(age)
+    .collect();
     assert_eq!(shown, ["-", "0s", "59s", "1m1s", "2h1m", "2d1h"]);
 }
 
@@ -180,8 +195,15 @@ async fn watch_prints_each_change_but_not_the_ages_moving() {
 #[test]
 fn the_command_line_takes_namespace_output_and_watch() {
     let cli = Cli::try_parse_from(["leasehold", "status", "-n", "shop", "-o", "json", "--watch"]).unwrap();
-    let Command::Status(args) = cli.command else { panic!("not status") };
-    assert_eq!((args.namespace.as_deref(), args.output, args.watch), (Some("shop"), Output::Json, true));
-    let wrong = Cli::try_parse_from(["leasehold", "status", "-o", "yaml"]).unwrap_err().to_string();
+    let Command::Status(args) = cli.command else {
+        panic!("not status")
+    };
+    assert_eq!(
+        (args.namespace.as_deref(), args.output, args.watch),
+        (Some("shop"), Output::Json, true)
+    );
+    let wrong = Cli::try_parse_from(["leasehold", "status", "-o", "yaml"])
+        .unwrap_err()
+        .to_string();
     assert!(wrong.contains("'yaml'") && wrong.contains("--output"), "{wrong}");
 }

@@ -30,8 +30,17 @@ const FOR: &str = "5s";
 const PROMETHEUS_WAIT: Duration = Duration::from_secs(90);
 
 fn status_json(s: &Scenario) -> Vec<Value> {
-    let out = s.env.leasehold().args(["status", "-n", &s.ns, "-o", "json"]).output().expect("leasehold status");
-    assert!(out.status.success(), "leasehold status: {}", String::from_utf8_lossy(&out.stderr));
+    let out = s
+        .env
+        .leasehold()
+        .args(["status", "-n", &s.ns, "-o", "json"])
+        .output()
+        .expect("leasehold status");
+    assert!(
+        out.status.success(),
+        "leasehold status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("leasehold status -o json prints JSON")
 }
 
@@ -45,27 +54,48 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
         let line = wait_for("leasehold status names the leader", FIRST_LEADER, || async {
             let lines = status_json(&s);
             let [line] = lines.as_slice() else { return None };
-            line["holder"].as_str().is_some_and(|h| h.contains(&leader)).then(|| line.clone())
+            line["holder"]
+                .as_str()
+                .is_some_and(|h| h.contains(&leader))
+                .then(|| line.clone())
         })
         .await;
         assert_eq!(line["name"], LEASE);
         assert!(line["term"].as_u64().is_some_and(|t| t >= 1), "{line}");
         assert_eq!(line["candidates"], 3, "{line}");
         assert!(line["tokenAgeSeconds"].as_f64().is_some_and(|a| a >= 0.0), "{line}");
-        let ready = line["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").cloned();
+        let ready = line["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned();
         assert_eq!(ready.map(|c| c["status"].clone()), Some(json!("True")), "{line}");
 
         // The table, through kubectl's plugin mechanism: kubectl-leasehold on PATH.
         let plugins = tempdir("kubectl-plugins");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_leasehold"), plugins.join("kubectl-leasehold")).unwrap();
         let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
-        let out = s.env.kubectl().env("PATH", path).args(["leasehold", "status", "-n", &s.ns]).output().unwrap();
+        let out = s
+            .env
+            .kubectl()
+            .env("PATH", path)
+            .args(["leasehold", "status", "-n", &s.ns])
+            .output()
+            .unwrap();
         let table = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "kubectl leasehold status: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl leasehold status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut rows = table.lines();
         assert!(rows.next().is_some_and(|h| h.starts_with("NAMESPACE")), "{table}");
         let row = rows.next().unwrap_or_default();
-        assert!(row.contains(&leader) && row.contains("3/3") && row.contains("Ready=True"), "{table}");
+        assert!(
+            row.contains(&leader) && row.contains("3/3") && row.contains("Ready=True"),
+            "{table}"
+        );
         std::fs::remove_dir_all(&plugins).unwrap();
 
         // --watch prints the current line, then the successor's.
@@ -85,7 +115,10 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
         });
         let first = lines.recv().await.expect("the current state");
         assert!(first["holder"].as_str().is_some_and(|h| h.contains(&leader)), "{first}");
-        s.api::<Pod>().delete(&leader, &DeleteParams::default()).await.expect("deleting the leader");
+        s.api::<Pod>()
+            .delete(&leader, &DeleteParams::default())
+            .await
+            .expect("deleting the leader");
         let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
         let seen = tokio::time::timeout(SUCCESSOR, async {
             loop {
@@ -97,7 +130,10 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
         })
         .await
         .expect("--watch printed the successor");
-        assert!(seen["term"].as_u64() > first["term"].as_u64(), "a new term: {first} then {seen}");
+        assert!(
+            seen["term"].as_u64() > first["term"].as_u64(),
+            "a new term: {first} then {seen}"
+        );
         watch.kill().unwrap();
         watch.wait().unwrap();
         watcher.finish();
@@ -145,7 +181,11 @@ impl Prometheus {
         std::fs::write(dir.join("prometheus.yml"), serde_yaml::to_string(&config).unwrap()).unwrap();
         write_atomically(&dir.join("sidecars.json"), "[]");
         write_atomically(&dir.join("planted.json"), "[]");
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
@@ -160,7 +200,9 @@ impl Prometheus {
 
     /// GET on the HTTP API; the `data` of a successful answer.
     fn get(&self, path: &str, params: &[(&str, &str)]) -> Option<Value> {
-        let query: String = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(params).finish();
+        let query: String = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish();
         let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).ok()?;
         write!(stream, "GET {path}?{query} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
         let mut answer = String::new();
@@ -172,13 +214,20 @@ impl Prometheus {
 
     /// An instant query's result vector.
     fn query(&self, promql: &str) -> Option<Vec<Value>> {
-        self.get("/api/v1/query", &[("query", promql)])?["result"].as_array().cloned()
+        self.get("/api/v1/query", &[("query", promql)])?["result"]
+            .as_array()
+            .cloned()
     }
 
     /// The alerts named `name` in `state` (pending or firing) now.
     fn alerts(&self, name: &str, state: &str) -> Option<Vec<Value>> {
         let alerts = self.get("/api/v1/alerts", &[])?["alerts"].as_array()?.clone();
-        Some(alerts.into_iter().filter(|a| a["labels"]["alertname"] == name && a["state"] == state).collect())
+        Some(
+            alerts
+                .into_iter()
+                .filter(|a| a["labels"]["alertname"] == name && a["state"] == state)
+                .collect(),
+        )
     }
 
     /// Scrapes the pods `s` has now, labelled as the chart's PodMonitor labels them.
@@ -203,29 +252,45 @@ impl Prometheus {
     /// Waits until the scraped sidecars of the lease sum to `leaders` leaders
     /// over `candidates` candidates.
     async fn sees(&self, s: &Scenario, leaders: u64, candidates: u64) {
-        let selector = format!("{{job=\"leasehold-sidecars\", namespace=\"{}\", lease=\"{LEASE}\"}}", s.ns);
+        let selector = format!(
+            "{{job=\"leasehold-sidecars\", namespace=\"{}\", lease=\"{LEASE}\"}}",
+            s.ns
+        );
         let sum = format!("sum(leasehold_is_leader{selector}) * 1000 + count(leasehold_is_leader{selector})");
         let want = (leaders * 1000 + candidates).to_string();
-        wait_for(&format!("Prometheus sees {leaders} leader(s) among {candidates} sidecar(s)"), PROMETHEUS_WAIT, || async {
-            let result = self.query(&sum)?;
-            (result.first()?["value"][1] == json!(want)).then_some(())
-        })
+        wait_for(
+            &format!("Prometheus sees {leaders} leader(s) among {candidates} sidecar(s)"),
+            PROMETHEUS_WAIT,
+            || async {
+                let result = self.query(&sum)?;
+                (result.first()?["value"][1] == json!(want)).then_some(())
+            },
+        )
         .await;
     }
 
     /// Waits until `name` fires for this lease.
     async fn fires(&self, s: &Scenario, name: &str) -> Value {
-        wait_for(&format!("{name} firing for {}/{LEASE}", s.ns), PROMETHEUS_WAIT, || async {
-            let alerts = self.alerts(name, "firing")?;
-            alerts.into_iter().find(|a| a["labels"]["namespace"] == json!(s.ns) && a["labels"]["lease"] == LEASE)
-        })
+        wait_for(
+            &format!("{name} firing for {}/{LEASE}", s.ns),
+            PROMETHEUS_WAIT,
+            || async {
+                let alerts = self.alerts(name, "firing")?;
+                alerts
+                    .into_iter()
+                    .find(|a| a["labels"]["namespace"] == json!(s.ns) && a["labels"]["lease"] == LEASE)
+            },
+        )
         .await
     }
 
     /// The instants in the last `window` at which `name` was firing (the
     /// `ALERTS` series Prometheus writes at every evaluation).
     fn fired_within(&self, name: &str, window: Duration) -> Vec<Value> {
-        let promql = format!("ALERTS{{alertname=\"{name}\", alertstate=\"firing\"}}[{}s]", window.as_secs().max(1));
+        let promql = format!(
+            "ALERTS{{alertname=\"{name}\", alertstate=\"firing\"}}[{}s]",
+            window.as_secs().max(1)
+        );
         self.query(&promql).expect("a range query")
     }
 }
@@ -237,7 +302,10 @@ impl Drop for Prometheus {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            eprintln!("===== prometheus log (last lines)\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "===== prometheus log (last lines)\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -266,34 +334,55 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             .flat_map(|g| g["rules"].as_array().unwrap())
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert!(names.contains(&"LeaseholdTwoLeaders") && names.contains(&"LeaseholdNoLeader"), "{rules}");
+        assert!(
+            names.contains(&"LeaseholdTwoLeaders") && names.contains(&"LeaseholdNoLeader"),
+            "{rules}"
+        );
 
         // A failover: the leader pod deleted, a follower takes over.
         let started = std::time::Instant::now();
-        s.api::<Pod>().delete(&leader, &DeleteParams::default()).await.expect("deleting the leader");
+        s.api::<Pod>()
+            .delete(&leader, &DeleteParams::default())
+            .await
+            .expect("deleting the leader");
         let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
         wait_for("the replacement pod running", FIRST_LEADER, || async {
             let pods = s.pods(APP).await;
-            let running = pods.iter().filter(|p| p.status.as_ref().and_then(|st| st.pod_ip.as_ref()).is_some());
+            let running = pods
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|st| st.pod_ip.as_ref()).is_some());
             (running.filter(|p| p.metadata.deletion_timestamp.is_none()).count() == 3).then_some(())
         })
         .await;
         prometheus.target_pods(&s, "sidecars.json", None).await;
         prometheus.sees(&s, 1, 3).await;
         let fired = prometheus.fired_within("LeaseholdTwoLeaders", started.elapsed() + Duration::from_secs(5));
-        assert!(fired.is_empty(), "LeaseholdTwoLeaders fired through the failover: {fired:?}");
+        assert!(
+            fired.is_empty(),
+            "LeaseholdTwoLeaders fired through the failover: {fired:?}"
+        );
 
         // Planted: the leader's metrics scraped a second time as another
         // target, as two pods claiming the lock would show: the alert fires.
         prometheus.target_pods(&s, "planted.json", Some(&successor)).await;
         let alert = prometheus.fires(&s, "LeaseholdTwoLeaders").await;
-        assert_eq!(alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()), Some(2.0), "{alert}");
+        assert_eq!(
+            alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()),
+            Some(2.0),
+            "{alert}"
+        );
         write_atomically(&prometheus.dir.join("planted.json"), "[]");
 
         // Planted: a leaderless window (every candidate scaled away).
-        assert!(prometheus.alerts("LeaseholdNoLeader", "firing").unwrap().is_empty(), "no-leader firing while led");
+        assert!(
+            prometheus.alerts("LeaseholdNoLeader", "firing").unwrap().is_empty(),
+            "no-leader firing while led"
+        );
         s.kubectl_ns(&["scale", "deployment/scheduler", "--replicas=0"]);
-        wait_for("every candidate gone", SUCCESSOR, || async { s.pods(APP).await.is_empty().then_some(()) }).await;
+        wait_for("every candidate gone", SUCCESSOR, || async {
+            s.pods(APP).await.is_empty().then_some(())
+        })
+        .await;
         prometheus.target_pods(&s, "sidecars.json", None).await;
         let alert = prometheus.fires(&s, "LeaseholdNoLeader").await;
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
