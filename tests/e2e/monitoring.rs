@@ -16,7 +16,7 @@ use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, repo, scenario, wait_for};
-use crate::publishing::{APP, FIRST_LEADER, LEASE, SUCCESSOR, leader_only_service};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, leader_only_service};
 
 /// The sidecar's metrics port (the chart's sidecar.metricsPort).
 const METRICS_PORT: u16 = 4041;
@@ -50,52 +50,50 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
 
-        // The operator's status catches up with the store; then one line names the leader.
-        let line = wait_for("leasehold status names the leader", FIRST_LEADER, || async {
+        // The operator's status catches up with the store; then one line
+        // names the leader, Ready.
+        let ready = |line: &Value| {
+            let conditions = line["conditions"].as_array().cloned().unwrap_or_default();
+            conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
+        };
+        let line = wait_for("leasehold status names the leader, Ready", FIRST_LEADER, || async {
             let lines = status_json(&s);
             let [line] = lines.as_slice() else { return None };
-            line["holder"]
-                .as_str()
-                .is_some_and(|h| h.contains(&leader))
-                .then(|| line.clone())
+            (line["holder"].as_str().is_some_and(|h| h.contains(&leader)) && ready(line)).then(|| line.clone())
         })
         .await;
         assert_eq!(line["name"], LEASE);
         assert!(line["term"].as_u64().is_some_and(|t| t >= 1), "{line}");
         assert_eq!(line["candidates"], 3, "{line}");
         assert!(line["tokenAgeSeconds"].as_f64().is_some_and(|a| a >= 0.0), "{line}");
-        let ready = line["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .cloned();
-        assert_eq!(ready.map(|c| c["status"].clone()), Some(json!("True")), "{line}");
 
         // The table, through kubectl's plugin mechanism: kubectl-leasehold on PATH.
         let plugins = tempdir("kubectl-plugins");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_leasehold"), plugins.join("kubectl-leasehold")).unwrap();
         let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
-        let out = s
-            .env
-            .kubectl()
-            .env("PATH", path)
-            .args(["leasehold", "status", "-n", &s.ns])
-            .output()
-            .unwrap();
-        let table = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "kubectl leasehold status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut rows = table.lines();
-        assert!(rows.next().is_some_and(|h| h.starts_with("NAMESPACE")), "{table}");
-        let row = rows.next().unwrap_or_default();
-        assert!(
-            row.contains(&leader) && row.contains("3/3") && row.contains("Ready=True"),
-            "{table}"
-        );
+        let table = wait_for(
+            "kubectl leasehold status shows the leader, 3/3 ready, Ready",
+            FIRST_LEADER,
+            || async {
+                let out = s
+                    .env
+                    .kubectl()
+                    .env("PATH", &path)
+                    .args(["leasehold", "status", "-n", &s.ns])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "kubectl leasehold status: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let table = String::from_utf8_lossy(&out.stdout).into_owned();
+                let row = table.lines().nth(1).unwrap_or_default();
+                (row.contains(&leader) && row.contains("3/3") && row.contains("Ready=True")).then_some(table)
+            },
+        )
+        .await;
+        assert!(table.starts_with("NAMESPACE"), "{table}");
         std::fs::remove_dir_all(&plugins).unwrap();
 
         // --watch prints the current line, then the successor's.
@@ -364,8 +362,13 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
 
         // Planted: the leader's metrics scraped a second time as another
         // target, as two pods claiming the lock would show: the alert fires.
+        let planted = std::time::Instant::now();
         prometheus.target_pods(&s, "planted.json", Some(&successor)).await;
         let alert = prometheus.fires(&s, "LeaseholdTwoLeaders").await;
+        eprintln!(
+            "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {FOR})",
+            planted.elapsed()
+        );
         assert_eq!(
             alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()),
             Some(2.0),
@@ -383,8 +386,13 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             s.pods(APP).await.is_empty().then_some(())
         })
         .await;
+        let leaderless = std::time::Instant::now();
         prometheus.target_pods(&s, "sidecars.json", None).await;
         let alert = prometheus.fires(&s, "LeaseholdNoLeader").await;
+        eprintln!(
+            "LeaseholdNoLeader fired {:?} after the last candidate was gone (for: {FOR})",
+            leaderless.elapsed()
+        );
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
         watcher.finish();
     })
