@@ -29,13 +29,14 @@ const FOR: &str = "5s";
 /// bounds each wait for a result in the generous way of the suite.
 const PROMETHEUS_WAIT: Duration = Duration::from_secs(90);
 
-fn status_json(s: &Scenario) -> Vec<Value> {
-    let out = s
-        .env
-        .leasehold()
-        .args(["status", "-n", &s.ns, "-o", "json"])
-        .output()
-        .expect("leasehold status");
+/// `leasehold status -o json` in `namespace`, or in all namespaces.
+fn status_json(s: &Scenario, namespace: Option<&str>) -> Vec<Value> {
+    let mut status = s.env.leasehold();
+    status.args(["status", "-o", "json"]);
+    if let Some(ns) = namespace {
+        status.args(["-n", ns]);
+    }
+    let out = status.output().expect("leasehold status");
     assert!(
         out.status.success(),
         "leasehold status: {}",
@@ -57,7 +58,7 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
             conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
         };
         let line = wait_for("leasehold status names the leader, Ready", FIRST_LEADER, || async {
-            let lines = status_json(&s);
+            let lines = status_json(&s, Some(&s.ns));
             let [line] = lines.as_slice() else { return None };
             (line["holder"].as_str().is_some_and(|h| h.contains(&leader)) && ready(line)).then(|| line.clone())
         })
@@ -66,6 +67,12 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
         assert!(line["term"].as_u64().is_some_and(|t| t >= 1), "{line}");
         assert_eq!(line["candidates"], 3, "{line}");
         assert!(line["tokenAgeSeconds"].as_f64().is_some_and(|a| a >= 0.0), "{line}");
+        // Without a namespace: every namespace's leases, this one among them.
+        let all = status_json(&s, None);
+        assert!(
+            all.iter().any(|l| l["namespace"] == json!(s.ns) && l["name"] == LEASE),
+            "{all:?}"
+        );
 
         // The table, through kubectl's plugin mechanism: kubectl-leasehold on PATH.
         let plugins = tempdir("kubectl-plugins");
