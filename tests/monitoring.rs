@@ -174,6 +174,11 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
             "(leasehold_is_leader)",
         ),
         (
+            "no leader: a partitioned lock counted as leaderless",
+            "\n            unless on (namespace, lease) (max_over_time(leasehold_partition_members[15m]) > 0)",
+            "",
+        ),
+        (
             "no leader: a follower counted as a leader",
             "(leasehold_is_leader == 1)",
             "(leasehold_is_leader >= 0)",
