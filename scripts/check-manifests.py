@@ -48,7 +48,13 @@ RELEASE, RELEASE_NAMESPACE = "lh", "leasehold-system"
 OUR_IMAGE = "ghcr.io/leasehold/leasehold"
 SIDECAR_USER = 65532
 # Kinds of other projects' CRDs that kubernetes-validate has no schema for.
-FOREIGN_KINDS = {("cert-manager.io/v1", "Certificate"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+FOREIGN_KINDS = {("cert-manager.io/v1", "Certificate")} | {("monitoring.coreos.com/v1", k) for k in MONITORING_KINDS}
+# Prometheus's own files (alerting rules), not Kubernetes objects: checked by
+# `promtool test rules` in tests/monitoring.rs.
+PROMETHEUS_FILES = ROOT / "manifests" / "prometheus"
+CHART_RULES = CHART / "files" / "leasehold-rules.yaml"
+CHART_DASHBOARD = CHART / "files" / "leasehold-dashboard.json"
 # Every optional part of the chart turned on.
 ALL_ON = {
     "global": {"imageRegistry": "registry.example.com"},
@@ -56,7 +62,8 @@ ALL_ON = {
     "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer"}},
     "sidecar": {"mode": "container", "rbac": {"namespaces": {"my-app": ["scheduler"], "batch": ["consumer", "default"]}},
                 "admissionPolicy": {"enabled": True, "required": True}},
-    "metrics": {"serviceMonitor": {"enabled": True}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget": {"enabled": True},
 }
 problems = []
@@ -101,7 +108,7 @@ def validate(doc, where, schemas):
 
 
 def check_manifests(schemas):
-    files = sorted((ROOT / "manifests").rglob("*.yaml"))
+    files = sorted(p for p in (ROOT / "manifests").rglob("*.yaml") if PROMETHEUS_FILES not in p.parents)
     if not files:
         problems.append("manifests/: no YAML files")
     count = 0
@@ -319,15 +326,23 @@ def check_helm(schemas):
                  "PodDisruptionBudget", "MutatingWebhookConfiguration"):
         if kind not in kinds:
             problems.append(f"chart (every optional part on): no {kind} rendered")
-    # Offline rendering has no monitoring.coreos.com API: no ServiceMonitor,
-    # which the API server would reject on a cluster without the Prometheus operator.
-    if "ServiceMonitor" in kinds:
-        problems.append("chart: a ServiceMonitor is rendered although the cluster has no monitoring.coreos.com/v1")
+    # Offline rendering has no monitoring.coreos.com API: no ServiceMonitor (nor
+    # PodMonitor, PrometheusRule), which the API server would reject on a
+    # cluster without the Prometheus operator.
+    for kind in sorted(kinds.intersection(MONITORING_KINDS)):
+        problems.append(f"chart: a {kind} is rendered although the cluster has no monitoring.coreos.com/v1")
+    problems.extend(dashboard_problems(docs))
+    planted = copy.deepcopy(docs)
+    for d in planted:
+        if d["kind"] == "ConfigMap" and "leasehold.json" in d.get("data", {}):
+            d["data"]["leasehold.json"] = d["data"]["leasehold.json"].replace("leasehold_is_leader", "leasehold_leader")
+    if docs and not dashboard_problems(planted):
+        problems.append("self-test: a dashboard ConfigMap that differs from files/leasehold-dashboard.json passed")
     roles = [d["metadata"]["name"] for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != RELEASE_NAMESPACE]
     if roles and not all(r.startswith(RELEASE) for r in roles):
         problems.append(f"chart: sidecar Roles {roles} are not named after the release; two releases would collide")
     problems.extend(sidecar_binding_problems(docs, ALL_ON["sidecar"]["rbac"]["namespaces"]))
-    check_service_monitor_template(chart)
+    check_monitoring_templates()
     # A parent chart passes `global` to its subcharts.
     try:
         chart.validate_schema({"global": {"anything": 1}})
@@ -336,27 +351,56 @@ def check_helm(schemas):
     return results
 
 
-def check_service_monitor_template(chart):
+def dashboard_problems(docs):
+    """The dashboard ConfigMap: labelled for Grafana's sidecar, holding the chart's file unchanged."""
+    maps = [d for d in docs if d["kind"] == "ConfigMap" and (d["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"]
+    if len(maps) != 1:
+        return [f"chart: {len(maps)} ConfigMaps labelled grafana_dashboard: \"1\" with the dashboard on, expected 1"]
+    if list(maps[0]["data"].values()) != [CHART_DASHBOARD.read_text().rstrip("\n")]:
+        return ["chart: the dashboard ConfigMap does not hold files/leasehold-dashboard.json unchanged"]
+    return []
+
+
+def monitoring_problems(docs):
+    """The Prometheus operator's objects rendered where its API exists."""
+    found = {kind: [d for d in docs if d.get("kind") == kind] for kind in MONITORING_KINDS}
+    wrong = [f"{kind}: {len(objs)} rendered where the API exists, expected 1" for kind, objs in found.items() if len(objs) != 1]
+    if wrong:
+        return wrong
+    out = []
+    ports = {p.get("name") for d in docs if d.get("kind") == "Service" for p in d["spec"]["ports"]}
+    if not all(e["port"] in ports for e in found["ServiceMonitor"][0]["spec"]["endpoints"]):
+        out.append(f"ServiceMonitor scrapes a port no Service has ({ports})")
+    if [e["port"] for e in found["PodMonitor"][0]["spec"]["podMetricsEndpoints"]] != ["lh-metrics"]:
+        out.append("PodMonitor does not scrape the sidecar's lh-metrics port")
+    if found["PrometheusRule"][0]["spec"] != yaml.safe_load(CHART_RULES.read_text()):
+        out.append("PrometheusRule: its spec is not files/leasehold-rules.yaml")
+    return out
+
+
+def check_monitoring_templates():
     """The Go SDK renders offline without the cluster's API list (no
-    --api-versions), so the ServiceMonitor never renders above; render a copy
-    whose capability test is true, to check the template itself."""
+    --api-versions), so the ServiceMonitor, PodMonitor and PrometheusRule
+    never render above; render a copy whose capability test is true, to check
+    the templates themselves."""
+    capability = '(.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")'
     with tempfile.TemporaryDirectory() as tmp:
         copy_dir = pathlib.Path(tmp) / "leasehold"
         shutil.copytree(CHART, copy_dir)
-        template = copy_dir / "templates" / "servicemonitor.yaml"
-        text = template.read_text()
-        capability = '(.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")'
-        if capability not in text:
-            problems.append("servicemonitor.yaml: not guarded by the monitoring.coreos.com/v1 capability")
-            return
-        template.write_text(text.replace(capability, "true"))
-        docs = render_dir(copy_dir, {"metrics": {"serviceMonitor": {"enabled": True}}})
-        monitors = [d for d in docs if d.get("kind") == "ServiceMonitor"]
-        ports = {p.get("name") for d in docs if d.get("kind") == "Service" for p in d["spec"]["ports"]}
-        if len(monitors) != 1:
-            problems.append(f"servicemonitor.yaml: {len(monitors)} ServiceMonitors where the API exists, expected 1")
-        elif not all(e["port"] in ports for e in monitors[0]["spec"]["endpoints"]):
-            problems.append(f"ServiceMonitor scrapes a port no Service has ({ports})")
+        for name in ("servicemonitor.yaml", "podmonitor.yaml", "prometheusrule.yaml"):
+            template = copy_dir / "templates" / name
+            text = template.read_text()
+            if capability not in text:
+                problems.append(f"{name}: not guarded by the monitoring.coreos.com/v1 capability")
+                return
+            template.write_text(text.replace(capability, "true"))
+        docs = render_dir(copy_dir, ALL_ON)
+        problems.extend(monitoring_problems(docs))
+        # The check itself: a rule changed in the PrometheusRule is caught.
+        rule = next(d for d in docs if d.get("kind") == "PrometheusRule")
+        rule["spec"]["groups"][0]["rules"][0]["expr"] += " * 2"
+        if not any("PrometheusRule" in p for p in monitoring_problems(docs)):
+            problems.append("self-test: a PrometheusRule whose rules differ from files/leasehold-rules.yaml passed")
 
 
 def sidecar_binding_problems(docs, namespaces):

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{advise, check, demo, inject, install_self, operator, run, sidecar};
+use crate::{advise, check, demo, inject, install_self, operator, run, sidecar, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -44,6 +44,12 @@ pub enum Command {
     Crd,
     /// Report what is wrong with an install, in plain words.
     Check(check::Args),
+    /// One line per DistributedLease: holder, term, token age, time since
+    /// leadership changed, candidates ready/total, version policy and
+    /// conditions; `--watch` follows the changes. As a kubectl plugin:
+    /// `kubectl leasehold status` with this binary linked as
+    /// `kubectl-leasehold` on PATH.
+    Status(status::Args),
     /// Inject the sidecar into annotated Pods and pod templates in YAML (files
     /// or stdin) as the webhook would; the result goes to stdout, what was
     /// skipped and why to stderr.
@@ -70,7 +76,7 @@ impl Cli {
         let default_filter = match self.command {
             #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
-            Command::Demo(_) | Command::Check(_) | Command::Advise(_) => "warn",
+            Command::Demo(_) | Command::Check(_) | Command::Advise(_) | Command::Status(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -101,6 +107,7 @@ impl Cli {
                 Ok(())
             }
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
+            Command::Status(args) => block_on(async { Ok(status::run(args).await?) }),
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
         }
     }

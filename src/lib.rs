@@ -36,6 +36,8 @@ pub mod shutdown;
 pub mod sidecar;
 #[cfg(feature = "simulate")]
 pub mod sim;
+#[cfg(feature = "cli")]
+pub mod status;
 pub mod store;
 #[cfg(feature = "testing")]
 #[doc(hidden)]

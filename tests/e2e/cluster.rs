@@ -61,6 +61,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-versions",
     // The benchmark's kubernetes part (benches/leasehold/kubernetes.rs).
     "e2e-bench",
+    "ops-status",
+    "ops-monitoring",
 ];
 
 /// The suite's settings, from the variables README's "End-to-end tests" names.

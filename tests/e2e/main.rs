@@ -19,6 +19,7 @@ mod faults;
 mod fixtures;
 mod injection;
 mod install;
+mod monitoring;
 mod node;
 mod privilege;
 mod publishing;

@@ -1,0 +1,313 @@
+//! `leasehold status` (and, through a `kubectl-leasehold` link on PATH,
+//! `kubectl leasehold status`): one line per DistributedLease with who
+//! holds it, its term, how old the current token is, how long leadership has
+//! been as it is, the candidates ready / total, the version policy and the
+//! conditions, from the status the operator keeps. `-o json` prints the same
+//! as JSON; `--watch` then follows the leases (kube-runtime's watcher) and
+//! prints a lease again each time any of that changes (ages aside).
+
+use std::collections::BTreeMap;
+
+use futures::TryStreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+
+use crate::api::DistributedLease;
+use crate::lease::Prefer;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Show the DistributedLeases of this namespace only (default: all namespaces).
+    #[arg(short, long, env = "LEASEHOLD_STATUS_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Output format: a table, or JSON (an array; with --watch one object per line).
+    #[arg(short, long, env = "LEASEHOLD_STATUS_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// After the current state, print each lease again whenever its holder,
+    /// term, candidates, version policy or conditions change, until interrupted.
+    #[arg(short, long, env = "LEASEHOLD_STATUS_WATCH")]
+    pub watch: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot list DistributedLeases: {0}")]
+    List(#[source] kube::Error),
+    #[error("watching DistributedLeases: {0}")]
+    Watch(#[source] watcher::Error),
+    #[error("cannot write the output: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+/// A condition as the status line shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConditionState {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+}
+
+/// A partitioned lease's assignment, in brief.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionsSummary {
+    pub count: u32,
+    pub members: u32,
+    pub unowned: u32,
+}
+
+/// One DistributedLease's line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseStatus {
+    pub namespace: String,
+    pub name: String,
+    /// The identity holding a valid lease; `None` when free or expired.
+    pub holder: Option<String>,
+    pub term: Option<u64>,
+    pub token: Option<String>,
+    /// Seconds since the current (or last) term's token: its acquisition's
+    /// commit time on the store's clock.
+    pub token_age_seconds: Option<f64>,
+    /// Seconds since leadership last changed: the later of the token's
+    /// acquisition and the `Ready` condition's last transition (the lock
+    /// gaining or losing its leader).
+    pub since_transition_seconds: Option<f64>,
+    pub ready_candidates: u32,
+    pub candidates: u32,
+    pub prefer: Prefer,
+    pub version_fence: bool,
+    pub conditions: Vec<ConditionState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<PartitionsSummary>,
+    /// With --watch: the lease was deleted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+impl LeaseStatus {
+    /// The line of `lease` as of `now`.
+    pub fn of(lease: &DistributedLease, now: Timestamp) -> LeaseStatus {
+        let status = lease.status.clone().unwrap_or_default();
+        let acquired = status
+            .token
+            .as_deref()
+            .and_then(|t| t.parse::<i128>().ok())
+            .and_then(|nanos| Timestamp::from_nanosecond(nanos).ok());
+        let ready_since = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.last_transition_time.0);
+        let age = |at: Timestamp| now.duration_since(at).as_secs_f64().max(0.0);
+        LeaseStatus {
+            namespace: lease.namespace().unwrap_or_default(),
+            name: lease.name_any(),
+            holder: status.holder,
+            term: status.term,
+            token: status.token,
+            token_age_seconds: acquired.map(age),
+            since_transition_seconds: acquired.into_iter().chain(ready_since).max().map(age),
+            ready_candidates: status.ready_candidates,
+            candidates: status.candidates,
+            prefer: lease.spec.leadership.prefer,
+            version_fence: lease.spec.leadership.version_fence,
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| ConditionState {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                })
+                .collect(),
+            partitions: status.partitions.map(|p| PartitionsSummary {
+                count: p.count,
+                members: p.members,
+                unowned: p.unowned,
+            }),
+            deleted: false,
+        }
+    }
+
+    /// What `--watch` compares: everything but the ages, which move on
+    /// their own.
+    fn state(&self) -> LeaseStatus {
+        LeaseStatus {
+            token_age_seconds: None,
+            since_transition_seconds: None,
+            ..self.clone()
+        }
+    }
+
+    fn cells(&self) -> [String; 9] {
+        let holder = match (&self.partitions, &self.holder) {
+            (Some(p), _) => format!("<{} partitions, {} members, {} unowned>", p.count, p.members, p.unowned),
+            (None, Some(holder)) => holder.clone(),
+            (None, None) => "<none>".into(),
+        };
+        let conditions = match self.deleted {
+            true => "<deleted>".to_string(),
+            false => self
+                .conditions
+                .iter()
+                .map(|c| format!("{}={}", c.type_, c.status))
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        let versions = match self.version_fence {
+            true => format!("{:?}+fence", self.prefer),
+            false => format!("{:?}", self.prefer),
+        };
+        [
+            self.namespace.clone(),
+            self.name.clone(),
+            holder,
+            self.term.map_or("-".into(), |t| t.to_string()),
+            age(self.token_age_seconds),
+            age(self.since_transition_seconds),
+            format!("{}/{}", self.ready_candidates, self.candidates),
+            versions,
+            conditions,
+        ]
+    }
+}
+
+const HEADER: [&str; 9] = [
+    "NAMESPACE",
+    "NAME",
+    "HOLDER",
+    "TERM",
+    "TOKEN AGE",
+    "SINCE CHANGE",
+    "READY",
+    "VERSIONS",
+    "CONDITIONS",
+];
+
+/// A duration as kubectl shows ages: 45s, 3m12s, 2h5m, 4d3h; `-` unknown.
+fn age(seconds: Option<f64>) -> String {
+    let Some(seconds) = seconds else { return "-".into() };
+    let s = seconds as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// The table: a header and one aligned line per lease.
+pub fn table(leases: &[LeaseStatus]) -> String {
+    let rows: Vec<[String; 9]> = std::iter::once(HEADER.map(String::from))
+        .chain(leases.iter().map(LeaseStatus::cells))
+        .collect();
+    let widths: Vec<usize> = (0..HEADER.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:w$}")).collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The leases' lines, ordered by namespace and name.
+pub async fn list(api: &Api<DistributedLease>) -> Result<Vec<LeaseStatus>, Error> {
+    let now = Timestamp::now();
+    let mut lines: Vec<LeaseStatus> = api
+        .list(&Default::default())
+        .await
+        .map_err(Error::List)?
+        .iter()
+        .map(|lease| LeaseStatus::of(lease, now))
+        .collect();
+    lines.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Ok(lines)
+}
+
+/// Follows the leases and hands `emit` each lease whose state differs from
+/// what it last emitted for it (each lease once at the start), and each
+/// deletion. Ends only on `emit`'s error; the watcher retries with backoff.
+pub async fn watch(
+    api: Api<DistributedLease>,
+    mut emit: impl FnMut(&LeaseStatus) -> std::io::Result<()>,
+) -> Result<(), Error> {
+    let mut shown: BTreeMap<(String, String), LeaseStatus> = BTreeMap::new();
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events.map_err(Error::Watch));
+    while let Some(event) = events.try_next().await? {
+        let (lease, deleted) = match event {
+            watcher::Event::InitApply(lease) | watcher::Event::Apply(lease) => (lease, false),
+            watcher::Event::Delete(lease) => (lease, true),
+            watcher::Event::Init | watcher::Event::InitDone => continue,
+        };
+        let line = LeaseStatus {
+            deleted,
+            ..LeaseStatus::of(&lease, Timestamp::now())
+        };
+        let key = (line.namespace.clone(), line.name.clone());
+        let state = line.state();
+        if deleted {
+            shown.remove(&key);
+        } else if shown.get(&key) == Some(&state) {
+            continue;
+        } else {
+            shown.insert(key, state);
+        }
+        emit(&line).map_err(Error::Write)?;
+    }
+    Ok(())
+}
+
+fn json_line(line: &LeaseStatus) -> String {
+    serde_json::to_string(line).expect("a status line serializes")
+}
+
+/// `leasehold status`.
+pub async fn run(args: Args) -> Result<(), Error> {
+    use std::io::Write;
+    let client = Client::try_default().await.map_err(Error::Client)?;
+    let api: Api<DistributedLease> = match &args.namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if !args.watch {
+        let lines = list(&api).await?;
+        let text = match args.output {
+            Output::Table => table(&lines),
+            Output::Json => serde_json::to_string_pretty(&lines).expect("status lines serialize") + "\n",
+        };
+        return stdout.write_all(text.as_bytes()).map_err(Error::Write);
+    }
+    // Lines come one at a time, so no width is known ahead: with --watch the
+    // table's columns are separated by tabs.
+    if args.output == Output::Table {
+        writeln!(stdout, "{}", HEADER.join("\t")).map_err(Error::Write)?;
+    }
+    watch(api, |line| {
+        let text = match args.output {
+            Output::Table => line.cells().join("\t"),
+            Output::Json => json_line(line),
+        };
+        writeln!(stdout, "{text}")?;
+        stdout.flush()
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,209 @@
+//! `leasehold status` on leases of known status, listed and watched through
+//! the in-memory API server model.
+
+use clap::Parser;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::cli::{Cli, Command};
+use crate::testing::api::ApiServer;
+
+const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/shop/distributedleases";
+
+fn now() -> Timestamp {
+    "2026-11-25T10:00:00Z".parse().unwrap()
+}
+
+fn ago(seconds: i64) -> Timestamp {
+    now() - SignedDuration::from_secs(seconds)
+}
+
+fn condition(type_: &str, status: &str, reason: &str, since: Timestamp) -> Value {
+    json!({"type": type_, "status": status, "reason": reason, "message": "m",
+           "lastTransitionTime": since.to_string()})
+}
+
+fn lease(name: &str, leadership: Value, status: Value) -> Value {
+    json!({
+        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                 "selector": {"matchLabels": {"app": name}}, "leadership": leadership},
+        "status": status,
+    })
+}
+
+/// web: led for 90 s (its Ready condition older); jobs: leaderless for
+/// 30 s, its last token 10 minutes old; batch: partitioned.
+fn leases() -> [Value; 3] {
+    let token = |at: Timestamp| at.as_nanosecond().to_string();
+    [
+        lease(
+            "web",
+            json!({"prefer": "Newest", "versionFence": true}),
+            json!({"holder": "shop/web-1#7f3a", "term": 4, "token": token(ago(90)),
+                   "candidates": 3, "readyCandidates": 2, "transitions": 4,
+                   "conditions": [condition("Valid", "True", "Valid", ago(7200)),
+                                  condition("Ready", "True", "LeaderElected", ago(5000))]}),
+        ),
+        lease(
+            "jobs",
+            json!({}),
+            json!({"term": 12, "token": token(ago(600)), "candidates": 0, "readyCandidates": 0,
+                   "conditions": [condition("Ready", "False", "NoLeader", ago(30)),
+                                  condition("StoreReady", "True", "Reachable", ago(90000))]}),
+        ),
+        lease(
+            "batch",
+            json!({"prefer": "Oldest"}),
+            json!({"candidates": 2, "readyCandidates": 2,
+                   "partitions": {"count": 8, "members": 2, "unowned": 1, "balance": 0, "assignment": []},
+                   "conditions": []}),
+        ),
+    ]
+}
+
+fn line(lease: &Value) -> LeaseStatus {
+    LeaseStatus::of(&serde_json::from_value(lease.clone()).unwrap(), now())
+}
+
+#[test]
+fn a_line_holds_the_holder_term_ages_candidates_policy_and_conditions() {
+    let [web, jobs, _] = leases();
+    let web = line(&web);
+    assert_eq!(web.holder.as_deref(), Some("shop/web-1#7f3a"));
+    assert_eq!(web.term, Some(4));
+    assert_eq!(web.token_age_seconds, Some(90.0));
+    assert_eq!(
+        web.since_transition_seconds,
+        Some(90.0),
+        "the acquisition is the later change"
+    );
+    assert_eq!((web.ready_candidates, web.candidates), (2, 3));
+    assert_eq!((web.prefer, web.version_fence), (Prefer::Newest, true));
+    let jobs = line(&jobs);
+    assert_eq!(jobs.holder, None);
+    assert_eq!(jobs.token_age_seconds, Some(600.0));
+    assert_eq!(
+        jobs.since_transition_seconds,
+        Some(30.0),
+        "losing the leader is the later change"
+    );
+    assert_eq!(
+        jobs.conditions[0],
+        ConditionState {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "NoLeader".into()
+        }
+    );
+}
+
+#[test]
+fn the_table_aligns_one_line_per_lease() {
+    let lines: Vec<LeaseStatus> = leases().iter().map(line).collect();
+    assert_eq!(
+        table(&lines),
+        "\
+NAMESPACE   NAME    HOLDER                                 TERM   TOKEN AGE   SINCE CHANGE   READY   VERSIONS       CONDITIONS
+shop        web     shop/web-1#7f3a                        4      1m30s       1m30s          2/3     Newest+fence   Valid=True,Ready=True
+shop        jobs    <none>                                 12     10m0s       30s            0/0     None           Ready=False,StoreReady=True
+shop        batch   <8 partitions, 2 members, 1 unowned>   -      -           -              2/2     Oldest
+"
+    );
+}
+
+#[test]
+fn ages_read_like_kubectls() {
+    let shown: Vec<String> = [
+        None,
+        Some(0.4),
+        Some(59.9),
+        Some(61.0),
+        Some(7260.0),
+        Some(2.0 * 86400.0 + 3600.0),
+    ]
+    .into_iter()
+    .map(age)
+    .collect();
+    assert_eq!(shown, ["-", "0s", "59s", "1m1s", "2h1m", "2d1h"]);
+}
+
+#[test]
+fn json_names_every_field() {
+    let [web, ..] = leases();
+    let value = serde_json::to_value(line(&web)).unwrap();
+    assert_eq!(
+        value,
+        json!({"namespace": "shop", "name": "web", "holder": "shop/web-1#7f3a", "term": 4,
+               "token": web["status"]["token"], "tokenAgeSeconds": 90.0, "sinceTransitionSeconds": 90.0,
+               "readyCandidates": 2, "candidates": 3, "prefer": "Newest", "versionFence": true,
+               "conditions": [{"type": "Valid", "status": "True", "reason": "Valid"},
+                              {"type": "Ready", "status": "True", "reason": "LeaderElected"}]})
+    );
+}
+
+#[tokio::test]
+async fn list_reads_the_leases_in_order() {
+    let server = ApiServer::new(None);
+    for lease in leases() {
+        server.insert(LEASES, lease);
+    }
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let names: Vec<String> = list(&api).await.unwrap().into_iter().map(|l| l.name).collect();
+    assert_eq!(names, ["batch", "jobs", "web"]);
+}
+
+#[tokio::test]
+async fn watch_prints_each_change_but_not_the_ages_moving() {
+    let server = ApiServer::new(None);
+    let [web, ..] = leases();
+    server.insert(LEASES, web.clone());
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let watching = tokio::spawn(watch(api, move |line| {
+        tx.send(line.clone()).unwrap();
+        Ok(())
+    }));
+    let first = lines.recv().await.unwrap();
+    assert_eq!((first.name.as_str(), first.term), ("web", Some(4)));
+
+    // A renewal the operator wrote (only the time moved), then a new term.
+    let mut renewed = web.clone();
+    renewed["status"]["renewedAt"] = json!(now().to_string());
+    server.insert(LEASES, renewed.clone());
+    let mut handed_over = renewed;
+    handed_over["status"]["holder"] = json!("shop/web-2#91c0");
+    handed_over["status"]["term"] = json!(5);
+    server.insert(LEASES, handed_over);
+    let next = lines.recv().await.unwrap();
+    assert_eq!(
+        (next.holder.as_deref(), next.term),
+        (Some("shop/web-2#91c0"), Some(5)),
+        "the renewal alone printed nothing"
+    );
+
+    server.delete(LEASES, "web");
+    let gone = lines.recv().await.unwrap();
+    assert!(gone.deleted && gone.name == "web", "{gone:?}");
+    assert!(gone.cells()[8] == "<deleted>");
+    watching.abort();
+}
+
+#[test]
+fn the_command_line_takes_namespace_output_and_watch() {
+    let cli = Cli::try_parse_from(["leasehold", "status", "-n", "shop", "-o", "json", "--watch"]).unwrap();
+    let Command::Status(args) = cli.command else {
+        panic!("not status")
+    };
+    assert_eq!(
+        (args.namespace.as_deref(), args.output, args.watch),
+        (Some("shop"), Output::Json, true)
+    );
+    let wrong = Cli::try_parse_from(["leasehold", "status", "-o", "yaml"])
+        .unwrap_err()
+        .to_string();
+    assert!(wrong.contains("'yaml'") && wrong.contains("--output"), "{wrong}");
+}
