@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tool="${LEASEHOLD_KUBERNETES_TOOL:?LEASEHOLD_KUBERNETES_TOOL names the test-cluster tool folder}"
 dir="${LEASEHOLD_E2E_CLUSTER_DIR:-/tmp/leasehold-e2e-cluster}"
-image="${LEASEHOLD_E2E_IMAGE:-leasehold:e2e}"
+# The README's walkthrough installs the chart with this image.
+image="${LEASEHOLD_E2E_IMAGE:-leasehold:dev}"
 # The stand-in app: busybox's httpd, which as PID 1 ignores SIGTERM like many real apps.
 app_image="${LEASEHOLD_E2E_APP_IMAGE:-leasehold-e2e-app:busybox}"
 target="${CARGO_TARGET_DIR:-target}"

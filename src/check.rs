@@ -518,6 +518,5 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     candidates
 }
 
-
 #[cfg(test)]
 mod tests;

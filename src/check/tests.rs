@@ -443,8 +443,9 @@ async fn the_candidates_of_a_kubernetes_lease_need_the_sidecars_lease_verbs() {
     let (report, _) = check_against(cluster).await;
     let errors = messages(&report, Severity::Error).join("\n");
     assert!(
-        errors.contains("ServiceAccount prod/kube-app, which candidates of prod/kube run as, lacks the sidecar's permissions")
-            && errors.contains("watch coordination.k8s.io/leases")
+        errors.contains(
+            "ServiceAccount prod/kube-app, which candidates of prod/kube run as, lacks the sidecar's permissions"
+        ) && errors.contains("watch coordination.k8s.io/leases")
             && errors.contains("update coordination.k8s.io/leases"),
         "{errors}"
     );

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 /// What a user without a cluster reads.
 pub const HOW_TO_GET_A_CLUSTER: &str = "\
 the end-to-end suite needs a disposable Kubernetes cluster (>= 1.30) and the leasehold image in it:
-  - with kind: kind create cluster; docker build -t leasehold:e2e .; kind load docker-image leasehold:e2e;
-    then LEASEHOLD_E2E_KUBECONFIG=$HOME/.kube/config LEASEHOLD_E2E_IMAGE=leasehold:e2e
+  - with kind: kind create cluster; docker build -t leasehold:dev .; kind load docker-image leasehold:dev;
+    then LEASEHOLD_E2E_KUBECONFIG=$HOME/.kube/config LEASEHOLD_E2E_IMAGE=leasehold:dev
     LEASEHOLD_E2E_APP_IMAGE=busybox:1.36 LEASEHOLD_E2E_HOST_IP=<the docker bridge's gateway, e.g. 172.18.0.1>
     (README, \"End-to-end tests\");
   - or LEASEHOLD_KUBERNETES_TOOL=<a test-cluster tool folder> and scripts/test.sh starts one
@@ -61,8 +61,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-versions",
     // The benchmark's kubernetes part (benches/leasehold/kubernetes.rs).
     "e2e-bench",
-    "ops-status",
-    "ops-monitoring",
+    "e2e-status",
+    "e2e-monitoring",
 ];
 
 /// The suite's settings, from the variables README's "End-to-end tests" names.
@@ -507,10 +507,33 @@ where
     Fut: Future<Output = T>,
 {
     assert!(TEST_NAMESPACES.contains(&ns), "{ns} is not in TEST_NAMESPACES");
+    run_in(ns, true, body).await
+}
+
+/// The README's walkthrough in its own namespace (`my-app`), which its
+/// steps make themselves: only what a previous run left is removed first.
+pub async fn walkthrough<F, Fut, T>(ns: &str, body: F) -> T
+where
+    F: FnOnce(Scenario) -> Fut,
+    Fut: Future<Output = T>,
+{
+    run_in(ns, false, body).await
+}
+
+async fn run_in<F, Fut, T>(ns: &str, make_namespace: bool, body: F) -> T
+where
+    F: FnOnce(Scenario) -> Fut,
+    Fut: Future<Output = T>,
+{
     let env = Env::from_vars();
     let client = env.client().await;
     ensure_installed(&env, &client).await;
-    fresh_namespace(&env, &client, ns).await;
+    if make_namespace {
+        fresh_namespace(&env, &client, ns).await;
+    } else {
+        remove_namespace(&client, ns).await;
+        wait_namespace_gone(&client, ns).await;
+    }
     let scenario = Scenario {
         env: env.clone(),
         client: client.clone(),
@@ -533,16 +556,20 @@ where
 /// chart's objects in it (its sidecar Role and RoleBinding).
 async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
     remove_namespace(client, ns).await;
+    wait_namespace_gone(client, ns).await;
+    apply(client, &[namespace_object(ns)]).await;
+    let chart = rendered_chart(env);
+    let inside: Vec<Value> = chart.into_iter().filter(|o| o["metadata"]["namespace"] == ns).collect();
+    apply(client, &inside).await;
+}
+
+async fn wait_namespace_gone(client: &Client, ns: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     wait_for(&format!("namespace {ns} gone"), Duration::from_secs(180), || {
         let namespaces = namespaces.clone();
         async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    apply(client, &[namespace_object(ns)]).await;
-    let chart = rendered_chart(env);
-    let inside: Vec<Value> = chart.into_iter().filter(|o| o["metadata"]["namespace"] == ns).collect();
-    apply(client, &inside).await;
 }
 
 /// Removes a test's namespace without waiting out its pods' grace periods.

@@ -26,5 +26,6 @@ mod publishing;
 mod spread;
 mod stores;
 mod stores_in_pods;
+mod walkthrough;
 mod watcher;
 mod watcher_catches;

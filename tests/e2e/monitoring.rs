@@ -47,7 +47,7 @@ fn status_json(s: &Scenario, namespace: Option<&str>) -> Vec<Value> {
 
 #[tokio::test]
 async fn status_shows_the_holder_and_watch_follows_a_failover() {
-    scenario("ops-status", |s| async move {
+    scenario("e2e-status", |s| async move {
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
 
@@ -325,7 +325,7 @@ fn write_atomically(path: &Path, text: &str) {
 
 #[tokio::test]
 async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
-    scenario("ops-monitoring", |s| async move {
+    scenario("e2e-monitoring", |s| async move {
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let prometheus = Prometheus::start();

@@ -1,0 +1,98 @@
+//! The README's walkthrough ("From nothing to a leader"), run as written:
+//! its `sh e2e` blocks in order in one bash shell, with `kubectl`, a `helm`
+//! whose `install` renders the chart with real Helm (helm-python-sdk) and
+//! applies it by server-side apply after the chart's CRDs, and STORE_URL
+//! naming a PostgreSQL the pods reach. The watcher follows the leader-only
+//! part; after the script, one leader label, one endpoint, and in the gated
+//! variant one Ready pod.
+
+use std::process::Command;
+use std::time::Duration;
+
+use leasehold::testing::servers::PostgresServer;
+
+use crate::cluster::{repo, wait_for, walkthrough};
+use crate::fixtures::{APP, ready_pods};
+use crate::watcher::{LeadershipWatcher, Watched};
+
+#[path = "../support/readme.rs"]
+mod readme;
+
+/// The walkthrough's namespace, as the README names it.
+const NAMESPACE: &str = "my-app";
+
+/// `helm install RELEASE CHART [flags]`, as far as the walkthrough uses it.
+const HELM: &str = r#"
+helm() {
+  [ "$1" = install ] || { echo "the suite's helm does install only" >&2; return 2; }
+  local release=$2 chart=$3 namespace=default args=()
+  shift 3
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --namespace|-n) namespace=$2; shift 2 ;;
+      --create-namespace) shift ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
+  kubectl apply --server-side --force-conflicts -f "$chart/crds" >/dev/null
+  "$VENV_PYTHON" scripts/helm-template.py "$release" "$chart" -n "$namespace" "${args[@]}" \
+    | kubectl apply --server-side --force-conflicts --field-manager leasehold-e2e -f - >/dev/null
+}
+"#;
+
+#[tokio::test]
+async fn the_readme_walkthrough_runs_as_written() {
+    walkthrough(NAMESPACE, |s| async move {
+        let server = PostgresServer::start_on(s.env.host_ip);
+        let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+        let script = format!("{HELM}\n{}", readme::e2e_script(&readme));
+        let kubectl_dir = repo().join(".venv/bin");
+        let watcher = LeadershipWatcher::start(
+            &s.client,
+            Watched {
+                ns: NAMESPACE,
+                pods: APP,
+                service: Some("scheduler-leader"),
+                lease: Some("scheduler"),
+            },
+        );
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(repo())
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    kubectl_dir.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("KUBECONFIG", &s.env.kubeconfig)
+            .env("VENV_PYTHON", kubectl_dir.join("python"))
+            .env("STORE_URL", server.url_at((s.env.host_ip, server.port).into()))
+            .output()
+            .expect("running the walkthrough with bash");
+        assert!(
+            out.status.success(),
+            "the README's walkthrough failed:\n{}\n{}\n--- script ---\n{script}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The gated variant replaced the leader-only Deployment: one Ready pod, the leader.
+        let ready = wait_for("one Ready pod, the leader", Duration::from_secs(60), || async {
+            let ready = ready_pods(&s).await;
+            let leaders = watcher.leaders();
+            (ready.len() == 1 && leaders == ready).then_some(ready)
+        })
+        .await;
+        assert_eq!(ready.len(), 1);
+        assert!(
+            watcher.moves() <= 1,
+            "the leader moved at most once, to the gated variant"
+        );
+        watcher.finish();
+    })
+    .await;
+}
