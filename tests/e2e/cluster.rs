@@ -233,11 +233,11 @@ pub fn rendered_chart(env: &Env) -> Vec<Value> {
 pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
     let (repository, tag) = env.image.rsplit_once(':').unwrap_or((&env.image, "latest"));
     let mut sets = vec![format!("image.repository={repository}"), format!("image.tag={tag}")];
-    // The candidates run as the examples' ServiceAccount or the default one.
+    // The candidates run as the examples' ServiceAccounts or the default one.
     sets.extend(
         TEST_NAMESPACES
             .iter()
-            .map(|ns| format!("sidecar.rbac.namespaces.{ns}={{default,scheduler}}")),
+            .map(|ns| format!("sidecar.rbac.namespaces.{ns}={{default,scheduler,consumer}}")),
     );
     sets.extend_from_slice(more);
     let mut render = Command::new(repo().join(".venv/bin/python"));
@@ -382,6 +382,9 @@ impl Scenario {
                     }) {
                         container["image"] = json!(self.env.app_image);
                         container["command"] = json!(["/bin/busybox", "httpd", "-f", "-p", "8080"]);
+                        if let Some(fields) = container.as_object_mut() {
+                            fields.remove("args");
+                        }
                     }
                 }
             }

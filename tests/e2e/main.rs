@@ -23,6 +23,7 @@ mod monitoring;
 mod node;
 mod privilege;
 mod publishing;
+mod run_wrapped;
 mod spread;
 mod stores;
 mod stores_in_pods;
