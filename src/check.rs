@@ -159,6 +159,15 @@ async fn check_crd(client: &Client, report: &mut Report) -> bool {
             ));
             false
         }
+        // A deleted CRD stays until every DistributedLease is gone (their
+        // finalizers first): leases can no longer be created meanwhile.
+        Ok(Some(installed)) if installed.metadata.deletion_timestamp.is_some() => {
+            report.error(format!(
+                "CRD {name} is being deleted (it goes once every DistributedLease is gone): re-apply \
+                 crds/distributedlease.yaml once it is, or leases cannot be created"
+            ));
+            true
+        }
         Ok(Some(installed)) => {
             let schema = |crd: &CustomResourceDefinition| serde_json::to_value(&crd.spec.versions).ok();
             if schema(&installed) == schema(&wanted) {

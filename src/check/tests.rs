@@ -452,6 +452,22 @@ async fn the_candidates_of_a_kubernetes_lease_need_the_sidecars_lease_verbs() {
     assert_eq!(report.errors(), 1, "{report:#?}");
 }
 
+/// A deleted CRD lingers while DistributedLeases (and their finalizers)
+/// remain; leases cannot be created meanwhile, so it is an error.
+#[tokio::test]
+async fn a_crd_being_deleted_is_an_error() {
+    let mut cluster = healthy();
+    if let Some(crd) = cluster.crd.as_mut() {
+        crd["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    let (report, _) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error).join("\n");
+    assert!(
+        errors.contains("CRD distributedleases.leasehold.dev is being deleted"),
+        "{errors}"
+    );
+}
+
 #[tokio::test]
 async fn a_missing_crd_and_webhook_say_how_to_install_them() {
     let mut cluster = healthy();

@@ -65,6 +65,12 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-monitoring",
 ];
 
+/// Test namespaces that are not opted in to injection: the injection
+/// scenarios opt in themselves, or inject with `leasehold inject`. Every
+/// other test namespace carries `leasehold.dev/inject=enabled`, as the
+/// README's walkthrough labels its namespace.
+const NOT_OPTED_IN: &[&str] = &["e2e-inject", "e2e-inject-gitops"];
+
 /// The suite's settings, from the variables README's "End-to-end tests" names.
 #[derive(Clone, Debug)]
 pub struct Env {
@@ -560,10 +566,47 @@ where
 async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
     remove_namespace(client, ns).await;
     wait_namespace_gone(client, ns).await;
-    apply(client, &[namespace_object(ns)]).await;
+    let mut namespace = namespace_object(ns);
+    if !NOT_OPTED_IN.contains(&ns) {
+        namespace["metadata"]["labels"] = json!({"leasehold.dev/inject": "enabled"});
+    }
+    apply(client, &[namespace]).await;
+    if !NOT_OPTED_IN.contains(&ns) {
+        injection_reaches(env, client, ns).await;
+    }
     let chart = rendered_chart(env);
     let inside: Vec<Value> = chart.into_iter().filter(|o| o["metadata"]["namespace"] == ns).collect();
     apply(client, &inside).await;
+}
+
+/// Waits until the webhook injects pods in `ns` (dry runs): the API server
+/// matches webhooks' namespaceSelectors against its informer's copy of the
+/// namespace, which follows a label a moment later
+/// (k8s.io/apiserver/pkg/admission/plugin/webhook/predicates/namespace/matcher.go:
+/// GetNamespaceLabels reads the namespace lister first; seen here as pods
+/// created right after labelling a namespace going uninjected).
+pub async fn injection_reaches(env: &Env, client: &Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let probe: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "injection-probe", "annotations": {"leasehold.dev/lease": "probe"}},
+        "spec": {"containers": [{"name": "app", "image": env.app_image}]},
+    }))
+    .expect("a pod");
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for(
+        &format!("the webhook injecting in {ns}"),
+        Duration::from_secs(30),
+        || async {
+            let pod = pods.create(&dry_run, &probe).await.ok()?;
+            let spec = pod.spec?;
+            leasehold::operator::webhook::injected_container(&spec).map(|_| ())
+        },
+    )
+    .await;
 }
 
 async fn wait_namespace_gone(client: &Client, ns: &str) {

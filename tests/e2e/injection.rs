@@ -59,11 +59,8 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
             "a namespace not opted in is untouched"
         );
 
-        // Opted in by the namespace label: the pod needs no label of its own.
-        // The API server matches webhooks' namespaceSelectors against its
-        // informer's copy of the namespace, which follows the label change
-        // a moment later (admission/plugin/webhook/predicates/namespace
-        // uses a namespace lister): dry runs until the webhook applies.
+        // Opted in by the namespace label: the pod needs no label of its own
+        // (once the API server's copy of the namespace has the label).
         s.kubectl_ns(&[
             "label",
             "namespace",
@@ -71,17 +68,7 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
             "leasehold.dev/inject=enabled",
             "--overwrite",
         ]);
-        let pods: Api<Pod> = s.api();
-        let dry_run = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        crate::cluster::wait_for(
-            "the namespace label reaching the webhook's selector",
-            std::time::Duration::from_secs(30),
-            || async { native_sidecar(&pods.create(&dry_run, &probe_pod(&s, "probe", false)).await.ok()?).map(|_| ()) },
-        )
-        .await;
+        crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
         let injected = create(&s, &s.ns, &probe_pod(&s, "probe", false)).await;
         let sidecar = native_sidecar(&injected).expect("a native sidecar in an opted-in namespace");
         let user = sidecar.security_context.as_ref().and_then(|c| c.run_as_user);

@@ -22,7 +22,18 @@ async fn running(s: &Scenario) -> Vec<(String, String)> {
         let out = s
             .env
             .kubectl()
-            .args(["-n", &s.ns, "exec", &name, "-c", "consumer", "--", "/bin/busybox", "cat", "/tmp/leading"])
+            .args([
+                "-n",
+                &s.ns,
+                "exec",
+                &name,
+                "-c",
+                "consumer",
+                "--",
+                "/bin/busybox",
+                "cat",
+                "/tmp/leading",
+            ])
             .output();
         if let Ok(out) = out
             && out.status.success()
@@ -41,7 +52,8 @@ async fn status_token(s: &Scenario) -> Option<String> {
 async fn the_wrapped_command_runs_in_exactly_one_pod_with_its_token_and_moves_on_delete() {
     scenario("e2e-run", |s| async move {
         let server = leasehold::testing::servers::PostgresServer::start_on(s.env.host_ip);
-        s.apply(vec![secret(&s, &server.url_at((s.env.host_ip, server.port).into()))]).await;
+        s.apply(vec![secret(&s, &server.url_at((s.env.host_ip, server.port).into()))])
+            .await;
         let mut example = s.example("run-wrapped.yaml");
         for object in &mut example {
             if object["kind"] == "DistributedLease" {
@@ -56,19 +68,25 @@ async fn the_wrapped_command_runs_in_exactly_one_pod_with_its_token_and_moves_on
             let s = &s;
             async move {
                 let running = running(s).await;
-                let [(pod, token)] = running.as_slice() else { return None };
+                let [(pod, token)] = running.as_slice() else {
+                    return None;
+                };
                 let status = status_token(s).await?;
                 (other_than.as_ref() != Some(pod) && *token == status).then(|| (pod.clone(), token.clone()))
             }
         };
-        let (first, token) = wait_for("the wrapped command running in one pod, with the status token", FIRST_LEADER, || {
-            one(None)
-        })
+        let (first, token) = wait_for(
+            "the wrapped command running in one pod, with the status token",
+            FIRST_LEADER,
+            || one(None),
+        )
         .await;
         delete_now(&s, &first).await;
-        let (second, next_token) = wait_for("the wrapped command moved to another pod", SUCCESSOR + Duration::from_secs(30), || {
-            one(Some(first.clone()))
-        })
+        let (second, next_token) = wait_for(
+            "the wrapped command moved to another pod",
+            SUCCESSOR + Duration::from_secs(30),
+            || one(Some(first.clone())),
+        )
         .await;
         assert_ne!(second, first);
         let (a, b): (u128, u128) = (token.parse().expect("a token"), next_token.parse().expect("a token"));
