@@ -851,7 +851,10 @@ async fn rollout_condition(
     leader_moves_to_new: bool,
 ) -> Condition {
     let generation = lease.metadata.generation;
-    match owners.as_ref().map(|owners| rollout::stall_reasons(owners, leader_moves_to_new)) {
+    match owners
+        .as_ref()
+        .map(|owners| rollout::stall_reasons(owners, leader_moves_to_new))
+    {
         Ok(reasons) if reasons.is_empty() => condition(
             old,
             generation,

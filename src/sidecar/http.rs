@@ -162,7 +162,10 @@ pub async fn gate(State(state): State<ApiState>) -> (StatusCode, &'static str) {
     if leader.is_leader_at(now + GATE_PROBE_HOLD) {
         (StatusCode::OK, "leading")
     } else if leader.leader {
-        (StatusCode::SERVICE_UNAVAILABLE, "the claim lapses within the probe's hold")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the claim lapses within the probe's hold",
+        )
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not leading")
     }
