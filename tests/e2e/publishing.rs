@@ -103,6 +103,26 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
             },
         )
         .await;
+        // What docs/readiness-gate.md tells people to wait with: `rollout
+        // status` cannot finish (one of 3 pods is ever Ready), the lease's
+        // RolledOut condition does.
+        s.kubectl_ns(&[
+            "wait",
+            "dlease/scheduler",
+            "--for=condition=RolledOut",
+            "--timeout=120s",
+        ]);
+        let rollout_status = s
+            .env
+            .kubectl()
+            .args(["-n", &s.ns, "rollout", "status", "deployment/scheduler", "--timeout=5s"])
+            .output()
+            .expect("running kubectl");
+        assert!(
+            !rollout_status.status.success(),
+            "rollout status cannot see a gated rollout complete: {}",
+            String::from_utf8_lossy(&rollout_status.stdout)
+        );
         watcher.finish();
     })
     .await;
