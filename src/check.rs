@@ -496,11 +496,15 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     }
     if valid.readiness_gate {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-        match rollout::check(&deployments, &candidates, rollout::leader_moves_to_new(&valid)).await {
-            Ok(reasons) => {
-                for reason in reasons {
+        match rollout::owners(&deployments, &candidates).await {
+            Ok(owners) => {
+                for reason in rollout::stall_reasons(&owners, rollout::leader_moves_to_new(&valid)) {
                     healthy = false;
                     report.warn(format!("{id} (readiness gate): {reason}"));
+                }
+                let lease_name = lease.name_any();
+                for warning in owners.iter().filter_map(|d| rollout::deadline_warning(d, &lease_name)) {
+                    report.warn(format!("{id} (readiness gate): {warning}"));
                 }
             }
             Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),

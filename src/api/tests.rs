@@ -329,6 +329,14 @@ fn each_invalid_field_gets_its_own_message() {
             "spec.publishing.labelKey must be a label key",
         ),
         (
+            {
+                let mut gated = with(&["retryPeriod"], json!("7s"));
+                gated.spec.publishing.readiness_gate = true;
+                gated
+            },
+            "spec.publishing.readinessGate needs renewDeadline − retryPeriod (with jitter) above 2s",
+        ),
+        (
             with(&["partitions"], json!(0)),
             "spec.partitions must be between 1 and 1024, not 0",
         ),

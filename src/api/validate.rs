@@ -8,6 +8,7 @@ use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{
     LockNameError, PartitionsError, Timing, TimingError, VersionPolicy, validate_lock_name, validate_partitions,
 };
+use crate::sidecar::interface::GATE_PROBE_HOLD;
 use crate::store::spanner::{self, SpannerConfig};
 
 /// The store a valid lease names.
@@ -149,6 +150,7 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     check_label_key(&spec.publishing.label_key)?;
     let lock = lease.lock_name();
     check_partitions(spec, &lock, &store)?;
+    check_gate(spec, &timing)?;
     Ok(ValidLease {
         lock,
         store,
@@ -186,6 +188,23 @@ fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &Vali
         return Err(invalid(
             "spec.partitions",
             "cannot be combined with spec.leadership: version-aware leadership chooses one leader, partitions share the work among all candidates",
+        ));
+    }
+    Ok(())
+}
+
+/// A gated leader's sidecar probe fails once less than [`GATE_PROBE_HOLD`]
+/// is left of its claim; between two renewals (P with jitter) up to R − P
+/// is left, so with less than the hold a leader would keep turning unready.
+fn check_gate(spec: &super::DistributedLeaseSpec, timing: &Timing) -> Result<()> {
+    let longest_retry = timing.retry_period.mul_f64(1.0 + timing.jitter);
+    let left = timing.renew_deadline.saturating_sub(longest_retry);
+    if spec.publishing.readiness_gate && left <= GATE_PROBE_HOLD {
+        return Err(invalid(
+            "spec.publishing.readinessGate",
+            format!(
+                "needs renewDeadline − retryPeriod (with jitter) above {GATE_PROBE_HOLD:?} (it is {left:?}): the sidecar's readiness probe fails once less than that is left of its claim, so the leader would keep turning unready"
+            ),
         ));
     }
     Ok(())

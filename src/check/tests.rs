@@ -401,6 +401,7 @@ async fn every_problem_is_named_in_plain_words() {
     for expected in [
         "DistributedLease prod/lonely has no candidates: no pod in prod matches the selector app=lonely",
         "DistributedLease prod/gated (readiness gate): deployment gated: maxUnavailable resolves to 2 of 3 replicas",
+        "DistributedLease prod/gated (readiness gate): deployment gated: only the leader of its 3 replicas is ever Ready, so each rollout turns Progressing=False (ProgressDeadlineExceeded) after progressDeadlineSeconds (600s)",
         "DistributedLease prod/bare: candidate(s) without a leasehold sidecar never campaign: bare-0",
     ] {
         assert!(

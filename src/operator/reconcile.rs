@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
@@ -495,11 +496,19 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let candidates = ctx.candidates(&namespace, &valid.selector).await?;
     let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
-    let rollout = if valid.readiness_gate {
-        let moves = rollout::leader_moves_to_new(&valid);
-        Some(rollout_condition(lease, ctx, &namespace, &candidates, &old, moves).await)
+    // Readiness-gated: the candidates' Deployments, read once for both
+    // `RolloutSafe` and `RolledOut`.
+    let owners = if valid.readiness_gate {
+        Some(rollout::owners(&Api::namespaced(ctx.client.clone(), &namespace), &candidates).await)
     } else {
         None
+    };
+    let rollout = match &owners {
+        Some(owners) => {
+            let moves = rollout::leader_moves_to_new(&valid);
+            Some(rollout_condition(lease, ctx, owners, &old, moves).await)
+        }
+        None => None,
     };
 
     let timing = timing_condition(&old, generation, &candidates);
@@ -535,6 +544,16 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
                 ]
                 .into_iter()
                 .chain(rollout)
+                .chain(owners.as_ref().map(|_| {
+                    condition(
+                        &old,
+                        generation,
+                        ROLLED_OUT,
+                        "Unknown",
+                        "StoreNotReady",
+                        "the store does not say who leads",
+                    )
+                }))
                 .chain([timing])
                 .collect(),
                 ..counts
@@ -568,6 +587,15 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 
     let mut status = observed_status(&old, generation, &valid, &observed, valid_condition, counts);
     status.conditions.extend(rollout);
+    if let Some(owners) = &owners {
+        let leader = holder
+            .first()
+            .filter(|h| h.is_local(ctx.cluster.as_deref(), &namespace))
+            .and_then(HolderPod::pod);
+        status
+            .conditions
+            .push(rolled_out_condition(&old, generation, owners, &candidates, leader));
+    }
     status.conditions.push(timing);
     if status.holder != old.holder {
         let note = match &status.holder {
@@ -749,19 +777,84 @@ fn version_move(old: &DistributedLeaseStatus, new: &DistributedLeaseStatus, lock
     Some((kind, note))
 }
 
+/// The condition type that says a readiness-gated lease's candidates have
+/// rolled out: `kubectl wait dlease/NAME --for=condition=RolledOut`.
+pub const ROLLED_OUT: &str = "RolledOut";
+
+/// `RolledOut`, for readiness-gated leases: every candidate's Deployment
+/// runs only its current revision and a candidate pod leads and is Ready.
+/// `kubectl rollout status` cannot say this: only one pod is ever Ready.
+fn rolled_out_condition(
+    old: &DistributedLeaseStatus,
+    generation: Option<i64>,
+    owners: &Result<Vec<Deployment>, kube::Error>,
+    candidates: &[Arc<Pod>],
+    leader: Option<&str>,
+) -> Condition {
+    let owners = match owners {
+        Ok(owners) => owners,
+        Err(e) => {
+            let message = format!("could not read the candidates' Deployments: {e}");
+            return condition(old, generation, ROLLED_OUT, "Unknown", "CheckFailed", &message);
+        }
+    };
+    let pending: Vec<String> = owners.iter().filter_map(rollout::pending_rollout).collect();
+    if !pending.is_empty() {
+        return condition(
+            old,
+            generation,
+            ROLLED_OUT,
+            "False",
+            "RolloutInProgress",
+            &pending.join("; "),
+        );
+    }
+    let leader_pod = leader.and_then(|name| candidates.iter().find(|p| p.meta().name.as_deref() == Some(name)));
+    match leader_pod {
+        Some(pod) if pod_ready(pod) => condition(
+            old,
+            generation,
+            ROLLED_OUT,
+            "True",
+            "RolloutComplete",
+            &format!(
+                "every candidate runs its Deployment's current revision and {} leads, Ready",
+                pod.name_any()
+            ),
+        ),
+        Some(pod) => condition(
+            old,
+            generation,
+            ROLLED_OUT,
+            "False",
+            "LeaderNotReady",
+            &format!("{} leads but is not Ready yet", pod.name_any()),
+        ),
+        None => condition(
+            old,
+            generation,
+            ROLLED_OUT,
+            "False",
+            "NoLeader",
+            "no candidate pod holds the lease",
+        ),
+    }
+}
+
 /// `RolloutSafe`, for readiness-gated leases: whether a rolling update of the
 /// candidates' Deployments can make progress while only the leader is Ready.
 async fn rollout_condition(
     lease: &DistributedLease,
     ctx: &Context,
-    namespace: &str,
-    candidates: &[Arc<Pod>],
+    owners: &Result<Vec<Deployment>, kube::Error>,
     old: &DistributedLeaseStatus,
     leader_moves_to_new: bool,
 ) -> Condition {
     let generation = lease.metadata.generation;
-    let deployments = Api::namespaced(ctx.client.clone(), namespace);
-    match rollout::check(&deployments, candidates, leader_moves_to_new).await {
+    match owners
+        .as_ref()
+        .map(|owners| rollout::stall_reasons(owners, leader_moves_to_new))
+    {
         Ok(reasons) if reasons.is_empty() => condition(
             old,
             generation,

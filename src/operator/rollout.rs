@@ -141,21 +141,68 @@ pub fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
     valid.versions.prefer == crate::lease::Prefer::Newest
 }
 
-/// Reads the Deployments owning `pods` and returns the stall reasons found.
-pub async fn check(
-    deployments: &Api<Deployment>,
-    pods: &[Arc<Pod>],
-    leader_moves_to_new: bool,
-) -> Result<Vec<String>, kube::Error> {
-    let mut reasons = Vec::new();
+/// The Deployments owning `pods`, as they are now (one GET each).
+pub async fn owners(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<Deployment>, kube::Error> {
+    let mut found = Vec::new();
     for name in owning_deployments(pods) {
-        if let Some(deployment) = deployments.get_opt(&name).await?
-            && let Some(reason) = stall_reason(&deployment, leader_moves_to_new)
-        {
-            reasons.push(reason);
-        }
+        found.extend(deployments.get_opt(&name).await?);
     }
-    Ok(reasons)
+    Ok(found)
+}
+
+/// The stall reasons of `owners`' rolling updates.
+pub fn stall_reasons(owners: &[Deployment], leader_moves_to_new: bool) -> Vec<String> {
+    owners
+        .iter()
+        .filter_map(|d| stall_reason(d, leader_moves_to_new))
+        .collect()
+}
+
+/// Why a readiness-gated `deployment` of more than one replica will be
+/// reported as a failed rollout, or `None`: only the leader is ever Ready,
+/// so `availableReplicas` stays below `replicas`, the controller never
+/// counts a rollout complete and turns `Progressing` False
+/// (`ProgressDeadlineExceeded`) after `progressDeadlineSeconds` (default
+/// 600; the controller's `HasProgressDeadline` treats 2147483647 as none),
+/// which `kubectl rollout status`, `helm --wait` and Argo CD report as failed.
+pub fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> {
+    let replicas = deployment.spec.replicas.unwrap_or(1);
+    let deadline = deployment.spec.progress_deadline_seconds.unwrap_or(600);
+    (replicas > 1 && deadline != i32::MAX).then(|| {
+        format!(
+            "deployment {}: only the leader of its {replicas} replicas is ever Ready, so each rollout turns \
+             Progressing=False (ProgressDeadlineExceeded) after progressDeadlineSeconds ({deadline}s), which \
+             `kubectl rollout status`, `helm --wait` and Argo CD report as failed; wait with `kubectl wait \
+             dlease/{lease} --for=condition=RolledOut` instead (docs/readiness-gate.md)",
+            deployment.name_any()
+        )
+    })
+}
+
+/// Why `deployment`'s pods do not all run its current revision yet, or
+/// `None` when they do: the controller has seen its latest spec
+/// (`observedGeneration`), as many pods as wanted run the current template
+/// (`updatedReplicas`) and no pod of an older one is left (`replicas` counts
+/// every non-terminated pod). This is what `kubectl rollout status` waits
+/// for, without its `availableReplicas`, which a readiness gate keeps at one.
+pub fn pending_rollout(deployment: &Deployment) -> Option<String> {
+    let name = deployment.name_any();
+    let wanted = deployment.spec.replicas.unwrap_or(1);
+    let status = deployment.status.clone().unwrap_or_default();
+    let generation = deployment.metadata.generation.unwrap_or(0);
+    if status.observed_generation.unwrap_or(0) < generation {
+        return Some(format!(
+            "deployment {name}: the Deployment controller has not yet seen generation {generation}"
+        ));
+    }
+    let updated = status.updated_replicas.unwrap_or(0);
+    if updated < wanted {
+        return Some(format!(
+            "deployment {name}: {updated} of {wanted} pods run the current revision"
+        ));
+    }
+    let old = status.replicas.unwrap_or(0) - updated;
+    (old > 0).then(|| format!("deployment {name}: {old} pods of an older revision remain"))
 }
 
 #[cfg(test)]
@@ -263,6 +310,24 @@ mod tests {
     }
 
     /// The shipped readiness-gated example completes a rollout in the model.
+    #[test]
+    fn a_gated_deployment_of_several_replicas_is_warned_about_its_progress_deadline() {
+        let with_deadline = |replicas: i32, deadline: Option<i32>| {
+            let mut d = deployment(replicas, json!({"type": "Recreate"}));
+            d.spec.progress_deadline_seconds = deadline;
+            deadline_warning(&d, "scheduler")
+        };
+        let warning = with_deadline(3, None).expect("the default deadline fires");
+        assert!(warning.contains("progressDeadlineSeconds (600s)"), "{warning}");
+        assert!(
+            warning.contains("kubectl wait dlease/scheduler --for=condition=RolledOut"),
+            "{warning}"
+        );
+        assert!(with_deadline(3, Some(120)).is_some_and(|w| w.contains("(120s)")));
+        assert_eq!(with_deadline(1, None), None, "one replica: the leader is every replica");
+        assert_eq!(with_deadline(3, Some(i32::MAX)), None, "the controller's 'no deadline'");
+    }
+
     #[test]
     fn the_readiness_gated_example_rolls_out() {
         let text = include_str!("../../manifests/examples/readiness-gated.yaml");

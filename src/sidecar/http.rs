@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Assigned, LeaderState};
 use crate::sidecar::health::AppHealth;
+use crate::sidecar::interface::{GATE_PROBE_HOLD, GATE_PROBE_PATH};
 
 /// The `/leader` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -143,7 +144,31 @@ pub fn router(state: ApiState) -> Router {
         .route("/", get(name))
         .route("/watch", get(watch_changes))
         .route("/healthz", get(healthz))
+        .route(GATE_PROBE_PATH, get(gate))
         .with_state(state)
+}
+
+/// The readiness probe of a readiness-gated pod's sidecar: 200 only while
+/// this candidate leads with more than [`GATE_PROBE_HOLD`] before its
+/// deadline, so the kubelet, which may keep the container ready that long
+/// after a success, has it unready by the deadline (and the lease's D − R
+/// covers its status write) even when this process stalls or its condition
+/// cannot be cleared. Followers fail it too: their gate keeps them unready
+/// anyway, and a resumed old leader whose condition is still True must not
+/// turn Ready again.
+pub async fn gate(State(state): State<ApiState>) -> (StatusCode, &'static str) {
+    let now = Instant::now();
+    let leader = state.leader.borrow();
+    if leader.is_leader_at(now + GATE_PROBE_HOLD) {
+        (StatusCode::OK, "leading")
+    } else if leader.leader {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the claim lapses within the probe's hold",
+        )
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not leading")
+    }
 }
 
 /// 200 `ok`, or 503 saying why the sidecar cannot do its job: its elector
@@ -456,6 +481,31 @@ mod tests {
             get(&state, "/healthz").await,
             (StatusCode::SERVICE_UNAVAILABLE, "the elector has stopped".into())
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_probe_passes_only_while_the_claim_outlasts_the_kubelets_hold() {
+        let (state, leader_tx, _s) = api(LeaderState::default());
+        let not_leading = (StatusCode::SERVICE_UNAVAILABLE, "not leading".to_string());
+        assert_eq!(get(&state, GATE_PROBE_PATH).await, not_leading);
+        let deadline = Instant::now() + GATE_PROBE_HOLD + Duration::from_secs(3);
+        leader_tx.send_replace(LeaderState {
+            leader: true,
+            deadline: Some(deadline),
+            ..Default::default()
+        });
+        assert_eq!(get(&state, GATE_PROBE_PATH).await, (StatusCode::OK, "leading".into()));
+        // A stalled elector still says leader: true; the deadline decides.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(
+            get(&state, GATE_PROBE_PATH).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the claim lapses within the probe's hold".into()
+            )
+        );
+        leader_tx.send_replace(LeaderState::default());
+        assert_eq!(get(&state, GATE_PROBE_PATH).await, not_leading);
     }
 
     #[tokio::test(start_paused = true)]

@@ -149,6 +149,10 @@ pub async fn run(args: Args) -> Result<()> {
     ));
     let healthz = axum::Router::new()
         .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
+        .route(
+            crate::sidecar::interface::GATE_PROBE_PATH,
+            axum::routing::get(crate::sidecar::http::gate),
+        )
         .with_state(api.clone());
     let metrics_task = tokio::spawn(crate::sidecar::http::serve(
         metrics_listener,

@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::config::{PodRef, Publishing};
 use super::health::AppHealth;
+use super::interface::{GATE_PROBE_PATH, SIDECAR_CONTAINER};
 use super::starting::Throttle;
 use crate::lease::{Change, ElectorControl, LeaderState};
 
@@ -171,6 +172,31 @@ fn readiness_gated(pod: &Pod) -> bool {
         .is_some_and(|gates| gates.iter().any(|g| g.condition_type == LEADER_CONDITION))
 }
 
+/// Whether the kubelet keeps `pod` unready whatever its leader condition
+/// says: its sidecar has the gate probe, which passes only while that
+/// sidecar holds a valid claim, and the pod is not Ready. A new leader need
+/// not clear such a peer's stale True (a stalled sidecar cannot, and the
+/// admission policy lets no other pod's sidecar) before marking itself: that
+/// peer's claim lapsed before ours began, so it cannot turn Ready again.
+fn kept_unready(pod: &Pod) -> bool {
+    let probed = pod.spec.as_ref().is_some_and(|spec| {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| c.name == SIDECAR_CONTAINER)
+            .filter_map(|c| c.readiness_probe.as_ref()?.http_get.as_ref()?.path.as_deref())
+            .any(|path| path == GATE_PROBE_PATH)
+    });
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str());
+    probed && ready == Some("False")
+}
+
 /// An Event recorder reporting as this pod's sidecar, and the reference to
 /// the pod its Events are about.
 pub fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectReference) {
@@ -253,7 +279,7 @@ impl Publisher {
                 .values()
                 .filter(|p| p.metadata.name.as_deref() != Some(me))
         };
-        if let Some(peer) = others().find(|p| condition(p) == Some("True")) {
+        if let Some(peer) = others().find(|p| condition(p) == Some("True") && !kept_unready(p)) {
             return Some(Write::Condition {
                 pod: peer.metadata.name.clone().unwrap_or_default(),
                 leader: false,
@@ -787,6 +813,61 @@ mod tests {
         );
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
         assert_eq!(pods::label(&pod(&api, "web-1"), KEY), Some("false"));
+    }
+
+    /// A stalled old leader's pod: condition still True, but its sidecar
+    /// has the gate probe and the kubelet has the pod unready (`ready`).
+    fn add_stalled_peer(api: &ApiServer, ready: &str) {
+        add_pod(api, "web-1", "true", Some("True"), true);
+        let mut peer = pod(api, "web-1");
+        peer["spec"]["initContainers"] = json!([{
+            "name": SIDECAR_CONTAINER, "restartPolicy": "Always",
+            "readinessProbe": {"httpGet": {"path": GATE_PROBE_PATH, "port": 4041}},
+        }]);
+        peer["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "Ready", "status": ready}));
+        api.insert(&pods::collection("prod"), peer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_does_not_wait_on_a_stalled_peers_condition_the_kubelet_keeps_unready() {
+        let api = api();
+        add_pod(&api, "web-0", "false", None, true);
+        add_stalled_peer(&api, "False");
+        let (_state, rx) = watch::channel(leading());
+        start(publisher(&api), rx);
+        until(&api, "ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
+        })
+        .await;
+        let uris: Vec<String> = patches(&api).into_iter().map(|r| r.uri).collect();
+        assert_eq!(
+            uris,
+            [
+                "/api/v1/namespaces/prod/pods/web-1?",
+                "/api/v1/namespaces/prod/pods/web-0?",
+                "/api/v1/namespaces/prod/pods/web-0/status?",
+            ],
+            "the peer's label is cleared, its condition (which only its own sidecar may change) is not"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probed_peer_that_is_still_ready_is_cleared_before_we_mark_ourselves() {
+        let api = api();
+        add_pod(&api, "web-0", "false", None, true);
+        add_stalled_peer(&api, "True");
+        let (_state, rx) = watch::channel(leading());
+        start(publisher(&api), rx);
+        until(&api, "ready", |api| {
+            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
+        })
+        .await;
+        let first = &patches(&api)[0];
+        assert_eq!(first.uri, "/api/v1/namespaces/prod/pods/web-1/status?");
+        assert_eq!(first.body["status"]["conditions"][0]["status"], "False");
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,12 +7,16 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::{Value, json};
 
-use crate::cluster::{scenario, wait_for};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::{Scenario, scenario, wait_for};
 use crate::fixtures::{
     APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, exec_app, leader_only_service, ready_pods,
     watch_example,
 };
+use crate::node::signal_container;
 use crate::stores::postgres_lease;
+use crate::watcher::LeadershipWatcher;
 
 #[tokio::test]
 async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
@@ -99,6 +103,91 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
             },
         )
         .await;
+        // What docs/readiness-gate.md tells people to wait with: `rollout
+        // status` cannot finish (one of 3 pods is ever Ready), the lease's
+        // RolledOut condition does.
+        s.kubectl_ns(&[
+            "wait",
+            "dlease/scheduler",
+            "--for=condition=RolledOut",
+            "--timeout=120s",
+        ]);
+        let rollout_status = s
+            .env
+            .kubectl()
+            .args(["-n", &s.ns, "rollout", "status", "deployment/scheduler", "--timeout=5s"])
+            .output()
+            .expect("running kubectl");
+        assert!(
+            !rollout_status.status.success(),
+            "rollout status cannot see a gated rollout complete: {}",
+            String::from_utf8_lossy(&rollout_status.stdout)
+        );
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The pod's `leasehold.dev/leader` condition status.
+async fn leader_condition(s: &Scenario, pod: &str) -> Option<String> {
+    let pod = s.api::<Pod>().get(pod).await.ok()?;
+    let conditions = pod.status?.conditions?;
+    conditions
+        .into_iter()
+        .find(|c| c.type_ == "leasehold.dev/leader")
+        .map(|c| c.status)
+}
+
+/// Polls the watcher's view of the leader Service (as a client sees it)
+/// every 10 ms until `done`, at most `within`.
+async fn until_endpoints(watcher: &LeadershipWatcher, what: &str, within: Duration, done: impl Fn(&[String]) -> bool) {
+    let started = std::time::Instant::now();
+    while !done(&watcher.ready_endpoints()) {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Item 6 of issue 25: a frozen leader's sidecar cannot clear its own
+/// condition and no other pod's sidecar may, yet the kubelet (the sidecar's
+/// gate probe) turns its pod unready and the successor becomes the one
+/// Ready pod; the watcher fails the test on any moment with two ready
+/// endpoints. The times are printed for the report; the bounds are liveness.
+#[tokio::test]
+async fn readiness_gated_a_frozen_leader_loses_readiness_without_its_sidecars_help() {
+    scenario("gated-freeze", |s| async move {
+        let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
+        s.apply(lease).await;
+        s.apply(s.example("readiness-gated.yaml")).await;
+        let watcher = watch_example(&s, true);
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        signal_container(&s, &leader, "leasehold", "STOP").await;
+        let frozen = std::time::Instant::now();
+        until_endpoints(&watcher, "the frozen leader's pod unready", SUCCESSOR, |ready| {
+            !ready.contains(&leader)
+        })
+        .await;
+        let unready = frozen.elapsed();
+        until_endpoints(&watcher, "another pod the one ready endpoint", SUCCESSOR, |ready| {
+            matches!(ready, [one] if *one != leader)
+        })
+        .await;
+        let successor_ready = frozen.elapsed();
+        let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
+        assert_eq!(
+            leader_condition(&s, &leader).await.as_deref(),
+            Some("True"),
+            "the frozen sidecar's stale condition is still there: the kubelet, not a clear, made its pod unready"
+        );
+        signal_container(&s, &leader, "leasehold", "CONT").await;
+        wait_for("the resumed sidecar clearing its own condition", SUCCESSOR, || async {
+            (leader_condition(&s, &leader).await.as_deref() == Some("False")).then_some(())
+        })
+        .await;
+        assert_eq!(watcher.one_leader(None, SUCCESSOR).await, successor);
+        eprintln!(
+            "frozen leader: its pod unready after {unready:?}, the successor the one ready endpoint after {successor_ready:?}"
+        );
         watcher.finish();
     })
     .await;

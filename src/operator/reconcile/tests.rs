@@ -476,9 +476,84 @@ async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts(
         assert_eq!(conditions["RolloutSafe"].0, "False");
         assert_eq!(conditions["RolloutSafe"].1, "RolloutWouldStall");
         assert_eq!(conditions["Ready"].0, "True");
+        assert_eq!(
+            conditions[ROLLED_OUT],
+            (
+                "False".into(),
+                "RolloutInProgress".into(),
+                "deployment web: 0 of 3 pods run the current revision".into()
+            )
+        );
     })
     .await;
     result.unwrap();
+}
+
+/// `RolledOut` on a gated lease whose Deployment (generation 5) reports
+/// `status`, its one candidate `web-7d9f-a` leading and Ready or not.
+async fn rolled_out(status: Value, leader_ready: bool) -> (String, String, String) {
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("prod/web", "prod/web-7d9f-a#n", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let resource = lease(json!({"publishing": {"readinessGate": true}}), &[FINALIZER], None);
+    let echo = resource.clone();
+    let mut gated = pod("web-7d9f-a", Some("true"), leader_ready);
+    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
+    gated["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    let found = Arc::new(Mutex::new(None));
+    let seen = found.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![gated]).await;
+        let get = next(server).await;
+        get.assert("GET", "/apis/apps/v1/namespaces/prod/deployments/web", None);
+        get.respond(
+            200,
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "web", "namespace": "prod", "generation": 5},
+                    "spec": {"replicas": 3, "strategy": {"type": "Recreate"},
+                             "selector": {"matchLabels": {"app": "web"}}, "template": {}},
+                    "status": status}),
+        );
+        expect_event(server, "Normal", "HolderChanged", "prod/web-7d9f-a#n").await;
+        let status = expect_status_apply(server, echo).await;
+        *seen.lock().unwrap() = conditions(&status).remove(ROLLED_OUT);
+    })
+    .await;
+    result.unwrap();
+    let found = found.lock().unwrap().take();
+    found.expect("a RolledOut condition")
+}
+
+#[tokio::test]
+async fn a_gated_lease_says_rolled_out_once_every_pod_is_current_and_the_leader_ready() {
+    let done = json!({"observedGeneration": 5, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 1});
+    let (status, reason, message) = rolled_out(done.clone(), true).await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "RolloutComplete"));
+    assert!(message.contains("web-7d9f-a leads"), "{message}");
+    assert_eq!(rolled_out(done, false).await.1, "LeaderNotReady");
+    let cases = [
+        (
+            json!({"observedGeneration": 4, "replicas": 3, "updatedReplicas": 3}),
+            "deployment web: the Deployment controller has not yet seen generation 5",
+        ),
+        (
+            json!({"observedGeneration": 5, "replicas": 4, "updatedReplicas": 3}),
+            "deployment web: 1 pods of an older revision remain",
+        ),
+        (
+            json!({"observedGeneration": 5, "replicas": 3, "updatedReplicas": 2}),
+            "deployment web: 2 of 3 pods run the current revision",
+        ),
+    ];
+    for (status, expected) in cases {
+        let (status, reason, message) = rolled_out(status, true).await;
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "RolloutInProgress"));
+        assert_eq!(message, expected);
+    }
 }
 
 #[test]

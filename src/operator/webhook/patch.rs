@@ -17,7 +17,8 @@ use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
 
 use crate::sidecar::interface::{
     DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR,
-    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE, SIDECAR_CONTAINER,
+    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE, GATE_PROBE_FAILURE_THRESHOLD,
+    GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS, SIDECAR_CONTAINER,
 };
 
 /// The annotation that asks for injection and names the DistributedLease.
@@ -455,6 +456,12 @@ pub fn injection_patch(
             );
         }
     }
+    let already_gated = spec
+        .readiness_gates
+        .iter()
+        .flatten()
+        .any(|g| g.condition_type == LEADER_CONDITION);
+    let gate = lease.as_ref().is_some_and(|l| l.readiness_gate) && !already_gated;
     let mut volumes = vec![json!(empty_dir(TOKEN_VOLUME))];
     volumes.extend(url_secret.map(|secret| json!(store_url_volume(secret))));
     if choices.run.is_some() {
@@ -467,7 +474,7 @@ pub fn injection_patch(
         );
         volumes.push(json!(empty_dir(BIN_VOLUME)));
     } else {
-        let sidecar = sidecar(&choices, config, url_secret.is_some());
+        let sidecar = sidecar(&choices, config, url_secret.is_some(), already_gated || gate);
         match choices.mode {
             SidecarMode::Native => append(
                 &mut ops,
@@ -479,12 +486,7 @@ pub fn injection_patch(
         }
     }
     append_all(&mut ops, "/spec/volumes", spec.volumes.is_some(), volumes);
-    let gated = spec
-        .readiness_gates
-        .iter()
-        .flatten()
-        .any(|g| g.condition_type == LEADER_CONDITION);
-    if lease.as_ref().is_some_and(|l| l.readiness_gate) && !gated {
+    if gate {
         let gate = PodReadinessGate {
             condition_type: LEADER_CONDITION.into(),
         };
@@ -696,7 +698,10 @@ fn installer(config: &InjectionConfig) -> Container {
     }
 }
 
-fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool) -> Container {
+/// The sidecar container; on a readiness-gated pod with the probe that
+/// makes the kubelet turn the pod unready once the claim lapses or the
+/// sidecar stops answering ([`GATE_PROBE_PATH`]).
+fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool, gated: bool) -> Container {
     let [pod_name, pod_namespace, pod_uid, token_file] = runner_env();
     let mut env = vec![
         pod_name,
@@ -738,6 +743,18 @@ fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool) -> C
                 ..Default::default()
             }),
             period_seconds: Some(10),
+            ..Default::default()
+        }),
+        readiness_probe: gated.then(|| Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some(GATE_PROBE_PATH.into()),
+                port: IntOrString::Int(choices.metrics_port.into()),
+                ..Default::default()
+            }),
+            period_seconds: Some(GATE_PROBE_PERIOD_SECONDS),
+            timeout_seconds: Some(GATE_PROBE_TIMEOUT_SECONDS),
+            failure_threshold: Some(GATE_PROBE_FAILURE_THRESHOLD),
+            success_threshold: Some(1),
             ..Default::default()
         }),
         resources: Some(resources(config)),

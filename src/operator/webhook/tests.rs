@@ -4,6 +4,7 @@ use std::sync::Arc;
 use super::admission::*;
 use super::certs::*;
 use super::patch::*;
+use crate::sidecar::interface::GATE_PROBE_PATH;
 use crate::testing::api::{self, mock_client};
 use http::Request;
 use json_patch::Patch;
@@ -244,6 +245,27 @@ fn the_gate_is_added_only_when_the_lease_asks_and_never_twice() {
             .len(),
         1
     );
+}
+
+/// The kubelet turns a gated pod unready through the sidecar's probe; an
+/// ungated pod's followers must stay Ready, so they get none.
+#[test]
+fn only_a_gated_pods_sidecar_gets_the_gate_probe() {
+    let probe = |pod: &Pod, lease: Option<LeaseInjection>| {
+        let patch = injection_patch(pod, lease, &config()).unwrap();
+        apply(pod, &patch)["spec"]["initContainers"][0]["readinessProbe"].clone()
+    };
+    let bare = pod(json!({}), true);
+    let gated = probe(&bare, GATED);
+    assert_eq!(gated["httpGet"]["path"], GATE_PROBE_PATH);
+    assert_eq!(gated["httpGet"]["port"], 4041);
+    assert_eq!(gated["periodSeconds"], 1);
+    assert_eq!(gated["timeoutSeconds"], 1);
+    assert_eq!(gated["failureThreshold"], 1);
+    assert!(probe(&bare, LeaseInjection::new(false, None).into()).is_null());
+    assert!(probe(&bare, None).is_null());
+    let own_gate = pod(json!({"readinessGates": [{"conditionType": LEADER_CONDITION}]}), true);
+    assert_eq!(probe(&own_gate, None)["httpGet"]["path"], GATE_PROBE_PATH);
 }
 
 #[test]
