@@ -45,7 +45,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-webhook-down",
     "e2e-publish",
     "e2e-gated",
-    "gated-freeze",
+    "e2e-gated-freeze",
     "e2e-privilege",
     "e2e-privilege-other",
     "e2e-watcher",

@@ -155,7 +155,7 @@ async fn until_endpoints(watcher: &LeadershipWatcher, what: &str, within: Durati
 /// endpoints. The times are printed for the report; the bounds are liveness.
 #[tokio::test]
 async fn readiness_gated_a_frozen_leader_loses_readiness_without_its_sidecars_help() {
-    scenario("gated-freeze", |s| async move {
+    scenario("e2e-gated-freeze", |s| async move {
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
         s.apply(s.example("readiness-gated.yaml")).await;
