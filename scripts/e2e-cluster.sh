@@ -34,12 +34,13 @@ load_image() {
   cargo build -q --bin leasehold >&2
   python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \
     --user 65532:65532 --entrypoint "$path" >&2
-  # libgcc_s besides glibc: a container wrapped with `leasehold run` runs
-  # leasehold from the app's image, which needs both (docs/run.md).
-  local libgcc
-  libgcc="$(ldconfig -p | sed -n 's/.*libgcc_s.so.1 (libc6,x86-64) => //p' | head -n 1)"
+  # A container wrapped with `leasehold run` runs leasehold from the app's
+  # image, which must provide its shared libraries (glibc, libm, libgcc_s;
+  # docs/run.md), as a Debian-based app image does.
+  local libs=()
+  for lib in $(ldd "$binary" | grep -o '/[^ ]*\.so[^ ]*'); do libs+=(--add "$lib:$lib"); done
   python3 "$tool/image.py" "$app_image" "$dir/app.tar" --bin "$(command -v busybox):/bin/busybox" \
-    --add "$libgcc:$libgcc" \
+    "${libs[@]}" \
     --entrypoint '["/bin/busybox", "httpd", "-f", "-p", "8080"]' >&2
   for tar in image app; do
     ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import "$dir/$tar.tar" >/dev/null
