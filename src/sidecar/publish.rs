@@ -831,17 +831,25 @@ mod tests {
         api.insert(&pods::collection("prod"), peer);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_new_leader_does_not_wait_on_a_stalled_peers_condition_the_kubelet_keeps_unready() {
+    /// web-0 leads beside the stalled peer (Ready `ready`) until web-0's
+    /// own leader condition is True; the leader's state stays open with the
+    /// sender returned.
+    async fn lead_beside_a_stalled_peer(ready: &str) -> (ApiServer, watch::Sender<LeaderState>) {
         let api = api();
         add_pod(&api, "web-0", "false", None, true);
-        add_stalled_peer(&api, "False");
-        let (_state, rx) = watch::channel(leading());
+        add_stalled_peer(&api, ready);
+        let (state, rx) = watch::channel(leading());
         start(publisher(&api), rx);
         until(&api, "ready", |api| {
             pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
         })
         .await;
+        (api, state)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_does_not_wait_on_a_stalled_peers_condition_the_kubelet_keeps_unready() {
+        let (api, _state) = lead_beside_a_stalled_peer("False").await;
         let uris: Vec<String> = patches(&api).into_iter().map(|r| r.uri).collect();
         assert_eq!(
             uris,
@@ -856,15 +864,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probed_peer_that_is_still_ready_is_cleared_before_we_mark_ourselves() {
-        let api = api();
-        add_pod(&api, "web-0", "false", None, true);
-        add_stalled_peer(&api, "True");
-        let (_state, rx) = watch::channel(leading());
-        start(publisher(&api), rx);
-        until(&api, "ready", |api| {
-            pods::condition(&pod(api, "web-0"), LEADER_CONDITION) == Some("True")
-        })
-        .await;
+        let (api, _state) = lead_beside_a_stalled_peer("True").await;
         let first = &patches(&api)[0];
         assert_eq!(first.uri, "/api/v1/namespaces/prod/pods/web-1/status?");
         assert_eq!(first.body["status"]["conditions"][0]["status"], "False");

@@ -439,6 +439,16 @@ async fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
     result.unwrap();
 }
 
+/// The gated lease's candidate `web-7d9f-a`, labelled leader, of
+/// ReplicaSet `web-7d9f`.
+fn gated_leader(ready: bool) -> Value {
+    let mut gated = pod("web-7d9f-a", Some("true"), ready);
+    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
+    gated["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    gated
+}
+
 #[tokio::test]
 async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts() {
     let fixture = fixture();
@@ -449,10 +459,7 @@ async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts(
         .unwrap();
     let resource = lease(json!({"publishing": {"readinessGate": true}}), &[FINALIZER], None);
     let echo = resource.clone();
-    let mut gated = pod("web-7d9f-a", Some("true"), true);
-    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
-    gated["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    let gated = gated_leader(true);
     let (result, _, _) = run(fixture, resource, async move |server| {
         expect_pod_list(server, vec![gated]).await;
         let seen = next(server).await;
@@ -500,10 +507,7 @@ async fn rolled_out(status: Value, leader_ready: bool) -> (String, String, Strin
         .unwrap();
     let resource = lease(json!({"publishing": {"readinessGate": true}}), &[FINALIZER], None);
     let echo = resource.clone();
-    let mut gated = pod("web-7d9f-a", Some("true"), leader_ready);
-    gated["metadata"]["labels"]["pod-template-hash"] = json!("7d9f");
-    gated["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "rs", "controller": true}]);
+    let gated = gated_leader(leader_ready);
     let found = Arc::new(Mutex::new(None));
     let seen = found.clone();
     let (result, _, _) = run(fixture, resource, async move |server| {
