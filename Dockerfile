@@ -1,6 +1,6 @@
 # One image for `leasehold operator` and `leasehold sidecar`.
 # Build: docker build -t leasehold:dev .
-# tests/dockerfile.rs runs this build stage without a daemon: it copies
+# tests/install/dockerfile.rs runs this build stage without a daemon: it copies
 # exactly the files the COPY lines below name and runs the RUN line's
 # command, so a file the build needs and these lines leave out fails the
 # test suite.

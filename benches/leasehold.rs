@@ -685,7 +685,7 @@ fn rollouts(reps: u64) -> Vec<String> {
                 .start_paused(true)
                 .build()
                 .unwrap();
-            let outcome = runtime.block_on(support::rollout::rollout(3, prefer, fence));
+            let outcome = runtime.block_on(rollout::rollout(3, prefer, fence));
             handovers.push(outcome.handovers);
             leaderless.push(outcome.leaderless);
             backwards += outcome.backwards;

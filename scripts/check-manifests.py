@@ -51,7 +51,7 @@ SIDECAR_USER = 65532
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 FOREIGN_KINDS = {("cert-manager.io/v1", "Certificate")} | {("monitoring.coreos.com/v1", k) for k in MONITORING_KINDS}
 # Prometheus's own files (alerting rules), not Kubernetes objects: checked by
-# `promtool test rules` in tests/monitoring.rs.
+# `promtool test rules` in tests/install/monitoring.rs.
 PROMETHEUS_FILES = ROOT / "manifests" / "prometheus"
 CHART_RULES = CHART / "files" / "leasehold-rules.yaml"
 CHART_DASHBOARD = CHART / "files" / "leasehold-dashboard.json"

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    match leasehold::cli::Cli::parse().run() {
+    match leasehold::cmd::Cli::parse().run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line naming the problem, whatever RUST_BACKTRACE says.

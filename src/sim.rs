@@ -152,7 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// A deliberately broken elector or store: each breaks one safety rule,
-/// and the checker must catch every one (tests/simulation.rs).
+/// and the checker must catch every one (tests/lease/simulation.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mutant {
     DeadlineFromReply,

@@ -501,15 +501,15 @@ fn status_serializes_camel_case_and_skips_absent_fields() {
 /// (apiextensions' `supportedFormats`); schemars' `uint32`/`uint64` are such.
 #[test]
 fn the_crd_uses_only_formats_the_api_server_knows() {
-    fn formats(value: &serde_json::Value, out: &mut Vec<String>) {
+    fn formats(value: &Value, out: &mut Vec<String>) {
         match value {
-            serde_json::Value::Object(map) => {
-                if let Some(serde_json::Value::String(format)) = map.get("format") {
+            Value::Object(map) => {
+                if let Some(Value::String(format)) = map.get("format") {
                     out.push(format.clone());
                 }
                 map.values().for_each(|v| formats(v, out));
             }
-            serde_json::Value::Array(items) => items.iter().for_each(|v| formats(v, out)),
+            Value::Array(items) => items.iter().for_each(|v| formats(v, out)),
             _ => {}
         }
     }
@@ -608,7 +608,7 @@ async fn a_version_1_client_certificate_is_named() {
         key.display()
     ))
     .unwrap();
-    let Err(error) = crate::api::client::client_for(kubeconfig).await else {
+    let Err(error) = client::client_for(kubeconfig).await else {
         panic!("a version 1 client certificate was accepted");
     };
     let message = error.to_string();

@@ -310,7 +310,7 @@ impl ControllerRun {
             None => (Api::all(client.clone()), Api::all(client)),
         };
         let (pod_cache, pod_writer) = reflector::store();
-        let pod_events = watcher::watcher(pods, watcher::Config::default().any_semantic())
+        let pod_events = watcher(pods, watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(keep_what_reconciles_read)
             .reflect(pod_writer)

@@ -218,8 +218,8 @@ mod tests {
     #[test]
     fn the_named_objects_are_the_flag_defaults() {
         use clap::Parser as _;
-        let cli = crate::cli::Cli::try_parse_from(["leasehold", "operator"]).unwrap();
-        let crate::cli::Command::Operator(args) = cli.command else {
+        let cli = crate::cmd::Cli::try_parse_from(["leasehold", "operator"]).unwrap();
+        let crate::cmd::Command::Operator(args) = cli.command else {
             panic!("operator args")
         };
         assert_eq!(args.webhook.webhook_configuration, WEBHOOK_CONFIGURATION);

@@ -1276,7 +1276,7 @@ fn pod_ready(pod: &Pod) -> bool {
 }
 
 /// The scripted API server of the reconcile's tests (here and in the
-/// emulator tests, `tests/store_spanner.rs`).
+/// emulator tests, `tests/stores/spanner.rs`).
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod fixtures;

@@ -3,7 +3,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 
 use super::*;
-use crate::cli::{Cli, Command};
+use crate::cmd::{Cli, Command};
 use crate::lease::LeaseStore;
 use crate::operator::stores::SingleStore;
 use crate::store::MemoryStore;

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::advise::Latencies;
+use crate::cmd::advise::Latencies;
 use crate::lease::store::Result;
 use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, Timing};
 

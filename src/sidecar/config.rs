@@ -341,7 +341,7 @@ pub async fn watch_lease(
     use kube::runtime::{WatchStreamExt, watcher};
     let api: Api<DistributedLease> = Api::namespaced(client, &pod.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
-    let events = watcher::watcher(api, config).backoff(super::publish::watch_backoff());
+    let events = watcher(api, config).backoff(super::publish::watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut timing = started.timing;
     while let Some(event) = events.next().await {

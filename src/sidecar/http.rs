@@ -436,7 +436,7 @@ mod tests {
     }
 
     async fn get(state: &ApiState, path: &str) -> (StatusCode, String) {
-        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let request = http::Request::get(path).body(Body::empty()).unwrap();
         let response = router(state.clone()).oneshot(request).await.unwrap();
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
@@ -587,7 +587,7 @@ mod partition_tests {
     }
 
     async fn get(state: &PartitionsApi, path: &str) -> (StatusCode, serde_json::Value) {
-        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let request = http::Request::get(path).body(Body::empty()).unwrap();
         let response = partitions_router(state.clone()).oneshot(request).await.unwrap();
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();

@@ -183,7 +183,7 @@ impl<S: ?Sized> MeteredStore<S> {
     async fn measure<T>(
         &self,
         op: &'static str,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let result = call.await;

@@ -137,24 +137,17 @@ pub async fn run(args: Args) -> Result<()> {
         control.set_campaigning(on)
     });
     let servers = CancellationToken::new();
-    let api = crate::sidecar::http::ApiState {
+    let api = http::ApiState {
         leader: state.clone(),
         app: app.clone(),
         starting,
     };
-    let http_task = tokio::spawn(crate::sidecar::http::serve(
-        http,
-        crate::sidecar::http::router(api.clone()),
-        servers.clone(),
-    ));
+    let http_task = tokio::spawn(http::serve(http, http::router(api.clone()), servers.clone()));
     let healthz = axum::Router::new()
-        .route("/healthz", axum::routing::get(crate::sidecar::http::healthz))
-        .route(
-            crate::sidecar::interface::GATE_PROBE_PATH,
-            axum::routing::get(crate::sidecar::http::gate),
-        )
+        .route("/healthz", axum::routing::get(http::healthz))
+        .route(interface::GATE_PROBE_PATH, axum::routing::get(http::gate))
         .with_state(api.clone());
-    let metrics_task = tokio::spawn(crate::sidecar::http::serve(
+    let metrics_task = tokio::spawn(http::serve(
         metrics_listener,
         metrics_router(registry, healthz),
         servers.clone(),
@@ -434,7 +427,7 @@ mod tests {
         async fn start(drain: &str, native: bool) -> LeaderPod {
             use crate::testing::api::{ApiServer, pods};
             use clap::Parser;
-            let api = ApiServer::new(Some(crate::sidecar::rbac::allows_request));
+            let api = ApiServer::new(Some(rbac::allows_request));
             let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
             pod["status"]["containerStatuses"] = serde_json::json!([app_status(true, 0)]);
             if native {

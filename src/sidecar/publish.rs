@@ -359,9 +359,9 @@ impl Publisher {
         let announcer = tokio::spawn(self.announcer.clone().run(transitions, app));
         let me = self.pod.name.clone();
         let own_config = watcher::Config::default().fields(&format!("metadata.name={me}"));
-        let mut own_events = std::pin::pin!(watcher::watcher(self.pods.clone(), own_config).backoff(watch_backoff()));
+        let mut own_events = std::pin::pin!(watcher(self.pods.clone(), own_config).backoff(watch_backoff()));
         let peer_config = watcher::Config::default().labels(&self.publishing.selector);
-        let mut peer_events = std::pin::pin!(watcher::watcher(self.pods.clone(), peer_config).backoff(watch_backoff()));
+        let mut peer_events = std::pin::pin!(watcher(self.pods.clone(), peer_config).backoff(watch_backoff()));
 
         let mut observed = Observed::default();
         let mut in_flight: Option<(Write, BoxFuture<'static, Result<Pod, kube::Error>>)> = None;
@@ -515,7 +515,7 @@ fn write_backoff() -> impl Iterator<Item = Duration> {
 
 /// The backoff of the sidecar's watches: capped at [`BACKOFF_CAP`], so a
 /// watch is back within that after the API server returns.
-pub fn watch_backoff() -> kube::runtime::watcher::ExponentialBackoff {
+pub fn watch_backoff() -> watcher::ExponentialBackoff {
     super::capped_backoff().into()
 }
 

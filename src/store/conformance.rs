@@ -1,5 +1,5 @@
 //! The conformance suite: one set of checks every [`LeaseStore`] must pass,
-//! run by `tests/store_memory.rs` and `tests/store_spanner.rs` through
+//! run by `tests/stores/memory.rs` and `tests/stores/spanner.rs` through
 //! [`conformance_tests!`](crate::conformance_tests).
 
 use std::collections::HashSet;

@@ -467,7 +467,7 @@ impl KubernetesStore {
         let (api, target) = (self.api.clone(), Arc::downgrade(view));
         let config = watcher::Config::default().fields(&format!("metadata.name={}", view.name));
         let task = async move {
-            let events = watcher::watcher(api.clone(), config).default_backoff();
+            let events = watcher(api.clone(), config).default_backoff();
             let mut events = std::pin::pin!(events);
             let mut listed = false;
             while let Some(event) = events.next().await {

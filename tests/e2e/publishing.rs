@@ -56,11 +56,7 @@ async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
 
         // While nothing happens, the leader Service never loses its endpoint.
         let idle = watcher.leaderless_between(led_since, std::time::Instant::now());
-        assert_eq!(
-            idle,
-            std::time::Duration::ZERO,
-            "no endpoint for {idle:?} while the leader stayed"
-        );
+        assert_eq!(idle, Duration::ZERO, "no endpoint for {idle:?} while the leader stayed");
 
         // The endpoint follows the leader.
         delete_now(&s, &leader).await;

@@ -4,9 +4,9 @@
 //! ([`e2e_script`]) from the repository root against a real cluster. Such a
 //! block may run only [`E2E_COMMANDS`] (the suite provides `helm` by
 //! rendering charts/leasehold) and read only [`E2E_VARIABLES`]. A block
-//! fenced `sh local` is the one-machine trial, run by tests/readme.rs.
+//! fenced `sh local` is the one-machine trial, run by tests/install/readme.rs.
 
-#![allow(dead_code)] // the end-to-end suite uses e2e_script, tests/readme.rs the rest
+#![allow(dead_code)] // the end-to-end suite uses e2e_script, tests/install/readme.rs the rest
 
 /// The commands a walkthrough block may run.
 pub const E2E_COMMANDS: &[&str] = &["kubectl", "helm"];

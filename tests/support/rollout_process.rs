@@ -8,7 +8,7 @@
 //! app turns ready, then one old pod is terminated (SIGTERM, then deleted),
 //! the old leader first (the Deployment controller does not know which old
 //! pod leads, and this order costs the most). `super::rollout` runs the
-//! same scenario in one process on paused time. `tests/rollout_process.rs`
+//! same scenario in one process on paused time. `tests/processes/rollout.rs`
 //! asserts on it; the bench part `rollout-process` measures it.
 //!
 //! Leadership is read from the lease row: its term is +1 on every

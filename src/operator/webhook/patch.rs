@@ -57,8 +57,12 @@ const BIN_VOLUME: &str = "leasehold-bin";
 /// Where the installer's emptyDir is mounted, in the installer (leasehold's
 /// image) and in the wrapped container (the app's image).
 pub const BIN_DIR: &str = "/leasehold/bin";
+/// The hidden subcommand the installer runs (`leasehold __install-self DIR`).
+pub const INSTALL_SELF_COMMAND: &str = "__install-self";
+/// The runner's file name in BIN_DIR.
+pub const RUNNER_FILE_NAME: &str = "leasehold";
 /// The binary in leasehold's image (the Dockerfile's COPY and ENTRYPOINT;
-/// tests/dockerfile.rs holds the Dockerfile to it). Injected containers run
+/// tests/install/dockerfile.rs holds the Dockerfile to it). Injected containers run
 /// the image's entrypoint, so the code never starts it by path; it must only
 /// stay clear of BIN_DIR, which the installer mounts over that image (a file
 /// on BIN_DIR's path makes runc fail with "not a directory", one under it
@@ -686,7 +690,7 @@ fn installer(config: &InjectionConfig) -> Container {
     Container {
         name: INSTALLER_NAME.into(),
         image: Some(config.image.clone()),
-        args: Some(vec![crate::install_self::COMMAND.into(), BIN_DIR.into()]),
+        args: Some(vec![INSTALL_SELF_COMMAND.into(), BIN_DIR.into()]),
         resources: Some(resources(config)),
         security_context: Some(locked_down()),
         volume_mounts: Some(vec![VolumeMount {
@@ -701,7 +705,7 @@ fn installer(config: &InjectionConfig) -> Container {
 /// The sidecar container; on a readiness-gated pod with the probe that
 /// makes the kubelet turn the pod unready once the claim lapses or the
 /// sidecar stops answering ([`GATE_PROBE_PATH`]).
-fn sidecar(choices: &PodChoices, config: &InjectionConfig, store_url: bool, gated: bool) -> Container {
+fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, gated: bool) -> Container {
     let [pod_name, pod_namespace, pod_uid, token_file] = runner_env();
     let mut env = vec![
         pod_name,

@@ -767,7 +767,7 @@ mod server {
     }
 
     async fn tls(
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
         ca_pem: &str,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
@@ -785,7 +785,7 @@ mod server {
     }
 
     struct Running {
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<Result<()>>,
     }
@@ -1079,7 +1079,7 @@ fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
     // The runner publishes the condition the gate waits for.
     assert_eq!(spec["readinessGates"], json!([{"conditionType": LEADER_CONDITION}]));
     // The installer's file is the runner's binary.
-    assert_eq!(format!("{BIN_DIR}/{}", crate::install_self::FILE_NAME), RUNNER_PATH);
+    assert_eq!(format!("{BIN_DIR}/{}", RUNNER_FILE_NAME), RUNNER_PATH);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The conformance suite of [`SessionStore`]: one set of checks every
-//! backend with sessions must pass, run by `tests/store_memory.rs` and
-//! `tests/store_spanner.rs` through
+//! backend with sessions must pass, run by `tests/stores/memory.rs` and
+//! `tests/stores/spanner.rs` through
 //! [`session_conformance_tests!`](crate::session_conformance_tests).
 
 use std::collections::HashMap;

@@ -543,7 +543,7 @@ impl SpannerStore {
     async fn call<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: Fn(DatabaseClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
+        Fut: Future<Output = Result<T>>,
     {
         // Each recovery at most once per call: a new session, then (when
         // the store may create it) the table.
@@ -696,7 +696,7 @@ impl SpannerStore {
     where
         T: Send + 'static,
         F: Fn(ReadWriteTransaction, Refusal) -> Fut + Send + Sync + Clone + 'static,
-        Fut: std::future::Future<Output = google_cloud_spanner::Result<T>> + Send,
+        Fut: Future<Output = google_cloud_spanner::Result<T>> + Send,
     {
         self.call(|client| self.transact_once(client, what, lock, body.clone()))
             .await
@@ -712,7 +712,7 @@ impl SpannerStore {
     where
         T: Send + 'static,
         F: Fn(ReadWriteTransaction, Refusal) -> Fut + Send + Sync + Clone + 'static,
-        Fut: std::future::Future<Output = google_cloud_spanner::Result<T>> + Send,
+        Fut: Future<Output = google_cloud_spanner::Result<T>> + Send,
     {
         let committing = Arc::new(AtomicBool::new(false));
         let refusal = Refusal::default();
@@ -920,8 +920,7 @@ impl LeaseStore for SpannerStore {
 }
 
 /// What a transaction body returns.
-type TransactionFuture<T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = google_cloud_spanner::Result<T>> + Send>>;
+type TransactionFuture<T> = std::pin::Pin<Box<dyn Future<Output = google_cloud_spanner::Result<T>> + Send>>;
 
 /// The body of a renew or release: `sql` (an `UPDATE … WHERE holder =
 /// @holder AND token = @token THEN RETURN term`), with `@lease_ms` when

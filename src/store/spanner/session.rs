@@ -233,7 +233,7 @@ impl SpannerStore {
         client: DatabaseClient,
     ) -> Result<T>
     where
-        Fut: std::future::Future<Output = google_cloud_spanner::Result<T>>,
+        Fut: Future<Output = google_cloud_spanner::Result<T>>,
     {
         let read = async {
             let rows = client.single_use().build().execute_query(statement).await?;

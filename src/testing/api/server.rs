@@ -84,7 +84,7 @@ struct Watch {
     events: mpsc::UnboundedSender<Value>,
 }
 
-type Observer = Box<dyn FnMut(&Snapshot) + Send>;
+type Observer = Box<dyn FnMut(&Snapshot<'_>) + Send>;
 type Failing = Box<dyn Fn(&str, &str) -> bool + Send>;
 
 /// The state an observer sees after each change.
@@ -214,7 +214,7 @@ impl ApiServer {
     }
 
     /// Called after every change (and every up/down switch).
-    pub fn observe(&self, observer: impl FnMut(&Snapshot) + Send + 'static) {
+    pub fn observe(&self, observer: impl FnMut(&Snapshot<'_>) + Send + 'static) {
         let mut state = self.lock();
         state.observers.push(Box::new(observer));
         state.notify_observers();

@@ -6,8 +6,6 @@
 //! bound, and at no instant while the API server is up may two pods carry
 //! the leader label "true" or the leader condition True.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -2,13 +2,11 @@
 //! emulator, each polling a small test "app" (an HTTP server the test
 //! switches between 200 and 500) as its health URL.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const INTERVAL: Duration = Duration::from_millis(100);

@@ -5,12 +5,10 @@
 //! to the new version; with the fence it never moves back; `None` is the
 //! baseline the issue describes.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::rollout::{STORE_LATENCY, TIMING, rollout};
 use leasehold::lease::Prefer;
-use support::rollout::{STORE_LATENCY, TIMING, rollout};
 
 #[tokio::test(start_paused = true)]
 async fn newest_hands_over_once_and_never_backwards() {

@@ -6,15 +6,13 @@
 //! Bounds: [`failover_bound`] after kill -9; a handover within the drain, one
 //! poll P·(1 + J) and the same [`MARGIN`].
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use leasehold::lease::timing::DEFAULT_JITTER;
 use leasehold::testing::TcpProxy;
 use leasehold::testing::servers::{PostgresServer, RedisServer};
-use support::*;
 
 /// Three sidecars on the server at `target`; `store(i, proxy)` gives sidecar
 /// i's store flags and environment for its proxy's address.

@@ -2,13 +2,11 @@
 //! processes on one Cloud Spanner emulator share the lock's partitions,
 //! checked through each one's `/partitions` (docs/partitions.md).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 
 const N: u32 = 8;
 

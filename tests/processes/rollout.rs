@@ -3,10 +3,8 @@
 //! Cloud Spanner emulator, the Kubernetes API server model over HTTP, the
 //! app-health source on), once per leadership setting.
 
-mod support;
-
+use crate::support::rollout_process::{Setting, rollout};
 use leasehold::testing::Emulator;
-use support::rollout_process::{Setting, rollout};
 
 /// Leadership moves to revision 2 once, when the first new pod turns
 /// ready (before any old pod goes; with `--prefer none` in its place no new

@@ -2,7 +2,7 @@
 //! container daemon (tests/support/dockerfile.rs runs the build stage as
 //! written), and the binary lands where the injected containers need it.
 
-#[path = "support/dockerfile.rs"]
+#[path = "../support/dockerfile.rs"]
 mod dockerfile;
 
 use std::path::Path;

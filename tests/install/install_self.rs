@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use leasehold::install_self::{COMMAND, FILE_NAME};
+use leasehold::cmd::install_self::{COMMAND, FILE_NAME};
 
 #[test]
 fn the_installed_copy_runs() {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::cli::{Cli, Command};
+use crate::cmd::{Cli, Command};
 use crate::testing::api::ApiServer;
 
 const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/shop/distributedleases";

@@ -253,7 +253,7 @@ impl Overlaps {
         })
     }
 
-    async fn counted<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+    async fn counted<T>(&self, call: impl Future<Output = T>) -> T {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let result = call.await;

@@ -145,7 +145,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
 #[test]
 fn the_operator_environment_and_sidecar_defaults_match_the_code() {
     use clap::CommandFactory;
-    let cli = leasehold::cli::Cli::command();
+    let cli = leasehold::cmd::Cli::command();
     let operator = cli.find_subcommand("operator").expect("an operator subcommand");
     let known: Vec<String> = cli
         .get_arguments()

@@ -2,13 +2,11 @@
 //! emulator, each reaching it through a TCP proxy the test controls, with the
 //! HTTP API checked in every phase.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use leasehold::lease::LeaseStore;
 use leasehold::testing::ProxyMode;
-use support::*;
 
 #[test]
 fn kill_9_of_the_leader_fails_over_within_d_plus_p() {

@@ -9,16 +9,14 @@
 //! = 250 ms. Bounds add a stated margin for starting the watchdog and the
 //! shell.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{D, P, R, lease_database};
 use leasehold::lease::{LeaseRecord, LeaseStore};
 use leasehold::store::spanner::{SpannerConfig, SpannerStore};
 use leasehold::testing::Emulator;
-use support::{D, P, R, lease_database};
 
 const GRACE: Duration = Duration::from_millis(250);
 /// Starting `leasehold __watchdog` and the shell, and writing the first line.

@@ -9,7 +9,7 @@ use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::cli::{Cli, Command};
+use crate::cmd::{Cli, Command};
 use crate::rbac::RequestAttributes;
 use crate::testing::api::{self, mock_client};
 

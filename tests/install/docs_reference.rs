@@ -3,7 +3,7 @@
 //! every metric, every Event reason, every command's flags and environment
 //! variables) and must equal what the code generates now; the hand-written
 //! docs must name every Event reason, every metric and every spec and status
-//! field. Regenerate with `LEASEHOLD_BLESS=1 cargo nextest run --test docs_reference`.
+//! field. Regenerate with `LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -129,7 +129,7 @@ fn sources() -> Vec<(std::path::PathBuf, &'static str)> {
     for (dir, component) in [
         ("src/operator", "operator"),
         ("src/sidecar", "sidecar"),
-        ("src/run", "runner"),
+        ("src/cmd/run", "runner"),
     ] {
         let mut folders = vec![root().join(dir)];
         while let Some(folder) = folders.pop() {
@@ -188,7 +188,7 @@ fn event_reasons() -> BTreeSet<(String, &'static str)> {
 /// Every command and subcommand's flags: (command, flag, env, default, help).
 fn flags() -> Vec<(String, String, String, String, String)> {
     let mut out = Vec::new();
-    let cli = leasehold::cli::Cli::command();
+    let cli = leasehold::cmd::Cli::command();
     let mut commands = vec![("leasehold".to_string(), cli)];
     while let Some((name, command)) = commands.pop() {
         for arg in command.get_arguments() {
@@ -224,8 +224,8 @@ fn flags() -> Vec<(String, String, String, String, String)> {
 
 fn generate() -> String {
     let mut doc = String::from(
-        "# Reference (generated)\n\n<!-- Generated from the code by tests/docs_reference.rs; do not edit.\n     \
-         Regenerate: LEASEHOLD_BLESS=1 cargo nextest run --test docs_reference -->\n\n\
+        "# Reference (generated)\n\n<!-- Generated from the code by tests/install/docs_reference.rs; do not edit.\n     \
+         Regenerate: LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference -->\n\n\
          What each part means and how they work together: [operator.md](operator.md) (the resource),\n\
          the [README](../README.md) (the sidecar), [run.md](run.md), [versions.md](versions.md),\n\
          [partitions.md](partitions.md).\n\n## DistributedLease fields\n\n| field | type | description |\n|---|---|---|\n",
@@ -271,7 +271,7 @@ fn the_reference_is_generated_from_the_code() {
     assert!(
         written == generated,
         "{REFERENCE} is not what the code generates: regenerate it with \
-         LEASEHOLD_BLESS=1 cargo nextest run --test docs_reference"
+         LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference"
     );
 }
 

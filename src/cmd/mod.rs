@@ -1,10 +1,21 @@
 //! The `leasehold` command line: one binary, a subcommand per role.
+//!
+//! Commands use the library layers (`lease`, `store`, `api`, `sidecar`,
+//! `operator`); nothing in the library uses a command.
+
+pub mod advise;
+pub mod check;
+pub mod demo;
+pub mod inject;
+pub mod install_self;
+pub mod run;
+pub mod status;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "simulate")]
 use crate::sim;
-use crate::{advise, check, demo, inject, install_self, operator, run, sidecar, status};
+use crate::{operator, sidecar};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -139,7 +150,7 @@ fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn block_on(task: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+fn block_on(task: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     runtime()?.block_on(task)
 }
 

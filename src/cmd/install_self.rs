@@ -4,10 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// The hidden subcommand's name, as the injection patch writes it.
-pub const COMMAND: &str = "__install-self";
-/// The file name in DIR.
-pub const FILE_NAME: &str = "leasehold";
+/// The subcommand's name and the file name in DIR belong to the injection
+/// patch that runs this command.
+pub use crate::operator::webhook::{INSTALL_SELF_COMMAND as COMMAND, RUNNER_FILE_NAME as FILE_NAME};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

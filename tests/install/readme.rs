@@ -3,7 +3,7 @@
 //! suite provides and agree with the example manifests and the chart; the
 //! one-machine trial (`sh local`) runs here against a private PostgreSQL.
 
-#[path = "support/readme.rs"]
+#[path = "../support/readme.rs"]
 mod readme;
 
 use std::io::{Read, Write};

@@ -1,0 +1,10 @@
+//! What a user installs, runs first and reads: the image, the manifests and chart, the README's commands, the generated reference, the monitoring rules, `demo`, `advise` and the installer.
+
+mod advise;
+mod demo;
+mod dockerfile;
+mod docs_reference;
+mod install_self;
+mod manifests;
+mod monitoring;
+mod readme;

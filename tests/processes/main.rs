@@ -1,0 +1,12 @@
+//! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts and partitions.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod health;
+mod partitions;
+mod publish;
+mod rollout;
+mod run;
+mod sidecar;
+mod stores;
