@@ -12,10 +12,15 @@ use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::Reporter;
+
 use super::*;
 use crate::lease::{LeaseStore, SessionStore};
+use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
+use crate::operator::stores::StoreProvider;
 use crate::testing::api::{ApiServerVerifier, Call, mock_client};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
