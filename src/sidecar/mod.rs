@@ -44,16 +44,8 @@ pub use config::Args;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
-    Config(String),
-    #[error("invalid timing ({flags})")]
-    Timing {
-        flags: &'static str,
-        #[source]
-        source: crate::lease::TimingError,
-    },
     #[error(transparent)]
-    Select(#[from] crate::store::select::SelectError),
+    Config(#[from] config::Error),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
