@@ -51,7 +51,7 @@ pub struct ElectionArgs {
     pub lock: Option<String>,
     /// Standalone: share the work as this many partitions of --lock, each
     /// with its own token, instead of electing one leader (docs/partitions.md;
-    /// memory and Spanner stores).
+    /// memory, Spanner, PostgreSQL and Redis stores).
     #[arg(long, env = "LEASEHOLD_PARTITIONS")]
     pub partitions: Option<u32>,
     /// Standalone: lease duration D [default: 15s].
@@ -216,15 +216,15 @@ pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
     }
 }
 
-/// Partitions are held through sessions, which only the memory and Spanner
-/// stores keep.
+/// Partitions are held through sessions, which every store but the
+/// Kubernetes one keeps.
 fn partitions_store(store: &StoreConfig) -> Result<()> {
     let kind = store.kind();
     if kind.keeps_sessions() {
         return Ok(());
     }
     Err(Error::Config(format!(
-        "--partitions needs --store memory or spanner: the {} store keeps no sessions, \
+        "--partitions needs --store memory, spanner, postgres or redis: the {} store keeps no sessions, \
          through which partitions are held",
         kind.flag()
     )))
@@ -559,17 +559,8 @@ mod tests {
                 "--lease web needs the Kubernetes API and POD_NAMESPACE",
             ),
             (
-                &[
-                    "--lock",
-                    "l",
-                    "--store",
-                    "redis",
-                    "--store-url",
-                    "redis://h",
-                    "--partitions",
-                    "4",
-                ],
-                "--partitions needs --store memory or spanner: the redis store keeps no sessions",
+                &["--lock", "l", "--store", "kubernetes", "--partitions", "4"],
+                "--partitions needs --store memory, spanner, postgres or redis: the kubernetes store keeps no sessions",
             ),
             (
                 &["--lock", "l", "--store", "memory", "--partitions", "0"],
@@ -580,6 +571,17 @@ mod tests {
             // As the binary prints it: the error and its causes.
             let err = format!("{:#}", anyhow::Error::from(settings(argv).await.unwrap_err()));
             assert!(err.contains(expected), "{argv:?}: got {err:?}, want {expected:?}");
+        }
+    }
+
+    /// Issue 28: PostgreSQL and Redis keep sessions, so a partitioned lock
+    /// runs on them as on Spanner.
+    #[tokio::test]
+    async fn partitions_are_accepted_on_postgres_and_redis() {
+        for (store, url) in [("postgres", "postgres://h/db"), ("redis", "redis://h")] {
+            let argv = ["--lock", "l", "--store", store, "--store-url", url, "--partitions", "4"];
+            let settings = settings(&argv).await.unwrap();
+            assert_eq!((settings.store.kind().flag(), settings.partitions), (store, Some(4)));
         }
     }
 
