@@ -166,16 +166,17 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     })
 }
 
-/// Partitions are session locks, which Cloud Spanner stores; leadership by
-/// version and the readiness gate are about one leader, so they do not mix
-/// with them.
+/// Partitions are session locks, which every store but the Kubernetes one
+/// keeps; leadership by version and the readiness gate are about one
+/// leader, so they do not mix with them.
 fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &ValidStore) -> Result<()> {
     let Some(n) = spec.partitions else { return Ok(()) };
     validate_partitions(("spec.lockName", "spec.partitions"), lock, n)?;
-    if !matches!(store, ValidStore::Spanner(_)) {
+    if matches!(store, ValidStore::Kubernetes) {
         return Err(invalid(
             "spec.partitions",
-            "needs store.spanner: partitions are held through sessions, which only the Spanner store keeps",
+            "needs store.spanner, store.postgres or store.redis: partitions are held through sessions, \
+             which the Kubernetes store does not keep",
         ));
     }
     if spec.publishing.readiness_gate {

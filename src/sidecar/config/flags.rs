@@ -46,7 +46,7 @@ pub struct ElectionArgs {
     pub lock: Option<String>,
     /// Standalone: share the work as this many partitions of --lock, each
     /// with its own token, instead of electing one leader (docs/partitions.md;
-    /// memory and Spanner stores).
+    /// memory, Spanner, PostgreSQL and Redis stores).
     #[arg(long, env = "LEASEHOLD_PARTITIONS")]
     pub partitions: Option<u32>,
     /// Standalone: lease duration D [default: 15s].

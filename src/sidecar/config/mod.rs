@@ -48,7 +48,7 @@ pub enum Error {
     #[error(transparent)]
     Partitions(#[from] PartitionsError),
     #[error(
-        "--partitions needs --store memory or spanner: the {store} store keeps no sessions, through which \
+        "--partitions needs --store memory, spanner, postgres or redis: the {store} store keeps no sessions, through which \
          partitions are held"
     )]
     PartitionsStore { store: &'static str },

@@ -82,8 +82,8 @@ pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
     }
 }
 
-/// Partitions are held through sessions, which only the memory and Spanner
-/// stores keep.
+/// Partitions are held through sessions, which every store but the
+/// Kubernetes one keeps.
 fn partitions_store(store: &StoreConfig) -> Result<()> {
     let kind = store.kind();
     if kind.keeps_sessions() {

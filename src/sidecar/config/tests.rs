@@ -185,17 +185,8 @@ async fn standalone_settings_need_a_lock_and_a_store_and_agree_with_each_other()
             "--lease web needs the Kubernetes API and POD_NAMESPACE",
         ),
         (
-            &[
-                "--lock",
-                "l",
-                "--store",
-                "redis",
-                "--store-url",
-                "redis://h",
-                "--partitions",
-                "4",
-            ],
-            "--partitions needs --store memory or spanner: the redis store keeps no sessions",
+            &["--lock", "l", "--store", "kubernetes", "--partitions", "4"],
+            "--partitions needs --store memory, spanner, postgres or redis: the kubernetes store keeps no sessions",
         ),
         (
             &["--lock", "l", "--store", "memory", "--partitions", "0"],
@@ -206,6 +197,17 @@ async fn standalone_settings_need_a_lock_and_a_store_and_agree_with_each_other()
         // As the binary prints it: the error and its causes.
         let err = format!("{:#}", anyhow::Error::from(settings(argv).await.unwrap_err()));
         assert!(err.contains(expected), "{argv:?}: got {err:?}, want {expected:?}");
+    }
+}
+
+/// Issue 28: PostgreSQL and Redis keep sessions, so a partitioned lock
+/// runs on them as on Spanner.
+#[tokio::test]
+async fn partitions_are_accepted_on_postgres_and_redis() {
+    for (store, url) in [("postgres", "postgres://h/db"), ("redis", "redis://h")] {
+        let argv = ["--lock", "l", "--store", store, "--store-url", url, "--partitions", "4"];
+        let settings = settings(&argv).await.unwrap();
+        assert_eq!((settings.store.kind().flag(), settings.partitions), (store, Some(4)));
     }
 }
 
