@@ -43,7 +43,7 @@ use super::partitions;
 use super::rollout;
 use super::stores::{StoreProvider, read_url, target_of};
 use super::webhook;
-use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, validate};
+use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease, ValidStore, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::{Collected, session_owner};
 use crate::lease::{Identity, LeaseStore, Observation, StoreError};
@@ -750,7 +750,7 @@ fn partitioned_status(
 /// The `StoreReady` message of a store that answered.
 fn tables_ready(valid: &ValidLease) -> String {
     match &valid.store {
-        crate::api::ValidStore::Spanner(c) => format!("table {} in {} is ready", c.table, c.database),
+        ValidStore::Spanner(c) => format!("table {} in {} is ready", c.table, c.database),
         other => format!("{other} is ready"),
     }
 }
@@ -1056,6 +1056,12 @@ async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &
         // session); a dead candidate's expire with its session and are
         // collected. There is no row of the resource's own to release.
         info!("partitioned: the candidates' sessions free the partitions");
+        return Ok(());
+    }
+    if valid.store == ValidStore::Kubernetes {
+        // The operator only reads Leases (operator::rbac::STORE_RULES); a
+        // dead holder's Lease expires D after its last renewal.
+        info!("Kubernetes store: the operator does not write Leases; a dead holder's expires by itself");
         return Ok(());
     }
     let observed = async {
