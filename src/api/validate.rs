@@ -3,13 +3,13 @@
 
 use kube::core::Selector;
 
+use super::gate::GATE_PROBE_HOLD;
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{
     LockNameError, PartitionsError, Timing, TimingError, VersionPolicy, validate_lock_name, validate_partitions,
 };
-use crate::sidecar::interface::GATE_PROBE_HOLD;
-use crate::store::spanner::{self, SpannerConfig};
+use crate::store::spanner_names::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,7 +291,7 @@ fn check_secret(secret: &SecretKeyRef, field: &'static str) -> Result<()> {
 
 /// The Spanner store owns the rules for its names; this names the field.
 fn check_database(database: &str) -> Result<()> {
-    spanner::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
+    spanner_names::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
 }
 
 fn check_table(table: &str, field: &'static str, max_len: usize) -> Result<()> {

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::holder::HolderPod;
 use super::{Context, Error, RELEASE_PATIENCE, Result};
-use crate::api::{DistributedLease, validate};
+use crate::api::{DistributedLease, ValidStore, validate};
 use crate::lease::StoreError;
 
 /// On delete: frees the row by check-and-set with the holder and token just
@@ -64,6 +64,12 @@ async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &
         // session); a dead candidate's expire with its session and are
         // collected. There is no row of the resource's own to release.
         info!("partitioned: the candidates' sessions free the partitions");
+        return Ok(());
+    }
+    if valid.store == ValidStore::Kubernetes {
+        // The operator only reads Leases (operator::rbac::STORE_RULES); a
+        // dead holder's Lease expires D after its last renewal.
+        info!("Kubernetes store: the operator does not write Leases; a dead holder's expires by itself");
         return Ok(());
     }
     let observed = async {

@@ -55,6 +55,21 @@ pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (A
     (Arc::new(ctx), ApiServer { verifier, pods })
 }
 
+/// A context whose store is the Kubernetes store on the same scripted API
+/// server: its Lease reads are requests the script answers and the RBAC
+/// check below judges, like the reconcile's own.
+pub fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    let (client, verifier) = mock_client("default");
+    let store = crate::store::kubernetes::KubernetesStore::new(client.clone(), Some("prod"));
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("operator-0".into()),
+    };
+    let (cache, pods) = reflector::store();
+    let ctx = Context::new(client, reporter, Arc::new(SingleStore::new(Arc::new(store))), metrics).with_pods(cache);
+    (Arc::new(ctx), ApiServer { verifier, pods })
+}
+
 /// The checks every request of a reconcile passes.
 pub trait Expected {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>);

@@ -52,6 +52,68 @@ where
     (run_on(ctx, server, lease, script).await, store, metrics)
 }
 
+/// A lease on `store: {kubernetes: {}}`: the operator reads the lock's
+/// Lease with a `get` its RBAC grants in the candidates' namespace
+/// (`STORE_RULES`; the request check of the fixture fails otherwise) and
+/// shows its holder, term and token, with `StoreReady=True`.
+#[tokio::test]
+async fn a_kubernetes_store_lease_shows_the_holder_of_its_lease() {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let (ctx, server) = context_on_kubernetes_store(metrics);
+    let resource = lease(
+        json!({"store": {"kubernetes": {}}}),
+        &["leasehold.dev/release"],
+        None,
+    );
+    let echo = resource.clone();
+    let name = crate::store::kubernetes::lease_name("prod/web");
+    let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![pod("web-0", Some("true"), true), pod("web-1", None, true)]).await;
+        let seen = next(server).await;
+        seen.assert(
+            "GET",
+            &format!("/apis/coordination.k8s.io/v1/namespaces/prod/leases/{name}"),
+            None,
+        );
+        let record = json!({"lock": "prod/web", "holder": "prod/web-0#n1", "term": 3, "token": 1200, "leaseMs": 15000});
+        seen.respond(
+            200,
+            &json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": "prod", "resourceVersion": "1234",
+                             "annotations": {"leasehold.dev/record": record.to_string()}},
+                "spec": {"holderIdentity": "prod/web-0#n1", "leaseDurationSeconds": 15, "leaseTransitions": 2},
+            }),
+        );
+        expect_event(
+            server,
+            "Normal",
+            "HolderChanged",
+            "lock prod/web is held by prod/web-0#n1 (term 3)",
+        )
+        .await;
+        let status = expect_status_apply(server, echo).await;
+        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["term"], json!(3));
+        assert_eq!(status["token"], json!("1200"));
+        let conditions = conditions(&status);
+        assert_eq!(
+            conditions["StoreReady"],
+            (
+                "True".into(),
+                "TableReady".into(),
+                "Kubernetes Leases in the resource's namespace is ready".into()
+            )
+        );
+        assert_eq!(
+            conditions["Ready"],
+            ("True".into(), "LeaderElected".into(), "prod/web-0#n1 leads".into())
+        );
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+}
+
 #[tokio::test]
 async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
     let fixture = fixture();
@@ -384,7 +446,7 @@ async fn an_unreadable_store_secret_shows_in_store_ready() {
         (404, "Secret prod/lease-store does not exist"),
         (
             403,
-            "grant it get on secrets in prod (Role leasehold-operator-store-secrets",
+            "grant it get on secrets in prod (Role leasehold-operator-stores",
         ),
     ] {
         let fixture = fixture();
