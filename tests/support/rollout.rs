@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::lease::{Elector, ElectorHandle, Identity, LeaseStore, Prefer, Timing, Version};
-use leasehold::sidecar::config::{PodRef, Publishing};
+use leasehold::sidecar::config::Publishing;
+use leasehold::sidecar::pod::PodRef;
 use leasehold::sidecar::publish::Publisher;
 use leasehold::sidecar::versions::{Candidate, REVISION_ANNOTATION, Revisions, follow_peers};
 use leasehold::store::{Faults, MemoryStore};

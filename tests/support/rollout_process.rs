@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::api::DEFAULT_LABEL_KEY;
 use leasehold::lease::LeaseStore;
-use leasehold::sidecar::publish::{LOCK_LABEL, lock_label_value};
+use leasehold::sidecar::pod::{LOCK_LABEL, lock_label_value};
 use leasehold::store::spanner::{SpannerConfig, SpannerStore};
 use leasehold::testing::api::{ApiServer, pods};
 use leasehold::testing::{Emulator, TcpProxy};
