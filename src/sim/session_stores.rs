@@ -1,25 +1,27 @@
-//! PostgreSQL's and Redis's semantics for the sessions schedule (issue 28):
-//! a store model of each, with the memory store's faults (outages, latency,
-//! replies lost after commit, unknown outcomes, a store clock that drifts
-//! and steps) and the session mutants' bugs.
+//! PostgreSQL's and Redis's semantics for the sessions schedule (issue 28),
+//! modelled on `src/store/postgres/session.rs` and `src/store/redis/session.rs`,
+//! with the memory store's faults (outages, latency, replies lost after
+//! commit, unknown outcomes, a store clock that drifts and steps) and the
+//! session mutants' bugs. What both share:
 //!
-//! * **PostgreSQL.** Session and lock rows stay until collected; every
-//!   expiry is judged by `clock_timestamp()` while the transaction holds
-//!   the locks of the rows it reads, so judgement and write are one step at
-//!   one server instant. That clock is the server's wall clock: it steps
-//!   back and forth with the store clock's faults, unlike the memory
-//!   store's commit timestamps. Tokens come from one sequence. A write
-//!   transaction may abort with a serialization failure (SQLSTATE 40001;
-//!   nothing written), and the client retries it with jittered exponential
-//!   backoff until its call timeout, then reports the store unavailable.
-//! * **Redis.** A session is a key whose TTL is the session's lease: it is
-//!   gone once the TTL runs out on the server's clock, before any script
-//!   sees it. Lock hashes name their session and do not expire; a lock whose
-//!   session key is gone is free. Each lock's token comes from a fence
-//!   counter that never expires (`max(last + 1, server time)`). An index of
-//!   sessions (what garbage collection walks) outlives the keys until
-//!   collected.
-//! * Garbage collection deletes at most [`GC_BATCH`] rows per transaction.
+//! * Expiry is judged by the server's wall clock (`clock_timestamp()`,
+//!   Redis's `TIME`), in microseconds, in the step that acts on it; that
+//!   clock steps back and forth with the store clock's faults, unlike the
+//!   memory store's commit timestamps. Session and lock rows stay until
+//!   deleted: nothing vanishes by itself.
+//! * A renewal stamps `max(now, renewed_at + 1 µs)`; a batch stamps
+//!   `max(now, renewed_at + 1 µs, highest token read + 1 µs)`, the
+//!   session's new `renewed_at` and the token of every lock it takes. A
+//!   batch deletes every expired holder session it finds on a wanted lock,
+//!   so that a racing renewal of it fails.
+//! * Garbage collection deletes at most [`GC_BATCH`] expired sessions and
+//!   [`GC_BATCH`] lock rows (released or of a dead session, and older than
+//!   the clock) per transaction.
+//!
+//! PostgreSQL's write transactions may abort with a serialization failure
+//! (SQLSTATE 40001; nothing written) and are run again with jittered
+//! exponential backoff until the call timeout, then reported unavailable.
+//! Redis's scripts are atomic and never retried.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +41,9 @@ use crate::store::memory::{LockAcquisition, SessionFlaw};
 
 /// Rows one garbage collection deletes at most, per kind.
 const GC_BATCH: usize = 4;
+
+/// One microsecond, the stores' resolution, in nanoseconds.
+const MICROSECOND: i64 = 1_000;
 
 /// Which store's semantics a session schedule runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,15 +74,11 @@ struct LockRow {
 }
 
 struct State {
-    /// PostgreSQL: session rows, expired ones until collected. Redis: the
-    /// session keys, each gone at its TTL.
+    /// Session rows, expired ones until deleted.
     sessions: BTreeMap<String, SessionRecord>,
-    /// Every session ever opened (ids are never reused); on Redis also the
-    /// index garbage collection walks, until it collects the id.
-    opened: BTreeMap<String, (SessionRecord, bool)>,
+    /// Every session ever opened: ids are never reused.
+    opened: BTreeMap<String, SessionRecord>,
     locks: BTreeMap<String, LockRow>,
-    /// Redis: each lock's fence counter. PostgreSQL: the sequence, under "".
-    fences: BTreeMap<String, i64>,
     acquisitions: Vec<LockAcquisition>,
     flaw: Option<SessionFlaw>,
     faults: Faults,
@@ -85,7 +86,6 @@ struct State {
     contention: f64,
     rng: StdRng,
     clock_jumps: i64,
-    ttl_expiries: u64,
     serialization_failures: u64,
 }
 
@@ -109,14 +109,12 @@ impl SessionServer {
                 sessions: BTreeMap::new(),
                 opened: BTreeMap::new(),
                 locks: BTreeMap::new(),
-                fences: BTreeMap::new(),
                 acquisitions: Vec::new(),
                 flaw: None,
                 faults: Faults::default(),
                 contention: 0.0,
                 rng: StdRng::seed_from_u64(seed),
                 clock_jumps: 0,
-                ttl_expiries: 0,
                 serialization_failures: 0,
             })),
             epoch: epoch.0,
@@ -155,26 +153,16 @@ impl SessionServer {
         self.lock().acquisitions.clone()
     }
 
-    /// Session keys gone at their TTL (Redis) and transactions aborted
-    /// with a serialization failure and retried (PostgreSQL).
-    pub fn stats(&self) -> (u64, u64) {
-        let state = self.lock();
-        (state.ttl_expiries, state.serialization_failures)
+    /// Transactions aborted with a serialization failure and retried (PostgreSQL).
+    pub fn serialization_failures(&self) -> u64 {
+        self.lock().serialization_failures
     }
 
-    /// The server's clock: wall time, drifting and stepping with the faults.
+    /// The server's clock in whole microseconds: wall time, drifting and
+    /// stepping with the faults.
     fn clock(&self, state: &State) -> StoreTime {
-        StoreTime(self.epoch + state.clock_jumps + self.started.elapsed().mul_f64(self.rate).as_nanos() as i64)
-    }
-
-    /// Redis: every session key whose TTL ran out by `now` is gone.
-    fn expire(&self, state: &mut State, now: StoreTime) {
-        if self.semantics != SessionSemantics::Redis {
-            return;
-        }
-        let before = state.sessions.len();
-        state.sessions.retain(|_, s| s.is_live_at(now));
-        state.ttl_expiries += (before - state.sessions.len()) as u64;
+        let nanos = self.epoch + state.clock_jumps + self.started.elapsed().mul_f64(self.rate).as_nanos() as i64;
+        StoreTime(nanos - nanos.rem_euclid(MICROSECOND))
     }
 
     /// One call: the latency, the outage and loss faults, and on PostgreSQL
@@ -216,7 +204,6 @@ impl SessionServer {
         }
         if !write {
             let now = self.clock(&state);
-            self.expire(&mut state, now);
             return Attempt::Done(body(&mut state, now));
         }
         if self.semantics == SessionSemantics::Postgres && state.contention > 0.0 {
@@ -231,7 +218,6 @@ impl SessionServer {
         }
         let drop_reply = faults.drop_reply_after_commit > 0.0 && state.rng.random_bool(faults.drop_reply_after_commit);
         let now = self.clock(&state);
-        self.expire(&mut state, now);
         match body(&mut state, now) {
             Ok(_) if drop_reply => {
                 Attempt::Done(Err(StoreError::outcome_unknown("reply lost after commit (injected)")))
@@ -248,15 +234,14 @@ enum Attempt<T> {
 }
 
 impl State {
-    /// The session holding `row` at `now`, if live: its row is live
-    /// (PostgreSQL) or its key still exists (Redis).
+    /// The session holding `row` at `now`, if live.
     fn live_holder<'a>(&self, row: &'a LockRow, now: StoreTime) -> Option<&'a str> {
         let session = row.session.as_deref()?;
         let live = match self.flaw {
             Some(SessionFlaw::TakeByLockAge) => self
                 .opened
                 .get(session)
-                .is_some_and(|(s, _)| now <= row.acquired_at.saturating_add(s.lease_duration)),
+                .is_some_and(|s| now <= row.acquired_at.saturating_add(s.lease_duration)),
             _ => self.sessions.get(session).is_some_and(|s| s.is_live_at(now)),
         };
         live.then_some(session)
@@ -266,19 +251,14 @@ impl State {
         match self.sessions.get(session) {
             Some(record) if record.is_live_at(now) => Ok(record),
             Some(_) => Err(session_lost(session, "expired by the store's clock")),
-            None => Err(session_lost(
-                session,
-                "no such session (closed, collected or gone at its TTL)",
-            )),
+            None => Err(session_lost(session, "no such session (closed or collected)")),
         }
     }
+}
 
-    /// The next token from the fence counter `key`, at least `floor`.
-    fn next_token(&mut self, key: &str, floor: i64) -> FencingToken {
-        let last = self.fences.entry(key.to_string()).or_insert(0);
-        *last = (*last + 1).max(floor);
-        FencingToken(*last)
-    }
+/// `at` plus one microsecond.
+fn after(at: StoreTime) -> StoreTime {
+    StoreTime(at.0 + MICROSECOND)
 }
 
 #[async_trait]
@@ -302,7 +282,7 @@ impl SessionStore for SessionServer {
                 lease_duration: lease,
             };
             state.sessions.insert(session.to_string(), record.clone());
-            state.opened.insert(session.to_string(), (record, true));
+            state.opened.insert(session.to_string(), record);
             Ok(now)
         })
         .await
@@ -312,50 +292,34 @@ impl SessionStore for SessionServer {
         validate_session_id(session)?;
         self.call(true, |state, now| {
             let record = match state.flaw {
-                // Writes the session back whatever is there (an upsert, a SET without XX).
+                // Writes the row back whatever is there (an upsert).
                 Some(SessionFlaw::RenewWithoutCas) => state
                     .opened
                     .get(session)
-                    .map(|(s, _)| s.clone())
+                    .cloned()
                     .ok_or_else(|| session_lost(session, "never opened"))?,
-                // Checks that the row (PostgreSQL) or the index entry (Redis) exists, not that it is live.
-                Some(SessionFlaw::RenewExpired) => match self.semantics {
-                    SessionSemantics::Redis => state
-                        .opened
-                        .get(session)
-                        .filter(|(_, indexed)| *indexed)
-                        .map(|(s, _)| s.clone())
-                        .ok_or_else(|| session_lost(session, "not in the index"))?,
-                    _ => state
-                        .sessions
-                        .get(session)
-                        .cloned()
-                        .ok_or_else(|| session_lost(session, "no such session"))?,
-                },
+                // Checks that the row exists, not that it is live.
+                Some(SessionFlaw::RenewExpired) => state
+                    .sessions
+                    .get(session)
+                    .cloned()
+                    .ok_or_else(|| session_lost(session, "no such session"))?,
                 _ => state.live_session(session, now)?.clone(),
             };
-            state.sessions.insert(
-                session.to_string(),
-                SessionRecord {
-                    renewed_at: now,
-                    ..record
-                },
-            );
-            Ok(now)
+            let renewed_at = now.max(after(record.renewed_at));
+            state
+                .sessions
+                .insert(session.to_string(), SessionRecord { renewed_at, ..record });
+            Ok(renewed_at)
         })
         .await
     }
 
     async fn close_session(&self, session: &str) -> Result<(), StoreError> {
         validate_session_id(session)?;
-        self.call(true, |state, _now| {
-            if state.sessions.remove(session).is_none() {
-                return Err(session_lost(session, "no such session (closed or collected)"));
-            }
-            if let Some((_, indexed)) = state.opened.get_mut(session) {
-                *indexed = false;
-            }
-            Ok(())
+        self.call(true, |state, _now| match state.sessions.remove(session) {
+            Some(_) => Ok(()),
+            None => Err(session_lost(session, "no such session (closed or collected)")),
         })
         .await
     }
@@ -374,14 +338,15 @@ impl SessionStore for SessionServer {
     async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch, StoreError> {
         validate_session_id(session)?;
         validate_lock_names(names.iter().map(String::as_str))?;
-        // PostgreSQL: one sequence, started at the server clock when the
-        // schema was made; Redis: a counter per lock, never below TIME.
-        let postgres = self.semantics == SessionSemantics::Postgres;
-        let epoch = self.epoch;
         self.call(true, |state, now| {
-            state.live_session(session, now)?;
+            let renewed_at = state.live_session(session, now)?.renewed_at;
+            let highest = names
+                .iter()
+                .filter_map(|name| state.locks.get(name).map(|r| StoreTime(r.token.0)))
+                .max();
+            let stamp = now.max(after(renewed_at)).max(highest.map_or(now, after));
             if let Some(record) = state.sessions.get_mut(session) {
-                record.renewed_at = now;
+                record.renewed_at = stamp;
             }
             let mut batch = LockBatch::default();
             for name in names {
@@ -391,16 +356,16 @@ impl SessionStore for SessionServer {
                 } else if row.is_some_and(|r| state.live_holder(r, now).is_some()) {
                     batch.busy.push(name.clone());
                 } else {
-                    let token = match postgres {
-                        true => state.next_token("", epoch),
-                        false => state.next_token(name, now.0),
-                    };
+                    if let Some(holder) = row.and_then(|r| r.session.clone()) {
+                        state.sessions.remove(&holder);
+                    }
+                    let token = FencingToken(stamp.0);
                     state.locks.insert(
                         name.clone(),
                         LockRow {
                             session: Some(session.to_string()),
                             token,
-                            acquired_at: now,
+                            acquired_at: stamp,
                         },
                     );
                     state.acquisitions.push(LockAcquisition {
@@ -457,32 +422,28 @@ impl SessionStore for SessionServer {
 
     async fn collect_garbage(&self) -> Result<Collected, StoreError> {
         self.call(true, |state, now| {
+            let dead: Vec<String> = state
+                .sessions
+                .values()
+                .filter(|s| !s.is_live_at(now))
+                .map(|s| s.id.clone())
+                .take(GC_BATCH)
+                .collect();
+            for id in &dead {
+                state.sessions.remove(id);
+            }
             let free: Vec<String> = state
                 .locks
                 .iter()
                 .filter(|(_, row)| {
                     let holder = row.session.as_deref().and_then(|s| state.sessions.get(s));
-                    !holder.is_some_and(|s| s.is_live_at(now))
+                    row.token.0 < now.0 && !holder.is_some_and(|s| s.is_live_at(now))
                 })
                 .map(|(name, _)| name.clone())
                 .take(GC_BATCH)
                 .collect();
-            // PostgreSQL: expired rows; Redis: index entries whose key is gone.
-            let dead: Vec<String> = state
-                .opened
-                .iter()
-                .filter(|(id, (_, indexed))| *indexed && !state.sessions.get(*id).is_some_and(|s| s.is_live_at(now)))
-                .map(|(id, _)| id.clone())
-                .take(GC_BATCH)
-                .collect();
             for name in &free {
                 state.locks.remove(name);
-            }
-            for id in &dead {
-                state.sessions.remove(id);
-                if let Some((_, indexed)) = state.opened.get_mut(id) {
-                    *indexed = false;
-                }
             }
             Ok(Collected {
                 sessions: dead.len() as u64,

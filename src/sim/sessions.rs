@@ -9,8 +9,8 @@
 //! Seeds take turns in threes ([`SessionSemantics::of_seed`]) on three
 //! stores' semantics: the memory store's (Spanner's commit timestamps),
 //! PostgreSQL's and Redis's ([`super::session_stores`]: rows judged by the
-//! server's wall clock with serialization failures retried; session keys
-//! gone at their TTL).
+//! server's wall clock, stamps above the last renewal and token, and on
+//! PostgreSQL serialization failures retried).
 //!
 //! One seed in three runs the processes as members of a partitioned lock
 //! instead ([`Partitioner`]: six partitions, claimed through
@@ -223,7 +223,6 @@ impl Schedule {
             );
             self.session_server = Some(server);
         }
-        self.report.counts.ttl_seeds = u64::from(semantics == SessionSemantics::Redis);
         self.report.counts.redis_schedules = u64::from(semantics == SessionSemantics::Redis);
         self.report.counts.postgres_schedules = u64::from(semantics == SessionSemantics::Postgres);
         if let Some(flaw) = self.mutant.and_then(flaw) {
@@ -420,10 +419,7 @@ impl Schedule {
         self.report.counts.duplicates = stats.duplicates;
         self.report.counts.sessions_replaced = *shared.replaced.lock().unwrap();
         if let Some(server) = &self.session_server {
-            (
-                self.report.counts.ttl_expiries,
-                self.report.counts.serialization_failures,
-            ) = server.stats();
+            self.report.counts.serialization_failures = server.serialization_failures();
         }
         self.report.events = log.events;
         drop(stats);

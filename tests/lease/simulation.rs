@@ -196,15 +196,12 @@ fn run_session_shard(shard: u64) -> Summary {
         "{summary:?}"
     );
     // Seeds take turns on the memory store's, PostgreSQL's and Redis's
-    // semantics: serialization failures were retried, session keys vanished.
+    // semantics; PostgreSQL's serialization failures were retried.
     assert!(
         summary.counts.postgres_schedules >= 30 && summary.counts.redis_schedules >= 30,
         "{summary:?}"
     );
-    assert!(
-        summary.counts.serialization_failures > 0 && summary.counts.ttl_expiries > 0,
-        "{summary:?}"
-    );
+    assert!(summary.counts.serialization_failures > 0, "{summary:?}");
     assert!(
         summary.counts.late_commits > 0 && summary.counts.duplicates > 0 && summary.counts.clock_jumps > 0,
         "{summary:?}"
