@@ -165,16 +165,38 @@ impl LeadershipWatcher {
         total
     }
 
+    /// When the number of the leader Service's ready endpoints first
+    /// changed after `from` (the benchmark's frozen leader turning unready).
+    pub fn ready_endpoints_changed_after(&self, from: Instant) -> Option<Instant> {
+        let state = self.state.lock().unwrap();
+        let before = state
+            .endpoint_history
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= from)
+            .map_or(0, |(_, count)| *count);
+        state
+            .endpoint_history
+            .iter()
+            .find(|(at, count)| *at > from && *count != before)
+            .map(|(at, _)| *at)
+    }
+
     /// The violations seen so far.
     pub fn violations(&self) -> Vec<String> {
         self.state.lock().unwrap().violations.clone()
     }
 
-    /// Stops watching and fails the test on any violation.
-    pub fn finish(self) {
+    /// Stops watching (the benchmark counts the violations instead).
+    pub fn stop(&self) {
         for task in &self.tasks {
             task.abort();
         }
+    }
+
+    /// Stops watching and fails the test on any violation.
+    pub fn finish(self) {
+        self.stop();
         let state = self.state.lock().unwrap();
         assert!(
             state.violations.is_empty(),
