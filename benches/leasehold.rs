@@ -28,11 +28,11 @@ mod rollout_process;
 #[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
 mod cluster;
+#[path = "leasehold/counting_proxy.rs"]
+mod counting_proxy;
 #[allow(dead_code)]
 #[path = "../tests/e2e/fixtures.rs"]
 mod fixtures;
-#[path = "leasehold/counting_proxy.rs"]
-mod counting_proxy;
 #[path = "leasehold/kubernetes.rs"]
 mod kubernetes;
 #[allow(dead_code)]

@@ -36,7 +36,8 @@ impl CountingProxy {
         let url = format!("http://{}", listener.local_addr().expect("its address"));
         let counts = Arc::new(Mutex::new(Counts::new()));
         let counted = counts.clone();
-        let app = axum::Router::new().fallback(move |request: Request| forward(client.clone(), counted.clone(), request));
+        let app =
+            axum::Router::new().fallback(move |request: Request| forward(client.clone(), counted.clone(), request));
         let serving = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

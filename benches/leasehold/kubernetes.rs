@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::cluster::{Env, Scenario, scenario, wait_for};
-use crate::counting_proxy::{Counts, CountingProxy};
+use crate::counting_proxy::{CountingProxy, Counts};
 use crate::fixtures::{APP, FIRST_LEADER, LEASE, watch_example};
 use crate::node::{kill_and_await_restart, signal_container};
 use crate::stores::{lease, postgres_lease};
@@ -158,8 +158,13 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
         if event == Event::GatedFrozen {
             // The example's own lease would replace the one on `store`.
             let example = s.example("readiness-gated.yaml");
-            s.apply(example.into_iter().filter(|o| o["kind"] != "DistributedLease").collect())
-                .await;
+            s.apply(
+                example
+                    .into_iter()
+                    .filter(|o| o["kind"] != "DistributedLease")
+                    .collect(),
+            )
+            .await;
         } else {
             s.apply(s.example("leader-only-service.yaml")).await;
         }
@@ -176,6 +181,7 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
             let leader = settled_leader(&s, &watcher).await;
             let moves_before = watcher.moves();
             let started = Instant::now();
+            let mut frozen_unready = None;
             match event {
                 Event::GracefulDelete | Event::GracefulDeleteAppExits => {
                     s.api::<Pod>()
@@ -194,7 +200,14 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
                 }
                 Event::GatedFrozen => {
                     signal_container(&s, &leader, "leasehold", "STOP").await;
-                    tokio::time::sleep(FREEZE).await;
+                    // When the kubelet's probe took the frozen leader's pod
+                    // out of the endpoints (polled while it stays frozen).
+                    while started.elapsed() < FREEZE {
+                        if frozen_unready.is_none() && !watcher.ready_endpoints().contains(&leader) {
+                            frozen_unready = Some(started.elapsed());
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     signal_container(&s, &leader, "leasehold", "CONT").await;
                 }
             }
@@ -207,10 +220,7 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
                 event.name(),
                 gap.as_secs_f64()
             );
-            if event == Event::GatedFrozen
-                && let Some(at) = watcher.ready_endpoints_changed_after(started)
-            {
-                let after = at - started;
+            if let Some(after) = frozen_unready {
                 line.push_str(&format!(
                     "; the frozen leader unready after {:.2} s, the new leader Ready after {:.2} s",
                     after.as_secs_f64(),
@@ -337,7 +347,12 @@ impl Holders {
     }
 
     fn current(&self) -> Option<String> {
-        self.seen.lock().unwrap().last().map(|(_, h)| h.clone()).filter(|h| !h.is_empty())
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .map(|(_, h)| h.clone())
+            .filter(|h| !h.is_empty())
     }
 
     /// When, after `since`, the Lease first named a holder other than `old`.
@@ -454,7 +469,10 @@ async fn elections(scheduler: &str, reps: usize) -> Vec<String> {
     for elector in [Elector::Leasehold, Elector::ClientGo] {
         let name = elector.lease();
         let holders = Holders::follow(leases.clone(), name);
-        for (signal, what) in [("KILL", "crash failover (kill -9)"), ("TERM", "graceful handover (SIGTERM)")] {
+        for (signal, what) in [
+            ("KILL", "crash failover (kill -9)"),
+            ("TERM", "graceful handover (SIGTERM)"),
+        ] {
             let (mut samples, mut from_renewal) = (Vec::new(), Vec::new());
             for rep in 0..reps {
                 // A free Lease: the first candidate leads alone, the other two follow.
@@ -464,7 +482,10 @@ async fn elections(scheduler: &str, reps: usize) -> Vec<String> {
                 })
                 .await;
                 let mut first = Candidate::start(elector, 0, scheduler, &dir, &env).await;
-                let leader = wait_for(&format!("{elector:?} leading"), FIRST_LEADER, || async { holders.current() }).await;
+                let leader = wait_for(&format!("{elector:?} leading"), FIRST_LEADER, || async {
+                    holders.current()
+                })
+                .await;
                 let others = [
                     Candidate::start(elector, 1, scheduler, &dir, &env).await,
                     Candidate::start(elector, 2, scheduler, &dir, &env).await,
@@ -486,7 +507,11 @@ async fn elections(scheduler: &str, reps: usize) -> Vec<String> {
                     );
                     println!("{line}");
                     lines.push(line);
-                    assert_eq!(holders.current().as_deref(), Some(leader.as_str()), "the leader held throughout");
+                    assert_eq!(
+                        holders.current().as_deref(),
+                        Some(leader.as_str()),
+                        "the leader held throughout"
+                    );
                 }
                 let signalled = Instant::now();
                 first.signal(signal);

@@ -165,23 +165,6 @@ impl LeadershipWatcher {
         total
     }
 
-    /// When the number of the leader Service's ready endpoints first
-    /// changed after `from` (the benchmark's frozen leader turning unready).
-    pub fn ready_endpoints_changed_after(&self, from: Instant) -> Option<Instant> {
-        let state = self.state.lock().unwrap();
-        let before = state
-            .endpoint_history
-            .iter()
-            .rev()
-            .find(|(at, _)| *at <= from)
-            .map_or(0, |(_, count)| *count);
-        state
-            .endpoint_history
-            .iter()
-            .find(|(at, count)| *at > from && *count != before)
-            .map(|(at, _)| *at)
-    }
-
     /// The violations seen so far.
     pub fn violations(&self) -> Vec<String> {
         self.state.lock().unwrap().violations.clone()
