@@ -196,7 +196,12 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
                     signal_container(&s, &leader, "leasehold", "KILL").await;
                 }
                 Event::RolloutRestart | Event::RolloutRestartNewest => {
-                    s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
+                    // Until the new ReplicaSet is complete: before it, the
+                    // old pods still run and the leader has not moved.
+                    tokio::task::block_in_place(|| {
+                        s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
+                        s.kubectl_ns(&["rollout", "status", "deployment/scheduler", "--timeout=300s"]);
+                    });
                 }
                 Event::GatedFrozen => {
                     signal_container(&s, &leader, "leasehold", "STOP").await;
