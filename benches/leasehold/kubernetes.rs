@@ -34,6 +34,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use leasehold::store::kubernetes::RECORD_ANNOTATION;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 use tokio_util::task::AbortOnDropHandle;
@@ -280,6 +281,12 @@ async fn settled_leader(s: &Scenario, watcher: &LeadershipWatcher) -> String {
     }
 }
 
+/// The fencing token leasehold's record annotation holds, if any.
+fn token_of(lease: &Lease) -> Option<i64> {
+    let record = lease.metadata.annotations.as_ref()?.get(RECORD_ANNOTATION)?;
+    serde_json::from_str::<Value>(record).ok()?["token"].as_i64()
+}
+
 /// Who campaigns in an election of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Elector {
@@ -309,6 +316,9 @@ const ELECTION_NAMESPACE: &str = "default";
 struct Holders {
     seen: Arc<Mutex<Vec<(Instant, String)>>>,
     writes: Arc<Mutex<Vec<Instant>>>,
+    /// leasehold's fencing tokens (the record annotation), in the order
+    /// the watch saw them change; client-go writes none.
+    tokens: Arc<Mutex<Vec<i64>>>,
     _watching: AbortOnDropHandle<()>,
 }
 
@@ -316,7 +326,8 @@ impl Holders {
     fn follow(leases: Api<Lease>, name: &str) -> Holders {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let writes = Arc::new(Mutex::new(Vec::new()));
-        let (record, written) = (seen.clone(), writes.clone());
+        let tokens = Arc::new(Mutex::new(Vec::new()));
+        let (record, written, granted) = (seen.clone(), writes.clone(), tokens.clone());
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let watching = tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher(leases, config).default_backoff());
@@ -324,6 +335,12 @@ impl Holders {
                 let holder = match event {
                     Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
                         written.lock().unwrap().push(Instant::now());
+                        if let Some(token) = token_of(&lease) {
+                            let mut granted = granted.lock().unwrap();
+                            if granted.last() != Some(&token) {
+                                granted.push(token);
+                            }
+                        }
                         lease.spec.and_then(|s| s.holder_identity).unwrap_or_default()
                     }
                     Ok(watcher::Event::Delete(_)) => String::new(),
@@ -338,6 +355,7 @@ impl Holders {
         Holders {
             seen,
             writes,
+            tokens,
             _watching: AbortOnDropHandle::new(watching),
         }
     }
@@ -345,6 +363,12 @@ impl Holders {
     /// The last write of the Lease seen before `at` (the leader's last renewal).
     fn last_write_before(&self, at: Instant) -> Option<Instant> {
         self.writes.lock().unwrap().iter().rev().find(|w| **w < at).copied()
+    }
+
+    /// The tokens seen, and how many times one was not above the one before.
+    fn token_regressions(&self) -> (usize, usize) {
+        let tokens = self.tokens.lock().unwrap();
+        (tokens.len(), tokens.windows(2).filter(|w| w[1] <= w[0]).count())
     }
 
     fn names(&self) -> Vec<String> {
@@ -552,6 +576,13 @@ async fn elections(scheduler: &str, reps: usize) -> Vec<String> {
                 summary(&mut samples),
                 millis(median(&mut samples)) / millis(D),
                 summary(&mut from_renewal)
+            ));
+        }
+        if elector == Elector::Leasehold {
+            let (tokens, regressions) = holders.token_regressions();
+            lines.push(format!(
+                "{elector:?} fencing tokens: {tokens} granted over the runs (the Lease deleted before each), \
+                 {regressions} not above the one before"
             ));
         }
         let _ = leases.delete(name, &DeleteParams::default()).await;
