@@ -134,11 +134,7 @@ mod tests {
     fn the_doc_carries_exactly_these_rules() {
         assert_eq!(
             crate::rbac::rules_lists_in(DOC),
-            [
-                rules_yaml(RULES),
-                rules_yaml(NAMESPACED_RULES),
-                rules_yaml(STORE_RULES)
-            ],
+            [rules_yaml(RULES), rules_yaml(NAMESPACED_RULES), rules_yaml(STORE_RULES)],
             "docs/rbac-operator.md must carry exactly the ClusterRole and Roles' rules, as rbac::rules_yaml() renders them"
         );
     }

@@ -15,7 +15,6 @@ use kube::Api;
 use leasehold::api::DistributedLease;
 use leasehold::store::kubernetes::{RECORD_ANNOTATION, lease_name};
 
-
 use crate::cluster::{repo, wait_for, walkthrough};
 use crate::fixtures::{APP, ready_pods};
 use crate::watcher::{LeadershipWatcher, Watched};
@@ -96,17 +95,27 @@ async fn the_readme_walkthrough_runs_as_written() {
         let leases: Api<Lease> = Api::namespaced(s.client.clone(), NAMESPACE);
         let dleases: Api<DistributedLease> = Api::namespaced(s.client.clone(), NAMESPACE);
         let holder = format!("{NAMESPACE}/{}#", ready[0]);
-        wait_for("the status naming the leader and its Lease's token", Duration::from_secs(60), || async {
-            let lease = leases.get_opt(&lease_name(&format!("{NAMESPACE}/scheduler"))).await.ok()??;
-            let record = lease.metadata.annotations?.remove(RECORD_ANNOTATION)?;
-            let token = serde_json::from_str::<serde_json::Value>(&record).ok()?["token"].as_i64()?;
-            let status = dleases.get("scheduler").await.ok()?.status?;
-            let store_ready = status.conditions.iter().any(|c| c.type_ == "StoreReady" && c.status == "True");
-            (store_ready
-                && status.holder.is_some_and(|h| h.starts_with(&holder))
-                && status.token == Some(token.to_string()))
-            .then_some(())
-        })
+        wait_for(
+            "the status naming the leader and its Lease's token",
+            Duration::from_secs(60),
+            || async {
+                let lease = leases
+                    .get_opt(&lease_name(&format!("{NAMESPACE}/scheduler")))
+                    .await
+                    .ok()??;
+                let record = lease.metadata.annotations?.remove(RECORD_ANNOTATION)?;
+                let token = serde_json::from_str::<serde_json::Value>(&record).ok()?["token"].as_i64()?;
+                let status = dleases.get("scheduler").await.ok()?.status?;
+                let store_ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "StoreReady" && c.status == "True");
+                (store_ready
+                    && status.holder.is_some_and(|h| h.starts_with(&holder))
+                    && status.token == Some(token.to_string()))
+                .then_some(())
+            },
+        )
         .await;
         assert!(
             watcher.moves() <= 1,

@@ -60,11 +60,7 @@ where
 async fn a_kubernetes_store_lease_shows_the_holder_of_its_lease() {
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let (ctx, server) = context_on_kubernetes_store(metrics);
-    let resource = lease(
-        json!({"store": {"kubernetes": {}}}),
-        &["leasehold.dev/release"],
-        None,
-    );
+    let resource = lease(json!({"store": {"kubernetes": {}}}), &["leasehold.dev/release"], None);
     let echo = resource.clone();
     let name = crate::store::kubernetes::lease_name("prod/web");
     let result = run_on(ctx, server, resource, async move |server| {
@@ -444,10 +440,7 @@ async fn without_create_rights_the_operator_reads_an_existing_table() {
 async fn an_unreadable_store_secret_shows_in_store_ready() {
     for (code, says) in [
         (404, "Secret prod/lease-store does not exist"),
-        (
-            403,
-            "grant it get on secrets in prod (Role leasehold-operator-stores",
-        ),
+        (403, "grant it get on secrets in prod (Role leasehold-operator-stores"),
     ] {
         let fixture = fixture();
         let spec = json!({"store": {"redis": {"urlSecretRef": {"name": "lease-store"}}}});
