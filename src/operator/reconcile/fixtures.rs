@@ -59,7 +59,7 @@ pub fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiS
 }
 
 fn context_over(
-    client: Client,
+    client: kube::Client,
     verifier: ApiServerVerifier,
     stores: Arc<dyn StoreProvider>,
     metrics: Arc<Metrics>,
