@@ -45,8 +45,8 @@ mod row;
 mod schema;
 mod session;
 
-pub use emulator::create_emulator_database;
 pub use super::spanner_names::{NameError, SpannerConfig, check_database, check_table};
+pub use emulator::create_emulator_database;
 pub use schema::SchemaError;
 
 use std::sync::atomic::{AtomicBool, Ordering};
