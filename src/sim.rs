@@ -48,26 +48,95 @@
 //! preference ([`rollout`]). The elector schedule also runs on the
 //! Kubernetes store's semantics ([`kubernetes`]).
 //!
-//! One file per job: [`cli`] (the command), [`schedule`] (the elector
-//! schedule and its faults), [`link`] (the faulty store as each process
-//! reaches it), [`checker`], [`mutants`], [`report`], and the store models
-//! [`kubernetes`] and [`session_stores`].
+//! One file per job, layered so no module uses one that uses it:
+//! [`mutants`], [`report`], [`pause`] (process pauses and the paused
+//! runtime), [`link`] (the faulty store as each process reaches it), the
+//! store models [`kubernetes`] and [`session_stores`], and [`checker`] at
+//! the bottom; [`schedule`] (the elector schedule and its faults) uses
+//! them; [`sessions`] and [`rollout`] extend a schedule; this module runs
+//! schedules and hunts mutants. The command is `cmd::simulate`.
 
 mod checker;
-mod cli;
 mod kubernetes;
 mod link;
 mod mutants;
+mod pause;
 mod report;
 mod rollout;
 mod schedule;
 mod session_stores;
 mod sessions;
 
-pub use cli::{Args, run};
-pub use mutants::{Mutant, hunt, hunt_with};
+pub use mutants::Mutant;
 pub use report::{Counts, Report, Summary, Violation};
 pub use rollout::simulate_rollouts;
-pub use schedule::{Setup, simulate, simulate_kubernetes, simulate_with};
+pub use schedule::Setup;
 pub use session_stores::SessionSemantics;
 pub use sessions::simulate_sessions;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use pause::paused_runtime;
+use schedule::Schedule;
+
+/// Runs one seeded schedule of the correct elector.
+pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule of the correct elector on the Kubernetes store's semantics.
+pub fn simulate_kubernetes(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            kubernetes: true,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule on its own paused current-thread runtime.
+pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
+    let runtime = paused_runtime();
+    let setup = setup.clone();
+    // Built inside the runtime so every instant is on the paused clock.
+    runtime.block_on(async move {
+        let schedule = Schedule::new(seed, &setup);
+        match setup.mutant {
+            Some(mutant) if sessions::is_session_mutant(mutant) => schedule.run_sessions(setup.length).await,
+            Some(Mutant::LeaderIgnoresStandAside | Mutant::StandAsideForFencedPeers) => {
+                schedule.run_rollout(setup.length).await
+            }
+            _ => schedule.run(setup.length).await,
+        }
+    })
+}
+
+/// The first seed in `seeds` on which the checker catches `mutant`.
+pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Violation> {
+    hunt_with(
+        mutant,
+        seeds,
+        &Setup {
+            length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// [`hunt`] with `setup` (its mutant replaced by `mutant`).
+pub fn hunt_with(mutant: Mutant, seeds: Range<u64>, setup: &Setup) -> Option<Violation> {
+    let setup = Setup {
+        mutant: Some(mutant),
+        ..setup.clone()
+    };
+    seeds.into_iter().find_map(|seed| simulate_with(seed, &setup).err())
+}

@@ -9,12 +9,12 @@ pub mod demo;
 pub mod inject;
 pub mod install_self;
 pub mod run;
+#[cfg(feature = "simulate")]
+pub mod simulate;
 pub mod status;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-#[cfg(feature = "simulate")]
-use crate::sim;
 use crate::{operator, sidecar};
 
 #[derive(Debug, Parser)]
@@ -68,7 +68,7 @@ pub enum Command {
     /// Run the deterministic safety simulation over many seeds (built with
     /// the `simulate` feature).
     #[cfg(feature = "simulate")]
-    Simulate(sim::Args),
+    Simulate(simulate::Args),
     /// Run a command only while this candidate leads: `leasehold run [flags] -- COMMAND ARGS…`.
     Run(run::Args),
     /// Internal: supervises the command for `leasehold run`.
@@ -95,7 +95,7 @@ impl Cli {
         match self.command {
             // Each seed runs a paused runtime of its own.
             #[cfg(feature = "simulate")]
-            Command::Simulate(args) => sim::run(args),
+            Command::Simulate(args) => simulate::run(args),
             Command::Crd => {
                 print!("{}", crate::api::crd_yaml()?);
                 Ok(())

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::mutants::Mutant;
 use super::report::{Report, Violation};
-use super::schedule::Schedule;
 use crate::lease::FencingToken;
 use crate::store::memory::Acquisition;
 
@@ -68,13 +68,35 @@ impl Log {
     }
 }
 
-impl Schedule {
+/// What an elector schedule left behind: the store's acquisitions and what
+/// every process believed and wrote.
+pub(super) struct Finished {
+    pub(super) seed: u64,
+    pub(super) mutant: Option<Mutant>,
+    /// The schedule ran on the Kubernetes store's semantics.
+    pub(super) kubernetes: bool,
+    pub(super) start: Instant,
+    pub(super) log: Log,
+    /// In commit order.
+    pub(super) acquisitions: Vec<Acquisition>,
+    pub(super) register: FencedRegister,
+    /// Local time from a leader's deadline to the earliest commit of the
+    /// next term: what stale writes must beat.
+    pub(super) margin: Duration,
+    /// Tokens of terms whose row was deleted while their lease was live.
+    pub(super) deleted_tokens: HashSet<Option<FencingToken>>,
+    /// When the Kubernetes Lease was deleted (its record starts again).
+    pub(super) term_resets: Vec<Instant>,
+    /// The version fence was on.
+    pub(super) fence: bool,
+    /// Counts so far; the checker adds its own.
+    pub(super) report: Report,
+}
+
+impl Finished {
     pub(super) fn check(mut self) -> Result<Report, Violation> {
-        let mut log = std::mem::take(&mut *self.log.lock().unwrap());
-        let acquisitions: Vec<Acquisition> = match &self.kube {
-            Some(server) => server.acquisitions(),
-            None => self.store.acquisitions(),
-        };
+        let mut log = std::mem::take(&mut self.log);
+        let acquisitions = std::mem::take(&mut self.acquisitions);
         log.events.extend(acquisitions.iter().map(|a| {
             format!(
                 "{:>7}ms store committed term {} for {} token {:?}",
@@ -85,7 +107,7 @@ impl Schedule {
             )
         }));
         let (seed, mutant) = (self.seed, self.mutant);
-        let kubernetes = self.kube.is_some() && mutant.is_none();
+        let kubernetes = self.kubernetes && mutant.is_none();
         let fail = |what: String| Violation {
             seed,
             mutant,
@@ -180,7 +202,7 @@ impl Schedule {
         }
         // 3. Accepted writes were issued by the next term's commit, or by a
         //    writer paused past the margin between its check and the write.
-        let register = self.register.lock().unwrap();
+        let register = &self.register;
         let token_index: BTreeMap<Option<FencingToken>, usize> =
             acquisitions.iter().enumerate().map(|(i, a)| (a.token, i)).collect();
         for w in &register.accepted {
@@ -218,19 +240,10 @@ impl Schedule {
         if beliefs.is_empty() {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));
         }
-        let stats = self.stats.lock().unwrap();
         self.report.counts.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
         self.report.counts.accepted = register.accepted.len() as u64;
         self.report.counts.fenced = register.rejected;
-        self.report.counts.late_commits = stats.late_commits;
-        self.report.counts.duplicates = stats.duplicates;
-        self.report.counts.ttl_expiries = self.store.ttl_expiries();
-        if let Some(server) = &self.kube {
-            (self.report.counts.stale_conflicts, self.report.counts.recreated) = server.stats();
-        }
         self.report.events = log.events;
-        drop(register);
-        drop(stats);
         Ok(self.report)
     }
 }

@@ -38,7 +38,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::link::Link;
 use super::mutants::Mutant;
-use super::schedule::Pause;
+use super::pause::Pause;
 use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version};
 use crate::store::Faults;
 use crate::store::memory::Acquisition;

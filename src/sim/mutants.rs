@@ -1,11 +1,6 @@
 //! The mutants: deliberately broken electors and stores, each breaking
 //! one safety rule, that the checker must catch.
 
-use std::ops::Range;
-use std::time::Duration;
-
-use super::report::Violation;
-use super::schedule::{Setup, simulate_with};
 use crate::lease::elector::Flaw;
 
 /// A deliberately broken elector or store: each breaks one safety rule,
@@ -172,25 +167,4 @@ impl std::str::FromStr for Mutant {
 
 fn names() -> String {
     Mutant::ALL.map(Mutant::name).join(", ")
-}
-
-/// The first seed in `seeds` on which the checker catches `mutant`.
-pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Violation> {
-    hunt_with(
-        mutant,
-        seeds,
-        &Setup {
-            length,
-            ..Setup::default()
-        },
-    )
-}
-
-/// [`hunt`] with `setup` (its mutant replaced by `mutant`).
-pub fn hunt_with(mutant: Mutant, seeds: Range<u64>, setup: &Setup) -> Option<Violation> {
-    let setup = Setup {
-        mutant: Some(mutant),
-        ..setup.clone()
-    };
-    seeds.into_iter().find_map(|seed| simulate_with(seed, &setup).err())
 }

@@ -43,8 +43,9 @@ use rand::RngExt;
 use tokio::time::Instant;
 
 use super::mutants::Mutant;
+use super::pause::{Pause, paused_runtime};
 use super::report::{Report, Violation};
-use super::schedule::{Candidate, LOCK, Pause, Schedule, Setup, paused_runtime};
+use super::schedule::{Candidate, LOCK, Schedule, Setup};
 use crate::lease::version::PeerWatch;
 use crate::lease::{LeaseStore, Prefer, Version};
 use crate::store::Faults;

@@ -4,25 +4,23 @@
 //! between them (module docs of [`super`]).
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::checker::{Belief, FencedRegister, Log, Write};
+use super::checker::{Belief, FencedRegister, Finished, Log, Write};
 use super::kubernetes::{ApiServer, CandidateClock, KubeClient};
 use super::link::{Link, LinkFaults, LinkStats};
 use super::mutants::Mutant;
+use super::pause::Pause;
 use super::report::{Counts, Report, Violation};
 use super::session_stores::{SessionSemantics, SessionServer};
-use super::sessions;
-use crate::lease::elector::{SimHooks, TaskWrapper};
+use crate::lease::elector::SimHooks;
 use crate::lease::{
     Elector, ElectorHandle, FencingToken, Identity, LeaderContext, LeaderState, LeaseStore, StoreTime, Timing,
 };
@@ -59,85 +57,6 @@ impl Default for Setup {
 }
 
 pub(super) const LOCK: &str = "simulated";
-
-/// Runs one seeded schedule of the correct elector.
-pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
-    simulate_with(
-        seed,
-        &Setup {
-            length,
-            ..Setup::default()
-        },
-    )
-}
-
-/// Runs one seeded schedule of the correct elector on the Kubernetes store's semantics.
-pub fn simulate_kubernetes(seed: u64, length: Duration) -> Result<Report, Violation> {
-    simulate_with(
-        seed,
-        &Setup {
-            length,
-            kubernetes: true,
-            ..Setup::default()
-        },
-    )
-}
-
-/// Runs one seeded schedule on its own paused current-thread runtime.
-pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
-    let runtime = paused_runtime();
-    let setup = setup.clone();
-    // Built inside the runtime so every instant is on the paused clock.
-    runtime.block_on(async move {
-        let schedule = Schedule::new(seed, &setup);
-        match setup.mutant {
-            Some(mutant) if sessions::is_session_mutant(mutant) => schedule.run_sessions(setup.length).await,
-            Some(Mutant::LeaderIgnoresStandAside | Mutant::StandAsideForFencedPeers) => {
-                schedule.run_rollout(setup.length).await
-            }
-            _ => schedule.run(setup.length).await,
-        }
-    })
-}
-
-/// A current-thread runtime on paused time: schedules replay exactly.
-pub(super) fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime builds")
-}
-
-/// A process-pause switch: while on, none of the process's tasks run.
-#[derive(Clone)]
-pub(super) struct Pause(pub(super) watch::Sender<bool>);
-
-impl Pause {
-    pub(super) fn new() -> Self {
-        Pause(watch::channel(false).0)
-    }
-
-    /// `task`, polled only while the process is not paused: its timers fire
-    /// late and it sees the time jump, as after SIGSTOP/SIGCONT.
-    pub(super) async fn pausable(self, task: impl Future<Output = ()>) {
-        let mut task = std::pin::pin!(task);
-        let mut paused = self.0.subscribe();
-        loop {
-            let _ = paused.wait_for(|p| !p).await;
-            tokio::select! {
-                biased;
-                _ = paused.wait_for(|p| *p) => {}
-                () = &mut task => return,
-            }
-        }
-    }
-
-    pub(super) fn wrapper(&self) -> TaskWrapper {
-        let pause = self.clone();
-        Arc::new(move |task: BoxFuture<'static, ()>| Box::pin(pause.clone().pausable(task)))
-    }
-}
 
 pub(super) struct Candidate {
     /// Its clocks, on the Kubernetes store's semantics.
@@ -671,5 +590,38 @@ impl Schedule {
             _ => return false,
         }
         true
+    }
+}
+
+impl Schedule {
+    /// Hands what the run left behind to the checker.
+    pub(super) fn check(mut self) -> Result<Report, Violation> {
+        let acquisitions = match &self.kube {
+            Some(server) => server.acquisitions(),
+            None => self.store.acquisitions(),
+        };
+        let counts = &mut self.report.counts;
+        let stats = self.stats.lock().unwrap();
+        (counts.late_commits, counts.duplicates) = (stats.late_commits, stats.duplicates);
+        drop(stats);
+        counts.ttl_expiries = self.store.ttl_expiries();
+        if let Some(server) = &self.kube {
+            (counts.stale_conflicts, counts.recreated) = server.stats();
+        }
+        Finished {
+            seed: self.seed,
+            mutant: self.mutant,
+            kubernetes: self.kube.is_some(),
+            start: self.start,
+            log: std::mem::take(&mut *self.log.lock().unwrap()),
+            acquisitions,
+            register: std::mem::take(&mut *self.register.lock().unwrap()),
+            margin: self.margin,
+            deleted_tokens: self.deleted_tokens,
+            term_resets: self.term_resets,
+            fence: self.fence,
+            report: self.report,
+        }
+        .check()
     }
 }

@@ -42,8 +42,9 @@ use tokio::time::Instant;
 
 use super::link::{Link, LinkFaults};
 use super::mutants::Mutant;
+use super::pause::{Pause, paused_runtime};
 use super::report::{Report, Violation};
-use super::schedule::{Pause, Schedule, Setup, paused_runtime};
+use super::schedule::{Schedule, Setup};
 use super::session_stores::{SessionSemantics, SessionServer};
 use crate::lease::elector::SimHooks;
 use crate::lease::lock_set::{HeldSet, Session};

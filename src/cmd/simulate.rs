@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use super::mutants::{Mutant, hunt};
-use super::report::Summary;
-use super::{simulate, simulate_kubernetes, simulate_rollouts, simulate_sessions};
+use crate::sim::{Mutant, Summary, hunt, simulate, simulate_kubernetes, simulate_rollouts, simulate_sessions};
 
 /// `leasehold simulate`: run many seeds, print failures with their seed.
 #[derive(Debug, clap::Args)]
