@@ -131,6 +131,9 @@ pub async fn a_batch_renews_its_session(store: Arc<dyn SessionStore>) {
         .token
         .unwrap();
     assert_eq!(after.renewed_at.0, token.0, "the same commit");
+    let empty = store.try_lock("s-busy", &[]).await.expect("an empty batch");
+    assert_eq!((empty.taken.len(), empty.busy.len()), (0, 0));
+    assert!(store.observe_locks(&[]).await.expect("an empty read").locks.is_empty());
 }
 
 /// A lock whose session expired is free by the store's clock, and its next
