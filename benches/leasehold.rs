@@ -5,7 +5,8 @@
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
-//! postgres, redis, sessions, rollout, rollout-process, partitions, kubernetes) runs a share of it. `postgres` and `redis` start
+//! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
+//! partitions-postgres, partitions-redis, kubernetes) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -789,25 +790,39 @@ fn main() {
         println!("== many locks");
         summary_lines.push(format!("many locks: {}", many_locks(electors, seconds)));
     }
-    if run("sessions") {
+    for (part, backend) in [
+        ("sessions", sessions::Backend::Spanner),
+        ("sessions-postgres", sessions::Backend::Postgres),
+        ("sessions-redis", sessions::Backend::Redis),
+    ] {
+        if !run(part) {
+            continue;
+        }
         let counts = std::env::var("LEASEHOLD_BENCH_LOCKS").unwrap_or_else(|_| "1000,10000".into());
         for locks in counts.split(',').filter_map(|n| n.trim().parse().ok()) {
-            println!("== {locks} locks in 3 sessions, {seconds} s");
+            println!("== {backend:?}: {locks} locks in 3 sessions, {seconds} s");
             summary_lines.push(format!(
                 "sessions: {}",
-                sessions::many_locks_in_sessions(locks, seconds)
+                sessions::many_locks_in_sessions(backend, locks, seconds)
             ));
         }
     }
-    if run("partitions") {
+    for (part, backend) in [
+        ("partitions", sessions::Backend::Spanner),
+        ("partitions-postgres", sessions::Backend::Postgres),
+        ("partitions-redis", sessions::Backend::Redis),
+    ] {
+        if !run(part) {
+            continue;
+        }
         println!(
-            "== partitions: {} over 3 sidecar processes, D={D:?} R={R:?} P={P:?}",
+            "== partitions on {backend:?}: {} over 3 sidecar processes, D={D:?} R={R:?} P={P:?}",
             64
         );
         summary_lines.extend(
-            partitions::partitions(reps)
+            partitions::partitions(backend, reps)
                 .into_iter()
-                .map(|l| format!("partitions: {l}")),
+                .map(|l| format!("partitions ({backend:?}): {l}")),
         );
     }
     // Needs a disposable cluster (docs/e2e.md): named, or with the suite's variables set.

@@ -1,5 +1,6 @@
 //! Work partitioning: N = 64 partitions over M = 3 `leasehold sidecar
-//! --partitions 64` processes on the emulator (D/R/P of `support`), read
+//! --partitions 64` processes on the emulator, a private PostgreSQL server or
+//! a private Redis server (D/R/P of `support`), read
 //! through each one's `/partitions`. Per repetition: kill -9 one → time until
 //! all 64 have an owner again and the balance (max − min) then; start a 4th
 //! process (3 members again) → partitions that changed owner, against the
@@ -9,8 +10,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use leasehold::testing::TcpProxy;
+use leasehold::store::spanner::SpannerConfig;
+use leasehold::testing::servers::{PostgresServer, RedisServer};
+use leasehold::testing::{Emulator, TcpProxy};
 
+use super::sessions::Backend;
 use super::{summary, support::*};
 
 const N: u32 = 64;
@@ -56,22 +60,74 @@ fn until(
     None
 }
 
-pub fn partitions(reps: u64) -> Vec<String> {
+/// The store the sidecars share, and a runtime for their proxies.
+struct Place {
+    runtime: tokio::runtime::Runtime,
+    store: Store,
+}
+
+enum Store {
+    Spanner(Emulator, SpannerConfig),
+    Postgres(PostgresServer),
+    Redis(RedisServer),
+}
+
+impl Place {
+    fn new(backend: Backend) -> Place {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = match backend {
+            Backend::Spanner => {
+                let emulator = Emulator::start_or_connect();
+                let (config, _) = runtime.block_on(lease_database(&emulator));
+                Store::Spanner(emulator, config)
+            }
+            Backend::Postgres => Store::Postgres(PostgresServer::start()),
+            Backend::Redis => Store::Redis(RedisServer::start()),
+        };
+        Place { runtime, store }
+    }
+
+    /// A sidecar reaching the store through a proxy of its own.
+    fn launch(&self, name: &str, lock: &str, extra: &[String]) -> Sidecar {
+        let target = match &self.store {
+            Store::Spanner(emulator, _) => emulator.host.parse().unwrap(),
+            Store::Postgres(server) => server.addr(),
+            Store::Redis(server) => server.addr(),
+        };
+        let proxy = self.runtime.block_on(TcpProxy::start(target));
+        let url_store = |kind: &str, url: String| vec!["--store".to_string(), kind.into(), "--store-url".into(), url];
+        let store = match &self.store {
+            Store::Spanner(emulator, config) => return Sidecar::start(name, emulator, config, proxy, lock, extra),
+            Store::Postgres(server) => url_store("postgres", server.url_at(proxy.addr)),
+            Store::Redis(server) => url_store("redis", server.url_at(proxy.addr)),
+        };
+        Sidecar::launch(name, proxy, lock, &store, &[], extra)
+    }
+}
+
+pub fn partitions(backend: Backend, reps: u64) -> Vec<String> {
     let extra = |_| vec!["--partitions".to_string(), N.to_string(), "--create-table".into()];
     let (mut takeovers, mut joins) = (Vec::new(), Vec::new());
     let (mut spreads, mut moved) = (Vec::new(), Vec::new());
+    let place = Place::new(backend);
     for rep in 0..reps {
         let lock = format!("bench-parts-{rep}");
-        let mut cluster = cluster_with(&lock, extra);
-        let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
+        let mut sidecars: Vec<Sidecar> = (0..3)
+            .map(|i| place.launch(&format!("pod-{i}"), &lock, &extra(i)))
+            .collect();
+        let all: Vec<&Sidecar> = sidecars.iter().collect();
         let balanced =
             |members: usize| move |o: &BTreeMap<u32, usize>| o.len() == N as usize && spread(&shares(o, members)) <= 1;
         if until(&all, Duration::from_secs(120), balanced(3)).is_none() {
             println!("rep {rep}: never balanced over 3; skipped");
             continue;
         }
-        cluster.sidecars[0].signal("KILL");
-        let rest: Vec<&Sidecar> = cluster.sidecars[1..].iter().collect();
+        sidecars[0].signal("KILL");
+        let rest: Vec<&Sidecar> = sidecars[1..].iter().collect();
         let Some((takeover, owned)) = until(&rest, Duration::from_secs(60), |o| o.len() == N as usize) else {
             println!("rep {rep}: its partitions not taken over within 60 s");
             continue;
@@ -81,12 +137,8 @@ pub fn partitions(reps: u64) -> Vec<String> {
             println!("rep {rep}: never balanced over 2");
             continue;
         };
-        let proxy = cluster
-            .runtime
-            .block_on(TcpProxy::start(cluster.emulator.host.parse().unwrap()));
-        let newcomer = Sidecar::start("pod-3", &cluster.emulator, &cluster.config, proxy, &lock, &extra(3));
-        cluster.sidecars.push(newcomer);
-        let four: Vec<&Sidecar> = cluster.sidecars[1..].iter().collect();
+        sidecars.push(place.launch("pod-3", &lock, &extra(3)));
+        let four: Vec<&Sidecar> = sidecars[1..].iter().collect();
         let Some((join, after)) = until(&four, Duration::from_secs(60), balanced(3)) else {
             println!("rep {rep}: never balanced after the join");
             continue;

@@ -1,6 +1,7 @@
 //! Many locks through sessions: N locks held by 3 sessions, each on its own
-//! Spanner client (its own database client and gRPC channels, as 3
-//! processes would have), on one emulator database.
+//! store client (its own connection, as 3 processes would have), on one
+//! emulator database, one private PostgreSQL server or one private Redis
+//! server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,15 +10,19 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use leasehold::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use leasehold::lease::{FencingToken, Identity, Session, SessionStore, StoreError, StoreTime, Timing};
-use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
+use leasehold::store::StoreUrl;
+use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerConfig, SpannerStore};
 use leasehold::testing::Emulator;
+use leasehold::testing::servers::{PostgresServer, RedisServer};
 
 use super::quantile;
 
 /// Counts every store call (each is one transaction or one read) and times
 /// the session renewals.
 struct Counted {
-    inner: SpannerStore,
+    inner: Arc<dyn SessionStore>,
     calls: AtomicU64,
     renewals: Mutex<Vec<Duration>>,
 }
@@ -79,26 +84,77 @@ fn batch() -> usize {
         .unwrap_or(100)
 }
 
-/// `locks` locks over 3 sessions at the default timings for `seconds`.
-pub fn many_locks_in_sessions(locks: usize, seconds: u64) -> String {
+/// The store the sessions part runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Spanner,
+    Postgres,
+    Redis,
+}
+
+/// A server of `Backend`, kept running while the part runs.
+enum Server {
+    Spanner(Emulator, SpannerConfig),
+    Postgres(PostgresServer),
+    Redis(RedisServer),
+}
+
+impl Server {
+    async fn start(backend: Backend) -> Server {
+        match backend {
+            Backend::Spanner => {
+                let emulator = Emulator::start_or_connect();
+                let config = emulator.create_database("leasehold_leases").await;
+                Server::Spanner(emulator, config)
+            }
+            Backend::Postgres => Server::Postgres(PostgresServer::start()),
+            Backend::Redis => Server::Redis(RedisServer::start()),
+        }
+    }
+
+    /// A store client of its own, with the session tables.
+    async fn client(&self) -> Arc<dyn SessionStore> {
+        let store: Arc<dyn SessionStore> = match self {
+            Server::Spanner(emulator, config) => Arc::new(
+                SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
+                    .await
+                    .unwrap(),
+            ),
+            Server::Postgres(server) => Arc::new(
+                PostgresStore::connect(PostgresConfig {
+                    url: StoreUrl::new(server.url()),
+                    table: "leasehold_leases".into(),
+                })
+                .unwrap(),
+            ),
+            Server::Redis(server) => Arc::new(
+                RedisStore::connect(RedisConfig {
+                    url: StoreUrl::new(server.url()),
+                    prefix: DEFAULT_PREFIX.into(),
+                })
+                .unwrap(),
+            ),
+        };
+        store.ensure_session_schema().await.unwrap();
+        store
+    }
+}
+
+/// `locks` locks over 3 sessions on `backend` at the default timings for `seconds`.
+pub fn many_locks_in_sessions(backend: Backend, locks: usize, seconds: u64) -> String {
     const SESSIONS: usize = 3;
-    let emulator = Emulator::start_or_connect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let config = emulator.create_database("leasehold_leases").await;
+        let server = Server::start(backend).await;
         let timing = Timing::default();
         let mut stores = Vec::new();
         let mut sessions = Vec::new();
         for i in 0..SESSIONS {
-            let spanner = SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
-                .await
-                .unwrap();
-            spanner.ensure_session_schema().await.unwrap();
             let counted = Arc::new(Counted {
-                inner: spanner,
+                inner: server.client().await,
                 calls: AtomicU64::new(0),
                 renewals: Mutex::default(),
             });
@@ -170,7 +226,7 @@ pub fn many_locks_in_sessions(locks: usize, seconds: u64) -> String {
             let _ = session.close().await;
         }
         let line = format!(
-            "{locks} locks, {SESSIONS} sessions (own clients), D/R/P 15s/10s/2s, {:.0} s: locks lost {lost} \
+            "{backend:?}: {locks} locks, {SESSIONS} sessions (own clients), D/R/P 15s/10s/2s, {:.0} s: locks lost {lost} \
              (held at least {min_held} of {locks} throughout; {replaced} sessions replaced), store transactions per P \
              per session [{}], renew latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (n={}); taking all locks ({} per call) took {:.1} s",
             elapsed.as_secs_f64(),

@@ -131,6 +131,9 @@ pub async fn a_batch_renews_its_session(store: Arc<dyn SessionStore>) {
         .token
         .unwrap();
     assert_eq!(after.renewed_at.0, token.0, "the same commit");
+    let empty = store.try_lock("s-busy", &[]).await.expect("an empty batch");
+    assert_eq!((empty.taken.len(), empty.busy.len()), (0, 0));
+    assert!(store.observe_locks(&[]).await.expect("an empty read").locks.is_empty());
 }
 
 /// A lock whose session expired is free by the store's clock, and its next
@@ -334,22 +337,30 @@ async fn member(store: &Arc<dyn SessionStore>, name: &str, partitions: u32) -> M
     }
 }
 
+/// The first partition two of `assigned` claim at `at`, with both members.
+fn claimed_twice(assigned: &[Assigned], at: crate::lease::clock::Instant) -> Option<(u32, usize, usize)> {
+    let mut claimed = HashMap::new();
+    for (m, assigned) in assigned.iter().enumerate() {
+        for index in assigned.partitions.keys() {
+            if assigned.token_at(*index, at).is_some()
+                && let Some(other) = claimed.insert(*index, m)
+            {
+                return Some((*index, other, m));
+            }
+        }
+    }
+    None
+}
+
 /// Polls the members until `done` holds for their shares, checking at each
 /// poll that no partition is claimed by two of them at once.
 async fn wait_for_shares(members: &[&Member], what: &str, done: impl Fn(&[usize]) -> bool) -> Vec<usize> {
     let started = std::time::Instant::now();
     loop {
         let at = crate::lease::clock::now();
-        let mut claimed = HashMap::new();
-        for (m, member) in members.iter().enumerate() {
-            let assigned = member.assigned.borrow().clone();
-            for index in assigned.partitions.keys() {
-                if assigned.token_at(*index, at).is_some()
-                    && let Some(other) = claimed.insert(*index, m)
-                {
-                    panic!("partition {index} claimed by members {other} and {m} at once");
-                }
-            }
+        let assigned: Vec<Assigned> = members.iter().map(|m| m.assigned.borrow().clone()).collect();
+        if let Some((index, a, b)) = claimed_twice(&assigned, at) {
+            panic!("partition {index} claimed by members {a} and {b} at once");
         }
         let shares: Vec<usize> = members.iter().map(|m| m.assigned.borrow().partitions.len()).collect();
         if done(&shares) {
@@ -448,4 +459,33 @@ macro_rules! session_conformance_tests {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// The partitions check catches a partition two members claim, and
+    /// only while both claims last.
+    #[test]
+    fn a_partition_claimed_twice_is_caught() {
+        let now = crate::lease::clock::now();
+        let member = |partitions: &[u32], deadline| Assigned {
+            partitions: partitions
+                .iter()
+                .map(|i| (*i, FencingToken(1)))
+                .collect::<BTreeMap<_, _>>(),
+            deadline: Some(deadline),
+            ..Default::default()
+        };
+        let later = now + Duration::from_secs(1);
+        let fair = [member(&[0, 1], later), member(&[2], later)];
+        assert_eq!(claimed_twice(&fair, now), None);
+        let broken = [member(&[0, 1], later), member(&[2], later), member(&[1], later)];
+        assert_eq!(claimed_twice(&broken, now), Some((1, 0, 2)));
+        let expired = [member(&[0, 1], now), member(&[1], later)];
+        assert_eq!(claimed_twice(&expired, now), None, "a claim ends at its deadline");
+    }
 }

@@ -70,6 +70,10 @@ local function holder_live(id)
   end
   return judged[id]
 end
+local function lock_rows(names)
+  if #names == 0 then return {} end
+  return redis.call('HMGET', KEYS[3], unpack(names))
+end
 local function lock_row(value)
   if not value then return nil end
   local token, holder = string.match(value, '^(%d+) (.*)$')
@@ -115,7 +119,7 @@ local own = ARGV[1]
 local renewed, lease, owner = session_row(own)
 if not live(renewed, lease) then return {0} end
 local n = #ARGV - 1
-local rows = redis.call('HMGET', KEYS[3], unpack(ARGV, 2))
+local rows = lock_rows({unpack(ARGV, 2)})
 local stamp = math.max(now_us, renewed + 1)
 local found = {}
 for i = 1, n do
@@ -164,7 +168,7 @@ return freed
 /// ARGV: the names. Returns {now_us, token_1, holder_1, …}: the token in µs
 /// (false without an entry), the holder when live (false when free).
 const OBSERVE_LOCKS: &str = "
-local rows = redis.call('HMGET', KEYS[3], unpack(ARGV))
+local rows = lock_rows(ARGV)
 local reply = {now_us}
 for i = 1, #ARGV do
   local token, holder = lock_row(rows[i])
