@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::cmd::advise::Latencies;
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, Timing};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Timing};
 
 /// Renewal p99 above this share of R − P puts the timing at risk.
 pub const AT_RISK_SHARE: f64 = 0.25;
@@ -153,6 +153,10 @@ impl LeaseStore for RenewBudget {
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         self.store.acquire_as(lock, claim, lease).await
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        self.store.take_over(lock, claim, from, lease).await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
