@@ -17,9 +17,10 @@ scripts/setup-servers.sh
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches
 # The library example needs nothing but the lease core and the memory store;
-# the core builds warning-free alone and with one SQL or Redis store.
+# the core builds warning-free alone and with any one store (the Kubernetes
+# store and the DistributedLease resource without the other stores' clients).
 cargo check --no-default-features --example library
-for store in "" postgres redis; do
+for store in "" postgres redis spanner kubernetes; do
   cargo clippy -q --no-default-features --features "$store" --lib -- -D warnings
 done
 # The many-locks example checks its own outcome (every key one owner, higher tokens).

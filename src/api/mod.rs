@@ -7,6 +7,7 @@
 //! because a CRD installed from an older chart may not carry every rule.
 
 pub mod client;
+pub mod gate;
 mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};

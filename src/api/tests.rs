@@ -353,14 +353,8 @@ fn each_invalid_field_gets_its_own_message() {
             "spec.partitions cannot be combined with spec.leadership",
         ),
         (
-            partitioned(
-                with(
-                    &["store"],
-                    json!({"redis": {"urlSecretRef": {"name": "redis", "key": "url"}}}),
-                ),
-                4,
-            ),
-            "spec.partitions needs store.spanner",
+            partitioned(with(&["store"], json!({"kubernetes": {}})), 4),
+            "spec.partitions needs store.spanner, store.postgres or store.redis",
         ),
     ];
     let count = cases.len();
@@ -565,6 +559,14 @@ fn partitions_default_to_a_single_lock_and_are_parsed() {
     let lease = with(&["publishing", "labelKey"], json!(DEFAULT_LABEL_KEY));
     assert_eq!(validate(&lease).unwrap().partitions, None);
     assert_eq!(validate(&partitioned(lease, 64)).unwrap().partitions, Some(64));
+    // Issue 28: PostgreSQL and Redis keep sessions too.
+    for store in [
+        json!({"postgres": {"urlSecretRef": {"name": "db", "key": "url"}}}),
+        json!({"redis": {"urlSecretRef": {"name": "redis", "key": "url"}}}),
+    ] {
+        let lease = partitioned(with(&["store"], store.clone()), 4);
+        assert_eq!(validate(&lease).unwrap().partitions, Some(4), "{store}");
+    }
 }
 
 /// A kubeconfig whose client certificate is X.509 version 1 (what

@@ -3,13 +3,13 @@
 
 use kube::core::Selector;
 
+use super::gate::GATE_PROBE_HOLD;
 use super::{DistributedLease, SecretKeyRef};
 use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{
     LockNameError, PartitionsError, Timing, TimingError, VersionPolicy, validate_lock_name, validate_partitions,
 };
-use crate::sidecar::interface::GATE_PROBE_HOLD;
-use crate::store::spanner::{self, SpannerConfig};
+use crate::store::spanner_names::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,16 +166,17 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     })
 }
 
-/// Partitions are session locks, which Cloud Spanner stores; leadership by
-/// version and the readiness gate are about one leader, so they do not mix
-/// with them.
+/// Partitions are session locks, which every store but the Kubernetes one
+/// keeps; leadership by version and the readiness gate are about one
+/// leader, so they do not mix with them.
 fn check_partitions(spec: &super::DistributedLeaseSpec, lock: &str, store: &ValidStore) -> Result<()> {
     let Some(n) = spec.partitions else { return Ok(()) };
     validate_partitions(("spec.lockName", "spec.partitions"), lock, n)?;
-    if !matches!(store, ValidStore::Spanner(_)) {
+    if matches!(store, ValidStore::Kubernetes) {
         return Err(invalid(
             "spec.partitions",
-            "needs store.spanner: partitions are held through sessions, which only the Spanner store keeps",
+            "needs store.spanner, store.postgres or store.redis: partitions are held through sessions, \
+             which the Kubernetes store does not keep",
         ));
     }
     if spec.publishing.readiness_gate {
@@ -290,7 +291,7 @@ fn check_secret(secret: &SecretKeyRef, field: &'static str) -> Result<()> {
 
 /// The Spanner store owns the rules for its names; this names the field.
 fn check_database(database: &str) -> Result<()> {
-    spanner::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
+    spanner_names::check_database(database).map_err(|e| invalid("spec.store.spanner.database", e.to_string()))
 }
 
 fn check_table(table: &str, field: &'static str, max_len: usize) -> Result<()> {

@@ -33,6 +33,7 @@
 //! offer sessions (yet) keep implementing [`LeaseStore`](super::LeaseStore)
 //! alone.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -45,6 +46,12 @@ use super::store::{Result, StoreError};
 /// callers with more split them into several calls
 /// ([`Session`](super::Session) does).
 pub const MAX_LOCKS_PER_CALL: usize = 5_000;
+
+/// The most rows of each table one garbage-collection transaction deletes:
+/// `collect_garbage` runs as many transactions as it takes, so that none
+/// locks an unbounded number of rows (or, on Spanner, passes the mutation
+/// limit).
+pub const GARBAGE_BATCH: usize = 1_000;
 
 /// A new session id for `owner`: the owner's identity (unique per process
 /// run) and a random `nonce`, since one run may open several sessions one
@@ -138,6 +145,35 @@ pub struct Collected {
     pub locks: u64,
 }
 
+impl Collected {
+    /// Whether one batch deleted a full [`GARBAGE_BATCH`] of either table,
+    /// so that more may be left.
+    pub fn is_full_batch(&self) -> bool {
+        self.sessions >= GARBAGE_BATCH as u64 || self.locks >= GARBAGE_BATCH as u64
+    }
+
+    fn add(&mut self, batch: Collected) {
+        self.sessions += batch.sessions;
+        self.locks += batch.locks;
+    }
+}
+
+/// Runs `batch` (one bounded garbage-collection transaction) until one
+/// comes back short of a full batch; the total of all.
+pub async fn collect_in_batches<Fut>(mut batch: impl FnMut() -> Fut) -> Result<Collected>
+where
+    Fut: Future<Output = Result<Collected>>,
+{
+    let mut total = Collected::default();
+    loop {
+        let collected = batch().await?;
+        total.add(collected);
+        if !collected.is_full_batch() {
+            return Ok(total);
+        }
+    }
+}
+
 /// The store port for sessions and lock sets. Every operation is one
 /// transaction; every expiry judgement is the store's, on its own clock.
 #[async_trait]
@@ -182,8 +218,9 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Deletes expired session rows and the lock rows that are free
     /// (released, or naming an expired or absent session), judged by the
-    /// store's clock in one transaction; a live session and its locks are
-    /// never touched.
+    /// store's clock, in transactions of at most [`GARBAGE_BATCH`] rows per
+    /// table (as many as it takes); a live session and its locks are never
+    /// touched.
     async fn collect_garbage(&self) -> Result<Collected>;
 }
 

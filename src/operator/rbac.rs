@@ -86,20 +86,35 @@ pub const NAMESPACED_RULES: &[Rule] = &[
     },
 ];
 
-/// Rules granted by a Role in each namespace whose DistributedLeases use
-/// PostgreSQL or Redis: the store URL is in a Secret there, which the
-/// operator reads to create the table and read the lease into status.
-pub const STORE_SECRET_RULES: &[Rule] = &[Rule {
-    api_group: "",
-    resources: &["secrets"],
-    verbs: &["get"],
-    resource_names: &[],
-}];
+/// Rules granted by a Role in each candidates' namespace (the chart's
+/// `sidecar.rbac.namespaces`): what the operator reads of the stores its
+/// DistributedLeases there name, for status. Nothing it could write with.
+pub const STORE_RULES: &[Rule] = &[
+    // PostgreSQL and Redis: the store URL is in a Secret there, which the
+    // operator reads to create the table and read the lease.
+    Rule {
+        api_group: "",
+        resources: &["secrets"],
+        verbs: &["get"],
+        resource_names: &[],
+    },
+    // store.kubernetes: the lock's Lease, read (a consistent get) into
+    // status. The sidecars create, renew and release it; the operator never
+    // writes it (a dead holder's Lease expires after D), nor lists or
+    // watches it. RBAC cannot limit this by name: Lease names come from the
+    // resources' locks.
+    Rule {
+        api_group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get"],
+        resource_names: &[],
+    },
+];
 
-/// Whether the operator's rules allow `request` (the store-Secret Role taken
-/// as bound in the namespace asked about).
+/// Whether the operator's rules allow `request` (the stores' Role taken as
+/// bound in the namespace asked about).
 pub fn allows(request: &RequestAttributes) -> bool {
-    [RULES, NAMESPACED_RULES, STORE_SECRET_RULES]
+    [RULES, NAMESPACED_RULES, STORE_RULES]
         .iter()
         .any(|rules| crate::rbac::grants(rules, request))
 }
@@ -119,11 +134,7 @@ mod tests {
     fn the_doc_carries_exactly_these_rules() {
         assert_eq!(
             crate::rbac::rules_lists_in(DOC),
-            [
-                rules_yaml(RULES),
-                rules_yaml(NAMESPACED_RULES),
-                rules_yaml(STORE_SECRET_RULES)
-            ],
+            [rules_yaml(RULES), rules_yaml(NAMESPACED_RULES), rules_yaml(STORE_RULES)],
             "docs/rbac-operator.md must carry exactly the ClusterRole and Roles' rules, as rbac::rules_yaml() renders them"
         );
     }
@@ -179,21 +190,48 @@ mod tests {
         assert!(!allows_request("DELETE", "/api/v1/namespaces/prod/pods/web-0", false));
     }
 
+    /// Whether the rules bound in the operator's own namespace (the
+    /// ClusterRole's and its namespaced Role's) allow a request.
+    fn allowed_in_own_namespace(method: &str, path: &str, watch: bool) -> bool {
+        request_attributes(method, path, watch)
+            .is_some_and(|r| crate::rbac::grants(RULES, &r) || crate::rbac::grants(NAMESPACED_RULES, &r))
+    }
+
+    /// The same in a candidates' namespace (the ClusterRole's and the stores' Role's).
+    fn allowed_in_candidates_namespace(method: &str, path: &str, watch: bool) -> bool {
+        request_attributes(method, path, watch)
+            .is_some_and(|r| crate::rbac::grants(RULES, &r) || crate::rbac::grants(STORE_RULES, &r))
+    }
+
     /// Named rules grant only the objects they name: the operator's own Lease
-    /// and the chart's webhook configuration, nothing else of their kind.
+    /// and the chart's webhook configuration, nothing else of their kind. In
+    /// the candidates' namespaces it may read Leases (the Kubernetes store's
+    /// status) and nothing more: no write, list or watch.
     #[test]
     fn leases_and_webhook_configurations_are_limited_to_our_own() {
         let lease = "/apis/coordination.k8s.io/v1/namespaces/leasehold-system/leases";
-        assert!(allows_request("GET", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
-        assert!(allows_request("PUT", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
-        assert!(allows_request("POST", lease, false), "create cannot be limited by name");
-        assert!(!allows_request("PUT", &format!("{lease}/kube-scheduler"), false));
-        assert!(!allows_request("GET", &format!("{lease}/kube-scheduler"), false));
-        assert!(!allows_request(
-            "DELETE",
-            &format!("{lease}/{DEFAULT_LEASE_NAME}"),
-            false
-        ));
+        let own = allowed_in_own_namespace;
+        assert!(own("GET", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
+        assert!(own("PUT", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
+        assert!(own("POST", lease, false), "create cannot be limited by name");
+        assert!(!own("PUT", &format!("{lease}/kube-scheduler"), false));
+        assert!(!own("GET", &format!("{lease}/kube-scheduler"), false));
+        assert!(!own("DELETE", &format!("{lease}/{DEFAULT_LEASE_NAME}"), false));
+
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/prod/leases";
+        let candidates = allowed_in_candidates_namespace;
+        assert!(candidates("GET", &format!("{leases}/prod-scheduler-0a1b2c3d4e"), false));
+        for (method, path, watch) in [
+            ("PUT", format!("{leases}/scheduler"), false),
+            ("POST", leases.to_string(), false),
+            ("DELETE", format!("{leases}/scheduler"), false),
+            ("PATCH", format!("{leases}/scheduler"), false),
+            ("GET", leases.to_string(), false),
+            ("GET", leases.to_string(), true),
+        ] {
+            assert!(!candidates(method, &path, watch), "{method} {path} (watch: {watch})");
+        }
+        assert!(allows_request("GET", &format!("{leases}/scheduler"), false));
 
         let hooks = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
         assert!(allows_request(

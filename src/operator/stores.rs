@@ -29,7 +29,7 @@ pub fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> 
 }
 
 /// The store URL in `secret` of `namespace`, read through the API (RBAC:
-/// `get secrets` in that namespace, see `operator::rbac::STORE_SECRET_RULES`).
+/// `get secrets` in that namespace, see `operator::rbac::STORE_RULES`).
 pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -> Result<StoreUrl, StoreError> {
     let name = &secret.name;
     let place = format!("Secret {namespace}/{name}");
@@ -40,7 +40,7 @@ pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -
             kube::Error::Api(status) if status.code == 404 => StoreError::invalid(format!("{place} does not exist")),
             kube::Error::Api(status) if status.code == 403 => StoreError::invalid(format!(
                 "the operator may not read {place}: grant it get on secrets in {namespace} \
-                 (Role leasehold-operator-store-secrets, docs/rbac-operator.md)"
+                 (Role leasehold-operator-stores, docs/rbac-operator.md)"
             ))
             .caused_by(e),
             _ => StoreError::unavailable(format!("reading {place}")).caused_by(e),

@@ -44,16 +44,8 @@ pub use config::Args;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
-    Config(String),
-    #[error("invalid timing ({flags})")]
-    Timing {
-        flags: &'static str,
-        #[source]
-        source: crate::lease::TimingError,
-    },
     #[error(transparent)]
-    Select(#[from] crate::store::select::SelectError),
+    Config(#[from] config::Error),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
@@ -122,11 +114,7 @@ pub async fn run(args: Args) -> Result<()> {
     // instead of waiting D. Only the sidecar: a `leasehold run` command may
     // outlive its dead runner by the watchdog's grace period.
     let identity = match args.election.pod_uid.as_deref() {
-        Some(uid) => settings
-            .identity
-            .clone()
-            .in_pod(uid)
-            .map_err(|e| Error::Config(format!("--pod-uid ({}): {e}", interface::ENV_POD_UID)))?,
+        Some(uid) => settings.identity.clone().in_pod(uid).map_err(config::Error::PodUid)?,
         None => settings.identity.clone(),
     };
     let elector = Elector::new(settings.lock.clone(), identity, settings.timing)

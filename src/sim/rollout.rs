@@ -37,17 +37,23 @@
 //! is told its live, healthy peers after every step and steers the real
 //! elector.
 
-use super::{Candidate, Duration, Instant, Mutant, RngExt, Schedule, Violation, paused_runtime};
-use super::{LOCK, Report};
+use std::time::Duration;
+
+use rand::RngExt;
+use tokio::time::Instant;
+
+use super::mutants::Mutant;
+use super::report::{Report, Violation};
+use super::schedule::{Candidate, LOCK, Pause, Schedule, Setup, paused_runtime};
 use crate::lease::version::PeerWatch;
 use crate::lease::{LeaseStore, Prefer, Version};
 use crate::store::Faults;
 
 /// Runs one seeded rolling-update schedule.
 pub fn simulate_rollouts(seed: u64, length: Duration) -> Result<Report, Violation> {
-    let setup = super::Setup {
+    let setup = Setup {
         length,
-        ..super::Setup::default()
+        ..Setup::default()
     };
     paused_runtime().block_on(async move { Schedule::new(seed, &setup).run_rollout(length).await })
 }
@@ -260,7 +266,7 @@ impl Schedule {
             // Store faults and repairs, store clock jumps.
             0 => {
                 let arm = [0, 1, 2, 3, 9][self.rng.random_range(0..5)];
-                self.inject_fault(arm, "", &super::Pause::new(), &[], 0);
+                self.inject_fault(arm, "", &Pause::new(), &[], 0);
             }
             // Surge: a pod of the newest revision, while an older one is left.
             1 | 2

@@ -28,16 +28,21 @@ use std::collections::HashMap;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{
-    Arc, Duration, Identity, Instant, LinkFaults, Mutant, Mutex, Pause, Report, Schedule, StdRng, Violation,
-    paused_runtime,
-};
-use super::{Link, RngExt, SeedableRng};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use tokio::time::Instant;
+
+use super::link::{Link, LinkFaults};
+use super::mutants::Mutant;
+use super::report::{Report, Violation};
+use super::schedule::{Pause, Schedule, Setup, paused_runtime};
 use crate::lease::elector::SimHooks;
 use crate::lease::lock_set::{HeldSet, Session};
 use crate::lease::partitions::{Assigned, PartitionFlaw, PartitionView, Partitioner, partition_lock};
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, SessionStore};
-use crate::lease::{FencingToken, StoreError, StoreTime};
+use crate::lease::{FencingToken, Identity, StoreError, StoreTime};
 use crate::store::memory::{LockAcquisition, SessionFlaw};
 
 /// The locks every process competes for.
@@ -68,9 +73,9 @@ fn flaw(mutant: Mutant) -> Option<SessionFlaw> {
 
 /// Runs one seeded schedule of sessions and lock sets.
 pub fn simulate_sessions(seed: u64, length: Duration) -> Result<Report, Violation> {
-    let setup = super::Setup {
+    let setup = Setup {
         length,
-        ..super::Setup::default()
+        ..Setup::default()
     };
     paused_runtime().block_on(async move { Schedule::new(seed, &setup).run_sessions(length).await })
 }

@@ -379,8 +379,9 @@ impl KubernetesStore {
             kube::Error::Api(status) => match status.code {
                 403 => {
                     return StoreError::invalid(format!(
-                        "{context}: forbidden; grant get, list, watch, create and update on \
-                         leases.coordination.k8s.io in namespace {} (docs/rbac-sidecar.md)",
+                        "{context}: forbidden; candidates need get, list, watch, create and update on \
+                         leases.coordination.k8s.io in namespace {} (docs/rbac-sidecar.md), the operator \
+                         get (docs/rbac-operator.md)",
                         self.namespace
                     ))
                     .caused_by(error);

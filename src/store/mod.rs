@@ -16,6 +16,8 @@ pub mod redis;
 pub mod select;
 #[cfg(feature = "spanner")]
 pub mod spanner;
+#[cfg(any(feature = "spanner", feature = "kubernetes"))]
+pub mod spanner_names;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub mod tls;
 

@@ -43,7 +43,10 @@ impl StoreKind {
 
     /// Whether the store keeps sessions, through which partitions are held.
     pub fn keeps_sessions(self) -> bool {
-        matches!(self, StoreKind::Memory | StoreKind::Spanner)
+        matches!(
+            self,
+            StoreKind::Memory | StoreKind::Spanner | StoreKind::Postgres | StoreKind::Redis
+        )
     }
 }
 
@@ -246,9 +249,15 @@ impl StoreConfig {
                 let store = Arc::new(SpannerStore::connect(config.clone()).await?);
                 (store.clone(), Some(store))
             }
-            StoreConfig::Postgres(_) | StoreConfig::Redis(_) | StoreConfig::Kubernetes(_) => {
-                (self.connect(false).await?, None)
+            StoreConfig::Postgres(config) => {
+                let store = Arc::new(PostgresStore::connect(config.clone())?);
+                (store.clone(), Some(store))
             }
+            StoreConfig::Redis(config) => {
+                let store = Arc::new(RedisStore::connect(config.clone())?);
+                (store.clone(), Some(store))
+            }
+            StoreConfig::Kubernetes(_) => (self.connect(false).await?, None),
         })
     }
 
@@ -265,7 +274,7 @@ impl StoreConfig {
 /// The `Invalid` answer for sessions on a store that keeps none.
 pub fn no_sessions(kind: StoreKind) -> StoreError {
     StoreError::invalid(format!(
-        "the {} store keeps no sessions: partitions need memory or spanner",
+        "the {} store keeps no sessions: partitions need memory, spanner, postgres or redis",
         kind.flag()
     ))
 }

@@ -1,15 +1,19 @@
 //! The README's walkthrough ("From nothing to a leader"), run as written:
 //! its `sh e2e` blocks in order in one bash shell, with `kubectl`, a `helm`
 //! whose `install` renders the chart with real Helm (helm-python-sdk) and
-//! applies it by server-side apply after the chart's CRDs, and STORE_URL
-//! naming a PostgreSQL the pods reach. The watcher follows the leader-only
-//! part; after the script, one leader label, one endpoint, and in the gated
-//! variant one Ready pod.
+//! applies it by server-side apply after the chart's CRDs; the lease lives
+//! in a Kubernetes Lease. The watcher follows the leader-only part; after
+//! the script, one leader label, one endpoint, and in the gated variant one
+//! Ready pod, which the lease's status names as holder with the token of
+//! its Lease.
 
 use std::process::Command;
 use std::time::Duration;
 
-use leasehold::testing::servers::PostgresServer;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use leasehold::api::DistributedLease;
+use leasehold::store::kubernetes::{RECORD_ANNOTATION, lease_name};
 
 use crate::cluster::{repo, wait_for, walkthrough};
 use crate::fixtures::{APP, ready_pods};
@@ -44,7 +48,6 @@ helm() {
 #[tokio::test]
 async fn the_readme_walkthrough_runs_as_written() {
     walkthrough(NAMESPACE, |s| async move {
-        let server = PostgresServer::start_on(s.env.host_ip);
         let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
         let script = format!("{HELM}\n{}", readme::e2e_script(&readme));
         let kubectl_dir = repo().join(".venv/bin");
@@ -71,7 +74,6 @@ async fn the_readme_walkthrough_runs_as_written() {
             )
             .env("KUBECONFIG", &s.env.kubeconfig)
             .env("VENV_PYTHON", kubectl_dir.join("python"))
-            .env("STORE_URL", server.url_at((s.env.host_ip, server.port).into()))
             .output()
             .expect("running the walkthrough with bash");
         assert!(
@@ -88,6 +90,33 @@ async fn the_readme_walkthrough_runs_as_written() {
         })
         .await;
         assert_eq!(ready.len(), 1);
+        // The operator reads the lock's Lease in my-app (its stores Role) into
+        // status: that pod holds it, with the token the Lease records.
+        let leases: Api<Lease> = Api::namespaced(s.client.clone(), NAMESPACE);
+        let dleases: Api<DistributedLease> = Api::namespaced(s.client.clone(), NAMESPACE);
+        let holder = format!("{NAMESPACE}/{}#", ready[0]);
+        wait_for(
+            "the status naming the leader and its Lease's token",
+            Duration::from_secs(60),
+            || async {
+                let lease = leases
+                    .get_opt(&lease_name(&format!("{NAMESPACE}/scheduler")))
+                    .await
+                    .ok()??;
+                let record = lease.metadata.annotations?.remove(RECORD_ANNOTATION)?;
+                let token = serde_json::from_str::<serde_json::Value>(&record).ok()?["token"].as_i64()?;
+                let status = dleases.get("scheduler").await.ok()?.status?;
+                let store_ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "StoreReady" && c.status == "True");
+                (store_ready
+                    && status.holder.is_some_and(|h| h.starts_with(&holder))
+                    && status.token == Some(token.to_string()))
+                .then_some(())
+            },
+        )
+        .await;
         assert!(
             watcher.moves() <= 1,
             "the leader moved at most once, to the gated variant"

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use leasehold::operator::election::DEFAULT_LEASE_NAME;
-use leasehold::operator::rbac::{NAMESPACED_RULES, RULES, STORE_SECRET_RULES, WEBHOOK_CONFIGURATION};
+use leasehold::operator::rbac::{NAMESPACED_RULES, RULES, STORE_RULES, WEBHOOK_CONFIGURATION};
 use leasehold::rbac::rules_yaml;
 
 fn read(path: &str) -> String {
@@ -17,13 +17,13 @@ fn read(path: &str) -> String {
 fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
     let operator = rules_yaml(RULES);
     let operator_namespaced = rules_yaml(NAMESPACED_RULES);
-    let operator_store_secrets = rules_yaml(STORE_SECRET_RULES);
+    let operator_stores = rules_yaml(STORE_RULES);
     let sidecar = rules_yaml(leasehold::sidecar::rbac::RULES);
     for (file, expected) in [
         ("manifests/install.yaml", vec![&operator, &operator_namespaced]),
         (
             "charts/leasehold/templates/rbac-operator.yaml",
-            vec![&operator, &operator_namespaced, &operator_store_secrets],
+            vec![&operator, &operator_namespaced, &operator_stores],
         ),
         ("charts/leasehold/templates/rbac-sidecar.yaml", vec![&sidecar]),
     ] {

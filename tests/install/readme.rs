@@ -25,13 +25,15 @@ fn the_walkthrough_steps_come_in_the_order_the_install_needs() {
     let script = e2e_script(&read("README.md"));
     // The namespace before the chart puts the sidecar's Role in it; the
     // operator (and its webhook's certificate) before the namespace's pods;
-    // the Secret before the lease that names it; the lease before its pods.
+    // the chart's Roles checked before the lease on Leases; the lease
+    // before its pods.
     let steps = [
         "kubectl create namespace my-app",
         "kubectl label namespace my-app leasehold.dev/inject=enabled",
         "helm install leasehold charts/leasehold",
         "mutatingwebhookconfiguration/leasehold-sidecar-injector",
-        "create secret generic leases-db",
+        "auth can-i update leases.coordination.k8s.io --as system:serviceaccount:my-app:scheduler",
+        "auth can-i get leases.coordination.k8s.io --as system:serviceaccount:leasehold-system:leasehold",
         "-f manifests/examples/lease.yaml",
         "-f manifests/examples/leader-only-service.yaml",
         "--for=condition=Ready distributedlease/scheduler",

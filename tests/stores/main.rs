@@ -3,5 +3,7 @@
 mod kubernetes;
 mod memory;
 mod postgres;
+mod postgres_sessions;
 mod redis;
+mod redis_sessions;
 mod spanner;

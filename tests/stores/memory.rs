@@ -49,3 +49,10 @@ impl leasehold::store::conformance::sessions::SessionTarget for Memory {
 }
 
 leasehold::session_conformance_tests!(memory());
+
+/// The partitions check of the session suite on the memory store, on real
+/// time, as on the stores with servers.
+#[tokio::test]
+async fn partitions_are_shared_and_taken_over_on_memory() {
+    leasehold::store::conformance::sessions::partitions_are_shared_and_taken_over(Arc::new(MemoryStore::new(7))).await;
+}

@@ -11,7 +11,7 @@
 /// The commands a walkthrough block may run.
 pub const E2E_COMMANDS: &[&str] = &["kubectl", "helm"];
 /// The variables a walkthrough block may read, set by whoever runs it.
-pub const E2E_VARIABLES: &[&str] = &["STORE_URL"];
+pub const E2E_VARIABLES: &[&str] = &[];
 
 /// One fenced block: its info string, text and the line it starts on.
 #[derive(Debug, Clone, PartialEq, Eq)]

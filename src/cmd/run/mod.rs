@@ -60,7 +60,7 @@ pub struct Args {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Settings(#[from] crate::sidecar::Error),
+    Settings(#[from] config::Error),
     #[error(
         "--grace-period ({grace:?}) must be shorter than leaseDuration − renewDeadline ({gap:?}): \
          the command must be gone before the lease can expire"

@@ -12,10 +12,15 @@ use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::Reporter;
+
 use super::*;
 use crate::lease::{LeaseStore, SessionStore};
+use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
 use crate::operator::stores::SingleStore;
+use crate::operator::stores::StoreProvider;
 use crate::testing::api::{ApiServerVerifier, Call, mock_client};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
@@ -47,6 +52,21 @@ pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (A
     };
     let (cache, pods) = reflector::store();
     let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
+    (Arc::new(ctx), ApiServer { verifier, pods })
+}
+
+/// A context whose store is the Kubernetes store on the same scripted API
+/// server: its Lease reads are requests the script answers and the RBAC
+/// check below judges, like the reconcile's own.
+pub fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+    let (client, verifier) = mock_client("default");
+    let store = crate::store::kubernetes::KubernetesStore::new(client.clone(), Some("prod"));
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("operator-0".into()),
+    };
+    let (cache, pods) = reflector::store();
+    let ctx = Context::new(client, reporter, Arc::new(SingleStore::new(Arc::new(store))), metrics).with_pods(cache);
     (Arc::new(ctx), ApiServer { verifier, pods })
 }
 

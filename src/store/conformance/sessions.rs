@@ -7,8 +7,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lease::session::{SessionObservation, SessionStore};
-use crate::lease::{FencingToken, StoreError};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::partitions::PartitionView;
+use crate::lease::session::{Collected, GARBAGE_BATCH, SessionObservation, SessionStore};
+use crate::lease::{Assigned, FencingToken, Identity, Partitioner, Session, StoreError, Timing};
 
 /// What a backend offers the suite: a session store, kept alive (with any
 /// server it needs) for as long as the target lives.
@@ -274,6 +278,120 @@ pub async fn racing_sessions_share_disjointly(store: Arc<dyn SessionStore>, sess
     }
 }
 
+/// Garbage collection deletes more than one batch's worth, in bounded
+/// transactions of at most [`GARBAGE_BATCH`] rows per table, until nothing
+/// is left.
+pub async fn garbage_collection_takes_as_many_batches_as_needed(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-many", LONG).await;
+    let wanted: Vec<String> = (0..GARBAGE_BATCH * 5 / 2).map(|i| format!("many-{i}")).collect();
+    let batch = store.try_lock("s-many", &wanted).await.expect("take them all");
+    assert_eq!(batch.taken.len(), wanted.len());
+    let freed = store.unlock("s-many", &batch.taken).await.expect("free them all");
+    assert_eq!(freed.len(), wanted.len());
+    let collected = store.collect_garbage().await.expect("collect");
+    assert_eq!(
+        collected,
+        Collected {
+            sessions: 0,
+            locks: wanted.len() as u64
+        },
+        "every released row, over several batches"
+    );
+    let observed = store.observe_locks(&wanted[..3]).await.unwrap();
+    assert!(observed.locks.iter().all(|l| l.token.is_none()), "{observed:?}");
+    store
+        .renew_session("s-many")
+        .await
+        .expect("the live session is untouched");
+}
+
+/// One member of [`partitions_are_shared_and_taken_over`].
+struct Member {
+    assigned: watch::Receiver<Assigned>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<crate::lease::store::Result<()>>,
+}
+
+async fn member(store: &Arc<dyn SessionStore>, name: &str, partitions: u32) -> Member {
+    let timing = Timing::new(
+        Duration::from_secs(3),
+        Duration::from_secs(2),
+        Duration::from_millis(400),
+        0.2,
+    )
+    .expect("timing");
+    let session = Session::open(store.clone(), Identity::new(None, None, name), timing)
+        .await
+        .expect("open session");
+    let partitioner = Partitioner::new(session, "jobs", partitions, Duration::from_millis(200));
+    let assigned = partitioner.assigned();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(partitioner.run(shutdown.clone()));
+    Member {
+        assigned,
+        shutdown,
+        task,
+    }
+}
+
+/// Polls the members until `done` holds for their shares, checking at each
+/// poll that no partition is claimed by two of them at once.
+async fn wait_for_shares(members: &[&Member], what: &str, done: impl Fn(&[usize]) -> bool) -> Vec<usize> {
+    let started = std::time::Instant::now();
+    loop {
+        let at = crate::lease::clock::now();
+        let mut claimed = HashMap::new();
+        for (m, member) in members.iter().enumerate() {
+            let assigned = member.assigned.borrow().clone();
+            for index in assigned.partitions.keys() {
+                if assigned.token_at(*index, at).is_some()
+                    && let Some(other) = claimed.insert(*index, m)
+                {
+                    panic!("partition {index} claimed by members {other} and {m} at once");
+                }
+            }
+        }
+        let shares: Vec<usize> = members.iter().map(|m| m.assigned.borrow().partitions.len()).collect();
+        if done(&shares) {
+            return shares;
+        }
+        assert!(started.elapsed() < LONG, "{what}: shares still {shares:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Partitions through the one [`Partitioner`] on this store: three members
+/// share six partitions two each; one dies without a word (as kill -9: its
+/// session is never closed) and the other two take its partitions once its
+/// session expired by the store's clock, each with a higher token; no
+/// partition is ever claimed by two members at once.
+pub async fn partitions_are_shared_and_taken_over(store: Arc<dyn SessionStore>) {
+    store.ensure_session_schema().await.expect("ensure_session_schema");
+    let (a, b, c) = (
+        member(&store, "a", 6).await,
+        member(&store, "b", 6).await,
+        member(&store, "c", 6).await,
+    );
+    wait_for_shares(&[&a, &b, &c], "6 over 3", |s| s == [2, 2, 2]).await;
+    c.task.abort();
+    let _ = c.task.await;
+    let orphaned = c.assigned.borrow().partitions.clone();
+    wait_for_shares(&[&a, &b], "6 over the 2 left", |s| s == [3, 3]).await;
+    for (index, token) in orphaned {
+        let new = [&a, &b]
+            .iter()
+            .find_map(|m| m.assigned.borrow().partitions.get(&index).copied())
+            .expect("orphan picked up");
+        assert!(new > token, "partition {index}: token {new} not above {token}");
+    }
+    for m in [a, b] {
+        m.shutdown.cancel();
+        m.task.await.expect("join").expect("a clean shutdown");
+    }
+    let left = PartitionView::observe(&*store, "jobs", 6).await.unwrap();
+    assert_eq!((left.members.len(), left.unowned()), (0, 6), "closing frees everything");
+}
+
 /// Generates one `#[tokio::test]` per session check for a backend. `$make`
 /// is an async expression yielding a [`SessionTarget`].
 #[macro_export]
@@ -316,6 +434,12 @@ macro_rules! session_conformance_tests {
             async fn garbage_collection_spares_live_sessions() {
                 let target = $make.await;
                 suite::garbage_collection_spares_live_sessions(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn garbage_collection_takes_as_many_batches_as_needed() {
+                let target = $make.await;
+                suite::garbage_collection_takes_as_many_batches_as_needed(suite::SessionTarget::sessions(&target))
+                    .await;
             }
             #[tokio::test]
             async fn racing_sessions_share_disjointly() {

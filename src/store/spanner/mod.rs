@@ -38,11 +38,10 @@
 //! * Statements are parameterized; only the table name, validated as an
 //!   identifier, is part of the SQL text.
 
-mod names;
 mod schema;
 mod session;
 
-pub use names::{NameError, check_database, check_table};
+pub use super::spanner_names::{NameError, SpannerConfig, check_database, check_table};
 pub use schema::SchemaError;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,15 +63,6 @@ use tracing::{info, warn};
 use super::{lease_from_millis, shard_of, term_from_row, version_columns, version_from_row};
 use crate::lease::store::Result;
 use crate::lease::{Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
-
-/// Where the lease table lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpannerConfig {
-    /// `projects/<p>/instances/<i>/databases/<d>`.
-    pub database: String,
-    /// Table name, validated as an identifier.
-    pub table: String,
-}
 
 /// How to reach Spanner. Production uses the defaults (Google's endpoints and
 /// Application Default Credentials, or `SPANNER_EMULATOR_HOST`); tests and

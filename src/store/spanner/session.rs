@@ -24,6 +24,10 @@
 //!   ([`SessionRecord::is_live_at`]), in one place ([`LIVE`]).
 //! * A refused check-and-set rolls back, as for leases; transaction bodies
 //!   have no side effects (S10).
+//! * Garbage collection reads at most [`GARBAGE_BATCH`] free lock rows and
+//!   expired sessions per read-write transaction (the reads lock them) and
+//!   deletes them by key, one bounded transaction after another until a
+//!   batch comes back short: never one unbounded `DELETE`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -31,7 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use google_cloud_lro::Poller;
 use google_cloud_spanner::client::DatabaseClient;
-use google_cloud_spanner::key::{Key, KeySet};
+use google_cloud_spanner::key::{Key, KeySet, KeySetBuilder};
 use google_cloud_spanner::mutation::Mutation;
 use google_cloud_spanner::read::ReadRequest;
 use google_cloud_spanner::result::ResultSet;
@@ -42,8 +46,8 @@ use tracing::info;
 
 use super::{SpannerStore, classify, lease_from_millis, lease_to_millis, timestamp_to_store};
 use crate::lease::session::{
-    Collected, LockBatch, LocksObservation, ObservedLock, SessionObservation, SessionRecord, SessionStore,
-    session_lost, validate_lock_names, validate_session_id,
+    Collected, GARBAGE_BATCH, LockBatch, LocksObservation, ObservedLock, SessionObservation, SessionRecord,
+    SessionStore, collect_in_batches, session_lost, validate_lock_names, validate_session_id,
 };
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, StoreError, StoreTime};
@@ -188,6 +192,18 @@ async fn liveness(mut rows: ResultSet) -> google_cloud_spanner::Result<Liveness>
     }
     let now = now.ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
     Ok(Liveness { now, live })
+}
+
+/// The primary keys (`shard`, `id`) a garbage query returned.
+async fn row_keys(mut rows: ResultSet) -> google_cloud_spanner::Result<Vec<Key>> {
+    let mut keys = Vec::new();
+    while let Some(row) = rows.next().await.transpose()? {
+        keys.push(Key::new(vec![
+            row.get::<i64>("shard")?.into(),
+            row.get::<String>("id")?.into(),
+        ]));
+    }
+    Ok(keys)
 }
 
 /// How many rows a `THEN RETURN` statement gave back; reads them all.
@@ -566,28 +582,47 @@ impl SessionStore for SpannerStore {
     async fn collect_garbage(&self) -> Result<Collected> {
         let tables = Tables::of(self)?;
         let free_locks = format!(
-            "DELETE FROM {} AS l WHERE l.session IS NULL OR NOT EXISTS \
-             (SELECT 1 FROM {} AS s WHERE s.shard = l.session_shard AND s.id = l.session AND {LIVE})",
+            "SELECT l.shard, l.name AS id FROM {} AS l WHERE l.session IS NULL OR NOT EXISTS \
+             (SELECT 1 FROM {} AS s WHERE s.shard = l.session_shard AND s.id = l.session AND {LIVE}) LIMIT @batch",
             tables.locks, tables.sessions
         );
-        let expired = format!("DELETE FROM {} AS s WHERE NOT {LIVE}", tables.sessions);
+        let expired = format!(
+            "SELECT s.shard, s.id FROM {} AS s WHERE NOT {LIVE} LIMIT @batch",
+            tables.sessions
+        );
+        let Tables { sessions, locks } = tables;
         let body = move |tx: ReadWriteTransaction, _refusal| {
             let (free_locks, expired) = (free_locks.clone(), expired.clone());
+            let (locks, sessions) = (locks.clone(), sessions.clone());
             async move {
-                // Locks first: a session expiring between the statements
-                // leaves lock rows naming an absent session, free all the
-                // same and collected next time.
-                let locks = tx.execute_update(Statement::builder(free_locks).build()).await?;
-                let sessions = tx.execute_update(Statement::builder(expired).build()).await?;
-                Ok(Collected {
-                    sessions: sessions.max(0) as u64,
-                    locks: locks.max(0) as u64,
-                })
+                // Locks first: a session expiring between the reads leaves
+                // lock rows naming an absent session, free all the same and
+                // collected by the next batch. Both reads lock what they
+                // return until the commit deletes it.
+                let batch = |sql: String| Statement::builder(sql).add_param("batch", GARBAGE_BATCH as i64).build();
+                let free = row_keys(tx.execute_query(batch(free_locks)).await?).await?;
+                let dead = row_keys(tx.execute_query(batch(expired)).await?).await?;
+                let collected = Collected {
+                    sessions: dead.len() as u64,
+                    locks: free.len() as u64,
+                };
+                let deletes = [(locks, free), (sessions, dead)]
+                    .into_iter()
+                    .filter(|(_, keys)| !keys.is_empty())
+                    .map(|(table, keys)| {
+                        let keys = keys.into_iter().fold(KeySet::builder(), KeySetBuilder::add_key).build();
+                        Mutation::delete(table, keys)
+                    });
+                tx.buffer(deletes.collect::<Vec<_>>())?;
+                Ok(collected)
             }
         };
-        self.transact("collect garbage", "sessions", body)
-            .await
-            .map(|(collected, _)| collected)
+        collect_in_batches(|| async {
+            self.transact("collect garbage", "sessions", body.clone())
+                .await
+                .map(|(collected, _)| collected)
+        })
+        .await
     }
 }
 

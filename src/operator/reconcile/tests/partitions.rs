@@ -7,10 +7,12 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
+use super::super::context::GcSchedule;
 use super::super::fixtures::*;
 use super::super::*;
 use crate::lease::session::new_session_id;
 use crate::lease::{Identity, SessionStore};
+use crate::operator::metrics::Metrics;
 use crate::store::MemoryStore;
 
 /// A session of pod `pod`, open for `lease`, holding `locks` of `prod/web`.

@@ -66,6 +66,8 @@
 //! store is not mutual exclusion. Where a failover must not produce two
 //! believing leaders, use PostgreSQL with synchronous replication or Spanner.
 
+mod session;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,6 +1,17 @@
-//! The one check of a Spanner database path and a lease table name, for
-//! every place one enters: the resource spec (`api::validate`), the
-//! sidecar's flags and the store itself. Callers name the field.
+//! Where a Spanner lease table lives, and the one check of a database path
+//! and a table name, for every place one enters: the resource spec
+//! (`api::validate`), the sidecar's flags and the store itself. Callers name
+//! the field. Plain data, compiled without the Spanner client: the
+//! `DistributedLease` names a Spanner table whichever stores are built in.
+
+/// Where the lease table lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpannerConfig {
+    /// `projects/<p>/instances/<i>/databases/<d>`.
+    pub database: String,
+    /// Table name, validated as an identifier.
+    pub table: String,
+}
 
 /// A database path or table name Spanner (or our SQL text) cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

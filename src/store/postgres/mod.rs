@@ -42,6 +42,10 @@
 //! that cheap. The explicit `shard` column does what CockroachDB's hash-sharded
 //! indexes do.
 
+mod session;
+
+pub use session::{Interleave, Stage};
+
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -49,7 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures::{Stream, StreamExt};
 use tokio::sync::broadcast;
@@ -265,6 +269,17 @@ fn lease_ms(lease: Duration) -> Result<i64> {
         .map_err(|e| StoreError::invalid("lease duration cannot be stored").caused_by(e))
 }
 
+/// The pauses between attempts the server refused for contention: jittered
+/// exponential backoff, [`CONTENTION_ATTEMPTS`] attempts in all.
+fn contention_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(5))
+        .with_max_delay(Duration::from_millis(200))
+        .with_max_times(CONTENTION_ATTEMPTS - 1)
+        .with_jitter()
+        .build()
+}
+
 /// The server refused the statement for contention: it did not commit, and
 /// running it again is safe.
 fn is_contention(error: &tokio_postgres::Error) -> bool {
@@ -282,8 +297,14 @@ fn refused_with(error: &StoreError, state: &SqlState) -> bool {
 /// Sorts a driver error into the kinds the elector acts on.
 fn classify(what: &str, error: tokio_postgres::Error, effect: Effect) -> StoreError {
     if let Some(db) = error.as_db_error() {
-        // The server answered: the statement did not commit.
         let code = db.code();
+        // CockroachDB's "result is ambiguous": it may have committed.
+        if *code == SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN {
+            return effect
+                .no_reply(format!("{what}: SQLSTATE {} (result ambiguous)", code.code()))
+                .caused_by(error);
+        }
+        // Otherwise the server answered: the statement did not commit.
         let invalid = *code == SqlState::UNDEFINED_TABLE
             || *code == SqlState::UNDEFINED_OBJECT
             || *code == SqlState::INVALID_CATALOG_NAME
@@ -381,12 +402,7 @@ impl PostgresStore {
         effect: Effect,
     ) -> Result<Vec<Row>> {
         let deadline = tokio::time::Instant::now() + self.call_timeout;
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(5))
-            .with_max_delay(Duration::from_millis(200))
-            .with_max_times(CONTENTION_ATTEMPTS - 1)
-            .with_jitter()
-            .build();
+        let mut backoff = contention_backoff();
         loop {
             let client = tokio::time::timeout_at(deadline, self.pool.get())
                 .await

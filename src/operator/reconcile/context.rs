@@ -1,0 +1,327 @@
+//! What every reconcile needs ([`Context`]) and how it looks: the
+//! candidates from the pod watch's cache, the store through cached
+//! connections and Secret reads, and the store's garbage collection.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::{Selector, SelectorExt as _};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::plan::{Found, Read, Seen};
+use super::{Error, GC_INTERVAL, POD_CACHE_WAIT, Result, SECRET_REFRESH};
+use crate::api::{DistributedLease, ValidLease, validate};
+use crate::lease::partitions::PartitionView;
+use crate::lease::session::Collected;
+use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::operator::metrics::Metrics;
+use crate::operator::rollout;
+use crate::operator::stores::{StoreProvider, read_url, target_of};
+use crate::store::StoreUrl;
+use crate::store::select::StoreConfig;
+
+/// A Secret key: (namespace, name, key).
+type SecretKey = (String, String, String);
+
+/// What every reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub stores: Arc<dyn StoreProvider>,
+    pub metrics: Arc<Metrics>,
+    /// This cluster's name, as the sidecars put it in their identities; tells
+    /// a holder in another cluster from a local pod of the same name.
+    pub(super) cluster: Option<String>,
+    /// The pod watch's cache: the candidates of every lease.
+    pods: Store<Pod>,
+    /// The stores (by [`StoreConfig::key`]) whose table is known to exist.
+    schemas: Arc<Mutex<HashSet<String>>>,
+    /// Store URLs read from Secrets, with when.
+    urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
+    /// When each store's dead sessions were last collected.
+    gc: Arc<GcSchedule>,
+}
+
+impl Context {
+    pub fn new(client: Client, reporter: Reporter, stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> Self {
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            stores,
+            metrics,
+            cluster: None,
+            pods: kube::runtime::reflector::store().0,
+            schemas: Arc::default(),
+            urls: Arc::default(),
+            gc: Arc::default(),
+        }
+    }
+
+    /// This context reading candidates from `pods`, the cache of one run's
+    /// pod watch (see [`candidates_of`]).
+    pub fn with_pods(&self, pods: Store<Pod>) -> Context {
+        Context {
+            client: self.client.clone(),
+            recorder: self.recorder.clone(),
+            stores: self.stores.clone(),
+            metrics: self.metrics.clone(),
+            cluster: self.cluster.clone(),
+            pods,
+            schemas: self.schemas.clone(),
+            urls: self.urls.clone(),
+            gc: self.gc.clone(),
+        }
+    }
+
+    /// Waits until the pod watch has listed the pods once.
+    async fn pods_listed(&self) -> Result<()> {
+        tokio::time::timeout(POD_CACHE_WAIT, self.pods.wait_until_ready())
+            .await
+            .map_err(|_| Error::PodsNotListed)?
+            .map_err(|_| Error::PodsNotListed)
+    }
+
+    /// Whether a pod of this name runs in `namespace` (exists and has not
+    /// finished), from the pod watch's cache.
+    pub(super) async fn pod_runs(&self, namespace: &str, name: &str) -> Result<bool> {
+        self.pods_listed().await?;
+        let pod = self.pods.get(&ObjectRef::new(name).within(namespace));
+        Ok(pod.is_some_and(|pod| {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        }))
+    }
+
+    /// The candidate pods of a lease, from the pod watch's cache, once it
+    /// has listed the pods.
+    async fn candidates(&self, namespace: &str, selector: &Selector) -> Result<Vec<Arc<Pod>>> {
+        self.pods_listed().await?;
+        Ok(self
+            .pods
+            .state()
+            .into_iter()
+            .filter(|pod| pod.namespace().as_deref() == Some(namespace) && selector.matches(pod.labels()))
+            .collect())
+    }
+
+    /// Names this cluster (see the sidecar's cluster name).
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// The store a valid lease names. A PostgreSQL or Redis URL is read
+    /// from the resource's Secret and kept for [`SECRET_REFRESH`], or until
+    /// a store call fails, so a rotated credential is picked up.
+    pub(super) async fn store_of(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+    ) -> Result<(StoreConfig, Arc<dyn LeaseStore>), StoreError> {
+        let target = self.target_of(valid, namespace).await?;
+        let store = self.stores.store(&target).await?;
+        Ok((target, store))
+    }
+
+    /// Where a valid lease's store is, its URL read as [`Context::store_of`] says.
+    async fn target_of(&self, valid: &ValidLease, namespace: &str) -> Result<StoreConfig, StoreError> {
+        let url = match valid.store.url_secret() {
+            None => None,
+            Some(secret) => {
+                let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
+                let cached = self.urls.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+                match cached {
+                    Some((url, read)) if read.elapsed() < SECRET_REFRESH => Some(url),
+                    _ => {
+                        let url = read_url(&self.client, namespace, secret).await?;
+                        self.urls
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key, (url.clone(), Instant::now()));
+                        Some(url)
+                    }
+                }
+            }
+        };
+        target_of(valid, namespace, url)
+    }
+
+    /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
+    fn forget_url(&self, valid: &ValidLease, namespace: &str) {
+        if let Some(secret) = valid.store.url_secret() {
+            let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
+            self.urls.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        }
+    }
+
+    /// Reads the lease row, creating the table the first time where the
+    /// operator has the rights.
+    async fn observe(&self, valid: &ValidLease, namespace: &str) -> Result<Observation, StoreError> {
+        let read = async {
+            let (target, store) = self.store_of(valid, namespace).await?;
+            let store = &store;
+            self.with_schema(target.key(), valid, store.ensure_schema(), || {
+                store.observe(&valid.lock)
+            })
+            .await
+        };
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
+    }
+
+    /// Reads the assignment of a partitioned lease in one store call,
+    /// creating the session tables the first time where the operator has
+    /// the rights.
+    async fn observe_partitions(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+        partitions: u32,
+    ) -> Result<PartitionView, StoreError> {
+        let read = async {
+            let target = self.target_of(valid, namespace).await?;
+            let sessions = self.stores.sessions(&target).await?;
+            let key = format!("{}\nsessions", target.key());
+            let sessions = &*sessions;
+            self.with_schema(key, valid, sessions.ensure_session_schema(), || {
+                PartitionView::observe(sessions, &valid.lock, partitions)
+            })
+            .await
+        };
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
+    }
+
+    /// `read`, after `ensure` created the tables the first time for `key`.
+    /// Without the rights to create them (a role that may only read and
+    /// write rows) the tables may exist already: the read says whether they do.
+    async fn with_schema<T, R>(
+        &self,
+        key: String,
+        valid: &ValidLease,
+        ensure: impl Future<Output = Result<(), StoreError>>,
+        read: impl Fn() -> R,
+    ) -> Result<T, StoreError>
+    where
+        R: Future<Output = Result<T, StoreError>>,
+    {
+        let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
+        if !known {
+            match ensure.await {
+                Ok(()) => info!(store = %valid.store, "tables ready"),
+                Err(created @ StoreError::Invalid { .. }) => {
+                    let observed = read().await.map_err(|e| {
+                        StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
+                            .caused_by(e)
+                    })?;
+                    info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
+                    self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                    return Ok(observed);
+                }
+                Err(e) => return Err(e),
+            }
+            self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+        }
+        read().await
+    }
+
+    /// Deletes the dead sessions of the lease's store, and the lock rows
+    /// they left, at most once per [`GC_INTERVAL`] per store (whichever of
+    /// its leases comes first), for stores that keep sessions. The store
+    /// judges death by its own clock in the deleting transaction, so a
+    /// live session is never touched. A failure waits for the next turn.
+    async fn collect_garbage(&self, valid: &ValidLease, namespace: &str) {
+        let Ok(target) = self.target_of(valid, namespace).await else {
+            return;
+        };
+        if !self.gc.due(target.key(), Instant::now()) {
+            return;
+        }
+        let collected = match self.stores.sessions(&target).await {
+            Ok(sessions) => sessions.collect_garbage().await,
+            Err(_) => return,
+        };
+        match collected {
+            Ok(collected) => {
+                self.metrics.collected(collected);
+                if collected != Collected::default() {
+                    info!(store = %valid.store, sessions = collected.sessions, locks = collected.locks, "collected dead sessions");
+                }
+            }
+            // A database whose session tables were never created has nothing to collect.
+            Err(e @ StoreError::Invalid { .. }) => {
+                debug!(store = %valid.store, error = %e.chain(), "no sessions to collect")
+            }
+            Err(e) => {
+                warn!(store = %valid.store, error = %e.chain(), "collecting dead sessions failed; trying again later")
+            }
+        }
+    }
+}
+
+/// When each store's dead sessions were last collected, by [`StoreConfig::key`].
+#[derive(Default)]
+pub(super) struct GcSchedule(Mutex<HashMap<String, Instant>>);
+
+impl GcSchedule {
+    /// Whether the store `key` is due at `now`; if so, the turn is taken
+    /// (before the call, so a failing store also waits a whole interval).
+    pub(super) fn due(&self, key: String, now: Instant) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match last.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < GC_INTERVAL => false,
+            _ => {
+                last.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
+/// Looks at everything a live resource's plan needs, in the order the
+/// module's doc gives: the spec, the candidates (before the store read),
+/// the candidates' Deployments when readiness-gated, the store; then
+/// collects the store's dead sessions when their turn came.
+pub(super) async fn look(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<Found> {
+    let valid = match validate(lease) {
+        Ok(valid) => valid,
+        Err(e) => return Ok(Found::Invalid(e.to_string())),
+    };
+    let candidates = ctx.candidates(namespace, &valid.selector).await?;
+    // Readiness-gated: the candidates' Deployments, read once for both
+    // `RolloutSafe` and `RolledOut`.
+    let owners = match valid.readiness_gate {
+        true => {
+            let owners = rollout::owners(&Api::namespaced(ctx.client.clone(), namespace), &candidates).await;
+            if let Err(e) = &owners {
+                warn!(error = %e, "could not read the candidates' Deployments");
+            }
+            Some(owners)
+        }
+        false => None,
+    };
+    let read = match valid.partitions {
+        None => ctx.observe(&valid, namespace).await.map(Read::Lease),
+        Some(n) => ctx.observe_partitions(&valid, namespace, n).await.map(Read::Partitions),
+    };
+    if read.is_ok() {
+        ctx.collect_garbage(&valid, namespace).await;
+    }
+    Ok(Found::Valid(Box::new(Seen {
+        valid,
+        candidates,
+        owners,
+        read,
+    })))
+}

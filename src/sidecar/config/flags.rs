@@ -1,0 +1,134 @@
+//! The sidecar's flags, each also an environment variable: the lease and
+//! store flags `leasehold sidecar` and `leasehold run` share, and the
+//! sidecar's own.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::lease::timing::parse_duration_flag;
+use crate::sidecar::interface;
+use crate::store::select::StoreKind;
+
+/// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
+#[derive(Debug, clap::Args)]
+pub struct ElectionArgs {
+    /// The DistributedLease (in the pod's namespace) to take every lease
+    /// setting from; excludes --store, --database, --table, --store-url,
+    /// --lock, --partitions and the timing flags.
+    #[arg(
+        long,
+        env = interface::ENV_LEASE,
+        conflicts_with_all = [
+            "store", "database", "table", "store_url", "lock", "lease_duration", "renew_deadline", "retry_period",
+            "prefer", "version_fence", "partitions",
+        ],
+    )]
+    pub lease: Option<String>,
+    /// Standalone: the store.
+    #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+    /// Standalone: the Spanner database, projects/<p>/instances/<i>/databases/<d>.
+    #[arg(long, env = "LEASEHOLD_DATABASE")]
+    pub database: Option<String>,
+    /// Standalone: the lease table (Spanner, PostgreSQL).
+    #[arg(long, env = "LEASEHOLD_TABLE")]
+    pub table: Option<String>,
+    /// Standalone: the PostgreSQL or Redis URL, credentials included
+    /// (postgres://user:password@host/db, redis://:password@host:6379/0).
+    #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
+    /// A file holding the store URL (a mounted Secret), instead of --store-url.
+    #[arg(long, env = interface::ENV_STORE_URL_FILE, conflicts_with = "store_url")]
+    pub store_url_file: Option<PathBuf>,
+    /// Standalone: the lock name.
+    #[arg(long, env = "LEASEHOLD_LOCK")]
+    pub lock: Option<String>,
+    /// Standalone: share the work as this many partitions of --lock, each
+    /// with its own token, instead of electing one leader (docs/partitions.md;
+    /// memory, Spanner, PostgreSQL and Redis stores).
+    #[arg(long, env = "LEASEHOLD_PARTITIONS")]
+    pub partitions: Option<u32>,
+    /// Standalone: lease duration D [default: 15s].
+    #[arg(long, env = "LEASEHOLD_LEASE_DURATION", value_parser = parse_duration_flag)]
+    pub lease_duration: Option<Duration>,
+    /// Standalone: renew deadline R (< D) [default: D·10/15, so 10s].
+    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE", value_parser = parse_duration_flag)]
+    pub renew_deadline: Option<Duration>,
+    /// Standalone: retry period P (< R) [default: R·2/10, so 2s].
+    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD", value_parser = parse_duration_flag)]
+    pub retry_period: Option<Duration>,
+    /// Create the lease table when it is missing (the operator normally does).
+    #[arg(long, env = "LEASEHOLD_CREATE_TABLE")]
+    pub create_table: bool,
+    /// This candidate's name; inside Kubernetes the pod name (downward API).
+    #[arg(long, env = interface::ENV_POD_NAME)]
+    pub pod_name: Option<String>,
+    /// The pod's namespace (downward API).
+    #[arg(long, env = interface::ENV_POD_NAMESPACE)]
+    pub pod_namespace: Option<String>,
+    /// The pod's UID (downward API), for Events about the pod.
+    #[arg(long, env = interface::ENV_POD_UID)]
+    pub pod_uid: Option<String>,
+    /// The cluster's name, part of the identity for locks shared across clusters.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// Publish to the Kubernetes API (label, readiness condition, Events, peer
+    /// watch); default: when running in a cluster with POD_NAME set.
+    #[arg(long, env = "LEASEHOLD_KUBERNETES")]
+    pub kubernetes: Option<bool>,
+    /// Write holder, term and token as JSON here, replaced atomically.
+    #[arg(long, env = interface::ENV_TOKEN_FILE)]
+    pub token_file: Option<PathBuf>,
+    /// This candidate's version, for people [inside Kubernetes, default: the
+    /// pod's pod-template-hash and app image].
+    #[arg(long, env = interface::ENV_VERSION)]
+    pub version: Option<String>,
+    /// The number versions are ordered by, higher is newer [inside
+    /// Kubernetes, default: the ReplicaSet's deployment.kubernetes.io/revision].
+    #[arg(long, env = interface::ENV_REVISION)]
+    pub revision: Option<u64>,
+    /// Standalone: which version leads: none, newest or oldest [default: none].
+    #[arg(long, env = "LEASEHOLD_PREFER")]
+    pub prefer: Option<crate::lease::Prefer>,
+    /// Standalone: once a revision has led, never let a lower one lead.
+    #[arg(long, env = "LEASEHOLD_VERSION_FENCE")]
+    pub version_fence: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    /// The local HTTP API.
+    #[arg(long, env = interface::ENV_HTTP_ADDR, default_value_t = interface::default_http_addr())]
+    pub http_addr: SocketAddr,
+    /// The /metrics listener.
+    #[arg(long, env = interface::ENV_METRICS_ADDR, default_value_t = interface::default_metrics_addr())]
+    pub metrics_addr: SocketAddr,
+    /// Campaign only while this container of our pod is ready (from the pod watch).
+    #[arg(long, env = interface::ENV_APP_CONTAINER)]
+    pub app_container: Option<String>,
+    /// Campaign only while this URL (http://127.0.0.1:port/path) answers 2xx.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]
+    pub app_health_url: Option<String>,
+    /// How often the app health URL is polled.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration_flag)]
+    pub app_health_interval: Duration,
+    /// How long one poll of the app health URL may take.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_TIMEOUT", default_value = "1s", value_parser = parse_duration_flag)]
+    pub app_health_timeout: Duration,
+    /// Failed polls in a row that make the app unhealthy.
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub app_health_failures: u32,
+    /// On SIGTERM or when the app turns unhealthy: time between stopping to claim and releasing.
+    #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = parse_duration_flag)]
+    pub drain: Duration,
+}
+
+impl ElectionArgs {
+    pub fn kubernetes(&self) -> bool {
+        self.kubernetes
+            .unwrap_or_else(|| self.pod_name.is_some() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some())
+    }
+}

@@ -1,0 +1,145 @@
+//! The mutants: deliberately broken electors and stores, each breaking
+//! one safety rule, that the checker must catch.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use super::report::Violation;
+use super::schedule::{Setup, simulate_with};
+use crate::lease::elector::Flaw;
+
+/// A deliberately broken elector or store: each breaks one safety rule,
+/// and the checker must catch every one (tests/lease/simulation.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mutant {
+    DeadlineFromReply,
+    DeadlineDInsteadOfR,
+    RenewWithoutCas,
+    UnknownOutcomeAsSuccess,
+    FollowerAcquiresOnOwnObservation,
+    ReleaseBeforeWorkStopped,
+    TokenFromLocalClock,
+    SessionRenewWithoutCas,
+    SessionRenewedAfterExpiry,
+    LockTakenFromLiveSession,
+    FenceOnlyInTheElector,
+    PartitionExtrasKept,
+    LeaderIgnoresStandAside,
+    StandAsideForFencedPeers,
+}
+
+impl Mutant {
+    pub const ALL: [Mutant; 14] = [
+        Mutant::DeadlineFromReply,
+        Mutant::DeadlineDInsteadOfR,
+        Mutant::RenewWithoutCas,
+        Mutant::UnknownOutcomeAsSuccess,
+        Mutant::FollowerAcquiresOnOwnObservation,
+        Mutant::ReleaseBeforeWorkStopped,
+        Mutant::TokenFromLocalClock,
+        Mutant::SessionRenewWithoutCas,
+        Mutant::SessionRenewedAfterExpiry,
+        Mutant::LockTakenFromLiveSession,
+        Mutant::FenceOnlyInTheElector,
+        Mutant::PartitionExtrasKept,
+        Mutant::LeaderIgnoresStandAside,
+        Mutant::StandAsideForFencedPeers,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::DeadlineFromReply => "deadline-from-reply",
+            Mutant::DeadlineDInsteadOfR => "deadline-D-instead-of-R",
+            Mutant::RenewWithoutCas => "renew-without-CAS",
+            Mutant::UnknownOutcomeAsSuccess => "unknown-outcome-as-success",
+            Mutant::FollowerAcquiresOnOwnObservation => "follower-acquires-on-own-observation",
+            Mutant::ReleaseBeforeWorkStopped => "release-before-work-stopped",
+            Mutant::TokenFromLocalClock => "token-from-local-clock",
+            Mutant::SessionRenewWithoutCas => "session-renew-without-CAS",
+            Mutant::SessionRenewedAfterExpiry => "session-renewed-after-expiry",
+            Mutant::LockTakenFromLiveSession => "lock-taken-from-live-session",
+            Mutant::FenceOnlyInTheElector => "fence-only-in-the-elector",
+            Mutant::PartitionExtrasKept => "partition-extras-kept",
+            Mutant::LeaderIgnoresStandAside => "leader-ignores-stand-aside",
+            Mutant::StandAsideForFencedPeers => "stand-aside-for-fenced-peers",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mutant::DeadlineFromReply => "the leader's deadline is reply + R, not send + R",
+            Mutant::DeadlineDInsteadOfR => "the leader's deadline is send + D, not send + R",
+            Mutant::RenewWithoutCas => "renew updates the row without checking holder and token",
+            Mutant::UnknownOutcomeAsSuccess => "an unknown acquire or renew outcome counts as success",
+            Mutant::FollowerAcquiresOnOwnObservation => {
+                "acquire writes when the follower's own earlier read looked expired"
+            }
+            Mutant::ReleaseBeforeWorkStopped => "release before the leader work has stopped",
+            Mutant::TokenFromLocalClock => "the fencing token comes from the candidate's clock",
+            Mutant::SessionRenewWithoutCas => {
+                "session renewal writes the row whatever is there (closed, collected or expired)"
+            }
+            Mutant::SessionRenewedAfterExpiry => {
+                "session renewal does not check expiry: an expired session lives again"
+            }
+            Mutant::LockTakenFromLiveSession => {
+                "a lock is judged free by its own age, while its holder session is still live"
+            }
+            Mutant::FenceOnlyInTheElector => {
+                "the version fence is judged on the follower's own read, not in the acquiring transaction"
+            }
+            Mutant::PartitionExtrasKept => "a partition member never hands extra partitions over to a new member",
+            Mutant::LeaderIgnoresStandAside => {
+                "a leader told to stand aside for a preferred version keeps leading; only followers stop"
+            }
+            Mutant::StandAsideForFencedPeers => {
+                "candidates stand aside for a peer of the preferred version that the version fence refuses"
+            }
+        }
+    }
+
+    /// The elector-side bug, when the mutant is one.
+    pub(super) fn flaw(self) -> Option<Flaw> {
+        match self {
+            Mutant::DeadlineFromReply => Some(Flaw::DeadlineFromReply),
+            Mutant::DeadlineDInsteadOfR => Some(Flaw::DeadlineFromLeaseDuration),
+            Mutant::UnknownOutcomeAsSuccess => Some(Flaw::UnknownOutcomeAsSuccess),
+            Mutant::ReleaseBeforeWorkStopped => Some(Flaw::ReleaseBeforeWorkStopped),
+            Mutant::LeaderIgnoresStandAside => Some(Flaw::LeaderIgnoresStandAside),
+            Mutant::RenewWithoutCas
+            | Mutant::FollowerAcquiresOnOwnObservation
+            | Mutant::TokenFromLocalClock
+            | Mutant::SessionRenewWithoutCas
+            | Mutant::SessionRenewedAfterExpiry
+            | Mutant::LockTakenFromLiveSession
+            | Mutant::FenceOnlyInTheElector
+            | Mutant::PartitionExtrasKept
+            | Mutant::StandAsideForFencedPeers => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Mutant {
+    type Err = anyhow::Error;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Mutant::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| anyhow::anyhow!("--mutant {name:?} is not one of: list, {}", names()))
+    }
+}
+
+fn names() -> String {
+    Mutant::ALL.map(Mutant::name).join(", ")
+}
+
+/// The first seed in `seeds` on which the checker catches `mutant`.
+pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Violation> {
+    let setup = Setup {
+        length,
+        mutant: Some(mutant),
+        ..Setup::default()
+    };
+    seeds.into_iter().find_map(|seed| simulate_with(seed, &setup).err())
+}

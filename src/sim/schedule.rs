@@ -1,0 +1,510 @@
+//! The elector schedule: 2–5 candidates on paused tokio time, each behind
+//! its own link to the faulty memory store, and the faults injected
+//! between them (module docs of [`super`]).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::checker::{Belief, FencedRegister, Log, Write};
+use super::link::{Link, LinkFaults, LinkStats};
+use super::mutants::Mutant;
+use super::report::{Counts, Report, Violation};
+use super::sessions;
+use crate::lease::elector::{SimHooks, TaskWrapper};
+use crate::lease::{Elector, ElectorHandle, Identity, LeaderContext, LeaderState, StoreTime, Timing};
+use crate::store::{Faults, MemoryStore};
+
+/// How to run a schedule.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Simulated time per schedule.
+    pub length: Duration,
+    /// The store clock's rate excess, drawn from this range times what R/D
+    /// tolerates (negative: slow). Above 1.0 safety is not promised, which
+    /// shows the checker can see a violation.
+    pub drift: Range<f64>,
+    pub mutant: Option<Mutant>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            length: Duration::from_secs(60),
+            drift: -0.5..0.6,
+            mutant: None,
+        }
+    }
+}
+
+pub(super) const LOCK: &str = "simulated";
+
+/// Runs one seeded schedule of the correct elector.
+pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule on its own paused current-thread runtime.
+pub fn simulate_with(seed: u64, setup: &Setup) -> Result<Report, Violation> {
+    let runtime = paused_runtime();
+    let setup = setup.clone();
+    // Built inside the runtime so every instant is on the paused clock.
+    runtime.block_on(async move {
+        let schedule = Schedule::new(seed, &setup);
+        match setup.mutant {
+            Some(mutant) if sessions::is_session_mutant(mutant) => schedule.run_sessions(setup.length).await,
+            Some(Mutant::LeaderIgnoresStandAside | Mutant::StandAsideForFencedPeers) => {
+                schedule.run_rollout(setup.length).await
+            }
+            _ => schedule.run(setup.length).await,
+        }
+    })
+}
+
+/// A current-thread runtime on paused time: schedules replay exactly.
+pub(super) fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds")
+}
+
+/// A process-pause switch: while on, none of the process's tasks run.
+#[derive(Clone)]
+pub(super) struct Pause(pub(super) watch::Sender<bool>);
+
+impl Pause {
+    pub(super) fn new() -> Self {
+        Pause(watch::channel(false).0)
+    }
+
+    /// `task`, polled only while the process is not paused: its timers fire
+    /// late and it sees the time jump, as after SIGSTOP/SIGCONT.
+    pub(super) async fn pausable(self, task: impl Future<Output = ()>) {
+        let mut task = std::pin::pin!(task);
+        let mut paused = self.0.subscribe();
+        loop {
+            let _ = paused.wait_for(|p| !p).await;
+            tokio::select! {
+                biased;
+                _ = paused.wait_for(|p| *p) => {}
+                () = &mut task => return,
+            }
+        }
+    }
+
+    pub(super) fn wrapper(&self) -> TaskWrapper {
+        let pause = self.clone();
+        Arc::new(move |task: BoxFuture<'static, ()>| Box::pin(pause.clone().pausable(task)))
+    }
+}
+
+pub(super) struct Candidate {
+    pub(super) name: String,
+    /// Its identity, as beliefs and acquisitions name it.
+    pub(super) who: String,
+    pub(super) version: crate::lease::Version,
+    pub(super) handle: ElectorHandle,
+    pub(super) pause: Pause,
+    pub(super) link: Arc<Mutex<LinkFaults>>,
+    pub(super) shutdown: CancellationToken,
+}
+
+pub(super) struct Schedule {
+    pub(super) seed: u64,
+    pub(super) rng: StdRng,
+    pub(super) store: MemoryStore,
+    pub(super) mutant: Option<Mutant>,
+    pub(super) clock_rate: f64,
+    pub(super) timing: Timing,
+    /// The largest forward jump of the store clock, in store time.
+    pub(super) max_jump: Duration,
+    pub(super) last_forward_jump: Option<Instant>,
+    /// Local time from a leader's deadline to the earliest commit of the
+    /// next term, whatever the clock faults do: what stale writes must beat.
+    pub(super) margin: Duration,
+    pub(super) start: Instant,
+    pub(super) log: Arc<Mutex<Log>>,
+    pub(super) register: Arc<Mutex<FencedRegister>>,
+    pub(super) links: Arc<Mutex<StdRng>>,
+    pub(super) stats: Arc<Mutex<LinkStats>>,
+    /// Terms whose row was deleted while their lease was live.
+    pub(super) deleted_terms: HashSet<u64>,
+    pub(super) restarts: u64,
+    /// The version fence is on in this schedule.
+    pub(super) fence: bool,
+    /// The newest revision so far: a rollout raises it; candidates start
+    /// under it or one below (an old pod still around).
+    pub(super) revision: u64,
+    pub(super) report: Report,
+}
+
+impl Schedule {
+    pub(super) fn new(seed: u64, setup: &Setup) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lease = Duration::from_millis(rng.random_range(800..=2000));
+        let renew = lease.mul_f64(rng.random_range(0.5..0.85));
+        let retry = renew.mul_f64(rng.random_range(0.1..0.3));
+        let timing = Timing::new(lease, renew, retry, rng.random_range(0.0..0.3)).expect("valid generated timing");
+        // The store's clock runs slow or fast (S3): fast, leases expire
+        // sooner than the candidates' own clocks say. R/D bounds the
+        // tolerated drift.
+        let tolerated = lease.as_secs_f64() / renew.as_secs_f64() - 1.0;
+        let clock_rate = 1.0 + rng.random_range(setup.drift.clone()) * tolerated;
+        // Within one lease the store clock advances at most R × rate + one
+        // forward jump (jumps are 4 D apart); what is left of D is the
+        // margin, half of it given to jumps.
+        let left = (lease.as_secs_f64() - renew.as_secs_f64() * clock_rate).max(0.0);
+        let max_jump = Duration::from_secs_f64(left / 2.0);
+        let margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
+        Schedule {
+            seed,
+            store: MemoryStore::new(rng.random())
+                .with_clock_start(StoreTime(1_700_000_000_000_000_000))
+                .with_clock_rate(clock_rate)
+                .with_ttl_expiry(seed % 2 == 1),
+            mutant: setup.mutant,
+            clock_rate,
+            links: Arc::new(Mutex::new(StdRng::seed_from_u64(rng.random()))),
+            rng,
+            timing,
+            max_jump,
+            last_forward_jump: None,
+            margin,
+            start: Instant::now(),
+            log: Arc::default(),
+            register: Arc::default(),
+            stats: Arc::default(),
+            deleted_terms: HashSet::new(),
+            restarts: 0,
+            fence: false,
+            revision: 2,
+            report: Report {
+                seed,
+                counts: Counts {
+                    ttl_seeds: seed % 2,
+                    ..Counts::default()
+                },
+                ..Default::default()
+            },
+        }
+    }
+
+    pub(super) fn note(&self, what: String) {
+        let at = self.start.elapsed().as_millis();
+        self.log.lock().unwrap().events.push(format!("{at:>7}ms {what}"));
+    }
+
+    pub(super) fn start_candidate(&mut self, slot: usize) -> Candidate {
+        self.start_candidate_at(slot, None)
+    }
+
+    /// A candidate in `slot`, of `revision` or (`None`) the newest so far or
+    /// one below.
+    pub(super) fn start_candidate_at(&mut self, slot: usize, revision: Option<u64>) -> Candidate {
+        self.restarts += 1;
+        let name = format!("c{slot}");
+        let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
+        let who = identity.to_string();
+        let pause = Pause::new();
+        let shutdown = CancellationToken::new();
+        let link_faults = Arc::new(Mutex::new(LinkFaults::default()));
+        // Pod clocks are off by up to ± 2 D (only the token mutant reads them).
+        let skew = self.timing.lease_duration.as_nanos() as i64 * self.rng.random_range(-2_000..=2_000) / 1_000;
+        let store = Arc::new(Link {
+            store: self.store.clone(),
+            faults: link_faults.clone(),
+            rng: self.links.clone(),
+            stats: self.stats.clone(),
+            mutant: self.mutant,
+            local_clock: StoreTime(1_700_000_000_000_000_000 + skew),
+            started: self.start,
+        });
+        let register = self.register.clone();
+        // Each write takes up to an eighth of the margin by itself.
+        let write_latency = self.margin / 8;
+        let writer = who.clone();
+        let hooks = SimHooks {
+            flaw: self.mutant.and_then(Mutant::flaw),
+            wrap: Some(pause.wrapper()),
+        };
+        let revision = revision.unwrap_or_else(|| self.revision - u64::from(self.rng.random_bool(0.4)));
+        let version = crate::lease::Version {
+            revision,
+            name: format!("v{revision}"),
+        };
+        let handle = Elector::new(LOCK, identity, self.timing)
+            .with_version(Some(version.clone()), self.fence)
+            .with_seed(self.rng.random())
+            .with_sim_hooks(hooks)
+            .spawn_with_work(store, shutdown.clone(), move |ctx: LeaderContext| {
+                let (register, writer) = (register.clone(), writer.clone());
+                async move {
+                    // Leader work: check, then write with the token, every 50 ms.
+                    loop {
+                        let checked = Instant::now();
+                        if !ctx.still_leading() {
+                            break;
+                        }
+                        // A pause can strike between the check and the write.
+                        tokio::time::sleep(write_latency).await;
+                        register.lock().unwrap().write(Write {
+                            writer: writer.clone(),
+                            token: ctx.token,
+                            checked,
+                            latency: write_latency,
+                            issued: Instant::now(),
+                        });
+                        tokio::select! {
+                            _ = ctx.cancelled.cancelled() => break,
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        }
+                    }
+                }
+            });
+        self.watch_beliefs(who.clone(), handle.subscribe());
+        self.note(format!("start {who} at revision {revision}"));
+        Candidate {
+            name,
+            who,
+            version,
+            handle,
+            pause,
+            link: link_faults,
+            shutdown,
+        }
+    }
+
+    /// Records every interval during which a candidate believed it led.
+    pub(super) fn watch_beliefs(&self, who: String, mut rx: watch::Receiver<LeaderState>) {
+        let log = self.log.clone();
+        let start = self.start;
+        tokio::spawn(async move {
+            let mut last_term = 0;
+            loop {
+                let state = rx.borrow_and_update().clone();
+                let now = Instant::now();
+                {
+                    let mut entries = log.lock().unwrap();
+                    if state.term != last_term && state.leader {
+                        last_term = state.term;
+                        let at = start.elapsed().as_millis();
+                        entries.events.push(format!(
+                            "{at:>7}ms {who} leads term {} token {:?}",
+                            state.term, state.token
+                        ));
+                    }
+                    // A later publication cuts any earlier belief short.
+                    entries.end_beliefs(&who, now);
+                    if let Some(deadline) = state.deadline.filter(|_| state.leader) {
+                        entries.beliefs.push(Belief {
+                            who: who.clone(),
+                            from: now,
+                            until: deadline,
+                            term: state.term,
+                            token: state.token,
+                        });
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    // The elector is gone (crash or shutdown): it believes nothing.
+                    log.lock().unwrap().end_beliefs(&who, Instant::now());
+                    break;
+                }
+            }
+        });
+    }
+
+    pub(super) async fn run(mut self, length: Duration) -> Result<Report, Violation> {
+        let slots = self.rng.random_range(2..=5);
+        self.fence = self.rng.random_bool(0.5);
+        self.report.counts.fenced_schedules = u64::from(self.fence);
+        self.note(format!(
+            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
+            self.timing, self.clock_rate, self.max_jump, self.margin, self.fence, self.mutant
+        ));
+        let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
+        let end = self.start + length;
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..1500))).await;
+            self.inject(&mut candidates).await;
+        }
+        self.store.set_faults(Faults::default());
+        for c in &candidates {
+            *c.link.lock().unwrap() = LinkFaults::default();
+            c.pause.0.send_replace(false);
+            c.shutdown.cancel();
+        }
+        for c in candidates {
+            c.handle.join().await;
+        }
+        // Let the belief watchers and requests in flight finish.
+        tokio::time::sleep(self.timing.lease_duration * 2).await;
+        self.check()
+    }
+
+    /// One random fault or repair.
+    pub(super) async fn inject(&mut self, candidates: &mut [Candidate]) {
+        let i = self.rng.random_range(0..candidates.len());
+        let arm = self.rng.random_range(0..14);
+        let links: Vec<_> = candidates.iter().map(|c| c.link.clone()).collect();
+        let (name, pause) = (candidates[i].name.clone(), candidates[i].pause.clone());
+        if self.inject_fault(arm, &name, &pause, &links, i) {
+            return;
+        }
+        match arm {
+            7 => {
+                self.note(format!("crash {} (kill -9)", candidates[i].name));
+                self.report.counts.crashes += 1;
+                candidates[i].handle.abort();
+                candidates[i].pause.0.send_replace(false);
+                let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
+                tokio::time::sleep(restart).await;
+                candidates[i] = self.start_candidate(i);
+            }
+            8 => {
+                let on = !candidates[i].handle.state().campaigning;
+                self.note(format!(
+                    "{} campaign {}",
+                    candidates[i].name,
+                    if on { "resumes" } else { "stops" }
+                ));
+                candidates[i].handle.set_campaigning(on);
+            }
+            11 => {
+                // A rollout: newer candidates from now on (restarts below
+                // may still bring back the previous revision).
+                self.revision += 1;
+                self.note(format!("rollout to revision {}", self.revision));
+            }
+            // Rare: it exempts the term it cuts short from the checker.
+            10 if self.rng.random_bool(0.25) => {
+                let deleted = self.store.delete_row(LOCK);
+                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
+                    Some(term) => {
+                        self.deleted_terms.insert(term);
+                        self.report.counts.deleted_live += 1;
+                        self.note(format!("row deleted under the live lease of term {term}"));
+                    }
+                    None => self.note("row deleted".into()),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The faults every schedule shares, by `arm`: store outages, latency
+    /// and flakiness, a repair, the link of process `i` (named `name`,
+    /// paused by `pause`; `links` are everyone's), a pause, a store clock
+    /// jump. False for any other arm.
+    pub(super) fn inject_fault(
+        &mut self,
+        arm: u32,
+        name: &str,
+        pause: &Pause,
+        links: &[Arc<Mutex<LinkFaults>>],
+        i: usize,
+    ) -> bool {
+        let (lease, renew) = (self.timing.lease_duration, self.timing.renew_deadline);
+        match arm {
+            0 => {
+                self.note("store outage".into());
+                self.store.set_faults(Faults {
+                    down: true,
+                    ..Default::default()
+                });
+            }
+            1 => {
+                let latency = renew.mul_f64(self.rng.random_range(0.1..0.8));
+                self.note(format!("store latency {latency:?} each way"));
+                self.store.set_faults(Faults {
+                    latency,
+                    ..Default::default()
+                });
+            }
+            2 => {
+                let faults = Faults {
+                    unavailable: self.rng.random_range(0.0..0.3),
+                    drop_reply_after_commit: self.rng.random_range(0.0..0.3),
+                    unknown_without_commit: self.rng.random_range(0.0..0.2),
+                    ..Default::default()
+                };
+                self.note(format!("flaky store {faults:?}"));
+                self.store.set_faults(faults);
+            }
+            3 => {
+                self.note("store and links healthy".into());
+                self.store.set_faults(Faults::default());
+                for link in links {
+                    *link.lock().unwrap() = LinkFaults::default();
+                }
+            }
+            4 => {
+                // Asymmetric, per candidate; past R the client gives up and
+                // the request commits later anyway.
+                let mut draw = || match self.rng.random_range(0..4) {
+                    0 => renew.mul_f64(self.rng.random_range(0.5..2.0)),
+                    _ => renew.mul_f64(self.rng.random_range(0.0..0.3)),
+                };
+                let (to_store, from_store) = (draw(), draw());
+                let duplicate = if self.rng.random_bool(0.3) { 0.3 } else { 0.0 };
+                self.note(format!(
+                    "{} link: {to_store:?} to the store, {from_store:?} back, duplicates {duplicate}",
+                    name
+                ));
+                *links[i].lock().unwrap() = LinkFaults {
+                    to_store,
+                    from_store,
+                    duplicate,
+                };
+            }
+            5 | 6 => {
+                // Paused (GC, SIGSTOP) for up to twice the lease, often past the gap.
+                let length = lease.mul_f64(self.rng.random_range(0.1..2.0));
+                if length > self.timing.safety_gap() {
+                    self.report.counts.long_pauses += 1;
+                }
+                self.note(format!("pause {} for {length:?}", name));
+                pause.0.send_replace(true);
+                let pause = pause.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(length).await;
+                    pause.0.send_replace(false);
+                });
+            }
+            9 => {
+                let now = Instant::now();
+                let forward_allowed = self.last_forward_jump.is_none_or(|at| now - at > lease * 4);
+                let (nanos, direction) = if forward_allowed && self.rng.random_bool(0.5) {
+                    self.last_forward_jump = Some(now);
+                    (
+                        self.max_jump.mul_f64(self.rng.random_range(0.0..=1.0)).as_nanos() as i64,
+                        1,
+                    )
+                } else {
+                    (lease.mul_f64(self.rng.random_range(0.0..1.0)).as_nanos() as i64, -1)
+                };
+                self.note(format!("store clock jumps by {}ms", direction * nanos / 1_000_000));
+                self.report.counts.clock_jumps += 1;
+                self.store.jump_clock(direction * nanos);
+            }
+            _ => return false,
+        }
+        true
+    }
+}
