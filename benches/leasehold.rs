@@ -30,6 +30,8 @@ mod rollout_process;
 #[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
 mod cluster;
+#[path = "leasehold/counting_proxy.rs"]
+mod counting_proxy;
 #[allow(dead_code)]
 #[path = "../tests/e2e/fixtures.rs"]
 mod fixtures;
@@ -847,7 +849,7 @@ fn main() {
     let named = only.split(',').any(|p| p.trim() == "kubernetes");
     if named || (only.is_empty() && std::env::var_os("LEASEHOLD_E2E_KUBECONFIG").is_some()) {
         println!(
-            "== kubernetes: handover on a real cluster, the leader-only-service example on PostgreSQL, D/R/P 15/10/2 s"
+            "== kubernetes: handover on a real cluster (the leader-only-service example) and the Kubernetes store's election beside client-go's, D/R/P 15/10/2 s"
         );
         summary_lines.extend(kubernetes::kubernetes().into_iter().map(|l| format!("kubernetes: {l}")));
     }

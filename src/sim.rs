@@ -42,25 +42,32 @@
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 //!
-//! Sessions and lock sets have a schedule of their own ([`sessions`]), and
-//! so do rolling updates with a version preference ([`rollout`]).
+//! Sessions and lock sets have a schedule of their own ([`sessions`]), on
+//! the memory store's, PostgreSQL's and Redis's semantics
+//! ([`session_stores`]), and so do rolling updates with a version
+//! preference ([`rollout`]). The elector schedule also runs on the
+//! Kubernetes store's semantics ([`kubernetes`]).
 //!
 //! One file per job: [`cli`] (the command), [`schedule`] (the elector
 //! schedule and its faults), [`link`] (the faulty store as each process
-//! reaches it), [`checker`], [`mutants`], [`report`].
+//! reaches it), [`checker`], [`mutants`], [`report`], and the store models
+//! [`kubernetes`] and [`session_stores`].
 
 mod checker;
 mod cli;
+mod kubernetes;
 mod link;
 mod mutants;
 mod report;
 mod rollout;
 mod schedule;
+mod session_stores;
 mod sessions;
 
 pub use cli::{Args, run};
-pub use mutants::{Mutant, hunt};
+pub use mutants::{Mutant, hunt, hunt_with};
 pub use report::{Counts, Report, Summary, Violation};
 pub use rollout::simulate_rollouts;
-pub use schedule::{Setup, simulate, simulate_with};
+pub use schedule::{Setup, simulate, simulate_kubernetes, simulate_with};
+pub use session_stores::SessionSemantics;
 pub use sessions::simulate_sessions;

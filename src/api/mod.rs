@@ -97,8 +97,9 @@ pub struct DistributedLeaseSpec {
     pub leadership: LeadershipSpec,
     /// Share the work as this many partitions instead of electing one
     /// leader: every candidate holds about N/M of them (M live candidates),
-    /// each with its own fencing token (docs/partitions.md). Needs Cloud
-    /// Spanner. Absent: a plain single lock.
+    /// each with its own fencing token (docs/partitions.md). Needs a store
+    /// with sessions: Spanner, PostgreSQL or Redis. Absent: a plain single
+    /// lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // lease::MAX_PARTITIONS
     #[schemars(range(min = 1, max = 1024))]

@@ -193,7 +193,8 @@ fn the_crd_names_group_kind_and_columns() {
     );
 }
 
-/// `lockName: self == oldSelf` is a transition rule the API server skips
+/// That the schema carries the rules; what they do on a real API server is
+/// `tests/e2e/cel.rs`. `lockName: self == oldSelf` is a transition rule the API server skips
 /// when the field is added or removed (a transition rule runs only when the
 /// old object has the field too); the parent-level rule covers both.
 #[test]

@@ -15,9 +15,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{Identity, LeaseStore, Timing, TimingError};
-use crate::sidecar::budget::AT_RISK_SHARE;
 use crate::store::select::{StoreFlags, StoreKind, store_url};
 
 #[derive(Debug, clap::Args)]
@@ -56,38 +56,6 @@ pub enum Error {
     Store(#[from] crate::lease::StoreError),
     #[error("no advice: {0}")]
     Timing(#[from] TimingError),
-}
-
-/// Latencies of one kind of call, sorted.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Latencies(Vec<Duration>);
-
-impl Latencies {
-    pub fn new(mut samples: Vec<Duration>) -> Self {
-        samples.sort();
-        Latencies(samples)
-    }
-
-    /// The `q` quantile (nearest rank), zero without samples.
-    pub fn quantile(&self, q: f64) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = ((q * self.0.len() as f64).ceil() as usize).clamp(1, self.0.len());
-        self.0[rank - 1]
-    }
-
-    pub fn max(&self) -> Duration {
-        self.0.last().copied().unwrap_or_default()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// Rounds up to a whole number of `step`s.
@@ -195,15 +163,6 @@ mod tests {
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let l = Latencies::new((1..=100).rev().map(ms).collect());
-        assert_eq!(l.quantile(0.5), ms(50));
-        assert_eq!(l.quantile(0.99), ms(99));
-        assert_eq!(l.max(), ms(100));
-        assert_eq!(Latencies::new(vec![]).quantile(0.99), Duration::ZERO);
     }
 
     #[test]

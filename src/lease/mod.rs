@@ -3,6 +3,7 @@
 //! [`LeaseStore`] trait is the port the backends in `crate::store` implement,
 //! so the arrows point inward.
 
+pub mod budget;
 pub mod clock;
 pub mod elector;
 pub mod lock_set;
@@ -17,11 +18,12 @@ pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext,
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
 pub use partitions::{Assigned, MAX_PARTITIONS, Partitioner, PartitionsError, validate_partitions};
 pub use record::{
-    FencingToken, Grant, Held, Identity, InvalidIdentity, InvalidPodUid, LeaseDurationError, LeaseRecord,
-    LockNameError, MAX_LOCK_NAME_BYTES, Observation, StoreTime, fnv1a_64, lease_from_millis, lease_to_millis,
-    validate_lock_name,
+    FencingToken, Grant, Held, Identity, InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError,
+    MAX_LOCK_NAME_BYTES, Observation, StoreTime, fnv1a_64, validate_lock_name,
 };
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};
-pub use timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError};
+pub use timing::{
+    LeaseDurationError, MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError, lease_from_millis, lease_to_millis,
+};
 pub use version::{Claim, Prefer, Version, VersionPolicy};

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::timing::{MAX_LEASE_DURATION, MIN_RETRY_PERIOD};
 use super::version::Version;
 
 /// The longest lock name, in bytes. The default lock is
@@ -56,46 +55,6 @@ pub fn validate_lock_name(field: &'static str, name: &str) -> Result<(), LockNam
         });
     }
     Ok(())
-}
-
-/// A lease duration that cannot be stored or was stored out of range.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LeaseDurationError {
-    #[error("{field} ({value}) must be between {MIN_RETRY_PERIOD:?} and {MAX_LEASE_DURATION:?}")]
-    OutOfRange { field: &'static str, value: String },
-    #[error("{field} ({value:?}) must be a whole number of milliseconds: the store keeps milliseconds")]
-    SubMillisecond { field: &'static str, value: Duration },
-}
-
-/// The lease duration in the store's unit (INT64 milliseconds). Every
-/// write of a lease duration goes through here, so nothing is truncated or
-/// wraps on its way into a row.
-pub fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64, LeaseDurationError> {
-    if !(MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) {
-        return Err(LeaseDurationError::OutOfRange {
-            field,
-            value: format!("{lease:?}"),
-        });
-    }
-    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
-        return Err(LeaseDurationError::SubMillisecond { field, value: lease });
-    }
-    // In range, so at most 3.6e6: fits.
-    Ok(lease.as_millis() as i64)
-}
-
-/// A stored lease duration back from milliseconds. A row whose duration is
-/// out of range is refused, never clamped: a lease read as 0 ms would look
-/// expired and let a second leader in.
-pub fn lease_from_millis(field: &'static str, millis: i64) -> Result<Duration, LeaseDurationError> {
-    let lease = u64::try_from(millis).ok().map(Duration::from_millis);
-    match lease {
-        Some(lease) if (MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) => Ok(lease),
-        _ => Err(LeaseDurationError::OutOfRange {
-            field,
-            value: format!("{millis}ms"),
-        }),
-    }
 }
 
 /// An instant on the store's clock, in nanoseconds since the Unix epoch.
@@ -516,40 +475,6 @@ mod tests {
         for (name, expected) in cases {
             let err = validate_lock_name("--lock", name).unwrap_err().to_string();
             assert!(err.starts_with(expected), "{name:?}: got {err:?}, want {expected:?}");
-        }
-    }
-
-    #[test]
-    fn lease_durations_round_trip_through_milliseconds_or_are_refused() {
-        for lease in [MIN_RETRY_PERIOD, Duration::from_millis(1500), MAX_LEASE_DURATION] {
-            let ms = lease_to_millis("leaseDuration", lease).unwrap();
-            assert_eq!(lease_from_millis("lease_ms", ms).unwrap(), lease);
-        }
-        let refused = [
-            (Duration::ZERO, "leaseDuration (0ns) must be between 10ms and 3600s"),
-            (
-                MAX_LEASE_DURATION + Duration::from_millis(1),
-                "leaseDuration (3600.001s) must be between",
-            ),
-            (
-                Duration::from_secs(31_557_600 * 1_000_000_000),
-                "leaseDuration (31557600000000000s) must be between",
-            ),
-            (
-                Duration::from_micros(1_500_500),
-                "leaseDuration (1.5005s) must be a whole number of milliseconds",
-            ),
-        ];
-        for (lease, expected) in refused {
-            let err = lease_to_millis("leaseDuration", lease).unwrap_err().to_string();
-            assert!(err.starts_with(expected), "{lease:?}: got {err:?}");
-        }
-        for stored in [0, -1, i64::MIN, i64::MAX, 3_600_001] {
-            let err = lease_from_millis("lease_ms", stored).unwrap_err().to_string();
-            assert!(
-                err.starts_with(&format!("lease_ms ({stored}ms) must be between")),
-                "{err}"
-            );
         }
     }
 }

@@ -19,12 +19,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cmd::advise::Latencies;
+use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::store::Result;
 use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Timing};
 
-/// Renewal p99 above this share of R − P puts the timing at risk.
-pub const AT_RISK_SHARE: f64 = 0.25;
 /// Renewals the p99 is taken over.
 const WINDOW: usize = 100;
 /// Renewals needed before judging.

@@ -27,7 +27,7 @@ pub const ENV_STORE_URL_FILE: &str = "LEASEHOLD_STORE_URL_FILE";
 pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 
 /// The pod condition the sidecar sets on its own pod while its renewals use
-/// more than [`AT_RISK_SHARE`](crate::sidecar::budget::AT_RISK_SHARE) of
+/// more than [`AT_RISK_SHARE`](crate::lease::budget::AT_RISK_SHARE) of
 /// R − P; the operator gathers it into the lease's `TimingAtRisk`.
 pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 

@@ -22,6 +22,7 @@ pub mod interface;
 pub mod metrics;
 pub mod own_pod;
 pub mod partitions;
+pub mod pod;
 pub mod publish;
 pub mod rbac;
 pub mod starting;
@@ -237,7 +238,7 @@ fn drain_on_step_down(
 /// Our own pod's watch, inside Kubernetes.
 pub(crate) fn watch_own_pod(
     kube: Option<::kube::Client>,
-    pod: Option<&config::PodRef>,
+    pod: Option<&pod::PodRef>,
     app_container: Option<String>,
 ) -> Option<tokio::sync::watch::Receiver<own_pod::OwnPod>> {
     let (client, pod) = kube.zip(pod)?;
@@ -436,7 +437,7 @@ mod tests {
             }
             api.insert(&pods::collection("prod"), pod);
             let cli = Cli::parse_from(["sidecar", "--app-container", "app", "--drain", drain]);
-            let pod = config::PodRef {
+            let pod = pod::PodRef {
                 name: "web-0".into(),
                 namespace: "prod".into(),
                 uid: Some("uid-0".into()),

@@ -142,7 +142,7 @@ fn termination(pod: &Pod, at: Instant) -> Option<Termination> {
 /// container leadership follows, if any.
 pub async fn watch(pods: Api<Pod>, pod: String, app_container: Option<String>, own: watch::Sender<OwnPod>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
-    let events = watcher(pods, config).backoff(super::publish::watch_backoff());
+    let events = watcher(pods, config).backoff(super::pod::watch_backoff());
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let earlier = own.borrow().terminating;

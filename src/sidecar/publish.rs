@@ -31,25 +31,22 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::config::{PodRef, Publishing};
+use super::config::Publishing;
 use super::health::AppHealth;
 use super::interface::{GATE_PROBE_PATH, SIDECAR_CONTAINER};
+use super::pod::{PodRef, pod_recorder, watch_backoff};
 use super::starting::Throttle;
 use crate::lease::{Change, ElectorControl, LeaderState};
 
 /// The readiness-gate condition type.
 pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
-/// Standalone (no `--lease`): the label naming the lock a candidate pod
-/// campaigns for, so a leader clears only its own lock's candidates.
-pub const LOCK_LABEL: &str = "leasehold.dev/lock";
-const FIELD_MANAGER: &str = "leasehold-sidecar";
 pub use super::BACKOFF_CAP;
 /// How long a sidecar whose elector has ended keeps trying to leave its pod
 /// labelled "false" and not ready.
@@ -195,24 +192,6 @@ fn kept_unready(pod: &Pod) -> bool {
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
         .map(|c| c.status.as_str());
     probed && ready == Some("False")
-}
-
-/// An Event recorder reporting as this pod's sidecar, and the reference to
-/// the pod its Events are about.
-pub fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectReference) {
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: Some(pod.name.clone()),
-    };
-    let reference = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(pod.name.clone()),
-        namespace: Some(pod.namespace.clone()),
-        uid: pod.uid.clone(),
-        ..Default::default()
-    };
-    (Recorder::new(client, reporter), reference)
 }
 
 impl Publisher {
@@ -513,12 +492,6 @@ fn write_backoff() -> impl Iterator<Item = Duration> {
     super::capped_backoff().build()
 }
 
-/// The backoff of the sidecar's watches: capped at [`BACKOFF_CAP`], so a
-/// watch is back within that after the API server returns.
-pub fn watch_backoff() -> watcher::ExponentialBackoff {
-    super::capped_backoff().into()
-}
-
 /// Events on the pod: acquisitions, losses, releases and the app's health;
 /// a task of its own, so an Event never delays a label or condition.
 #[derive(Clone)]
@@ -622,33 +595,6 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// A label value naming `lock` for [`LOCK_LABEL`]: the lock itself when it
-/// is a valid label value (at most 63 characters of `[A-Za-z0-9._-]`,
-/// alphanumeric at both ends), else its valid characters, shortened, and a
-/// hash of the whole name (FNV-1a, stable across versions and platforms).
-pub fn lock_label_value(lock: &str) -> String {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    let valid = !lock.is_empty()
-        && lock.len() <= 63
-        && lock.chars().all(allowed)
-        && lock.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && lock.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if valid {
-        return lock.to_string();
-    }
-    let hash = crate::lease::fnv1a_64(lock.as_bytes());
-    let readable: String = lock
-        .chars()
-        .map(|c| if allowed(c) { c } else { '-' })
-        .skip_while(|c| !c.is_ascii_alphanumeric())
-        .take(46)
-        .collect();
-    match readable.is_empty() {
-        true => format!("h{hash:016x}"),
-        false => format!("{readable}-{hash:016x}"),
     }
 }
 
@@ -1209,27 +1155,5 @@ mod tests {
         assert_eq!(holder_pod("prod/web-1#abc").as_deref(), Some("web-1"));
         assert_eq!(holder_pod("web-1#abc").as_deref(), Some("web-1"));
         assert_eq!(holder_pod("not an identity"), None);
-    }
-
-    #[test]
-    fn a_lock_becomes_a_valid_label_value_naming_it() {
-        assert_eq!(lock_label_value("scheduler"), "scheduler");
-        let value = lock_label_value("prod/web");
-        assert!(
-            value.starts_with("prod-web-") && value.len() == "prod-web-".len() + 16,
-            "{value}"
-        );
-        assert_ne!(value, lock_label_value("prod-web/"), "distinct locks, distinct values");
-        assert_eq!(value, lock_label_value("prod/web"), "stable");
-        for lock in ["/", "x".repeat(200).as_str(), "-a-", "a b"] {
-            let value = lock_label_value(lock);
-            assert!(value.len() <= 63, "{value}");
-            assert!(
-                value.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)),
-                "{value}"
-            );
-            assert!(value.starts_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
-            assert!(value.ends_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
-        }
     }
 }

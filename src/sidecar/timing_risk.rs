@@ -23,9 +23,8 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::budget::BudgetVerdict;
-use super::config::PodRef;
 use super::interface::TIMING_CONDITION;
-use super::publish::pod_recorder;
+use super::pod::{PodRef, pod_recorder};
 use super::starting::Throttle;
 
 /// At most one timing Event per this, whatever the verdicts do.

@@ -257,7 +257,7 @@ pub async fn follow_peers(
         fence,
     } = candidate;
     let config = watcher::Config::default().labels(&selector);
-    let events = watcher(pods, config).backoff(super::publish::watch_backoff());
+    let events = watcher(pods, config).backoff(super::pod::watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut peers: BTreeMap<String, Pod> = BTreeMap::new();
     let mut listing: Option<BTreeMap<String, Pod>> = None;

@@ -71,7 +71,10 @@ impl Log {
 impl Schedule {
     pub(super) fn check(mut self) -> Result<Report, Violation> {
         let mut log = std::mem::take(&mut *self.log.lock().unwrap());
-        let acquisitions: Vec<Acquisition> = self.store.acquisitions();
+        let acquisitions: Vec<Acquisition> = match &self.kube {
+            Some(server) => server.acquisitions(),
+            None => self.store.acquisitions(),
+        };
         log.events.extend(acquisitions.iter().map(|a| {
             format!(
                 "{:>7}ms store committed term {} for {} token {:?}",
@@ -82,18 +85,26 @@ impl Schedule {
             )
         }));
         let (seed, mutant) = (self.seed, self.mutant);
+        let kubernetes = self.kube.is_some() && mutant.is_none();
         let fail = |what: String| Violation {
             seed,
             mutant,
-            what,
+            what: match kubernetes {
+                true => format!("{what} [Kubernetes schedule: replay with --kubernetes]"),
+                false => what,
+            },
             events: log.events.clone(),
         };
         let start = self.start;
         let at = |instant: Instant| (instant - start).as_millis();
+        // A deleted Kubernetes Lease takes its record along: the term count
+        // and the version fence start again; tokens do not.
+        let resets = self.term_resets.clone();
+        let reset_between = |a: &Acquisition, b: &Acquisition| resets.iter().any(|r| a.at <= *r && *r <= b.at);
         // 1. Terms and tokens strictly increase in commit order.
         for pair in acquisitions.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            if b.term <= a.term || b.token <= a.token {
+            if (b.term <= a.term && !reset_between(a, b)) || b.token <= a.token {
                 return Err(fail(format!(
                     "term {} (token {:?}, {}) committed at {}ms after term {} (token {:?}, {}): terms and tokens must strictly increase",
                     b.term,
@@ -112,7 +123,7 @@ impl Schedule {
             if b.revision > a.revision {
                 self.report.counts.version_moves += 1;
             }
-            if self.fence && b.revision < a.revision {
+            if self.fence && b.revision < a.revision && !reset_between(a, b) {
                 return Err(fail(format!(
                     "term {} ({}) at revision {:?} committed at {}ms after term {} ({}) at revision {:?}: with the \
                      version fence leadership must never move to an older version",
@@ -126,13 +137,19 @@ impl Schedule {
                 )));
             }
         }
+        // Terms repeat after a reset; a term and its token name one acquisition.
         let by_term: BTreeMap<u64, usize> = acquisitions.iter().enumerate().map(|(i, a)| (a.term, i)).collect();
+        let by_grant: BTreeMap<(u64, Option<FencingToken>), usize> = acquisitions
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ((a.term, a.token), i))
+            .collect();
         let next_commit = |i: usize| acquisitions.get(i + 1).map(|a| a.at);
         // 2. Every belief was granted, and ends by the next term's commit.
         let mut beliefs = log.beliefs.clone();
         beliefs.retain(|b| b.until > b.from);
         for b in &beliefs {
-            let Some(&i) = by_term.get(&b.term) else {
+            let Some(&i) = by_grant.get(&(b.term, b.token)).or_else(|| by_term.get(&b.term)) else {
                 return Err(fail(format!(
                     "{} believed it led term {} from {}ms, which the store never granted",
                     b.who,
@@ -149,7 +166,7 @@ impl Schedule {
             }
             if let Some(next) = next_commit(i)
                 && b.until > next
-                && !self.deleted_terms.contains(&b.term)
+                && !self.deleted_tokens.contains(&b.token)
             {
                 return Err(fail(format!(
                     "{} believed it led term {} until {}ms, after term {} committed at {}ms",
@@ -176,7 +193,7 @@ impl Schedule {
                 )));
             };
             let Some(next) = next_commit(i) else { continue };
-            if w.issued <= next || self.deleted_terms.contains(&acquisitions[i].term) {
+            if w.issued <= next || self.deleted_tokens.contains(&acquisitions[i].token) {
                 continue;
             }
             // Stale from a correct elector means issued − checked > margin,
@@ -208,6 +225,9 @@ impl Schedule {
         self.report.counts.late_commits = stats.late_commits;
         self.report.counts.duplicates = stats.duplicates;
         self.report.counts.ttl_expiries = self.store.ttl_expiries();
+        if let Some(server) = &self.kube {
+            (self.report.counts.stale_conflicts, self.report.counts.recreated) = server.stats();
+        }
         self.report.events = log.events;
         drop(register);
         drop(stats);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::mutants::{Mutant, hunt};
 use super::report::Summary;
-use super::{simulate, simulate_rollouts, simulate_sessions};
+use super::{simulate, simulate_kubernetes, simulate_rollouts, simulate_sessions};
 
 /// `leasehold simulate`: run many seeds, print failures with their seed.
 #[derive(Debug, clap::Args)]
@@ -28,6 +28,10 @@ pub struct Args {
     /// instead of the elector's.
     #[arg(long, env = "LEASEHOLD_SIM_ROLLOUTS")]
     pub rollouts: bool,
+    /// Run the elector's schedule on the Kubernetes store's semantics
+    /// (observed-change expiry, resourceVersion check-and-set, watches).
+    #[arg(long, env = "LEASEHOLD_SIM_KUBERNETES", conflicts_with_all = ["sessions", "rollouts"])]
+    pub kubernetes: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -61,6 +65,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             simulate_sessions(seed, length)
         } else if args.rollouts {
             simulate_rollouts(seed, length)
+        } else if args.kubernetes {
+            simulate_kubernetes(seed, length)
         } else {
             simulate(seed, length)
         };

@@ -32,26 +32,39 @@ pub(super) struct LinkStats {
     pub(super) duplicates: u64,
 }
 
-/// The candidate's connection to the store. A request, once sent, is on its
-/// own: it reaches the store and commits even if the client gave up or
+/// The candidate's connection to the store `S`. A request, once sent, is on
+/// its own: it reaches the store and commits even if the client gave up or
 /// crashed meanwhile; the client sees the reply `from_store` later. The
 /// mutant stores live here too, since they are wrong ways to talk to it.
-pub(super) struct Link {
-    pub(super) store: MemoryStore,
+pub(super) struct Link<S = MemoryStore> {
+    pub(super) store: S,
     pub(super) faults: Arc<Mutex<LinkFaults>>,
     pub(super) rng: Arc<Mutex<StdRng>>,
     pub(super) stats: Arc<Mutex<LinkStats>>,
+    /// Whether requests may be delivered twice.
+    pub(super) duplicates: bool,
     pub(super) mutant: Option<Mutant>,
     /// The candidate's wall clock, for the token-from-local-clock mutant.
     pub(super) local_clock: StoreTime,
     pub(super) started: Instant,
 }
 
-impl Link {
+impl<S: Clone + Send + Sync + 'static> Link<S> {
     pub(super) async fn send<T: Send + 'static>(
         &self,
         write: bool,
-        request: impl Fn(MemoryStore) -> BoxFuture<'static, Result<T, StoreError>> + Send + Sync + 'static,
+        request: impl Fn(S) -> BoxFuture<'static, Result<T, StoreError>> + Send + Sync + 'static,
+    ) -> Result<T, StoreError> {
+        self.send_judged(write, |_| true, request).await
+    }
+
+    /// [`send`](Self::send), where `committed` tells which replies are of
+    /// writes that took effect (for counting late commits).
+    pub(super) async fn send_judged<T: Send + 'static>(
+        &self,
+        write: bool,
+        committed: fn(&T) -> bool,
+        request: impl Fn(S) -> BoxFuture<'static, Result<T, StoreError>> + Send + Sync + 'static,
     ) -> Result<T, StoreError> {
         let faults = *self.faults.lock().unwrap();
         let (reply_tx, reply_rx) = oneshot::channel();
@@ -60,12 +73,12 @@ impl Link {
         tokio::spawn(async move {
             tokio::time::sleep(faults.to_store).await;
             let outcome = first(store).await;
-            let committed = outcome.is_ok();
+            let committed = outcome.as_ref().is_ok_and(committed);
             if reply_tx.send(outcome).is_err() && write && committed {
                 stats.lock().unwrap().late_commits += 1;
             }
         });
-        if faults.duplicate > 0.0 && self.rng.lock().unwrap().random_bool(faults.duplicate) {
+        if self.duplicates && faults.duplicate > 0.0 && self.rng.lock().unwrap().random_bool(faults.duplicate) {
             self.stats.lock().unwrap().duplicates += 1;
             let again = faults.to_store * 2 + Duration::from_millis(self.rng.lock().unwrap().random_range(0..200));
             let store = self.store.clone();
@@ -79,6 +92,16 @@ impl Link {
             .unwrap_or_else(|_| Err(StoreError::outcome_unknown("request lost")));
         tokio::time::sleep(faults.from_store).await;
         reply
+    }
+
+    /// The store the link leads to.
+    pub(super) fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The link's faults, which the schedule changes.
+    pub(super) fn faults(&self) -> Arc<Mutex<LinkFaults>> {
+        self.faults.clone()
     }
 
     pub(super) fn local_now(&self) -> FencingToken {

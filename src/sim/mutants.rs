@@ -26,10 +26,14 @@ pub enum Mutant {
     PartitionExtrasKept,
     LeaderIgnoresStandAside,
     StandAsideForFencedPeers,
+    ExpiryFromRenewTime,
+    WriteWithoutResourceVersion,
+    TokenFromLeaseTransitions,
+    CreateTokenFromList,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -44,6 +48,10 @@ impl Mutant {
         Mutant::PartitionExtrasKept,
         Mutant::LeaderIgnoresStandAside,
         Mutant::StandAsideForFencedPeers,
+        Mutant::ExpiryFromRenewTime,
+        Mutant::WriteWithoutResourceVersion,
+        Mutant::TokenFromLeaseTransitions,
+        Mutant::CreateTokenFromList,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +70,10 @@ impl Mutant {
             Mutant::PartitionExtrasKept => "partition-extras-kept",
             Mutant::LeaderIgnoresStandAside => "leader-ignores-stand-aside",
             Mutant::StandAsideForFencedPeers => "stand-aside-for-fenced-peers",
+            Mutant::ExpiryFromRenewTime => "expiry-from-renewTime",
+            Mutant::WriteWithoutResourceVersion => "write-without-resourceVersion",
+            Mutant::TokenFromLeaseTransitions => "token-from-leaseTransitions",
+            Mutant::CreateTokenFromList => "create-token-from-list",
         }
     }
 
@@ -95,6 +107,19 @@ impl Mutant {
             Mutant::StandAsideForFencedPeers => {
                 "candidates stand aside for a peer of the preferred version that the version fence refuses"
             }
+            Mutant::ExpiryFromRenewTime => {
+                "Kubernetes: a Lease is judged expired by its renewTime against the candidate's own (skewed) wall clock"
+            }
+            Mutant::WriteWithoutResourceVersion => {
+                "Kubernetes: writes replace the Lease without the resourceVersion precondition"
+            }
+            Mutant::TokenFromLeaseTransitions => {
+                "Kubernetes: the token is the Lease's leaseTransitions, which starts again when the Lease is recreated"
+            }
+            Mutant::CreateTokenFromList => {
+                "Kubernetes: a create's token is the resourceVersion of the list before it, which a create and a \
+                 delete landing in between outdate"
+            }
         }
     }
 
@@ -114,8 +139,23 @@ impl Mutant {
             | Mutant::LockTakenFromLiveSession
             | Mutant::FenceOnlyInTheElector
             | Mutant::PartitionExtrasKept
-            | Mutant::StandAsideForFencedPeers => None,
+            | Mutant::StandAsideForFencedPeers
+            | Mutant::ExpiryFromRenewTime
+            | Mutant::WriteWithoutResourceVersion
+            | Mutant::TokenFromLeaseTransitions
+            | Mutant::CreateTokenFromList => None,
         }
+    }
+
+    /// Whether the mutant is of the Kubernetes store (caught on its semantics).
+    pub fn is_kubernetes(self) -> bool {
+        matches!(
+            self,
+            Mutant::ExpiryFromRenewTime
+                | Mutant::WriteWithoutResourceVersion
+                | Mutant::TokenFromLeaseTransitions
+                | Mutant::CreateTokenFromList
+        )
     }
 }
 
@@ -136,10 +176,21 @@ fn names() -> String {
 
 /// The first seed in `seeds` on which the checker catches `mutant`.
 pub fn hunt(mutant: Mutant, seeds: Range<u64>, length: Duration) -> Option<Violation> {
+    hunt_with(
+        mutant,
+        seeds,
+        &Setup {
+            length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// [`hunt`] with `setup` (its mutant replaced by `mutant`).
+pub fn hunt_with(mutant: Mutant, seeds: Range<u64>, setup: &Setup) -> Option<Violation> {
     let setup = Setup {
-        length,
         mutant: Some(mutant),
-        ..Setup::default()
+        ..setup.clone()
     };
     seeds.into_iter().find_map(|seed| simulate_with(seed, &setup).err())
 }

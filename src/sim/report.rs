@@ -73,6 +73,18 @@ pub struct Counts {
     pub stand_asides: u64,
     /// Rollout schedules whose lease prefers `Newest` (the rest `Oldest`).
     pub newest_schedules: u64,
+    /// Elector schedules on the Kubernetes store's semantics (1 or 0 for one schedule).
+    pub kubernetes_schedules: u64,
+    /// Kubernetes writes refused (409) because judged on a version no longer current.
+    pub stale_conflicts: u64,
+    /// Kubernetes Leases created again after a deletion.
+    pub recreated: u64,
+    /// Session schedules on PostgreSQL's semantics (1 or 0 for one schedule).
+    pub postgres_schedules: u64,
+    /// Session schedules on Redis's semantics (1 or 0 for one schedule).
+    pub redis_schedules: u64,
+    /// PostgreSQL transactions aborted with a serialization failure and retried.
+    pub serialization_failures: u64,
 }
 
 impl Counts {
@@ -95,6 +107,12 @@ impl Counts {
         self.partition_schedules += r.partition_schedules;
         self.stand_asides += r.stand_asides;
         self.newest_schedules += r.newest_schedules;
+        self.kubernetes_schedules += r.kubernetes_schedules;
+        self.stale_conflicts += r.stale_conflicts;
+        self.recreated += r.recreated;
+        self.postgres_schedules += r.postgres_schedules;
+        self.redis_schedules += r.redis_schedules;
+        self.serialization_failures += r.serialization_failures;
     }
 }
 
@@ -107,7 +125,10 @@ impl fmt::Display for Counts {
              {} rows deleted under a live lease, {} seeds on TTL expiry with {} leases vanished at their TTL, \
              {} sessions replaced after expiry, \
              {} schedules with the version fence, {} moves to a newer version, {} leaders stood aside, \
-             {} rollout schedules preferring Newest, {} session schedules sharing partitions",
+             {} rollout schedules preferring Newest, {} session schedules sharing partitions, \
+             {} schedules on the Kubernetes store's semantics ({} writes refused as judged on a stale version, \
+             {} Leases recreated), {} session schedules on PostgreSQL's semantics ({} serialization failures \
+             retried) and {} on Redis's",
             self.terms,
             self.accepted,
             self.fenced,
@@ -125,7 +146,13 @@ impl fmt::Display for Counts {
             self.version_moves,
             self.stand_asides,
             self.newest_schedules,
-            self.partition_schedules
+            self.partition_schedules,
+            self.kubernetes_schedules,
+            self.stale_conflicts,
+            self.recreated,
+            self.postgres_schedules,
+            self.serialization_failures,
+            self.redis_schedules
         )
     }
 }

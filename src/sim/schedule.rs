@@ -1,5 +1,6 @@
 //! The elector schedule: 2–5 candidates on paused tokio time, each behind
-//! its own link to the faulty memory store, and the faults injected
+//! its own link to the faulty memory store (or, with `kubernetes`, to the
+//! simulated API server of [`super::kubernetes`]), and the faults injected
 //! between them (module docs of [`super`]).
 
 use std::collections::HashSet;
@@ -15,12 +16,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::checker::{Belief, FencedRegister, Log, Write};
+use super::kubernetes::{ApiServer, CandidateClock, KubeClient};
 use super::link::{Link, LinkFaults, LinkStats};
 use super::mutants::Mutant;
 use super::report::{Counts, Report, Violation};
+use super::session_stores::{SessionSemantics, SessionServer};
 use super::sessions;
 use crate::lease::elector::{SimHooks, TaskWrapper};
-use crate::lease::{Elector, ElectorHandle, Identity, LeaderContext, LeaderState, StoreTime, Timing};
+use crate::lease::{
+    Elector, ElectorHandle, FencingToken, Identity, LeaderContext, LeaderState, LeaseStore, StoreTime, Timing,
+};
 use crate::store::{Faults, MemoryStore};
 
 /// How to run a schedule.
@@ -33,6 +38,12 @@ pub struct Setup {
     /// shows the checker can see a violation.
     pub drift: Range<f64>,
     pub mutant: Option<Mutant>,
+    /// Elector schedules on the Kubernetes store's semantics; the drift
+    /// range then applies to each candidate's monotonic clock, times what
+    /// D/R tolerates between two candidates.
+    pub kubernetes: bool,
+    /// Session schedules on this store's semantics instead of the seed's turn.
+    pub sessions_on: Option<SessionSemantics>,
 }
 
 impl Default for Setup {
@@ -41,6 +52,8 @@ impl Default for Setup {
             length: Duration::from_secs(60),
             drift: -0.5..0.6,
             mutant: None,
+            kubernetes: false,
+            sessions_on: None,
         }
     }
 }
@@ -53,6 +66,18 @@ pub fn simulate(seed: u64, length: Duration) -> Result<Report, Violation> {
         seed,
         &Setup {
             length,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule of the correct elector on the Kubernetes store's semantics.
+pub fn simulate_kubernetes(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            kubernetes: true,
             ..Setup::default()
         },
     )
@@ -115,6 +140,8 @@ impl Pause {
 }
 
 pub(super) struct Candidate {
+    /// Its clocks, on the Kubernetes store's semantics.
+    pub(super) clock: Option<Arc<CandidateClock>>,
     pub(super) name: String,
     /// Its identity, as beliefs and acquisitions name it.
     pub(super) who: String,
@@ -129,7 +156,15 @@ pub(super) struct Schedule {
     pub(super) seed: u64,
     pub(super) rng: StdRng,
     pub(super) store: MemoryStore,
+    /// The API server, when the schedule runs on the Kubernetes store's semantics.
+    pub(super) kube: Option<ApiServer>,
+    /// The PostgreSQL or Redis model a session schedule runs on, if not the memory store.
+    pub(super) session_server: Option<SessionServer>,
+    /// The session semantics the setup asks for.
+    pub(super) sessions_on: Option<SessionSemantics>,
     pub(super) mutant: Option<Mutant>,
+    /// The clock rate excesses drawn from (module docs of [`Setup`]).
+    pub(super) drift: Range<f64>,
     pub(super) clock_rate: f64,
     pub(super) timing: Timing,
     /// The largest forward jump of the store clock, in store time.
@@ -143,8 +178,11 @@ pub(super) struct Schedule {
     pub(super) register: Arc<Mutex<FencedRegister>>,
     pub(super) links: Arc<Mutex<StdRng>>,
     pub(super) stats: Arc<Mutex<LinkStats>>,
-    /// Terms whose row was deleted while their lease was live.
-    pub(super) deleted_terms: HashSet<u64>,
+    /// Tokens of terms whose row was deleted while their lease was live.
+    pub(super) deleted_tokens: HashSet<Option<FencingToken>>,
+    /// When the Kubernetes Lease was deleted: the record (term, version
+    /// fence) starts again after it.
+    pub(super) term_resets: Vec<Instant>,
     pub(super) restarts: u64,
     /// The version fence is on in this schedule.
     pub(super) fence: bool,
@@ -170,15 +208,29 @@ impl Schedule {
         // forward jump (jumps are 4 D apart); what is left of D is the
         // margin, half of it given to jumps.
         let left = (lease.as_secs_f64() - renew.as_secs_f64() * clock_rate).max(0.0);
-        let max_jump = Duration::from_secs_f64(left / 2.0);
-        let margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
+        let mut max_jump = Duration::from_secs_f64(left / 2.0);
+        let mut margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
+        let kubernetes = setup.kubernetes || setup.mutant.is_some_and(Mutant::is_kubernetes);
+        if kubernetes {
+            // No store clock: a follower takes over no earlier than D by its
+            // own clock after it saw the last renewal commit; the leader
+            // stops at its send + R. With the fastest candidate clock at
+            // rate q that leaves D / q − R.
+            let fastest = 1.0 + setup.drift.end * tolerated;
+            margin = Duration::from_secs_f64((lease.as_secs_f64() / fastest - renew.as_secs_f64()).max(0.0));
+            max_jump = Duration::ZERO;
+        }
         Schedule {
             seed,
             store: MemoryStore::new(rng.random())
                 .with_clock_start(StoreTime(1_700_000_000_000_000_000))
                 .with_clock_rate(clock_rate)
                 .with_ttl_expiry(seed % 2 == 1),
+            kube: kubernetes.then(|| ApiServer::new(seed, LOCK)),
+            session_server: None,
+            sessions_on: setup.sessions_on,
             mutant: setup.mutant,
+            drift: setup.drift.clone(),
             clock_rate,
             links: Arc::new(Mutex::new(StdRng::seed_from_u64(rng.random()))),
             rng,
@@ -190,14 +242,16 @@ impl Schedule {
             log: Arc::default(),
             register: Arc::default(),
             stats: Arc::default(),
-            deleted_terms: HashSet::new(),
+            deleted_tokens: HashSet::new(),
+            term_resets: Vec::new(),
             restarts: 0,
             fence: false,
             revision: 2,
             report: Report {
                 seed,
                 counts: Counts {
-                    ttl_seeds: seed % 2,
+                    ttl_seeds: if kubernetes { 0 } else { seed % 2 },
+                    kubernetes_schedules: u64::from(kubernetes),
                     ..Counts::default()
                 },
                 ..Default::default()
@@ -226,15 +280,53 @@ impl Schedule {
         let link_faults = Arc::new(Mutex::new(LinkFaults::default()));
         // Pod clocks are off by up to ± 2 D (only the token mutant reads them).
         let skew = self.timing.lease_duration.as_nanos() as i64 * self.rng.random_range(-2_000..=2_000) / 1_000;
-        let store = Arc::new(Link {
-            store: self.store.clone(),
-            faults: link_faults.clone(),
-            rng: self.links.clone(),
-            stats: self.stats.clone(),
-            mutant: self.mutant,
-            local_clock: StoreTime(1_700_000_000_000_000_000 + skew),
-            started: self.start,
-        });
+        let (store, clock): (Arc<dyn LeaseStore>, _) = match &self.kube {
+            None => (
+                Arc::new(Link {
+                    store: self.store.clone(),
+                    faults: link_faults.clone(),
+                    rng: self.links.clone(),
+                    stats: self.stats.clone(),
+                    duplicates: true,
+                    mutant: self.mutant,
+                    local_clock: StoreTime(1_700_000_000_000_000_000 + skew),
+                    started: self.start,
+                }),
+                None,
+            ),
+            Some(server) => {
+                // Its monotonic clock's rate; its wall clock is skewed by as
+                // much as the pod clocks above (only the renewTime mutant reads it).
+                let tolerated =
+                    self.timing.lease_duration.as_secs_f64() / self.timing.renew_deadline.as_secs_f64() - 1.0;
+                let rate = 1.0 + self.rng.random_range(self.drift.clone()) * tolerated;
+                let clock = Arc::new(CandidateClock::new(rate, self.start, skew));
+                self.note(format!(
+                    "c{slot} clock rate {rate:.3}, wall clock off by {}ms",
+                    skew / 1_000_000
+                ));
+                let link = Link {
+                    store: server.clone(),
+                    faults: link_faults.clone(),
+                    rng: self.links.clone(),
+                    stats: self.stats.clone(),
+                    // HTTP requests are not delivered twice.
+                    duplicates: false,
+                    mutant: self.mutant,
+                    local_clock: StoreTime(0),
+                    started: self.start,
+                };
+                // The store's call timeout, shorter than R as the default 5 s is than 10 s.
+                let client = KubeClient::new(
+                    link,
+                    clock.clone(),
+                    self.timing.renew_deadline / 2,
+                    self.mutant,
+                    pause.clone(),
+                );
+                (Arc::new(client), Some(clock))
+            }
+        };
         let register = self.register.clone();
         // Each write takes up to an eighth of the margin by itself.
         let write_latency = self.margin / 8;
@@ -280,6 +372,7 @@ impl Schedule {
         self.watch_beliefs(who.clone(), handle.subscribe());
         self.note(format!("start {who} at revision {revision}"));
         Candidate {
+            clock,
             name,
             who,
             version,
@@ -335,8 +428,18 @@ impl Schedule {
         self.fence = self.rng.random_bool(0.5);
         self.report.counts.fenced_schedules = u64::from(self.fence);
         self.note(format!(
-            "{slots} candidates, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
-            self.timing, self.clock_rate, self.max_jump, self.margin, self.fence, self.mutant
+            "{slots} candidates{}, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
+            if self.kube.is_some() {
+                " on the Kubernetes store's semantics"
+            } else {
+                ""
+            },
+            self.timing,
+            self.clock_rate,
+            self.max_jump,
+            self.margin,
+            self.fence,
+            self.mutant
         ));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
@@ -344,7 +447,7 @@ impl Schedule {
             tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..1500))).await;
             self.inject(&mut candidates).await;
         }
-        self.store.set_faults(Faults::default());
+        self.set_store_faults(Faults::default());
         for c in &candidates {
             *c.link.lock().unwrap() = LinkFaults::default();
             c.pause.0.send_replace(false);
@@ -364,6 +467,9 @@ impl Schedule {
         let arm = self.rng.random_range(0..14);
         let links: Vec<_> = candidates.iter().map(|c| c.link.clone()).collect();
         let (name, pause) = (candidates[i].name.clone(), candidates[i].pause.clone());
+        if self.kube.is_some() && self.inject_kubernetes(arm, &candidates[i]) {
+            return;
+        }
         if self.inject_fault(arm, &name, &pause, &links, i) {
             return;
         }
@@ -395,9 +501,10 @@ impl Schedule {
             // Rare: it exempts the term it cuts short from the checker.
             10 if self.rng.random_bool(0.25) => {
                 let deleted = self.store.delete_row(LOCK);
-                match deleted.live_holder().and(deleted.record.as_ref().map(|r| r.term)) {
-                    Some(term) => {
-                        self.deleted_terms.insert(term);
+                match deleted.live_holder().and(deleted.record.as_ref()) {
+                    Some(record) => {
+                        let term = record.term;
+                        self.deleted_tokens.insert(record.token);
                         self.report.counts.deleted_live += 1;
                         self.note(format!("row deleted under the live lease of term {term}"));
                     }
@@ -406,6 +513,61 @@ impl Schedule {
             }
             _ => {}
         }
+    }
+
+    /// The Kubernetes schedule's own faults, by `arm`: a step of the wall
+    /// clock of `candidate`, the Lease deleted by hand, the watch cache
+    /// lagging. False for any other arm.
+    fn inject_kubernetes(&mut self, arm: u32, candidate: &Candidate) -> bool {
+        let (Some(server), Some(clock)) = (self.kube.clone(), candidate.clock.as_ref()) else {
+            return false;
+        };
+        let lease = self.timing.lease_duration;
+        match arm {
+            9 => {
+                let step = lease.as_nanos() as i64 * self.rng.random_range(-2_000..=2_000) / 1_000;
+                self.note(format!("{} wall clock steps by {}ms", candidate.name, step / 1_000_000));
+                self.report.counts.clock_jumps += 1;
+                clock.step(step);
+            }
+            10 => match server.delete(lease) {
+                Some(deleted) => {
+                    self.term_resets.push(Instant::now());
+                    match deleted.live {
+                        Some((term, token)) => {
+                            self.deleted_tokens.insert(Some(token));
+                            self.report.counts.deleted_live += 1;
+                            self.note(format!(
+                                "Lease deleted under the live lease of term {term} token {token}"
+                            ));
+                        }
+                        None => self.note("Lease deleted".into()),
+                    }
+                }
+                None => self.note("Lease already absent".into()),
+            },
+            12 => {
+                let lag = match self.rng.random_bool(0.5) {
+                    true => lease.mul_f64(self.rng.random_range(0.0..1.5)),
+                    false => Duration::ZERO,
+                };
+                self.note(format!("watch cache lags {lag:?}"));
+                server.set_watch_lag(lag);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Sets the faults of the store the schedule runs on.
+    pub(super) fn set_store_faults(&self, faults: Faults) {
+        if let Some(server) = &self.kube {
+            server.set_faults(faults.clone());
+        }
+        if let Some(server) = &self.session_server {
+            server.set_faults(faults.clone());
+        }
+        self.store.set_faults(faults);
     }
 
     /// The faults every schedule shares, by `arm`: store outages, latency
@@ -424,7 +586,7 @@ impl Schedule {
         match arm {
             0 => {
                 self.note("store outage".into());
-                self.store.set_faults(Faults {
+                self.set_store_faults(Faults {
                     down: true,
                     ..Default::default()
                 });
@@ -432,7 +594,7 @@ impl Schedule {
             1 => {
                 let latency = renew.mul_f64(self.rng.random_range(0.1..0.8));
                 self.note(format!("store latency {latency:?} each way"));
-                self.store.set_faults(Faults {
+                self.set_store_faults(Faults {
                     latency,
                     ..Default::default()
                 });
@@ -445,11 +607,11 @@ impl Schedule {
                     ..Default::default()
                 };
                 self.note(format!("flaky store {faults:?}"));
-                self.store.set_faults(faults);
+                self.set_store_faults(faults);
             }
             3 => {
                 self.note("store and links healthy".into());
-                self.store.set_faults(Faults::default());
+                self.set_store_faults(Faults::default());
                 for link in links {
                     *link.lock().unwrap() = LinkFaults::default();
                 }
@@ -502,6 +664,9 @@ impl Schedule {
                 self.note(format!("store clock jumps by {}ms", direction * nanos / 1_000_000));
                 self.report.counts.clock_jumps += 1;
                 self.store.jump_clock(direction * nanos);
+                if let Some(server) = &self.session_server {
+                    server.jump_clock(direction * nanos);
+                }
             }
             _ => return false,
         }

@@ -6,6 +6,12 @@
 //! duplicated requests, outages, lost replies, clock drift and jumps) plus
 //! crashes and garbage collections run by an outsider (the operator).
 //!
+//! Seeds take turns in threes ([`SessionSemantics::of_seed`]) on three
+//! stores' semantics: the memory store's (Spanner's commit timestamps),
+//! PostgreSQL's and Redis's ([`super::session_stores`]: rows judged by the
+//! server's wall clock, stamps above the last renewal and token, and on
+//! PostgreSQL serialization failures retried).
+//!
 //! One seed in three runs the processes as members of a partitioned lock
 //! instead ([`Partitioner`]: six partitions, claimed through
 //! [`Assigned::token_at`]), with a drain of up to P before each handover.
@@ -38,6 +44,7 @@ use super::link::{Link, LinkFaults};
 use super::mutants::Mutant;
 use super::report::{Report, Violation};
 use super::schedule::{Pause, Schedule, Setup, paused_runtime};
+use super::session_stores::{SessionSemantics, SessionServer};
 use crate::lease::elector::SimHooks;
 use crate::lease::lock_set::{HeldSet, Session};
 use crate::lease::partitions::{Assigned, PartitionFlaw, PartitionView, Partitioner, partition_lock};
@@ -113,15 +120,10 @@ impl Schedule {
         let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
         let pause = Pause::new();
         let link = Arc::new(Mutex::new(LinkFaults::default()));
-        let store: Arc<dyn SessionStore> = Arc::new(Link {
-            store: self.store.clone(),
-            faults: link.clone(),
-            rng: self.links.clone(),
-            stats: self.stats.clone(),
-            mutant: self.mutant,
-            local_clock: StoreTime(0),
-            started: self.start,
-        });
+        let store: Arc<dyn SessionStore> = match &self.session_server {
+            Some(server) => Arc::new(self.session_link(server.clone(), &link)),
+            None => Arc::new(self.session_link(self.store.clone(), &link)),
+        };
         let hooks = SimHooks {
             flaw: None,
             wrap: Some(pause.wrapper()),
@@ -186,9 +188,48 @@ impl Schedule {
         }
     }
 
+    /// A process's link to `store`.
+    fn session_link<S>(&self, store: S, faults: &Arc<Mutex<LinkFaults>>) -> Link<S> {
+        Link {
+            store,
+            faults: faults.clone(),
+            rng: self.links.clone(),
+            stats: self.stats.clone(),
+            duplicates: true,
+            mutant: self.mutant,
+            local_clock: StoreTime(0),
+            started: self.start,
+        }
+    }
+
+    /// The session store the schedule runs on.
+    fn session_store(&self) -> &dyn SessionStore {
+        match &self.session_server {
+            Some(server) => server,
+            None => &self.store,
+        }
+    }
+
     pub(super) async fn run_sessions(mut self, length: Duration) -> Result<Report, Violation> {
+        let semantics = self.sessions_on.unwrap_or(SessionSemantics::of_seed(self.seed));
+        if semantics != SessionSemantics::Spanner {
+            // Seeded apart from the schedule, so the memory store's seeds replay as before.
+            let server = SessionServer::new(
+                semantics,
+                self.seed ^ 0x5e55_1045,
+                StoreTime(1_700_000_000_000_000_000),
+                self.clock_rate,
+                self.timing.renew_deadline / 2,
+            );
+            self.session_server = Some(server);
+        }
+        self.report.counts.redis_schedules = u64::from(semantics == SessionSemantics::Redis);
+        self.report.counts.postgres_schedules = u64::from(semantics == SessionSemantics::Postgres);
         if let Some(flaw) = self.mutant.and_then(flaw) {
-            self.store.set_session_flaw(Some(flaw));
+            match &self.session_server {
+                Some(server) => server.set_flaw(Some(flaw)),
+                None => self.store.set_session_flaw(Some(flaw)),
+            }
         }
         let partitioned = self.seed % 3 == 2 || partition_flaw(self.mutant).is_some();
         let shared = Arc::new(Shared {
@@ -197,7 +238,7 @@ impl Schedule {
         });
         let slots = self.rng.random_range(2..=5);
         self.note(format!(
-            "{slots} processes with sessions{}, {:?}, store clock rate {:.3}, forward jumps up to {:?}, mutant {:?}",
+            "{slots} processes with sessions{} on {semantics:?}'s semantics, {:?}, store clock rate {:.3}, forward jumps up to {:?}, mutant {:?}",
             if partitioned {
                 format!(" sharing {PARTITIONS} partitions")
             } else {
@@ -214,7 +255,7 @@ impl Schedule {
             tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..1500))).await;
             self.inject_sessions(&mut processes, &shared).await;
         }
-        self.store.set_faults(Default::default());
+        self.set_store_faults(Default::default());
         let unbalanced = match partitioned {
             true => self.converge_partitions(&processes).await,
             false => None,
@@ -237,7 +278,7 @@ impl Schedule {
         self.note("faults lifted: the partitions must converge".into());
         let p = self.timing.retry_period;
         tokio::time::sleep(self.timing.lease_duration * 2 + p.mul_f64(8.0 * (1.0 + self.timing.jitter))).await;
-        let view = match PartitionView::observe(&self.store, PARTITIONED, PARTITIONS).await {
+        let view = match PartitionView::observe(self.session_store(), PARTITIONED, PARTITIONS).await {
             Ok(view) => view,
             Err(e) => return Some(format!("reading the partitions failed: {e}")),
         };
@@ -274,8 +315,22 @@ impl Schedule {
             }
             8 | 10 => {
                 // The operator collects dead sessions and free rows.
-                let collected: Result<Collected, StoreError> = self.store.collect_garbage().await;
+                let collected: Result<Collected, StoreError> = self.session_store().collect_garbage().await;
                 self.note(format!("garbage collection: {collected:?}"));
+            }
+            11 if self
+                .session_server
+                .as_ref()
+                .is_some_and(|s| s.semantics() == SessionSemantics::Postgres) =>
+            {
+                let share = match self.rng.random_bool(0.5) {
+                    true => self.rng.random_range(0.0..0.5),
+                    false => 0.0,
+                };
+                self.note(format!("PostgreSQL: {share:.2} of write transactions abort with 40001"));
+                if let Some(server) = &self.session_server {
+                    server.set_contention(share);
+                }
             }
             _ => {}
         }
@@ -283,7 +338,10 @@ impl Schedule {
 
     fn check_sessions(mut self, shared: &Shared, unbalanced: Option<String>) -> Result<Report, Violation> {
         let mut log = std::mem::take(&mut *self.log.lock().unwrap());
-        let acquisitions: Vec<LockAcquisition> = self.store.lock_acquisitions();
+        let acquisitions: Vec<LockAcquisition> = match &self.session_server {
+            Some(server) => server.lock_acquisitions(),
+            None => self.store.lock_acquisitions(),
+        };
         let start = self.start;
         let at = |instant: Instant| (instant - start).as_millis();
         log.events.extend(acquisitions.iter().map(|a| {
@@ -360,6 +418,9 @@ impl Schedule {
         self.report.counts.late_commits = stats.late_commits;
         self.report.counts.duplicates = stats.duplicates;
         self.report.counts.sessions_replaced = *shared.replaced.lock().unwrap();
+        if let Some(server) = &self.session_server {
+            self.report.counts.serialization_failures = server.serialization_failures();
+        }
         self.report.events = log.events;
         drop(stats);
         Ok(self.report)
@@ -412,7 +473,7 @@ async fn claim_partitions(assigned: tokio::sync::watch::Receiver<Assigned>, shar
 
 /// The processes reach the store through their links, like the electors.
 #[async_trait::async_trait]
-impl SessionStore for Link {
+impl<S: SessionStore + Clone> SessionStore for Link<S> {
     async fn ensure_session_schema(&self) -> Result<(), StoreError> {
         Ok(())
     }

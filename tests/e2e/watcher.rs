@@ -170,11 +170,16 @@ impl LeadershipWatcher {
         self.state.lock().unwrap().violations.clone()
     }
 
-    /// Stops watching and fails the test on any violation.
-    pub fn finish(self) {
+    /// Stops watching (the benchmark counts the violations instead).
+    pub fn stop(&self) {
         for task in &self.tasks {
             task.abort();
         }
+    }
+
+    /// Stops watching and fails the test on any violation.
+    pub fn finish(self) {
+        self.stop();
         let state = self.state.lock().unwrap();
         assert!(
             state.violations.is_empty(),

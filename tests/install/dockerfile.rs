@@ -3,12 +3,12 @@
 //! written), and the binary lands where the injected containers need it.
 
 #[path = "../support/dockerfile.rs"]
-mod dockerfile;
+mod image_build;
 
 use std::path::Path;
 use std::process::Command;
 
-use dockerfile::{Stage, exec_form, final_and_build_stage, parse, parse_copy, prepare_context, root, run_build};
+use image_build::{Stage, exec_form, final_and_build_stage, parse, parse_copy, prepare_context, root, run_build};
 use leasehold::operator::webhook::{BIN_DIR, IMAGE_BINARY};
 
 fn stages() -> Vec<Stage> {
@@ -20,7 +20,7 @@ fn stages() -> Vec<Stage> {
 /// ENTRYPOINT and the code say.
 #[test]
 fn the_image_builds_from_the_dockerfile() {
-    let (binary, destination) = dockerfile::build_image_binary().unwrap_or_else(|e| panic!("{e}"));
+    let (binary, destination) = image_build::build_image_binary().unwrap_or_else(|e| panic!("{e}"));
     let version = Command::new(&binary).arg("--version").output().unwrap();
     assert!(version.status.success(), "{} --version: {version:?}", binary.display());
     assert_eq!(

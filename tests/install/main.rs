@@ -5,6 +5,7 @@ mod demo;
 mod dockerfile;
 mod docs_reference;
 mod install_self;
+mod layout;
 mod manifests;
 mod monitoring;
 mod readme;

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::lease::Timing;
+use leasehold::lease::budget::AT_RISK_SHARE;
 use leasehold::lease::session::Collected;
 use leasehold::operator::metrics::Outcome;
-use leasehold::sidecar::budget::{AT_RISK_SHARE, RenewBudget};
+use leasehold::sidecar::budget::RenewBudget;
 use leasehold::sidecar::metrics::{FailureLabels, OpLabels};
 use leasehold::store::memory::MemoryStore;
 use prometheus_client::registry::Registry;

@@ -4,7 +4,7 @@
 //! one-machine trial (`sh local`) runs here against a private PostgreSQL.
 
 #[path = "../support/readme.rs"]
-mod readme;
+mod readme_blocks;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use leasehold::testing::servers::PostgresServer;
-use readme::{blocks, e2e_script, unprovided};
+use readme_blocks::{blocks, e2e_script, unprovided};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()

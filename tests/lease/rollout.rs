@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::support::rollout::{STORE_LATENCY, TIMING, rollout};
+use crate::support::rollout::{Outcome, STORE_LATENCY, TIMING, rollout};
 use leasehold::lease::Prefer;
 
 #[tokio::test(start_paused = true)]
@@ -31,13 +31,44 @@ async fn newest_hands_over_once_and_never_backwards() {
     assert!(outcome.leaderless <= bound, "{outcome:?}, bound {bound:?}");
 }
 
+/// Whether every acquisition made while an old pod still ran went to the
+/// old revision.
+fn old_kept_while_any_ran(outcome: &Outcome) -> bool {
+    outcome.revisions[..outcome.while_old_ran]
+        .iter()
+        .all(|revision| *revision == Some(1))
+}
+
 #[tokio::test(start_paused = true)]
 async fn oldest_keeps_the_old_version_until_none_is_left() {
     let outcome = rollout(3, Prefer::Oldest, false).await;
     println!("Oldest: {outcome:?}");
+    assert!(outcome.while_old_ran >= 1, "an old pod led first: {outcome:?}");
+    assert!(
+        old_kept_while_any_ran(&outcome),
+        "no new pod leads while an old one runs: {outcome:?}"
+    );
     let moves_to_new = outcome.revisions.windows(2).filter(|w| w[1] > w[0]).count();
     assert_eq!(moves_to_new, 1, "once, when the last old pod goes: {outcome:?}");
     assert_eq!(outcome.revisions.last(), Some(&Some(2)), "{outcome:?}");
+}
+
+/// The check above fails a rollout whose leadership moved to the new
+/// version after the first old pod went (three old pods, each replaced in
+/// turn; the new revision acquired while two old pods still ran), and
+/// passes the one it should.
+#[test]
+fn the_oldest_check_fails_leadership_that_moved_to_new_early() {
+    let rollout = |revisions: &[u64], while_old_ran| Outcome {
+        handovers: revisions.len() - 1,
+        leaderless: Duration::ZERO,
+        backwards: 0,
+        revisions: revisions.iter().map(|r| Some(*r)).collect(),
+        while_old_ran,
+    };
+    assert!(!old_kept_while_any_ran(&rollout(&[1, 2], 2)));
+    assert!(!old_kept_while_any_ran(&rollout(&[1, 1, 2], 3)));
+    assert!(old_kept_while_any_ran(&rollout(&[1, 1, 2], 2)));
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use leasehold::sim::{
-    Mutant, Report, Setup, Summary, Violation, hunt, simulate, simulate_rollouts, simulate_sessions, simulate_with,
+    Mutant, Report, SessionSemantics, Setup, Summary, Violation, hunt, hunt_with, simulate, simulate_kubernetes,
+    simulate_rollouts, simulate_sessions, simulate_with,
 };
 
 /// Runs `seeds` one-minute schedules of one kind; panics with the first
@@ -115,18 +116,25 @@ fn the_checker_catches_clock_drift_beyond_what_r_over_d_tolerates() {
     assert!(caught > 0, "no violation found in 100 seeds of excessive drift");
 }
 
+/// Prints which seed caught `mutant` (`context` names the setup): that
+/// seed, or `None` when the mutant survived.
+fn caught(context: &str, mutant: Mutant, violation: Option<Violation>) -> Option<u64> {
+    let violation = violation?;
+    println!(
+        "{context}mutant {:<38} caught by seed {:>3}: {}",
+        mutant.name(),
+        violation.seed,
+        violation.what
+    );
+    Some(violation.seed)
+}
+
 #[test]
 fn every_mutant_is_caught_within_1000_seeds() {
     let mut survivors = Vec::new();
     for mutant in Mutant::ALL {
-        match hunt(mutant, 0..1000, Duration::from_secs(60)) {
-            Some(violation) => println!(
-                "mutant {:<38} caught by seed {:>3}: {}",
-                mutant.name(),
-                violation.seed,
-                violation.what
-            ),
-            None => survivors.push(mutant.name()),
+        if caught("", mutant, hunt(mutant, 0..1000, Duration::from_secs(60))).is_none() {
+            survivors.push(mutant.name());
         }
     }
     assert!(survivors.is_empty(), "mutants survived 1,000 seeds: {survivors:?}");
@@ -187,6 +195,13 @@ fn run_session_shard(shard: u64) -> Summary {
         summary.counts.sessions_replaced > 0 && summary.counts.long_pauses > 0 && summary.counts.crashes > 0,
         "{summary:?}"
     );
+    // Seeds take turns on the memory store's, PostgreSQL's and Redis's
+    // semantics; PostgreSQL's serialization failures were retried.
+    assert!(
+        summary.counts.postgres_schedules >= 30 && summary.counts.redis_schedules >= 30,
+        "{summary:?}"
+    );
+    assert!(summary.counts.serialization_failures > 0, "{summary:?}");
     assert!(
         summary.counts.late_commits > 0 && summary.counts.duplicates > 0 && summary.counts.clock_jumps > 0,
         "{summary:?}"
@@ -243,4 +258,89 @@ fn rollout_seeds_100_to_199() {
 #[test]
 fn the_simulate_command_runs_the_rollout_schedule() {
     the_simulate_command_runs(&["--rollouts"]);
+}
+
+/// The three session mutants stay caught on PostgreSQL's and Redis's
+/// semantics (`src/sim/session_stores.rs`), not only on the memory store's.
+#[test]
+fn session_mutants_are_caught_on_postgres_and_redis_semantics() {
+    let mut survivors = Vec::new();
+    for semantics in [SessionSemantics::Postgres, SessionSemantics::Redis] {
+        let setup = Setup {
+            sessions_on: Some(semantics),
+            ..Setup::default()
+        };
+        for mutant in [
+            Mutant::SessionRenewWithoutCas,
+            Mutant::SessionRenewedAfterExpiry,
+            Mutant::LockTakenFromLiveSession,
+        ] {
+            if caught(&format!("{semantics:?}: "), mutant, hunt_with(mutant, 0..1000, &setup)).is_none() {
+                survivors.push((semantics, mutant.name()));
+            }
+        }
+    }
+    assert!(survivors.is_empty(), "mutants survived 1,000 seeds: {survivors:?}");
+}
+
+/// The Kubernetes store's semantics (`src/sim/kubernetes.rs`): expiry by
+/// observed change on candidate clocks running at different rates within
+/// what D/R tolerates, wall clocks skewed and stepping, watches lagging,
+/// writes landing after the client gave up, the Lease deleted and created again.
+fn run_kubernetes_shard(shard: u64) -> Summary {
+    let summary = run_seeds(shard * 100..(shard + 1) * 100, simulate_kubernetes);
+    assert_eq!(summary.counts.kubernetes_schedules, 100, "{summary:?}");
+    assert!(summary.counts.terms > 100, "every seed elects someone: {summary:?}");
+    assert!(
+        summary.counts.late_commits > 0 && summary.counts.stale_conflicts > 0 && summary.counts.clock_jumps > 0,
+        "writes landed after their client gave up, writes judged on a stale version were refused, wall clocks stepped: {summary:?}"
+    );
+    assert!(
+        summary.counts.recreated > 0 && summary.counts.deleted_live > 0,
+        "Leases were deleted under a live lease and created again: {summary:?}"
+    );
+    assert!(
+        summary.counts.crashes > 0 && summary.counts.long_pauses > 0 && summary.counts.fenced > 0,
+        "{summary:?}"
+    );
+    summary
+}
+
+#[test]
+fn kubernetes_seeds_0_to_99() {
+    run_kubernetes_shard(0);
+}
+
+#[test]
+fn kubernetes_seeds_100_to_199() {
+    run_kubernetes_shard(1);
+}
+
+/// Each Kubernetes mutant is caught within 1,000 seeds, and the correct
+/// model passes every seed up to the one that caught it.
+#[test]
+fn kubernetes_mutants_are_caught_where_the_correct_model_passes() {
+    for mutant in Mutant::ALL.into_iter().filter(|m| m.is_kubernetes()) {
+        let seed = caught("", mutant, hunt(mutant, 0..1000, Duration::from_secs(60)))
+            .unwrap_or_else(|| panic!("mutant {} survived 1,000 seeds", mutant.name()));
+        run_seeds(0..seed + 1, simulate_kubernetes);
+    }
+}
+
+#[test]
+fn the_checker_catches_candidate_clock_rates_beyond_what_d_over_r_tolerates() {
+    // A follower's clock running faster than D/R times the leader's lets it
+    // judge a lease expired while its holder still believes it leads.
+    let setup = Setup {
+        drift: 1.5..3.0,
+        kubernetes: true,
+        ..Setup::default()
+    };
+    let caught = (0..100).filter(|&seed| simulate_with(seed, &setup).is_err()).count();
+    assert!(caught > 0, "no violation found in 100 seeds of excessive clock rates");
+}
+
+#[test]
+fn the_simulate_command_runs_the_kubernetes_schedule() {
+    the_simulate_command_runs(&["--kubernetes"]);
 }

@@ -78,10 +78,14 @@ fn a_leader_cut_off_from_the_store_reports_follower_by_r() {
     let leader = &cluster.sidecars[first];
     leader.proxy.set(ProxyMode::Cut);
     let cut = Instant::now();
+    // Its last renewal was sent before the cut, so its lease can expire by
+    // the store's clock from D after the cut on: it must have stopped
+    // claiming by then (it stops at R after that send; how much sooner is
+    // the benchmarks' business).
     while leader.leads() {
         assert!(
-            cut.elapsed() <= R + Duration::from_millis(250),
-            "still claiming {:?} after the cut (R = {R:?})",
+            cut.elapsed() < D,
+            "still claiming {:?} after the cut, when its lease may have expired (D = {D:?})",
             cut.elapsed()
         );
         std::thread::sleep(Duration::from_millis(10));

@@ -267,27 +267,44 @@ async fn concurrent_ensure_schema_on_a_fresh_database_all_succeed() {
         replicas.push(tokio::spawn(async move {
             store.ensure_schema().await?;
             // What a sidecar does next: elect, in read-write transactions.
+            // Each round either wins the lock (then renews it) or finds it
+            // held: nothing else.
+            let holder = format!("r{i}");
+            let mut grants = Vec::new();
             for _ in 0..10 {
-                if let Ok(grant) = store
-                    .acquire("fresh", &format!("r{i}"), Duration::from_millis(200))
-                    .await
-                {
-                    let _ = store
-                        .renew("fresh", &format!("r{i}"), grant.token, Duration::from_millis(200))
-                        .await;
+                match store.acquire("fresh", &holder, Duration::from_millis(200)).await {
+                    Ok(grant) => {
+                        let renewed = store
+                            .renew("fresh", &holder, grant.token, Duration::from_millis(200))
+                            .await?;
+                        assert_eq!(renewed.token, grant.token, "{holder}: a renewal keeps the token");
+                        grants.push(grant);
+                    }
+                    Err(StoreError::Lost { .. }) => {}
+                    Err(e) => return Err(e),
                 }
             }
-            Ok::<_, StoreError>(())
+            Ok::<_, StoreError>(grants)
         }));
     }
+    let mut grants = Vec::new();
     for replica in replicas {
         let result = replica.await.unwrap();
-        assert!(
-            result.is_ok(),
-            "every replica succeeds: {:?}",
-            result.map_err(|e| e.chain())
-        );
+        match result {
+            Ok(won) => grants.extend(won),
+            Err(e) => panic!("every replica creates the table and elects: {}", e.chain()),
+        }
     }
+    // They went on electing: the lock was won, and every win had a token
+    // above the one before.
+    assert!(!grants.is_empty(), "no replica ever won the lock");
+    grants.sort_by_key(|g| g.term);
+    assert!(
+        grants
+            .windows(2)
+            .all(|w| w[0].term < w[1].term && w[0].token < w[1].token),
+        "terms and tokens increase across wins: {grants:?}"
+    );
 }
 
 /// The emulator rejects DDL while read-write transactions run ("Schema change
@@ -297,29 +314,55 @@ async fn concurrent_ensure_schema_on_a_fresh_database_all_succeed() {
 /// store before this change failed 4 of 5 such calls.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensure_schema_waits_out_a_concurrent_schema_change() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let fixture = spanner().await;
     let busy = fixture.store.clone();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let grant = busy.acquire("busy", "a", Duration::from_secs(30)).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Renewals that have returned so far.
+    let renewed = Arc::new(AtomicUsize::new(0));
     let renewing = {
-        let stop = stop.clone();
+        let (stop, renewed) = (stop.clone(), renewed.clone());
         tokio::spawn(async move {
-            let grant = busy.acquire("busy", "a", Duration::from_secs(30)).await.unwrap();
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let _ = busy.renew("busy", "a", grant.token, Duration::from_secs(30)).await;
+            let mut results = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                results.push(busy.renew("busy", "a", grant.token, Duration::from_secs(30)).await);
+                renewed.fetch_add(1, Ordering::SeqCst);
             }
+            results
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    while renewed.load(Ordering::SeqCst) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no renewal returned");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     for i in 0..3 {
         let config = SpannerConfig {
             database: fixture.config.database.clone(),
             table: format!("second_{i}"),
         };
+        let before = renewed.load(Ordering::SeqCst);
         let result = connect(&fixture.emulator, &config).await.ensure_schema().await;
         assert!(result.is_ok(), "table {i}: {:?}", result.map_err(|e| e.chain()));
+        // The overlap this is about: renewals (read-write transactions)
+        // committed while this schema change was being made.
+        assert!(
+            renewed.load(Ordering::SeqCst) > before,
+            "table {i}: no renewal ran during the schema change"
+        );
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    renewing.await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let results = renewing.await.unwrap();
+    for (n, result) in results.iter().enumerate() {
+        let renewal = result.as_ref().map_err(StoreError::chain);
+        assert_eq!(
+            renewal.map(|g| g.token),
+            Ok(grant.token),
+            "renewal {n} of {}: the holder keeps its lease through the schema changes",
+            results.len()
+        );
+    }
 }
 
 /// A table without the store's columns is invalid, with the fix, before
@@ -626,7 +669,7 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
         assert!(store.try_lock(id, &held).await.unwrap().busy.is_empty());
     }
     // The short session expires by the store's clock (D after its last take).
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    leasehold::store::conformance::sessions::wait_until_expired(&*store, &dead).await;
 
     let (ctx, server) = context_with(stores, metrics.clone());
     let echo = resource.clone();

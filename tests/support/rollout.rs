@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::lease::{Elector, ElectorHandle, Identity, LeaseStore, Prefer, Timing, Version};
-use leasehold::sidecar::config::{PodRef, Publishing};
+use leasehold::sidecar::config::Publishing;
+use leasehold::sidecar::pod::PodRef;
 use leasehold::sidecar::publish::Publisher;
 use leasehold::sidecar::versions::{Candidate, REVISION_ANNOTATION, Revisions, follow_peers};
 use leasehold::store::{Faults, MemoryStore};
@@ -49,6 +50,9 @@ pub struct Outcome {
     pub backwards: usize,
     /// The revision of every acquisition, in commit order.
     pub revisions: Vec<Option<u64>>,
+    /// How many of those committed before the last old pod was told to
+    /// stop: while an old pod still ran.
+    pub while_old_ran: usize,
 }
 
 struct Pod {
@@ -189,6 +193,7 @@ pub async fn rollout(replicas: usize, prefer: Prefer, fence: bool) -> Outcome {
     // Settled: one old leader.
     watch_for(TIMING.0 * 2, &live, &leaderless).await;
     let before = store.acquisitions().len();
+    let mut while_old_ran = 0;
     for i in 0..replicas {
         let name = format!("web-r2-{i}");
         api.insert(&pods::collection(NAMESPACE), pod_json(&name, "web-r2", false));
@@ -207,6 +212,9 @@ pub async fn rollout(replicas: usize, prefer: Prefer, fence: bool) -> Outcome {
             .or_else(|| live.iter().position(old))
             .expect("an old pod is left");
         let pod = live.remove(victim);
+        if !live.iter().any(old) {
+            while_old_ran = store.acquisitions().len();
+        }
         pod.shutdown.cancel();
         update(&api, &pod.name, |pod| {
             pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z")
@@ -230,5 +238,6 @@ pub async fn rollout(replicas: usize, prefer: Prefer, fence: bool) -> Outcome {
         leaderless,
         backwards,
         revisions,
+        while_old_ran,
     }
 }

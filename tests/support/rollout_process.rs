@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use leasehold::api::DEFAULT_LABEL_KEY;
 use leasehold::lease::LeaseStore;
-use leasehold::sidecar::publish::{LOCK_LABEL, lock_label_value};
+use leasehold::sidecar::pod::{LOCK_LABEL, lock_label_value};
 use leasehold::store::spanner::{SpannerConfig, SpannerStore};
 use leasehold::testing::api::{ApiServer, pods};
 use leasehold::testing::{Emulator, TcpProxy};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::rollout::{NAMESPACE, insert_replica_sets, pod_json, update};
 use super::*;
@@ -251,7 +251,11 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
             assert!(started.elapsed() < Duration::from_secs(20), "{name} never answers");
             std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(P * 2);
+        // Its sidecar has seen the unready app (from the pod watch) and does
+        // not campaign.
+        wait_for_view(&new[i], "sees its app unready", |view| {
+            view["appHealthy"] == json!(false) && view["campaigning"] == json!(false)
+        });
         assert!(!new[i].leads(), "{name} leads before its app is ready");
         update(&rollout.api, &name, |pod| {
             pod["status"]["containerStatuses"][0]["ready"] = json!(true)
@@ -272,7 +276,9 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
                 std::thread::sleep(Duration::from_millis(20));
             }
         } else {
-            std::thread::sleep(P * 2);
+            // Its sidecar has seen the ready app (it campaigns unless the
+            // version rule holds it back).
+            wait_for_view(&new[i], "sees its app ready", |view| view["appHealthy"] == json!(true));
         }
         // The new pod is available: one old pod goes, the leader if an old one leads.
         let victim = old.iter().position(Sidecar::leads).unwrap_or(0);
@@ -289,11 +295,25 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
         wait_for_one_leader(&live, bound)
             .unwrap_or_else(|| panic!("no leader within {bound:?} after {} exited", victim.name));
     }
-    // Settled: every later acquisition would show within a lease duration.
-    std::thread::sleep(D);
-    let leaderless = leaderless.stop();
+    // Settled: a new pod leads, by the row and by every live sidecar.
     let live: Vec<&Sidecar> = new.iter().collect();
     let leader = wait_for_one_leader(&live, failover_bound()).expect("a new leader at the end");
+    let holder = new[leader].leader().map(|(_, view)| view["holder"].clone());
+    let started = Instant::now();
+    while rollout.last().1 != Some(2)
+        || new
+            .iter()
+            .any(|s| s.leader().map(|(_, view)| view["holder"].clone()) != holder)
+    {
+        assert!(
+            started.elapsed() < failover_bound(),
+            "the candidates do not agree that {} leads: {:?}",
+            new[leader].name,
+            rollout.samples()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let leaderless = leaderless.stop();
     // The publishers reached the model over HTTP: the leader's pod alone is
     // labelled, once its publisher's patch lands (one API round trip).
     let labelled = || {
@@ -327,5 +347,20 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
         handovers: last_term - first_term,
         samples: samples.into_iter().filter(|(term, _)| *term >= first_term).collect(),
         leaderless,
+    }
+}
+
+/// Waits until `sidecar`'s `/leader` view satisfies `settled`, within a
+/// few polls (the pod watch brings each change in one API round trip).
+fn wait_for_view(sidecar: &Sidecar, what: &str, settled: impl Fn(&Value) -> bool) {
+    let started = Instant::now();
+    while !sidecar.leader().is_some_and(|(_, view)| settled(&view)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} never {what}: {:?}",
+            sidecar.name,
+            sidecar.leader()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -46,13 +46,7 @@ pub fn context_on<S: LeaseStore + SessionStore>(store: Arc<S>, metrics: Arc<Metr
 /// A context on a scripted mock API server, reaching stores through `stores`.
 pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
     let (client, verifier) = mock_client("default");
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: Some("operator-0".into()),
-    };
-    let (cache, pods) = reflector::store();
-    let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
-    (Arc::new(ctx), ApiServer { verifier, pods })
+    context_over(client, verifier, stores, metrics)
 }
 
 /// A context whose store is the Kubernetes store on the same scripted API
@@ -61,12 +55,21 @@ pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (A
 pub fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
     let (client, verifier) = mock_client("default");
     let store = crate::store::kubernetes::KubernetesStore::new(client.clone(), Some("prod"));
+    context_over(client, verifier, Arc::new(SingleStore::new(Arc::new(store))), metrics)
+}
+
+fn context_over(
+    client: kube::Client,
+    verifier: ApiServerVerifier,
+    stores: Arc<dyn StoreProvider>,
+    metrics: Arc<Metrics>,
+) -> (Arc<Context>, ApiServer) {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some("operator-0".into()),
     };
     let (cache, pods) = reflector::store();
-    let ctx = Context::new(client, reporter, Arc::new(SingleStore::new(Arc::new(store))), metrics).with_pods(cache);
+    let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
     (Arc::new(ctx), ApiServer { verifier, pods })
 }
 

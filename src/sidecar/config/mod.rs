@@ -8,7 +8,7 @@ mod settings;
 mod watch;
 
 pub use flags::{Args, ElectionArgs};
-pub use settings::{PodRef, Publishing, Settings, flag_version, resolve};
+pub use settings::{Publishing, Settings, flag_version, resolve};
 pub use watch::watch_lease;
 
 use crate::api::ValidationError;

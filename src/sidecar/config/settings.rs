@@ -6,6 +6,7 @@ use kube::Api;
 use super::{ElectionArgs, Error, Result};
 use crate::api::{DEFAULT_LABEL_KEY, DistributedLease, ValidStore, validate};
 use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name, validate_partitions};
+use crate::sidecar::pod::PodRef;
 use crate::store::StoreUrl;
 use crate::store::select::{StoreConfig, StoreFlags, store_url};
 
@@ -34,7 +35,7 @@ pub struct Publishing {
 impl Publishing {
     /// Standalone: candidates of `lock` are the pods labelled with it.
     fn standalone(lock: &str) -> Self {
-        use crate::sidecar::publish::{LOCK_LABEL, lock_label_value};
+        use crate::sidecar::pod::{LOCK_LABEL, lock_label_value};
         let value = lock_label_value(lock);
         Publishing {
             label_key: DEFAULT_LABEL_KEY.into(),
@@ -42,14 +43,6 @@ impl Publishing {
             candidate_labels: [(LOCK_LABEL.to_string(), value)].into(),
         }
     }
-}
-
-/// The pod this sidecar runs in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    pub name: String,
-    pub namespace: String,
-    pub uid: Option<String>,
 }
 
 #[derive(Debug, Clone)]

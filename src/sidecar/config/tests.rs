@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::lease::{Timing, Version, VersionPolicy};
+use crate::sidecar::pod::PodRef;
 use crate::store::DEFAULT_TABLE;
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;

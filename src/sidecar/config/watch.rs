@@ -5,9 +5,10 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
-use super::{PodRef, Settings};
+use super::Settings;
 use crate::api::{DistributedLease, validate};
 use crate::lease::Timing;
+use crate::sidecar::pod::{PodRef, watch_backoff};
 
 /// Follows the `DistributedLease` after start. New timing applies from the
 /// next term; a new lock, store, label key or partition count needs a
@@ -22,7 +23,7 @@ pub async fn watch_lease(
 ) {
     let api: Api<DistributedLease> = Api::namespaced(client, &pod.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
-    let events = watcher(api, config).backoff(crate::sidecar::publish::watch_backoff());
+    let events = watcher(api, config).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut timing = started.timing;
     while let Some(event) = events.next().await {

@@ -41,7 +41,7 @@ async fn open(store: &dyn SessionStore, id: &str, lease: Duration) {
 }
 
 /// Waits until the store's clock is past the session's expiry.
-async fn wait_until_expired(store: &dyn SessionStore, session: &str) -> SessionObservation {
+pub async fn wait_until_expired(store: &dyn SessionStore, session: &str) -> SessionObservation {
     let end = store
         .observe_session(session)
         .await

@@ -56,7 +56,7 @@ use tracing::{debug, info};
 use super::{PostgresStore, bad_reply, classify, contention_backoff, is_contention, lease_ms, store_time};
 use crate::lease::session::{
     Collected, GARBAGE_BATCH, LockBatch, LocksObservation, ObservedLock, SessionObservation, SessionRecord,
-    SessionStore, session_lost, validate_lock_names, validate_session_id,
+    SessionStore, collect_in_batches, session_lost, validate_lock_names, validate_session_id,
 };
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, LeaseStore, StoreError, StoreTime};
@@ -582,15 +582,7 @@ impl SessionStore for PostgresStore {
         let body = CollectBatch {
             tables: Tables::of(self),
         };
-        let mut total = Collected::default();
-        loop {
-            let batch = self.transact("collect garbage", &body, None).await?;
-            total.sessions += batch.sessions;
-            total.locks += batch.locks;
-            if batch.sessions < GARBAGE_BATCH as u64 && batch.locks < GARBAGE_BATCH as u64 {
-                return Ok(total);
-            }
-        }
+        collect_in_batches(|| self.transact("collect garbage", &body, None)).await
     }
 }
 

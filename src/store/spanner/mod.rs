@@ -38,31 +38,35 @@
 //! * Statements are parameterized; only the table name, validated as an
 //!   identifier, is part of the SQL text.
 
+mod emulator;
+mod errors;
+mod queries;
+mod row;
 mod schema;
 mod session;
 
 pub use super::spanner_names::{NameError, SpannerConfig, check_database, check_table};
+pub use emulator::create_emulator_database;
 pub use schema::SchemaError;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use google_cloud_gax::error::rpc::{Code, Status};
 use google_cloud_lro::Poller;
 use google_cloud_spanner::client::{DatabaseClient, Spanner};
-use google_cloud_spanner::mutation::Mutation;
-use google_cloud_spanner::result::ResultSet;
-use google_cloud_spanner::statement::{Statement, StatementBuilder};
+use google_cloud_spanner::statement::Statement;
 use google_cloud_spanner::transaction::ReadWriteTransaction;
 use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
-use google_cloud_wkt::Timestamp;
 use tracing::{info, warn};
 
-use super::{lease_from_millis, shard_of, term_from_row, version_columns, version_from_row};
+use self::errors::{Refusal, TABLE_MISSING_FIX, classify, lost, session_lost, table_missing};
+use self::queries::{Queries, floor_name, keyed};
+use self::row::{RawRow, lease_to_millis, returned_term, timestamp_to_store, token_to_timestamp};
+use super::{lease_from_millis, term_from_row, version_columns};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, StoreError, StoreTime};
 
 /// How to reach Spanner. Production uses the defaults (Google's endpoints and
 /// Application Default Credentials, or `SPANNER_EMULATOR_HOST`); tests and
@@ -96,9 +100,6 @@ const SCHEMA_WAIT: Duration = Duration::from_secs(60);
 
 /// How often it looks whether that table is there yet.
 const SCHEMA_POLL: Duration = Duration::from_millis(250);
-
-/// What the store tells the operator when the lease table is absent.
-const TABLE_MISSING_FIX: &str = "run the sidecar with --create-table or let the operator create it";
 
 /// The Spanner-backed [`LeaseStore`].
 #[derive(Clone)]
@@ -148,104 +149,6 @@ impl SessionSlot {
     }
 }
 
-/// The SQL texts, built once per table.
-#[derive(Debug)]
-struct Queries {
-    table: String,
-    read: String,
-    read_for_acquire: String,
-    take: String,
-    take_over: String,
-    insert: String,
-    renew: String,
-    release: String,
-}
-
-/// The row is free, or its lease expired by the store's clock: the same
-/// judgement as [`LeaseRecord::live_holder`], made under the row lock. The
-/// elapsed time is truncated to whole milliseconds, so this can only find a
-/// lease expired later than the exact comparison would, never sooner; a row
-/// whose duration is not positive never matches (it is refused when read).
-const FREE_OR_EXPIRED: &str = "(holder IS NULL OR renewed_at IS NULL \
-     OR (lease_ms > 0 AND TIMESTAMP_DIFF(CURRENT_TIMESTAMP(), renewed_at, MILLISECOND) > lease_ms))";
-
-/// [`Claim::fenced_by`] in SQL, judged under the row lock: no fence, no
-/// version recorded, or the claim's revision at least the recorded one. A
-/// claim without a revision (`@revision` NULL) compares as NULL, so it is
-/// refused once a revision is recorded.
-const FENCE_ALLOWS: &str = "(NOT @fence OR revision IS NULL OR revision <= @revision)";
-
-impl Queries {
-    fn new(table: &str) -> Self {
-        let key = "shard = @shard AND name = @name";
-        let ours = "holder = @holder AND token = @token";
-        Queries {
-            table: table.to_string(),
-            // The LEFT JOIN returns the store's clock even when the row is absent.
-            read: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
-                 CURRENT_TIMESTAMP() AS now \
-                 FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
-            ),
-            read_for_acquire: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, f.term AS floor, \
-                 CURRENT_TIMESTAMP() AS now \
-                 FROM (SELECT 1 AS one) AS clock \
-                 LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name \
-                 LEFT JOIN {table} AS f ON f.shard = @shard AND f.name = @floor"
-            ),
-            take: format!(
-                "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
-                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} THEN RETURN term"
-            ),
-            // Only from exactly the holder and token named, live or expired.
-            take_over: format!(
-                "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
-                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
-                 THEN RETURN term"
-            ),
-            insert: format!(
-                "INSERT INTO {table} (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
-                 VALUES (@shard, @name, @holder, @term, PENDING_COMMIT_TIMESTAMP(), PENDING_COMMIT_TIMESTAMP(), \
-                 @lease_ms, @revision, @version)"
-            ),
-            renew: format!(
-                "UPDATE {table} SET renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms \
-                 WHERE {key} AND {ours} THEN RETURN term"
-            ),
-            release: format!("UPDATE {table} SET holder = NULL WHERE {key} AND {ours} THEN RETURN term"),
-        }
-    }
-
-    /// The write that keeps the lock's term floor at `term`; see the module docs.
-    fn raise_floor(&self, lock: &str, term: i64) -> Mutation {
-        Mutation::new_insert_or_update_builder(self.table.as_str())
-            .set("shard")
-            .to(shard_of(lock))
-            .set("name")
-            .to(floor_name(lock))
-            .set("term")
-            .to(term)
-            .set("lease_ms")
-            .to(0_i64)
-            .build()
-    }
-}
-
-/// The name of a lock's term-floor row.
-fn floor_name(lock: &str) -> String {
-    format!("\u{1}term-floor:{lock}")
-}
-
-/// A statement on one lock's row: `@shard` and `@name` bound.
-fn keyed(sql: &str, lock: &str) -> StatementBuilder {
-    Statement::builder(sql)
-        .add_param("shard", shard_of(lock))
-        .add_param("name", lock)
-}
-
 /// The table name, checked for the store ([`check_table`] is the one rule).
 pub fn validate_table(table: &str) -> Result<()> {
     check_table(table).map_err(|e| StoreError::invalid("table").caused_by(e))
@@ -266,213 +169,6 @@ fn check_lock(lock: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// A lease duration into the row's milliseconds, by the core's one checked
-/// conversion.
-fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64> {
-    crate::lease::lease_to_millis(field, lease)
-        .map_err(|e| StoreError::invalid(format!("{field} cannot be stored")).caused_by(e))
-}
-
-fn timestamp_to_store(t: &Timestamp) -> StoreTime {
-    StoreTime(
-        t.seconds()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(i64::from(t.nanos())),
-    )
-}
-
-fn token_to_timestamp(token: FencingToken) -> Timestamp {
-    Timestamp::clamp(
-        token.0.div_euclid(1_000_000_000),
-        token.0.rem_euclid(1_000_000_000) as i32,
-    )
-}
-
-/// The Spanner status under a store error, when it came from Spanner. (Read
-/// from the field: `Error::source` hands out the `Arc` around the cause, which
-/// does not downcast to the client's error.)
-fn spanner_status(error: &StoreError) -> Option<&Status> {
-    let cause = match error {
-        StoreError::Unavailable { source, .. }
-        | StoreError::OutcomeUnknown { source, .. }
-        | StoreError::Invalid { source, .. } => source.as_ref()?,
-        StoreError::Lost { .. } => return None,
-    };
-    cause.downcast_ref::<google_cloud_spanner::Error>()?.status()
-}
-
-/// Spanner deleted the session (or lost it in a restart): nothing ran.
-fn session_lost(error: &StoreError) -> bool {
-    spanner_status(error).is_some_and(|s| s.code == Code::NotFound && s.message.contains("Session not found"))
-}
-
-/// Spanner reports an absent table as NOT_FOUND (reads) or INVALID_ARGUMENT
-/// (when analysing a query).
-fn table_missing(error: &StoreError) -> bool {
-    spanner_status(error).is_some_and(names_missing_table)
-}
-
-fn names_missing_table(status: &Status) -> bool {
-    matches!(status.code, Code::NotFound | Code::InvalidArgument) && status.message.contains("Table not found")
-}
-
-/// Sorts a client error into the kinds the elector acts on, keeping it as
-/// the cause. `committing` says whether the commit request may have reached
-/// Spanner.
-fn classify(
-    context: String,
-    error: google_cloud_spanner::Error,
-    committing: bool,
-    config: &SpannerConfig,
-) -> StoreError {
-    let kind: fn(String) -> StoreError = match error.status() {
-        Some(status) => {
-            let text = status.message.as_str();
-            match status.code {
-                // The request named a session Spanner no longer has: it did
-                // nothing, commit included. The store opens a new session.
-                Code::NotFound if text.contains("Session not found") => StoreError::unavailable,
-                Code::NotFound if text.contains("Database not found") || text.contains("Instance not found") => {
-                    return StoreError::invalid(format!(
-                        "{context}: database {} does not exist: create it, or correct the database path",
-                        config.database
-                    ))
-                    .caused_by(error);
-                }
-                _ if names_missing_table(status) => {
-                    return StoreError::invalid(format!(
-                        "{context}: table {} does not exist in {}: {TABLE_MISSING_FIX}",
-                        config.table, config.database
-                    ))
-                    .caused_by(error);
-                }
-                Code::FailedPrecondition if text.contains("allow_commit_timestamp") => {
-                    return StoreError::invalid(format!(
-                        "{context}: table {} cannot hold commit timestamps: {}",
-                        config.table,
-                        "ALTER TABLE … ALTER COLUMN token/renewed_at SET OPTIONS (allow_commit_timestamp = true)"
-                    ))
-                    .caused_by(error);
-                }
-                Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated => StoreError::invalid,
-                // ABORTED, even on the commit, means it did not commit.
-                Code::Aborted => StoreError::unavailable,
-                // Once the commit may have been sent, any other answer leaves
-                // the outcome open: NOT_FOUND or FAILED_PRECONDITION on a
-                // commit (the emulator's answers to contention) included.
-                Code::NotFound
-                | Code::FailedPrecondition
-                | Code::DeadlineExceeded
-                | Code::Unavailable
-                | Code::Cancelled
-                | Code::Unknown
-                | Code::Internal
-                    if committing =>
-                {
-                    StoreError::outcome_unknown
-                }
-                // Before the commit: nothing we know of committed.
-                _ => StoreError::unavailable,
-            }
-        }
-        None if committing && (error.is_timeout() || error.is_io() || error.is_transport() || error.is_exhausted()) => {
-            StoreError::outcome_unknown
-        }
-        None => StoreError::unavailable,
-    };
-    kind(context).caused_by(error)
-}
-
-/// Where a transaction body leaves a refusal (lost, or an invalid row) before
-/// returning the error [`Refusal::refuse`] makes, so that the runner rolls
-/// the transaction back instead of committing it.
-#[derive(Clone, Default)]
-struct Refusal(Arc<Mutex<Option<StoreError>>>);
-
-impl Refusal {
-    fn refuse<T>(&self, error: StoreError) -> google_cloud_spanner::Result<T> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-        Err(google_cloud_spanner::Error::deser("refused; rolled back"))
-    }
-
-    fn take(&self) -> Option<StoreError> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-fn lost(lock: &str, reason: String) -> StoreError {
-    StoreError::Lost {
-        lock: lock.to_string(),
-        reason,
-    }
-}
-
-/// One row as read, before the checked conversion into a [`LeaseRecord`].
-struct RawRow {
-    holder: Option<String>,
-    term: Option<i64>,
-    token: Option<Timestamp>,
-    renewed_at: Option<Timestamp>,
-    lease_ms: Option<i64>,
-    revision: Option<i64>,
-    version: Option<String>,
-    /// The term floor, when the query reads it.
-    floor: Option<i64>,
-    now: Timestamp,
-}
-
-impl RawRow {
-    /// Reads the single row of a `read`/`read_for_acquire` query.
-    async fn read(mut rows: ResultSet, with_floor: bool) -> google_cloud_spanner::Result<RawRow> {
-        let row = rows
-            .next()
-            .await
-            .transpose()?
-            .ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
-        Ok(RawRow {
-            holder: row.get("holder")?,
-            term: row.get("term")?,
-            token: row.get("token")?,
-            renewed_at: row.get("renewed_at")?,
-            lease_ms: row.get("lease_ms")?,
-            revision: row.get("revision")?,
-            version: row.get("version")?,
-            floor: if with_floor { row.get("floor")? } else { None },
-            now: row.get("now")?,
-        })
-    }
-
-    /// The observation, every stored value converted with a check.
-    fn decode(&self, lock: &str) -> Result<Observation> {
-        let record = match self.term {
-            None => None,
-            Some(term) => Some(LeaseRecord {
-                name: lock.to_string(),
-                holder: self.holder.clone(),
-                term: term_from_row(lock, term)?,
-                token: self.token.as_ref().map(|t| FencingToken(timestamp_to_store(t).0)),
-                renewed_at: self.renewed_at.as_ref().map(timestamp_to_store),
-                lease_duration: lease_from_millis("lease_ms", lock, self.lease_ms.unwrap_or(0))?,
-                version: version_from_row(lock, self.revision, self.version.as_deref())?,
-            }),
-        };
-        Ok(Observation {
-            record,
-            now: timestamp_to_store(&self.now),
-        })
-    }
-}
-
-/// The `term` a DML statement's `THEN RETURN term` gave back; `None` when it
-/// matched no row. Reads the whole result, as Spanner wants before the commit.
-async fn returned_term(mut rows: ResultSet) -> google_cloud_spanner::Result<Option<i64>> {
-    let mut term = None;
-    while let Some(row) = rows.next().await.transpose()? {
-        term = Some(row.get::<i64>("term")?);
-    }
-    Ok(term)
 }
 
 /// Opens a database client: a new multiplexed session.
@@ -993,86 +689,6 @@ fn check_and_set(
     }
 }
 
-/// Creates (when missing) an instance and a database on the Cloud Spanner
-/// emulator, for the demo and the tests; production databases are made by
-/// their owners. Returns the database path.
-pub async fn create_emulator_database(
-    endpoints: &Endpoints,
-    project: &str,
-    instance: &str,
-    database: &str,
-) -> Result<String> {
-    const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
-    tokio::time::timeout(
-        ADMIN_TIMEOUT,
-        create_on_emulator(endpoints, project, instance, database),
-    )
-    .await
-    .map_err(|_| {
-        StoreError::unavailable(format!(
-            "no answer from the Spanner emulator's admin API within {ADMIN_TIMEOUT:?}"
-        ))
-    })?
-}
-
-async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str, database: &str) -> Result<String> {
-    let spanner = client(endpoints, DEFAULT_CALL_TIMEOUT).await?;
-    let mut instances = spanner.instance_admin_builder();
-    let mut databases = spanner.database_admin_builder();
-    if let Some(endpoint) = &endpoints.admin {
-        instances = instances.with_endpoint(endpoint.clone());
-        databases = databases.with_endpoint(endpoint.clone());
-    }
-    let instances = instances
-        .build()
-        .await
-        .map_err(|e| StoreError::unavailable("emulator instance admin").caused_by(e))?;
-    let instance_path = format!("projects/{project}/instances/{instance}");
-    let created = instances
-        .create_instance()
-        .set_parent(format!("projects/{project}"))
-        .set_instance_id(instance)
-        .set_instance(
-            google_cloud_spanner_admin_instance_v1::model::Instance::new()
-                .set_name(instance_path.clone())
-                .set_config(format!("projects/{project}/instanceConfigs/emulator-config"))
-                .set_display_name(instance)
-                .set_node_count(1),
-        )
-        .poller()
-        .until_done()
-        .await;
-    created_or_there(created, || format!("creating emulator instance {instance_path}"))?;
-    let databases = databases
-        .build()
-        .await
-        .map_err(|e| StoreError::unavailable("emulator database admin").caused_by(e))?;
-    let created = databases
-        .create_database()
-        .set_parent(instance_path.clone())
-        .set_create_statement(format!("CREATE DATABASE `{database}`"))
-        .poller()
-        .until_done()
-        .await;
-    created_or_there(created, || format!("creating emulator database {database}"))?;
-    Ok(format!("{instance_path}/databases/{database}"))
-}
-
-/// A create that succeeded or found the thing already there.
-fn created_or_there<T>(
-    created: std::result::Result<T, google_cloud_spanner::Error>,
-    what: impl FnOnce() -> String,
-) -> Result<()> {
-    match created {
-        Err(e)
-            if !e.to_string().contains("already exists") && e.status().map(|s| s.code) != Some(Code::AlreadyExists) =>
-        {
-            Err(StoreError::unavailable(what()).caused_by(e))
-        }
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1092,132 +708,11 @@ mod tests {
         let _client = rustls::ClientConfig::builder().with_root_certificates(rustls::RootCertStore::empty());
     }
 
-    fn spanner_error(code: Code, message: &str) -> google_cloud_spanner::Error {
-        google_cloud_spanner::Error::service(Status::default().set_code(code).set_message(message))
-    }
-
-    fn config() -> SpannerConfig {
-        SpannerConfig {
-            database: "projects/p/instances/i/databases/d".into(),
-            table: "leases".into(),
-        }
-    }
-
-    #[test]
-    fn an_answer_after_the_commit_was_sent_leaves_the_outcome_open() {
-        for code in [
-            Code::NotFound,
-            Code::FailedPrecondition,
-            Code::DeadlineExceeded,
-            Code::Internal,
-        ] {
-            for committing in [false, true] {
-                let error = classify(
-                    "renew".into(),
-                    spanner_error(code, "Transaction not found"),
-                    committing,
-                    &config(),
-                );
-                let expected = match error {
-                    StoreError::Unavailable { .. } => !committing,
-                    StoreError::OutcomeUnknown { .. } => committing,
-                    _ => false,
-                };
-                assert!(expected, "{code:?}, committing {committing}: {error:?}");
-                assert!(
-                    error.chain().contains("Transaction not found"),
-                    "the cause is kept: {}",
-                    error.chain()
-                );
-            }
-        }
-        // ABORTED, even on the commit, did not commit.
-        let aborted = classify("renew".into(), spanner_error(Code::Aborted, "aborted"), true, &config());
-        assert!(matches!(aborted, StoreError::Unavailable { .. }), "{aborted:?}");
-    }
-
-    #[test]
-    fn a_lost_session_did_nothing_and_is_recognised() {
-        let lost = classify(
-            "renew".into(),
-            spanner_error(
-                Code::NotFound,
-                "Session not found: projects/p/instances/i/databases/d/sessions/0",
-            ),
-            true,
-            &config(),
-        );
-        assert!(matches!(lost, StoreError::Unavailable { .. }), "{lost:?}");
-        assert!(session_lost(&lost));
-        assert!(!table_missing(&lost));
-    }
-
-    #[test]
-    fn missing_things_are_invalid_with_the_fix() {
-        for code in [Code::NotFound, Code::InvalidArgument] {
-            let table = classify(
-                "observe x".into(),
-                spanner_error(code, "Table not found: leases [at 1:130]"),
-                false,
-                &config(),
-            );
-            assert!(matches!(table, StoreError::Invalid { .. }), "{table:?}");
-            assert!(table.to_string().contains(TABLE_MISSING_FIX), "{table}");
-            assert!(table_missing(&table));
-        }
-        let database = classify(
-            "observe x".into(),
-            spanner_error(Code::NotFound, "Database not found: projects/p/instances/i/databases/d"),
-            false,
-            &config(),
-        );
-        assert!(matches!(database, StoreError::Invalid { .. }), "{database:?}");
-        assert!(database.to_string().contains("does not exist: create it"), "{database}");
-        let schema = classify(
-            "renew x".into(),
-            spanner_error(
-                Code::FailedPrecondition,
-                "allow_commit_timestamp column option is not set",
-            ),
-            true,
-            &config(),
-        );
-        assert!(matches!(schema, StoreError::Invalid { .. }), "{schema:?}");
-    }
-
-    #[test]
-    fn lease_durations_convert_checked_both_ways() {
-        assert_eq!(
-            lease_to_millis("leaseDuration", Duration::from_millis(1500)).unwrap(),
-            1500
-        );
-        for bad in [Duration::ZERO, Duration::from_micros(1500), Duration::MAX] {
-            let err = lease_to_millis("leaseDuration", bad).unwrap_err();
-            assert!(matches!(err, StoreError::Invalid { .. }), "{bad:?}: {err:?}");
-            assert!(err.to_string().contains("leaseDuration"), "{err}");
-        }
-        assert_eq!(
-            lease_from_millis("lease_ms", "l", 15_000).unwrap(),
-            Duration::from_secs(15)
-        );
-        for stored in [0, -1, i64::MIN] {
-            let err = lease_from_millis("lease_ms", "l", stored).unwrap_err().to_string();
-            assert!(err.contains(&format!("lease_ms = {stored}")), "{err}");
-        }
-    }
-
     #[test]
     fn lock_names_cannot_reach_term_floor_rows() {
         check_lock("prod/web").unwrap();
         for bad in ["", "\u{1}term-floor:prod/web", "a\nb"] {
             assert!(matches!(check_lock(bad), Err(StoreError::Invalid { .. })), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn tokens_round_trip_through_timestamps() {
-        for nanos in [0, 1, 1_700_000_000_123_456_789, 999_999_999] {
-            assert_eq!(timestamp_to_store(&token_to_timestamp(FencingToken(nanos))).0, nanos);
         }
     }
 }

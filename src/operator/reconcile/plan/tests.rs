@@ -61,10 +61,7 @@ fn written(plan: &Plan) -> Value {
 
 /// `(kind, reason, note)` of the plan's Events.
 fn events(plan: &Plan) -> Vec<(EventType, &'static str, String)> {
-    plan.events
-        .iter()
-        .map(|e| (e.kind.clone(), e.reason, e.note.clone()))
-        .collect()
+    plan.events.iter().map(|e| (e.kind, e.reason, e.note.clone())).collect()
 }
 
 /// The row `holder` holds on `store` for 15 s, read back.
@@ -138,10 +135,7 @@ async fn an_unreachable_store_shows_in_conditions_and_one_event() {
     assert_eq!(plan.outcome, Outcome::StoreError);
     let events = events(&plan);
     assert_eq!(events.len(), 1, "{events:?}");
-    assert_eq!(
-        (events[0].0.clone(), events[0].1),
-        (EventType::Warning, "StoreUnavailable")
-    );
+    assert_eq!((events[0].0, events[0].1), (EventType::Warning, "StoreUnavailable"));
     assert!(
         events[0].2.contains("store projects/p/instances/i/databases/d"),
         "{}",
@@ -400,7 +394,7 @@ async fn a_new_leader_version_shows_in_status_and_as_an_event() {
     let plan = plan_of(&resource, seen(&resource, candidates, Ok(Read::Lease(observed))));
     let events = events(&plan);
     assert_eq!(
-        events.iter().map(|e| (e.0.clone(), e.1)).collect::<Vec<_>>(),
+        events.iter().map(|e| (e.0, e.1)).collect::<Vec<_>>(),
         [
             (EventType::Normal, "HolderChanged"),
             (EventType::Normal, "LeaderVersionChanged")

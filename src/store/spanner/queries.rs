@@ -1,0 +1,104 @@
+//! The SQL of the lease row: one text per operation, built once per table.
+
+use google_cloud_spanner::mutation::Mutation;
+use google_cloud_spanner::statement::{Statement, StatementBuilder};
+
+use super::super::shard_of;
+
+/// The SQL texts, built once per table.
+#[derive(Debug)]
+pub(super) struct Queries {
+    pub(super) table: String,
+    pub(super) read: String,
+    pub(super) read_for_acquire: String,
+    pub(super) take: String,
+    pub(super) take_over: String,
+    pub(super) insert: String,
+    pub(super) renew: String,
+    pub(super) release: String,
+}
+
+/// The row is free, or its lease expired by the store's clock: the same
+/// judgement as [`LeaseRecord::live_holder`], made under the row lock. The
+/// elapsed time is truncated to whole milliseconds, so this can only find a
+/// lease expired later than the exact comparison would, never sooner; a row
+/// whose duration is not positive never matches (it is refused when read).
+pub(super) const FREE_OR_EXPIRED: &str = "(holder IS NULL OR renewed_at IS NULL \
+     OR (lease_ms > 0 AND TIMESTAMP_DIFF(CURRENT_TIMESTAMP(), renewed_at, MILLISECOND) > lease_ms))";
+
+/// [`Claim::fenced_by`] in SQL, judged under the row lock: no fence, no
+/// version recorded, or the claim's revision at least the recorded one. A
+/// claim without a revision (`@revision` NULL) compares as NULL, so it is
+/// refused once a revision is recorded.
+pub(super) const FENCE_ALLOWS: &str = "(NOT @fence OR revision IS NULL OR revision <= @revision)";
+
+impl Queries {
+    pub(super) fn new(table: &str) -> Self {
+        let key = "shard = @shard AND name = @name";
+        let ours = "holder = @holder AND token = @token";
+        Queries {
+            table: table.to_string(),
+            // The LEFT JOIN returns the store's clock even when the row is absent.
+            read: format!(
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
+                 CURRENT_TIMESTAMP() AS now \
+                 FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
+            ),
+            read_for_acquire: format!(
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, f.term AS floor, \
+                 CURRENT_TIMESTAMP() AS now \
+                 FROM (SELECT 1 AS one) AS clock \
+                 LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name \
+                 LEFT JOIN {table} AS f ON f.shard = @shard AND f.name = @floor"
+            ),
+            take: format!(
+                "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
+                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
+                 version = @version WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} THEN RETURN term"
+            ),
+            // Only from exactly the holder and token named, live or expired.
+            take_over: format!(
+                "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
+                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
+                 version = @version WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
+                 THEN RETURN term"
+            ),
+            insert: format!(
+                "INSERT INTO {table} (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
+                 VALUES (@shard, @name, @holder, @term, PENDING_COMMIT_TIMESTAMP(), PENDING_COMMIT_TIMESTAMP(), \
+                 @lease_ms, @revision, @version)"
+            ),
+            renew: format!(
+                "UPDATE {table} SET renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms \
+                 WHERE {key} AND {ours} THEN RETURN term"
+            ),
+            release: format!("UPDATE {table} SET holder = NULL WHERE {key} AND {ours} THEN RETURN term"),
+        }
+    }
+
+    /// The write that keeps the lock's term floor at `term`; see the module docs.
+    pub(super) fn raise_floor(&self, lock: &str, term: i64) -> Mutation {
+        Mutation::new_insert_or_update_builder(self.table.as_str())
+            .set("shard")
+            .to(shard_of(lock))
+            .set("name")
+            .to(floor_name(lock))
+            .set("term")
+            .to(term)
+            .set("lease_ms")
+            .to(0_i64)
+            .build()
+    }
+}
+
+/// The name of a lock's term-floor row.
+pub(super) fn floor_name(lock: &str) -> String {
+    format!("\u{1}term-floor:{lock}")
+}
+
+/// A statement on one lock's row: `@shard` and `@name` bound.
+pub(super) fn keyed(sql: &str, lock: &str) -> StatementBuilder {
+    Statement::builder(sql)
+        .add_param("shard", shard_of(lock))
+        .add_param("name", lock)
+}

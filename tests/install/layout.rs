@@ -1,0 +1,262 @@
+//! docs/design.md, "Layout": arrows point inward and no two modules use
+//! each other. One node per module file of `src/`, an edge for every
+//! `crate::`, `super::` or `self::` path (in `use` items and inline) that
+//! names an item of another module file; edges to a module's own ancestors
+//! (a parent holds its children's shared vocabulary, `Error` and `Result`)
+//! and to test support are left out, and unit-test modules are not read.
+//! Any cycle fails, naming its modules and edges.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// Every module file under `src`, by module path.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a readable folder") {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(src, &mut files);
+    files
+        .into_iter()
+        .map(|file| {
+            let relative = file.strip_prefix(src).unwrap().with_extension("");
+            let mut module: Module = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            if matches!(module.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                module.pop();
+            }
+            (module, file)
+        })
+        .collect()
+}
+
+fn is_test_support(module: &Module) -> bool {
+    module
+        .iter()
+        .any(|part| matches!(part.as_str(), "tests" | "fixtures" | "testing") || part.ends_with("_tests"))
+}
+
+/// `a::{b, c::{d, e}}` as `a::b`, `a::c::d`, `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    let Some(open) = tree.find('{') else {
+        return vec![tree];
+    };
+    let (prefix, inner) = (&tree[..open], &tree[open + 1..tree.len() - 1]);
+    let (mut parts, mut depth, mut current) = (Vec::new(), 0, String::new());
+    for c in inner.chars() {
+        match c {
+            ',' if depth == 0 => parts.push(std::mem::take(&mut current)),
+            '{' => {
+                depth += 1;
+                current.push(c)
+            }
+            '}' => {
+                depth -= 1;
+                current.push(c)
+            }
+            _ => current.push(c),
+        }
+    }
+    parts.push(current);
+    parts
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| {
+            expand(&p)
+                .into_iter()
+                .map(|q| format!("{prefix}{q}"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The `crate::`, `super::` and `self::` paths a module's code names.
+fn paths(code: &str) -> Vec<String> {
+    let code: String = code
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .take_while(|line| !line.starts_with("#[cfg(test)]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("use ") {
+        if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        if let Some(end) = code[at..].find(';') {
+            let tree = code[at + 4..at + end].split(" as ").next().unwrap_or_default();
+            found.extend(expand(tree));
+        }
+    }
+    let bytes = code.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        for (at, _) in code.match_indices(start) {
+            let after_word = at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || matches!(bytes[at - 1], b'_' | b':'));
+            if after_word {
+                continue;
+            }
+            let end = code[at..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .map_or(code.len(), |n| at + n);
+            found.push(code[at..end].trim_end_matches(':').to_string());
+        }
+    }
+    found
+}
+
+/// The module files each module file uses, by the rules of the module docs.
+fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let owner = |path: &[String]| -> Module {
+        let mut path = path.to_vec();
+        while !path.is_empty() && !modules.contains_key(&path) {
+            path.pop();
+        }
+        path
+    };
+    let mut edges = BTreeMap::new();
+    for (module, file) in modules {
+        let mut uses = BTreeSet::new();
+        if !is_test_support(module) {
+            let code = std::fs::read_to_string(file).expect("a readable source file");
+            for path in paths(&code) {
+                let mut segments = path.split("::").filter(|s| !s.is_empty()).map(String::from);
+                let absolute: Module = match segments.next().as_deref() {
+                    Some("crate") => segments.collect(),
+                    Some("super" | "self") => {
+                        let mut base = module.clone();
+                        let mut rest: Vec<String> = segments.collect();
+                        if path.starts_with("super") {
+                            base.pop();
+                        }
+                        while rest.first().is_some_and(|s| s == "super") {
+                            base.pop();
+                            rest.remove(0);
+                        }
+                        base.extend(rest.into_iter().filter(|s| s != "self"));
+                        base
+                    }
+                    _ => continue,
+                };
+                let target = owner(&absolute);
+                let ancestor = module.starts_with(&target);
+                if !ancestor && !is_test_support(&target) {
+                    uses.insert(target);
+                }
+            }
+        }
+        edges.insert(module.clone(), uses);
+    }
+    edges
+}
+
+/// The cycles of `edges`: its strongly connected components of more than
+/// one module (Tarjan).
+fn cycles(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
+    struct Walk<'a> {
+        edges: &'a BTreeMap<Module, BTreeSet<Module>>,
+        index: BTreeMap<&'a Module, usize>,
+        low: BTreeMap<&'a Module, usize>,
+        stack: Vec<&'a Module>,
+        found: Vec<Vec<Module>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, v: &'a Module) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            for w in self.edges.get(v).into_iter().flatten() {
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.stack.contains(&w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    component.push(w.clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !walk.index.contains_key(v) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+/// The cycles among the module files under `src`, each as its edges.
+fn import_cycles(src: &Path) -> Vec<String> {
+    let edges = edges(&modules(src));
+    cycles(&edges)
+        .into_iter()
+        .map(|cycle| {
+            let mut lines = Vec::new();
+            for a in &cycle {
+                for b in edges[a].iter().filter(|b| cycle.contains(b)) {
+                    lines.push(format!("{} -> {}", a.join("::"), b.join("::")));
+                }
+            }
+            lines.join(", ")
+        })
+        .collect()
+}
+
+#[test]
+fn no_module_uses_a_module_that_uses_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert!(modules(&src).len() > 50, "the walk found the crate's modules");
+    let cycles = import_cycles(&src);
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+/// The check finds a planted cycle, through an inline path and a nested
+/// `use` tree, and leaves a child's use of its parent alone.
+#[test]
+fn the_cycle_check_finds_a_planted_cycle() {
+    let src = std::env::temp_dir().join(format!("leasehold-layout-{:08x}", std::process::id()));
+    let write = |file: &str, code: &str| {
+        let path = src.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, code).unwrap();
+    };
+    write("lib.rs", "pub mod a;\npub mod b;\n");
+    write(
+        "a/mod.rs",
+        "pub mod child;\npub fn f() { crate::b::g() }\npub struct Error;\n",
+    );
+    write("a/child.rs", "use super::Error;\n");
+    write("b.rs", "use crate::{a::{f, child}, lib};\npub fn g() {}\n");
+    let cycles = import_cycles(&src);
+    std::fs::remove_dir_all(&src).unwrap();
+    assert_eq!(cycles, ["a -> b, b -> a"], "{cycles:?}");
+}
