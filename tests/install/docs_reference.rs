@@ -151,7 +151,8 @@ fn sources() -> Vec<(std::path::PathBuf, &'static str)> {
 /// Event reasons: a CamelCase literal that follows `EventType::…,` (the
 /// sidecar's and the operator's Events), or that `ctx.publish` receives
 /// before its action, or that a reconcile helper returns as the reason
-/// with its message (`("Reason", format!(…))`).
+/// with its message (`("Reason", format!(…))`), or that the reconcile's
+/// plan makes a `Note` of.
 fn event_reasons() -> BTreeSet<(String, &'static str)> {
     let mut reasons = BTreeSet::new();
     for (file, component) in sources() {
@@ -175,9 +176,14 @@ fn event_reasons() -> BTreeSet<(String, &'static str)> {
                     next.starts_with(char::is_uppercase) && between.ends_with(&format!("\"{literal}\", "))
                 });
             let returned_with_message = tail.ends_with('(') && source.contains(&format!("(\"{literal}\", format!("));
-            let returned_in_tuple =
-                tail.ends_with('(') && source.contains(&format!("\"{literal}\",\n")) && context.contains("=>");
-            if after_type || before_action || returned_with_message || returned_in_tuple {
+            let returned_in_tuple = tail.ends_with('(')
+                && source.contains(&format!("\"{literal}\",\n"))
+                && tail.trim_end_matches('(').trim_end().ends_with("=>");
+            // The operator's plan: Note::normal("Reason", …), Note::warning(…)
+            // and Note { reason: "Reason", … }.
+            let planned =
+                tail.ends_with("Note::normal(") || tail.ends_with("Note::warning(") || tail.ends_with("reason:");
+            if after_type || before_action || returned_with_message || returned_in_tuple || planned {
                 reasons.insert((literal.clone(), component));
             }
         }
@@ -346,4 +352,23 @@ fn the_checks_catch_an_undocumented_name() {
     }
     let scanned = literals_with_context("ctx.publish(lease, EventType::Warning, \"Planted\", \"Act\", m)");
     assert_eq!(scanned[0].0, "Planted");
+    for reason in [
+        "HolderChanged",
+        "PartitionsChanged",
+        "RolloutWouldStall",
+        "LabelRepairFailed",
+    ] {
+        assert!(
+            reasons.iter().any(|(r, _)| r == reason),
+            "{reason} (the reconcile plan's) not found by the scan: {reasons:?}"
+        );
+    }
+    for condition in ["Ready", "RolloutSafe"] {
+        assert!(
+            !reasons
+                .iter()
+                .any(|(r, component)| r == condition && *component == "operator"),
+            "{condition} is a condition type, not an Event reason: {reasons:?}"
+        );
+    }
 }

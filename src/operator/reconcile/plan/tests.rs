@@ -413,6 +413,27 @@ async fn a_new_leader_version_shows_in_status_and_as_an_event() {
     assert_eq!(status["leaderRevision"], json!(3));
 }
 
+#[tokio::test]
+async fn without_members_every_partition_is_unowned_and_not_ready() {
+    let store = MemoryStore::new(4);
+    let resource = resource(json!({"partitions": 8}), None);
+    let view = PartitionView::observe(&store, "prod/web", 8).await.unwrap();
+    let found = seen(&resource, vec![pod("web-0", None, true)], Ok(Read::Partitions(view)));
+    let status = written(&plan_of(&resource, found));
+    assert_eq!(
+        status["partitions"],
+        json!({"count": 8, "members": 0, "unowned": 8, "balance": 0, "assignment": []})
+    );
+    assert_eq!(
+        conditions(&status)["Ready"],
+        (
+            "False".into(),
+            "NoMembers".into(),
+            "no live candidate is a member; 8 of 8 partitions are unowned".into()
+        )
+    );
+}
+
 #[test]
 fn a_move_to_a_lower_revision_is_a_warning_and_the_first_sighting_no_move() {
     let at = |term: Option<u64>, revision: u64| DistributedLeaseStatus {

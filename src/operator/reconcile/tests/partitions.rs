@@ -249,33 +249,6 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
 }
 
 #[tokio::test]
-async fn without_members_every_partition_is_unowned_and_not_ready() {
-    let store = MemoryStore::new(4);
-    let (result, _) = reconcile_on(
-        &store,
-        None,
-        vec![pod("web-0", None, true)],
-        async move |server, echo| {
-            let status = expect_status_apply(server, echo).await;
-            assert_eq!(
-                status["partitions"],
-                json!({"count": 8, "members": 0, "unowned": 8, "balance": 0, "assignment": []})
-            );
-            assert_eq!(
-                conditions(&status)["Ready"],
-                (
-                    "False".into(),
-                    "NoMembers".into(),
-                    "no live candidate is a member; 8 of 8 partitions are unowned".into()
-                )
-            );
-        },
-    )
-    .await;
-    result.unwrap();
-}
-
-#[tokio::test]
 async fn deleting_a_partitioned_lease_leaves_the_sessions_alone() {
     let store = MemoryStore::new(5);
     let a = member(&store, "web-0", Duration::from_secs(60), &locks(0, 0..8)).await;
