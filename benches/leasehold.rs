@@ -4,14 +4,16 @@
 //!
 //! LEASEHOLD_BENCH_REPS (default 20) and LEASEHOLD_BENCH_SECONDS (default 60)
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
-//! names: crash, term, nudge, store-cost, store-ops, footprint, many-locks,
+//! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
 //! partitions-postgres, partitions-redis, kubernetes) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
 //! LEASEHOLD_BENCH_ROLLOUTS (default 5) how many whole-process rollouts the
-//! `rollout-process` part runs per leadership setting.
+//! `rollout-process` part runs per leadership setting. LEASEHOLD_BENCH_BINARY
+//! runs the process parts against another build of `leasehold` (a before
+//! figure with the same harness and settings).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -344,6 +346,26 @@ impl PrivateStore {
         store.ensure_schema().await.unwrap();
         store
     }
+}
+
+/// Graceful handovers without a drain on a private `kind` server: SIGTERM
+/// to the leader of three sidecars started with `--drain 0s`, until another
+/// serves 200 on /leader. What leasehold itself adds to a handover: the
+/// release, the followers learning of it (by the store's push, or at their
+/// next poll), their acquisition, and the bench's 20 ms look at /leader.
+fn undrained_handovers(kind: &'static str, reps: u64) -> Vec<Duration> {
+    let store = PrivateStore::start(kind);
+    let runtime = one_worker_runtime();
+    let lock = format!("bench-{kind}-handover");
+    let extra = ["--drain".to_string(), "0s".to_string()];
+    let mut sidecars = store.sidecars(&runtime, &lock, &extra);
+    timed_handovers(
+        &mut sidecars,
+        reps,
+        "TERM",
+        "graceful handover, no drain",
+        |i, proxy| store.sidecar(i, proxy, &lock, &extra),
+    )
 }
 
 /// Renew and observe latency, called back to back `n` times each.
@@ -764,6 +786,19 @@ fn main() {
                     .into_iter()
                     .map(|l| format!("{kind}: {l}")),
             );
+        }
+    }
+    if run("handover") {
+        println!(
+            "== graceful handover with --drain 0s (SIGTERM to the leader -> another's /leader 200), processes on \
+             private PostgreSQL and Redis servers, D={D:?} R={R:?} P={P:?}"
+        );
+        for kind in ["postgres", "redis"] {
+            let mut samples = undrained_handovers(kind, reps);
+            summary_lines.push(format!(
+                "graceful handover, no drain, {kind}: {}",
+                summary(&mut samples)
+            ));
         }
     }
     if run("rollout") {

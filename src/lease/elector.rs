@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
-use super::record::{FencingToken, Grant, Identity, Observation};
+use super::record::{FencingToken, Grant, Held, Identity, Observation};
 use super::store::{LeaseStore, StoreError};
 use super::timing::Timing;
 use super::version::{Claim, Version};
@@ -592,11 +592,16 @@ impl Running {
             self.wait_or_change(poll, &observed).await;
             return Ok(None);
         }
+        let predecessor = observed
+            .live_holder()
+            .filter(|holder| self.elector.identity.succeeds(holder))
+            .zip(observed.record.as_ref().and_then(|r| r.token))
+            .map(|(holder, token)| Held { holder, token });
         let t_send = now();
-        let attempt = match observed.live_holder() {
+        let attempt = match (observed.live_holder(), predecessor) {
             // Our own earlier commit whose reply was lost (S9): confirm it by
             // check-and-set before claiming anything.
-            Some(holder) if holder == me => {
+            (Some(holder), _) if holder == me => {
                 let token = observed
                     .record
                     .as_ref()
@@ -605,7 +610,15 @@ impl Running {
                 self.bounded(self.store.renew(&lock, &me, token, timing.lease_duration))
                     .await
             }
-            Some(_) => {
+            // An earlier process of our own pod, which is gone (the kubelet
+            // restarted us): take its lease over by check-and-set on its
+            // exact holder and token, for a new term with a higher token.
+            (Some(_), Some(from)) => {
+                info!(%lock, previous = %from.holder, "taking over the lease of this pod's previous process");
+                self.bounded(self.store.take_over(&lock, &claim, from, timing.lease_duration))
+                    .await
+            }
+            (Some(_), None) => {
                 // Wake when the lease could expire if that is before the next poll.
                 let poll = self.jitter.apply(timing.retry_period);
                 let until_expiry = observed
@@ -616,7 +629,7 @@ impl Running {
                 self.wait_or_change(wait, &observed).await;
                 return Ok(None);
             }
-            None => {
+            (None, _) => {
                 self.bounded(self.store.acquire_as(&lock, &claim, timing.lease_duration))
                     .await
             }

@@ -101,14 +101,24 @@ impl fmt::Display for FencingToken {
 }
 
 /// Who a candidate is: unique per process run, so a restarted container never
-/// inherits a lease it cannot prove it holds (S12).
+/// inherits a lease it cannot prove it holds (S12). Inside a pod it also
+/// carries the pod's UID, the same for every process run of one pod and
+/// different for every pod (even one of the same name): a later process of
+/// the same pod can take its pod's lease over by check-and-set
+/// ([`succeeds`](Self::succeeds)) instead of waiting for it to expire.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity {
     cluster: Option<String>,
     namespace: Option<String>,
     name: String,
     nonce: String,
+    pod_uid: Option<String>,
 }
+
+/// A pod UID that cannot be part of a holder identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod UID {0:?} must be non-empty, without whitespace, control characters, '/', '#' or '@'")]
+pub struct InvalidPodUid(pub String);
 
 impl Identity {
     /// A new identity with a fresh random nonce.
@@ -119,7 +129,24 @@ impl Identity {
             namespace,
             name: name.into(),
             nonce,
+            pod_uid: None,
         }
+    }
+
+    /// This identity as a process of the pod with UID `uid` (downward API,
+    /// `metadata.uid`). The holder string carries it as `…#nonce@uid`;
+    /// holders without it (written by earlier leasehold versions, or outside
+    /// Kubernetes) are never taken over.
+    pub fn in_pod(mut self, uid: &str) -> Result<Self, InvalidPodUid> {
+        let refused = uid.is_empty()
+            || uid
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '#' | '@'));
+        if refused {
+            return Err(InvalidPodUid(uid.to_string()));
+        }
+        self.pod_uid = Some(uid.to_string());
+        Ok(self)
     }
 
     /// An identity with a chosen nonce, for deterministic simulations.
@@ -129,6 +156,7 @@ impl Identity {
             namespace: None,
             name: name.into(),
             nonce: nonce.into(),
+            pod_uid: None,
         }
     }
 
@@ -144,21 +172,44 @@ impl Identity {
     pub fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
     }
+
+    /// Whether `holder` is an earlier process run of this candidate's pod:
+    /// the same cluster, namespace, pod name and pod UID, another nonce.
+    /// Such a holder is gone: one pod runs one leasehold process per lease,
+    /// and the kubelet starts a container again only after its previous run
+    /// has exited (README, "Acting as leader safely"). A pod UID is never
+    /// reused, so a new pod of the same name (a StatefulSet's) never
+    /// matches, and neither does a holder without a UID.
+    pub fn succeeds(&self, holder: &str) -> bool {
+        let Some(uid) = &self.pod_uid else { return false };
+        holder.parse::<Identity>().is_ok_and(|earlier| {
+            earlier.pod_uid.as_ref() == Some(uid)
+                && earlier.nonce != self.nonce
+                && (&earlier.cluster, &earlier.namespace, &earlier.name) == (&self.cluster, &self.namespace, &self.name)
+        })
+    }
 }
 
-/// A holder string that is not `[[cluster/]namespace/]name#nonce`.
+/// A holder string that is not `[[cluster/]namespace/]name#nonce[@uid]`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("holder {0:?} is not an identity of the form [[cluster/]namespace/]name#nonce")]
+#[error("holder {0:?} is not an identity of the form [[cluster/]namespace/]name#nonce[@uid]")]
 pub struct InvalidIdentity(pub String);
 
 impl std::str::FromStr for Identity {
     type Err = InvalidIdentity;
 
     /// The inverse of `Display`. Two slash-separated parts are namespace and
-    /// name, three are cluster, namespace and name.
+    /// name, three are cluster, namespace and name; `@uid` after the nonce is
+    /// the pod UID. (Readers that predate the UID take `nonce@uid` for the
+    /// nonce, so they still find the pod name.)
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let invalid = || InvalidIdentity(text.to_string());
-        let (path, nonce) = text.rsplit_once('#').ok_or_else(invalid)?;
+        let (path, run) = text.rsplit_once('#').ok_or_else(invalid)?;
+        let (nonce, pod_uid) = match run.split_once('@') {
+            Some((nonce, uid)) if !uid.is_empty() && !uid.contains('@') => (nonce, Some(uid.to_string())),
+            Some(_) => return Err(invalid()),
+            None => (run, None),
+        };
         let mut parts = path.rsplitn(3, '/');
         let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(invalid)?;
         let namespace = parts.next().map(str::to_string);
@@ -176,18 +227,31 @@ impl std::str::FromStr for Identity {
             namespace,
             name: name.to_string(),
             nonce: nonce.to_string(),
+            pod_uid,
         })
     }
 }
 
 impl fmt::Display for Identity {
-    /// `cluster/namespace/pod#nonce`, leaving out absent parts.
+    /// `cluster/namespace/pod#nonce@uid`, leaving out absent parts.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for part in [&self.cluster, &self.namespace].into_iter().flatten() {
             write!(f, "{part}/")?;
         }
-        write!(f, "{}#{}", self.name, self.nonce)
+        write!(f, "{}#{}", self.name, self.nonce)?;
+        match &self.pod_uid {
+            Some(uid) => write!(f, "@{uid}"),
+            None => Ok(()),
+        }
     }
+}
+
+/// The lease as one holder holds it: what a takeover names, so that the
+/// store replaces exactly that holder's term and nobody else's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held<'a> {
+    pub holder: &'a str,
+    pub token: FencingToken,
 }
 
 /// One lock's row.
@@ -322,9 +386,71 @@ mod tests {
             (parsed.cluster(), parsed.namespace(), parsed.name()),
             (Some("eu"), Some("prod"), "web-0")
         );
-        for bad in ["", "web-0", "web-0#", "#n", "prod/#n", "/web-0#n", "a/b/c/d#n"] {
+        for bad in [
+            "",
+            "web-0",
+            "web-0#",
+            "#n",
+            "prod/#n",
+            "/web-0#n",
+            "a/b/c/d#n",
+            "web-0#n@",
+            "web-0#n@u@v",
+        ] {
             assert!(bad.parse::<Identity>().is_err(), "{bad:?} must be refused");
         }
+    }
+
+    #[test]
+    fn the_pod_uid_rides_after_the_nonce_and_round_trips() {
+        let identity = Identity::new(None, Some("prod".into()), "web-0")
+            .in_pod("6f1c0a52-3b7e-4d7a-9d51-1f0e2b9c4a10")
+            .unwrap();
+        let text = identity.to_string();
+        assert!(
+            text.starts_with("prod/web-0#") && text.ends_with("@6f1c0a52-3b7e-4d7a-9d51-1f0e2b9c4a10"),
+            "{text}"
+        );
+        assert_eq!(text.parse::<Identity>().unwrap(), identity);
+        // What a reader before the UID does with it: the pod name is still found.
+        let (path, _) = text.rsplit_once('#').unwrap();
+        assert_eq!(path.rsplit('/').next(), Some("web-0"));
+        for bad in ["", "a b", "a/b", "a#b", "a@b", "a\nb"] {
+            let err = Identity::new(None, None, "p").in_pod(bad).unwrap_err();
+            assert_eq!(err, InvalidPodUid(bad.to_string()));
+        }
+    }
+
+    #[test]
+    fn only_an_earlier_run_of_the_same_pod_is_succeeded() {
+        let pod = |name: &str, uid: &str| {
+            Identity::new(Some("eu".into()), Some("prod".into()), name)
+                .in_pod(uid)
+                .unwrap()
+        };
+        let me = pod("web-0", "uid-1");
+        let earlier = pod("web-0", "uid-1").to_string();
+        assert!(me.succeeds(&earlier), "a restarted process of the same pod");
+        assert!(!me.succeeds(&me.to_string()), "not itself: that is its own lease");
+        let others = [
+            pod("web-0", "uid-2").to_string(),
+            pod("web-1", "uid-1").to_string(),
+            Identity::new(Some("us".into()), Some("prod".into()), "web-0")
+                .in_pod("uid-1")
+                .unwrap()
+                .to_string(),
+            Identity::new(Some("eu".into()), Some("dev".into()), "web-0")
+                .in_pod("uid-1")
+                .unwrap()
+                .to_string(),
+            Identity::new(Some("eu".into()), Some("prod".into()), "web-0").to_string(),
+            "client-go-holder".to_string(),
+        ];
+        for other in others {
+            assert!(!me.succeeds(&other), "{other} is another holder");
+        }
+        let outside = Identity::new(Some("eu".into()), Some("prod".into()), "web-0");
+        assert!(!outside.succeeds(&earlier), "without a UID nothing is taken over");
     }
 
     #[test]

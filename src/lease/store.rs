@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::record::{FencingToken, Grant, Observation};
+use super::record::{FencingToken, Grant, Held, Observation};
 use super::version::Claim;
 
 /// The underlying error a store failure came from, kept for `{:#}` and logs.
@@ -129,6 +129,25 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// same transaction when [`Claim::fenced_by`] says the row's recorded
     /// version forbids it, so racing candidates cannot pass the fence.
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant>;
+
+    /// Check-and-set takeover: only while the row's holder is exactly
+    /// `from.holder` with `from.token` (live, or expired where the store
+    /// keeps expired leases; never once released or taken since), takes the
+    /// row as
+    /// [`acquire_as`](Self::acquire_as) would: term + 1, a token above every
+    /// one handed out before, the claim's version recorded and the fence
+    /// judged in the same transaction. Anything else is `Lost`. A sidecar
+    /// restarted by the kubelet resumes its own pod's lease this way
+    /// ([`Identity::succeeds`](super::Identity::succeeds)) instead of
+    /// waiting D. A store that cannot do this refuses, and its candidates
+    /// wait for the lease to expire.
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        let _ = (claim, from, lease);
+        Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason: format!("the {} store cannot take a lease over", self.kind()),
+        })
+    }
 
     /// [`acquire_as`](Self::acquire_as) without a version and without the fence.
     async fn acquire(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant> {

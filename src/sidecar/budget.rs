@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, Timing};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Timing};
 
 /// Renewals the p99 is taken over.
 const WINDOW: usize = 100;
@@ -151,6 +151,10 @@ impl LeaseStore for RenewBudget {
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         self.store.acquire_as(lock, claim, lease).await
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        self.store.take_over(lock, claim, from, lease).await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::{
-    Assigned, Claim, FencingToken, Grant, LeaderState, LeaseStore, Observation, SessionStore, StoreError, StoreTime,
+    Assigned, Claim, FencingToken, Grant, Held, LeaderState, LeaseStore, Observation, SessionStore, StoreError,
+    StoreTime,
 };
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -228,6 +229,16 @@ impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
     }
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
         self.measure("acquire", self.inner.acquire_as(lock, claim, lease)).await
+    }
+    async fn take_over(
+        &self,
+        lock: &str,
+        claim: &Claim<'_>,
+        from: Held<'_>,
+        lease: Duration,
+    ) -> Result<Grant, StoreError> {
+        self.measure("take_over", self.inner.take_over(lock, claim, from, lease))
+            .await
     }
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.measure("renew", self.inner.renew(lock, holder, token, lease))

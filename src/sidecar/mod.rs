@@ -110,7 +110,15 @@ pub async fn run(args: Args) -> Result<()> {
         _ => settings.version.clone(),
     };
     info!(version = ?version, policy = ?settings.versions, "version");
-    let elector = Elector::new(settings.lock.clone(), settings.identity.clone(), settings.timing)
+    // The holder carries the pod UID, so that the next process of this pod
+    // (the kubelet restarting this container) takes the lease over at once
+    // instead of waiting D. Only the sidecar: a `leasehold run` command may
+    // outlive its dead runner by the watchdog's grace period.
+    let identity = match args.election.pod_uid.as_deref() {
+        Some(uid) => settings.identity.clone().in_pod(uid).map_err(config::Error::PodUid)?,
+        None => settings.identity.clone(),
+    };
+    let elector = Elector::new(settings.lock.clone(), identity, settings.timing)
         .with_version(version.clone(), settings.versions.fence);
     let transitions = elector.transitions();
     let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, StoreError};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, StoreError};
 
 /// How often a start-up problem that persists is logged again.
 pub const REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -184,6 +184,15 @@ impl LeaseStore for StartingStore {
     // The elector observes before it writes, so the writes need no reporting.
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
         self.ready()?.acquire_as(lock, claim, lease).await
+    }
+    async fn take_over(
+        &self,
+        lock: &str,
+        claim: &Claim<'_>,
+        from: Held<'_>,
+        lease: Duration,
+    ) -> Result<Grant, StoreError> {
+        self.ready()?.take_over(lock, claim, from, lease).await
     }
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.ready()?.renew(lock, holder, token, lease).await

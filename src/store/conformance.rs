@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, StoreError, Version};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, StoreError, Version};
 
 pub mod sessions;
 
@@ -19,13 +20,26 @@ pub trait Target: Send + Sync {
     fn store(&self) -> Arc<dyn LeaseStore>;
     /// Deletes the row outright (an operator with SQL access could).
     async fn delete_row(&self, lock: &str);
-    /// Runs an acquire that commits and whose reply the backend arranges to
-    /// lose (memory: injected; the others: a proxy holds the replies back
-    /// past the client's deadline after forwarding the request). The suite
-    /// fails when the acquire did not commit: the unknown-outcome path went
-    /// untested.
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError>;
+    /// Runs `call` on `lock` so that it commits and its reply is lost
+    /// (memory: injected; the servers: a proxy holds the replies back past
+    /// the client's deadline after forwarding the request), on a store
+    /// warmed up by running `call` on another lock first. `holder` is who
+    /// the call makes the holder; `round_trips`, how many the call takes up
+    /// to its commit's reply on Spanner (whose target aims its deadline
+    /// between the two). The suite fails when the call did not commit: the
+    /// unknown-outcome path went untested.
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        holder: &str,
+        round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError>;
 }
+
+/// A write the suite runs through [`Target::with_lost_reply`]: on a store,
+/// for a lock.
+pub type StoreCall = dyn Fn(Arc<dyn LeaseStore>, String) -> BoxFuture<'static, Result<Grant, StoreError>> + Send + Sync;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -232,12 +246,51 @@ pub async fn expiry_is_judged_by_the_store_clock(target: &dyn Target) {
 pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
     let store = target.store();
     store.ensure_schema().await.expect("ensure_schema");
-    let result = target.acquire_with_lost_reply("unknown", "a", LEASE).await;
-    let observed = store.observe("unknown").await.expect("observe");
+    let acquire: &StoreCall = &|store, lock| Box::pin(async move { store.acquire(&lock, "a", LEASE).await });
+    // An absent row: update (no match), read, insert, commit.
+    let result = target.with_lost_reply("unknown", "a", 4, acquire).await;
+    a_lost_reply_is_judged_by_what_happened(&*store, "unknown", "a", result).await;
+}
+
+/// S9 for a takeover: one whose reply was lost is never success either.
+pub async fn an_unknown_takeover_is_not_success(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let old = store
+        .acquire("unknown-takeover", "pod-0#1@uid", LEASE)
+        .await
+        .expect("acquire");
+    let take_over: &StoreCall = &move |store, lock| {
+        Box::pin(async move {
+            let from = Held {
+                holder: "pod-0#1@uid",
+                token: old.token,
+            };
+            store
+                .take_over(&lock, &Claim::unversioned("pod-0#2@uid"), from, LEASE)
+                .await
+        })
+    };
+    // One update, then the commit.
+    let result = target
+        .with_lost_reply("unknown-takeover", "pod-0#2@uid", 2, take_over)
+        .await;
+    a_lost_reply_is_judged_by_what_happened(&*store, "unknown-takeover", "pod-0#2@uid", result).await;
+}
+
+/// `result` of a write for `holder` that committed with its reply lost:
+/// an unknown outcome, never success.
+async fn a_lost_reply_is_judged_by_what_happened(
+    store: &dyn LeaseStore,
+    lock: &str,
+    holder: &str,
+    result: Result<Grant, StoreError>,
+) {
+    let observed = store.observe(lock).await.expect("observe");
     assert_eq!(
         observed.live_holder(),
-        Some("a"),
-        "the acquire must commit with its reply lost, or this tests nothing: {result:?}"
+        Some(holder),
+        "the write must commit with its reply lost, or this tests nothing: {result:?}"
     );
     // It did commit: success would hide the loss of the reply, and
     // "unavailable" (nothing happened) would be a lie.
@@ -246,9 +299,238 @@ pub async fn unknown_outcome_is_not_success(target: &dyn Target) {
         "committed but reported {result:?}"
     );
     assert!(
-        is_lost(&store.acquire("unknown", "b", LEASE).await),
+        is_lost(&store.acquire(lock, "b", LEASE).await),
         "and nobody else gets in"
     );
+}
+
+/// Issue 25: a takeover replaces exactly the holder and token it names,
+/// never another holder, a superseded or future token, or a released lease;
+/// the new term's token is above the replaced one, and the replaced holder
+/// can neither renew nor release any more. Of racing takeovers, one wins.
+pub async fn a_takeover_replaces_only_the_holder_and_token_it_names(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let (lock, earlier, later) = ("takeover", "prod/web-0#1@uid-a", "prod/web-0#2@uid-a");
+    let old = store.acquire(lock, earlier, LEASE).await.expect("acquire");
+    let claim = Claim::unversioned(later);
+    let wrong = [
+        ("another holder", "prod/web-0#1@uid-b", old.token),
+        ("an older token", earlier, FencingToken(old.token.0 - 1)),
+        ("a newer token", earlier, FencingToken(old.token.0 + 1)),
+    ];
+    for (what, holder, token) in wrong {
+        let refused = store.take_over(lock, &claim, Held { holder, token }, LEASE).await;
+        assert!(is_lost(&refused), "{what}: {refused:?}");
+    }
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    assert_eq!(
+        (row.holder.as_deref(), row.term, row.token),
+        (Some(earlier), old.term, Some(old.token)),
+        "a refused takeover changes nothing"
+    );
+
+    let from = Held {
+        holder: earlier,
+        token: old.token,
+    };
+    let new = store
+        .take_over(lock, &claim, from, LEASE)
+        .await
+        .expect("the exact holder and token are taken over");
+    assert_eq!(new.term, old.term + 1, "a new term");
+    assert!(new.token > old.token, "a higher token: {new:?} after {old:?}");
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    assert_eq!((row.holder.as_deref(), row.token), (Some(later), Some(new.token)));
+    assert!(
+        is_lost(&store.renew(lock, earlier, old.token, LEASE).await),
+        "the replaced term cannot renew"
+    );
+    assert!(is_lost(&store.release(lock, earlier, old.token).await), "nor release");
+    let again = store
+        .take_over(lock, &Claim::unversioned("prod/web-0#3@uid-a"), from, LEASE)
+        .await;
+    assert!(is_lost(&again), "a replaced term is not taken over twice: {again:?}");
+
+    // Racing takeovers of the same term: at most one is told it won, and the
+    // store holds exactly one of them. (The Spanner emulator aborts
+    // concurrent transactions, sometimes at the commit: an unknown outcome.)
+    let current = Held {
+        holder: later,
+        token: new.token,
+    };
+    let racers = (0..4).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let holder = format!("prod/web-0#racer{i}@uid-a");
+            store
+                .take_over(lock, &Claim::unversioned(&holder), current, LEASE)
+                .await
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|r| r.expect("join"))
+        .collect();
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert!(winners.len() <= 1, "at most one takeover wins: {results:?}");
+    for result in results.iter().filter(|r| r.is_err()) {
+        assert!(
+            !matches!(result, Err(StoreError::Invalid { .. })),
+            "losers lose, retry later or do not know: {result:?}"
+        );
+    }
+    let row = store.observe(lock).await.unwrap().record.unwrap();
+    let (holder, token) = (row.holder.unwrap_or_default(), row.token.unwrap());
+    assert!(
+        holder.contains("#racer") && token > new.token,
+        "one racer holds it: {holder} {token}"
+    );
+    if let Some(winner) = winners.first() {
+        assert_eq!(winner.token, token, "the one told it won holds it");
+    }
+
+    // A released lease is acquired, not taken over.
+    store.release(lock, &holder, token).await.expect("release");
+    let from = Held { holder: &holder, token };
+    let after_release = store.take_over(lock, &Claim::unversioned(later), from, LEASE).await;
+    assert!(
+        is_lost(&after_release),
+        "a released lease is not taken over: {after_release:?}"
+    );
+}
+
+/// Issue 25: a takeover honours the version fence in its own transaction,
+/// as acquire does, and records the taker's version.
+pub async fn a_takeover_honours_the_version_fence(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let held = acquire_at(&*store, "takeover-fence", "web-0#1@u", Some(5), true)
+        .await
+        .unwrap();
+    let from = Held {
+        holder: "web-0#1@u",
+        token: held.token,
+    };
+    let older = version(4);
+    let fenced = Claim {
+        holder: "web-0#2@u",
+        version: Some(&older),
+        fence: true,
+    };
+    let refused = store.take_over("takeover-fence", &fenced, from, LEASE).await;
+    assert!(is_lost(&refused), "an older revision behind the fence: {refused:?}");
+    let same = version(5);
+    let claim = Claim {
+        version: Some(&same),
+        ..fenced
+    };
+    store
+        .take_over("takeover-fence", &claim, from, LEASE)
+        .await
+        .expect("the same revision takes over");
+    let row = store.observe("takeover-fence").await.unwrap().record.unwrap();
+    assert_eq!((row.holder.as_deref(), row.version), (Some("web-0#2@u"), Some(same)));
+}
+
+/// A store that counts the observations made through it.
+struct Counted {
+    inner: Arc<dyn LeaseStore>,
+    observes: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl LeaseStore for Counted {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.inner.ensure_schema().await
+    }
+    async fn observe(&self, lock: &str) -> Result<crate::lease::Observation, StoreError> {
+        self.observes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.observe(lock).await
+    }
+    async fn changed(&self, lock: &str, seen: &crate::lease::Observation) {
+        self.inner.changed(lock, seen).await
+    }
+    async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant, StoreError> {
+        self.inner.acquire_as(lock, claim, lease).await
+    }
+    async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
+        self.inner.renew(lock, holder, token, lease).await
+    }
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(lock, holder, token).await
+    }
+}
+
+/// Issue 25: a follower learns of a release by the store's push (PostgreSQL
+/// `NOTIFY`, Redis `PUBLISH`), not by its poll. Its poll is 5 minutes
+/// apart, so a follower that only polled could not lead within this test;
+/// it leads after exactly one observation since the release, the one the
+/// notice woke. `leader` and `follower` are two stores (two connections) on
+/// one server.
+pub async fn a_release_wakes_a_waiting_follower(leader: Arc<dyn LeaseStore>, follower: Arc<dyn LeaseStore>) {
+    use crate::lease::{Elector, Identity, Timing};
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+    let timing = Timing::new(minutes(20), minutes(10), minutes(5), 0.0).expect("timing");
+    leader.ensure_schema().await.expect("ensure_schema");
+    let held = leader
+        .acquire("pushed", "leader#1", minutes(20))
+        .await
+        .expect("acquire");
+
+    // The follower's store listens from its first wait on. Until it does,
+    // a release is not announced to it: release a probe lock until one
+    // wakes it (each try bounded, the loop by the test's own timeout).
+    let probe_seen = follower.observe("probe").await.expect("observe");
+    loop {
+        let waiting = follower.changed("probe", &probe_seen);
+        let probe = leader.acquire("probe", "prober", LEASE).await.expect("probe acquire");
+        let released = async {
+            leader
+                .release("probe", "prober", probe.token)
+                .await
+                .expect("probe release");
+            futures::future::pending::<()>().await
+        };
+        let woke = tokio::select! {
+            () = waiting => true,
+            () = released => false,
+            () = tokio::time::sleep(Duration::from_secs(1)) => false,
+        };
+        if woke {
+            break;
+        }
+    }
+
+    let counted = Arc::new(Counted {
+        inner: follower,
+        observes: Default::default(),
+    });
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let handle =
+        Elector::new("pushed", Identity::with_nonce("follower", "1"), timing).spawn(counted.clone(), shutdown.clone());
+    let mut state = handle.subscribe();
+    state
+        .wait_for(|s| s.holder.as_deref() == Some("leader#1"))
+        .await
+        .expect("the follower sees the leader");
+    let before = counted.observes.load(std::sync::atomic::Ordering::SeqCst);
+    leader.release("pushed", "leader#1", held.token).await.expect("release");
+    tokio::time::timeout(minutes(1), state.wait_for(|s| s.leader))
+        .await
+        .expect("the follower leads long before its next poll (5 min)")
+        .expect("the elector runs");
+    let looks = counted.observes.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert_eq!(
+        looks, 1,
+        "one observation between the release and the acquisition: the notice's, no poll"
+    );
+    shutdown.cancel();
+    handle.join().await;
 }
 
 /// TLS: a store checking the server's certificate against the CA that
@@ -494,6 +776,18 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn unknown_outcome_is_not_success() {
             suite::unknown_outcome_is_not_success(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn an_unknown_takeover_is_not_success() {
+            suite::an_unknown_takeover_is_not_success(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn a_takeover_replaces_only_the_holder_and_token_it_names() {
+            suite::a_takeover_replaces_only_the_holder_and_token_it_names(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn a_takeover_honours_the_version_fence() {
+            suite::a_takeover_honours_the_version_fence(&$make.await).await;
         }
     };
 }

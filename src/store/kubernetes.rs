@@ -33,6 +33,10 @@
 //!   watch of the Lease and [`LeaseStore::changed`] wakes the elector on the
 //!   next event: no request per retry period while the lease is held, and a
 //!   release is seen at once.
+//! * **Takeover.** A restarted sidecar resumes its own pod's lease by a
+//!   replace of the Lease it finds held by exactly the holder and token it
+//!   names, carrying that Lease's `resourceVersion`: a new term whose token
+//!   (that version) is above the replaced holder's.
 //! * **Names.** A lock that is a DNS subdomain (at most 253 of `a-z0-9.-`) is
 //!   the Lease's name as is; any other lock becomes its lowercased, sanitised
 //!   text (at most 200 characters) plus `-` and 10 hex digits of its FNV-1a
@@ -61,8 +65,8 @@ use tracing::debug;
 use crate::lease::clock::{Instant, now};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version, lease_to_millis,
-    validate_lock_name,
+    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version,
+    lease_to_millis, validate_lock_name,
 };
 
 /// The annotation holding the leasehold record of the Lease (JSON).
@@ -569,6 +573,75 @@ impl KubernetesStore {
         }
     }
 
+    /// Writes `claim`'s term `term` with `token` (the resourceVersion the
+    /// decision was judged on) over `base`: a replace carrying its
+    /// resourceVersion when it exists (`present`), else a create.
+    async fn write_term(
+        &self,
+        (view, lock): (&LockView, &str),
+        claim: &Claim<'_>,
+        lease: Duration,
+        (base, present): (Lease, bool),
+        (term, token): (u64, u64),
+    ) -> Result<Grant> {
+        let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
+        let token = i64::try_from(token).map_err(|_| StoreError::invalid("resourceVersion beyond INT64"))?;
+        let record = Record {
+            lock: lock.to_string(),
+            holder: Some(claim.holder.to_string()),
+            term,
+            token: Some(token),
+            lease_ms: lease_ms as u64,
+            version: claim.version.cloned(),
+        };
+        let stamp = micro_now();
+        let transitions = base.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+        let spec = LeaseSpec {
+            holder_identity: Some(claim.holder.to_string()),
+            lease_duration_seconds: Some(whole_seconds(lease)),
+            acquire_time: Some(stamp.clone()),
+            renew_time: Some(stamp),
+            lease_transitions: Some(if base.spec.is_some() {
+                transitions.saturating_add(1)
+            } else {
+                0
+            }),
+            ..base.spec.clone().unwrap_or_default()
+        };
+        let body = self.write_body(&base, spec, &record)?;
+        let (_, at) = if present {
+            self.replace(view, lock, &body).await?
+        } else {
+            let what = || format!("creating Lease {}/{}", self.namespace, view.name);
+            match self
+                .call(Call::Write, what, self.api.create(&PostParams::default(), &body))
+                .await
+            {
+                Ok(created) => {
+                    let at = now();
+                    view.learn(Some(created.clone()), at)?;
+                    (created, at)
+                }
+                Err(ApiFailure::Conflict) => {
+                    let _ = self.read(view).await;
+                    return Err(lost(lock, "another candidate created the Lease first"));
+                }
+                Err(ApiFailure::NotFound) => {
+                    return Err(StoreError::invalid(format!(
+                        "namespace {} does not exist",
+                        self.namespace
+                    )));
+                }
+                Err(ApiFailure::Failed(e)) => return Err(e),
+            }
+        };
+        Ok(Grant {
+            term,
+            token: FencingToken(token),
+            committed_at: self.store_time(at),
+        })
+    }
+
     /// The current Lease when `holder` holds it with `token`; read afresh
     /// when our view says otherwise (it may be behind our own last write).
     async fn ours(&self, view: &LockView, lock: &str, holder: &str, token: FencingToken) -> Result<Box<Lease>> {
@@ -712,7 +785,7 @@ impl LeaseStore for KubernetesStore {
     }
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
-        let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
+        lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
         let view = self.view(lock)?;
         let seen = match view.current() {
             Seen::Unknown => self.read(&view).await?,
@@ -757,61 +830,23 @@ impl LeaseStore for KubernetesStore {
                 (base, version)
             }
         };
-        let token = i64::try_from(token).map_err(|_| StoreError::invalid("resourceVersion beyond INT64"))?;
-        let record = Record {
-            lock: lock.to_string(),
-            holder: Some(claim.holder.to_string()),
-            term,
-            token: Some(token),
-            lease_ms: lease_ms as u64,
-            version: claim.version.cloned(),
-        };
-        let stamp = micro_now();
-        let transitions = base.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
-        let spec = LeaseSpec {
-            holder_identity: Some(claim.holder.to_string()),
-            lease_duration_seconds: Some(whole_seconds(lease)),
-            acquire_time: Some(stamp.clone()),
-            renew_time: Some(stamp),
-            lease_transitions: Some(if base.spec.is_some() {
-                transitions.saturating_add(1)
-            } else {
-                0
-            }),
-            ..base.spec.clone().unwrap_or_default()
-        };
-        let body = self.write_body(&base, spec, &record)?;
-        let (_, at) = if matches!(seen, Seen::Present { .. }) {
-            self.replace(&view, lock, &body).await?
-        } else {
-            let what = || format!("creating Lease {}/{}", self.namespace, view.name);
-            match self
-                .call(Call::Write, what, self.api.create(&PostParams::default(), &body))
-                .await
-            {
-                Ok(created) => {
-                    let at = now();
-                    view.learn(Some(created.clone()), at)?;
-                    (created, at)
-                }
-                Err(ApiFailure::Conflict) => {
-                    let _ = self.read(&view).await;
-                    return Err(lost(lock, "another candidate created the Lease first"));
-                }
-                Err(ApiFailure::NotFound) => {
-                    return Err(StoreError::invalid(format!(
-                        "namespace {} does not exist",
-                        self.namespace
-                    )));
-                }
-                Err(ApiFailure::Failed(e)) => return Err(e),
-            }
-        };
-        Ok(Grant {
-            term,
-            token: FencingToken(token),
-            committed_at: self.store_time(at),
-        })
+        let present = matches!(seen, Seen::Present { .. });
+        self.write_term((&view, lock), claim, lease, (base, present), (term, token))
+            .await
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        let view = self.view(lock)?;
+        let current = self.ours(&view, lock, from.holder, from.token).await?;
+        let record = read_record(&current, lock)?.ok_or_else(|| lost(lock, "no record"))?;
+        if let Some(why) = claim.fenced_by(record.version.as_ref()) {
+            return Err(lost(lock, &why));
+        }
+        // The check-and-set is the replace carrying this resourceVersion;
+        // the holder's own acquisition wrote a later one than its token.
+        let token = resource_version(&current.metadata)?;
+        self.write_term((&view, lock), claim, lease, (*current, true), (record.term + 1, token))
+            .await
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {

@@ -26,7 +26,7 @@ pub(crate) use session::SessionFlaw;
 
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
+    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
     validate_lock_name,
 };
 
@@ -367,6 +367,19 @@ pub(crate) fn grant(
             reason: format!("held by {current}"),
         });
     }
+    next_term(lock, claim, lease, row, commit, token)
+}
+
+/// The row after `claim` takes `row` at `commit` with `token`, once the
+/// caller has judged that it may: the fence is judged here.
+fn next_term(
+    lock: &str,
+    claim: &Claim<'_>,
+    lease: Duration,
+    row: Option<&LeaseRecord>,
+    commit: StoreTime,
+    token: FencingToken,
+) -> Result<(Option<LeaseRecord>, Grant)> {
     if let Some(reason) = claim.fenced_by(row.and_then(|r| r.version.as_ref())) {
         return Err(StoreError::Lost {
             lock: lock.to_string(),
@@ -444,6 +457,15 @@ impl LeaseStore for MemoryStore {
         checked_lease(lease)?;
         self.transact(lock, |row, commit| {
             grant(lock, claim, lease, row, commit, FencingToken(commit.0))
+        })
+        .await
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        checked_lease(lease)?;
+        self.transact(lock, |row, commit| {
+            let current = check_ours(lock, row, from.holder, from.token)?;
+            next_term(lock, claim, lease, Some(current), commit, FencingToken(commit.0))
         })
         .await
     }

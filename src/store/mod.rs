@@ -8,6 +8,8 @@ pub mod kubernetes;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod push;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sidecar", feature = "operator"))]

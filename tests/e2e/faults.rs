@@ -117,3 +117,39 @@ async fn the_store_restarted() {
     })
     .await;
 }
+
+/// Issue 25: the leader's sidecar killed; the kubelet restarts it in the
+/// same pod, whose new process takes its own pod's lease over (a new term,
+/// the holder naming the same pod UID) instead of waiting for it to expire,
+/// so leadership never leaves the pod. Needs an image with the takeover.
+#[tokio::test]
+async fn the_leaders_sidecar_killed_resumes_its_own_pods_lease() {
+    scenario("e2e-fault-resume", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        let uid = s.api::<Pod>().get(&leader).await.unwrap().metadata.uid.unwrap();
+        let leases: kube::Api<leasehold::api::DistributedLease> = s.api();
+        let held = |status: &leasehold::api::DistributedLeaseStatus| {
+            status
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.contains(&format!("/{leader}#")) && h.ends_with(&format!("@{uid}")))
+        };
+        let before = wait_for("the status naming the leader's process", SUCCESSOR, || async {
+            let status = leases.get("scheduler").await.ok()?.status?;
+            held(&status).then_some(status)
+        })
+        .await;
+        let moves = watcher.moves();
+        kill_and_await_restart(&s, &leader, SIDECAR).await;
+        wait_for("the next term held by the same pod", SUCCESSOR, || async {
+            let status = leases.get("scheduler").await.ok()?.status?;
+            (held(&status) && status.term == before.term.map(|t| t + 1) && status.holder != before.holder).then_some(())
+        })
+        .await;
+        assert_eq!(watcher.one_leader(None, SUCCESSOR).await, leader, "the same pod leads");
+        assert_eq!(watcher.moves(), moves, "leadership never left the pod");
+        watcher.finish();
+    })
+    .await;
+}

@@ -185,3 +185,71 @@ fn redis_sigterm_releases_and_a_follower_leads_before_expiry() {
     let (_runtime, sidecars) = redis_sidecars(&server);
     sigterm_hands_over(&sidecars, "redis");
 }
+
+/// Issue 25: a sidecar killed and started again with the same pod UID (as
+/// the kubelet restarts its container) leads again at once: it takes its
+/// own pod's lease over, for a new term with a higher token, instead of
+/// waiting for the lease (D = 60 s here) to expire. A new pod of the same
+/// name (a StatefulSet's, another UID) is another holder: it stays a
+/// follower of the live lease.
+#[test]
+fn redis_a_restarted_sidecar_resumes_its_own_pods_lease_at_once() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let proxy = runtime.block_on(TcpProxy::start(server.addr()));
+    let store = vec!["--store".to_string(), "redis".to_string()];
+    let env = vec![("LEASEHOLD_STORE_URL".to_string(), server.url_at(proxy.addr))];
+    let start = |uid: &str| {
+        let flags: Vec<String> = ["--pod-uid", uid, "--lease-duration", "60s", "--renew-deadline", "40s"]
+            .map(String::from)
+            .to_vec();
+        Sidecar::launch("pod-0", proxy.clone(), "resume", &store, &env, &flags)
+    };
+    let mut earlier = start("uid-a");
+    wait_for_one_leader(&[&earlier], Duration::from_secs(20)).expect("the first process leads");
+    let (_, before) = earlier.leader().unwrap();
+    earlier.signal("KILL");
+    let _ = earlier.child.wait();
+
+    let mut restarted = start("uid-a");
+    // Far below D: only a takeover leads this soon.
+    wait_for_one_leader(&[&restarted], Duration::from_secs(20))
+        .expect("the restarted process leads again long before the lease could expire");
+    let (_, after) = restarted.leader().unwrap();
+    assert_eq!(
+        after["term"].as_u64(),
+        before["term"].as_u64().map(|t| t + 1),
+        "a new term: {after}"
+    );
+    assert!(
+        token_of(&after).parse::<i64>().unwrap() > token_of(&before).parse::<i64>().unwrap(),
+        "a higher token: {after} after {before}"
+    );
+    let holder = after["holder"].as_str().unwrap().to_string();
+    assert!(holder.starts_with("pod-0#") && holder.ends_with("@uid-a"), "{holder}");
+    assert_ne!(after["holder"], before["holder"], "another process run");
+    restarted.signal("KILL");
+    let _ = restarted.child.wait();
+
+    let other_pod = start("uid-b");
+    let started = Instant::now();
+    while !other_pod
+        .leader()
+        .is_some_and(|(_, view)| view["holder"] == after["holder"])
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new pod never saw the live lease"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..10 {
+        let (status, view) = other_pod.leader().unwrap();
+        assert_eq!(status, 503, "a pod of another UID must wait for the lease: {view}");
+        std::thread::sleep(P);
+    }
+}

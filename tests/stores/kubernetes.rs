@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
-use leasehold::store::conformance::Target;
+use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::kubernetes::{KubernetesStore, Mutant, RECORD_ANNOTATION, lease_name};
 use leasehold::testing::cluster::{TestNamespace, config};
 use leasehold::testing::{ProxyMode, TcpProxy};
@@ -58,9 +58,16 @@ impl Target for Cluster {
 
     /// The replace reaches the API server through a proxy that holds its
     /// reply back past the store's call timeout: it is applied, its reply is
-    /// lost. The Lease exists (taken and released first), so the attempt is
-    /// a write, not the list that precedes a create.
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    /// lost. The Lease exists (taken and released first when absent) and the
+    /// store has read it, so the attempt is a write, not the read or list
+    /// that precedes one.
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        _holder: &str,
+        _round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError> {
         let mut config = config().await;
         let authority = config
             .cluster_url
@@ -80,10 +87,12 @@ impl Target for Cluster {
         let timeout = Duration::from_millis(500);
         let store = KubernetesStore::new(Client::try_from(config).unwrap(), Some(&self.namespace.name))
             .with_call_timeout(timeout);
-        let warm = store.acquire(lock, "warm-up", lease).await.unwrap();
-        store.release(lock, "warm-up", warm.token).await.unwrap();
+        if store.observe(lock).await.unwrap().record.is_none() {
+            let warm = store.acquire(lock, "warm-up", Duration::from_secs(30)).await.unwrap();
+            store.release(lock, "warm-up", warm.token).await.unwrap();
+        }
         proxy.set(ProxyMode::DelayReplies(timeout * 3));
-        let result = store.acquire(lock, holder, lease).await;
+        let result = call(Arc::new(store), lock.to_string()).await;
         proxy.set(ProxyMode::Forward);
         assert!(
             matches!(result, Err(StoreError::OutcomeUnknown { .. })),

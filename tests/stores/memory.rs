@@ -1,11 +1,10 @@
 //! The conformance suite on the memory store.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold::lease::{Grant, LeaseStore, StoreError};
-use leasehold::store::conformance::Target;
+use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::{Faults, MemoryStore};
 
 struct Memory(MemoryStore);
@@ -20,12 +19,18 @@ impl Target for Memory {
         self.0.delete_row(lock);
     }
 
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        _holder: &str,
+        _round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError> {
         self.0.set_faults(Faults {
             drop_reply_after_commit: 1.0,
             ..Default::default()
         });
-        let result = self.0.acquire(lock, holder, lease).await;
+        let result = call(Arc::new(self.0.clone()), lock.to_string()).await;
         self.0.set_faults(Faults::default());
         result
     }

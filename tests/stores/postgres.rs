@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::Target;
+use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::postgres::{PostgresConfig, PostgresStore};
 use leasehold::testing::servers::{PostgresServer, TestCertificates, scratch_dir};
 use leasehold::testing::{ProxyMode, TcpProxy};
@@ -54,16 +54,24 @@ impl Target for Postgres {
         assert_eq!(deleted, 1);
     }
 
-    /// The acquire statement reaches the server through a proxy that holds
+    /// The statement reaches the server through a proxy that holds
     /// replies back past the call timeout: it commits, its reply is lost.
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        _holder: &str,
+        _round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError> {
         let proxy = TcpProxy::start(self.server.addr()).await;
         let timeout = Duration::from_millis(500);
-        let store = PostgresStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap();
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(PostgresStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap());
         // Open the connection and prepare the statement while replies flow.
-        store.acquire("warm-up", holder, lease).await.unwrap();
+        let warm = call(store.clone(), "warm-up".into()).await;
+        assert!(matches!(warm, Ok(_) | Err(StoreError::Lost { .. })), "{warm:?}");
         proxy.set(ProxyMode::DelayReplies(timeout * 3));
-        let result = store.acquire(lock, holder, lease).await;
+        let result = call(store, lock.to_string()).await;
         proxy.set(ProxyMode::Forward);
         result
     }
@@ -317,4 +325,13 @@ async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
     fixture.store.ensure_schema().await.unwrap();
     fixture.store.ensure_schema().await.unwrap();
     leasehold::store::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&fixture.store).await;
+}
+
+/// Issue 25: a follower learns of a release from the release statement's
+/// NOTIFY, not from its poll.
+#[tokio::test]
+async fn a_release_wakes_a_waiting_follower_by_notify() {
+    let fixture = postgres().await;
+    let follower = PostgresStore::connect(config(fixture.server.url())).unwrap();
+    suite::a_release_wakes_a_waiting_follower(Arc::new(fixture.store.clone()), Arc::new(follower)).await;
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::Target;
+use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
 use leasehold::testing::servers::{RedisServer, TestCertificates, scratch_dir};
 use leasehold::testing::{ProxyMode, TcpProxy};
@@ -60,14 +60,22 @@ impl Target for Redis {
 
     /// The script reaches the server through a proxy that holds replies back
     /// past the call timeout: it runs, its reply is lost.
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        _holder: &str,
+        _round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError> {
         let proxy = TcpProxy::start(self.server.addr()).await;
         let timeout = Duration::from_millis(500);
-        let store = RedisStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap();
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(RedisStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap());
         // Connect and load the script while replies flow.
-        store.acquire("warm-up", holder, lease).await.unwrap();
+        let warm = call(store.clone(), "warm-up".into()).await;
+        assert!(matches!(warm, Ok(_) | Err(StoreError::Lost { .. })), "{warm:?}");
         proxy.set(ProxyMode::DelayReplies(timeout * 3));
-        let result = store.acquire(lock, holder, lease).await;
+        let result = call(store, lock.to_string()).await;
         proxy.set(ProxyMode::Forward);
         result
     }
@@ -277,4 +285,13 @@ async fn tls_to_a_server_without_tls_fails_clearly() {
         "{}",
         err.chain()
     );
+}
+
+/// Issue 25: a follower learns of a release from the release script's
+/// PUBLISH, not from its poll.
+#[tokio::test]
+async fn a_release_wakes_a_waiting_follower_by_publish() {
+    let fixture = redis().await;
+    let follower = RedisStore::connect(config(fixture.server.url())).unwrap();
+    suite::a_release_wakes_a_waiting_follower(Arc::new(fixture.store.clone()), Arc::new(follower)).await;
 }

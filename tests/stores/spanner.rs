@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use leasehold::lease::{Elector, FencingToken, Grant, Identity, LeaseStore, StoreError, Timing};
-use leasehold::store::conformance::Target;
+use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore};
 use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 
@@ -49,7 +49,13 @@ impl Target for Spanner {
     /// Replies come back late through a proxy: with each round trip taking
     /// `delay`, a call timeout between the second and the last round trip
     /// abandons the call while its commit is with Spanner.
-    async fn acquire_with_lost_reply(&self, lock: &str, holder: &str, lease: Duration) -> Result<Grant, StoreError> {
+    async fn with_lost_reply(
+        &self,
+        lock: &str,
+        holder: &str,
+        round_trips: u32,
+        call: &StoreCall,
+    ) -> Result<Grant, StoreError> {
         let target: SocketAddr = self.emulator.host.parse().unwrap();
         let proxy = TcpProxy::start(target).await;
         let endpoints = Endpoints {
@@ -57,16 +63,20 @@ impl Target for Spanner {
             admin: Some(self.emulator.rest.clone()),
         };
         let delay = Duration::from_millis(500);
-        // Acquiring an absent row: UPDATE (no match), read, INSERT, commit;
-        // an existing free row: UPDATE, commit.
-        for round_trips in [3.5, 2.5, 1.5, 3.5, 4.5] {
+        // First between the commit's send and its reply; then shorter ones
+        // (nothing committed), in case the emulator was slower than `delay`.
+        let aim = f64::from(round_trips);
+        for round_trips in [aim - 0.5, aim - 1.5, aim - 2.5, aim - 0.5, aim + 0.5]
+            .into_iter()
+            .filter(|r| *r > 1.0)
+        {
             let store = SpannerStore::connect_to(self.config.clone(), endpoints.clone(), delay.mul_f64(round_trips))
                 .await
                 .unwrap();
             // The schema check of the first call, before replies slow down.
             store.observe(lock).await.unwrap();
             proxy.set(ProxyMode::DelayReplies(delay));
-            let result = store.acquire(lock, holder, lease).await;
+            let result = call(Arc::new(store), lock.to_string()).await;
             proxy.set(ProxyMode::Forward);
             if self.store.observe(lock).await.unwrap().live_holder() == Some(holder) {
                 return result;

@@ -58,6 +58,13 @@ pub fn get_text(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
+/// The `leasehold` the processes run: this build's, unless
+/// LEASEHOLD_BENCH_BINARY names another build (the benchmarks' before and
+/// after figures run one harness against two builds).
+fn binary() -> std::ffi::OsString {
+    std::env::var_os("LEASEHOLD_BENCH_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_leasehold").into())
+}
+
 pub struct Sidecar {
     pub name: String,
     pub http: u16,
@@ -90,7 +97,7 @@ impl Sidecar {
         extra: &[String],
     ) -> Sidecar {
         let (http, metrics) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        let child = Command::new(binary())
             .args(["sidecar", "--lock", lock])
             .args(store)
             .args(["--pod-name", name])

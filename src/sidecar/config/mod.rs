@@ -43,6 +43,8 @@ pub enum Error {
     StoreUrlFileMissing { store: String },
     #[error("--lock (or --lease) is required")]
     LockMissing,
+    #[error("--pod-uid (POD_UID) cannot be part of the holder identity")]
+    PodUid(#[source] crate::lease::InvalidPodUid),
     #[error(transparent)]
     Lock(#[from] LockNameError),
     #[error(transparent)]

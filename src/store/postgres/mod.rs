@@ -21,7 +21,13 @@
 //!   happened". An error the server returns for the statement means it did
 //!   not commit; serialization failures and deadlocks (SQLSTATE 40001, 40P01;
 //!   CockroachDB's retry errors) are retried with jittered backoff.
-//! * Followers poll with a plain `SELECT` (MVCC, no locks).
+//! * Followers poll with a plain `SELECT` (MVCC, no locks), and learn of a
+//!   release at once: the release statement sends `NOTIFY` on
+//!   `<table>_released` with the lock as payload (delivered when it commits),
+//!   and a follower's store listens on a connection of its own
+//!   ([`super::push`]). A lost notice costs at most one poll.
+//! * A takeover (a restarted sidecar resuming its own pod's lease) is one
+//!   `UPDATE` matching exactly the holder and token it replaces.
 //! * TLS (`sslmode=require`, `verify-ca`, `verify-full`) always checks the
 //!   server's certificate, chain and host name ([`parse_url`]).
 //!
@@ -40,22 +46,28 @@ mod session;
 
 pub use session::{Interleave, Stage};
 
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures::{Stream, StreamExt};
+use tokio::sync::broadcast;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{AsyncMessage, NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info};
 
+use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
 
 /// Where the lease table lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +94,7 @@ pub fn validate_table(table: &str) -> Result<()> {
 
 /// What a store URL asks for: the driver's settings and, when its `sslmode`
 /// asks for TLS, the TLS client that checks the server's certificate.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Connection {
     pub driver: tokio_postgres::Config,
     pub tls: Option<rustls::ClientConfig>,
@@ -137,8 +149,12 @@ pub fn parse_url(url: &StoreUrl) -> Result<Connection> {
 struct Queries {
     observe: String,
     acquire: String,
+    take_over: String,
     renew: String,
+    /// Release and announce it ([`release_channel`]).
     release: String,
+    /// Release without the notice, for servers without `pg_notify`.
+    release_quietly: String,
     create_sequence: String,
     create_table: String,
     /// Adds the columns leasehold added after the table's first release.
@@ -170,13 +186,29 @@ impl Queries {
                  AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
                  RETURNING t.term, t.token, t.renewed_at"
             ),
+            // Only from exactly the holder and token named ($8, $9), live or
+            // expired; the fence as in acquire.
+            take_over: format!(
+                "UPDATE {table} AS t SET holder = $3, term = t.term + 1, token = nextval('{sequence}'), \
+                 renewed_at = clock_timestamp(), lease_ms = $4, revision = $6, version = $7 \
+                 WHERE t.shard = $1 AND t.name = $2 AND t.holder = $8 AND t.token = $9 \
+                 AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
+                 RETURNING t.term, t.token, t.renewed_at"
+            ),
             renew: format!(
                 "UPDATE {table} SET renewed_at = clock_timestamp(), lease_ms = $5 \
                  WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 RETURNING term, renewed_at"
             ),
-            release: format!(
+            release_quietly: format!(
                 "UPDATE {table} SET holder = NULL WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 \
                  RETURNING term"
+            ),
+            // The notice goes out when the release commits, and only then.
+            release: format!(
+                "WITH released AS (UPDATE {table} SET holder = NULL \
+                 WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 RETURNING term) \
+                 SELECT term, pg_notify('{}', $2) FROM released",
+                release_channel(table)
             ),
             // START WITH is filled in with the server's clock at creation.
             create_sequence: format!("CREATE SEQUENCE IF NOT EXISTS {sequence} AS BIGINT CACHE 1 START WITH "),
@@ -194,6 +226,13 @@ impl Queries {
     }
 }
 
+/// The channel a release of a lock in `table` is announced on (`NOTIFY`),
+/// the lock as the payload. At most 57 bytes (the table at most 48), below
+/// PostgreSQL's 63; quoted where it is an identifier, so its case is kept.
+fn release_channel(table: &str) -> String {
+    format!("{table}_released")
+}
+
 /// The PostgreSQL-backed [`LeaseStore`].
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -201,6 +240,11 @@ pub struct PostgresStore {
     pool: Pool,
     call_timeout: Duration,
     queries: Arc<Queries>,
+    /// For the connection that listens for releases, outside the pool.
+    listener: Connection,
+    releases: Arc<Releases>,
+    /// Whether releases are announced: until the server refuses `pg_notify`.
+    announces: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -243,6 +287,11 @@ fn is_contention(error: &tokio_postgres::Error) -> bool {
         error.code(),
         Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
     )
+}
+
+/// Whether `error` is the server's refusal with `state` ([`classify`] names it).
+fn refused_with(error: &StoreError, state: &SqlState) -> bool {
+    matches!(error, StoreError::Invalid { .. }) && error.to_string().contains(&format!("SQLSTATE {}", state.code()))
 }
 
 /// Sorts a driver error into the kinds the elector acts on.
@@ -311,6 +360,10 @@ impl PostgresStore {
         let recycling = || ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
+        let listener = Connection {
+            driver: pg.clone(),
+            tls: tls.clone(),
+        };
         let manager = match tls {
             Some(tls) => Manager::from_config(pg, MakeRustlsConnect::new(tls), recycling()),
             None => Manager::from_config(pg, NoTls, recycling()),
@@ -328,6 +381,9 @@ impl PostgresStore {
             config,
             pool,
             call_timeout,
+            listener,
+            releases: Arc::new(Releases::new()),
+            announces: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -408,6 +464,82 @@ impl PostgresStore {
     }
 }
 
+/// Listens on `channel` on a connection of its own and passes on every
+/// released lock announced there, until the connection ends.
+async fn listen(connection: Connection, channel: String, notices: broadcast::Sender<String>) -> Result<()> {
+    let what = format!("listening on {channel}");
+    let refused = |e: tokio_postgres::Error| StoreError::unavailable(what.clone()).caused_by(e);
+    let (client, messages): (_, Pin<Box<dyn Stream<Item = _> + Send>>) = match connection.tls {
+        Some(tls) => {
+            let (client, driver) = connection
+                .driver
+                .connect(MakeRustlsConnect::new(tls))
+                .await
+                .map_err(refused)?;
+            (client, Box::pin(messages(driver)))
+        }
+        None => {
+            let (client, driver) = connection.driver.connect(NoTls).await.map_err(refused)?;
+            (client, Box::pin(messages(driver)))
+        }
+    };
+    // The connection makes progress only while its messages are read, the
+    // LISTEN's reply included.
+    let forward = AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut messages = messages;
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(notice)) => {
+                    // Nobody waiting is fine.
+                    let _ = notices.send(notice.payload().to_string());
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }));
+    client
+        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .await
+        .map_err(refused)?;
+    match forward.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(refused(e)),
+        Err(e) => Err(StoreError::unavailable(what.clone()).caused_by(e)),
+    }
+}
+
+/// The messages of a driver connection (notices among them), as a stream.
+fn messages<S, T>(
+    mut driver: tokio_postgres::Connection<S, T>,
+) -> impl Stream<Item = Result<AsyncMessage, tokio_postgres::Error>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    futures::stream::poll_fn(move |cx| driver.poll_message(cx))
+}
+
+/// The grant an acquiring statement returned, or `Lost` (`why`) when it
+/// matched no row.
+fn granted(what: &str, lock: &str, rows: &[Row], why: impl FnOnce() -> String) -> Result<Grant> {
+    let Some(row) = rows.first() else {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason: why(),
+        });
+    };
+    let term: i64 = row.try_get("term").map_err(|e| bad_reply(what, e))?;
+    let token: i64 = row.try_get("token").map_err(|e| bad_reply(what, e))?;
+    let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(what, e))?;
+    Ok(Grant {
+        term: term_from_row(lock, term)?,
+        token: FencingToken(token),
+        committed_at: store_time(renewed_at),
+    })
+}
+
 /// A reply the store sent back that does not have the expected shape.
 fn bad_reply(what: &str, error: tokio_postgres::Error) -> StoreError {
     StoreError::invalid(format!("{what}: unexpected reply from PostgreSQL")).caused_by(error)
@@ -449,6 +581,17 @@ impl LeaseStore for PostgresStore {
         Ok(())
     }
 
+    /// Wakes at a release of `lock` announced by any store on this table
+    /// (the release statement's `NOTIFY`).
+    async fn changed(&self, lock: &str, _seen: &Observation) {
+        let (connection, channel) = (self.listener.clone(), release_channel(&self.config.table));
+        self.releases
+            .released(lock, move |notices| {
+                listen(connection.clone(), channel.clone(), notices)
+            })
+            .await
+    }
+
     async fn observe(&self, lock: &str) -> Result<Observation> {
         let what = format!("observe {lock}");
         let rows = self
@@ -479,19 +622,37 @@ impl LeaseStore for PostgresStore {
                 Effect::Write,
             )
             .await?;
-        let Some(row) = rows.first() else {
-            return Err(StoreError::Lost {
-                lock: lock.to_string(),
-                reason: "held by an unexpired lease, or refused by the version fence".into(),
-            });
-        };
-        let term: i64 = row.try_get("term").map_err(|e| bad_reply(&what, e))?;
-        let token: i64 = row.try_get("token").map_err(|e| bad_reply(&what, e))?;
-        let renewed_at: SystemTime = row.try_get("renewed_at").map_err(|e| bad_reply(&what, e))?;
-        Ok(Grant {
-            term: term_from_row(lock, term)?,
-            token: FencingToken(token),
-            committed_at: store_time(renewed_at),
+        granted(&what, lock, &rows, || {
+            "held by an unexpired lease, or refused by the version fence".into()
+        })
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        let what = format!("take over {lock}");
+        let (revision, version) = version_columns(claim)?;
+        let rows = self
+            .run(
+                &what,
+                &self.queries.take_over,
+                &[
+                    &shard_of(lock),
+                    &lock,
+                    &claim.holder,
+                    &lease_ms(lease)?,
+                    &claim.fence,
+                    &revision,
+                    &version,
+                    &from.holder,
+                    &from.token.0,
+                ],
+                Effect::Write,
+            )
+            .await?;
+        granted(&what, lock, &rows, || {
+            format!(
+                "not held by {} with token {}, or refused by the version fence",
+                from.holder, from.token
+            )
         })
     }
 
@@ -522,14 +683,23 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
         let what = format!("release {lock}");
-        let rows = self
-            .run(
-                &what,
-                &self.queries.release,
-                &[&shard_of(lock), &lock, &holder, &token.0],
-                Effect::Write,
-            )
-            .await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&shard_of(lock), &lock, &holder, &token.0];
+        let announced = self.announces.load(Ordering::Relaxed);
+        let sql = match announced {
+            true => &self.queries.release,
+            false => &self.queries.release_quietly,
+        };
+        let rows = match self.run(&what, sql, &params, Effect::Write).await {
+            // A server without pg_notify (CockroachDB) refused the statement,
+            // so nothing happened: release without the notice from now on.
+            Err(e) if announced && refused_with(&e, &SqlState::UNDEFINED_FUNCTION) => {
+                info!(error = %e.chain(), "the server has no pg_notify: followers find releases at their next poll");
+                self.announces.store(false, Ordering::Relaxed);
+                self.run(&what, &self.queries.release_quietly, &params, Effect::Write)
+                    .await?
+            }
+            rows => rows?,
+        };
         match rows.len() {
             1 => Ok(()),
             _ => Err(StoreError::Lost {

@@ -23,6 +23,14 @@
 //! one atomic step on the server (S7); renew and release compare holder *and*
 //! token (S6, S8). observe is a script too, returning `TIME` with the row.
 //!
+//! The release script also publishes the lock on `<prefix>released`; a
+//! follower subscribes (one connection per store, [`super::push`]) and looks
+//! again at once instead of at its next poll.
+//!
+//! A takeover (a restarted sidecar resuming its own pod's lease) is the
+//! acquire script with another check: the lease key must hold exactly the
+//! holder and token named.
+//!
 //! The fencing token is the per-lock counter, advanced as
 //! `max(last + 1, server clock in µs)`: it strictly increases while the fence
 //! key lives, and it still increases past tokens the store forgot (the fence
@@ -64,12 +72,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
+use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version};
+use crate::lease::{
+    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version,
+};
 
 /// Where the leases live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,15 +102,27 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const NOW_US: &str = "local clock = redis.call('TIME')\n\
                       local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])\n";
 
-/// KEYS: lease, fence. ARGV: holder, lease_ms, fence ("1" or "0"),
-/// revision ("" for none), version name.
-/// Returns {0, holder} when held, {2, revision, version} when the version
-/// fence refuses (`Claim::fenced_by`: a missing or lower revision once one is
-/// recorded), {1, term, token, now_us} when taken. The fence key keeps the
-/// taker's revision and version, so they outlive the lease key.
-const ACQUIRE: &str = "
+/// The acquire script's check: KEYS: lease. Returns {0, holder} when held.
+const ACQUIRE_IF_FREE: &str = "
 local current = redis.call('HGET', KEYS[1], 'holder')
 if current then return {0, current} end
+";
+
+/// The takeover script's check: ARGV[6], ARGV[7]: the holder and token
+/// taken over. Returns {0, holder or ''} unless the lease key holds exactly
+/// them (an expired lease's key is gone: nothing to take over).
+const TAKE_OVER_IF_HELD: &str = "
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if current[1] ~= ARGV[6] or current[2] ~= ARGV[7] then return {0, current[1] or ''} end
+";
+
+/// After [`ACQUIRE_IF_FREE`] or [`TAKE_OVER_IF_HELD`]: KEYS: lease, fence.
+/// ARGV: holder, lease_ms, fence ("1" or "0"), revision ("" for none),
+/// version name. Returns {2, revision, version} when the version fence
+/// refuses (`Claim::fenced_by`: a missing or lower revision once one is
+/// recorded), {1, term, token, now_us} when taken. The fence key keeps the
+/// taker's revision and version, so they outlive the lease key.
+const TAKE: &str = "
 local recorded = redis.call('HMGET', KEYS[2], 'revision', 'version')
 if ARGV[3] == '1' and recorded[1] and (ARGV[4] == '' or tonumber(ARGV[4]) < tonumber(recorded[1])) then
   return {2, recorded[1], recorded[2] or ''}
@@ -129,12 +153,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, tonumber(row[3]), now_us}
 ";
 
-/// KEYS: lease. ARGV: holder, token. Returns 1 when released, 0 when not ours.
-/// The fence key keeps term and token.
+/// KEYS: lease. ARGV: holder, token, channel, lock. Returns 1 when
+/// released, 0 when not ours. The fence key keeps term and token. Publishes
+/// the lock on the release channel, so followers learn at once
+/// ([`LeaseStore::changed`]).
 const RELEASE: &str = "
 local row = redis.call('HMGET', KEYS[1], 'holder', 'token')
 if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ";
 
@@ -149,6 +176,7 @@ return {now_us, lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fenc
 
 struct Scripts {
     acquire: Script,
+    take_over: Script,
     renew: Script,
     release: Script,
     observe: Script,
@@ -158,7 +186,8 @@ impl Scripts {
     fn new() -> Self {
         let with_clock = |body: &str| Script::new(&format!("{NOW_US}{body}"));
         Scripts {
-            acquire: with_clock(ACQUIRE),
+            acquire: with_clock(&format!("{ACQUIRE_IF_FREE}{TAKE}")),
+            take_over: with_clock(&format!("{TAKE_OVER_IF_HELD}{TAKE}")),
             renew: with_clock(RENEW),
             release: Script::new(RELEASE),
             observe: with_clock(OBSERVE),
@@ -175,6 +204,7 @@ pub struct RedisStore {
     connection: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
     call_timeout: Duration,
     scripts: Arc<Scripts>,
+    releases: Arc<Releases>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -297,11 +327,18 @@ impl RedisStore {
             connection: Arc::default(),
             call_timeout,
             scripts: Arc::new(Scripts::new()),
+            releases: Arc::new(Releases::new()),
         })
     }
 
     pub fn config(&self) -> &RedisConfig {
         &self.config
+    }
+
+    /// The channel every release under this prefix is published on, the
+    /// lock as the message.
+    fn channel(&self) -> String {
+        format!("{}released", self.config.prefix)
     }
 
     /// The lease and fence keys of `lock`.
@@ -388,6 +425,87 @@ impl RedisStore {
     }
 }
 
+/// Subscribes to `channel` on a connection of its own and passes on every
+/// released lock published there, until the connection ends.
+async fn listen(
+    client: redis::Client,
+    channel: String,
+    timeout: Duration,
+    notices: tokio::sync::broadcast::Sender<String>,
+) -> Result<()> {
+    let subscribe = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(&channel).await?;
+        Ok::<_, RedisError>(pubsub)
+    };
+    let pubsub = tokio::time::timeout(timeout, subscribe)
+        .await
+        .map_err(|_| StoreError::unavailable(format!("subscribing to {channel}: no answer within {timeout:?}")))?
+        .map_err(|e| StoreError::unavailable(format!("subscribing to {channel}")).caused_by(e))?;
+    let mut messages = pubsub.into_on_message();
+    while let Some(message) = messages.next().await {
+        if let Ok(lock) = message.get_payload::<String>() {
+            // Nobody waiting is fine.
+            let _ = notices.send(lock);
+        }
+    }
+    Ok(())
+}
+
+/// The arguments the acquire and takeover scripts share, after their check:
+/// holder, lease_ms, fence, revision, version name.
+fn take_args(claim: &Claim<'_>, lease: Duration) -> Result<[String; 5]> {
+    let (revision, name) = claim.version.map_or((String::new(), String::new()), |v| {
+        (v.revision.to_string(), v.name.clone())
+    });
+    let fence = if claim.fence { "1" } else { "0" };
+    Ok([claim.holder.to_string(), lease_ms(lease)?, fence.into(), revision, name])
+}
+
+/// The grant a script ending in [`TAKE`] returned; `Lost` when its check
+/// refused (`held` says why, given the holder the script found) or the
+/// version fence did.
+fn taken(
+    what: &str,
+    lock: &str,
+    claim: &Claim<'_>,
+    reply: &[Value],
+    held: impl FnOnce(&str) -> String,
+) -> Result<Grant> {
+    match reply {
+        [taken, term, token, now] if int(taken) == Some(1) => {
+            let (Some(term), Some(token), Some(now)) = (int(term), int(token), int(now)) else {
+                return Err(bad_reply(what, reply));
+            };
+            Ok(Grant {
+                term: term_from_row(lock, term)?,
+                token: FencingToken(token),
+                committed_at: micros(now),
+            })
+        }
+        [refused, current] if int(refused) == Some(0) => Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason: held(&text(current).unwrap_or_default()),
+        }),
+        [fenced, revision, name] if int(fenced) == Some(2) => {
+            let recorded = int(revision)
+                .and_then(|r| u64::try_from(r).ok())
+                .map(|revision| Version {
+                    revision,
+                    name: text(name).unwrap_or_default(),
+                })
+                .ok_or_else(|| bad_reply(what, reply))?;
+            Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: claim
+                    .fenced_by(Some(&recorded))
+                    .unwrap_or_else(|| format!("version fence: {recorded} has led")),
+            })
+        }
+        _ => Err(bad_reply(what, reply)),
+    }
+}
+
 /// The lease duration as the key's TTL in milliseconds, by the core's one
 /// checked conversion (an out-of-range lease is refused, never clamped).
 fn lease_ms(lease: Duration) -> Result<String> {
@@ -405,6 +523,17 @@ impl LeaseStore for RedisStore {
     /// Redis has no schema; this checks that the server answers and runs scripts.
     async fn ensure_schema(&self) -> Result<()> {
         self.observe("leasehold-schema-check").await.map(|_| ())
+    }
+
+    /// Wakes at a release of `lock` published by any store on this server
+    /// and prefix (the release script's `PUBLISH`).
+    async fn changed(&self, lock: &str, _seen: &Observation) {
+        let (client, channel, timeout) = (self.client.clone(), self.channel(), self.call_timeout);
+        self.releases
+            .released(lock, move |notices| {
+                listen(client.clone(), channel.clone(), timeout, notices)
+            })
+            .await
     }
 
     async fn observe(&self, lock: &str) -> Result<Observation> {
@@ -449,46 +578,30 @@ impl LeaseStore for RedisStore {
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         let what = format!("acquire {lock}");
-        let (revision, name) = claim.version.map_or((String::new(), String::new()), |v| {
-            (v.revision.to_string(), v.name.clone())
-        });
-        let fence = if claim.fence { "1" } else { "0" };
-        let args = [claim.holder.to_string(), lease_ms(lease)?, fence.into(), revision, name];
+        let args = take_args(claim, lease)?;
         let reply = self
             .invoke_array(&what, &self.scripts.acquire, &self.keys(lock), &args, Effect::Write)
             .await?;
-        match reply.as_slice() {
-            [taken, term, token, now] if int(taken) == Some(1) => {
-                let (Some(term), Some(token), Some(now)) = (int(term), int(token), int(now)) else {
-                    return Err(bad_reply(&what, &reply));
-                };
-                Ok(Grant {
-                    term: term_from_row(lock, term)?,
-                    token: FencingToken(token),
-                    committed_at: micros(now),
-                })
-            }
-            [held, current] if int(held) == Some(0) => Err(StoreError::Lost {
-                lock: lock.to_string(),
-                reason: format!("held by {}", text(current).unwrap_or_default()),
-            }),
-            [fenced, revision, name] if int(fenced) == Some(2) => {
-                let recorded = int(revision)
-                    .and_then(|r| u64::try_from(r).ok())
-                    .map(|revision| Version {
-                        revision,
-                        name: text(name).unwrap_or_default(),
-                    })
-                    .ok_or_else(|| bad_reply(&what, &reply))?;
-                Err(StoreError::Lost {
-                    lock: lock.to_string(),
-                    reason: claim
-                        .fenced_by(Some(&recorded))
-                        .unwrap_or_else(|| format!("version fence: {recorded} has led")),
-                })
-            }
-            _ => Err(bad_reply(&what, &reply)),
-        }
+        taken(&what, lock, claim, &reply, |current| format!("held by {current}"))
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        let what = format!("take over {lock}");
+        let mut args = take_args(claim, lease)?.to_vec();
+        args.extend([from.holder.to_string(), from.token.0.to_string()]);
+        let reply = self
+            .invoke_array(&what, &self.scripts.take_over, &self.keys(lock), &args, Effect::Write)
+            .await?;
+        taken(&what, lock, claim, &reply, |current| match current {
+            "" => format!(
+                "not held by {} with token {}: released or expired",
+                from.holder, from.token
+            ),
+            current => format!(
+                "not held by {} with token {}, but by {current}",
+                from.holder, from.token
+            ),
+        })
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
@@ -519,7 +632,12 @@ impl LeaseStore for RedisStore {
 
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
         let what = format!("release {lock}");
-        let args = [holder.to_string(), token.0.to_string()];
+        let args = [
+            holder.to_string(),
+            token.0.to_string(),
+            self.channel(),
+            lock.to_string(),
+        ];
         let [lease_key, _] = self.keys(lock);
         let reply = self
             .invoke(&what, &self.scripts.release, &[lease_key], &args, Effect::Write)

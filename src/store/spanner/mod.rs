@@ -66,7 +66,7 @@ use self::queries::{Queries, floor_name, keyed};
 use self::row::{RawRow, lease_to_millis, returned_term, timestamp_to_store, token_to_timestamp};
 use super::{lease_from_millis, term_from_row, version_columns};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, StoreError, StoreTime};
 
 /// How to reach Spanner. Production uses the defaults (Google's endpoints and
 /// Application Default Credentials, or `SPANNER_EMULATOR_HOST`); tests and
@@ -587,6 +587,49 @@ impl LeaseStore for SpannerStore {
             })
             .await?;
         let committed_at = Self::committed("acquire", committed_at)?;
+        Ok(Grant {
+            term: term_from_row(lock, term)?,
+            token: FencingToken(committed_at.0),
+            committed_at,
+        })
+    }
+
+    async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
+        check_lock(lock)?;
+        let lease_ms = lease_to_millis("lease duration", lease)?;
+        let (revision, version) = version_columns(claim)?;
+        let fence = claim.fence;
+        let (queries, lock_name) = (self.queries.clone(), lock.to_string());
+        let (holder, from_holder, from_token) = (claim.holder.to_string(), from.holder.to_string(), from.token);
+        let (term, committed_at) = self
+            .transact("take over", lock, move |tx, refusal| {
+                let (queries, lock, holder, from_holder) =
+                    (queries.clone(), lock_name.clone(), holder.clone(), from_holder.clone());
+                let version = version.clone();
+                async move {
+                    let take_over = keyed(&queries.take_over, &lock)
+                        .add_param("holder", holder.as_str())
+                        .add_param("lease_ms", lease_ms)
+                        .add_param("revision", revision)
+                        .add_param("version", version)
+                        .add_param("fence", fence)
+                        .add_param("from_holder", from_holder.as_str())
+                        .add_param("from_token", token_to_timestamp(from_token))
+                        .build();
+                    let Some(term) = returned_term(tx.execute_query(take_over).await?).await? else {
+                        return refusal.refuse(lost(
+                            &lock,
+                            format!(
+                                "not held by {from_holder} with token {from_token}, or refused by the version fence"
+                            ),
+                        ));
+                    };
+                    tx.buffer([queries.raise_floor(&lock, term)])?;
+                    Ok(term)
+                }
+            })
+            .await?;
+        let committed_at = Self::committed("take over", committed_at)?;
         Ok(Grant {
             term: term_from_row(lock, term)?,
             token: FencingToken(committed_at.0),

@@ -12,6 +12,7 @@ pub(super) struct Queries {
     pub(super) read: String,
     pub(super) read_for_acquire: String,
     pub(super) take: String,
+    pub(super) take_over: String,
     pub(super) insert: String,
     pub(super) renew: String,
     pub(super) release: String,
@@ -54,6 +55,13 @@ impl Queries {
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
                  renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
                  version = @version WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} THEN RETURN term"
+            ),
+            // Only from exactly the holder and token named, live or expired.
+            take_over: format!(
+                "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
+                 renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
+                 version = @version WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
+                 THEN RETURN term"
             ),
             insert: format!(
                 "INSERT INTO {table} (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
