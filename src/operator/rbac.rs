@@ -68,9 +68,9 @@ pub const NAMESPACED_RULES: &[Rule] = &[
         resource_names: &[],
     },
     // Leader election on a coordination.k8s.io Lease (the default): create
-    // it the first time (RBAC cannot limit create by name); list it (the
-    // consistent list whose version is the token of a create) and watch it
-    // (standbys follow the watch), by a metadata.name field selector; then
+    // it the first time (RBAC cannot limit create by name); list and watch
+    // it (standbys follow the watch, which lists first), by a metadata.name
+    // field selector; then
     // read and renew only the operator's own Lease.
     Rule {
         api_group: "coordination.k8s.io",

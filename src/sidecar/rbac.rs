@@ -50,8 +50,8 @@ pub const RULES: &[Rule] = &[
 ];
 
 /// store.kubernetes (`--store kubernetes`): the lock's Lease, read, listed
-/// (a consistent list before creating it, and the watch's list), watched
-/// by followers, created and replaced by check-and-set. Never patched or
+/// and watched by followers (a watch lists first), created without a
+/// holder when absent and replaced by check-and-set. Never patched or
 /// deleted. `leasehold check` reviews it for each candidate's account.
 pub const LEASES: Rule = Rule {
     api_group: "coordination.k8s.io",

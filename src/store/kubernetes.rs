@@ -1,8 +1,9 @@
 //! The Kubernetes store: one `coordination.k8s.io/v1` Lease per lock in a
 //! namespace, so that electing needs nothing but the cluster.
 //!
-//! * **Check-and-set.** Every write is a create (absent Lease) or a replace
-//!   carrying the `resourceVersion` it was judged on; of two racing writers
+//! * **Check-and-set.** Every write that grants is a replace carrying the
+//!   `resourceVersion` it was judged on (an absent Lease is first created
+//!   without a holder); of two racing writers
 //!   the API server lets one through and answers 409 Conflict to the other
 //!   ([`StoreError::Lost`]). A write whose reply never came (timeout, reset
 //!   after sending, a 5xx) is [`StoreError::OutcomeUnknown`], never success.
@@ -17,8 +18,9 @@
 //!   Safe when clock *rates* differ by less than (D − R)/(D + R): 20 % at the
 //!   default 15 s/10 s (docs/design.md, "The Kubernetes store").
 //! * **Fencing tokens from resource versions.** An acquisition's token is the
-//!   `resourceVersion` its check-and-set was judged on (for a create: the
-//!   `resourceVersion` of a consistent list of the Lease, read just before).
+//!   `resourceVersion` its check-and-set was judged on (for an absent Lease:
+//!   the version of the holderless Lease it created, not of an earlier read,
+//!   which a slow create could land after a deletion and repeat).
 //!   Resource versions of one resource strictly increase with every write,
 //!   deletes and re-creates included (KEP-5504, comparable resource versions,
 //!   GA in 1.35), and the write that grants a token gets a version above it,
@@ -54,7 +56,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
@@ -581,7 +583,7 @@ impl KubernetesStore {
         (view, lock): (&LockView, &str),
         claim: &Claim<'_>,
         lease: Duration,
-        (base, present): (Lease, bool),
+        base: Lease,
         (term, token): (u64, u64),
     ) -> Result<Grant> {
         let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
@@ -609,37 +611,44 @@ impl KubernetesStore {
             ..base.spec.clone().unwrap_or_default()
         };
         let body = self.write_body(&base, spec, &record)?;
-        let (_, at) = if present {
-            self.replace(view, lock, &body).await?
-        } else {
-            let what = || format!("creating Lease {}/{}", self.namespace, view.name);
-            match self
-                .call(Call::Write, what, self.api.create(&PostParams::default(), &body))
-                .await
-            {
-                Ok(created) => {
-                    let at = now();
-                    view.learn(Some(created.clone()), at)?;
-                    (created, at)
-                }
-                Err(ApiFailure::Conflict) => {
-                    let _ = self.read(view).await;
-                    return Err(lost(lock, "another candidate created the Lease first"));
-                }
-                Err(ApiFailure::NotFound) => {
-                    return Err(StoreError::invalid(format!(
-                        "namespace {} does not exist",
-                        self.namespace
-                    )));
-                }
-                Err(ApiFailure::Failed(e)) => return Err(e),
-            }
-        };
+        let (_, at) = self.replace(view, lock, &body).await?;
         Ok(Grant {
             term,
             token: FencingToken(token),
             committed_at: self.store_time(at),
         })
+    }
+
+    /// Creates the lock's Lease without a holder, to be taken by a replace.
+    /// The create grants nothing, so its unknown outcome is harmless.
+    async fn create_unheld(&self, view: &LockView, lock: &str) -> Result<Lease> {
+        let body = Lease {
+            metadata: ObjectMeta {
+                name: Some(view.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        };
+        let what = || format!("creating Lease {}/{}", self.namespace, view.name);
+        match self
+            .call(Call::Write, what, self.api.create(&PostParams::default(), &body))
+            .await
+        {
+            Ok(created) => {
+                view.learn(Some(created.clone()), now())?;
+                Ok(created)
+            }
+            Err(ApiFailure::Conflict) => {
+                let _ = self.read(view).await;
+                Err(lost(lock, "another candidate created the Lease first"))
+            }
+            Err(ApiFailure::NotFound) => Err(StoreError::invalid(format!(
+                "namespace {} does not exist",
+                self.namespace
+            ))),
+            Err(ApiFailure::Failed(e)) => Err(e),
+        }
     }
 
     /// The current Lease when `holder` holds it with `token`; read afresh
@@ -804,35 +813,19 @@ impl LeaseStore for KubernetesStore {
         let term = current.as_ref().map_or(0, |r| r.term) + 1;
         let (base, token) = match &seen {
             Seen::Present { lease, version, .. } => (Lease::clone(lease), version.to_owned()),
-            // Absent: the token is the version of a consistent list, newer
-            // than every write of the Lease before (its deletion included).
+            // Absent: create the Lease without a holder, then take it by a
+            // replace carrying the created version, which is the token. A
+            // token read before the create (a list's version) could repeat:
+            // a slow create landing after the Lease was deleted would grant
+            // the token its rival got (the simulation's
+            // `create-token-from-list` mutant).
             _ => {
-                let what = || format!("listing Lease {}/{}", self.namespace, view.name);
-                let params = ListParams::default().fields(&format!("metadata.name={}", view.name));
-                let listed = match self.call(Call::Read, what, self.api.list(&params)).await {
-                    Ok(listed) => listed,
-                    Err(ApiFailure::Failed(e)) => return Err(e),
-                    Err(_) => return Err(StoreError::unavailable(what())),
-                };
-                if let Some(found) = listed.items.into_iter().next() {
-                    view.learn(Some(found), now())?;
-                    return Err(lost(lock, "the Lease appeared since it was read"));
-                }
-                let version = parse_resource_version(listed.metadata.resource_version.as_deref().unwrap_or_default())?;
-                let base = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(view.name.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: None,
-                };
-                (base, version)
+                let created = self.create_unheld(&view, lock).await?;
+                let version = resource_version(&created.metadata)?;
+                (created, version)
             }
         };
-        let present = matches!(seen, Seen::Present { .. });
-        self.write_term((&view, lock), claim, lease, (base, present), (term, token))
-            .await
+        self.write_term((&view, lock), claim, lease, base, (term, token)).await
     }
 
     async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
@@ -845,7 +838,7 @@ impl LeaseStore for KubernetesStore {
         // The check-and-set is the replace carrying this resourceVersion;
         // the holder's own acquisition wrote a later one than its token.
         let token = resource_version(&current.metadata)?;
-        self.write_term((&view, lock), claim, lease, (*current, true), (record.term + 1, token))
+        self.write_term((&view, lock), claim, lease, *current, (record.term + 1, token))
             .await
     }
 

@@ -246,9 +246,11 @@ async fn shutdown_releases_the_lease_and_the_standby_takes_over_at_once() {
     {
         // Only the operator writes the Lease here: its k-th write made the k-th change.
         let (writes, changes) = (api.writes(), api.changes());
+        // The create that starts the Lease has no holder either: the
+        // release is the first replace without one.
         let release = writes
             .iter()
-            .position(|(_, b)| b["spec"].get("holderIdentity").is_none())
+            .position(|(m, b)| m == "PUT" && b["spec"].get("holderIdentity").is_none())
             .unwrap();
         let (method, body) = &writes[release];
         assert_eq!(method, "PUT");
