@@ -269,14 +269,15 @@ async fn concurrent_ensure_schema_on_a_fresh_database_all_succeed() {
             // What a sidecar does next: elect, in read-write transactions.
             // Each round either wins the lock (then renews it) or finds it
             // held: nothing else.
+            // The lease is long enough that a loaded machine cannot let it
+            // lapse between the win and the renewal.
             let holder = format!("r{i}");
+            let lease = Duration::from_secs(10);
             let mut grants = Vec::new();
             for _ in 0..10 {
-                match store.acquire("fresh", &holder, Duration::from_millis(200)).await {
+                match store.acquire("fresh", &holder, lease).await {
                     Ok(grant) => {
-                        let renewed = store
-                            .renew("fresh", &holder, grant.token, Duration::from_millis(200))
-                            .await?;
+                        let renewed = store.renew("fresh", &holder, grant.token, lease).await?;
                         assert_eq!(renewed.token, grant.token, "{holder}: a renewal keeps the token");
                         grants.push(grant);
                     }
