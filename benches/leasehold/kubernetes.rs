@@ -464,8 +464,11 @@ impl Candidate {
             .arg(self.child.id().to_string())
             .status();
     }
+}
 
-    fn stop(mut self) {
+/// Also when the harness panics: no candidate outlives it.
+impl Drop for Candidate {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -566,10 +569,8 @@ async fn elections(scheduler: &str, reps: usize) -> Vec<String> {
                 if let Some(since) = since_renewal {
                     from_renewal.push(since);
                 }
-                first.stop();
-                for other in others {
-                    other.stop();
-                }
+                // Dropping a candidate ends its process.
+                drop((first, others));
             }
             lines.push(format!(
                 "{elector:?} {what}: {}; median/D = {:.3}; from the leader's last renewal seen: {}",
