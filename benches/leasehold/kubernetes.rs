@@ -35,15 +35,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::store::kubernetes::RECORD_ANNOTATION;
-use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::cluster::{Env, Scenario, scenario, wait_for};
 use crate::counting_proxy::{CountingProxy, Counts};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, watch_example};
+use crate::fixtures::{APP, FIRST_LEADER, lease_on, watch_example};
 use crate::node::{kill_and_await_restart, signal_container};
-use crate::stores::{lease, postgres_lease};
 use crate::watcher::LeadershipWatcher;
 use crate::{env_or, median, millis, summary};
 
@@ -127,23 +125,6 @@ pub fn kubernetes() -> Vec<String> {
         }
     }
     lines
-}
-
-/// The example's lease on `store`, with `spec` merged over its spec; the
-/// PostgreSQL server it runs on, if any.
-async fn lease_on(s: &Scenario, store: &str, spec: Value) -> Option<PostgresServer> {
-    match store {
-        "postgres" => {
-            let (server, objects) = postgres_lease(s, LEASE, spec);
-            s.apply(objects).await;
-            Some(server)
-        }
-        "kubernetes" => {
-            s.apply(vec![lease(s, LEASE, json!({"kubernetes": {}}), spec)]).await;
-            None
-        }
-        other => panic!("LEASEHOLD_BENCH_K8S_STORE is postgres or kubernetes, not {other:?}"),
-    }
 }
 
 async fn measure(event: Event, reps: usize, store: &str) -> String {

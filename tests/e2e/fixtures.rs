@@ -6,10 +6,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
 use leasehold::testing::servers::PostgresServer;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::cluster::Scenario;
-use crate::stores::postgres_lease;
+use crate::stores::{lease, postgres_lease};
 use crate::watcher::{LeadershipWatcher, Watched};
 
 pub const APP: &str = "app=scheduler";
@@ -25,6 +25,31 @@ pub const SUCCESSOR: Duration = Duration::from_secs(60);
 pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (PostgresServer, LeadershipWatcher) {
     let (server, lease) = postgres_lease(s, LEASE, lease_spec);
     s.apply(lease).await;
+    s.apply(s.example("leader-only-service.yaml")).await;
+    (server, watch_example(s, true))
+}
+
+/// The example's lease on `store` (`postgres` or `kubernetes`), with `spec`
+/// merged over its spec; the PostgreSQL server it runs on, if any.
+pub async fn lease_on(s: &Scenario, store: &str, spec: Value) -> Option<PostgresServer> {
+    match store {
+        "postgres" => {
+            let (server, objects) = postgres_lease(s, LEASE, spec);
+            s.apply(objects).await;
+            Some(server)
+        }
+        "kubernetes" => {
+            s.apply(vec![lease(s, LEASE, json!({"kubernetes": {}}), spec)]).await;
+            None
+        }
+        other => panic!("the store is postgres or kubernetes, not {other:?}"),
+    }
+}
+
+/// The leader-only-service example with its lease on `store` (see
+/// [`lease_on`]) and the watcher on it.
+pub async fn leader_only_service_on(s: &Scenario, store: &str) -> (Option<PostgresServer>, LeadershipWatcher) {
+    let server = lease_on(s, store, json!({})).await;
     s.apply(s.example("leader-only-service.yaml")).await;
     (server, watch_example(s, true))
 }
