@@ -605,9 +605,12 @@ pub async fn injection_reaches(env: &Env, client: &Client, ns: &str) {
         dry_run: true,
         ..Default::default()
     };
+    // After an API server restart its informers (webhook configurations,
+    // namespaces) take a while to list again: seen here above 30 s on the
+    // loaded two-core machine, hence the generous bound.
     wait_for(
         &format!("the webhook injecting in {ns}"),
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || async {
             let pod = pods.create(&dry_run, &probe).await.ok()?;
             let spec = pod.spec?;

@@ -131,8 +131,10 @@ async fn api_server_stopped(s: Scenario, store: &str) {
     s.env.component("kube-apiserver", "stop");
     tokio::time::sleep(Duration::from_secs(30)).await;
     s.env.component("kube-apiserver", "start");
-    // Labels, endpoints and status converge once the API answers again.
+    // Labels, endpoints and status converge once the API answers again,
+    // and the webhook injects again (the next scenario needs it).
     converges(&s, &watcher, None, Duration::from_secs(120)).await;
+    crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
     watcher.finish();
 }
 
