@@ -5,13 +5,15 @@
 //! check that the rules are in the schema; only the API server says what
 //! they do. Only the CRDs are needed: no chart, no pods.
 
+use std::time::Duration;
+
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use leasehold::api::DistributedLease;
 use serde_json::{Value, json};
 
-use crate::cluster::{Env, apply, crds, namespace_object};
+use crate::cluster::{Env, apply, crds, namespace_object, wait_for};
 
 /// This test's namespace, made and removed here.
 const NAMESPACE: &str = "e2e-cel";
@@ -83,11 +85,16 @@ async fn the_api_server_refuses_what_the_cel_rules_forbid() {
     let resource = ApiResource::erase::<DistributedLease>(&());
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
 
-    assert_eq!(
-        refusal(&api, lease("good", json!({}))).await,
-        None,
-        "the base lease is valid"
-    );
+    // A CRD just created is in discovery a moment before its resource is
+    // served: creates answer 404 until then (seen on a fresh cluster).
+    let base = wait_for("the API serving DistributedLeases", Duration::from_secs(30), || async {
+        match refusal(&api, lease("good", json!({}))).await {
+            Some(message) if message.contains("404") => None,
+            answer => Some(answer),
+        }
+    })
+    .await;
+    assert_eq!(base, None, "the base lease is valid");
     let cases = [
         (
             json!({"leaseDuration": "10s", "renewDeadline": "10s", "retryPeriod": "2s"}),
