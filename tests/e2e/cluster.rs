@@ -60,7 +60,6 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-fault-k8s-delete",
     "e2e-fault-k8s-app",
     "e2e-fault-k8s-freeze",
-    "e2e-fault-k8s-apiserver",
     "e2e-fault-k8s-resume",
     "e2e-store-spanner",
     "e2e-store-redis",

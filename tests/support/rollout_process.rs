@@ -256,6 +256,12 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
         wait_for_view(&new[i], "sees its app unready", |view| {
             view["appHealthy"] == json!(false) && view["campaigning"] == json!(false)
         });
+        // And the old sidecars' pod watches have brought them the new pod,
+        // so none of them takes a lease its leader stands aside from for
+        // it. No view shows what a sidecar knows of its peers: two polls
+        // stand in for that (without them, CI saw an old follower take the
+        // lease first: two handovers under Newest).
+        std::thread::sleep(P * 2);
         assert!(!new[i].leads(), "{name} leads before its app is ready");
         update(&rollout.api, &name, |pod| {
             pod["status"]["containerStatuses"][0]["ready"] = json!(true)
