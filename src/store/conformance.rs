@@ -41,6 +41,26 @@ pub trait Target: Send + Sync {
 /// for a lock.
 pub type StoreCall = dyn Fn(Arc<dyn LeaseStore>, String) -> BoxFuture<'static, Result<Grant, StoreError>> + Send + Sync;
 
+/// [`Target::with_lost_reply`] for a server that `store` reaches through
+/// `proxy`, its calls timing out after `timeout`: `call` on another lock
+/// first while replies flow (the connection opens, the statement or script
+/// is prepared), then on `lock` with replies held back past the timeout, so
+/// it commits and its reply is lost.
+pub async fn with_replies_held_back(
+    proxy: &crate::testing::TcpProxy,
+    timeout: Duration,
+    store: Arc<dyn LeaseStore>,
+    lock: &str,
+    call: &StoreCall,
+) -> Result<Grant, StoreError> {
+    let warm = call(store.clone(), "warm-up".into()).await;
+    assert!(matches!(warm, Ok(_) | Err(StoreError::Lost { .. })), "{warm:?}");
+    proxy.set(crate::testing::ProxyMode::DelayReplies(timeout * 3));
+    let result = call(store, lock.to_string()).await;
+    proxy.set(crate::testing::ProxyMode::Forward);
+    result
+}
+
 const LEASE: Duration = Duration::from_secs(30);
 
 fn is_lost<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {

@@ -117,11 +117,11 @@ async fn sidecar_frozen(s: Scenario, store: &str) {
 
 #[tokio::test]
 async fn the_api_server_stopped_for_30_seconds() {
-    scenario("e2e-fault-apiserver", |s| api_server_stopped(s, "postgres")).await;
+    scenario("e2e-fault-apiserver", api_server_stopped).await;
 }
 
-async fn api_server_stopped(s: Scenario, store: &str) {
-    let (_store, watcher) = leader_only_service_on(&s, store).await;
+async fn api_server_stopped(s: Scenario) {
+    let (_store, watcher) = leader_only_service(&s, json!({})).await;
     watcher.one_leader(None, FIRST_LEADER).await;
     s.env.component("kube-apiserver", "stop");
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -131,7 +131,7 @@ async fn api_server_stopped(s: Scenario, store: &str) {
     // PostgreSQL: on the Kubernetes store the outage is also the store's,
     // and a second API server restart in a row left the cluster's informers
     // behind for the scenarios after it (seen in CI), so that combination
-    // is left to the store's own tests.
+    // is not run here.
     converges(&s, &watcher, None, Duration::from_secs(120)).await;
     crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
     watcher.finish();

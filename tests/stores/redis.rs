@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::{StoreCall, Target};
+use leasehold::store::conformance::{StoreCall, Target, with_replies_held_back};
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+use leasehold::testing::TcpProxy;
 use leasehold::testing::servers::{RedisServer, TestCertificates, scratch_dir};
-use leasehold::testing::{ProxyMode, TcpProxy};
 
 struct Redis {
     server: RedisServer,
@@ -71,13 +71,7 @@ impl Target for Redis {
         let timeout = Duration::from_millis(500);
         let store: Arc<dyn LeaseStore> =
             Arc::new(RedisStore::connect_with(config(self.server.url_at(proxy.addr)), timeout).unwrap());
-        // Connect and load the script while replies flow.
-        let warm = call(store.clone(), "warm-up".into()).await;
-        assert!(matches!(warm, Ok(_) | Err(StoreError::Lost { .. })), "{warm:?}");
-        proxy.set(ProxyMode::DelayReplies(timeout * 3));
-        let result = call(store, lock.to_string()).await;
-        proxy.set(ProxyMode::Forward);
-        result
+        with_replies_held_back(&proxy, timeout, store, lock, call).await
     }
 }
 
