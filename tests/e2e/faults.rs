@@ -8,12 +8,9 @@ use kube::api::DeleteParams;
 use serde_json::json;
 
 use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{FIRST_LEADER, SUCCESSOR, delete_now, leader_only_service, leader_only_service_on};
+use crate::fixtures::{FIRST_LEADER, SIDECAR, SUCCESSOR, delete_now, leader_only_service, leader_only_service_on};
 use crate::node::{kill_and_await_restart, signal_container};
 use crate::watcher::LeadershipWatcher;
-
-/// The sidecar's container name in an injected pod.
-const SIDECAR: &str = "leasehold";
 
 /// After a fault: one leader, the one ready endpoint, and (once the status
 /// caught up) the DistributedLease naming that pod as holder.

@@ -15,6 +15,8 @@ use crate::watcher::{LeadershipWatcher, Watched};
 pub const APP: &str = "app=scheduler";
 pub const LEASE: &str = "scheduler";
 pub const SERVICE: &str = "scheduler-leader";
+/// The sidecar's container name in an injected pod.
+pub const SIDECAR: &str = "leasehold";
 /// Generous: the pods start (a couple of seconds here), the operator makes
 /// the table, one candidate takes the free lease.
 pub const FIRST_LEADER: Duration = Duration::from_secs(120);

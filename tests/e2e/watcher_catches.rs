@@ -10,7 +10,8 @@ use leasehold::api::DistributedLease;
 use serde_json::json;
 
 use crate::cluster::{scenario, wait_for};
-use crate::fixtures::{FIRST_LEADER, LEASE, a_follower, leader_only_service};
+use crate::fixtures::{FIRST_LEADER, LEASE, SIDECAR, a_follower, leader_only_service};
+use crate::node::signal_container;
 
 #[tokio::test]
 async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
@@ -20,7 +21,11 @@ async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
         assert!(watcher.violations().is_empty(), "{:?}", watcher.violations());
 
         // The planted bug: a follower labelled leader while another holds the lease.
+        // Its sidecar is frozen meanwhile: awake, it repairs its own label at
+        // once, sometimes before the EndpointSlice controller adds the pod
+        // (seen in CI), and the second endpoint is never there to catch.
         let follower = a_follower(&s, &leader).await;
+        signal_container(&s, &follower, SIDECAR, "STOP").await;
         let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
         s.api::<Pod>()
             .patch(&follower, &PatchParams::default(), &Patch::Merge(label))
@@ -37,6 +42,7 @@ async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
             seen.iter().any(|v| v.contains(&follower)),
             "names the planted pod: {seen:?}"
         );
+        signal_container(&s, &follower, SIDECAR, "CONT").await;
 
         // A status token lower than one already shown.
         let leases = s.api::<DistributedLease>();
