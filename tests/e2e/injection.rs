@@ -184,6 +184,23 @@ async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without
             (crate::cluster::ready_endpoints(&list.items) == 0).then_some(())
         })
         .await;
+        // The API server reaches the webhook through its own view of the
+        // endpoints, a moment behind the slices (CI saw a pod injected after
+        // the slice showed none): wait until a dry run goes uninjected.
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        crate::cluster::wait_for(
+            "the API server no longer calling the webhook",
+            std::time::Duration::from_secs(60),
+            || async {
+                let pod = pods.create(&dry_run, &probe_pod(&s, "orphan", true)).await.ok()?;
+                native_sidecar(&pod).is_none().then_some(())
+            },
+        )
+        .await;
         let created = create(&s, &s.ns, &probe_pod(&s, "orphan", true)).await;
         deployments
             .patch_scale("leasehold-operator", &params, &scale(2))
