@@ -31,6 +31,10 @@ load_image() {
   local binary="$target/debug/leasehold" path
   path="$(entrypoint)"
   [[ -n "$path" ]] || { echo "no ENTRYPOINT in the Dockerfile" >&2; exit 1; }
+  command -v busybox >/dev/null || {
+    echo "busybox (the stand-in app's image) is missing: scripts/setup-servers.sh installs it" >&2
+    exit 1
+  }
   cargo build -q --bin leasehold >&2
   python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \
     --user 65532:65532 --entrypoint "$path" >&2
