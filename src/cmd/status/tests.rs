@@ -192,6 +192,65 @@ async fn watch_prints_each_change_but_not_the_ages_moving() {
     watching.abort();
 }
 
+/// `--watch` prints a lease again on each change the README names besides
+/// the holder: the term (the same pod's takeover), the candidates, the
+/// version policy and the conditions; each change prints one line showing it.
+#[tokio::test]
+async fn watch_prints_a_change_of_term_candidates_policy_or_conditions() {
+    let server = ApiServer::new(None);
+    let [mut web, ..] = leases();
+    server.insert(LEASES, web.clone());
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let watching = tokio::spawn(watch(api, move |line| {
+        tx.send(line.clone()).unwrap();
+        Ok(())
+    }));
+    let mut shown = lines.recv().await.unwrap();
+    let changes: [(&str, fn(&mut Value), fn(&LeaseStatus) -> bool); 6] = [
+        ("the term", |l| l["status"]["term"] = json!(5), |s| s.term == Some(5)),
+        (
+            "the ready candidates",
+            |l| l["status"]["readyCandidates"] = json!(3),
+            |s| s.ready_candidates == 3,
+        ),
+        (
+            "the candidates",
+            |l| l["status"]["candidates"] = json!(4),
+            |s| s.candidates == 4,
+        ),
+        (
+            "the preference",
+            |l| l["spec"]["leadership"]["prefer"] = json!("Oldest"),
+            |s| s.prefer == Prefer::Oldest,
+        ),
+        (
+            "the fence",
+            |l| l["spec"]["leadership"]["versionFence"] = json!(false),
+            |s| !s.version_fence,
+        ),
+        (
+            "a condition",
+            |l| l["status"]["conditions"][1] = condition("Ready", "False", "NoLeader", now()),
+            |s| s.conditions[1].status == "False" && s.conditions[1].reason == "NoLeader",
+        ),
+    ];
+    for (what, change, shows) in changes {
+        assert!(!shows(&shown), "{what}: already so before the change: {shown:?}");
+        change(&mut web);
+        server.insert(LEASES, web.clone());
+        let next = lines.recv().await.unwrap();
+        assert!(
+            shows(&next),
+            "{what}: the line printed does not show the change: {next:?}"
+        );
+        assert_eq!(next.holder, shown.holder, "{what}: the holder stayed");
+        shown = next;
+    }
+    assert!(lines.try_recv().is_err(), "one line per change");
+    watching.abort();
+}
+
 #[test]
 fn the_command_line_takes_namespace_output_and_watch() {
     let cli = Cli::try_parse_from(["leasehold", "status", "-n", "shop", "-o", "json", "--watch"]).unwrap();
