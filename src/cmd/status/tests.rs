@@ -192,6 +192,10 @@ async fn watch_prints_each_change_but_not_the_ages_moving() {
     watching.abort();
 }
 
+/// A change made to a lease, and whether a printed line shows it.
+type Change = fn(&mut Value);
+type Shows = fn(&LeaseStatus) -> bool;
+
 /// `--watch` prints a lease again on each change the README names besides
 /// the holder: the term (the same pod's takeover), the candidates, the
 /// version policy and the conditions; each change prints one line showing it.
@@ -207,7 +211,7 @@ async fn watch_prints_a_change_of_term_candidates_policy_or_conditions() {
         Ok(())
     }));
     let mut shown = lines.recv().await.unwrap();
-    let changes: [(&str, fn(&mut Value), fn(&LeaseStatus) -> bool); 6] = [
+    let changes: [(&str, Change, Shows); 6] = [
         ("the term", |l| l["status"]["term"] = json!(5), |s| s.term == Some(5)),
         (
             "the ready candidates",
