@@ -156,17 +156,28 @@ async fn list_reads_the_leases_in_order() {
     assert_eq!(names, ["batch", "jobs", "web"]);
 }
 
+/// `watch` on the model's leases in `shop`, each line it prints sent on.
+fn watch_lines(
+    server: &ApiServer,
+) -> (
+    tokio::task::JoinHandle<Result<(), Error>>,
+    mpsc::UnboundedReceiver<LeaseStatus>,
+) {
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let (tx, lines) = mpsc::unbounded_channel();
+    let watching = tokio::spawn(watch(api, move |line| {
+        tx.send(line.clone()).unwrap();
+        Ok(())
+    }));
+    (watching, lines)
+}
+
 #[tokio::test]
 async fn watch_prints_each_change_but_not_the_ages_moving() {
     let server = ApiServer::new(None);
     let [web, ..] = leases();
     server.insert(LEASES, web.clone());
-    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
-    let (tx, mut lines) = mpsc::unbounded_channel();
-    let watching = tokio::spawn(watch(api, move |line| {
-        tx.send(line.clone()).unwrap();
-        Ok(())
-    }));
+    let (watching, mut lines) = watch_lines(&server);
     let first = lines.recv().await.unwrap();
     assert_eq!((first.name.as_str(), first.term), ("web", Some(4)));
 
@@ -204,12 +215,7 @@ async fn watch_prints_a_change_of_term_candidates_policy_or_conditions() {
     let server = ApiServer::new(None);
     let [mut web, ..] = leases();
     server.insert(LEASES, web.clone());
-    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
-    let (tx, mut lines) = mpsc::unbounded_channel();
-    let watching = tokio::spawn(watch(api, move |line| {
-        tx.send(line.clone()).unwrap();
-        Ok(())
-    }));
+    let (watching, mut lines) = watch_lines(&server);
     let mut shown = lines.recv().await.unwrap();
     let changes: [(&str, Change, Shows); 6] = [
         ("the term", |l| l["status"]["term"] = json!(5), |s| s.term == Some(5)),
