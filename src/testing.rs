@@ -241,10 +241,15 @@ fn ephemeral_start() -> u16 {
         .unwrap_or(32768)
 }
 
+/// The folder of the reservations' lock files, one per port.
+fn reservations() -> PathBuf {
+    std::env::temp_dir().join("leasehold-test-ports")
+}
+
 /// Reserves a port on `host` (see [`ReservedPort`]).
 pub fn reserve_port(host: IpAddr) -> ReservedPort {
     const LOWEST: u16 = 10000;
-    let dir = std::env::temp_dir().join("leasehold-test-ports");
+    let dir = reservations();
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     let below = ephemeral_start().max(LOWEST + 1000);
     for _ in 0..1000 {
@@ -359,5 +364,24 @@ async fn pipe(
     } else {
         drop(chunks);
         let _ = writer.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reserved port lies below the ephemeral range, and while its
+    /// reservation lives no other reservation (its file lock, taken
+    /// through another open file as another process would) can take it.
+    #[test]
+    fn a_reserved_port_is_below_the_ephemeral_range_and_locked_while_held() {
+        let reserved = reserve_port(LOOPBACK);
+        assert!(reserved.port < ephemeral_start(), "{}", reserved.port);
+        let path = reservations().join(reserved.port.to_string());
+        let other = std::fs::File::open(&path).unwrap();
+        assert!(other.try_lock().is_err(), "port {} reserved twice", reserved.port);
+        drop(reserved);
+        assert!(other.try_lock().is_ok(), "the reservation ends with its value");
     }
 }
