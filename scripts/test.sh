@@ -11,22 +11,44 @@
 # them when missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Every prerequisite is listed in README.md, "The test suite".
+# First, which cluster the end-to-end part (tests/e2e and the Kubernetes
+# store's tests) will use, so a run without one says so before it starts.
+if [[ -n "${LEASEHOLD_E2E_KUBECONFIG:-}" ]]; then
+  server="$(sed -n 's/^ *server: *//p' "$LEASEHOLD_E2E_KUBECONFIG" 2>/dev/null | head -n 1)"
+  echo "test.sh: end-to-end cluster: ${server:-<no server in it>} (LEASEHOLD_E2E_KUBECONFIG=$LEASEHOLD_E2E_KUBECONFIG)" >&2
+elif [[ -n "${LEASEHOLD_KUBERNETES_TOOL:-}" ]]; then
+  echo "test.sh: end-to-end cluster: one this script starts with LEASEHOLD_KUBERNETES_TOOL=$LEASEHOLD_KUBERNETES_TOOL (and stops at the end)" >&2
+else
+  echo "test.sh: no end-to-end cluster given (neither LEASEHOLD_E2E_KUBECONFIG nor LEASEHOLD_KUBERNETES_TOOL): the end-to-end tests (tests/e2e, tests/stores/kubernetes.rs) will fail; see docs/e2e.md" >&2
+fi
+# Each phase's wall time, printed as it ends (the figures in docs come from these).
+phase_started=$SECONDS phase_name=""
+phase() {
+  [[ -z "$phase_name" ]] || echo "test.sh: phase ${phase_name}: $((SECONDS - phase_started)) s" >&2
+  phase_started=$SECONDS phase_name="$1"
+}
+phase "setup"
 scripts/setup-python.sh
 scripts/setup-servers.sh
+phase "examples and benches build"
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches
 # The library example needs nothing but the lease core and the memory store;
 # the core builds warning-free alone and with any one store (the Kubernetes
 # store and the DistributedLease resource without the other stores' clients).
+phase "feature checks"
 cargo check --no-default-features --example library
 for store in "" postgres redis spanner kubernetes; do
   cargo clippy -q --no-default-features --features "$store" --lib -- -D warnings
 done
+phase "examples run"
 # The many-locks example checks its own outcome (every key one owner, higher tokens).
 cargo run -q --no-default-features --example many-locks
 # So does the partitions example (every partition one worker, shares as planned).
 cargo run -q --no-default-features --example partitions
+phase "emulator and cluster start"
 # One emulator for the whole run (each test makes databases of its own);
 # tests that must own an emulator (to restart it) start a private one.
 if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
@@ -43,4 +65,8 @@ if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" 
   eval "$(scripts/e2e-cluster.sh up)"
   trap 'scripts/e2e-cluster.sh down' EXIT
 fi
-cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}"
+phase "nextest (build and every test)"
+status=0
+cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" || status=$?
+phase ""
+exit "$status"

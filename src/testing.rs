@@ -38,6 +38,8 @@ pub struct Emulator {
     /// REST admin gateway, `http://host:port`.
     pub rest: String,
     child: Option<Child>,
+    /// Held while it runs (and across restarts on the same ports).
+    _ports: Vec<ReservedPort>,
 }
 
 impl Emulator {
@@ -67,6 +69,7 @@ impl Emulator {
                 host,
                 rest,
                 child: None,
+                _ports: Vec::new(),
             });
         }
         Self::start_own()
@@ -81,12 +84,14 @@ impl Emulator {
     /// Starts an emulator of this process's own listening on `host`, an
     /// address of this machine (the end-to-end suite's pods reach it there).
     pub fn start_on(host: IpAddr) -> Result<Emulator, String> {
-        let (grpc, http) = (free_port(), free_port());
+        let ports = [reserve_port(host), reserve_port(host)];
+        let (grpc, http) = (ports[0].port, ports[1].port);
         let child = spawn(host, grpc, http)?;
         Ok(Emulator {
             host: SocketAddr::new(host, grpc).to_string(),
             rest: format!("http://{}", SocketAddr::new(host, http)),
             child: Some(child),
+            _ports: ports.into(),
         })
     }
 
@@ -214,15 +219,58 @@ fn find_binaries() -> Option<PathBuf> {
     candidates.into_iter().find(|dir| has_both(dir))
 }
 
-/// A port free right now on 127.0.0.1.
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// A port reserved for a server that must be told its port before it
+/// binds (the emulator, PostgreSQL, Redis: none can bind port 0 and say
+/// which port it got). A port the system picks for `bind(:0)` and lets go
+/// could be taken again by any other socket before the server binds it,
+/// including an outgoing connection's. These come from below the system's
+/// ephemeral range, which no automatic choice uses, and each is held by an
+/// exclusive lock on a file named after it for as long as this value
+/// lives, so no other test process (of any worktree) reserves it meanwhile.
+#[derive(Debug)]
+pub struct ReservedPort {
+    pub port: u16,
+    _lock: std::fs::File,
 }
 
-const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+/// The lowest port the system picks for `bind(:0)` and outgoing connections.
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// The folder of the reservations' lock files, one per port.
+fn reservations() -> PathBuf {
+    std::env::temp_dir().join("leasehold-test-ports")
+}
+
+/// Reserves a port on `host` (see [`ReservedPort`]).
+pub fn reserve_port(host: IpAddr) -> ReservedPort {
+    const LOWEST: u16 = 10000;
+    let dir = reservations();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    let below = ephemeral_start().max(LOWEST + 1000);
+    for _ in 0..1000 {
+        let port = rand::random_range(LOWEST..below);
+        let path = dir.join(port.to_string());
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        // Reserved by another test, or in use by something else.
+        if lock.try_lock().is_err() || StdListener::bind(SocketAddr::new(host, port)).is_err() {
+            continue;
+        }
+        return ReservedPort { port, _lock: lock };
+    }
+    panic!("no port on {host} between {LOWEST} and {below} could be reserved in 1000 tries")
+}
+
+pub(crate) const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 pub(crate) fn port_open(port: u16) -> bool {
     address_open(SocketAddr::new(LOOPBACK, port))
@@ -316,5 +364,24 @@ async fn pipe(
     } else {
         drop(chunks);
         let _ = writer.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reserved port lies below the ephemeral range, and while its
+    /// reservation lives no other reservation (its file lock, taken
+    /// through another open file as another process would) can take it.
+    #[test]
+    fn a_reserved_port_is_below_the_ephemeral_range_and_locked_while_held() {
+        let reserved = reserve_port(LOOPBACK);
+        assert!(reserved.port < ephemeral_start(), "{}", reserved.port);
+        let path = reservations().join(reserved.port.to_string());
+        let other = std::fs::File::open(&path).unwrap();
+        assert!(other.try_lock().is_err(), "port {} reserved twice", reserved.port);
+        drop(reserved);
+        assert!(other.try_lock().is_ok(), "the reservation ends with its value");
     }
 }

@@ -389,12 +389,11 @@ impl Candidate {
         let mut command = match elector {
             Elector::Leasehold => {
                 let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
-                let (http, metrics) = (leasehold::testing::free_port(), leasehold::testing::free_port());
+                // Nothing here reads its API: the ports are the system's choice.
                 command
                     .args(["sidecar", "--lock", elector.lease(), "--store", "kubernetes"])
                     .args(["--pod-name", &format!("bench-{n}")])
-                    .args(["--http-addr", &format!("127.0.0.1:{http}")])
-                    .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+                    .args(["--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
                     .env("KUBECONFIG", &kubeconfig)
                     .env("LEASEHOLD_LEASE_DURATION", "15s")
                     .env("LEASEHOLD_RENEW_DEADLINE", "10s")

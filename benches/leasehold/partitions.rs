@@ -23,7 +23,7 @@ const N: u32 = 64;
 fn owners(sidecars: &[&Sidecar]) -> BTreeMap<u32, usize> {
     let mut owners = BTreeMap::new();
     for (i, s) in sidecars.iter().enumerate() {
-        let Some((_, view)) = get(s.http, "/partitions") else {
+        let Ok((_, view)) = get(s.http, "/partitions") else {
             continue;
         };
         for p in view["partitions"].as_array().cloned().unwrap_or_default() {

@@ -84,6 +84,7 @@ pub enum Command {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
+        abort_on_panic();
         let default_filter = match self.command {
             #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
@@ -122,6 +123,19 @@ impl Cli {
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
         }
     }
+}
+
+/// Fail-stop in every build, not only in release builds (`panic = "abort"`):
+/// once the default hook has printed the panic, the process aborts. A task
+/// that panicked would otherwise end alone (tokio catches it) while the
+/// elector kept leading; the debug build the end-to-end image runs must
+/// behave as the release build.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        report(panic);
+        std::process::abort();
+    }));
 }
 
 fn run_inject(args: &inject::Args) -> anyhow::Result<()> {

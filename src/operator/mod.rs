@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kube::core::SelectorExt as _;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
@@ -340,12 +340,28 @@ impl ControllerRun {
     }
 }
 
-/// Drops what no reconcile reads (spec, managed fields, annotations), so the
-/// cache of every pod in the watched namespaces stays small: candidates are
-/// found by labels, counted by conditions and phase, repaired by name and
-/// resourceVersion, and mapped to Deployments by owner references.
+/// Drops what no reconcile reads (managed fields, annotations, the spec but
+/// its containers' names), so the cache of every pod in the watched
+/// namespaces stays small: candidates are found by labels, counted by
+/// conditions and phase, repaired by name and resourceVersion, mapped to
+/// Deployments by owner references, and told apart from pods without the
+/// sidecar by their (init) containers' names
+/// ([`reconcile::without_sidecar`]).
 fn keep_what_reconciles_read(pod: &mut Pod) {
-    pod.spec = None;
+    let names = |containers: Vec<Container>| -> Vec<Container> {
+        containers
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                ..Container::default()
+            })
+            .collect()
+    };
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        containers: names(spec.containers),
+        init_containers: spec.init_containers.map(names),
+        ..PodSpec::default()
+    });
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     if let Some(status) = pod.status.as_mut() {

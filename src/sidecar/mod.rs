@@ -58,6 +58,12 @@ pub enum Error {
     },
     #[error("signals: {0}")]
     Signals(std::io::Error),
+    #[error("cannot write the ready file {}", path.display())]
+    ReadyFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -97,8 +103,7 @@ pub async fn run(args: Args) -> Result<()> {
     let verdicts = budget.verdicts();
     let store: Arc<dyn LeaseStore> = Arc::new(budget);
 
-    let http = bind(args.http_addr).await?;
-    let metrics_listener = bind(args.metrics_addr).await?;
+    let (http, metrics_listener) = bind_listeners(&args).await?;
 
     let version = match (&kube, &settings.pod) {
         (Some(client), Some(pod)) => {
@@ -295,6 +300,40 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Listen { addr, source })
+}
+
+/// The `--ready-file` document: where the listeners are bound.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Listening {
+    pub http: std::net::SocketAddr,
+    pub metrics: std::net::SocketAddr,
+}
+
+/// Binds the HTTP API and the metrics listener; then, with `--ready-file`,
+/// says where they are (with port 0 the system picked the ports, so
+/// whoever started the process learns them only from this file).
+async fn bind_listeners(args: &Args) -> Result<(TcpListener, TcpListener)> {
+    let http = bind(args.http_addr).await?;
+    let metrics = bind(args.metrics_addr).await?;
+    if let Some(path) = &args.ready_file {
+        let listening = Listening {
+            http: http.local_addr().map_err(|source| Error::Listen {
+                addr: args.http_addr,
+                source,
+            })?,
+            metrics: metrics.local_addr().map_err(|source| Error::Listen {
+                addr: args.metrics_addr,
+                source,
+            })?,
+        };
+        token_file::write(path, &listening)
+            .await
+            .map_err(|source| Error::ReadyFile {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    Ok((http, metrics))
 }
 
 /// `/metrics`, and `healthz` (a router serving `/healthz` for the mode run).

@@ -33,7 +33,7 @@ use super::config::Settings;
 use super::http::{PartitionsApi, PartitionsSetup};
 use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
-use super::{Args, Result, bind, capped_backoff, metrics_router, start_health_sources, watch_own_pod};
+use super::{Args, Result, bind_listeners, capped_backoff, metrics_router, start_health_sources, watch_own_pod};
 use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
 use crate::store::select::StoreConfig;
 
@@ -46,8 +46,7 @@ pub async fn run(
 ) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let http = bind(args.http_addr).await?;
-    let metrics_listener = bind(args.metrics_addr).await?;
+    let (http, metrics_listener) = bind_listeners(&args).await?;
     let (starting_tx, starting) = watch::channel(None);
     let report = Report::new(args.election.create_table, starting_tx);
     let (assigned_tx, assigned) = watch::channel(Assigned::default());

@@ -975,6 +975,57 @@ mod tests {
         assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     }
 
+    /// An Event on each change of the app's health (docs/operator.md): the
+    /// reason and type say which way it went, the note why. A change back
+    /// to a reason already recorded is the same Event again: kube-runtime's
+    /// `events::Recorder` records a repeat (same reason, type, action and
+    /// pod) as the events API's series, a PATCH counting it
+    /// (`series.count`), as client-go's `tools/events` does.
+    #[tokio::test(start_paused = true)]
+    async fn each_change_of_the_apps_health_becomes_an_event_on_the_pod() {
+        let api = api();
+        let publisher = publisher(&api);
+        let (_transitions_tx, transitions) = broadcast::channel(4);
+        let (app_tx, app) = watch::channel(AppHealth::default());
+        let announcer = tokio::spawn(publisher.announcer.clone().run(transitions, app));
+        let events = |api: &ApiServer| -> Vec<(String, String, String, u64)> {
+            api.requests()
+                .into_iter()
+                .filter(|r| r.path().starts_with("/apis/events.k8s.io/v1/namespaces/prod/events"))
+                .map(|r| {
+                    assert_eq!(r.body["regarding"]["name"], "web-0");
+                    let field = |name: &str| r.body[name].as_str().unwrap_or_default().to_string();
+                    let count = r.body["series"]["count"].as_u64().unwrap_or(1);
+                    (r.method.clone(), field("reason"), field("type"), count)
+                })
+                .collect()
+        };
+        let changes = [
+            (Some(true), "url: answered 200"),
+            (Some(false), "url: answered 500"),
+            (None, "url: no answer yet"),
+            (Some(true), "url: answered 204"),
+        ];
+        for (seen, (healthy, reason)) in changes.into_iter().enumerate() {
+            app_tx.send_replace(AppHealth {
+                healthy,
+                reason: reason.into(),
+            });
+            until(&api, "an Event for the change", |api| events(api).len() > seen).await;
+        }
+        let expected = [
+            ("POST", "AppHealthy", "Normal", 1),
+            ("POST", "AppUnhealthy", "Warning", 1),
+            ("POST", "AppHealthUnknown", "Warning", 1),
+            ("PATCH", "AppHealthy", "Normal", 2),
+        ]
+        .map(|(method, reason, type_, count)| (method.to_string(), reason.to_string(), type_.to_string(), count));
+        assert_eq!(events(&api), expected, "one Event per change");
+        let notes: Vec<Value> = api.requests().iter().map(|r| r.body["note"].clone()).take(3).collect();
+        assert_eq!(notes, ["url: answered 200", "url: answered 500", "url: no answer yet"]);
+        announcer.abort();
+    }
+
     /// web-0's elector and publisher, following a lease web-1 holds for an
     /// hour (P = 30 s), campaigning or not, with web-1 labelled "true".
     async fn follower_of_web1(

@@ -572,6 +572,23 @@ pub async fn tls_checks_the_certificate(trusting: &dyn LeaseStore, distrusting: 
     );
 }
 
+/// TLS checks the server's host name: to the same server with the same CA,
+/// by a name its certificate covers the store answers; by a name it does
+/// not cover the connection is refused, saying why.
+pub async fn tls_checks_the_host_name(covered: &dyn LeaseStore, uncovered: &dyn LeaseStore) {
+    covered
+        .observe("tls-name")
+        .await
+        .expect("observe by a name the certificate covers");
+    let refused = uncovered.observe("tls-name").await.unwrap_err();
+    assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
+    let chain = refused.chain();
+    assert!(
+        chain.contains("invalid peer certificate") && chain.contains("not valid for name"),
+        "refused for the name: {chain}"
+    );
+}
+
 /// Issue 16: once `ensure_schema` has upgraded a table from before versions,
 /// its row `old` (term 4, written without a version) reads with no version
 /// recorded, and the next acquisition records one.

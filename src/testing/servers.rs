@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, port_open};
+use super::{LOOPBACK, ReservedPort, port_open, reserve_port};
 
 /// How to get PostgreSQL, printed when it is missing.
 pub const HOW_TO_GET_POSTGRES: &str = "no PostgreSQL server binaries (initdb, postgres, pg_isready) found. \
@@ -19,8 +19,12 @@ pub const HOW_TO_GET_REDIS: &str = "no redis-server found. Install it (Debian: `
 
 const STARTUP: Duration = Duration::from_secs(30);
 
-/// PEM files of a fresh CA and a server certificate it signs for
-/// `127.0.0.1` and `localhost`, for the servers' TLS.
+/// The names the servers' certificates cover unless a test asks otherwise:
+/// every name their URLs use.
+const DEFAULT_NAMES: &[&str] = &["127.0.0.1", "localhost"];
+
+/// PEM files of a fresh CA and a server certificate it signs (for
+/// `127.0.0.1` and `localhost` unless told otherwise), for the servers' TLS.
 #[derive(Debug, Clone)]
 pub struct TestCertificates {
     /// The CA certificate: what a client names with `sslrootcert=`.
@@ -33,6 +37,11 @@ impl TestCertificates {
     /// Writes them into `dir` (the key readable by its owner only, as
     /// PostgreSQL demands).
     pub fn write(dir: &Path) -> TestCertificates {
+        Self::write_for(dir, DEFAULT_NAMES)
+    }
+
+    /// Writes them with a server certificate for `names` only.
+    pub fn write_for(dir: &Path, names: &[&str]) -> TestCertificates {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -42,7 +51,7 @@ impl TestCertificates {
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
         let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("params");
+        let params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
         let cert = params
             .signed_by(&key, &Issuer::new(ca_params, ca_key))
             .expect("server certificate");
@@ -232,27 +241,35 @@ pub struct PostgresServer {
     command: Vec<std::ffi::OsString>,
     user: Option<(u32, u32)>,
     child: Child,
+    /// Held while the server lives (and across restarts on the same port).
+    _reserved: ReservedPort,
 }
 
 impl PostgresServer {
     /// Starts one; panics with [`HOW_TO_GET_POSTGRES`] when the binaries are missing.
     pub fn start() -> PostgresServer {
-        Self::start_with(false, None)
+        Self::start_with(None, None)
     }
 
     /// Starts one that also accepts TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> PostgresServer {
-        Self::start_with(true, None)
+        Self::start_tls_for(DEFAULT_NAMES)
+    }
+
+    /// Starts one that also accepts TLS, with a certificate for `names` only.
+    pub fn start_tls_for(names: &[&str]) -> PostgresServer {
+        Self::start_with(Some(names), None)
     }
 
     /// Starts one that also listens on `host` (an address of this machine)
     /// and trusts clients on the networks this machine is attached to: the
     /// end-to-end suite's pods reach it there.
     pub fn start_on(host: std::net::IpAddr) -> PostgresServer {
-        Self::start_with(false, Some(host))
+        Self::start_with(None, Some(host))
     }
 
-    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> PostgresServer {
+    /// `tls`: the names of the server's certificate, when it speaks TLS.
+    fn start_with(tls: Option<&[&str]>, host: Option<std::net::IpAddr>) -> PostgresServer {
         let bin = postgres_bin().unwrap_or_else(|| panic!("{HOW_TO_GET_POSTGRES}"));
         let user = unprivileged_user();
         let template = postgres_template(&bin, user);
@@ -260,7 +277,7 @@ impl PostgresServer {
         let data = dir.join("data");
         let copied = Command::new("cp").arg("-a").arg(&template).arg(&data).status();
         assert!(copied.is_ok_and(|s| s.success()), "copying {}", template.display());
-        let certificates = tls.then(|| TestCertificates::write(&dir));
+        let certificates = tls.map(|names| TestCertificates::write_for(&dir, names));
         let mut listen = String::from("listen_addresses=127.0.0.1");
         if let Some(host) = host {
             listen.push_str(&format!(",{host}"));
@@ -271,7 +288,8 @@ impl PostgresServer {
             std::fs::write(&hba, rules).expect("pg_hba.conf");
         }
         chown_tree(&dir, user);
-        let port = free_port();
+        let reserved = reserve_port(LOOPBACK);
+        let port = reserved.port;
         let mut command: Vec<std::ffi::OsString> = vec![bin.join("postgres").into(), "-D".into(), data.into()];
         let settings = [
             format!("port={port}"),
@@ -298,6 +316,7 @@ impl PostgresServer {
             command,
             user,
             child,
+            _reserved: reserved,
         };
         server.wait_ready(&bin);
         server
@@ -379,26 +398,34 @@ pub struct RedisServer {
     pub certificates: Option<TestCertificates>,
     dir: PathBuf,
     child: Child,
+    /// Held while the server lives.
+    _reserved: ReservedPort,
 }
 
 impl RedisServer {
     /// Starts one; panics with [`HOW_TO_GET_REDIS`] when redis-server is missing.
     pub fn start() -> RedisServer {
-        Self::start_with(false, None)
+        Self::start_with(None, None)
     }
 
     /// Starts one that speaks only TLS, with a certificate of a fresh CA.
     pub fn start_tls() -> RedisServer {
-        Self::start_with(true, None)
+        Self::start_tls_for(DEFAULT_NAMES)
+    }
+
+    /// Starts one that speaks only TLS, with a certificate for `names` only.
+    pub fn start_tls_for(names: &[&str]) -> RedisServer {
+        Self::start_with(Some(names), None)
     }
 
     /// Starts one that also listens on `host`, an address of this machine
     /// (the end-to-end suite's pods reach it there).
     pub fn start_on(host: std::net::IpAddr) -> RedisServer {
-        Self::start_with(false, Some(host))
+        Self::start_with(None, Some(host))
     }
 
-    fn start_with(tls: bool, host: Option<std::net::IpAddr>) -> RedisServer {
+    /// `tls`: the names of the server's certificate, when it speaks TLS.
+    fn start_with(tls: Option<&[&str]>, host: Option<std::net::IpAddr>) -> RedisServer {
         let binary = std::env::var_os("LEASEHOLD_REDIS_SERVER")
             .map(PathBuf::from)
             .or_else(|| {
@@ -408,8 +435,9 @@ impl RedisServer {
             })
             .unwrap_or_else(|| panic!("{HOW_TO_GET_REDIS}"));
         let dir = scratch_dir("redis");
-        let port = free_port();
-        let certificates = tls.then(|| TestCertificates::write(&dir));
+        let reserved = reserve_port(LOOPBACK);
+        let port = reserved.port;
+        let certificates = tls.map(|names| TestCertificates::write_for(&dir, names));
         let mut redis = Command::new(&binary);
         match &certificates {
             None => redis.args(["--port", &port.to_string()]),
@@ -447,6 +475,7 @@ impl RedisServer {
             certificates,
             dir,
             child,
+            _reserved: reserved,
         };
         let started = Instant::now();
         while !port_open(port) {

@@ -13,7 +13,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use leasehold::testing::servers::PostgresServer;
+use leasehold::sidecar::Listening;
+use leasehold::testing::servers::{PostgresServer, scratch_dir};
 use readme_blocks::{blocks, e2e_script, unprovided};
 
 fn read(path: &str) -> String {
@@ -127,12 +128,51 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
 /// `leasehold` on PATH and LEASEHOLD_STORE_URL pointing at a fresh
 /// PostgreSQL: the two candidates start on their own ports, the table gets
 /// created, and one leads while the other follows.
+///
+/// The README's fixed ports (4040/4041 by default, 4050/4051 for the
+/// second) could be taken by anything else on the machine, so the block
+/// runs with every listener on port 0 (`LEASEHOLD_HTTP_ADDR` and
+/// `LEASEHOLD_METRICS_ADDR` for the first, the second's flags rewritten),
+/// each candidate writing the ports it got to a `--ready-file`, and its
+/// `curl`s reading them from there. Each rewrite must apply exactly once,
+/// so a changed block fails here instead of running unrewritten.
 #[test]
 fn the_one_machine_trial_elects_one_of_two_candidates() {
     let trial = blocks(&read("README.md"), "sh local");
     let [trial] = trial.as_slice() else {
         panic!("one `sh local` block expected, found {}", trial.len())
     };
+    let dir = scratch_dir("readme-trial");
+    let ready = |pod: &str| dir.join(format!("{pod}.json"));
+    let http_of = |pod: &str| {
+        format!(
+            r#"$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' {})"#,
+            ready(pod).display()
+        )
+    };
+    let mut script = trial.text.clone();
+    for (written, run) in [
+        (
+            "--pod-name a",
+            format!("--pod-name a --ready-file {}", ready("a").display()),
+        ),
+        (
+            "--pod-name b",
+            format!("--pod-name b --ready-file {}", ready("b").display()),
+        ),
+        ("--http-addr 127.0.0.1:4050", "--http-addr 127.0.0.1:0".into()),
+        ("--metrics-addr 127.0.0.1:4051", "--metrics-addr 127.0.0.1:0".into()),
+        ("curl -s 127.0.0.1:4040/", format!("curl -s {}/", http_of("a"))),
+        ("curl -s 127.0.0.1:4050/", format!("curl -s {}/", http_of("b"))),
+    ] {
+        assert_eq!(
+            script.matches(written).count(),
+            1,
+            "the README's `sh local` block no longer has {written:?} once:\n{}",
+            trial.text
+        );
+        script = script.replace(written, &run);
+    }
     let postgres = PostgresServer::start();
     let binary = Path::new(env!("CARGO_BIN_EXE_leasehold"));
     let path = format!(
@@ -141,9 +181,12 @@ fn the_one_machine_trial_elects_one_of_two_candidates() {
         std::env::var("PATH").unwrap_or_default()
     );
     let mut shell = Command::new("bash")
-        .args(["-c", &trial.text])
+        .args(["-c", &script])
         .env("PATH", path)
         .env("LEASEHOLD_STORE_URL", postgres.url())
+        // The first candidate's listeners, which the block leaves at their defaults.
+        .env("LEASEHOLD_HTTP_ADDR", "127.0.0.1:0")
+        .env("LEASEHOLD_METRICS_ADDR", "127.0.0.1:0")
         .stdout(Stdio::null())
         .process_group(0)
         .spawn()
@@ -156,9 +199,27 @@ fn the_one_machine_trial_elects_one_of_two_candidates() {
     };
     // The script ends after its curls; the candidates it started run on.
     let finished = shell.wait().unwrap();
+    let started = std::time::Instant::now();
+    let ports = ["a", "b"].map(|pod| {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(ready(pod)) {
+                let listening: Listening =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", ready(pod).display()));
+                break listening.http.port();
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                stop();
+                panic!(
+                    "candidate {pod} wrote no ready file {} within a minute",
+                    ready(pod).display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
     let mut outcome = None;
     for _ in 0..600 {
-        match (get(4040, "/leader"), get(4050, "/leader")) {
+        match (get(ports[0], "/leader"), get(ports[1], "/leader")) {
             (Some((a, a_body)), Some((b, b_body))) if a != b && [a, b].contains(&200) && [a, b].contains(&503) => {
                 outcome = Some((a_body, b_body));
                 break;
@@ -167,8 +228,9 @@ fn the_one_machine_trial_elects_one_of_two_candidates() {
         }
     }
     stop();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(finished.success(), "the trial's commands failed: {finished}");
-    let (a, b) = outcome.expect("no leader and follower on ports 4040 and 4050 within a minute");
+    let (a, b) = outcome.expect("no leader and follower on the candidates' ports within a minute");
     let leaders = [a, b].iter().filter(|body| body.contains("\"leader\":true")).count();
     assert_eq!(leaders, 1);
 }

@@ -68,7 +68,7 @@ fn leadership_follows_the_apps_health() {
     });
     let all: Vec<&Sidecar> = cluster.sidecars.iter().collect();
     let first = wait_for_one_leader(&all, Duration::from_secs(20)).expect("a first leader");
-    let (_, view) = cluster.sidecars[first].leader().unwrap();
+    let (_, view) = cluster.sidecars[first].leader();
     assert_eq!(view["appHealthy"], true, "{view}");
 
     // The leader's app fails: it releases after its drain window and a
@@ -83,7 +83,7 @@ fn leadership_follows_the_apps_health() {
         "handover after the app failed: {:?} (detection {detection:?}, drain {DRAIN:?}, P {P:?})",
         failed.elapsed()
     );
-    let (status, view) = cluster.sidecars[first].leader().unwrap();
+    let (status, view) = cluster.sidecars[first].leader();
     assert_eq!(status, 503);
     assert_eq!(view["appHealthy"], false, "{view}");
     assert_eq!(view["campaigning"], false, "{view}");

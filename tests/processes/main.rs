@@ -4,6 +4,7 @@
 mod support;
 
 mod health;
+mod panic;
 mod partitions;
 mod publish;
 mod rollout;

@@ -27,31 +27,31 @@ fn emulator_allowance() -> Duration {
     2 * D
 }
 
-/// The partitions `sidecar` publishes, with their tokens; `None` when it
-/// does not answer (killed).
-fn held(sidecar: &Sidecar) -> Option<BTreeMap<u32, u128>> {
-    let (status, view) = get(sidecar.http, "/partitions")?;
+/// The partitions `sidecar` publishes, with their tokens; panics when it
+/// does not answer (a dead sidecar publishes nothing, but holds nothing
+/// either only once its sessions expired).
+fn held(sidecar: &Sidecar) -> BTreeMap<u32, u128> {
+    let (status, view) = get(sidecar.http, "/partitions")
+        .unwrap_or_else(|e| panic!("{}: GET /partitions got no answer: {e}", sidecar.name));
     let partitions = view["partitions"].as_array().cloned().unwrap_or_default();
     assert_eq!(
         status == 200,
         !partitions.is_empty(),
         "200 exactly while holding any: {status} {view}"
     );
-    Some(
-        partitions
-            .iter()
-            .map(|p: &Value| {
-                let index = p["index"].as_u64().unwrap() as u32;
-                (index, p["token"].as_str().unwrap().parse().unwrap())
-            })
-            .collect(),
-    )
+    partitions
+        .iter()
+        .map(|p: &Value| {
+            let index = p["index"].as_u64().unwrap() as u32;
+            (index, p["token"].as_str().unwrap().parse().unwrap())
+        })
+        .collect()
 }
 
-/// One poll of every sidecar that answers; checks no partition is
+/// One poll of every sidecar; checks no partition is
 /// published by two of them.
 fn poll(sidecars: &[&Sidecar]) -> Vec<BTreeMap<u32, u128>> {
-    let shares: Vec<BTreeMap<u32, u128>> = sidecars.iter().map(|s| held(s).unwrap_or_default()).collect();
+    let shares: Vec<BTreeMap<u32, u128>> = sidecars.iter().map(|s| held(s)).collect();
     let mut owners = BTreeMap::new();
     for (i, share) in shares.iter().enumerate() {
         for index in share.keys() {
@@ -218,8 +218,9 @@ fn sigterm_hands_the_partitions_over_after_the_drain() {
     let rest = others(&cluster.sidecars, leaving);
     let mut stopped_claiming = None;
     while termed.elapsed() < drain {
-        let still = held(&cluster.sidecars[leaving]).unwrap_or_default();
-        if stopped_claiming.is_none() && still.is_empty() {
+        // Asked only until it stops claiming: at the drain's end it
+        // releases and exits.
+        if stopped_claiming.is_none() && held(&cluster.sidecars[leaving]).is_empty() {
             stopped_claiming = Some(termed.elapsed());
         }
         for share in poll(&rest) {
@@ -246,6 +247,6 @@ fn sigterm_hands_the_partitions_over_after_the_drain() {
     println!(
         "graceful partition handover: {handover:?} (drain={drain:?}, stopped claiming after {stopped_claiming:?})"
     );
-    let status = cluster.sidecars[leaving].child.wait().unwrap();
+    let status = cluster.sidecars[leaving].expect_gone(d);
     assert!(status.success(), "SIGTERM exits 0: {status}");
 }

@@ -195,6 +195,21 @@ async fn tls_connects_and_checks_the_certificate() {
     suite::tls_checks_the_certificate(&store, &distrusting).await;
 }
 
+/// TLS checks the server's host name: a certificate for 127.0.0.1 only
+/// (signed by the CA the client trusts) is refused when the URL says
+/// `localhost`.
+#[tokio::test]
+async fn tls_checks_the_servers_host_name() {
+    let server = PostgresServer::start_tls_for(&["127.0.0.1"]);
+    let covered = PostgresStore::connect(config(server.tls_url())).unwrap();
+    covered.ensure_schema().await.unwrap();
+    let by_name = server
+        .tls_url()
+        .replace(&server.addr().to_string(), &format!("localhost:{}", server.port));
+    let uncovered = PostgresStore::connect_with(config(by_name), Duration::from_secs(2)).unwrap();
+    suite::tls_checks_the_host_name(&covered, &uncovered).await;
+}
+
 /// A TLS URL against a server that does not speak TLS fails, saying so;
 /// nothing falls back to plain text.
 #[tokio::test]
@@ -214,7 +229,9 @@ async fn tls_to_a_server_without_tls_fails_clearly() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable_promptly() {
-    let port = leasehold::testing::free_port();
+    // Reserved, so no other test's server listens there meanwhile.
+    let reserved = leasehold::testing::reserve_port([127, 0, 0, 1].into());
+    let port = reserved.port;
     let store = PostgresStore::connect_with(
         config(format!("postgres://leasehold@127.0.0.1:{port}/postgres")),
         Duration::from_secs(2),

@@ -173,7 +173,9 @@ async fn bad_urls_and_prefixes_are_refused_before_connecting() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable_promptly() {
-    let port = leasehold::testing::free_port();
+    // Reserved, so no other test's server listens there meanwhile.
+    let reserved = leasehold::testing::reserve_port([127, 0, 0, 1].into());
+    let port = reserved.port;
     let store = RedisStore::connect_with(config(format!("redis://127.0.0.1:{port}")), Duration::from_secs(2)).unwrap();
     suite::an_unreachable_server_is_unavailable_promptly(&store).await;
 }
@@ -258,6 +260,20 @@ async fn tls_connects_and_checks_the_certificate() {
     );
     let distrusting = RedisStore::connect_with(config(wrong), Duration::from_secs(2)).unwrap();
     suite::tls_checks_the_certificate(&store, &distrusting).await;
+}
+
+/// TLS checks the server's host name: a certificate for 127.0.0.1 only
+/// (signed by the CA the client trusts) is refused when the URL says
+/// `localhost`.
+#[tokio::test]
+async fn tls_checks_the_servers_host_name() {
+    let server = RedisServer::start_tls_for(&["127.0.0.1"]);
+    let covered = RedisStore::connect(config(server.tls_url())).unwrap();
+    let by_name = server
+        .tls_url()
+        .replace(&server.addr().to_string(), &format!("localhost:{}", server.port));
+    let uncovered = RedisStore::connect_with(config(by_name), Duration::from_secs(2)).unwrap();
+    suite::tls_checks_the_host_name(&covered, &uncovered).await;
 }
 
 /// A rediss:// URL against a server that does not speak TLS fails, saying

@@ -187,7 +187,9 @@ async fn a_missing_database_is_named() {
 
 #[tokio::test]
 async fn an_unreachable_emulator_is_unavailable_promptly() {
-    let port = leasehold::testing::free_port();
+    // Reserved, so no other test's server listens there meanwhile.
+    let reserved = leasehold::testing::reserve_port([127, 0, 0, 1].into());
+    let port = reserved.port;
     let config = SpannerConfig {
         database: "projects/p/instances/i/databases/d".into(),
         table: TABLE.into(),

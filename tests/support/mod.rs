@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use leasehold::lease::LeaseStore;
 use leasehold::lease::timing::DEFAULT_JITTER;
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerConfig, SpannerStore};
-use leasehold::testing::{Emulator, TcpProxy, free_port};
+use leasehold::testing::{Emulator, TcpProxy};
 use serde_json::Value;
 
 pub const D: Duration = Duration::from_millis(2000);
@@ -37,25 +37,63 @@ pub fn failover_bound() -> Duration {
     D + P.mul_f64(1.0 + DEFAULT_JITTER) + MARGIN
 }
 
-/// A plain HTTP/1.1 GET: (status, JSON body); None when nothing answers.
-pub fn get(port: u16, path: &str) -> Option<(u16, Value)> {
+/// How long a sidecar may take from spawn to bound listeners and from
+/// there to serving `/healthz`: process start and the store's first
+/// connection attempt on a loaded two-core machine.
+const START_BOUND: Duration = Duration::from_secs(20);
+
+/// A plain HTTP/1.1 GET: (status, JSON body), or why nothing answered.
+pub fn get(port: u16, path: &str) -> Result<(u16, Value), String> {
     get_text(port, path).map(|(status, body)| (status, serde_json::from_str(&body).unwrap_or(Value::Null)))
 }
 
-/// A plain HTTP/1.1 GET: (status, body text).
-pub fn get_text(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+/// A plain HTTP/1.1 GET: (status, body text), or why nothing answered.
+pub fn get_text(port: u16, path: &str) -> Result<(u16, String), String> {
+    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| format!("read timeout: {e}"))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
-    .ok()?;
+    .map_err(|e| format!("send: {e}"))?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
+    stream.read_to_string(&mut response).map_err(|e| format!("read: {e}"))?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {response:?}"))?;
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    Some((status, body.to_string()))
+    Ok((status, body.to_string()))
+}
+
+/// Waits (bounded) for the sidecar's `--ready-file`, failing at once when
+/// the process exits first (a failed bind, a refused flag).
+fn wait_for_ready_file(name: &str, path: &std::path::Path, child: &mut Child) -> leasehold::sidecar::Listening {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let _ = std::fs::remove_file(path);
+            return serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name}: ready file {}: {e}: {text}", path.display()));
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("{name}: the sidecar exited ({status}) before binding its listeners");
+        }
+        if started.elapsed() > START_BOUND {
+            // Not yet a Sidecar, whose drop would stop it.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name}: no ready file {} within {START_BOUND:?}: the listeners were not bound",
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The `leasehold` the processes run: this build's, unless
@@ -96,17 +134,17 @@ impl Sidecar {
         env: &[(String, String)],
         extra: &[String],
     ) -> Sidecar {
-        let (http, metrics) = (free_port(), free_port());
-        let child = Command::new(binary())
+        // The sidecar binds port 0 itself and says which ports it got in
+        // its ready file: no port is chosen here and freed for another
+        // test to take before the sidecar binds it.
+        let ready_file = std::env::temp_dir().join(format!("leasehold-ready-{:016x}.json", rand::random::<u64>()));
+        let mut child = Command::new(binary())
             .args(["sidecar", "--lock", lock])
             .args(store)
             .args(["--pod-name", name])
-            .args([
-                "--http-addr",
-                &format!("127.0.0.1:{http}"),
-                "--metrics-addr",
-                &format!("127.0.0.1:{metrics}"),
-            ])
+            .args(["--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--ready-file")
+            .arg(&ready_file)
             .args(extra)
             // Defaults as environment, so flags in `extra` and `env` override them.
             .env("LEASEHOLD_LEASE_DURATION", "2s")
@@ -119,21 +157,90 @@ impl Sidecar {
             .stdin(Stdio::null())
             .spawn()
             .expect("leasehold sidecar starts");
-        Sidecar {
+        let listening = wait_for_ready_file(name, &ready_file, &mut child);
+        let sidecar = Sidecar {
             name: name.to_string(),
-            http,
-            metrics,
+            http: listening.http.port(),
+            metrics: listening.metrics.port(),
             proxy,
             child,
+        };
+        sidecar.wait_for_healthz();
+        sidecar
+    }
+
+    /// Waits until `/healthz` answers (any status: a store problem at
+    /// start is a 503 with the reason), so no fault comes before the
+    /// sidecar serves.
+    fn wait_for_healthz(&self) {
+        let started = Instant::now();
+        while get_text(self.http, "/healthz").is_err() {
+            assert!(
+                started.elapsed() < START_BOUND,
+                "{}: /healthz on port {} did not answer within {START_BOUND:?} of the listeners being bound",
+                self.name,
+                self.http
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    pub fn leader(&self) -> Option<(u16, Value)> {
-        get(self.http, "/leader")
+    /// `/leader`: (status, view). Panics when the sidecar does not answer:
+    /// a dead or hung sidecar is never "not leading". A test that expects
+    /// the process gone says so with [`Sidecar::expect_gone`].
+    pub fn leader(&self) -> (u16, Value) {
+        match get(self.http, "/leader") {
+            Ok(answer) => answer,
+            Err(e) => panic!(
+                "{}: GET /leader on 127.0.0.1:{} got no answer: {e} (process: {})",
+                self.name,
+                self.http,
+                self.process_state()
+            ),
+        }
     }
 
+    /// Whether `/leader` answers 200; panics when it does not answer.
     pub fn leads(&self) -> bool {
-        self.leader().is_some_and(|(status, _)| status == 200)
+        self.leader().0 == 200
+    }
+
+    /// For a test that ended the process: it has exited within `within`
+    /// and its API no longer answers.
+    pub fn expect_gone(&mut self, within: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{}: still running {within:?} after it was expected to exit",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Ok(answer) = get_text(self.http, "/leader") {
+            panic!(
+                "{}: exited ({status}) but port {} still answers: {answer:?}",
+                self.name, self.http
+            );
+        }
+        status
+    }
+
+    /// Whether the process still runs, for failure messages.
+    fn process_state(&self) -> String {
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())) {
+            // The state letter follows the command name in parentheses.
+            Ok(stat) => match stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()) {
+                Some('Z') => "exited (not yet reaped)".into(),
+                Some('T') => "stopped (SIGSTOP)".into(),
+                Some(state) => format!("running (state {state})"),
+                None => format!("unreadable state: {stat}"),
+            },
+            Err(_) => "exited".into(),
+        }
     }
 
     pub fn signal(&self, signal: &str) {

@@ -156,7 +156,7 @@ impl<'a> Rollout<'a> {
                 let ports = ports.lock().unwrap().clone();
                 let led = ports
                     .into_iter()
-                    .any(|port| get(port, "/leader").is_some_and(|(status, _)| status == 200));
+                    .any(|port| get(port, "/leader").is_ok_and(|(status, _)| status == 200));
                 let now = Instant::now();
                 if !led {
                     without += now - last;
@@ -245,12 +245,8 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
     for i in 0..3 {
         let name = format!("web-r2-{i}");
         new.push(rollout.start(&name, "web-r2", false));
-        // The app starts: its sidecar is up and the app not ready yet.
-        let started = Instant::now();
-        while new[i].leader().is_none() {
-            assert!(started.elapsed() < Duration::from_secs(20), "{name} never answers");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // The app starts: its sidecar is up (`start` waited for it) and
+        // the app not ready yet.
         // Its sidecar has seen the unready app (from the pod watch) and does
         // not campaign.
         wait_for_view(&new[i], "sees its app unready", |view| {
@@ -293,7 +289,7 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
             pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z")
         });
         victim.signal("TERM");
-        let status = victim.child.wait().unwrap();
+        let status = victim.expect_gone(D);
         assert!(status.success(), "{} exits 0 on SIGTERM: {status}", victim.name);
         rollout.api.delete(&pods::collection(NAMESPACE), &victim.name);
         let live: Vec<&Sidecar> = old.iter().chain(&new).collect();
@@ -304,13 +300,9 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
     // Settled: a new pod leads, by the row and by every live sidecar.
     let live: Vec<&Sidecar> = new.iter().collect();
     let leader = wait_for_one_leader(&live, failover_bound()).expect("a new leader at the end");
-    let holder = new[leader].leader().map(|(_, view)| view["holder"].clone());
+    let holder = new[leader].leader().1["holder"].clone();
     let started = Instant::now();
-    while rollout.last().1 != Some(2)
-        || new
-            .iter()
-            .any(|s| s.leader().map(|(_, view)| view["holder"].clone()) != holder)
-    {
+    while rollout.last().1 != Some(2) || new.iter().any(|s| s.leader().1["holder"] != holder) {
         assert!(
             started.elapsed() < failover_bound(),
             "the candidates do not agree that {} leads: {:?}",
@@ -360,7 +352,7 @@ pub fn rollout(emulator: &Emulator, setting: Setting) -> Outcome {
 /// few polls (the pod watch brings each change in one API round trip).
 fn wait_for_view(sidecar: &Sidecar, what: &str, settled: impl Fn(&Value) -> bool) {
     let started = Instant::now();
-    while !sidecar.leader().is_some_and(|(_, view)| settled(&view)) {
+    while !settled(&sidecar.leader().1) {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "{} never {what}: {:?}",

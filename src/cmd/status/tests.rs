@@ -156,17 +156,28 @@ async fn list_reads_the_leases_in_order() {
     assert_eq!(names, ["batch", "jobs", "web"]);
 }
 
+/// `watch` on the model's leases in `shop`, each line it prints sent on.
+fn watch_lines(
+    server: &ApiServer,
+) -> (
+    tokio::task::JoinHandle<Result<(), Error>>,
+    mpsc::UnboundedReceiver<LeaseStatus>,
+) {
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let (tx, lines) = mpsc::unbounded_channel();
+    let watching = tokio::spawn(watch(api, move |line| {
+        tx.send(line.clone()).unwrap();
+        Ok(())
+    }));
+    (watching, lines)
+}
+
 #[tokio::test]
 async fn watch_prints_each_change_but_not_the_ages_moving() {
     let server = ApiServer::new(None);
     let [web, ..] = leases();
     server.insert(LEASES, web.clone());
-    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
-    let (tx, mut lines) = mpsc::unbounded_channel();
-    let watching = tokio::spawn(watch(api, move |line| {
-        tx.send(line.clone()).unwrap();
-        Ok(())
-    }));
+    let (watching, mut lines) = watch_lines(&server);
     let first = lines.recv().await.unwrap();
     assert_eq!((first.name.as_str(), first.term), ("web", Some(4)));
 
@@ -189,6 +200,68 @@ async fn watch_prints_each_change_but_not_the_ages_moving() {
     let gone = lines.recv().await.unwrap();
     assert!(gone.deleted && gone.name == "web", "{gone:?}");
     assert!(gone.cells()[8] == "<deleted>");
+    watching.abort();
+}
+
+/// A change made to a lease, and whether a printed line shows it.
+type Change = fn(&mut Value);
+type Shows = fn(&LeaseStatus) -> bool;
+
+/// `--watch` prints a lease again on each change the README names besides
+/// the holder: the term (the same pod's takeover), the candidates, the
+/// version policy and the conditions; each change prints one line showing it.
+#[tokio::test]
+async fn watch_prints_a_change_of_term_candidates_policy_or_conditions() {
+    let server = ApiServer::new(None);
+    let [mut web, ..] = leases();
+    server.insert(LEASES, web.clone());
+    let (watching, mut lines) = watch_lines(&server);
+    let mut shown = lines.recv().await.unwrap();
+    let changes: [(&str, Change, Shows); 6] = [
+        ("the term", |l| l["status"]["term"] = json!(5), |s| s.term == Some(5)),
+        (
+            "the ready candidates",
+            |l| l["status"]["readyCandidates"] = json!(3),
+            |s| s.ready_candidates == 3,
+        ),
+        (
+            "the candidates",
+            |l| l["status"]["candidates"] = json!(4),
+            |s| s.candidates == 4,
+        ),
+        (
+            "the preference",
+            |l| l["spec"]["leadership"]["prefer"] = json!("Oldest"),
+            |s| s.prefer == Prefer::Oldest,
+        ),
+        (
+            "the fence",
+            |l| l["spec"]["leadership"]["versionFence"] = json!(false),
+            |s| !s.version_fence,
+        ),
+        (
+            "a condition",
+            |l| l["status"]["conditions"][1] = condition("Ready", "False", "NoLeader", now()),
+            |s| s.conditions[1].status == "False" && s.conditions[1].reason == "NoLeader",
+        ),
+    ];
+    for (what, change, shows) in changes {
+        assert!(!shows(&shown), "{what}: already so before the change: {shown:?}");
+        change(&mut web);
+        server.insert(LEASES, web.clone());
+        // One watch event of the in-memory model: a bound far above it.
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no line printed for the change within 10 s"))
+            .unwrap();
+        assert!(
+            shows(&next),
+            "{what}: the line printed does not show the change: {next:?}"
+        );
+        assert_eq!(next.holder, shown.holder, "{what}: the holder stayed");
+        shown = next;
+    }
+    assert!(lines.try_recv().is_err(), "one line per change");
     watching.abort();
 }
 

@@ -106,6 +106,9 @@ pub struct Args {
     /// The /metrics listener.
     #[arg(long, env = interface::ENV_METRICS_ADDR, default_value_t = interface::default_metrics_addr())]
     pub metrics_addr: SocketAddr,
+    /// Once both listeners are bound, write their addresses here as JSON ({"http": ..., "metrics": ...}), replaced atomically; with port 0 the system picks the ports
+    #[arg(long, env = "LEASEHOLD_READY_FILE")]
+    pub ready_file: Option<PathBuf>,
     /// Campaign only while this container of our pod is ready (from the pod watch).
     #[arg(long, env = interface::ENV_APP_CONTAINER)]
     pub app_container: Option<String>,
