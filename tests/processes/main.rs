@@ -6,6 +6,7 @@ mod support;
 mod health;
 mod partitions;
 mod publish;
+mod retire;
 mod rollout;
 mod run;
 mod sidecar;
