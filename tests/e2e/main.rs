@@ -27,6 +27,7 @@ mod publishing;
 mod run_wrapped;
 mod spread;
 mod stores;
+mod store_change;
 mod stores_in_pods;
 mod walkthrough;
 mod watcher;
