@@ -238,7 +238,12 @@ fn store_and_partitions_are_immutable_and_the_messages_name_the_migration() {
     assert_eq!(rule_of(".store")["rule"], json!("self.store == oldSelf.store"));
     assert_eq!(rule_of(".store")["message"], json!(STORE_IMMUTABLE));
     let partitions = rule_of(".partitions");
-    assert!(partitions["rule"].as_str().unwrap().starts_with("has(self.partitions) == has(oldSelf.partitions)"));
+    assert!(
+        partitions["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("has(self.partitions) == has(oldSelf.partitions)")
+    );
     assert_eq!(partitions["message"], json!(PARTITIONS_IMMUTABLE));
     for message in [STORE_IMMUTABLE, PARTITIONS_IMMUTABLE] {
         assert!(

@@ -104,5 +104,8 @@ fn reexec() -> std::io::Error {
     let arg0 = args.next().unwrap_or_else(|| "leasehold".into());
     // Open sockets (the HTTP listeners) are close-on-exec in Rust's std and
     // in tokio, so the new process can bind the same ports.
-    std::process::Command::new("/proc/self/exe").arg0(arg0).args(args).exec()
+    std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .exec()
 }

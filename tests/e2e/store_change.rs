@@ -59,7 +59,10 @@ async fn claims(ip: &str) -> Option<bool> {
         let line = response.lines().find(|l| l.starts_with("leasehold_is_leader "))?;
         Some(line.trim_end().ends_with(" 1"))
     };
-    tokio::time::timeout(Duration::from_millis(500), read).await.ok().flatten()
+    tokio::time::timeout(Duration::from_millis(500), read)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Polls every candidate pod's claim until the returned task is aborted.
@@ -102,7 +105,9 @@ where
 {
     wait_for(what, MOVE_WITHIN, || async {
         let last = seen.lock().unwrap().last.clone();
-        let [claimant] = last.iter().collect::<Vec<_>>()[..] else { return None };
+        let [claimant] = last.iter().collect::<Vec<_>>()[..] else {
+            return None;
+        };
         (holder().await.as_deref() == Some(claimant.as_str())).then(|| claimant.clone())
     })
     .await
@@ -113,7 +118,10 @@ where
 async fn delete_and_wait(s: &Scenario) -> Duration {
     let leases = s.api::<DistributedLease>();
     let started = Instant::now();
-    leases.delete(LEASE, &DeleteParams::default()).await.expect("deleting the lease");
+    leases
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("deleting the lease");
     wait_for("the deleted lease gone", MOVE_WITHIN, || async {
         matches!(leases.get_opt(LEASE).await, Ok(None)).then_some(())
     })
@@ -157,14 +165,16 @@ async fn moving_a_lease_between_stores_never_has_two_claimants() {
 
         // (b) The documented move onto the Kubernetes store.
         let took = delete_and_wait(&s).await;
-        s.apply(vec![lease(&s, LEASE, json!({"kubernetes": {}}), json!({}))]).await;
+        s.apply(vec![lease(&s, LEASE, json!({"kubernetes": {}}), json!({}))])
+            .await;
         let lock = format!("{}/{LEASE}", s.ns);
         let kube_leases = s.api::<Lease>();
         let lease_holder = || async {
             let held = kube_leases.get_opt(&lease_name(&lock)).await.ok()??;
             holder_pod(held.spec?.holder_identity.as_deref()?)
         };
-        let on_kubernetes = one_claimant(&seen, "one claimant holding the Kubernetes store's Lease", lease_holder).await;
+        let on_kubernetes =
+            one_claimant(&seen, "one claimant holding the Kubernetes store's Lease", lease_holder).await;
         println!("moved to the Kubernetes store: delete took {took:?}, {first} -> {on_kubernetes}");
 
         // And back to PostgreSQL.
@@ -175,7 +185,11 @@ async fn moving_a_lease_between_stores_never_has_two_claimants() {
 
         poller.abort();
         let seen = seen.lock().unwrap();
-        println!("claim polls: {}, polls with two claimants: {}", seen.polls, seen.overlaps.len());
+        println!(
+            "claim polls: {}, polls with two claimants: {}",
+            seen.polls,
+            seen.overlaps.len()
+        );
         assert!(seen.polls > 0);
         assert_eq!(seen.overlaps, Vec::<String>::new(), "polls with two claimants");
         watcher.finish();

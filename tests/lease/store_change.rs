@@ -202,7 +202,9 @@ impl Model for StoreChange {
                 state.resource = Resource::Deleting(n);
             }
             Action::OperatorRemoves => {
-                let Resource::Deleting(n) = state.resource else { return None };
+                let Resource::Deleting(n) = state.resource else {
+                    return None;
+                };
                 state.resource = Resource::Gone(n);
             }
             Action::UserCreates => {
@@ -218,9 +220,10 @@ impl Model for StoreChange {
             Property::always("at most one candidate claims", |_, s: &State| {
                 s.candidates.iter().filter(|c| c.claiming).count() <= 1
             }),
-            Property::sometimes("a candidate leads on the last incarnation's store", |m: &StoreChange, s: &State| {
-                s.candidates.iter().any(|c| c.claiming && c.bound + 1 == m.incarnations)
-            }),
+            Property::sometimes(
+                "a candidate leads on the last incarnation's store",
+                |m: &StoreChange, s: &State| s.candidates.iter().any(|c| c.claiming && c.bound + 1 == m.incarnations),
+            ),
         ]
     }
 }

@@ -89,9 +89,15 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
         .spawn()
         .expect("leasehold sidecar starts");
     let pid = child.id();
-    let leading = |port: u16| get(port, "/leader").filter(|(status, _)| *status == 200).map(|(_, view)| view);
+    let leading = |port: u16| {
+        get(port, "/leader")
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, view)| view)
+    };
 
-    let first = until("the sidecar leads on lock prod/web", Duration::from_secs(20), || leading(http));
+    let first = until("the sidecar leads on lock prod/web", Duration::from_secs(20), || {
+        leading(http)
+    });
     let first_holder = first["holder"].as_str().unwrap().to_string();
     assert_eq!(lease_holder(&api, "prod/web").as_deref(), Some(first_holder.as_str()));
 
@@ -104,7 +110,10 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
         polls += 1;
         let claims = leading(http).is_some();
         let held = lease_holder(&api, "prod/web").is_some();
-        assert!(held || !claims, "poll {polls}: /leader says leader with the Lease released");
+        assert!(
+            held || !claims,
+            "poll {polls}: /leader says leader with the Lease released"
+        );
         if !claims && follower_seen.is_none() {
             follower_seen = Some(polls);
         }
@@ -120,14 +129,24 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
     std::thread::sleep(Duration::from_secs(1));
     let (status, _) = get(http, "/leader").expect("a retired sidecar still answers");
     assert_eq!(status, 503);
-    assert!(child.try_wait().unwrap().is_none(), "the process waits, it does not exit");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the process waits, it does not exit"
+    );
 
     // Recreated on another lock: the same process re-executes and leads there.
     api.insert(LEASES, lease("u-2", "prod/web-moved"));
-    let second = until("the sidecar leads on lock prod/web-moved", Duration::from_secs(20), || leading(http));
+    let second = until(
+        "the sidecar leads on lock prod/web-moved",
+        Duration::from_secs(20),
+        || leading(http),
+    );
     let second_holder = second["holder"].as_str().unwrap().to_string();
     assert_ne!(second_holder, first_holder, "a fresh process run: a new identity");
-    assert_eq!(lease_holder(&api, "prod/web-moved").as_deref(), Some(second_holder.as_str()));
+    assert_eq!(
+        lease_holder(&api, "prod/web-moved").as_deref(),
+        Some(second_holder.as_str())
+    );
     assert_eq!(lease_holder(&api, "prod/web"), None, "nothing claims the old lock");
     assert!(child.try_wait().unwrap().is_none(), "re-executed in place, not exited");
     assert_eq!(child.id(), pid);

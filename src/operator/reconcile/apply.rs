@@ -153,7 +153,8 @@ pub(super) async fn deletion_waits(
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
         observed_generation: lease.metadata.generation,
     });
-    ctx.publish(lease, EventType::Warning, "DeleteWaiting", "Release", message).await;
+    ctx.publish(lease, EventType::Warning, "DeleteWaiting", "Release", message)
+        .await;
     write_status(leases, &lease.name_any(), status).await
 }
 

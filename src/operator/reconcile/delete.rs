@@ -115,9 +115,8 @@ async fn candidates_now(valid: &ValidLease, namespace: &str, ctx: &Context) -> R
 fn sidecar_running(pod: &Pod) -> bool {
     let Some(status) = &pod.status else { return false };
     let all = status.init_container_statuses.iter().flatten();
-    all.chain(status.container_statuses.iter().flatten()).any(|c| {
-        c.name == SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
-    })
+    all.chain(status.container_statuses.iter().flatten())
+        .any(|c| c.name == SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
 fn retired_from(pod: &Pod, uid: &str) -> bool {
@@ -155,7 +154,12 @@ async fn holders(
             }
             Err(source) => return Err(failed(source)),
         };
-        let mut live: Vec<&str> = view.members.iter().chain(view.owners.iter().flatten()).map(String::as_str).collect();
+        let mut live: Vec<&str> = view
+            .members
+            .iter()
+            .chain(view.owners.iter().flatten())
+            .map(String::as_str)
+            .collect();
         live.sort_unstable();
         live.dedup();
         // Sessions of another namespace or cluster naming the same lock are

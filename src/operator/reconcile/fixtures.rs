@@ -175,7 +175,11 @@ pub async fn expect_fresh_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
     let seen = next(server).await;
     seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
     assert_eq!(seen.query.get("labelSelector").map(String::as_str), Some("app=web"));
-    assert_eq!(seen.query.get("resourceVersion"), None, "a consistent read, not the watch cache");
+    assert_eq!(
+        seen.query.get("resourceVersion"),
+        None,
+        "a consistent read, not the watch cache"
+    );
     seen.respond(
         200,
         &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "50"}, "items": pods}),

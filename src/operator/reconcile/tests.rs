@@ -241,7 +241,10 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     let resource = deleted(&["example.com/other"]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
-        let pods = vec![pod("web-1", Some("false"), false), running_candidate("web-2", Some("u-1"))];
+        let pods = vec![
+            pod("web-1", Some("false"), false),
+            running_candidate("web-2", Some("u-1")),
+        ];
         expect_pod_list(server, pods.clone()).await;
         expect_fresh_pod_list(server, pods).await;
         expect_event(
@@ -310,7 +313,11 @@ async fn deleting_keeps_the_finalizer_while_a_running_candidate_has_not_retired(
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
-    assert_eq!(store.calls().reads, 0, "the store is read once every candidate has retired");
+    assert_eq!(
+        store.calls().reads,
+        0,
+        "the store is read once every candidate has retired"
+    );
     let row = store.observe("prod/web").await.unwrap().record.unwrap();
     assert_eq!(row.holder.as_deref(), Some("prod/web-0#n1"));
 }
@@ -335,13 +342,22 @@ async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
     let listed = pods.clone();
     let (result, _, _) = run(fixture, resource.clone(), async move |server| {
         expect_fresh_pod_list(server, listed).await;
-        let status = expect_delete_waits(server, echo, "waiting for prod/web-0#n1 (pod web-0) to release lock prod/web").await;
+        let status = expect_delete_waits(
+            server,
+            echo,
+            "waiting for prod/web-0#n1 (pod web-0) to release lock prod/web",
+        )
+        .await;
         tx.send(status).unwrap();
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
     let row = store.observe("prod/web").await.unwrap().record.unwrap();
-    assert_eq!(row.holder.as_deref(), Some("prod/web-0#n1"), "a live holder is never released under it");
+    assert_eq!(
+        row.holder.as_deref(),
+        Some("prod/web-0#n1"),
+        "a live holder is never released under it"
+    );
 
     let mut again = resource;
     again["status"] = rx.await.unwrap();
@@ -349,7 +365,11 @@ async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
         expect_fresh_pod_list(server, pods).await;
     })
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE), "still waiting, nothing written");
+    assert_eq!(
+        result.unwrap(),
+        Action::requeue(DELETE_REQUEUE),
+        "still waiting, nothing written"
+    );
 }
 
 /// Both halves of the gate hold: every running candidate retired from u-1,
@@ -362,11 +382,18 @@ async fn deleting_drops_the_finalizer_once_every_candidate_retired_and_the_lock_
         .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
         .await
         .unwrap();
-    fixture.store.release("prod/web", "prod/web-0#n1", grant.token).await.unwrap();
+    fixture
+        .store
+        .release("prod/web", "prod/web-0#n1", grant.token)
+        .await
+        .unwrap();
     let resource = deleted(&[]);
     let echo = resource.clone();
     let (result, _, _) = run(fixture, resource, async move |server| {
-        let pods = vec![running_candidate("web-0", Some("u-1")), running_candidate("web-1", Some("u-1"))];
+        let pods = vec![
+            running_candidate("web-0", Some("u-1")),
+            running_candidate("web-1", Some("u-1")),
+        ];
         expect_fresh_pod_list(server, pods).await;
         expect_finalizer_dropped(server, &echo).await;
     })
@@ -394,7 +421,11 @@ async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
     let row = store.observe("global/payments").await.unwrap().record.unwrap();
-    assert_eq!(row.holder.as_deref(), Some("eu/payments/api-0#n2"), "the live holder keeps its lease");
+    assert_eq!(
+        row.holder.as_deref(),
+        Some("eu/payments/api-0#n2"),
+        "the live holder keeps its lease"
+    );
 }
 
 /// A resource deleted `ago` whose store is down.

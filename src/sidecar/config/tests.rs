@@ -522,9 +522,13 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
         .await
         .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _watching = tokio::spawn(watch_lease(api.client("prod"), "prod", binding("u-1"), started, move |t| {
-        tx.send(t).unwrap()
-    }));
+    let _watching = tokio::spawn(watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        started,
+        move |t| tx.send(t).unwrap(),
+    ));
     api.wait_for_requests(2).await;
     api.insert(LEASES, lease("30s", "20s"));
     let changed = async {
@@ -584,25 +588,38 @@ async fn spanner_settings() -> Settings {
 #[tokio::test]
 async fn a_recreated_deleting_or_moved_lease_is_one_to_retire_from() {
     let (bound, started) = (binding("u-1"), spanner_settings().await);
-    let moved_by = |change: &dyn Fn(&mut serde_json::Value)| {
+    // The resource with `section.field` set to `value`: moved, and why?
+    let moved_by = |section: &str, field: &str, value: serde_json::Value| {
         let mut lease = spanner_lease("u-1");
-        change(&mut lease);
+        lease[section][field] = value;
         let lease: crate::api::DistributedLease = serde_json::from_value(lease).unwrap();
         watch::moved(&bound, &started, &lease)
     };
-    assert_eq!(moved_by(&|_| {}), None);
-    assert_eq!(moved_by(&|l| l["spec"]["leaseDuration"] = "30s".into()), None, "timing applies in place");
-    let cases: [(&str, &dyn Fn(&mut serde_json::Value)); 5] = [
-        ("recreated", &|l| l["metadata"]["uid"] = "u-2".into()),
-        ("being deleted", &|l| l["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into()),
-        ("another store", &|l| {
-            l["spec"]["store"] = serde_json::json!({"postgres": {"urlSecretRef": {"name": "db"}}})
-        }),
-        ("the lock changed", &|l| l["spec"]["lockName"] = "prod/other".into()),
-        ("the partitions changed", &|l| l["spec"]["partitions"] = 4.into()),
+    assert_eq!(moved_by("metadata", "uid", "u-1".into()), None);
+    assert_eq!(
+        moved_by("spec", "leaseDuration", "30s".into()),
+        None,
+        "timing applies in place"
+    );
+    let cases = [
+        ("recreated", "metadata", "uid", "u-2".into()),
+        (
+            "being deleted",
+            "metadata",
+            "deletionTimestamp",
+            "2026-01-01T00:00:00Z".into(),
+        ),
+        (
+            "another store",
+            "spec",
+            "store",
+            serde_json::json!({"postgres": {"urlSecretRef": {"name": "db"}}}),
+        ),
+        ("the lock changed", "spec", "lockName", "prod/other".into()),
+        ("the partitions changed", "spec", "partitions", 4.into()),
     ];
-    for (what, change) in cases {
-        let why = moved_by(change).unwrap_or_else(|| panic!("{what}: not a move"));
+    for (what, section, field, value) in cases {
+        let why = moved_by(section, field, value).unwrap_or_else(|| panic!("{what}: not a move"));
         assert!(why.contains(what), "{what}: {why}");
     }
 }
@@ -613,17 +630,34 @@ async fn a_recreated_deleting_or_moved_lease_is_one_to_retire_from() {
 async fn the_lease_watch_retires_the_sidecar_when_its_lease_is_deleted() {
     let api = api_server();
     api.insert(LEASES, spanner_lease("u-1"));
-    let watch = tokio::spawn(watch_lease(api.client("prod"), "prod", binding("u-1"), spanner_settings().await, |_| {}));
+    let watch = tokio::spawn(watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        spanner_settings().await,
+        |_| {},
+    ));
     api.wait_for_requests(2).await;
     assert!(!watch.is_finished(), "nothing moved yet");
     api.delete(LEASES, "web");
-    let retired = tokio::time::timeout(Duration::from_secs(5), watch).await.expect("retired").unwrap();
+    let retired = tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("retired")
+        .unwrap();
     assert_eq!(retired.uid, "u-1");
     assert!(retired.why.contains("deleted"), "{}", retired.why);
 
     // Started on a lease that is gone by the time the watch lists.
-    let watch = watch_lease(api.client("prod"), "prod", binding("u-1"), spanner_settings().await, |_| {});
-    let retired = tokio::time::timeout(Duration::from_secs(5), watch).await.expect("retired");
+    let watch = watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        spanner_settings().await,
+        |_| {},
+    );
+    let retired = tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("retired");
     assert!(retired.why.contains("gone"), "{}", retired.why);
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
 }

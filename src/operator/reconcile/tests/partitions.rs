@@ -263,7 +263,13 @@ async fn deleting_a_partitioned_lease_waits_for_its_sessions_and_leaves_them_alo
     let (echo, listed, session) = (resource.clone(), retired.clone(), a.clone());
     let result = run_on(ctx, server, resource.clone(), async move |server| {
         expect_fresh_pod_list(server, listed).await;
-        expect_event(server, "Warning", "DeleteWaiting", &format!("the sessions {session} to close")).await;
+        expect_event(
+            server,
+            "Warning",
+            "DeleteWaiting",
+            &format!("the sessions {session} to close"),
+        )
+        .await;
         expect_status_apply(server, echo).await;
     })
     .await;
