@@ -15,7 +15,7 @@ use leasehold::testing::api::{ApiServer, pods};
 use leasehold::testing::free_port;
 use serde_json::{Value, json};
 
-use crate::support::get;
+use crate::support::{get, model_kubeconfig};
 
 const NAMESPACE: &str = "prod";
 const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
@@ -64,16 +64,7 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
         pods::pod("web-0", NAMESPACE, json!({"app": "web"}), None),
     );
     let addr = runtime.block_on(api.serve_http());
-    let kubeconfig = std::env::temp_dir().join(format!("leasehold-retire-{:08x}.yaml", rand::random::<u32>()));
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: model\n  cluster:\n    server: http://{addr}\n\
-             users:\n- name: anonymous\n  user: {{}}\ncontexts:\n- name: model\n  context:\n    cluster: model\n    \
-             user: anonymous\n    namespace: {NAMESPACE}\ncurrent-context: model\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = model_kubeconfig(addr, NAMESPACE, "retire");
     let (http, metrics) = (free_port(), free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args(["sidecar", "--lease", "web"])

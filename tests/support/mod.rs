@@ -58,6 +58,22 @@ pub fn get_text(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
+/// A kubeconfig file reaching the API server model at `addr` (plain HTTP,
+/// no credentials; `ApiServer::serve_http`), defaulting to `namespace`.
+pub fn model_kubeconfig(addr: std::net::SocketAddr, namespace: &str, name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("leasehold-{name}-{:08x}.yaml", rand::random::<u32>()));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: model\n  cluster:\n    server: http://{addr}\n\
+             users:\n- name: anonymous\n  user: {{}}\ncontexts:\n- name: model\n  context:\n    cluster: model\n    \
+             user: anonymous\n    namespace: {namespace}\ncurrent-context: model\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// The `leasehold` the processes run: this build's, unless
 /// LEASEHOLD_BENCH_BINARY names another build (the benchmarks' before and
 /// after figures run one harness against two builds).

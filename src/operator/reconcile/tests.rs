@@ -112,12 +112,7 @@ async fn a_kubernetes_store_lease_shows_the_holder_of_its_lease() {
 
 #[tokio::test]
 async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
-    let fixture = fixture();
-    let grant = fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, grant) = held_by_web_0().await;
     let resource = lease(json!({}), &[], None);
     let echo = resource.clone();
     let (result, _, metrics) = run(fixture, resource, async move |server| {
@@ -217,6 +212,17 @@ async fn an_invalid_resource_gets_valid_false_naming_the_field_and_a_slow_requeu
     assert_eq!(store.calls().reads, 0, "an invalid spec never reaches the store");
 }
 
+/// A fixture whose lock prod/web is held by prod/web-0#n1 for 15 s.
+async fn held_by_web_0() -> (Fixture, crate::lease::Grant) {
+    let fixture = fixture();
+    let grant = fixture
+        .store
+        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .await
+        .unwrap();
+    (fixture, grant)
+}
+
 /// A deleted resource (uid u-1) with our finalizer and `others`.
 fn deleted(others: &[&str]) -> Value {
     let mut finalizers = others.to_vec();
@@ -232,12 +238,7 @@ fn deleted(others: &[&str]) -> Value {
 /// only our finalizer goes.
 #[tokio::test]
 async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalizer() {
-    let fixture = fixture();
-    let grant = fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, grant) = held_by_web_0().await;
     let resource = deleted(&["example.com/other"]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
@@ -293,12 +294,7 @@ async fn expect_delete_waits(server: &mut ApiServer, echo: Value, waits_for: &st
 /// not even read, and the condition names the pod. Retired web-1 is not named.
 #[tokio::test]
 async fn deleting_keeps_the_finalizer_while_a_running_candidate_has_not_retired() {
-    let fixture = fixture();
-    fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, _) = held_by_web_0().await;
     let resource = deleted(&[]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
@@ -328,12 +324,7 @@ async fn deleting_keeps_the_finalizer_while_a_running_candidate_has_not_retired(
 /// The next reconcile, the condition already written, writes nothing.
 #[tokio::test]
 async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
-    let fixture = fixture();
-    fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, _) = held_by_web_0().await;
     let store = fixture.store.clone();
     let resource = deleted(&[]);
     let echo = resource.clone();
@@ -376,12 +367,7 @@ async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
 /// the holder released: the finalizer goes.
 #[tokio::test]
 async fn deleting_drops_the_finalizer_once_every_candidate_retired_and_the_lock_is_free() {
-    let fixture = fixture();
-    let grant = fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, grant) = held_by_web_0().await;
     fixture
         .store
         .release("prod/web", "prod/web-0#n1", grant.token)
