@@ -50,6 +50,16 @@ fn until<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) 
     }
 }
 
+/// The sidecar process, killed when the test ends, also when it fails.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_reexecs_onto_the_new_one() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -66,20 +76,22 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
     let addr = runtime.block_on(api.serve_http());
     let kubeconfig = model_kubeconfig(addr, NAMESPACE, "retire");
     let (http, metrics) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["sidecar", "--lease", "web"])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
-        .env("LEASEHOLD_KUBERNETES", "true")
-        .env("POD_NAME", "web-0")
-        .env("POD_NAMESPACE", NAMESPACE)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("LEASEHOLD_DRAIN", "200ms")
-        .env("LEASEHOLD_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("leasehold sidecar starts");
-    let pid = child.id();
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["sidecar", "--lease", "web"])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .env("LEASEHOLD_KUBERNETES", "true")
+            .env("POD_NAME", "web-0")
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("LEASEHOLD_DRAIN", "200ms")
+            .env("LEASEHOLD_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("leasehold sidecar starts"),
+    );
+    let pid = child.0.id();
     let leading = |port: u16| {
         get(port, "/leader")
             .filter(|(status, _)| *status == 200)
@@ -121,7 +133,7 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
     let (status, _) = get(http, "/leader").expect("a retired sidecar still answers");
     assert_eq!(status, 503);
     assert!(
-        child.try_wait().unwrap().is_none(),
+        child.0.try_wait().unwrap().is_none(),
         "the process waits, it does not exit"
     );
 
@@ -139,11 +151,13 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
         Some(second_holder.as_str())
     );
     assert_eq!(lease_holder(&api, "prod/web"), None, "nothing claims the old lock");
-    assert!(child.try_wait().unwrap().is_none(), "re-executed in place, not exited");
-    assert_eq!(child.id(), pid);
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "re-executed in place, not exited"
+    );
+    assert_eq!(child.0.id(), pid);
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
 
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let _ = std::fs::remove_file(&kubeconfig);
 }
