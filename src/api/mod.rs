@@ -21,6 +21,15 @@ pub use validate::{ValidLease, ValidStore, ValidationError, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
+
+/// The CEL messages refusing a change of `spec.store` and `spec.partitions`:
+/// they name the way to move a lease (docs/migrating-stores.md).
+pub const STORE_IMMUTABLE: &str = "store is immutable: to move the lease to another store, delete the \
+     DistributedLease, wait until it is gone (its candidates stop claiming and release first), then create it \
+     with the new store; see docs/migrating-stores.md";
+pub const PARTITIONS_IMMUTABLE: &str = "partitions is immutable: to change it, delete the DistributedLease, wait \
+     until it is gone (its candidates stop claiming and release first), then create it with the new partitions; \
+     see docs/migrating-stores.md";
 pub use crate::store::DEFAULT_TABLE;
 
 /// Go-style durations that both the API server's CEL `duration()` and
@@ -59,6 +68,19 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     validation = Rule::new("has(self.lockName) == has(oldSelf.lockName)")
         .message("lockName cannot be added or removed: create a new resource for another lock")
         .field_path(".lockName"),
+    // What a candidate campaigns on never changes under it (issue 40): a
+    // running sidecar cannot move its lease, and one that restarted would
+    // campaign on the new store while the others still claim on the old.
+    // Moving is a delete and a re-create, which the operator's finalizer
+    // orders (operator::reconcile::delete).
+    validation = Rule::new("self.store == oldSelf.store")
+        .message(STORE_IMMUTABLE)
+        .field_path(".store"),
+    validation = Rule::new(
+        "has(self.partitions) == has(oldSelf.partitions) && (!has(self.partitions) || self.partitions == oldSelf.partitions)"
+    )
+        .message(PARTITIONS_IMMUTABLE)
+        .field_path(".partitions"),
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = unsigned_as_int64)]

@@ -189,6 +189,8 @@ fn the_crd_names_group_kind_and_columns() {
             "duration(self.retryPeriod) < duration(self.renewDeadline)",
             "duration(self.retryPeriod) > duration('0s')",
             "has(self.lockName) == has(oldSelf.lockName)",
+            "self.store == oldSelf.store",
+            "has(self.partitions) == has(oldSelf.partitions) && (!has(self.partitions) || self.partitions == oldSelf.partitions)",
         ]
     );
 }
@@ -216,6 +218,40 @@ fn lock_name_can_be_neither_changed_nor_added_nor_removed() {
             .unwrap()
             .contains("cannot be added or removed")
     );
+}
+
+/// Issue 40: the store block and the partitions are immutable by spec-level
+/// transition rules (a field's own rule would miss adding and removing),
+/// and their messages name the way to move a lease. What the API server
+/// does with them: `tests/e2e/cel.rs`.
+#[test]
+fn store_and_partitions_are_immutable_and_the_messages_name_the_migration() {
+    let crd = serde_json::to_value(DistributedLease::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let rules = spec["x-kubernetes-validations"].as_array().unwrap();
+    let rule_of = |path: &str| {
+        rules
+            .iter()
+            .find(|r| r["fieldPath"] == json!(path) && r["rule"].as_str().unwrap().contains("oldSelf"))
+            .unwrap_or_else(|| panic!("a transition rule on {path}"))
+    };
+    assert_eq!(rule_of(".store")["rule"], json!("self.store == oldSelf.store"));
+    assert_eq!(rule_of(".store")["message"], json!(STORE_IMMUTABLE));
+    let partitions = rule_of(".partitions");
+    assert!(
+        partitions["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("has(self.partitions) == has(oldSelf.partitions)")
+    );
+    assert_eq!(partitions["message"], json!(PARTITIONS_IMMUTABLE));
+    for message in [STORE_IMMUTABLE, PARTITIONS_IMMUTABLE] {
+        assert!(
+            message.contains("delete the DistributedLease, wait until it is gone")
+                && message.contains("docs/migrating-stores.md"),
+            "{message}"
+        );
+    }
 }
 
 #[test]

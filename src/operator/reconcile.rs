@@ -5,8 +5,10 @@
 //! the row ([`delete`]).
 //!
 //! Order of work, and why:
-//! 1. deletion: release the row by check-and-set only when its holder is
-//!    gone (no candidate pod of that name runs), then drop the finalizer;
+//! 1. deletion: the finalizer stays until every running candidate has
+//!    retired from the resource and the store shows no live holder
+//!    ([`delete`]: releasing a dead holder's row by check-and-set), so a
+//!    resource recreated on another store never has a second leader;
 //! 2. finalizer first, so a delete can never skip that decision;
 //! 3. validate; an invalid spec is a status, not an error (no crash loop);
 //! 4. take the candidate pods from the pod watch's cache *before* reading
@@ -71,13 +73,19 @@ pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
 /// rows of crashed candidates do not pile up, rarely enough to cost nothing
 /// (one transaction per store per interval, whatever the number of leases).
 pub const GC_INTERVAL: Duration = Duration::from_secs(300);
+/// While a delete waits for its candidates to retire or its holder to
+/// release: pod changes (the retirement annotations) reconcile sooner.
+const DELETE_REQUEUE: Duration = Duration::from_secs(2);
+/// The condition a deleted resource carries while its finalizer waits.
+pub const RELEASED: &str = "Released";
 /// How long a reconcile waits for the pod watch's first list.
 const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 /// How long a delete waits for an unreachable store before it drops the
-/// finalizer anyway. The release only spares successors the wait: an
-/// unreleased row expires by the store's clock after D, so nothing unsafe is
-/// left, and deleting a namespace (whose Secret, and often whose store, go
-/// with it) does not hang on the finalizer.
+/// finalizer anyway, once every candidate has retired (no live process
+/// campaigns under the resource any more). The release only spares
+/// successors the wait: an unreleased row expires by the store's clock
+/// after D, so nothing unsafe is left, and deleting a namespace (whose
+/// Secret, and often whose store, go with it) does not hang on the finalizer.
 pub const RELEASE_PATIENCE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
@@ -156,8 +164,13 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 
     if lease.meta().deletion_timestamp.is_some() {
         if has_finalizer {
-            delete::release_on_delete(lease, &namespace, ctx).await?;
-            apply::remove_finalizer(&leases, lease).await?;
+            match delete::release_on_delete(lease, &namespace, ctx).await? {
+                delete::Gate::Open => apply::remove_finalizer(&leases, lease).await?,
+                delete::Gate::Waiting(why) => {
+                    apply::deletion_waits(&leases, lease, ctx, &why).await?;
+                    return Ok((Action::requeue(DELETE_REQUEUE), Outcome::Ok));
+                }
+            }
         }
         return Ok((Action::await_change(), Outcome::Ok));
     }

@@ -31,6 +31,15 @@ pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 /// R − P; the operator gathers it into the lease's `TimingAtRisk`.
 pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 
+/// The annotation a sidecar writes on its own pod once it has retired from
+/// a `DistributedLease` (deleted, recreated, or changed in what it campaigns
+/// on): its value is the `metadata.uid` of the lease it retired from. It has
+/// stopped claiming and released before writing it; the operator keeps the
+/// lease's finalizer until every running candidate carries it
+/// (`operator::reconcile::delete`), and the sidecar's admission policy lets
+/// it set this annotation on its own pod only.
+pub const RETIRED_FROM_ANNOTATION: &str = "leasehold.dev/retired-from";
+
 /// `--version`: this candidate's version, for people.
 pub const ENV_VERSION: &str = "LEASEHOLD_VERSION";
 /// `--revision`: the number versions are ordered by.

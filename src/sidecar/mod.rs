@@ -25,6 +25,7 @@ pub mod partitions;
 pub mod pod;
 pub mod publish;
 pub mod rbac;
+pub mod retire;
 pub mod starting;
 pub mod timing_risk;
 pub mod token_file;
@@ -64,21 +65,42 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("re-executing the sidecar after retiring from the lease")]
+    Reexec(#[source] std::io::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub async fn run(args: Args) -> Result<()> {
-    let shutdown = CancellationToken::new();
-    crate::shutdown::exit_on_signals(shutdown.clone()).map_err(Error::Signals)?;
+    // `shutdown` stops claiming and releases, on a signal or when the sidecar
+    // retires from its lease; `signalled` says a signal came (SIGTERM ends a
+    // native sidecar's drain, and the wait of a retired one).
+    let (shutdown, signalled) = (CancellationToken::new(), CancellationToken::new());
+    let noted = signalled.clone();
+    crate::shutdown::exit_on_signals_noting(shutdown.clone(), move |_| noted.cancel()).map_err(Error::Signals)?;
     let kube = match args.election.kubernetes() {
         true => Some(::kube::Client::try_default().await?),
         false => None,
     };
     let settings = config::resolve(&args.election, kube.clone()).await?;
     info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, partitions = ?settings.partitions, "starting");
+    let bound = kube.clone().zip(settings.pod.clone()).zip(settings.lease.clone());
+    if let Some(((client, pod), lease)) = &bound
+        && lease.deleting
+    {
+        // Created (or restarted) after the delete: never campaign on it.
+        let retirement = config::Retirement {
+            uid: lease.uid.clone(),
+            why: "the DistributedLease was being deleted at start".into(),
+        };
+        return retire::retire(client.clone(), pod, &lease.name, retirement, &signalled).await;
+    }
     if let Some(count) = settings.partitions {
-        return partitions::run(args, settings, count, kube, shutdown).await;
+        let retired = follow_lease(bound.clone(), &settings, &shutdown, |_| {
+            warn!("the lease's timing changed; a partitioned sidecar applies it after a restart");
+        });
+        partitions::run(args, settings, count, kube, shutdown).await?;
+        return after_stop(bound, retired, &signalled).await;
     }
 
     let mut registry = Registry::default();
@@ -131,7 +153,7 @@ pub async fn run(args: Args) -> Result<()> {
     // (SIGTERM, the pod deleted, the app turned unhealthy) the main
     // container sees 503 first and gets time to finish before we release.
     let reserve = own_pod::release_reserve(&settings.timing);
-    let work = drain_on_step_down(args.drain, reserve, own.clone(), shutdown.clone());
+    let work = drain_on_step_down(args.drain, reserve, own.clone(), signalled.clone());
     let handle = elector.spawn_with_work(store, shutdown.clone(), work);
     let state = handle.subscribe();
     tokio::spawn(footprint::release_start_up_pages(
@@ -162,12 +184,8 @@ pub async fn run(args: Args) -> Result<()> {
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }
-    if let (Some(client), Some(pod), Some(lease)) = (kube.clone(), settings.pod.clone(), args.election.lease.clone()) {
-        let control = handle.control();
-        tokio::spawn(config::watch_lease(client, pod, lease, settings.clone(), move |t| {
-            control.set_timing(t)
-        }));
-    }
+    let control = handle.control();
+    let retired = follow_lease(bound.clone(), &settings, &shutdown, move |t| control.set_timing(t));
     if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
         tokio::spawn(timing_risk::publish(client, pod, verdicts));
     }
@@ -201,28 +219,72 @@ pub async fn run(args: Args) -> Result<()> {
     {
         warn!(error = %e, "the Kubernetes publisher ended abnormally");
     }
+    // Retired: the servers go on answering "follower" until the re-exec.
+    let retiring = after_stop(bound, retired, &signalled);
+    let result = retiring.await;
     servers.cancel();
     for task in [http_task, metrics_task] {
         if let Ok(Err(e)) = task.await {
             warn!(error = %e, "HTTP server error");
         }
     }
-    Ok(())
+    result
+}
+
+/// The bound lease's client, pod and binding (`--lease` inside Kubernetes).
+type Bound = Option<((::kube::Client, pod::PodRef), config::LeaseBinding)>;
+
+/// Follows the bound lease ([`config::watch_lease`]); when the sidecar must
+/// retire from it, records why and cancels `shutdown`: the one path that
+/// stops claiming and releases ([`retire`]).
+fn follow_lease(
+    bound: Bound,
+    settings: &config::Settings,
+    shutdown: &CancellationToken,
+    set_timing: impl Fn(crate::lease::Timing) + Send + 'static,
+) -> Arc<std::sync::OnceLock<config::Retirement>> {
+    let retired = Arc::new(std::sync::OnceLock::new());
+    if let Some(((client, pod), lease)) = bound {
+        let (noted, shutdown, started) = (retired.clone(), shutdown.clone(), settings.clone());
+        tokio::spawn(async move {
+            let retirement = config::watch_lease(client, &pod.namespace, lease, started, set_timing).await;
+            warn!(why = %retirement.why, "retiring from the lease: stopping to claim, then releasing");
+            let _ = noted.set(retirement);
+            shutdown.cancel();
+        });
+    }
+    retired
+}
+
+/// After the elector (or the partitioned run) stopped: a retired sidecar
+/// marks its pod and re-executes onto the new resource ([`retire`]).
+async fn after_stop(
+    bound: Bound,
+    retired: Arc<std::sync::OnceLock<config::Retirement>>,
+    signalled: &CancellationToken,
+) -> Result<()> {
+    match (bound, retired.get()) {
+        (Some(((client, pod), lease)), Some(retirement)) if !signalled.is_cancelled() => {
+            retire::retire(client, &pod, &lease.name, retirement.clone(), signalled).await
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The sidecar's leader work: when the term ends on purpose (SIGTERM, the
 /// pod deleted, the app turned unhealthy) drain before the elector releases:
 /// `drain` at most, over as soon as the app container run that led has
 /// exited, and never past `reserve` before the pod's grace period ends
-/// ([`own_pod::drain`]); a lost term ends at once.
+/// ([`own_pod::drain`]); a lost term ends at once. `signalled`: a signal
+/// came (not a retirement, which drains like any step-down).
 fn drain_on_step_down(
     drain: Duration,
     reserve: Duration,
     own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
-    shutdown: CancellationToken,
+    signalled: CancellationToken,
 ) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
     move |ctx: LeaderContext| {
-        let (own, shutdown) = (own.clone(), shutdown.clone());
+        let (own, signalled) = (own.clone(), signalled.clone());
         // The app run this term leads for: its end ends the drain.
         let led = own.as_ref().and_then(|o| o.borrow().app);
         Box::pin(async move {
@@ -234,7 +296,7 @@ fn drain_on_step_down(
             let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
             if ended.is_ok_and(|change| change == Change::SteppingDown) {
                 info!(?drain, "stopped claiming; draining before the release");
-                own_pod::drain(drain, reserve, own, led, shutdown).await;
+                own_pod::drain(drain, reserve, own, led, signalled).await;
             }
         })
     }

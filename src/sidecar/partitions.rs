@@ -54,7 +54,7 @@ pub async fn run(
     let campaigning_tx = Arc::new(watch::channel(true).0);
     let campaigning = campaigning_tx.subscribe();
     let follower = campaigning_tx.clone();
-    let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());
+    let own = watch_own_pod(kube, settings.pod.as_ref(), args.app_container.clone());
     let app = start_health_sources(&args, own, metrics.clone(), move |on| {
         follower.send_replace(on);
     });
@@ -85,11 +85,6 @@ pub async fn run(
     tokio::spawn(metrics.clone().follow_partitions(assigned.clone()));
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(super::token_file::follow_partitions(path, assigned, api.setup.clone()));
-    }
-    if let (Some(client), Some(pod), Some(lease)) = (kube, settings.pod.clone(), args.election.lease.clone()) {
-        tokio::spawn(super::config::watch_lease(client, pod, lease, settings.clone(), |_| {
-            warn!("the lease's timing changed; a partitioned sidecar applies it after a restart");
-        }));
     }
 
     let connecting = connect(&settings.store, args.election.create_table, metrics, &report);

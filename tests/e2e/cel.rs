@@ -10,7 +10,7 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
-use leasehold::api::DistributedLease;
+use leasehold::api::{DistributedLease, PARTITIONS_IMMUTABLE, STORE_IMMUTABLE};
 use serde_json::{Value, json};
 
 use crate::cluster::{Env, apply, crds, namespace_object, wait_for};
@@ -139,6 +139,10 @@ async fn the_api_server_refuses_what_the_cel_rules_forbid() {
         &[
             lease("named", json!({"lockName": "team/web"})),
             lease("unnamed", json!({})),
+            lease(
+                "partitioned",
+                json!({"store": {"postgres": {"urlSecretRef": {"name": "db"}}}, "partitions": 4}),
+            ),
         ],
     )
     .await;
@@ -160,6 +164,44 @@ async fn the_api_server_refuses_what_the_cel_rules_forbid() {
             json!({"lockName": "team/web"}),
             "spec.lockName: Invalid value",
             "lockName cannot be added or removed: create a new resource for another lock",
+        ),
+        // Issue 40: what the candidates campaign on is immutable; the
+        // message names the way to move (delete, wait, create).
+        (
+            "unnamed",
+            json!({"store": {"kubernetes": null, "postgres": {"urlSecretRef": {"name": "db"}}}}),
+            "spec.store: Invalid value",
+            STORE_IMMUTABLE,
+        ),
+        (
+            "partitioned",
+            json!({"store": {"postgres": {"table": "other_leases"}}}),
+            "spec.store: Invalid value",
+            STORE_IMMUTABLE,
+        ),
+        (
+            "partitioned",
+            json!({"store": {"postgres": {"urlSecretRef": {"name": "other-db"}}}}),
+            "spec.store: Invalid value",
+            STORE_IMMUTABLE,
+        ),
+        (
+            "partitioned",
+            json!({"partitions": 8}),
+            "spec.partitions: Invalid value",
+            PARTITIONS_IMMUTABLE,
+        ),
+        (
+            "partitioned",
+            json!({"partitions": null}),
+            "spec.partitions: Invalid value",
+            PARTITIONS_IMMUTABLE,
+        ),
+        (
+            "unnamed",
+            json!({"partitions": 4}),
+            "spec.partitions: Invalid value",
+            PARTITIONS_IMMUTABLE,
         ),
     ];
     for (name, spec, field, message) in changes {

@@ -63,6 +63,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-fault-k8s-resume",
     "e2e-store-spanner",
     "e2e-store-redis",
+    "e2e-store-change",
     "e2e-run",
     "e2e-partitions",
     "e2e-versions",

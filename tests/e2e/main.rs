@@ -26,6 +26,7 @@ mod privilege;
 mod publishing;
 mod run_wrapped;
 mod spread;
+mod store_change;
 mod stores;
 mod stores_in_pods;
 mod walkthrough;

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, scenario};
 use crate::fixtures::{APP, FIRST_LEADER, leader_only_service};
+use leasehold::sidecar::interface::RETIRED_FROM_ANNOTATION;
 
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound
 /// to the pod.
@@ -91,6 +92,12 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
         patch(&as_follower, &follower_name, true, leader_condition("False"))
             .await
             .expect("its own leader condition");
+        // Issue 40: a retiring sidecar marks its own pod (a uid no lease has,
+        // so no delete gate counts it).
+        let retired = json!({"metadata": {"annotations": {RETIRED_FROM_ANNOTATION: "e2e-not-a-lease"}}});
+        patch(&as_follower, &follower_name, false, retired.clone())
+            .await
+            .expect("its own retired-from annotation");
 
         // Anything else is refused.
         let refused = [
@@ -113,6 +120,10 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
                     json!({"metadata": {"annotations": {"a": "b"}}}),
                 )
                 .await,
+            ),
+            (
+                "another pod's retired-from annotation",
+                patch(&as_follower, &leader, false, retired).await,
             ),
             (
                 "another pod's condition",

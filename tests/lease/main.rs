@@ -8,3 +8,4 @@ mod lock_set;
 mod model;
 mod rollout;
 mod simulation;
+mod store_change;

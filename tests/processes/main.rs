@@ -7,6 +7,7 @@ mod health;
 mod panic;
 mod partitions;
 mod publish;
+mod retire;
 mod rollout;
 mod run;
 mod sidecar;

@@ -96,6 +96,22 @@ fn wait_for_ready_file(name: &str, path: &std::path::Path, child: &mut Child) ->
     }
 }
 
+/// A kubeconfig file reaching the API server model at `addr` (plain HTTP,
+/// no credentials; `ApiServer::serve_http`), defaulting to `namespace`.
+pub fn model_kubeconfig(addr: std::net::SocketAddr, namespace: &str, name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("leasehold-{name}-{:08x}.yaml", rand::random::<u32>()));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: model\n  cluster:\n    server: http://{addr}\n\
+             users:\n- name: anonymous\n  user: {{}}\ncontexts:\n- name: model\n  context:\n    cluster: model\n    \
+             user: anonymous\n    namespace: {namespace}\ncurrent-context: model\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// The `leasehold` the processes run: this build's, unless
 /// LEASEHOLD_BENCH_BINARY names another build (the benchmarks' before and
 /// after figures run one harness against two builds).

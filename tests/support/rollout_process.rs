@@ -73,16 +73,7 @@ impl<'a> Rollout<'a> {
             let (config, store) = lease_database(emulator).await;
             (config, store, api.serve_http().await)
         });
-        let kubeconfig = std::env::temp_dir().join(format!("leasehold-rollout-{:08x}.yaml", rand::random::<u32>()));
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: model\n  cluster:\n    server: http://{addr}\n\
-                 users:\n- name: anonymous\n  user: {{}}\ncontexts:\n- name: model\n  context:\n    cluster: model\n    \
-                 user: anonymous\n    namespace: {NAMESPACE}\ncurrent-context: model\n"
-            ),
-        )
-        .unwrap();
+        let kubeconfig = model_kubeconfig(addr, NAMESPACE, "rollout");
         let samples = Arc::new(Mutex::new(Vec::new()));
         runtime.spawn(sample_lease(store, samples.clone()));
         Rollout {

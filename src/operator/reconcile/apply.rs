@@ -3,6 +3,7 @@
 //! what is left here is the wire.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -11,7 +12,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::plan::{Note, Plan, Repair};
-use super::{Context, FIELD_MANAGER, FINALIZER, Result};
+use super::{Context, FIELD_MANAGER, FINALIZER, RELEASED, Result};
 use crate::api::{DistributedLease, DistributedLeaseStatus};
 use crate::operator::metrics::Outcome;
 
@@ -120,6 +121,41 @@ async fn write_status(leases: &Api<DistributedLease>, name: &str, status: Distri
         .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
     Ok(())
+}
+
+/// A deleted resource whose finalizer waits ([`super::delete`]): the
+/// `Released=False` condition and a Warning Event say what for and how to
+/// override, each once per new reason (the status is written only when the
+/// condition's message changed).
+pub(super) async fn deletion_waits(
+    leases: &Api<DistributedLease>,
+    lease: &DistributedLease,
+    ctx: &Context,
+    why: &str,
+) -> Result<()> {
+    let message = format!("{why}; {}", super::delete::OVERRIDE);
+    let mut status = lease.status.clone().unwrap_or_default();
+    let unchanged = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == RELEASED && c.status == "False" && c.message == message);
+    if unchanged {
+        debug!(%why, "the delete still waits");
+        return Ok(());
+    }
+    info!(%why, "the delete waits");
+    status.conditions.retain(|c| c.type_ != RELEASED);
+    status.conditions.push(Condition {
+        type_: RELEASED.into(),
+        status: "False".into(),
+        reason: "Waiting".into(),
+        message: message.clone(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+        observed_generation: lease.metadata.generation,
+    });
+    ctx.publish(lease, EventType::Warning, "DeleteWaiting", "Release", message)
+        .await;
+    write_status(leases, &lease.name_any(), status).await
 }
 
 /// Adds the finalizer by merge patch, guarded by the resource version so a

@@ -180,7 +180,7 @@ impl Context {
     /// Reads the assignment of a partitioned lease in one store call,
     /// creating the session tables the first time where the operator has
     /// the rights.
-    async fn observe_partitions(
+    pub(super) async fn observe_partitions(
         &self,
         valid: &ValidLease,
         namespace: &str,

@@ -1,79 +1,181 @@
-//! A delete: release the row by check-and-set only when its holder is
-//! gone, then (in the caller) drop the finalizer.
+//! A delete: the finalizer's gate. The finalizer goes (in the caller) only
+//! once nothing can still claim under the deleted resource, so that a
+//! resource of the same name created afterwards, on another store maybe,
+//! cannot get a second leader while the old one still claims (issue 40).
+//!
+//! The gate opens when both hold:
+//! 1. every candidate pod whose sidecar container is running carries
+//!    [`RETIRED_FROM_ANNOTATION`] naming this resource's uid: its sidecar
+//!    saw the deletion, stopped claiming and released before writing it
+//!    (`sidecar::retire`). Pods created after the deletion read the
+//!    deletionTimestamp at start and never campaign, so a list taken after
+//!    the deletion covers every candidate that could still claim;
+//! 2. the store shows no live holder of the lock: released, or expired by
+//!    the store's clock. A dead holder whose pod is gone is released by
+//!    check-and-set (not on the Kubernetes store, whose Leases the
+//!    operator only reads: there it expires). A partitioned lease: no live
+//!    session of this namespace holds a member slot or a partition.
+//!
+//! It cannot deadlock: sidecars retire on their own as soon as their lease
+//! watch sees the deletion. A sidecar that cannot see it (cut off from the
+//! API server) may be leading, so waiting is the safe outcome; it converges
+//! once it reconnects or its pod goes. Whoever must override it removes the
+//! finalizer by hand, which is unsafe: docs/migrating-stores.md.
 
 use std::time::Duration;
 
-use kube::Resource;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::holder::HolderPod;
 use super::{Context, Error, RELEASE_PATIENCE, Result};
-use crate::api::{DistributedLease, ValidStore, validate};
+use crate::api::{DistributedLease, ValidLease, ValidStore, validate};
 use crate::lease::StoreError;
+use crate::sidecar::interface::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 
-/// On delete: frees the row by check-and-set with the holder and token just
-/// read, so a new resource with the same lock starts clean, but only when
-/// the holder is gone: a live holder whose pod still runs keeps its lease
-/// (its sidecar still believes it leads, and releases on its own shutdown
-/// after its work stopped, S8); deleting the resource then just drops the
-/// finalizer.
-///
-/// A live holder outside this namespace is left alone too: another
-/// cluster's or namespace's resource may name the same lock, and its leader
-/// is not ours to depose. An invalid spec or a store that cannot hold the
-/// table has nothing to release; an unreachable store keeps the finalizer
-/// until it answers, for [`RELEASE_PATIENCE`] after the delete.
-pub(super) async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
-    match try_release_on_delete(lease, namespace, ctx).await {
+/// What a deleted resource's finalizer waits for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Gate {
+    /// Nothing can claim under the resource any more: drop the finalizer.
+    Open,
+    /// What it waits for, for the status and the Event.
+    Waiting(String),
+}
+
+/// How to override the gate, in every message that says it waits.
+pub(super) const OVERRIDE: &str = "removing the finalizer leasehold.dev/release by hand skips this check and is \
+                                   unsafe (docs/migrating-stores.md)";
+
+/// The gate of a deleted resource, releasing a dead holder's row on the way.
+/// An unreachable store keeps the finalizer until it answers, for
+/// [`RELEASE_PATIENCE`] after the delete, and only once every candidate has
+/// retired: then no live process campaigns under the old settings, and an
+/// unreleased row expires by the store's clock after D.
+pub(super) async fn release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<Gate> {
+    let Ok(valid) = validate(lease) else {
+        // No candidate can have started on an invalid spec, and the fields
+        // it campaigns on are immutable.
+        info!("invalid spec: no lock row to release");
+        return Ok(Gate::Open);
+    };
+    let candidates = candidates_now(&valid, namespace, ctx).await?;
+    let uid = lease.uid().unwrap_or_default();
+    let bound: Vec<String> = candidates
+        .iter()
+        .filter(|pod| sidecar_running(pod) && !retired_from(pod, &uid))
+        .map(ResourceExt::name_any)
+        .collect();
+    if !bound.is_empty() {
+        return Ok(Gate::Waiting(format!(
+            "waiting for the sidecars of {} to retire from this lease (they stop claiming and release, then \
+             annotate their pod {RETIRED_FROM_ANNOTATION}={uid})",
+            bound.join(", ")
+        )));
+    }
+    match holders(&valid, namespace, &candidates, lease, ctx).await {
         Err(Error::Release { lock, source }) if deleted_for(lease) >= RELEASE_PATIENCE => {
-            warn!(%lock, error = %source.chain(), "store unreachable since the delete; the row expires after D");
+            warn!(%lock, error = %source.chain(), "store unreachable since the delete; every candidate retired, the row expires after D");
             ctx.publish(
                 lease,
                 EventType::Warning,
                 "ReleaseSkipped",
                 "Release",
                 format!(
-                    "could not release lock {lock} for {}: {source}; it expires by itself after the lease duration",
+                    "could not release lock {lock} for {}: {source}; every candidate has retired, and it \
+                     expires by itself after the lease duration",
                     humantime::format_duration(RELEASE_PATIENCE)
                 ),
             )
             .await;
-            Ok(())
+            Ok(Gate::Open)
         }
         other => other,
     }
 }
 
-/// How long ago the resource was deleted (zero if it is not).
-fn deleted_for(lease: &DistributedLease) -> Duration {
-    let Some(deleted) = &lease.meta().deletion_timestamp else {
-        return Duration::ZERO;
-    };
-    let age = k8s_openapi::jiff::Timestamp::now().duration_since(deleted.0);
-    Duration::try_from(age).unwrap_or(Duration::ZERO)
+/// The candidate pods as they are now: a list from the API server, not the
+/// pod watch's cache. A list without a resourceVersion is served from etcd
+/// by a quorum read ("Most recent", Kubernetes API concepts, resource
+/// versions), so it shows every annotation written before it; the cache
+/// may lag behind a sidecar's retirement or its pod's creation.
+async fn candidates_now(valid: &ValidLease, namespace: &str, ctx: &Context) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&valid.selector.to_string()))
+        .await?;
+    Ok(list.items)
 }
 
-async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<()> {
-    let Ok(valid) = validate(lease) else {
-        info!("invalid spec: no lock row to release");
-        return Ok(());
+/// Whether the pod's sidecar container runs (a native sidecar or a plain
+/// container), by the kubelet's last status report. A sidecar that has not
+/// started yet reads the deletion at start and never campaigns.
+fn sidecar_running(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else { return false };
+    let all = status.init_container_statuses.iter().flatten();
+    all.chain(status.container_statuses.iter().flatten())
+        .any(|c| c.name == SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+fn retired_from(pod: &Pod, uid: &str) -> bool {
+    pod.annotations().get(RETIRED_FROM_ANNOTATION).is_some_and(|v| v == uid)
+}
+
+/// Whether the pod `name` exists and has not finished: in the fresh list,
+/// or in the pod watch's cache (a holder's pod may carry other labels by now).
+async fn runs(candidates: &[Pod], namespace: &str, name: &str, ctx: &Context) -> Result<bool> {
+    let listed = candidates.iter().any(|pod| {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        pod.name_any() == name && !matches!(phase, Some("Succeeded" | "Failed"))
+    });
+    Ok(listed || ctx.pod_runs(namespace, name).await?)
+}
+
+/// Part 2 of the gate: the store's live holders.
+async fn holders(
+    valid: &ValidLease,
+    namespace: &str,
+    candidates: &[Pod],
+    lease: &DistributedLease,
+    ctx: &Context,
+) -> Result<Gate> {
+    let failed = |source| Error::Release {
+        lock: valid.lock.clone(),
+        source,
     };
-    if valid.partitions.is_some() {
-        // Each candidate frees its partitions when it stops (closing its
-        // session); a dead candidate's expire with its session and are
-        // collected. There is no row of the resource's own to release.
-        info!("partitioned: the candidates' sessions free the partitions");
-        return Ok(());
-    }
-    if valid.store == ValidStore::Kubernetes {
-        // The operator only reads Leases (operator::rbac::STORE_RULES); a
-        // dead holder's Lease expires D after its last renewal.
-        info!("Kubernetes store: the operator does not write Leases; a dead holder's expires by itself");
-        return Ok(());
+    if let Some(n) = valid.partitions {
+        let view = match ctx.observe_partitions(valid, namespace, n).await {
+            Ok(view) => view,
+            Err(e @ StoreError::Invalid { .. }) => {
+                warn!(error = %e.chain(), "store cannot hold the partitions; nothing to wait for");
+                return Ok(Gate::Open);
+            }
+            Err(source) => return Err(failed(source)),
+        };
+        let mut live: Vec<&str> = view
+            .members
+            .iter()
+            .chain(view.owners.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        live.sort_unstable();
+        live.dedup();
+        // Sessions of another namespace or cluster naming the same lock are
+        // not bound to this resource.
+        live.retain(|session| HolderPod::of_session(session).may_be_local(ctx.cluster.as_deref(), namespace));
+        if live.is_empty() {
+            return Ok(Gate::Open);
+        }
+        return Ok(Gate::Waiting(format!(
+            "waiting for the sessions {} to close or expire by the store's clock: they hold partitions of lock {}",
+            live.join(", "),
+            valid.lock
+        )));
     }
     let observed = async {
-        let (_, store) = ctx.store_of(&valid, namespace).await?;
+        let (_, store) = ctx.store_of(valid, namespace).await?;
         let observed = store.observe(&valid.lock).await?;
         Ok((store, observed))
     }
@@ -82,34 +184,47 @@ async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &
         Ok(found) => found,
         Err(e @ StoreError::Invalid { .. }) => {
             warn!(error = %e.chain(), "store cannot hold the lock; nothing to release");
-            return Ok(());
+            return Ok(Gate::Open);
         }
-        Err(source) => {
-            return Err(Error::Release {
-                lock: valid.lock,
-                source,
-            });
-        }
+        Err(source) => return Err(failed(source)),
     };
     let Some((holder, token)) = observed
         .record
         .as_ref()
         .and_then(|record| Some((record.holder.clone()?, record.token?)))
     else {
-        return Ok(());
+        return Ok(Gate::Open);
     };
+    let kubernetes = valid.store == ValidStore::Kubernetes;
     if observed.live_holder().is_some() {
         let pod = HolderPod::parse(&holder);
-        if !pod.is_local(ctx.cluster.as_deref(), namespace) {
-            info!(%holder, "holder belongs to another namespace or cluster; not releasing");
-            return Ok(());
+        if !pod.may_be_local(ctx.cluster.as_deref(), namespace) {
+            info!(%holder, "holder belongs to another namespace or cluster; not ours to wait for");
+            return Ok(Gate::Open);
         }
         if let Some(name) = pod.pod()
-            && ctx.pod_runs(namespace, name).await?
+            && runs(candidates, namespace, name, ctx).await?
         {
-            info!(%holder, "the holder's pod still runs; its sidecar releases the lease itself");
-            return Ok(());
+            return Ok(Gate::Waiting(format!(
+                "waiting for {holder} (pod {name}) to release lock {}: it still holds it",
+                valid.lock
+            )));
         }
+        if kubernetes {
+            // The operator only reads Leases (operator::rbac::STORE_RULES).
+            return Ok(Gate::Waiting(format!(
+                "waiting for the Lease of lock {} to expire: its holder {holder} is gone, and the operator does \
+                 not write Leases",
+                valid.lock
+            )));
+        }
+        if !pod.is_local(ctx.cluster.as_deref(), namespace) {
+            info!(%holder, "holder may belong to another namespace or cluster; not releasing");
+            return Ok(Gate::Open);
+        }
+    }
+    if kubernetes {
+        return Ok(Gate::Open);
     }
     match store.release(&valid.lock, &holder, token).await {
         Ok(()) | Err(StoreError::Lost { .. }) => {
@@ -122,11 +237,17 @@ async fn try_release_on_delete(lease: &DistributedLease, namespace: &str, ctx: &
                 format!("released lock {} held by {holder}, whose pod is gone", valid.lock),
             )
             .await;
-            Ok(())
+            Ok(Gate::Open)
         }
-        Err(source) => Err(Error::Release {
-            lock: valid.lock,
-            source,
-        }),
+        Err(source) => Err(failed(source)),
     }
+}
+
+/// How long ago the resource was deleted (zero if it is not).
+fn deleted_for(lease: &DistributedLease) -> Duration {
+    let Some(deleted) = &lease.meta().deletion_timestamp else {
+        return Duration::ZERO;
+    };
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(deleted.0);
+    Duration::try_from(age).unwrap_or(Duration::ZERO)
 }

@@ -156,6 +156,36 @@ pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
     })
 }
 
+/// A candidate pod whose sidecar container (the native sidecar) is running;
+/// `retired_from`: the uid its sidecar has retired from, if any.
+pub fn running_candidate(name: &str, retired_from: Option<&str>) -> Value {
+    let mut pod = pod(name, Some("false"), true);
+    pod["status"]["initContainerStatuses"] = json!([{
+        "name": "leasehold", "image": "leasehold:dev", "imageID": "", "ready": true, "restartCount": 0,
+        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+    }]);
+    if let Some(uid) = retired_from {
+        pod["metadata"]["annotations"] = json!({crate::sidecar::interface::RETIRED_FROM_ANNOTATION: uid});
+    }
+    pod
+}
+
+/// A delete lists the candidates from the API server, not from the cache.
+pub async fn expect_fresh_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
+    let seen = next(server).await;
+    seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
+    assert_eq!(seen.query.get("labelSelector").map(String::as_str), Some("app=web"));
+    assert_eq!(
+        seen.query.get("resourceVersion"),
+        None,
+        "a consistent read, not the watch cache"
+    );
+    seen.respond(
+        200,
+        &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "50"}, "items": pods}),
+    );
+}
+
 pub fn conditions(status: &Value) -> BTreeMap<String, (String, String, String)> {
     status["conditions"]
         .as_array()
@@ -344,10 +374,11 @@ pub async fn store_side_scenario(side: StoreSide) {
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let echo = resource.clone();
     let result = run_on(ctx, server, resource, async move |server| {
+        expect_pod_list(server, vec![]).await;
+        expect_fresh_pod_list(server, vec![]).await;
         if let Some((name, url)) = &secret {
             expect_secret_get(server, name, url).await;
         }
-        expect_pod_list(server, vec![]).await;
         expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
         expect_finalizer_dropped(server, &echo).await;
     })

@@ -112,12 +112,7 @@ async fn a_kubernetes_store_lease_shows_the_holder_of_its_lease() {
 
 #[tokio::test]
 async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
-    let fixture = fixture();
-    let grant = fixture
-        .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (fixture, grant) = held_by_web_0().await;
     let resource = lease(json!({}), &[], None);
     let echo = resource.clone();
     let (result, _, metrics) = run(fixture, resource, async move |server| {
@@ -217,20 +212,42 @@ async fn an_invalid_resource_gets_valid_false_naming_the_field_and_a_slow_requeu
     assert_eq!(store.calls().reads, 0, "an invalid spec never reaches the store");
 }
 
-#[tokio::test]
-async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalizer() {
+/// A fixture whose lock prod/web is held by prod/web-0#n1 for 15 s.
+async fn held_by_web_0() -> (Fixture, crate::lease::Grant) {
     let fixture = fixture();
     let grant = fixture
         .store
         .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
         .await
         .unwrap();
-    let mut resource = lease(json!({}), &["example.com/other", FINALIZER], None);
+    (fixture, grant)
+}
+
+/// A deleted resource (uid u-1) with our finalizer and `others`.
+fn deleted(others: &[&str]) -> Value {
+    let mut finalizers = others.to_vec();
+    finalizers.push(FINALIZER);
+    let mut resource = lease(json!({}), &finalizers, None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    resource
+}
+
+/// Every running candidate has retired (web-1's sidecar does not run, the
+/// finalizer does not wait for it); web-0, which held the lock, is gone
+/// (killed without releasing): the row is released by check-and-set, then
+/// only our finalizer goes.
+#[tokio::test]
+async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalizer() {
+    let (fixture, grant) = held_by_web_0().await;
+    let resource = deleted(&["example.com/other"]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
-        // web-0 is gone (killed without releasing); web-1 runs.
-        expect_pod_list(server, vec![pod("web-1", Some("false"), false)]).await;
+        let pods = vec![
+            pod("web-1", Some("false"), false),
+            running_candidate("web-2", Some("u-1")),
+        ];
+        expect_pod_list(server, pods.clone()).await;
+        expect_fresh_pod_list(server, pods).await;
         expect_event(
             server,
             "Normal",
@@ -257,44 +274,144 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
     );
 }
 
-/// Deletes a resource naming `spec`'s lock, which `holder` holds: only the
-/// finalizer goes, the row keeps its holder. `pods`: what the pod watch lists,
-/// when the reconcile needs to look.
-async fn expect_delete_keeps_the_holder(spec: Value, lock: &str, holder: &str, pods: Option<Vec<Value>>) {
-    let fixture = fixture();
-    fixture
-        .store
-        .acquire(lock, holder, Duration::from_secs(15))
-        .await
-        .unwrap();
-    let mut resource = lease(spec, &[FINALIZER], None);
-    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+/// Asserts a waiting delete's Event and `Released=False` condition, both
+/// saying `waits_for` and how to override; returns the status written.
+async fn expect_delete_waits(server: &mut ApiServer, echo: Value, waits_for: &str) -> Value {
+    expect_event(server, "Warning", "DeleteWaiting", waits_for).await;
+    let status = expect_status_apply(server, echo).await;
+    let (state, reason, message) = conditions(&status)["Released"].clone();
+    assert_eq!((state.as_str(), reason.as_str()), ("False", "Waiting"));
+    assert!(
+        message.contains(waits_for) && message.contains(delete::OVERRIDE),
+        "{message}"
+    );
+    status
+}
+
+/// Issue 40: a candidate whose sidecar runs and has not retired from this
+/// resource may still claim under it: the finalizer stays (a resource of
+/// this name on another store could elect a second leader), the store is
+/// not even read, and the condition names the pod. Retired web-1 is not named.
+#[tokio::test]
+async fn deleting_keeps_the_finalizer_while_a_running_candidate_has_not_retired() {
+    let (fixture, _) = held_by_web_0().await;
+    let resource = deleted(&[]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
-        if let Some(pods) = pods {
-            expect_pod_list(server, pods).await;
-        }
+        let pods = vec![
+            running_candidate("web-0", None),
+            running_candidate("web-1", Some("u-1")),
+            running_candidate("web-2", Some("an-older-lease")),
+        ];
+        expect_fresh_pod_list(server, pods).await;
+        let status = expect_delete_waits(server, echo, "the sidecars of web-0, web-2 to retire").await;
+        assert!(!conditions(&status)["Released"].2.contains("web-1"));
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
+    assert_eq!(
+        store.calls().reads,
+        0,
+        "the store is read once every candidate has retired"
+    );
+    let row = store.observe("prod/web").await.unwrap().record.unwrap();
+    assert_eq!(row.holder.as_deref(), Some("prod/web-0#n1"));
+}
+
+/// Every candidate retired, but the store shows a live holder whose pod
+/// runs (a sidecar restarted in place, or a `leasehold run` pod): the
+/// finalizer stays and names the holder; nothing is released under it.
+/// The next reconcile, the condition already written, writes nothing.
+#[tokio::test]
+async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
+    let (fixture, _) = held_by_web_0().await;
+    let store = fixture.store.clone();
+    let resource = deleted(&[]);
+    let echo = resource.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let pods = vec![running_candidate("web-0", Some("u-1"))];
+    let listed = pods.clone();
+    let (result, _, _) = run(fixture, resource.clone(), async move |server| {
+        expect_fresh_pod_list(server, listed).await;
+        let status = expect_delete_waits(
+            server,
+            echo,
+            "waiting for prod/web-0#n1 (pod web-0) to release lock prod/web",
+        )
+        .await;
+        tx.send(status).unwrap();
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
+    let row = store.observe("prod/web").await.unwrap().record.unwrap();
+    assert_eq!(
+        row.holder.as_deref(),
+        Some("prod/web-0#n1"),
+        "a live holder is never released under it"
+    );
+
+    let mut again = resource;
+    again["status"] = rx.await.unwrap();
+    let (result, _, _) = run(fixture_with(store), again, async move |server| {
+        expect_fresh_pod_list(server, pods).await;
+    })
+    .await;
+    assert_eq!(
+        result.unwrap(),
+        Action::requeue(DELETE_REQUEUE),
+        "still waiting, nothing written"
+    );
+}
+
+/// Both halves of the gate hold: every running candidate retired from u-1,
+/// the holder released: the finalizer goes.
+#[tokio::test]
+async fn deleting_drops_the_finalizer_once_every_candidate_retired_and_the_lock_is_free() {
+    let (fixture, grant) = held_by_web_0().await;
+    fixture
+        .store
+        .release("prod/web", "prod/web-0#n1", grant.token)
+        .await
+        .unwrap();
+    let resource = deleted(&[]);
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        let pods = vec![
+            running_candidate("web-0", Some("u-1")),
+            running_candidate("web-1", Some("u-1")),
+        ];
+        expect_fresh_pod_list(server, pods).await;
         expect_finalizer_dropped(server, &echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
-    let row = store.observe(lock).await.unwrap().record.unwrap();
-    assert_eq!(row.holder.as_deref(), Some(holder), "the live holder keeps its lease");
 }
 
-/// S8: a holder whose pod still runs believes it leads; releasing its row
-/// under it would let a second leader in while it works. Deleting the
-/// resource just drops the finalizer; the sidecar releases on shutdown.
-#[tokio::test]
-async fn deleting_leaves_a_live_holder_whose_pod_runs_alone() {
-    let pods = vec![pod("web-0", Some("true"), true)];
-    expect_delete_keeps_the_holder(json!({}), "prod/web", "prod/web-0#n1", Some(pods)).await;
-}
-
+/// Another cluster's live holder of a shared lock is not bound to this
+/// resource: it is neither waited for nor released.
 #[tokio::test]
 async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
-    let spec = json!({"lockName": "global/payments"});
-    expect_delete_keeps_the_holder(spec, "global/payments", "eu/payments/api-0#n2", None).await;
+    let fixture = fixture();
+    fixture
+        .store
+        .acquire("global/payments", "eu/payments/api-0#n2", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut resource = lease(json!({"lockName": "global/payments"}), &[FINALIZER], None);
+    resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let echo = resource.clone();
+    let (result, store, _) = run(fixture, resource, async move |server| {
+        expect_fresh_pod_list(server, vec![]).await;
+        expect_finalizer_dropped(server, &echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe("global/payments").await.unwrap().record.unwrap();
+    assert_eq!(
+        row.holder.as_deref(),
+        Some("eu/payments/api-0#n2"),
+        "the live holder keeps its lease"
+    );
 }
 
 /// A resource deleted `ago` whose store is down.
@@ -315,6 +432,7 @@ fn deleted_with_the_store_down(ago: Duration) -> (Fixture, Value) {
 async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
     let (fixture, resource) = deleted_with_the_store_down(Duration::from_secs(5));
     let (result, _, metrics) = run(fixture, resource, async move |server| {
+        expect_fresh_pod_list(server, vec![running_candidate("web-0", Some("u-1"))]).await;
         expect_event(
             server,
             "Warning",
@@ -329,17 +447,33 @@ async fn deleting_while_the_store_is_down_keeps_the_finalizer_and_says_why() {
 }
 
 /// Deleting a namespace takes the store's Secret (and often the store) with
-/// it: past RELEASE_PATIENCE the finalizer goes, the row expires by itself.
+/// it: past RELEASE_PATIENCE, every candidate retired, the finalizer goes
+/// and the row expires by itself.
 #[tokio::test]
 async fn a_delete_stops_waiting_for_a_down_store_after_the_patience() {
     let (fixture, resource) = deleted_with_the_store_down(RELEASE_PATIENCE + Duration::from_secs(5));
     let echo = resource.clone();
     let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_fresh_pod_list(server, vec![running_candidate("web-0", Some("u-1"))]).await;
         expect_event(server, "Warning", "ReleaseSkipped", "could not release lock prod/web").await;
         expect_finalizer_dropped(server, &echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
+}
+
+/// The patience applies only once every candidate has retired: a candidate
+/// that may still claim keeps the finalizer however long the store is down.
+#[tokio::test]
+async fn a_down_store_past_the_patience_still_waits_for_unretired_candidates() {
+    let (fixture, resource) = deleted_with_the_store_down(RELEASE_PATIENCE + Duration::from_secs(5));
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_fresh_pod_list(server, vec![running_candidate("web-0", None)]).await;
+        expect_delete_waits(server, echo, "the sidecars of web-0 to retire").await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
 }
 
 #[tokio::test]

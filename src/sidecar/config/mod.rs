@@ -8,8 +8,8 @@ mod settings;
 mod watch;
 
 pub use flags::{Args, ElectionArgs};
-pub use settings::{Publishing, Settings, flag_version, resolve};
-pub use watch::watch_lease;
+pub use settings::{LeaseBinding, Publishing, Settings, flag_version, resolve};
+pub use watch::{Retirement, watch_lease};
 
 use crate::api::ValidationError;
 use crate::lease::{LockNameError, PartitionsError, StoreError, TimingError};

@@ -4,7 +4,7 @@
 use kube::Api;
 
 use super::{ElectionArgs, Error, Result};
-use crate::api::{DEFAULT_LABEL_KEY, DistributedLease, ValidStore, validate};
+use crate::api::{DEFAULT_LABEL_KEY, DistributedLease, LeaseStoreSpec, ValidStore, validate};
 use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name, validate_partitions};
 use crate::sidecar::pod::PodRef;
 use crate::store::StoreUrl;
@@ -45,6 +45,24 @@ impl Publishing {
     }
 }
 
+/// The `DistributedLease` a sidecar started with `--lease` is bound to: the
+/// one resource it read at start, by its `metadata.uid`. A resource of the
+/// same name with another uid is another lease (deleted and recreated, maybe
+/// on another store), which this process never campaigns on
+/// ([`super::watch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseBinding {
+    pub name: String,
+    /// `metadata.uid` (the API server sets it on every object).
+    pub uid: String,
+    /// The whole `spec.store` read at start, Secret references included: the
+    /// URL behind a Secret is read once, so any change of the block is a move.
+    pub store: LeaseStoreSpec,
+    /// It carried a deletionTimestamp when read: the sidecar does not
+    /// campaign on it, it retires at once.
+    pub deleting: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub lock: String,
@@ -59,6 +77,8 @@ pub struct Settings {
     pub versions: VersionPolicy,
     /// Work partitioning: the number of partitions; `None` elects one leader.
     pub partitions: Option<u32>,
+    /// With `--lease`: the resource these settings were read from.
+    pub lease: Option<LeaseBinding>,
 }
 
 /// The version the flags give: `--revision` orders it, `--version` names it.
@@ -150,6 +170,12 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                 versions: valid.versions,
                 // validate() allowed them only on Spanner.
                 partitions: valid.partitions,
+                lease: Some(LeaseBinding {
+                    name: lease.clone(),
+                    uid: resource.metadata.uid.clone().unwrap_or_default(),
+                    store: resource.spec.store.clone(),
+                    deleting: resource.metadata.deletion_timestamp.is_some(),
+                }),
             })
         }
         None => {
@@ -187,6 +213,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                     fence: args.version_fence,
                 },
                 partitions: args.partitions,
+                lease: None,
             })
         }
     }

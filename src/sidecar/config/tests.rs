@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use super::*;
 use crate::lease::{Timing, Version, VersionPolicy};
-use crate::sidecar::pod::PodRef;
 use crate::store::DEFAULT_TABLE;
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
@@ -509,7 +508,7 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
     let lease = |lease_duration: &str, renew_deadline: &str| {
         serde_json::json!({
             "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
-            "metadata": {"name": "web", "namespace": "prod"},
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u-1"},
             "spec": {
                 "lockName": "prod/web",
                 "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
@@ -522,15 +521,14 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
     let started = settings(&["--lock", "prod/web", "--database", "projects/p/instances/i/databases/d"])
         .await
         .unwrap();
-    let pod = PodRef {
-        name: "web-0".into(),
-        namespace: "prod".into(),
-        uid: None,
-    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(watch_lease(api.client("prod"), pod, "web".into(), started, move |t| {
-        tx.send(t).unwrap()
-    }));
+    let _watching = tokio::spawn(watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        started,
+        move |t| tx.send(t).unwrap(),
+    ));
     api.wait_for_requests(2).await;
     api.insert(LEASES, lease("30s", "20s"));
     let changed = async {
@@ -552,5 +550,114 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
         .expect("a watch");
     assert_eq!(watch.path(), LEASES);
     assert!(watch.uri.contains("fieldSelector=metadata.name%3Dweb"), "{}", watch.uri);
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+}
+
+/// The Spanner lease "web" the tests below bind to, with `uid`.
+fn spanner_lease(uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+        "metadata": {"name": "web", "namespace": "prod", "uid": uid},
+        "spec": {
+            "lockName": "prod/web",
+            "store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+            "selector": {"matchLabels": {"app": "web"}},
+        }
+    })
+}
+
+/// A sidecar's binding to [`spanner_lease`] `uid`, read at start.
+fn binding(uid: &str) -> LeaseBinding {
+    LeaseBinding {
+        name: "web".into(),
+        uid: uid.into(),
+        store: serde_json::from_value(spanner_lease(uid)["spec"]["store"].clone()).unwrap(),
+        deleting: false,
+    }
+}
+
+async fn spanner_settings() -> Settings {
+    settings(&["--lock", "prod/web", "--database", "projects/p/instances/i/databases/d"])
+        .await
+        .unwrap()
+}
+
+/// Issue 40: what a sidecar retires from. Timing is no move; another uid,
+/// a deletion, another store block (a Secret reference included: the URL
+/// behind it was read once), lock or partition count is.
+#[tokio::test]
+async fn a_recreated_deleting_or_moved_lease_is_one_to_retire_from() {
+    let (bound, started) = (binding("u-1"), spanner_settings().await);
+    // The resource with `section.field` set to `value`: moved, and why?
+    let moved_by = |section: &str, field: &str, value: serde_json::Value| {
+        let mut lease = spanner_lease("u-1");
+        lease[section][field] = value;
+        let lease: crate::api::DistributedLease = serde_json::from_value(lease).unwrap();
+        watch::moved(&bound, &started, &lease)
+    };
+    assert_eq!(moved_by("metadata", "uid", "u-1".into()), None);
+    assert_eq!(
+        moved_by("spec", "leaseDuration", "30s".into()),
+        None,
+        "timing applies in place"
+    );
+    let cases = [
+        ("recreated", "metadata", "uid", "u-2".into()),
+        (
+            "being deleted",
+            "metadata",
+            "deletionTimestamp",
+            "2026-01-01T00:00:00Z".into(),
+        ),
+        (
+            "another store",
+            "spec",
+            "store",
+            serde_json::json!({"postgres": {"urlSecretRef": {"name": "db"}}}),
+        ),
+        ("the lock changed", "spec", "lockName", "prod/other".into()),
+        ("the partitions changed", "spec", "partitions", 4.into()),
+    ];
+    for (what, section, field, value) in cases {
+        let why = moved_by(section, field, value).unwrap_or_else(|| panic!("{what}: not a move"));
+        assert!(why.contains(what), "{what}: {why}");
+    }
+}
+
+/// The watch returns the retirement when the resource is deleted, and when
+/// it is gone from a (re)list, for the uid the sidecar started with.
+#[tokio::test(start_paused = true)]
+async fn the_lease_watch_retires_the_sidecar_when_its_lease_is_deleted() {
+    let api = api_server();
+    api.insert(LEASES, spanner_lease("u-1"));
+    let watch = tokio::spawn(watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        spanner_settings().await,
+        |_| {},
+    ));
+    api.wait_for_requests(2).await;
+    assert!(!watch.is_finished(), "nothing moved yet");
+    api.delete(LEASES, "web");
+    let retired = tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("retired")
+        .unwrap();
+    assert_eq!(retired.uid, "u-1");
+    assert!(retired.why.contains("deleted"), "{}", retired.why);
+
+    // Started on a lease that is gone by the time the watch lists.
+    let watch = watch_lease(
+        api.client("prod"),
+        "prod",
+        binding("u-1"),
+        spanner_settings().await,
+        |_| {},
+    );
+    let retired = tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("retired");
+    assert!(retired.why.contains("gone"), "{}", retired.why);
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
 }

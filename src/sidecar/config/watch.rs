@@ -5,40 +5,66 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
-use super::Settings;
+use super::{LeaseBinding, Settings};
 use crate::api::{DistributedLease, validate};
 use crate::lease::Timing;
-use crate::sidecar::pod::{PodRef, watch_backoff};
+use crate::sidecar::pod::watch_backoff;
 
-/// Follows the `DistributedLease` after start. New timing applies from the
-/// next term; a new lock, store, label key or partition count needs a
-/// restart (a running elector cannot move its lease, and members counting
-/// different partitions would plan apart), which is logged.
+/// Why a sidecar stops campaigning on the lease it is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retirement {
+    /// The `metadata.uid` of the lease it retires from.
+    pub uid: String,
+    pub why: String,
+}
+
+/// Follows the `DistributedLease` this sidecar is bound to after start, and
+/// returns once the sidecar must retire from it: the resource was deleted
+/// (or is being deleted), came back with another uid, or names another
+/// lock, store or partition count than the sidecar started with. A running
+/// elector cannot move its lease, and candidates of one resource must not
+/// campaign on two stores at once (issue 40), so the caller stops claiming,
+/// releases and re-executes onto the new resource (`sidecar::retire`).
+/// New timing applies from the next term; a new label key is logged.
 pub async fn watch_lease(
     client: kube::Client,
-    pod: PodRef,
-    lease: String,
+    namespace: &str,
+    bound: LeaseBinding,
     started: Settings,
     set_timing: impl Fn(Timing),
-) {
-    let api: Api<DistributedLease> = Api::namespaced(client, &pod.namespace);
+) -> Retirement {
+    let api: Api<DistributedLease> = Api::namespaced(client, namespace);
+    let lease = bound.name.clone();
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
     let events = watcher(api, config).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
     let mut timing = started.timing;
+    // Whether the current (re)list showed the resource: one that is absent
+    // from a list was deleted while the watch was down.
+    let mut listed = false;
+    let retire = |why: String| Retirement {
+        uid: bound.uid.clone(),
+        why,
+    };
     while let Some(event) = events.next().await {
         let resource = match event {
-            Ok(watcher::Event::Apply(r)) | Ok(watcher::Event::InitApply(r)) => r,
-            Ok(watcher::Event::Delete(_)) => {
-                warn!(%lease, "the DistributedLease was deleted; keeping the settings this sidecar started with");
+            Ok(watcher::Event::Init) => {
+                listed = false;
                 continue;
             }
+            Ok(watcher::Event::InitDone) if !listed => return retire("the DistributedLease is gone".into()),
+            Ok(watcher::Event::Delete(_)) => return retire("the DistributedLease was deleted".into()),
+            Ok(watcher::Event::Apply(r)) | Ok(watcher::Event::InitApply(r)) => r,
             Ok(_) => continue,
             Err(e) => {
                 debug!(error = %e, "lease watch error; the watcher retries");
                 continue;
             }
         };
+        listed = true;
+        if let Some(why) = moved(&bound, &started, &resource) {
+            return retire(why);
+        }
         match validate(&resource) {
             Ok(valid) => {
                 if valid.timing != timing {
@@ -46,15 +72,40 @@ pub async fn watch_lease(
                     set_timing(valid.timing);
                     timing = valid.timing;
                 }
-                let moved = valid.lock != started.lock
-                    || !valid.store.names(&started.store)
-                    || valid.label_key != started.publishing.label_key
-                    || valid.partitions != started.partitions;
-                if moved {
-                    warn!(%lease, "the lease's lock, store, label key or partitions changed; restart the pod to apply");
+                if valid.label_key != started.publishing.label_key {
+                    warn!(%lease, "the lease's label key changed; restart the pod to apply");
                 }
             }
             Err(e) => warn!(%lease, error = %e, "the DistributedLease is invalid now; keeping the current settings"),
         }
+    }
+    // The watcher retries for ever; its stream does not end.
+    std::future::pending().await
+}
+
+/// Why `resource` is no longer the lease `bound` campaigns on, if it is not.
+/// The store block and `partitions` are immutable by the CRD's rules; a CRD
+/// installed without them (an older chart) could still change them in place.
+pub(super) fn moved(bound: &LeaseBinding, started: &Settings, resource: &DistributedLease) -> Option<String> {
+    let uid = resource.metadata.uid.as_deref().unwrap_or_default();
+    if uid != bound.uid {
+        return Some(format!(
+            "the DistributedLease was recreated (uid {uid}, started with {})",
+            bound.uid
+        ));
+    }
+    if resource.metadata.deletion_timestamp.is_some() {
+        return Some("the DistributedLease is being deleted".into());
+    }
+    if resource.spec.store != bound.store {
+        return Some("the DistributedLease names another store".into());
+    }
+    match validate(resource) {
+        Ok(valid) if valid.lock != started.lock => Some(format!("the lock changed to {}", valid.lock)),
+        Ok(valid) if valid.partitions != started.partitions => Some(format!(
+            "the partitions changed from {:?} to {:?}",
+            started.partitions, valid.partitions
+        )),
+        _ => None,
     }
 }

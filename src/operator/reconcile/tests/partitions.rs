@@ -248,22 +248,44 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
 }
 
+/// Issue 40 on a partitioned lease: a live session of the namespace holding
+/// partitions keeps the finalizer (the operator leaves it alone; its
+/// candidate closes it when it retires); once it is closed, the finalizer goes.
 #[tokio::test]
-async fn deleting_a_partitioned_lease_leaves_the_sessions_alone() {
+async fn deleting_a_partitioned_lease_waits_for_its_sessions_and_leaves_them_alone() {
     let store = MemoryStore::new(5);
     let a = member(&store, "web-0", Duration::from_secs(60), &locks(0, 0..8)).await;
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
-    let (ctx, server) = context_on(Arc::new(store.clone()), metrics);
     let mut resource = lease(spec(), &[FINALIZER], None);
     resource["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let retired = vec![running_candidate("web-0", Some("u-1"))];
+    let (ctx, server) = context_on(Arc::new(store.clone()), metrics.clone());
+    let (echo, listed, session) = (resource.clone(), retired.clone(), a.clone());
+    let result = run_on(ctx, server, resource.clone(), async move |server| {
+        expect_fresh_pod_list(server, listed).await;
+        expect_event(
+            server,
+            "Warning",
+            "DeleteWaiting",
+            &format!("the sessions {session} to close"),
+        )
+        .await;
+        expect_status_apply(server, echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let held = store.observe_locks(&locks(0, 0..8)).await.unwrap();
+    assert!(held.locks.iter().all(|l| l.holder.as_deref() == Some(a.as_str())));
+
+    store.close_session(&a).await.unwrap();
+    let (ctx, server) = context_on(Arc::new(store.clone()), metrics);
     let echo = resource.clone();
     let result = run_on(ctx, server, resource, async move |server| {
+        expect_fresh_pod_list(server, retired).await;
         expect_finalizer_dropped(server, &echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
-    let held = store.observe_locks(&locks(0, 0..8)).await.unwrap();
-    assert!(held.locks.iter().all(|l| l.holder.as_deref() == Some(a.as_str())));
 }
 
 #[test]
