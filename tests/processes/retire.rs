@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use leasehold::sidecar::interface::RETIRED_FROM_ANNOTATION;
 use leasehold::store::kubernetes::lease_name;
 use leasehold::testing::api::{ApiServer, pods};
-use leasehold::testing::free_port;
 use serde_json::{Value, json};
 
-use crate::support::{get, model_kubeconfig};
+use crate::support::{get, model_kubeconfig, wait_for_ready_file};
 
 const NAMESPACE: &str = "prod";
 const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
@@ -75,12 +74,15 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
     );
     let addr = runtime.block_on(api.serve_http());
     let kubeconfig = model_kubeconfig(addr, NAMESPACE, "retire");
-    let (http, metrics) = (free_port(), free_port());
+    // Port 0: the process binds and says where in its ready file, which it
+    // writes again after re-executing.
+    let ready_file = std::env::temp_dir().join(format!("leasehold-retire-{:016x}.json", rand::random::<u64>()));
     let mut child = Running(
         Command::new(env!("CARGO_BIN_EXE_leasehold"))
             .args(["sidecar", "--lease", "web"])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .args(["--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--ready-file")
+            .arg(&ready_file)
             .env("LEASEHOLD_KUBERNETES", "true")
             .env("POD_NAME", "web-0")
             .env("POD_NAMESPACE", NAMESPACE)
@@ -92,8 +94,10 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
             .expect("leasehold sidecar starts"),
     );
     let pid = child.0.id();
+    let http = wait_for_ready_file("web-0", &ready_file, &mut child.0).http.port();
     let leading = |port: u16| {
         get(port, "/leader")
+            .ok()
             .filter(|(status, _)| *status == 200)
             .map(|(_, view)| view)
     };
@@ -139,6 +143,9 @@ fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_re
 
     // Recreated on another lock: the same process re-executes and leads there.
     api.insert(LEASES, lease("u-2", "prod/web-moved"));
+    let http = wait_for_ready_file("web-0 re-executed", &ready_file, &mut child.0)
+        .http
+        .port();
     let second = until(
         "the sidecar leads on lock prod/web-moved",
         Duration::from_secs(20),

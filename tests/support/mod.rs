@@ -72,7 +72,7 @@ pub fn get_text(port: u16, path: &str) -> Result<(u16, String), String> {
 
 /// Waits (bounded) for the sidecar's `--ready-file`, failing at once when
 /// the process exits first (a failed bind, a refused flag).
-fn wait_for_ready_file(name: &str, path: &std::path::Path, child: &mut Child) -> leasehold::sidecar::Listening {
+pub fn wait_for_ready_file(name: &str, path: &std::path::Path, child: &mut Child) -> leasehold::sidecar::Listening {
     let started = Instant::now();
     loop {
         if let Ok(text) = std::fs::read_to_string(path) {
