@@ -54,7 +54,7 @@ pub enum Error {
     Config(#[from] crate::store::select::SelectError),
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
-    #[error("no advice: {0}")]
+    #[error("no advice")]
     Timing(#[from] TimingError),
 }
 

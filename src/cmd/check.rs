@@ -39,6 +39,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
+use super::{ClusterArgs, Output};
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
@@ -50,18 +51,24 @@ pub const DEFAULT_WEBHOOK_SECRET: &str = "leasehold-webhook-tls";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Check DistributedLeases in this namespace only (default: all namespaces).
+    #[arg(short, long, alias = "lease-namespace", env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// Namespace the operator is installed in (its webhook Secret and Lease).
-    #[arg(long, env = "LEASEHOLD_CHECK_NAMESPACE", default_value = "leasehold-system")]
-    pub namespace: String,
+    #[arg(long, env = "LEASEHOLD_CHECK_OPERATOR_NAMESPACE", default_value = "leasehold-system")]
+    pub operator_namespace: String,
     /// The injection webhook's MutatingWebhookConfiguration.
     #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_CONFIGURATION", default_value = WEBHOOK_CONFIGURATION)]
     pub webhook_configuration: String,
     /// The Secret holding the webhook's CA (`ca.crt`).
     #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_SECRET", default_value = DEFAULT_WEBHOOK_SECRET)]
     pub webhook_secret: String,
-    /// Check DistributedLeases in this namespace only (default: all namespaces).
-    #[arg(long, env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    /// Output format: one line per finding, or the findings as JSON or YAML
+    /// (a list of {severity, message}).
+    #[arg(short, long, env = "LEASEHOLD_CHECK_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +79,8 @@ pub enum Error {
     Problems(usize),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Severity {
     Ok,
     Warning,
@@ -80,7 +88,7 @@ pub enum Severity {
 }
 
 /// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
     pub severity: Severity,
     pub message: String,
@@ -124,10 +132,15 @@ impl Report {
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
-    let client = crate::api::client::client().await?;
+    let client = args.cluster.client().await?;
     let report = check(client, &args).await;
-    for finding in &report.0 {
-        println!("{finding}");
+    match args.output {
+        Output::Table => report.0.iter().for_each(|finding| println!("{finding}")),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report.0).expect("findings serialize")
+        ),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&report.0).expect("findings serialize")),
     }
     match report.errors() {
         0 => Ok(()),
@@ -181,7 +194,7 @@ async fn check_crd(client: &Client, report: &mut Report) -> bool {
             true
         }
         Err(e) => {
-            report.error(format!("cannot read CRD {name}: {e}"));
+            report.error(format!("cannot read CRD {name}: {}", crate::errors::chain(&e)));
             false
         }
     }
@@ -200,17 +213,22 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
             return;
         }
         Err(e) => {
-            report.error(format!("cannot read webhook configuration {name}: {e}"));
+            report.error(format!(
+                "cannot read webhook configuration {name}: {}",
+                crate::errors::chain(&e)
+            ));
             return;
         }
     };
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.operator_namespace);
     let ca = match secrets.get_opt(&args.webhook_secret).await {
         Ok(secret) => secret.and_then(|s| s.data?.get("ca.crt").map(|ca| ca.0.clone())),
         Err(e) => {
             report.warn(format!(
-                "cannot read Secret {}/{} to compare the webhook CA: {e}",
-                args.namespace, args.webhook_secret
+                "cannot read Secret {}/{} to compare the webhook CA: {}",
+                args.operator_namespace,
+                args.webhook_secret,
+                crate::errors::chain(&e)
             ));
             None
         }
@@ -236,7 +254,7 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
             report.error(format!(
                 "webhook {}: caBundle is stale: it is not the CA in Secret {}/{} (restart the operator, or check \
                  cert-manager's cainjector)",
-                webhook.name, args.namespace, args.webhook_secret
+                webhook.name, args.operator_namespace, args.webhook_secret
             ));
         } else {
             report.ok(format!("webhook {}: caBundle is set", webhook.name));
@@ -252,8 +270,10 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
                 webhook.name, service.namespace, service.name
             )),
             Err(e) => report.error(format!(
-                "cannot read Service {}/{}: {e}",
-                service.namespace, service.name
+                "cannot read Service {}/{}: {}",
+                service.namespace,
+                service.name,
+                crate::errors::chain(&e)
             )),
         }
     }
@@ -284,7 +304,8 @@ async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, servic
             }
         }
         Err(e) => report.error(format!(
-            "cannot read the endpoints of Service {namespace}/{service}: {e}"
+            "cannot read the endpoints of Service {namespace}/{service}: {}",
+            crate::errors::chain(&e)
         )),
     }
 }
@@ -325,10 +346,11 @@ fn permissions<'a>(rules: impl IntoIterator<Item = (&'a Rule, Option<&'a str>)>)
 async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
-    let scoped = RULES
-        .iter()
-        .map(|r| (r, None))
-        .chain(NAMESPACED_RULES.iter().map(|r| (r, Some(args.namespace.as_str()))));
+    let scoped = RULES.iter().map(|r| (r, None)).chain(
+        NAMESPACED_RULES
+            .iter()
+            .map(|r| (r, Some(args.operator_namespace.as_str()))),
+    );
     for (attributes, what) in permissions(scoped) {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
@@ -341,7 +363,10 @@ async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
             Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
             Ok(_) => missing.push(what),
             Err(e) => {
-                report.error(format!("cannot review RBAC (SelfSubjectAccessReview): {e}"));
+                report.error(format!(
+                    "cannot review RBAC (SelfSubjectAccessReview): {}",
+                    crate::errors::chain(&e)
+                ));
                 return;
             }
         }
@@ -404,8 +429,9 @@ async fn check_sidecar_rbac(
                     Ok(_) => missing.push(what),
                     Err(e) => {
                         report.warn(format!(
-                            "cannot review the sidecar's RBAC (SubjectAccessReview): {e}; run the check as an \
-                             account that may create subjectaccessreviews"
+                            "cannot review the sidecar's RBAC (SubjectAccessReview): {}; run the check as an \
+                             account that may create subjectaccessreviews",
+                            crate::errors::chain(&e)
                         ));
                         return;
                     }
@@ -430,14 +456,14 @@ async fn check_sidecar_rbac(
 }
 
 async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
-    let api: Api<DistributedLease> = match &args.lease_namespace {
+    let api: Api<DistributedLease> = match &args.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
     let leases = match api.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(e) => {
-            report.error(format!("cannot list DistributedLeases: {e}"));
+            report.error(format!("cannot list DistributedLeases: {}", crate::errors::chain(&e)));
             return;
         }
     };
@@ -464,7 +490,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     let valid = match validate(lease) {
         Ok(valid) => valid,
         Err(e) => {
-            report.error(format!("{id} is invalid: {e}"));
+            report.error(format!("{id} is invalid: {}", crate::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -473,7 +499,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     let candidates = match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
-            report.error(format!("{id}: cannot list its pods: {e}"));
+            report.error(format!("{id}: cannot list its pods: {}", crate::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -507,7 +533,10 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
                     report.warn(format!("{id} (readiness gate): {warning}"));
                 }
             }
-            Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),
+            Err(e) => report.warn(format!(
+                "{id}: cannot read its Deployments: {}",
+                crate::errors::chain(&e)
+            )),
         }
     }
     let conditions = lease

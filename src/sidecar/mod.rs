@@ -51,13 +51,13 @@ pub enum Error {
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
     Kube(#[from] ::kube::Error),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -517,7 +517,11 @@ fn check_flags_come_from_the_environment_and_default_to_the_operators_names() {
             continue;
         }
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-        assert!(env.is_some_and(|e| e.starts_with("LEASEHOLD_")), "--{}", arg.get_id());
+        assert!(
+            env.is_some_and(|e| e.starts_with("LEASEHOLD_") || e == "KUBECONFIG"),
+            "--{}",
+            arg.get_id()
+        );
     }
     let operator = match Cli::try_parse_from(["leasehold", "operator"]).unwrap().command {
         Command::Operator(args) => args,

@@ -81,9 +81,10 @@ pub struct ElectionArgs {
     #[arg(long, env = interface::ENV_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
     /// This candidate's version, for people [inside Kubernetes, default: the
-    /// pod's pod-template-hash and app image].
+    /// pod's pod-template-hash and app image]. Not `--version`, which prints
+    /// leasehold's own.
     #[arg(long, env = interface::ENV_VERSION)]
-    pub version: Option<String>,
+    pub version_name: Option<String>,
     /// The number versions are ordered by, higher is newer [inside
     /// Kubernetes, default: the ReplicaSet's deployment.kubernetes.io/revision].
     #[arg(long, env = interface::ENV_REVISION)]
