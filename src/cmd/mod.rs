@@ -23,7 +23,7 @@ use crate::{operator, sidecar};
 #[command(
     name = "leasehold",
     version,
-    about = "Leader election for Kubernetes pods on Cloud Spanner, with fencing tokens"
+    about = "Leader election for Kubernetes pods on Cloud Spanner, PostgreSQL, Redis or Kubernetes Leases, with fencing tokens"
 )]
 pub struct Cli {
     /// Log format.

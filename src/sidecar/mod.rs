@@ -153,7 +153,7 @@ pub async fn run(args: Args) -> Result<()> {
         metrics_router(registry, healthz),
         servers.clone(),
     ));
-    tokio::spawn(metrics.follow(state.clone()));
+    tokio::spawn(metrics.follow(settings.lock.clone(), state.clone()));
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }

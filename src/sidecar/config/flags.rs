@@ -67,7 +67,8 @@ pub struct ElectionArgs {
     /// The pod's namespace (downward API).
     #[arg(long, env = interface::ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
-    /// The pod's UID (downward API), for Events about the pod.
+    /// The pod's UID (downward API): part of the holder identity
+    /// (`…#nonce@uid`), and the pod Events are about.
     #[arg(long, env = interface::ENV_POD_UID)]
     pub pod_uid: Option<String>,
     /// The cluster's name, part of the identity for locks shared across clusters.
