@@ -96,6 +96,23 @@ fn version_without_a_cluster_says_why_the_operators_is_unknown() {
     );
 }
 
+/// Completion scripts for the shells clap_complete knows, each naming the
+/// commands and their flags.
+#[test]
+fn completions_cover_every_command() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["completions", shell])
+            .output()
+            .expect("leasehold runs");
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for word in ["leasehold", "status", "check", "version", "kubeconfig", "version-name"] {
+            assert!(script.contains(word), "{shell}: no {word:?} in the script");
+        }
+    }
+}
+
 /// A store nobody listens on: the address and how long was waited.
 #[test]
 fn an_unreachable_store_names_its_address_and_the_timeout() {

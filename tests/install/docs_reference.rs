@@ -256,7 +256,7 @@ fn generate() -> String {
     for (path, kind, description) in crd_fields() {
         doc.push_str(&format!("| `{path}` | {kind} | {description} |\n"));
     }
-    doc.push_str("\n## Metrics\n\nThe sidecar's on its metrics port (`/metrics`, default 4041), the operator's on `--metrics-addr`.\n\n| metric | type | help |\n|---|---|---|\n");
+    doc.push_str("\n## Metrics\n\nThe sidecar's on its metrics port (`/metrics`, default 4041), the operator's on `--listen` (`/metrics`, default `0.0.0.0:8080`).\n\n| metric | type | help |\n|---|---|---|\n");
     for (name, kind, help) in metrics() {
         doc.push_str(&format!("| `{name}` | {kind} | {} |\n", cell(&help)));
     }
