@@ -117,24 +117,24 @@ fn completions_cover_every_command() {
 #[test]
 fn an_unreachable_store_names_its_address_and_the_timeout() {
     // Port 1 (tcpmux) is closed on any test machine: the connection is refused at once.
-    let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args([
-            "advise",
-            "--store",
+    for (store, url, says) in [
+        (
             "postgres",
-            "--store-url",
             "postgres://leasehold@127.0.0.1:1/leases",
-            "--for",
-            "1s",
-        ])
-        .env_remove("LEASEHOLD_STORE_URL_FILE")
-        .output()
-        .expect("leasehold runs");
-    let lines = error_lines(&output);
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("no connection to PostgreSQL at 127.0.0.1:1 within ")),
-        "{lines:#?}"
-    );
+            "no connection to PostgreSQL at 127.0.0.1:1 within ",
+        ),
+        (
+            "redis",
+            "redis://127.0.0.1:1/0",
+            "no connection to Redis at 127.0.0.1:1 within ",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["advise", "--store", store, "--store-url", url, "--for", "1s"])
+            .env_remove("LEASEHOLD_STORE_URL_FILE")
+            .output()
+            .expect("leasehold runs");
+        let lines = error_lines(&output);
+        assert!(lines.iter().any(|l| l.contains(says)), "{store}: {lines:#?}");
+    }
 }
