@@ -176,9 +176,11 @@ fn event_reasons() -> BTreeSet<(String, &'static str)> {
         let source = std::fs::read_to_string(&file).unwrap();
         let literals = literals_with_context(&source);
         for (i, (literal, context)) in literals.iter().enumerate() {
+            // A condition's status (True, False, Unknown) is never a reason.
             let camel = literal.len() > 2
                 && literal.starts_with(|c: char| c.is_ascii_uppercase())
-                && literal.chars().all(|c| c.is_ascii_alphabetic());
+                && literal.chars().all(|c| c.is_ascii_alphabetic())
+                && !matches!(literal.as_str(), "True" | "False" | "Unknown");
             if !camel {
                 continue;
             }
