@@ -56,13 +56,19 @@ PROMETHEUS_FILES = ROOT / "manifests" / "prometheus"
 CHART_RULES = CHART / "files" / "leasehold-rules.yaml"
 CHART_DASHBOARD = CHART / "files" / "leasehold-dashboard.json"
 # Every optional part of the chart turned on.
+DIGEST = "sha256:" + "ab" * 32
 ALL_ON = {
     "global": {"imageRegistry": "registry.example.com"},
+    "image": {"digest": DIGEST},
     "imagePullSecrets": [{"name": "regcred"}],
-    "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer"}},
+    "operator": {"priorityClassName": "system-cluster-critical"},
+    "webhook": {"enabled": True, "certManager": {"enabled": True, "issuerName": "my-issuer", "issuerKind": "ClusterIssuer"}},
     "sidecar": {"mode": "container", "rbac": {"namespaces": {"my-app": ["scheduler"], "batch": ["consumer", "default"]}},
-                "admissionPolicy": {"enabled": True, "required": True}},
-    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "admissionPolicy": {"enabled": True, "required": True},
+                "resources": {"requests": {"cpu": "50m", "memory": "40Mi"}, "limits": {"memory": "80Mi"}}},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "podMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
                 "grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget": {"enabled": True},
 }
@@ -351,6 +357,102 @@ def check_helm(schemas):
     return results
 
 
+def the(docs, kind):
+    return next((d for d in docs if d["kind"] == kind), None)
+
+
+def operator_pod(docs):
+    return the(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def chart_value_problems(docs):
+    """What each value people expect does to the rendered chart (ALL_ON)."""
+    out = []
+    pod = operator_pod(docs)
+    operator = pod["containers"][0]
+    if operator["image"] != f"ghcr.io/leasehold/leasehold@{DIGEST}":
+        out.append(f"image.digest: the operator's image is {operator['image']}")
+    if env_of(operator).get("LEASEHOLD_SIDECAR_IMAGE") != operator["image"]:
+        out.append("image.digest: the injected sidecar's image is not the operator's")
+    if pod.get("priorityClassName") != "system-cluster-critical":
+        out.append("operator.priorityClassName: not on the operator's pod")
+    issuer = the(docs, "Certificate")["spec"]["issuerRef"]
+    if issuer != {"name": "my-issuer", "kind": "ClusterIssuer"}:
+        out.append(f"webhook.certManager.issuerKind: issuerRef is {issuer}")
+    sidecar = {k: env_of(operator).get(f"LEASEHOLD_SIDECAR_{k}") for k in ("CPU_REQUEST", "MEMORY_REQUEST", "MEMORY_LIMIT")}
+    if sidecar != {"CPU_REQUEST": "50m", "MEMORY_REQUEST": "40Mi", "MEMORY_LIMIT": "80Mi"}:
+        out.append(f"sidecar.resources: the operator injects {sidecar}")
+    return out
+
+
+def check_chart_values(schemas):
+    """The values a Kubernetes user expects, each rendered by Helm and validated."""
+    def rendered(label, values):
+        try:
+            docs = render(values)
+        except helm_python.HelmError as e:
+            problems.append(f"helm render ({label}): {e}")
+            return []
+        for doc in docs:
+            error = validate(doc, f"chart ({label})", schemas)
+            if error:
+                problems.append(error)
+        return docs
+
+    docs = rendered("every optional part on", ALL_ON)
+    found = chart_value_problems(docs)
+    problems.extend(found)
+    # The check itself: a chart ignoring priorityClassName is caught.
+    planted = copy.deepcopy(docs)
+    operator_pod(planted).pop("priorityClassName", None)
+    if docs and not any("priorityClassName" in p for p in chart_value_problems(planted)):
+        problems.append("self-test: an operator pod without its priorityClassName passed")
+    # Names: <release>-<nameOverride>, or fullnameOverride; the label
+    # `leasehold check` finds the install by is unchanged.
+    for values, name in (({"nameOverride": "locks"}, f"{RELEASE}-locks-operator"),
+                         ({"fullnameOverride": "shared-locks"}, "shared-locks-operator")):
+        deployment = the(rendered(f"{values}", values), "Deployment")
+        if deployment and deployment["metadata"]["name"] != name:
+            problems.append(f"{values}: the operator Deployment is {deployment['metadata']['name']}, not {name}")
+        if deployment and deployment["metadata"]["labels"].get("app.kubernetes.io/name") != "leasehold":
+            problems.append(f"{values}: the operator lost its app.kubernetes.io/name=leasehold label")
+    # The default spread over nodes, and a list replacing it.
+    default_spread = operator_pod(rendered("default values", {})).get("topologySpreadConstraints", [])
+    if [c.get("topologyKey") for c in default_spread] != ["kubernetes.io/hostname"]:
+        problems.append(f"operator: no default spread over nodes ({default_spread})")
+    zones = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+              "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "leasehold"}}}]
+    spread = operator_pod(rendered("topologySpreadConstraints", {"operator": {"topologySpreadConstraints": zones}}))
+    if spread.get("topologySpreadConstraints") != zones:
+        problems.append(f"operator.topologySpreadConstraints: rendered {spread.get('topologySpreadConstraints')}")
+    # OpenShift: the restricted SCC assigns the uid, so the chart must let it be dropped.
+    # (Helm merges a map with the defaults; null removes a key.)
+    openshift = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    values = {"operator": {"podSecurityContext": {"runAsUser": None, "runAsGroup": None}}}
+    pod = operator_pod(rendered("OpenShift securityContext", values))
+    if pod.get("securityContext") != openshift:
+        problems.append(f"operator.podSecurityContext: rendered {pod.get('securityContext')}")
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    pod = operator_pod(rendered("container securityContext", {"operator": {"securityContext": container}}))
+    if pod["containers"][0].get("securityContext") != container:
+        problems.append(f"operator.securityContext: rendered {pod['containers'][0].get('securityContext')}")
+    # NOTES.txt names this install to `leasehold check` (which finds it by its labels).
+    notes = helm_python.Chart.load(str(CHART)).render({}, name=RELEASE, namespace=RELEASE_NAMESPACE, is_install=True)
+    wanted = f"leasehold check --instance {RELEASE} --operator-namespace {RELEASE_NAMESPACE}"
+    if not any(wanted in text for template, text in notes.items() if template.endswith("NOTES.txt")):
+        problems.append(f"NOTES.txt: does not print `{wanted}`")
+    # A value the schema does not know is refused, not silently ignored.
+    try:
+        helm_python.Chart.load(str(CHART)).validate_schema({"image": {"digest": "latest"}})
+        problems.append("values.schema.json: image.digest 'latest' (not sha256:…) was accepted")
+    except helm_python.HelmError:
+        pass
+
+
 def dashboard_problems(docs):
     """The dashboard ConfigMap: labelled for Grafana's sidecar, holding the chart's file unchanged."""
     maps = [d for d in docs if d["kind"] == "ConfigMap" and (d["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"]
@@ -375,6 +477,9 @@ def monitoring_problems(docs):
         out.append("PodMonitor does not scrape the sidecar's lh-metrics port")
     if found["PrometheusRule"][0]["spec"] != yaml.safe_load(CHART_RULES.read_text()):
         out.append("PrometheusRule: its spec is not files/leasehold-rules.yaml")
+    for kind, objs in found.items():
+        if objs[0]["metadata"]["labels"].get("release") != "kps":
+            out.append(f"{kind}: metrics.*.labels (release: kps, as kube-prometheus-stack selects) not on it")
     return out
 
 
@@ -677,6 +782,7 @@ def main():
     check_chart()
     check_dockerfile()
     helm_docs = check_helm(schemas)
+    check_chart_values(schemas)
     check_webhook_opt_in(helm_docs)
     policies = check_admission_policy(helm_docs)
     if not policies:

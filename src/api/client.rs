@@ -3,7 +3,7 @@
 //! when the TLS stack refuses one.
 
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -21,32 +21,73 @@ pub enum ClientError {
         #[source]
         source: kube::Error,
     },
+    #[error("no kubeconfig: {looked} and this is not a pod; pass --kubeconfig <file> or set KUBECONFIG")]
+    NoKubeconfig {
+        looked: String,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error("cannot read the kubeconfig {paths}: pass --kubeconfig <file> or set KUBECONFIG to one that exists")]
+    UnreadableKubeconfig {
+        paths: String,
+        #[source]
+        source: KubeconfigError,
+    },
     #[error("cannot configure the Kubernetes client")]
     Config(#[source] kube::Error),
 }
 
-/// The client from `KUBECONFIG` (or `~/.kube/config`), else the pod's
-/// ServiceAccount, in the order `Client::try_default` takes them.
-pub async fn client() -> Result<Client, ClientError> {
-    match Kubeconfig::read() {
-        Ok(kubeconfig) => client_for(kubeconfig).await,
-        Err(_) => Client::try_default().await.map_err(ClientError::Config),
-    }
+/// The client of the cluster a command names: the kubeconfig at
+/// `kubeconfig` (a `KUBECONFIG`-style list of files; the flag
+/// `--kubeconfig` or the variable `KUBECONFIG`), else `~/.kube/config`,
+/// else the pod's ServiceAccount, as `kubectl` takes them; `context`
+/// picks a kubeconfig context other than the current one.
+pub async fn client(kubeconfig: Option<&str>, context: Option<&str>) -> Result<Client, ClientError> {
+    let read = match kubeconfig {
+        Some(paths) => std::env::split_paths(paths)
+            .filter(|p| !p.as_os_str().is_empty())
+            .try_fold(Kubeconfig::default(), |merged, path| {
+                Kubeconfig::read_from(path).and_then(|next| merged.merge(next))
+            })
+            .map_err(|source| ClientError::UnreadableKubeconfig {
+                paths: paths.to_string(),
+                source,
+            })?,
+        None => match Kubeconfig::read() {
+            Ok(kubeconfig) => kubeconfig,
+            // kube's `Config::incluster` reads KUBERNETES_SERVICE_HOST/PORT,
+            // which the kubelet sets in every container.
+            Err(source) => {
+                return match kube::Config::incluster() {
+                    Ok(config) => Client::try_from(config).map_err(ClientError::Config),
+                    Err(_) => Err(ClientError::NoKubeconfig {
+                        looked: "KUBECONFIG is unset, ~/.kube/config cannot be read".into(),
+                        source,
+                    }),
+                };
+            }
+        },
+    };
+    client_for(read, context).await
 }
 
-/// The client of one kubeconfig's current context.
-pub async fn client_for(kubeconfig: Kubeconfig) -> Result<Client, ClientError> {
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+/// The client of one kubeconfig's current context, or of `context`.
+pub async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<Client, ClientError> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
         .await
         .map_err(|e| ClientError::Config(e.into()))?;
-    Client::try_from(config).map_err(|e| explain(e, &kubeconfig))
+    Client::try_from(config).map_err(|e| explain(e, &kubeconfig, context))
 }
 
-fn explain(error: kube::Error, kubeconfig: &Kubeconfig) -> ClientError {
+fn explain(error: kube::Error, kubeconfig: &Kubeconfig, context: Option<&str>) -> ClientError {
     if !format!("{error:?}").contains("UnsupportedCertVersion") {
         return ClientError::Config(error);
     }
-    let (user, certificate) = current_certificate(kubeconfig);
+    let (user, certificate) = current_certificate(kubeconfig, context);
     ClientError::CertificateVersion {
         user,
         certificate,
@@ -54,12 +95,11 @@ fn explain(error: kube::Error, kubeconfig: &Kubeconfig) -> ClientError {
     }
 }
 
-/// The current context's user and where its client certificate comes from.
-fn current_certificate(kubeconfig: &Kubeconfig) -> (String, String) {
-    let user = kubeconfig
-        .current_context
-        .as_ref()
-        .and_then(|name| kubeconfig.contexts.iter().find(|c| &c.name == name))
+/// The chosen (else current) context's user and where its client certificate comes from.
+fn current_certificate(kubeconfig: &Kubeconfig, context: Option<&str>) -> (String, String) {
+    let user = context
+        .or(kubeconfig.current_context.as_deref())
+        .and_then(|name| kubeconfig.contexts.iter().find(|c| c.name == name))
         .and_then(|c| c.context.as_ref()?.user.clone())
         .unwrap_or_default();
     let certificate = kubeconfig

@@ -647,7 +647,7 @@ async fn a_version_1_client_certificate_is_named() {
         key.display()
     ))
     .unwrap();
-    let Err(error) = client::client_for(kubeconfig).await else {
+    let Err(error) = client::client_for(kubeconfig, None).await else {
         panic!("a version 1 client certificate was accepted");
     };
     let message = error.to_string();

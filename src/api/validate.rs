@@ -110,9 +110,10 @@ pub struct ValidLease {
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValidationError {
-    /// Timing messages start with the field name already.
+    /// Timing messages start with the field name already; the whole
+    /// message is here (not a source) so that it reads `spec.<field> …`.
     #[error("spec.{0}")]
-    Timing(#[from] TimingError),
+    Timing(TimingError),
     /// Lock name messages start with the field name already.
     #[error(transparent)]
     LockName(#[from] LockNameError),
@@ -124,6 +125,12 @@ pub enum ValidationError {
 }
 
 pub type Result<T, E = ValidationError> = std::result::Result<T, E>;
+
+impl From<TimingError> for ValidationError {
+    fn from(e: TimingError) -> Self {
+        ValidationError::Timing(e)
+    }
+}
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ValidationError {
     ValidationError::Field {

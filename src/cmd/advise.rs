@@ -52,9 +52,9 @@ pub struct Args {
 pub enum Error {
     #[error(transparent)]
     Config(#[from] crate::store::select::SelectError),
-    #[error("store")]
+    #[error("cannot measure the store")]
     Store(#[from] crate::lease::StoreError),
-    #[error("no advice: {0}")]
+    #[error("no advice")]
     Timing(#[from] TimingError),
 }
 

@@ -39,6 +39,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
+use super::installed::{self, Operator};
+use super::{ClusterArgs, Output};
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
@@ -50,18 +52,132 @@ pub const DEFAULT_WEBHOOK_SECRET: &str = "leasehold-webhook-tls";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Namespace the operator is installed in (its webhook Secret and Lease).
-    #[arg(long, env = "LEASEHOLD_CHECK_NAMESPACE", default_value = "leasehold-system")]
-    pub namespace: String,
-    /// The injection webhook's MutatingWebhookConfiguration.
-    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_CONFIGURATION", default_value = WEBHOOK_CONFIGURATION)]
-    pub webhook_configuration: String,
-    /// The Secret holding the webhook's CA (`ca.crt`).
-    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_SECRET", default_value = DEFAULT_WEBHOOK_SECRET)]
-    pub webhook_secret: String,
     /// Check DistributedLeases in this namespace only (default: all namespaces).
-    #[arg(long, env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    #[arg(short, long, alias = "lease-namespace", env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The install to check, by its Helm release (label
+    /// app.kubernetes.io/instance) [default: the one operator Deployment
+    /// labelled app.kubernetes.io/name=leasehold].
+    #[arg(long, env = "LEASEHOLD_CHECK_INSTANCE")]
+    pub instance: Option<String>,
+    /// Namespace the operator is installed in (its webhook Secret and Lease)
+    /// [default: its Deployment's, else leasehold-system].
+    #[arg(long, env = "LEASEHOLD_CHECK_OPERATOR_NAMESPACE")]
+    pub operator_namespace: Option<String>,
+    /// The injection webhook's MutatingWebhookConfiguration [default: the
+    /// operator's --webhook-configuration, else leasehold-sidecar-injector].
+    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_CONFIGURATION")]
+    pub webhook_configuration: Option<String>,
+    /// The Secret holding the webhook's CA (`ca.crt`) [default: the
+    /// operator's --webhook-secret, else leasehold-webhook-tls].
+    #[arg(long, env = "LEASEHOLD_CHECK_WEBHOOK_SECRET")]
+    pub webhook_secret: Option<String>,
+    /// Output format: one line per finding, or the findings as JSON or YAML
+    /// (a list of {severity, message}).
+    #[arg(short, long, env = "LEASEHOLD_CHECK_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// The names of the install being checked: from the flags, else from its
+/// operator Deployment (found by its labels, whatever the release is
+/// called), else the defaults of a release called `leasehold`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Install {
+    pub namespace: String,
+    pub webhook_configuration: String,
+    pub webhook_secret: String,
+}
+
+impl Install {
+    pub fn of(args: &Args, operator: Option<&Operator>) -> Self {
+        let setting = |flag: &Option<String>, id: &str, default: &str| {
+            flag.clone()
+                .or_else(|| operator.and_then(|o| operator_setting(o, id)))
+                .unwrap_or_else(|| default.to_string())
+        };
+        Install {
+            namespace: args
+                .operator_namespace
+                .clone()
+                .or_else(|| operator.map(|o| o.namespace.clone()))
+                .unwrap_or_else(|| DEFAULT_OPERATOR_NAMESPACE.to_string()),
+            webhook_configuration: setting(
+                &args.webhook_configuration,
+                "webhook_configuration",
+                WEBHOOK_CONFIGURATION,
+            ),
+            webhook_secret: setting(&args.webhook_secret, "webhook_secret", DEFAULT_WEBHOOK_SECRET),
+        }
+    }
+}
+
+/// Where the chart installs by default (README).
+pub const DEFAULT_OPERATOR_NAMESPACE: &str = "leasehold-system";
+
+/// The value the operator Deployment sets for the operator flag `id`, read
+/// from its container's environment under that flag's variable (the
+/// operator's command line owns the variable's name).
+fn operator_setting(operator: &Operator, id: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let command = super::Cli::command();
+    let env = command
+        .find_subcommand("operator")?
+        .get_arguments()
+        .find(|arg| arg.get_id() == id)?
+        .get_env()?
+        .to_str()?
+        .to_string();
+    operator.env.get(&env).cloned()
+}
+
+/// The operator Deployment of the install: the one found by its labels (of
+/// `--instance` when given), reported; `None` when there is none or more
+/// than one to choose from.
+async fn find_operator(client: &Client, args: &Args, report: &mut Report) -> Option<Operator> {
+    let namespace = args.operator_namespace.as_deref();
+    let instance = args.instance.as_deref();
+    let selector = installed::selector(instance);
+    match installed::operators(client, namespace, instance).await {
+        Ok(found) => match found.as_slice() {
+            [] => {
+                report.warn(format!(
+                    "no operator Deployment labelled {selector}: checking the names of a release called \
+                     leasehold (set --instance or --operator-namespace for another)"
+                ));
+                None
+            }
+            [operator] => {
+                report.ok(format!(
+                    "operator {} (release {}, image {})",
+                    operator.id(),
+                    operator.instance.as_deref().unwrap_or("?"),
+                    operator.image.as_deref().unwrap_or("?")
+                ));
+                Some(operator.clone())
+            }
+            several => {
+                let ids: Vec<String> = several
+                    .iter()
+                    .map(|o| format!("{} (release {})", o.id(), o.instance.as_deref().unwrap_or("?")))
+                    .collect();
+                report.error(format!(
+                    "{} operator Deployments: {}; pick one with --instance <release>",
+                    several.len(),
+                    ids.join(", ")
+                ));
+                None
+            }
+        },
+        Err(e) => {
+            report.warn(format!(
+                "cannot list Deployments labelled {selector}: {}; checking the names of a release called leasehold",
+                crate::errors::chain(&e)
+            ));
+            None
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +188,8 @@ pub enum Error {
     Problems(usize),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Severity {
     Ok,
     Warning,
@@ -80,7 +197,7 @@ pub enum Severity {
 }
 
 /// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
     pub severity: Severity,
     pub message: String,
@@ -124,10 +241,15 @@ impl Report {
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
-    let client = crate::api::client::client().await?;
+    let client = args.cluster.client().await?;
     let report = check(client, &args).await;
-    for finding in &report.0 {
-        println!("{finding}");
+    match args.output {
+        Output::Table => report.0.iter().for_each(|finding| println!("{finding}")),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report.0).expect("findings serialize")
+        ),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&report.0).expect("findings serialize")),
     }
     match report.errors() {
         0 => Ok(()),
@@ -139,8 +261,10 @@ pub async fn run(args: Args) -> Result<(), Error> {
 pub async fn check(client: Client, args: &Args) -> Report {
     let mut report = Report::default();
     let crd_installed = check_crd(&client, &mut report).await;
-    check_webhook(&client, args, &mut report).await;
-    check_rbac(&client, args, &mut report).await;
+    let operator = find_operator(&client, args, &mut report).await;
+    let install = Install::of(args, operator.as_ref());
+    check_webhook(&client, &install, &mut report).await;
+    check_rbac(&client, &install, &mut report).await;
     if crd_installed {
         check_leases(&client, args, &mut report).await;
     }
@@ -181,14 +305,14 @@ async fn check_crd(client: &Client, report: &mut Report) -> bool {
             true
         }
         Err(e) => {
-            report.error(format!("cannot read CRD {name}: {e}"));
+            report.error(format!("cannot read CRD {name}: {}", crate::errors::chain(&e)));
             false
         }
     }
 }
 
-async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
-    let name = &args.webhook_configuration;
+async fn check_webhook(client: &Client, install: &Install, report: &mut Report) {
+    let name = &install.webhook_configuration;
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let configuration = match api.get_opt(name).await {
         Ok(Some(configuration)) => configuration,
@@ -200,17 +324,22 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
             return;
         }
         Err(e) => {
-            report.error(format!("cannot read webhook configuration {name}: {e}"));
+            report.error(format!(
+                "cannot read webhook configuration {name}: {}",
+                crate::errors::chain(&e)
+            ));
             return;
         }
     };
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
-    let ca = match secrets.get_opt(&args.webhook_secret).await {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &install.namespace);
+    let ca = match secrets.get_opt(&install.webhook_secret).await {
         Ok(secret) => secret.and_then(|s| s.data?.get("ca.crt").map(|ca| ca.0.clone())),
         Err(e) => {
             report.warn(format!(
-                "cannot read Secret {}/{} to compare the webhook CA: {e}",
-                args.namespace, args.webhook_secret
+                "cannot read Secret {}/{} to compare the webhook CA: {}",
+                install.namespace,
+                install.webhook_secret,
+                crate::errors::chain(&e)
             ));
             None
         }
@@ -236,7 +365,7 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
             report.error(format!(
                 "webhook {}: caBundle is stale: it is not the CA in Secret {}/{} (restart the operator, or check \
                  cert-manager's cainjector)",
-                webhook.name, args.namespace, args.webhook_secret
+                webhook.name, install.namespace, install.webhook_secret
             ));
         } else {
             report.ok(format!("webhook {}: caBundle is set", webhook.name));
@@ -252,8 +381,10 @@ async fn check_webhook(client: &Client, args: &Args, report: &mut Report) {
                 webhook.name, service.namespace, service.name
             )),
             Err(e) => report.error(format!(
-                "cannot read Service {}/{}: {e}",
-                service.namespace, service.name
+                "cannot read Service {}/{}: {}",
+                service.namespace,
+                service.name,
+                crate::errors::chain(&e)
             )),
         }
     }
@@ -284,7 +415,8 @@ async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, servic
             }
         }
         Err(e) => report.error(format!(
-            "cannot read the endpoints of Service {namespace}/{service}: {e}"
+            "cannot read the endpoints of Service {namespace}/{service}: {}",
+            crate::errors::chain(&e)
         )),
     }
 }
@@ -322,13 +454,13 @@ fn permissions<'a>(rules: impl IntoIterator<Item = (&'a Rule, Option<&'a str>)>)
 }
 
 /// One SelfSubjectAccessReview per verb of every operator rule.
-async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
+async fn check_rbac(client: &Client, install: &Install, report: &mut Report) {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
     let scoped = RULES
         .iter()
         .map(|r| (r, None))
-        .chain(NAMESPACED_RULES.iter().map(|r| (r, Some(args.namespace.as_str()))));
+        .chain(NAMESPACED_RULES.iter().map(|r| (r, Some(install.namespace.as_str()))));
     for (attributes, what) in permissions(scoped) {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
@@ -341,7 +473,10 @@ async fn check_rbac(client: &Client, args: &Args, report: &mut Report) {
             Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
             Ok(_) => missing.push(what),
             Err(e) => {
-                report.error(format!("cannot review RBAC (SelfSubjectAccessReview): {e}"));
+                report.error(format!(
+                    "cannot review RBAC (SelfSubjectAccessReview): {}",
+                    crate::errors::chain(&e)
+                ));
                 return;
             }
         }
@@ -404,8 +539,9 @@ async fn check_sidecar_rbac(
                     Ok(_) => missing.push(what),
                     Err(e) => {
                         report.warn(format!(
-                            "cannot review the sidecar's RBAC (SubjectAccessReview): {e}; run the check as an \
-                             account that may create subjectaccessreviews"
+                            "cannot review the sidecar's RBAC (SubjectAccessReview): {}; run the check as an \
+                             account that may create subjectaccessreviews",
+                            crate::errors::chain(&e)
                         ));
                         return;
                     }
@@ -430,14 +566,14 @@ async fn check_sidecar_rbac(
 }
 
 async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
-    let api: Api<DistributedLease> = match &args.lease_namespace {
+    let api: Api<DistributedLease> = match &args.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
     let leases = match api.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(e) => {
-            report.error(format!("cannot list DistributedLeases: {e}"));
+            report.error(format!("cannot list DistributedLeases: {}", crate::errors::chain(&e)));
             return;
         }
     };
@@ -464,7 +600,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     let valid = match validate(lease) {
         Ok(valid) => valid,
         Err(e) => {
-            report.error(format!("{id} is invalid: {e}"));
+            report.error(format!("{id} is invalid: {}", crate::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -473,7 +609,7 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
     let candidates = match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
-            report.error(format!("{id}: cannot list its pods: {e}"));
+            report.error(format!("{id}: cannot list its pods: {}", crate::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -507,7 +643,10 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
                     report.warn(format!("{id} (readiness gate): {warning}"));
                 }
             }
-            Err(e) => report.warn(format!("{id}: cannot read its Deployments: {e}")),
+            Err(e) => report.warn(format!(
+                "{id}: cannot read its Deployments: {}",
+                crate::errors::chain(&e)
+            )),
         }
     }
     let conditions = lease

@@ -26,16 +26,16 @@ pub struct Args {
     pub store: StoreKind,
     /// The PostgreSQL or Redis URL for --store postgres|redis; the demo
     /// creates the lease table when missing and uses a fresh lock.
-    #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
+    #[arg(long, env = "LEASEHOLD_DEMO_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
     /// Lease duration D [default: 3s].
-    #[arg(long, env = "LEASEHOLD_LEASE_DURATION", value_parser = parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_DEMO_LEASE_DURATION", value_parser = parse_duration_flag)]
     pub lease_duration: Option<Duration>,
     /// Renew deadline R (< D) [default: D·2/3, so 2s].
-    #[arg(long, env = "LEASEHOLD_RENEW_DEADLINE", value_parser = parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_DEMO_RENEW_DEADLINE", value_parser = parse_duration_flag)]
     pub renew_deadline: Option<Duration>,
     /// Retry period P (< R) [default: R/4, so 500ms].
-    #[arg(long, env = "LEASEHOLD_RETRY_PERIOD", value_parser = parse_duration_flag)]
+    #[arg(long, env = "LEASEHOLD_DEMO_RETRY_PERIOD", value_parser = parse_duration_flag)]
     pub retry_period: Option<Duration>,
     /// How long each leader leads before the demo disturbs it.
     #[arg(long, env = "LEASEHOLD_DEMO_HOLD", default_value = "3s", value_parser = parse_duration_flag)]

@@ -8,10 +8,12 @@ pub mod check;
 pub mod demo;
 pub mod inject;
 pub mod install_self;
+pub mod installed;
 pub mod run;
 #[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod status;
+pub mod version;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -21,7 +23,7 @@ use crate::{operator, sidecar};
 #[command(
     name = "leasehold",
     version,
-    about = "Leader election for Kubernetes pods on Cloud Spanner, with fencing tokens"
+    about = "Leader election for Kubernetes pods on Cloud Spanner, PostgreSQL, Redis or Kubernetes Leases, with fencing tokens"
 )]
 pub struct Cli {
     /// Log format.
@@ -33,6 +35,33 @@ pub struct Cli {
     pub log: Option<String>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Which cluster a command talks to, for every command that reads one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArgs {
+    /// Kubeconfig file(s), a list as in KUBECONFIG (default: ~/.kube/config,
+    /// else the pod's ServiceAccount).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<String>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, env = "LEASEHOLD_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl ClusterArgs {
+    pub async fn client(&self) -> Result<kube::Client, crate::api::client::ClientError> {
+        let kubeconfig = self.kubeconfig.as_deref().filter(|paths| !paths.trim().is_empty());
+        crate::api::client::client(kubeconfig, self.context.as_deref()).await
+    }
+}
+
+/// How a command prints what it found: for people, or for programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -80,6 +109,18 @@ pub enum Command {
     InstallSelf(install_self::Args),
     /// Measure a store's round trips and suggest lease timing (D/R/P).
     Advise(advise::Args),
+    /// Print this binary's version and, when the cluster is reachable, each
+    /// installed operator's.
+    Version(version::Args),
+    /// Print a shell completion script: `source <(leasehold completions bash)`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 impl Cli {
@@ -88,7 +129,12 @@ impl Cli {
         let default_filter = match self.command {
             #[cfg(feature = "simulate")]
             Command::Simulate(_) => "error",
-            Command::Demo(_) | Command::Check(_) | Command::Advise(_) | Command::Status(_) => "warn",
+            Command::Demo(_)
+            | Command::Check(_)
+            | Command::Advise(_)
+            | Command::Status(_)
+            | Command::Version(_)
+            | Command::Completions(_) => "warn",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
@@ -121,6 +167,15 @@ impl Cli {
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
             Command::Status(args) => block_on(async { Ok(status::run(args).await?) }),
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
+            Command::Version(args) => block_on(async {
+                version::run(args).await;
+                Ok(())
+            }),
+            Command::Completions(args) => {
+                use clap::CommandFactory;
+                clap_complete::generate(args.shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
+                Ok(())
+            }
         }
     }
 }

@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use futures::TryStreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde::Serialize;
 
+use super::{ClusterArgs, Output};
 use crate::api::DistributedLease;
 use crate::lease::Prefer;
 
@@ -22,30 +23,27 @@ pub struct Args {
     /// Show the DistributedLeases of this namespace only (default: all namespaces).
     #[arg(short, long, env = "LEASEHOLD_STATUS_NAMESPACE")]
     pub namespace: Option<String>,
-    /// Output format: a table, or JSON (an array; with --watch one object per line).
+    /// Output format: a table, JSON (an array; with --watch one object per
+    /// line) or YAML (a list; with --watch one document per lease).
     #[arg(short, long, env = "LEASEHOLD_STATUS_OUTPUT", value_enum, default_value_t = Output::Table)]
     pub output: Output,
     /// After the current state, print each lease again whenever its holder,
     /// term, candidates, version policy or conditions change, until interrupted.
     #[arg(short, long, env = "LEASEHOLD_STATUS_WATCH")]
     pub watch: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot configure the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
-    #[error("cannot list DistributedLeases: {0}")]
+    #[error(transparent)]
+    Client(#[from] crate::api::client::ClientError),
+    #[error("cannot list DistributedLeases")]
     List(#[source] kube::Error),
-    #[error("watching DistributedLeases: {0}")]
+    #[error("watching DistributedLeases failed")]
     Watch(#[source] watcher::Error),
-    #[error("cannot write the output: {0}")]
+    #[error("cannot write the output")]
     Write(#[source] std::io::Error),
 }
 
@@ -279,7 +277,7 @@ fn json_line(line: &LeaseStatus) -> String {
 /// `leasehold status`.
 pub async fn run(args: Args) -> Result<(), Error> {
     use std::io::Write;
-    let client = Client::try_default().await.map_err(Error::Client)?;
+    let client = args.cluster.client().await?;
     let api: Api<DistributedLease> = match &args.namespace {
         Some(namespace) => Api::namespaced(client, namespace),
         None => Api::all(client),
@@ -290,6 +288,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         let text = match args.output {
             Output::Table => table(&lines),
             Output::Json => serde_json::to_string_pretty(&lines).expect("status lines serialize") + "\n",
+            Output::Yaml => serde_yaml::to_string(&lines).expect("status lines serialize"),
         };
         return stdout.write_all(text.as_bytes()).map_err(Error::Write);
     }
@@ -302,6 +301,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
         let text = match args.output {
             Output::Table => line.cells().join("\t"),
             Output::Json => json_line(line),
+            Output::Yaml => format!(
+                "---\n{}",
+                serde_yaml::to_string(line)
+                    .expect("a status line serializes")
+                    .trim_end()
+            ),
         };
         writeln!(stdout, "{text}")?;
         stdout.flush()

@@ -79,16 +79,9 @@ impl StoreError {
         }
     }
 
-    /// The message and every cause below it, `: `-separated, for logs.
+    /// The message and every cause below it, each once (see [`crate::errors::chain`]).
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut next = std::error::Error::source(self);
-        while let Some(cause) = next {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            next = cause.source();
-        }
-        text
+        crate::errors::chain(self)
     }
 }
 

@@ -50,7 +50,7 @@ pub enum Backend {
 pub enum Error {
     #[error("--election-lease-duration ({0:?}) must be a whole number of seconds: a Lease stores leaseDurationSeconds")]
     FractionalLeaseDuration(Duration),
-    #[error("cannot open the election store {database}: {source}")]
+    #[error("cannot open the election store {database}")]
     Store {
         database: String,
         #[source]

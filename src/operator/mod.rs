@@ -232,7 +232,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     info!(%address, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http::router(registry, role_rx), shutdown.clone()));
 
-    let client = crate::api::client::client().await?;
+    let client = crate::api::client::client(None, None).await?;
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity.to_string()),
@@ -246,7 +246,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             let served = webhook::run(&args, injection, &namespace, client, shutdown.clone()).await;
             if let Err(e) = &served {
                 // Without its webhook the operator is broken: stop, visibly.
-                error!(error = %e, "the injection webhook failed; shutting down");
+                error!(error = %crate::errors::chain(e), "the injection webhook failed; shutting down");
                 shutdown.cancel();
             }
             served
@@ -326,7 +326,7 @@ impl ControllerRun {
             .for_each(|result| async move {
                 match result {
                     Ok((resource, _)) => debug!(resource = %resource, "reconciled"),
-                    Err(e) => warn!(error = %e, "controller"),
+                    Err(e) => warn!(error = %crate::errors::chain(&e), "controller"),
                 }
             });
         let grace_over = async {

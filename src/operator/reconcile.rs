@@ -90,11 +90,11 @@ pub const RELEASE_PATIENCE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API call failed: {0}")]
+    #[error("a Kubernetes API call failed")]
     Kube(#[from] kube::Error),
     #[error("the resource has no {0}")]
     Incomplete(&'static str),
-    #[error("releasing lock {lock} on delete failed: {source}")]
+    #[error("releasing lock {lock} on delete failed")]
     Release { lock: String, source: StoreError },
     #[error("the pod watch has not listed the pods yet")]
     PodsNotListed,
@@ -125,17 +125,17 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
         match result {
             Ok((action, _)) => Ok(action),
             Err(e) if e.is_conflict() => {
-                debug!(error = %e, "resource changed during reconcile; retrying");
+                debug!(error = %crate::errors::chain(&e), "resource changed during reconcile; retrying");
                 Err(e)
             }
             Err(e) => {
-                warn!(error = %e, "reconcile failed");
+                warn!(error = %crate::errors::chain(&e), "reconcile failed");
                 ctx.publish(
                     &lease,
                     EventType::Warning,
                     "ReconcileFailed",
                     "Reconcile",
-                    e.to_string(),
+                    crate::errors::message(&e),
                 )
                 .await;
                 Err(e)

@@ -37,7 +37,11 @@ pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -
         .get(name)
         .await
         .map_err(|e| match &e {
-            kube::Error::Api(status) if status.code == 404 => StoreError::invalid(format!("{place} does not exist")),
+            kube::Error::Api(status) if status.code == 404 => StoreError::invalid(format!(
+                "{place} does not exist: create it with the store's URL under key {key:?} \
+                 (kubectl create secret generic {name} -n {namespace} --from-literal={key}=<url>)",
+                key = secret.key
+            )),
             kube::Error::Api(status) if status.code == 403 => StoreError::invalid(format!(
                 "the operator may not read {place}: grant it get on secrets in {namespace} \
                  (Role leasehold-operator-stores, docs/rbac-operator.md)"
@@ -49,7 +53,12 @@ pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -
         .data
         .as_ref()
         .and_then(|data| data.get(&secret.key))
-        .ok_or_else(|| StoreError::invalid(format!("{place} has no key {:?}", secret.key)))?;
+        .ok_or_else(|| {
+            StoreError::invalid(format!(
+                "{place} has no key {:?}: put the store's URL under that key",
+                secret.key
+            ))
+        })?;
     let url = std::str::from_utf8(&bytes.0)
         .map_err(|e| StoreError::invalid(format!("{place} key {:?} is not UTF-8", secret.key)).caused_by(e))?;
     Ok(StoreUrl::new(url))

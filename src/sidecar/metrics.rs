@@ -35,10 +35,21 @@ pub struct FailureLabels {
     pub kind: &'static str,
 }
 
+/// client-go's leader-election metric labels: the lock's name.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ElectionLabels {
+    pub name: String,
+}
+
 /// The sidecar's metrics.
 #[derive(Clone)]
 pub struct Metrics {
     pub is_leader: Gauge,
+    /// `leader_election_master_status{name}`: `is_leader`, labelled by the
+    /// lock's name, the metric client-go
+    /// (k8s.io/client-go/tools/leaderelection/metrics.go) and
+    /// controller-runtime export, which existing dashboards already use.
+    pub master_status: Family<ElectionLabels, Gauge>,
     /// 1 healthy, 0 unhealthy, -1 cannot tell.
     pub app_healthy: Gauge,
     pub transitions: Counter,
@@ -56,6 +67,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Metrics {
             is_leader: Gauge::default(),
+            master_status: Family::default(),
             app_healthy: Gauge::default(),
             transitions: Counter::default(),
             seconds_since_renew: Gauge::default(),
@@ -67,6 +79,11 @@ impl Metrics {
             partitions_held: Gauge::default(),
             partition_members: Gauge::default(),
         };
+        registry.register(
+            "leader_election_master_status",
+            "1 while this candidate leads the lock `name`, else 0 (as client-go's leader election exports it)",
+            metrics.master_status.clone(),
+        );
         let r = registry.sub_registry_with_prefix("leasehold");
         r.register("is_leader", "1 while this candidate leads", metrics.is_leader.clone());
         r.register(
@@ -126,11 +143,12 @@ impl Metrics {
         }
     }
 
-    /// Follows the elector's state: leadership gauge, transitions, and the
-    /// time since the last renewal (refreshed every second).
-    pub async fn follow(self, mut state: tokio::sync::watch::Receiver<LeaderState>) {
+    /// Follows the elector's state of `lock`: leadership gauges, transitions,
+    /// and the time since the last renewal (refreshed every second).
+    pub async fn follow(self, lock: String, mut state: tokio::sync::watch::Receiver<LeaderState>) {
         let mut ticker = tokio::time::interval(Duration::from_secs(1));
         let mut led = false;
+        let leads_gauge = self.master_status.get_or_create(&ElectionLabels { name: lock }).clone();
         loop {
             let current = state.borrow_and_update().clone();
             let leads = current.is_leader_at(Instant::now());
@@ -139,6 +157,7 @@ impl Metrics {
                 led = leads;
             }
             self.is_leader.set(i64::from(leads));
+            leads_gauge.set(i64::from(leads));
             let since = current
                 .renewed
                 .filter(|_| leads)
@@ -310,6 +329,39 @@ mod tests {
             );
         }
         assert!(text.contains("leasehold_app_healthy -1"), "{text}");
+    }
+
+    /// `leader_election_master_status{name}` follows leadership as
+    /// client-go's does, and the README documents it.
+    #[tokio::test]
+    async fn the_client_go_leader_metric_follows_leadership() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let (tx, rx) = tokio::sync::watch::channel(LeaderState::default());
+        let following = tokio::spawn(metrics.clone().follow("jobs".into(), rx));
+        let encoded = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+            text
+        };
+        let shows = async |value: u8| {
+            let wanted = format!("leader_election_master_status{{name=\"jobs\"}} {value}");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !encoded(&registry).contains(&wanted) {
+                assert!(Instant::now() < deadline, "no {wanted} in {}", encoded(&registry));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        shows(0).await;
+        tx.send_replace(LeaderState {
+            leader: true,
+            deadline: Some(Instant::now() + Duration::from_secs(60)),
+            ..LeaderState::default()
+        });
+        shows(1).await;
+        assert!(include_str!("../../README.md").contains("leader_election_master_status"));
+        drop(tx);
+        following.await.unwrap();
     }
 
     #[tokio::test]

@@ -52,13 +52,13 @@ pub enum Error {
     Store(#[from] crate::lease::StoreError),
     #[error("Kubernetes API")]
     Kube(#[from] ::kube::Error),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
     #[error("cannot write the ready file {}", path.display())]
     ReadyFile {
         path: std::path::PathBuf,
@@ -180,7 +180,7 @@ pub async fn run(args: Args) -> Result<()> {
         metrics_router(registry, healthz),
         servers.clone(),
     ));
-    tokio::spawn(metrics.follow(state.clone()));
+    tokio::spawn(metrics.follow(settings.lock.clone(), state.clone()));
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }

@@ -77,7 +77,7 @@ pub enum SelectError {
     UrlWithoutUrlStore,
     #[error("--store spanner needs --database")]
     NeedsDatabase,
-    #[error("--store-url-file {path}: {source}")]
+    #[error("cannot read --store-url-file {path}")]
     UrlFile {
         path: std::path::PathBuf,
         #[source]

@@ -2,9 +2,17 @@
 
 use std::process::Command;
 
+/// Run as a reader of the README would: after "Try it on one machine",
+/// which exports the sidecar's LEASEHOLD_STORE_URL (the demo has variables
+/// of its own, so the export does not change it).
 fn leasehold(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args(args)
+        .env(
+            "LEASEHOLD_STORE_URL",
+            "postgres://postgres:secret@127.0.0.1:5432/postgres?sslmode=disable",
+        )
+        .env("LEASEHOLD_LEASE_DURATION", "1h")
         .output()
         .expect("leasehold runs")
 }

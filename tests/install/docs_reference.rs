@@ -70,7 +70,20 @@ fn metrics() -> Vec<(String, String, String)> {
             continue;
         };
         let prefix = prefix.split('"').next().unwrap();
-        for call in code.split(".register(").skip(1) {
+        let pieces: Vec<&str> = code.split(".register(").collect();
+        for (before, call) in pieces.iter().zip(&pieces[1..]) {
+            // A receiver not bound to a `sub_registry_with_prefix` is the
+            // root registry: no prefix (a name other projects defined, e.g.
+            // client-go's leader_election_master_status).
+            let receiver = before
+                .trim_end()
+                .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default();
+            let root = !receiver.is_empty()
+                && !code
+                    .lines()
+                    .any(|l| l.contains(&format!("let {receiver} = ")) && l.contains("sub_registry_with_prefix"));
             let call = call.split(");").next().unwrap();
             let literals: Vec<&str> = call.split('"').skip(1).step_by(2).collect();
             let [name, help, ..] = literals.as_slice() else {
@@ -88,9 +101,13 @@ fn metrics() -> Vec<(String, String, String)> {
                 .into_iter()
                 .find(|k| declaration.contains(k))
                 .unwrap_or_else(|| panic!("{}: {field} is of no metric type: {declaration}", file.display()));
+            let prefixed = match root {
+                true => name.to_string(),
+                false => format!("{prefix}_{name}"),
+            };
             let scraped = match kind {
-                "Counter" => format!("{prefix}_{name}_total"),
-                _ => format!("{prefix}_{name}"),
+                "Counter" => format!("{prefixed}_total"),
+                _ => prefixed,
             };
             let family = if declaration.contains("Family<") {
                 " (labelled)"
@@ -159,9 +176,11 @@ fn event_reasons() -> BTreeSet<(String, &'static str)> {
         let source = std::fs::read_to_string(&file).unwrap();
         let literals = literals_with_context(&source);
         for (i, (literal, context)) in literals.iter().enumerate() {
+            // A condition's status (True, False, Unknown) is never a reason.
             let camel = literal.len() > 2
                 && literal.starts_with(|c: char| c.is_ascii_uppercase())
-                && literal.chars().all(|c| c.is_ascii_alphabetic());
+                && literal.chars().all(|c| c.is_ascii_alphabetic())
+                && !matches!(literal.as_str(), "True" | "False" | "Unknown");
             if !camel {
                 continue;
             }
@@ -239,7 +258,7 @@ fn generate() -> String {
     for (path, kind, description) in crd_fields() {
         doc.push_str(&format!("| `{path}` | {kind} | {description} |\n"));
     }
-    doc.push_str("\n## Metrics\n\nThe sidecar's on its metrics port (`/metrics`, default 4041), the operator's on `--metrics-addr`.\n\n| metric | type | help |\n|---|---|---|\n");
+    doc.push_str("\n## Metrics\n\nThe sidecar's on its metrics port (`/metrics`, default 4041), the operator's on `--listen` (`/metrics`, default `0.0.0.0:8080`).\n\n| metric | type | help |\n|---|---|---|\n");
     for (name, kind, help) in metrics() {
         doc.push_str(&format!("| `{name}` | {kind} | {} |\n", cell(&help)));
     }

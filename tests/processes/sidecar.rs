@@ -271,7 +271,7 @@ fn behind_the_version_fence_an_older_revision_stays_a_follower() {
         let flags = [
             "--revision".to_string(),
             revision.to_string(),
-            "--version".into(),
+            "--version-name".into(),
             format!("app:{revision}"),
             "--version-fence".into(),
         ];

@@ -1,8 +1,17 @@
+{{- /* The prefix of every object's name: fullnameOverride, else the release
+       and the chart's name (nameOverride, else leasehold), once when the
+       release already contains it. The app.kubernetes.io/name label stays
+       "leasehold": `leasehold check` and `leasehold version` find installs by it. */ -}}
 {{- define "leasehold.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -28,6 +37,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{- /* image.digest (sha256:…) pins the image and wins over the tag. */ -}}
 {{- define "leasehold.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}

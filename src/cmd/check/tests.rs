@@ -31,6 +31,11 @@ struct Cluster {
     leases: Vec<Value>,
     pods: Vec<Value>,
     deployments: Vec<Value>,
+    /// The operator Deployments (any namespace), found by their labels.
+    operators: Vec<Value>,
+    /// The operator's namespace, webhook configuration and Secret
+    /// [default: a release called leasehold in leasehold-system].
+    names: Option<(&'static str, &'static str, &'static str)>,
     /// Requests nobody expected, and access reviews the operator's rules do not grant.
     unexpected: Vec<String>,
     requests: Vec<String>,
@@ -61,6 +66,33 @@ fn not_found() -> (u16, Value) {
     (404, api::status(404, "NotFound", "not found"))
 }
 
+/// The query's labelSelector, decoded.
+fn label_selector(query: &str) -> String {
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix("labelSelector="))
+        .unwrap_or_default()
+        .replace("%3D", "=")
+        .replace("%2C", ",")
+        .replace("%2F", "/")
+}
+
+/// An operator Deployment as the chart renders it for `release` in `namespace`.
+fn operator(namespace: &str, release: &str, webhook_configuration: &str, secret: &str) -> Value {
+    let name = match release {
+        "leasehold" => "leasehold-operator".to_string(),
+        other => format!("{other}-leasehold-operator"),
+    };
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": name, "namespace": namespace,
+                        "labels": {"app.kubernetes.io/name": "leasehold", "app.kubernetes.io/instance": release,
+                                   "app.kubernetes.io/component": "operator"}},
+           "spec": {"selector": {"matchLabels": {}},
+                    "template": {"spec": {"containers": [{"name": "operator", "image": "ghcr.io/leasehold/leasehold:0.1.0",
+                        "env": [{"name": "LEASEHOLD_WEBHOOK_CONFIGURATION", "value": webhook_configuration},
+                                {"name": "LEASEHOLD_WEBHOOK_SECRET", "value": secret}]}]}}}})
+}
+
 fn labels_match(selector: &str, pod: &Value) -> bool {
     selector.split(',').all(|term| {
         let (key, value) = term.split_once('=').unwrap();
@@ -73,16 +105,26 @@ impl Cluster {
         self.requests.push(format!("{method} {path}"));
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let found = |v: Option<Value>| v.map_or_else(not_found, |v| (200, v));
+        let (operator_namespace, webhook_configuration, webhook_secret) =
+            self.names
+                .unwrap_or(("leasehold-system", WEBHOOK_CONFIGURATION, DEFAULT_WEBHOOK_SECRET));
         match (method, parts.as_slice()) {
+            ("GET", ["apis", "apps", "v1", "deployments"]) => {
+                let selector = label_selector(query);
+                let items: Vec<&Value> = self.operators.iter().filter(|d| labels_match(&selector, d)).collect();
+                (200, json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items}))
+            }
             ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", "distributedleases.leasehold.dev"]) => {
                 found(self.crd.clone())
             }
             ("GET", ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", name])
-                if *name == WEBHOOK_CONFIGURATION =>
+                if *name == webhook_configuration =>
             {
                 found(self.webhook.clone())
             }
-            ("GET", ["api", "v1", "namespaces", "leasehold-system", "secrets", name]) if *name == DEFAULT_WEBHOOK_SECRET => {
+            ("GET", ["api", "v1", "namespaces", namespace, "secrets", name])
+                if *namespace == operator_namespace && *name == webhook_secret =>
+            {
                 found(self.secret_ca.map(|ca| {
                     json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {"ca.crt": base64(ca)}})
                 }))
@@ -141,12 +183,7 @@ impl Cluster {
                 json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList", "metadata": {}, "items": self.leases}),
             ),
             ("GET", ["api", "v1", "namespaces", "prod", "pods"]) => {
-                let selector = query
-                    .split('&')
-                    .find_map(|p| p.strip_prefix("labelSelector="))
-                    .unwrap_or_default()
-                    .replace("%3D", "=")
-                    .replace("%2C", ",");
+                let selector = label_selector(query);
                 let items: Vec<&Value> = self.pods.iter().filter(|p| labels_match(&selector, p)).collect();
                 (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
             }
@@ -164,6 +201,10 @@ impl Cluster {
 type Shared = Arc<Mutex<Cluster>>;
 
 async fn check_against(cluster: Cluster) -> (Report, Shared) {
+    check_with(cluster, &[]).await
+}
+
+async fn check_with(cluster: Cluster, flags: &[&str]) -> (Report, Shared) {
     let cluster = Arc::new(Mutex::new(cluster));
     let (client, server) = mock_client("default");
     let serving = cluster.clone();
@@ -176,7 +217,7 @@ async fn check_against(cluster: Cluster) -> (Report, Shared) {
         );
         Some(answer)
     });
-    let args = check_args(&[]);
+    let args = check_args(flags);
     let report = check(client, &args).await;
     (report, cluster)
 }
@@ -247,6 +288,12 @@ fn healthy() -> Cluster {
             ),
         )],
         pods: vec![pod("web-0", "web", None), pod("web-1", "web", None)],
+        operators: vec![operator(
+            "leasehold-system",
+            "leasehold",
+            WEBHOOK_CONFIGURATION,
+            DEFAULT_WEBHOOK_SECRET,
+        )],
         ..Cluster::default()
     }
 }
@@ -517,13 +564,118 @@ fn check_flags_come_from_the_environment_and_default_to_the_operators_names() {
             continue;
         }
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-        assert!(env.is_some_and(|e| e.starts_with("LEASEHOLD_")), "--{}", arg.get_id());
+        assert!(
+            env.is_some_and(|e| e.starts_with("LEASEHOLD_") || e == "KUBECONFIG"),
+            "--{}",
+            arg.get_id()
+        );
     }
     let operator = match Cli::try_parse_from(["leasehold", "operator"]).unwrap().command {
         Command::Operator(args) => args,
         other => panic!("parsed {other:?}"),
     };
-    let args = check_args(&[]);
-    assert_eq!(args.webhook_secret, operator.webhook.webhook_secret);
-    assert_eq!(args.webhook_configuration, operator.webhook.webhook_configuration);
+    let install = Install::of(&check_args(&[]), None);
+    assert_eq!(install.webhook_secret, operator.webhook.webhook_secret);
+    assert_eq!(install.webhook_configuration, operator.webhook.webhook_configuration);
+}
+
+/// With release `other` in namespace `ops`, the names come from its
+/// operator Deployment (found by its labels), not from the defaults.
+#[tokio::test]
+async fn the_install_is_found_by_its_labels_whatever_the_release() {
+    let (configuration, secret) = ("other-leasehold-sidecar-injector", "other-leasehold-webhook-tls");
+    let mut webhook = webhook("CA-1", ("ops", "other-leasehold-webhook"));
+    webhook["metadata"]["name"] = json!(configuration);
+    let cluster = Cluster {
+        operators: vec![operator("ops", "other", configuration, secret)],
+        names: Some(("ops", configuration, secret)),
+        webhook: Some(webhook),
+        services: vec![("ops", "other-leasehold-webhook")],
+        ..healthy()
+    };
+    let (report, cluster) = check_against(cluster).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    assert_eq!(messages(&report, Severity::Warning), Vec::<String>::new());
+    let ok = messages(&report, Severity::Ok).join("\n");
+    assert!(
+        ok.contains(
+            "operator Deployment ops/other-leasehold-operator (release other, image ghcr.io/leasehold/leasehold:0.1.0)"
+        ),
+        "{ok}"
+    );
+    let cluster = cluster.lock().unwrap();
+    assert_eq!(cluster.unexpected, Vec::<String>::new());
+    assert!(
+        cluster
+            .requests
+            .contains(&format!("GET /api/v1/namespaces/ops/secrets/{secret}")),
+        "{:#?}",
+        cluster.requests
+    );
+}
+
+/// Two installs and no --instance: an error naming both and the flag;
+/// with --instance, the one it names.
+#[tokio::test]
+async fn two_installs_need_instance() {
+    let two = || Cluster {
+        operators: vec![
+            operator(
+                "leasehold-system",
+                "leasehold",
+                WEBHOOK_CONFIGURATION,
+                DEFAULT_WEBHOOK_SECRET,
+            ),
+            operator(
+                "ops",
+                "other",
+                "other-leasehold-sidecar-injector",
+                "other-leasehold-webhook-tls",
+            ),
+        ],
+        ..healthy()
+    };
+    let (report, _) = check_against(two()).await;
+    let errors = messages(&report, Severity::Error);
+    assert!(
+        errors.iter().any(|e| e.starts_with(
+            "2 operator Deployments: Deployment leasehold-system/leasehold-operator \
+             (release leasehold), Deployment ops/other-leasehold-operator (release other); pick one with --instance"
+        )),
+        "{errors:#?}"
+    );
+    let (configuration, secret) = ("other-leasehold-sidecar-injector", "other-leasehold-webhook-tls");
+    let mut webhook = webhook("CA-1", ("ops", "other-leasehold-webhook"));
+    webhook["metadata"]["name"] = json!(configuration);
+    let other = Cluster {
+        names: Some(("ops", configuration, secret)),
+        webhook: Some(webhook),
+        services: vec![("ops", "other-leasehold-webhook")],
+        ..two()
+    };
+    let (report, cluster) = check_with(other, &["--instance", "other"]).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+/// `-o json`: the findings as a list of {severity, message}.
+#[tokio::test]
+async fn findings_serialize_for_programs() {
+    let (report, _) = check_against(healthy()).await;
+    let json = serde_json::to_value(&report.0).unwrap();
+    assert_eq!(json[0]["severity"], json!("ok"), "{json}");
+    assert!(json[0]["message"].is_string(), "{json}");
+    let parsed = check_args(&["-o", "json", "-n", "prod", "--operator-namespace", "ops"]);
+    assert_eq!(
+        (
+            parsed.output,
+            parsed.namespace.as_deref(),
+            parsed.operator_namespace.as_deref()
+        ),
+        (Output::Json, Some("prod"), Some("ops"))
+    );
+    assert_eq!(
+        check_args(&["--lease-namespace", "prod"]).namespace.as_deref(),
+        Some("prod")
+    );
 }

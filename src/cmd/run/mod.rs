@@ -72,7 +72,7 @@ pub enum Error {
     Store(#[from] crate::lease::StoreError),
     #[error(
         "leadership prefers {0:?}, which needs the sidecar's watch of its peer pods; leasehold run records \
-         --revision/--version and honours the version fence only: run it as the sidecar, or prefer None"
+         --revision/--version-name and honours the version fence only: run it as the sidecar, or prefer None"
     )]
     PreferNeedsSidecar(crate::lease::Prefer),
     #[error(

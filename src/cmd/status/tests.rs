@@ -275,8 +275,36 @@ fn the_command_line_takes_namespace_output_and_watch() {
         (args.namespace.as_deref(), args.output, args.watch),
         (Some("shop"), Output::Json, true)
     );
-    let wrong = Cli::try_parse_from(["leasehold", "status", "-o", "yaml"])
+    let cli = Cli::try_parse_from([
+        "leasehold",
+        "status",
+        "-o",
+        "yaml",
+        "--kubeconfig",
+        "/k",
+        "--context",
+        "kind-a",
+    ])
+    .unwrap();
+    let Command::Status(args) = cli.command else {
+        panic!("not status")
+    };
+    assert_eq!(args.output, Output::Yaml);
+    assert_eq!(
+        (args.cluster.kubeconfig.as_deref(), args.cluster.context.as_deref()),
+        (Some("/k"), Some("kind-a"))
+    );
+    let wrong = Cli::try_parse_from(["leasehold", "status", "-o", "xml"])
         .unwrap_err()
         .to_string();
-    assert!(wrong.contains("'yaml'") && wrong.contains("--output"), "{wrong}");
+    assert!(wrong.contains("'xml'") && wrong.contains("--output"), "{wrong}");
+}
+
+/// `-o yaml` prints the lines `-o json` prints, as YAML.
+#[test]
+fn yaml_output_is_the_json_output() {
+    let lines: Vec<LeaseStatus> = leases().iter().map(line).collect();
+    let json = serde_json::to_value(&lines).unwrap();
+    let yaml: Value = serde_yaml::from_str(&serde_yaml::to_string(&lines).unwrap()).unwrap();
+    assert_eq!(yaml, json);
 }

@@ -296,7 +296,7 @@ impl GcSchedule {
 pub(super) async fn look(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<Found> {
     let valid = match validate(lease) {
         Ok(valid) => valid,
-        Err(e) => return Ok(Found::Invalid(e.to_string())),
+        Err(e) => return Ok(Found::Invalid(crate::errors::message(&e))),
     };
     let candidates = ctx.candidates(namespace, &valid.selector).await?;
     // Readiness-gated: the candidates' Deployments, read once for both

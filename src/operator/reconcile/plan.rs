@@ -326,7 +326,7 @@ impl Conditions<'_> {
             type_: kind.into(),
             status: status.into(),
             reason: reason.into(),
-            message: message.into(),
+            message: crate::errors::bounded(message),
             last_transition_time,
             observed_generation: self.generation,
         }
@@ -339,7 +339,7 @@ impl Conditions<'_> {
             .old
             .conditions
             .iter()
-            .any(|c| c.type_ == kind && c.status == status && c.message == message)
+            .any(|c| c.type_ == kind && c.status == status && c.message == crate::errors::bounded(message))
     }
 
     /// `status`, when something users see differs from the old status.
@@ -567,7 +567,10 @@ fn rolled_out_condition(
     let owners = match owners {
         Ok(owners) => owners,
         Err(e) => {
-            let message = format!("could not read the candidates' Deployments: {e}");
+            let message = format!(
+                "could not read the candidates' Deployments: {}",
+                crate::errors::chain(e)
+            );
             return at.condition(ROLLED_OUT, "Unknown", "CheckFailed", &message);
         }
     };
@@ -628,7 +631,10 @@ fn rollout_condition(
             )
         }
         Err(e) => {
-            let message = format!("could not read the candidates' Deployments: {e}");
+            let message = format!(
+                "could not read the candidates' Deployments: {}",
+                crate::errors::chain(e)
+            );
             (at.condition("RolloutSafe", "Unknown", "CheckFailed", &message), None)
         }
     }

@@ -30,7 +30,7 @@ pub struct KubeLeaseLookup(pub kube::Client);
 impl LeaseLookup for KubeLeaseLookup {
     async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
         let api: Api<crate::api::DistributedLease> = Api::namespaced(self.0.clone(), namespace);
-        let lease = api.get_opt(name).await.map_err(|e| e.to_string())?;
+        let lease = api.get_opt(name).await.map_err(|e| crate::errors::message(&e))?;
         Ok(lease.as_ref().map(LeaseInjection::of))
     }
 }

@@ -51,13 +51,13 @@ pub enum Error {
     NoCertificate,
     #[error("Secret {0} lacks ca.crt, tls.crt or tls.key")]
     IncompleteSecret(String),
-    #[error("reading {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: String, source: std::io::Error },
-    #[error("webhook listener on {addr}: {source}")]
+    #[error("cannot listen for the webhook on {addr}")]
     Listen { addr: SocketAddr, source: std::io::Error },
-    #[error("MutatingWebhookConfiguration {name}: {source}")]
+    #[error("cannot update MutatingWebhookConfiguration {name}")]
     Configuration { name: String, source: kube::Error },
-    #[error("Secret {name}: {source}")]
+    #[error("cannot read or write Secret {name}")]
     Secret { name: String, source: kube::Error },
     #[error("MutatingWebhookConfiguration {0} has no webhooks to give the CA bundle to")]
     NoWebhooks(String),

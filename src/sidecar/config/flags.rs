@@ -67,7 +67,8 @@ pub struct ElectionArgs {
     /// The pod's namespace (downward API).
     #[arg(long, env = interface::ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
-    /// The pod's UID (downward API), for Events about the pod.
+    /// The pod's UID (downward API): part of the holder identity
+    /// (`…#nonce@uid`), and the pod Events are about.
     #[arg(long, env = interface::ENV_POD_UID)]
     pub pod_uid: Option<String>,
     /// The cluster's name, part of the identity for locks shared across clusters.
@@ -81,9 +82,10 @@ pub struct ElectionArgs {
     #[arg(long, env = interface::ENV_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
     /// This candidate's version, for people [inside Kubernetes, default: the
-    /// pod's pod-template-hash and app image].
+    /// pod's pod-template-hash and app image]. Not `--version`, which prints
+    /// leasehold's own.
     #[arg(long, env = interface::ENV_VERSION)]
-    pub version: Option<String>,
+    pub version_name: Option<String>,
     /// The number versions are ordered by, higher is newer [inside
     /// Kubernetes, default: the ReplicaSet's deployment.kubernetes.io/revision].
     #[arg(long, env = interface::ENV_REVISION)]

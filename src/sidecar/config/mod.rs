@@ -54,7 +54,7 @@ pub enum Error {
          partitions are held"
     )]
     PartitionsStore { store: &'static str },
-    #[error("--version {name:?} needs --revision (LEASEHOLD_REVISION): the number versions are ordered by")]
+    #[error("--version-name {name:?} needs --revision (LEASEHOLD_REVISION): the number versions are ordered by")]
     VersionWithoutRevision { name: String },
     #[error("invalid timing ({flags})")]
     Timing {

@@ -81,11 +81,11 @@ pub struct Settings {
     pub lease: Option<LeaseBinding>,
 }
 
-/// The version the flags give: `--revision` orders it, `--version` names it.
+/// The version the flags give: `--revision` orders it, `--version-name` names it.
 /// A name without a revision cannot be ordered: outside Kubernetes, where
 /// no ReplicaSet can supply one, that is an error naming the flags.
 pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
-    match (args.revision, &args.version) {
+    match (args.revision, &args.version_name) {
         (Some(revision), name) => Ok(Some(Version {
             revision,
             name: name.clone().unwrap_or_default(),

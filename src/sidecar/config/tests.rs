@@ -35,7 +35,7 @@ async fn version_flags_are_read_and_a_name_without_a_revision_is_refused() {
     let versioned = settings(&with(&[
         "--revision",
         "7",
-        "--version",
+        "--version-name",
         "v7",
         "--prefer",
         "newest",
@@ -52,9 +52,12 @@ async fn version_flags_are_read_and_a_name_without_a_revision_is_refused() {
     );
     assert_eq!(versioned.versions.prefer, crate::lease::Prefer::Newest);
     assert!(versioned.versions.fence);
-    let err = settings(&with(&["--version", "v7"])).await.unwrap_err().to_string();
+    let err = settings(&with(&["--version-name", "v7"]))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.starts_with("--version \"v7\" needs --revision (LEASEHOLD_REVISION)"),
+        err.starts_with("--version-name \"v7\" needs --revision (LEASEHOLD_REVISION)"),
         "{err}"
     );
     let refused = Cli::try_parse_from(["sidecar", "--prefer", "latest"])

@@ -229,6 +229,24 @@ impl Queries {
 /// The channel a release of a lock in `table` is announced on (`NOTIFY`),
 /// the lock as the payload. At most 57 bytes (the table at most 48), below
 /// PostgreSQL's 63; quoted where it is an identifier, so its case is kept.
+/// `host:port` of each server the driver config names (5432 when no port is given).
+fn address_of(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                tokio_postgres::config::Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn release_channel(table: &str) -> String {
     format!("{table}_released")
 }
@@ -239,6 +257,8 @@ pub struct PostgresStore {
     config: PostgresConfig,
     pool: Pool,
     call_timeout: Duration,
+    /// `host:port` of the server(s), for the errors that say it is unreachable.
+    address: String,
     queries: Arc<Queries>,
     /// For the connection that listens for releases, outside the pool.
     listener: Connection,
@@ -355,6 +375,7 @@ impl PostgresStore {
         if pg.get_application_name().is_none() {
             pg.application_name("leasehold");
         }
+        let address = address_of(&pg);
         // A closed connection is dropped on return; a broken one shows up on
         // its next statement.
         let recycling = || ManagerConfig {
@@ -381,6 +402,7 @@ impl PostgresStore {
             config,
             pool,
             call_timeout,
+            address,
             listener,
             releases: Arc::new(Releases::new()),
             announces: Arc::new(AtomicBool::new(true)),
@@ -389,6 +411,14 @@ impl PostgresStore {
 
     pub fn config(&self) -> &PostgresConfig {
         &self.config
+    }
+
+    /// What an unreachable server looks like to a person: where, and how long we waited.
+    fn no_connection(&self, what: &str) -> String {
+        format!(
+            "{what}: no connection to PostgreSQL at {} within {:?} (is the server up and the URL's host right?)",
+            self.address, self.call_timeout
+        )
     }
 
     /// Runs one statement on a pooled connection. Contention errors are
@@ -406,8 +436,8 @@ impl PostgresStore {
         loop {
             let client = tokio::time::timeout_at(deadline, self.pool.get())
                 .await
-                .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}", self.call_timeout)))?
-                .map_err(|e| StoreError::unavailable(format!("{what}: no connection to PostgreSQL")).caused_by(e))?;
+                .map_err(|_| StoreError::unavailable(self.no_connection(what)))?
+                .map_err(|e| StoreError::unavailable(self.no_connection(what)).caused_by(e))?;
             let attempt = async {
                 let statement = client.prepare_cached(sql).await.map_err(|e| (e, Effect::Read))?;
                 client.query(&statement, params).await.map_err(|e| (e, effect))

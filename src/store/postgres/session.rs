@@ -228,9 +228,11 @@ impl PostgresStore {
         hook: Option<&Interleave>,
         committing: &mut bool,
     ) -> std::result::Result<B::Output, Failure> {
-        let mut client = self.pool.get().await.map_err(|e| {
-            Failure::Refused(StoreError::unavailable(format!("{what}: no connection to PostgreSQL")).caused_by(e))
-        })?;
+        let mut client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| Failure::Refused(StoreError::unavailable(self.no_connection(what)).caused_by(e)))?;
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::Serializable)

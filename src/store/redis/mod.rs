@@ -335,6 +335,15 @@ impl RedisStore {
         &self.config
     }
 
+    /// What an unreachable server looks like to a person: where, and how long we waited.
+    fn no_connection(&self, what: &str, hint: &str) -> String {
+        format!(
+            "{what}: no connection to Redis at {} within {:?}{hint}",
+            self.client.get_connection_info().addr(),
+            self.call_timeout
+        )
+    }
+
     /// The channel every release under this prefix is published on, the
     /// lock as the message.
     fn channel(&self) -> String {
@@ -366,8 +375,8 @@ impl RedisStore {
             self.client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(|_| StoreError::unavailable(format!("{what}: no connection within {:?}{hint}", self.call_timeout)))?
-        .map_err(|e| StoreError::unavailable(format!("{what}: no connection to Redis{hint}")).caused_by(e))?;
+        .map_err(|_| StoreError::unavailable(self.no_connection(what, hint)))?
+        .map_err(|e| StoreError::unavailable(self.no_connection(what, hint)).caused_by(e))?;
         *open = Some(connection.clone());
         Ok(connection)
     }
