@@ -99,6 +99,7 @@ impl Fence {
 
     /// The refusal of this fence's token, `seen` being the higher one the
     /// fence already holds.
+    #[cfg(any(feature = "postgres", feature = "redis", feature = "spanner"))]
     fn stale(&self, seen: i64) -> FenceError {
         FenceError::Stale {
             issuer: self.issuer.clone(),
