@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use google_cloud_lro::Poller;
 use leasehold::fence::{Fence, FenceError};
 use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
@@ -204,25 +203,18 @@ async fn spanner_refuses_a_deposed_leaders_write() {
         .await
         .unwrap();
     store.ensure_schema().await.unwrap();
+    let fence_table =
+        leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE).unwrap();
+    super::spanner::ddl(&emulator, &config, &fence_table).await;
+    super::spanner::ddl(
+        &emulator,
+        &config,
+        "CREATE TABLE orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)",
+    )
+    .await;
     let spanner = google_cloud_spanner::client::Spanner::builder()
         .with_endpoint(format!("http://{}", emulator.host))
         .build()
-        .await
-        .unwrap();
-    spanner
-        .database_admin_builder()
-        .with_endpoint(emulator.rest.clone())
-        .build()
-        .await
-        .unwrap()
-        .update_database_ddl()
-        .set_database(config.database.clone())
-        .set_statements([
-            leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE).unwrap(),
-            "CREATE TABLE orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)".to_string(),
-        ])
-        .poller()
-        .until_done()
         .await
         .unwrap();
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
