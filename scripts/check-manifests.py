@@ -19,8 +19,9 @@
 7. The injection webhook is opt-in: its selectors, as the API server reads
    them, call it for labelled namespaces or pods only, once, never in
    kube-system or the release namespace.
-8. The sidecar's ValidatingAdmissionPolicy, rendered by Helm, evaluated with
-   cel-python on requests it must allow and requests it must deny.
+8. The sidecar's and the fencing ValidatingAdmissionPolicy, rendered by Helm,
+   evaluated with cel-python on requests they must allow and requests they
+   must deny (the real API server evaluates the fencing one in the e2e suite).
 9. The checks themselves work: planted bugs must fail each check.
 Files given as arguments (e.g. `leasehold inject` output) get steps 2 and 5,
 and their leasehold sidecars must be native (init containers, restartPolicy
@@ -66,6 +67,7 @@ ALL_ON = {
     "sidecar": {"mode": "container", "rbac": {"namespaces": {"my-app": ["scheduler"], "batch": ["consumer", "default"]}},
                 "admissionPolicy": {"enabled": True, "required": True},
                 "resources": {"requests": {"cpu": "50m", "memory": "40Mi"}, "limits": {"memory": "80Mi"}}},
+    "fencing": {"enabled": True},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                 "podMonitor": {"enabled": True, "labels": {"release": "kps"}},
                 "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
@@ -693,7 +695,12 @@ def policy_decision(policy, request, old, new):
             return True, "not matched"
     variables = {}
     for variable in spec.get("variables") or []:
-        variables[variable["name"]] = evaluate(variable["expression"], dict(activation, variables=variables))
+        value = evaluate(variable["expression"], dict(activation, variables=variables))
+        # The API server evaluates a variable when an expression uses it: one
+        # that fails is left out, so only an expression using it fails.
+        if not isinstance(value, Exception):
+            # Back to Python, so json_to_cel reads a boolean as one (celpy's BoolType is an int).
+            variables[variable["name"]] = bool(value) if isinstance(value, celpy.celtypes.BoolType) else value
     activation["variables"] = variables
     for validation in spec["validations"]:
         result = evaluate(validation["expression"], activation)
@@ -702,9 +709,9 @@ def policy_decision(policy, request, old, new):
     return True, "allowed"
 
 
-def admission_policy_problems(policy, where):
+def admission_policy_problems(policy, where, cases=POLICY_CASES):
     found = []
-    for what, request, old, new, allowed in POLICY_CASES:
+    for what, request, old, new, allowed in cases:
         got, why = policy_decision(policy, request, copy.deepcopy(old), copy.deepcopy(new))
         if got != allowed:
             found.append(f"{where}: {what}: {'allowed' if got else 'denied'} ({why}), expected "
@@ -712,9 +719,77 @@ def admission_policy_problems(policy, where):
     return found
 
 
+def fenced_config_map(token="42", holder="leader-b", lock="postgres:orders", extra=None):
+    annotations = {"leasehold.dev/fencing-token": token, "leasehold.dev/fencing-holder": holder,
+                   "leasehold.dev/fencing-lock": lock}
+    annotations.update(extra or {})
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders", "namespace": "my-app",
+                                                                  "annotations": {k: v for k, v in annotations.items() if v is not None}},
+            "data": {"owner": holder or ""}}
+
+
+def writer(username, pod_name=None):
+    return {"username": username, "extra": {"authentication.kubernetes.io/pod-name": [pod_name]} if pod_name else {},
+            "subResource": ""}
+
+
+# (what, request, old object, new object, allowed): the old object holds
+# token 42 from leader-b unless it says otherwise.
+FENCING_CASES = [
+    ("the holder writes again with its token", writer("leader-b"), fenced_config_map(), fenced_config_map(), True),
+    ("the holder writes with a higher token", writer("leader-b"), fenced_config_map(), fenced_config_map("43"), True),
+    ("a new holder writes with a higher token", writer("leader-c"), fenced_config_map(), fenced_config_map("43", "leader-c"), True),
+    ("the holder writes with a lower token", writer("leader-b"), fenced_config_map(), fenced_config_map("41"), False),
+    ("a deposed leader writes its old token", writer("leader-a"), fenced_config_map(), fenced_config_map("41", "leader-a"), False),
+    ("a new holder writes an equal token", writer("leader-a"), fenced_config_map(), fenced_config_map("42", "leader-a"), False),
+    ("a deposed leader leaves the annotations untouched", writer("leader-a"), fenced_config_map(),
+     dict(fenced_config_map(), data={"owner": "leader-a"}), False),
+    ("a writer names someone else as holder", writer("leader-a"), fenced_config_map(), fenced_config_map("43", "leader-c"), False),
+    ("the token is removed", writer("leader-b"), fenced_config_map(), fenced_config_map(None), False),
+    ("every annotation is removed", writer("leader-b"), fenced_config_map(),
+     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders"}}, False),
+    ("a malformed token", writer("leader-b"), fenced_config_map(), fenced_config_map("43a"), False),
+    ("a negative token", writer("leader-b"), fenced_config_map(), fenced_config_map("-43"), False),
+    ("a token with a leading zero", writer("leader-b"), fenced_config_map(), fenced_config_map("043"), False),
+    ("the lock changes", writer("leader-b"), fenced_config_map(), fenced_config_map("43", lock="postgres:billing"), False),
+    ("the lock is removed", writer("leader-b"), fenced_config_map(), fenced_config_map("43", lock=None), False),
+    ("a token is added to an object without one", writer("anyone"),
+     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders"}}, fenced_config_map("1", "anyone"), True),
+    ("a pod writes as its pod name", writer("system:serviceaccount:my-app:scheduler", "web-1"), fenced_config_map(),
+     fenced_config_map("43", "web-1"), True),
+    ("a pod writes as its ServiceAccount", writer("system:serviceaccount:my-app:scheduler", "web-1"), fenced_config_map(),
+     fenced_config_map("43", "system:serviceaccount:my-app:scheduler"), False),
+    ("a nanosecond token above 2^53", writer("leader-c"), fenced_config_map("1764000000000000001"),
+     fenced_config_map("1764000000000000002", "leader-c"), True),
+    ("a nanosecond token one below", writer("leader-c"), fenced_config_map("1764000000000000001"),
+     fenced_config_map("1764000000000000000", "leader-c"), False),
+]
+
+
+def check_fencing_policy(docs):
+    """The fencing policy decides every FENCING_CASES request as listed, and
+    the check catches a policy that skips the holder binding."""
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-fencing")]
+    if not policies:
+        problems.append("chart (every optional part on): no fencing ValidatingAdmissionPolicy rendered")
+        return
+    policy = policies[0]
+    problems.extend(admission_policy_problems(policy, "chart fencing policy", FENCING_CASES))
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                and d["spec"]["policyName"] == policy["metadata"]["name"]]
+    if not bindings or bindings[0]["spec"].get("validationActions") != ["Deny"] or policy["spec"]["failurePolicy"] != "Fail":
+        problems.append("chart: the fencing policy has no binding that denies, or does not fail closed")
+    unbound = copy.deepcopy(policy)
+    unbound["spec"]["validations"] = [v for v in unbound["spec"]["validations"] if "fencing-holder must name" not in v.get("messageExpression", "")]
+    if len(unbound["spec"]["validations"]) == len(policy["spec"]["validations"]) or \
+            not admission_policy_problems(unbound, "self-test", FENCING_CASES):
+        problems.append("self-test: a fencing policy without the holder binding passed the fencing policy check")
+
+
 def check_admission_policy(helm_docs):
     docs = helm_docs.get("every optional part on", [])
-    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    check_fencing_policy(docs)
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-sidecar")]
     for policy in policies:
         problems.extend(admission_policy_problems(policy, "chart ValidatingAdmissionPolicy"))
         bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"

@@ -15,6 +15,7 @@ pub mod api;
 #[cfg(feature = "cli")]
 pub mod cmd;
 pub mod errors;
+pub mod fence;
 pub mod lease;
 #[cfg(feature = "operator")]
 pub mod operator;

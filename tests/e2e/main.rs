@@ -17,6 +17,7 @@
 mod cel;
 mod cluster;
 mod faults;
+mod fencing;
 mod fixtures;
 mod injection;
 mod install;

@@ -1,5 +1,6 @@
 //! The store conformance suite on every backend, each on a real server (memory, PostgreSQL, Redis, the Spanner emulator, a Kubernetes API server), plus each store's own behaviour.
 
+mod fencing;
 mod kubernetes;
 mod memory;
 mod postgres;

@@ -227,7 +227,7 @@ async fn a_cut_connection_is_unavailable_and_the_lease_survives_it() {
 }
 
 /// Runs one DDL statement, as the database's owner would.
-async fn ddl(emulator: &Emulator, config: &SpannerConfig, statement: &str) {
+pub(crate) async fn ddl(emulator: &Emulator, config: &SpannerConfig, statement: &str) {
     use google_cloud_lro::Poller;
     let client = google_cloud_spanner::client::Spanner::builder()
         .with_endpoint(format!("http://{}", emulator.host))

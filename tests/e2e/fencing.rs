@@ -1,0 +1,258 @@
+//! The chart's fencing ValidatingAdmissionPolicy (`fencing.enabled`),
+//! evaluated by the real API server: on a fenced ConfigMap, a deposed
+//! leader's old token is refused, so is its write that leaves the new
+//! leader's token untouched; the holder's equal and higher tokens are
+//! accepted; removing the token, a malformed token and another lock are
+//! refused; another lock's object is judged on its own tokens. The writers
+//! are two candidate pods' ServiceAccount tokens, impersonated with the pod
+//! name the API server puts in a bound token's userInfo.extra.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+use crate::cluster::{Env, apply, rendered_chart_with, wait_for};
+
+/// This test's namespace, made here and removed by [`Cleanup`].
+const NAMESPACE: &str = "e2e-fencing";
+/// The ServiceAccount both candidate pods run as.
+const ACCOUNT: &str = "candidate";
+/// A token of the size the SQL stores hand out (nanoseconds), above 2^53.
+const TOKEN: i64 = 1_764_000_000_000_000_100;
+
+/// Removes what the test made, the cluster-scoped policy and binding first,
+/// also when the test fails.
+struct Cleanup<'a> {
+    env: &'a Env,
+    policy: String,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for (kind, name) in [
+            ("validatingadmissionpolicybinding", self.policy.as_str()),
+            ("validatingadmissionpolicy", self.policy.as_str()),
+            ("namespace", NAMESPACE),
+        ] {
+            // Waits for the namespace to be gone, so a rerun can make it again.
+            let _ = self
+                .env
+                .kubectl()
+                .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
+                .status();
+        }
+    }
+}
+
+/// A client acting as candidate pod `pod`: the username of its
+/// ServiceAccount and the pod name a bound token carries
+/// (`authentication.kubernetes.io/pod-name`, Kubernetes
+/// pkg/serviceaccount/claims.go), by impersonation.
+async fn as_pod(env: &Env, pod: &str) -> Api<ConfigMap> {
+    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}"));
+    config.auth_info.impersonate_groups = Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
+    config.auth_info.impersonate_user_extra = Some(HashMap::from([(
+        "authentication.kubernetes.io/pod-name".to_string(),
+        vec![pod.to_string()],
+    )]));
+    Api::namespaced(Client::try_from(config).unwrap(), NAMESPACE)
+}
+
+fn fenced_config_map(name: &str, lock: &str, token: i64, holder: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": {
+            "leasehold.dev/fencing-lock": lock,
+            "leasehold.dev/fencing-token": token.to_string(),
+            "leasehold.dev/fencing-holder": holder,
+        }},
+        "data": {"owner": holder},
+    })
+}
+
+/// A write as a leader makes it: the annotations given (`null` removes one)
+/// and the data. The API server's refusal message, or `None` when accepted.
+async fn write(api: &Api<ConfigMap>, name: &str, annotations: Value, owner: &str) -> Option<String> {
+    patch(api, name, annotations, owner, PatchParams::default()).await
+}
+
+async fn patch(
+    api: &Api<ConfigMap>,
+    name: &str,
+    annotations: Value,
+    owner: &str,
+    params: PatchParams,
+) -> Option<String> {
+    let patch = json!({"metadata": {"annotations": annotations}, "data": {"owner": owner}});
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => Some(status.message),
+        Err(e) => panic!("patching ConfigMap {name}: {e}"),
+    }
+}
+
+fn token(token: i64, holder: &str) -> Value {
+    json!({"leasehold.dev/fencing-token": token.to_string(), "leasehold.dev/fencing-holder": holder})
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_stale_fencing_tokens() {
+    let env = Env::from_vars();
+    let client = env.client().await;
+    // ValidatingAdmissionPolicy is admissionregistration.k8s.io/v1 since
+    // Kubernetes 1.30; the chart refuses to render it for older clusters.
+    let served = client
+        .list_api_group_resources("admissionregistration.k8s.io/v1")
+        .await
+        .unwrap();
+    assert!(
+        served.resources.iter().any(|r| r.name == "validatingadmissionpolicies"),
+        "the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy"
+    );
+    let policy: Vec<Value> = rendered_chart_with(&env, &["fencing.enabled=true".into()])
+        .into_iter()
+        .filter(|o| {
+            o["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+                && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-fencing"))
+        })
+        .collect();
+    assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
+    let _cleanup = Cleanup {
+        env: &env,
+        policy: policy[0]["metadata"]["name"].as_str().unwrap().to_string(),
+    };
+    apply(
+        &client,
+        &[
+            // The chart's default namespaceSelector.
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": NAMESPACE, "labels": {"leasehold.dev/fencing": "enabled"}}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": "writer", "namespace": NAMESPACE},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch", "update"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": "writer", "namespace": NAMESPACE},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer"},
+                   "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}]}),
+            // pod-b leads lock orders with TOKEN; pod-a led before it.
+            fenced_config_map("orders", "postgres:orders", TOKEN, "pod-b"),
+            // Another lock, whose tokens are far lower.
+            fenced_config_map("billing", "redis:billing", 5, "pod-a"),
+        ],
+    )
+    .await;
+    apply(&client, &policy).await;
+    let (deposed, leader) = (as_pod(&env, "pod-a").await, as_pod(&env, "pod-b").await);
+
+    // A new policy takes effect once the API server's informers have it:
+    // wait until the deposed leader's old token is refused (dry runs, which
+    // pass admission, so an early acceptance changes nothing).
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the fencing policy in force", Duration::from_secs(60), || async {
+        patch(&deposed, "orders", token(TOKEN - 1, "pod-a"), "pod-a", dry_run.clone()).await
+    })
+    .await;
+    let stale = write(&deposed, "orders", token(TOKEN - 1, "pod-a"), "pod-a")
+        .await
+        .expect("refused");
+    assert!(
+        stale.contains(&format!(
+            "fencing token {} is not newer than {TOKEN} already seen for lock postgres:orders from another holder",
+            TOKEN - 1
+        )),
+        "{stale}"
+    );
+    // The type checker found nothing to warn about in the policy's CEL.
+    let policies: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        )),
+    );
+    let status = policies.get(&_cleanup.policy).await.unwrap().data["status"].clone();
+    assert_eq!(status["typeChecking"]["expressionWarnings"], Value::Null, "{status}");
+
+    // The deposed leader's write that leaves the annotations as they are.
+    let untouched = write(&deposed, "orders", json!({}), "pod-a").await.expect("refused");
+    assert!(
+        untouched.contains("leasehold.dev/fencing-holder must name the writer, pod-a"),
+        "{untouched}"
+    );
+    // ... or claims the current token as its own.
+    let equal = write(&deposed, "orders", token(TOKEN, "pod-a"), "pod-a")
+        .await
+        .expect("refused");
+    assert!(
+        equal.contains(&format!("fencing token {TOKEN} is not newer than {TOKEN}")),
+        "{equal}"
+    );
+
+    // The holder writes with its token again, then with a higher one.
+    assert_eq!(write(&leader, "orders", token(TOKEN, "pod-b"), "pod-b").await, None);
+    assert_eq!(write(&leader, "orders", token(TOKEN + 1, "pod-b"), "pod-b").await, None);
+    let lower = write(&leader, "orders", token(TOKEN, "pod-b"), "pod-b")
+        .await
+        .expect("refused");
+    assert!(
+        lower.contains(&format!("fencing token {TOKEN} is older than {}", TOKEN + 1)),
+        "{lower}"
+    );
+    let removed = write(&leader, "orders", json!({"leasehold.dev/fencing-token": null}), "pod-b")
+        .await
+        .expect("refused");
+    assert!(
+        removed.contains("the leasehold.dev/fencing-token annotation may not be removed"),
+        "{removed}"
+    );
+    let malformed = write(
+        &leader,
+        "orders",
+        json!({"leasehold.dev/fencing-token": "12a"}),
+        "pod-b",
+    )
+    .await
+    .expect("refused");
+    assert!(
+        malformed.contains("leasehold.dev/fencing-token 12a is malformed"),
+        "{malformed}"
+    );
+    let relocked = write(
+        &leader,
+        "orders",
+        json!({"leasehold.dev/fencing-lock": "postgres:billing", "leasehold.dev/fencing-token": (TOKEN + 2).to_string()}),
+        "pod-b",
+    )
+    .await
+    .expect("refused");
+    assert!(
+        relocked.contains("the leasehold.dev/fencing-lock annotation is immutable"),
+        "{relocked}"
+    );
+
+    // Another lock's object: its own tokens, far below the orders' ones.
+    assert_eq!(write(&deposed, "billing", token(6, "pod-a"), "pod-a").await, None);
+
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, NAMESPACE);
+    let orders = configmaps.get("orders").await.unwrap();
+    assert_eq!(orders.data.unwrap()["owner"], "pod-b", "the leader's write stays");
+    assert_eq!(
+        orders.metadata.annotations.unwrap()["leasehold.dev/fencing-token"],
+        (TOKEN + 1).to_string()
+    );
+}
