@@ -36,7 +36,7 @@ pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: 
 }
 
 /// The process of the container whose parent is outside it (its PID 1).
-fn container_main_pid(container_id: &str) -> Option<u32> {
+pub fn container_main_pid(container_id: &str) -> Option<u32> {
     let in_container = |pid: u32| {
         std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup"))
             .is_ok_and(|cgroup| cgroup.contains(container_id))
