@@ -140,6 +140,13 @@ impl LeadershipWatcher {
         self.state.lock().unwrap().claims.latest.get(pod).cloned()
     }
 
+    /// When `pod`'s sidecar was first seen claiming a term after `after`.
+    pub fn claimed_after(&self, pod: &str, after: Instant) -> Option<Instant> {
+        let state = self.state.lock().unwrap();
+        let spans = state.claims.spans.iter().filter(|((p, _), _)| p == pod);
+        spans.map(|(_, span)| span.from).filter(|from| *from >= after).min()
+    }
+
     /// The gaps (watches that failed or relisted) so far.
     pub fn gaps(&self) -> Vec<String> {
         self.state.lock().unwrap().gaps.clone()
@@ -503,7 +510,7 @@ struct Claims {
 /// The sidecar's local API, as the app container reaches it.
 const SIDECAR_API: &str = "127.0.0.1:4040";
 /// How often each candidate's claim is read: well below every lease's R.
-const CLAIM_PERIOD: Duration = Duration::from_millis(250);
+pub const CLAIM_PERIOD: Duration = Duration::from_millis(250);
 
 /// Starts a claim reader for each candidate pod as it appears.
 fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
