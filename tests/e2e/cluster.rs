@@ -51,6 +51,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-privilege-other",
     "e2e-watcher",
     "e2e-fault-kubelet",
+    "e2e-fault-partition",
     "e2e-fault-sidecar",
     "e2e-fault-delete",
     "e2e-fault-app",

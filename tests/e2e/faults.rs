@@ -15,7 +15,7 @@ use crate::cluster::{Scenario, scenario, wait_for};
 use crate::fixtures::{
     FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, exec_app, leader_only_service, leader_only_service_on,
 };
-use crate::node::{kill_and_await_restart, signal_container};
+use crate::node::{Partition, kill_and_await_restart, signal_container};
 use crate::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 
 /// After a fault: one leader, the one endpoint, its sidecar claiming the
@@ -354,6 +354,47 @@ async fn the_store_restarted() {
                 "a later term with a higher token: {was:?} then {is:?}"
             );
         }
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The leader cut off from its PostgreSQL (its packets to the server
+/// dropped inside its pod) for longer than D, the API server still
+/// reachable: it stops claiming and unlabels itself by R (its deadline runs
+/// from the send time of its last renewal), another leads with a higher
+/// token, and after healing the old leader stays a follower. The watcher's
+/// claim check covers "never two" throughout.
+#[tokio::test]
+async fn the_leader_cut_off_from_its_store() {
+    scenario("e2e-fault-partition", |s| async move {
+        let (store, watcher) = leader_only_service(&s, json!({})).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let lease = s
+            .api::<leasehold::api::DistributedLease>()
+            .get(LEASE)
+            .await
+            .expect("the lease");
+        let parse = |field: &'static str, text: &str| {
+            leasehold::lease::timing::parse_duration(field, text).unwrap_or_else(|e| panic!("{field}: {e}"))
+        };
+        let duration = parse("leaseDuration", &lease.spec.lease_duration);
+        let renew = parse("renewDeadline", &lease.spec.renew_deadline);
+        let partition = Partition::start(&s, &leader, (s.env.host_ip, store.port).into()).await;
+        let cut = std::time::Instant::now();
+        // The margin covers the label's patch and its watch event.
+        wait_for(
+            "the cut-off leader unlabelling itself by R",
+            renew + Duration::from_secs(3),
+            || async { (!watcher.leaders().contains(&leader)).then_some(()) },
+        )
+        .await;
+        let (successor, is) = converges(&s, &watcher, Some(&leader), SUCCESSOR).await;
+        assert!(token(&is) > token(&was), "a higher token: {was:?} then {is:?}");
+        tokio::time::sleep((duration + Duration::from_secs(5)).saturating_sub(cut.elapsed())).await;
+        partition.heal();
+        let (after, _) = converges(&s, &watcher, None, SUCCESSOR).await;
+        assert_eq!(after, successor, "the healed old leader stays a follower");
         watcher.finish();
     })
     .await;

@@ -78,3 +78,81 @@ pub async fn kill_and_await_restart(s: &Scenario, pod: &str, container: &str) {
     )
     .await;
 }
+
+/// A pod's outgoing TCP traffic to one address dropped inside the pod's
+/// network namespace (iptables there), as a network partition between the
+/// pod and that server would: established connections hang, new ones time
+/// out. Healed by [`heal`](Self::heal) or when dropped.
+pub struct Partition {
+    netns: String,
+    rule: Vec<String>,
+    healed: bool,
+}
+
+impl Partition {
+    pub async fn start(s: &Scenario, pod: &str, to: std::net::SocketAddr) -> Partition {
+        let pod_object: Pod = s.api().get(pod).await.unwrap_or_else(|e| panic!("pod {pod}: {e}"));
+        let status = pod_object.status.unwrap_or_default();
+        let id = status
+            .container_statuses
+            .into_iter()
+            .flatten()
+            .find_map(|c| c.container_id)
+            .unwrap_or_else(|| panic!("pod {pod} has no running container"));
+        let id = id.rsplit("://").next().unwrap_or(&id).to_string();
+        let pid = container_main_pid(&id).unwrap_or_else(|| {
+            panic!("no process of container {id} in /proc: the suite runs on the node's machine, as root")
+        });
+        let rule = [
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            &to.ip().to_string(),
+            "--dport",
+            &to.port().to_string(),
+            "-j",
+            "DROP",
+        ]
+        .map(String::from)
+        .to_vec();
+        let partition = Partition {
+            netns: format!("--net=/proc/{pid}/ns/net"),
+            rule,
+            healed: false,
+        };
+        partition
+            .iptables("-A")
+            .unwrap_or_else(|e| panic!("cutting {pod} off from {to}: {e}"));
+        partition
+    }
+
+    fn iptables(&self, action: &str) -> Result<(), String> {
+        let out = std::process::Command::new("nsenter")
+            .arg(&self.netns)
+            .arg("iptables")
+            .arg(action)
+            .args(&self.rule)
+            .output()
+            .map_err(|e| format!("running nsenter iptables (util-linux, iptables): {e}"))?;
+        out.status
+            .success()
+            .then_some(())
+            .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    pub fn heal(mut self) {
+        self.healed = true;
+        self.iptables("-D")
+            .unwrap_or_else(|e| panic!("healing the partition: {e}"));
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        if !self.healed {
+            // The pod may be gone already, and its namespace with it.
+            let _ = self.iptables("-D");
+        }
+    }
+}
