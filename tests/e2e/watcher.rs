@@ -361,7 +361,7 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
         Change::Applied(pod) => {
             state.labels.insert(pod.name_any(), labelled(&pod));
             if let Some(container) = running_container(&pod) {
-                state.containers.entry(pod.name_any()).or_insert(container);
+                state.containers.insert(pod.name_any(), container);
             }
         }
         Change::Deleted(pod) => {
@@ -515,11 +515,13 @@ pub const CLAIM_PERIOD: Duration = Duration::from_millis(250);
 /// Starts a claim reader for each candidate pod as it appears.
 fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut reading: BTreeSet<String> = BTreeSet::new();
+        // (pod UID, container ID): a reader whose container ended before it
+        // entered the namespace lets the pod's next container be read.
+        let mut reading: BTreeSet<(String, String)> = BTreeSet::new();
         while !stopped.load(Ordering::Relaxed) {
             let containers = state.lock().unwrap().containers.clone();
             for (pod, (uid, container)) in containers {
-                if reading.insert(uid.clone()) {
+                if reading.insert((uid.clone(), container.clone())) {
                     let (state, stopped) = (state.clone(), stopped.clone());
                     std::thread::spawn(move || read_claim(&pod, &uid, &container, &state, started, &stopped));
                 }
