@@ -332,7 +332,11 @@ async fn the_store_restarted() {
         let (mut store, watcher) = leader_only_service(&s, json!({})).await;
         let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
         let failures = store_failures(&s, &leader);
-        store.restart();
+        // Down for two of P: each sidecar calls the store meanwhile (a
+        // restart at once is absorbed by the connection pool's reconnect,
+        // and the sidecars see no failure), well within R.
+        let (_, retry) = lease_timing(&s).await;
+        store.restart_after(2 * retry);
         // The sidecars saw the store fail; leadership afterwards is the
         // same term, or a move with a higher token (the design's choices).
         wait_for(
