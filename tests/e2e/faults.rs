@@ -64,8 +64,9 @@ async fn converges_past(
     }
 }
 
-/// The lease's D (leaseDuration) and P (retryPeriod), as its spec has them.
-async fn lease_timing(s: &Scenario) -> (Duration, Duration) {
+/// The lease's D (leaseDuration), R (renewDeadline) and P (retryPeriod),
+/// as its spec has them.
+async fn lease_timing(s: &Scenario) -> (Duration, Duration, Duration) {
     let lease = s
         .api::<leasehold::api::DistributedLease>()
         .get(LEASE)
@@ -76,6 +77,7 @@ async fn lease_timing(s: &Scenario) -> (Duration, Duration) {
     };
     (
         parse("leaseDuration", &lease.spec.lease_duration),
+        parse("renewDeadline", &lease.spec.renew_deadline),
         parse("retryPeriod", &lease.spec.retry_period),
     )
 }
@@ -146,7 +148,7 @@ async fn pod_deleted(s: Scenario, store: &str) {
     // came before the delete, and a follower polls every P). The margin
     // covers reading the claim (the watcher reads /leader every
     // CLAIM_PERIOD) and the follower's acquire round trip to the store.
-    let (duration, retry) = lease_timing(&s).await;
+    let (duration, _, retry) = lease_timing(&s).await;
     let bound = duration + retry + CLAIM_PERIOD + Duration::from_secs(1);
     let deleted = std::time::Instant::now();
     delete_now(&s, &second).await;
@@ -335,7 +337,7 @@ async fn the_store_restarted() {
         // Down for two of P: each sidecar calls the store meanwhile (a
         // restart at once is absorbed by the connection pool's reconnect,
         // and the sidecars see no failure), well within R.
-        let (_, retry) = lease_timing(&s).await;
+        let (_, _, retry) = lease_timing(&s).await;
         store.restart_after(2 * retry);
         // The sidecars saw the store fail; leadership afterwards is the
         // same term, or a move with a higher token (the design's choices).
@@ -374,16 +376,7 @@ async fn the_leader_cut_off_from_its_store() {
     scenario("e2e-fault-partition", |s| async move {
         let (store, watcher) = leader_only_service(&s, json!({})).await;
         let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
-        let lease = s
-            .api::<leasehold::api::DistributedLease>()
-            .get(LEASE)
-            .await
-            .expect("the lease");
-        let parse = |field: &'static str, text: &str| {
-            leasehold::lease::timing::parse_duration(field, text).unwrap_or_else(|e| panic!("{field}: {e}"))
-        };
-        let duration = parse("leaseDuration", &lease.spec.lease_duration);
-        let renew = parse("renewDeadline", &lease.spec.renew_deadline);
+        let (duration, renew, _) = lease_timing(&s).await;
         let partition = Partition::start(&s, &leader, (s.env.host_ip, store.port).into()).await;
         let cut = std::time::Instant::now();
         // The margin covers the label's patch and its watch event.
