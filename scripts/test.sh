@@ -65,8 +65,17 @@ if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" 
   eval "$(scripts/e2e-cluster.sh up)"
   trap 'scripts/e2e-cluster.sh down' EXIT
 fi
-phase "nextest (build and every test)"
+# Everything but the end-to-end scenarios that disturb the whole cluster,
+# then those alone (.config/nextest.toml, group cluster-disruptive): no other
+# test runs while the API server is stopped or the CRD deleted. The second
+# runs even when the first failed; the script fails if either did.
+disruptive='binary(e2e) & test(/::disruptive::/)'
 status=0
-cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" || status=$?
+phase "nextest (build and every test but the disruptive e2e scenarios)"
+cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
+  -E "not ($disruptive)" || status=$?
+phase "nextest (the disruptive e2e scenarios, one at a time)"
+cargo nextest run --test e2e --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
+  -E "$disruptive" || status=$?
 phase ""
 exit "$status"

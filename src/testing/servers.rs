@@ -345,7 +345,14 @@ impl PostgresServer {
     /// Stops the server (fast shutdown) and starts it again on the same data
     /// and port, as a restart of a real server does.
     pub fn restart(&mut self) {
+        self.restart_after(Duration::ZERO);
+    }
+
+    /// [`restart`](Self::restart), down for `down` in between (so clients
+    /// that call every so often find it down, not only their connections cut).
+    pub fn restart_after(&mut self, down: Duration) {
         stop(&mut self.child, "INT");
+        std::thread::sleep(down);
         self.child = spawn_postgres(&self.command, &self.dir, self.user);
         let bin = Path::new(&self.command[0])
             .parent()

@@ -40,6 +40,7 @@ pub const RELEASE_NAMESPACE: &str = "leasehold-system";
 /// the namespaces of their workloads.
 pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-install",
+    "e2e-install-check",
     "e2e-inject",
     "e2e-inject-gitops",
     "e2e-webhook-down",
@@ -49,6 +50,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-privilege",
     "e2e-privilege-other",
     "e2e-watcher",
+    "e2e-fault-kubelet",
+    "e2e-fault-partition",
     "e2e-fault-sidecar",
     "e2e-fault-delete",
     "e2e-fault-app",
@@ -637,4 +640,165 @@ async fn remove_namespace(client: &Client, ns: &str) {
         .await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+}
+
+/// The operator Deployment's name, as the chart names it.
+pub const OPERATOR: &str = "leasehold-operator";
+/// The operator pods' label selector.
+pub const OPERATOR_PODS: &str = "app.kubernetes.io/name=leasehold";
+
+/// The operator scaled to 0 (its webhook down) until [`restore`](Self::restore)
+/// or, when the test fails first, until dropped: the cluster is left as it
+/// was found either way. A `disruptive` scenario: every other scenario
+/// needs the webhook.
+pub struct OperatorScaledDown {
+    env: Env,
+    client: Client,
+    replicas: i32,
+    restored: bool,
+}
+
+impl OperatorScaledDown {
+    /// Scales the operator to 0 and waits until the API server cannot
+    /// reach its webhook: no operator pod left and no endpoint at all
+    /// (terminating ones included) in the webhook Service's slices.
+    pub async fn start(s: &Scenario) -> OperatorScaledDown {
+        let deployments: Api<Deployment> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        let replicas = deployments
+            .get_scale(OPERATOR)
+            .await
+            .expect("the operator's scale")
+            .spec
+            .and_then(|spec| spec.replicas)
+            .unwrap_or(1);
+        let guard = OperatorScaledDown {
+            env: s.env.clone(),
+            client: s.client.clone(),
+            replicas,
+            restored: false,
+        };
+        deployments
+            .patch_scale(
+                OPERATOR,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .expect("scaling the operator to 0");
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        let slices: Api<EndpointSlice> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+        wait_for(
+            "no operator pod and no webhook endpoint left",
+            Duration::from_secs(120),
+            || async {
+                let pods = pods.list(&ListParams::default().labels(OPERATOR_PODS)).await.ok()?;
+                let list = slices
+                    .list(&ListParams::default().labels("kubernetes.io/service-name=leasehold-webhook"))
+                    .await
+                    .ok()?;
+                let endpoints = list.items.iter().flat_map(|s| s.endpoints.iter().flatten()).count();
+                (pods.items.is_empty() && endpoints == 0).then_some(())
+            },
+        )
+        .await;
+        guard
+    }
+
+    /// Scales the operator back and waits until it serves again.
+    pub async fn restore(mut self) {
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), RELEASE_NAMESPACE);
+        let scale = json!({"spec": {"replicas": self.replicas}});
+        deployments
+            .patch_scale(OPERATOR, &PatchParams::default(), &Patch::Merge(scale))
+            .await
+            .expect("scaling the operator back");
+        self.restored = true;
+        wait_operator_available(&self.client).await;
+    }
+}
+
+impl Drop for OperatorScaledDown {
+    fn drop(&mut self) {
+        if !self.restored {
+            let replicas = format!("--replicas={}", self.replicas);
+            let restored = self
+                .env
+                .kubectl()
+                .args(["-n", RELEASE_NAMESPACE, "scale", "deployment", OPERATOR, &replicas])
+                .status();
+            eprintln!(
+                "the operator scaled back to {} after a failure: {restored:?}",
+                self.replicas
+            );
+        }
+    }
+}
+
+/// Puts the CRDs back when dropped (a test that deletes them may fail
+/// before it does): `kubectl apply --server-side` of crds/.
+pub struct CrdsRestored {
+    pub env: Env,
+}
+
+impl Drop for CrdsRestored {
+    fn drop(&mut self) {
+        let crds = repo().join("crds");
+        let restored = self
+            .env
+            .kubectl()
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "leasehold-e2e",
+                "-f",
+            ])
+            .arg(&crds)
+            .output();
+        if !restored.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("putting the CRDs back failed: {restored:?}");
+        }
+    }
+}
+
+/// A part of the cluster stopped until [`start`](Self::start) or, when the
+/// test fails first, until dropped.
+pub struct ComponentStopped<'a> {
+    env: &'a Env,
+    name: &'static str,
+    started: bool,
+}
+
+impl Env {
+    /// Stops a part of the cluster (see [`Env::component`]) until the guard
+    /// starts it again.
+    pub fn stop_component(&self, name: &'static str) -> ComponentStopped<'_> {
+        self.component(name, "stop");
+        ComponentStopped {
+            env: self,
+            name,
+            started: false,
+        }
+    }
+}
+
+impl ComponentStopped<'_> {
+    pub fn start(mut self) {
+        self.started = true;
+        self.env.component(self.name, "start");
+    }
+}
+
+impl Drop for ComponentStopped<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            let command = self.env.component.clone().unwrap_or_default();
+            let started = Command::new("sh")
+                .arg("-c")
+                .arg(format!("{command} {} start", self.name))
+                .status();
+            eprintln!("{} started again after a failure: {started:?}", self.name);
+        }
+    }
 }

@@ -24,11 +24,13 @@ pub const FIRST_LEADER: Duration = Duration::from_secs(120);
 pub const SUCCESSOR: Duration = Duration::from_secs(60);
 
 /// The leader-only-service example on PostgreSQL with the watcher on it.
+/// The watcher is running before the scenario's first change.
 pub async fn leader_only_service(s: &Scenario, lease_spec: Value) -> (PostgresServer, LeadershipWatcher) {
+    let watcher = watch_example(s, true);
     let (server, lease) = postgres_lease(s, LEASE, lease_spec);
     s.apply(lease).await;
     s.apply(s.example("leader-only-service.yaml")).await;
-    (server, watch_example(s, true))
+    (server, watcher)
 }
 
 /// The example's lease on `store` (`postgres` or `kubernetes`), with `spec`
@@ -51,9 +53,10 @@ pub async fn lease_on(s: &Scenario, store: &str, spec: Value) -> Option<Postgres
 /// The leader-only-service example with its lease on `store` (see
 /// [`lease_on`]) and the watcher on it.
 pub async fn leader_only_service_on(s: &Scenario, store: &str) -> (Option<PostgresServer>, LeadershipWatcher) {
+    let watcher = watch_example(s, true);
     let server = lease_on(s, store, json!({})).await;
     s.apply(s.example("leader-only-service.yaml")).await;
-    (server, watch_example(s, true))
+    (server, watcher)
 }
 
 /// The watcher on the examples' candidates, their lease and (with

@@ -148,8 +148,8 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
             .expect("writing to inject");
         let out = inject.wait_with_output().expect("leasehold inject");
         assert!(out.status.success(), "leasehold inject failed");
-        s.apply(yaml_objects(&String::from_utf8_lossy(&out.stdout))).await;
         let watcher = watch_example(&s, true);
+        s.apply(yaml_objects(&String::from_utf8_lossy(&out.stdout))).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let pod: Pod = s.api().get(&leader).await.expect("the leader pod");
         assert!(native_sidecar(&pod).is_some(), "the injected sidecar is native");
@@ -158,75 +158,66 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
     .await;
 }
 
-/// The webhook's failurePolicy lets pods through while it is down: they are
-/// created without a sidecar, and both `leasehold check` and the
-/// DistributedLease status name them.
-#[tokio::test]
-async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without_a_sidecar() {
-    scenario("e2e-webhook-down", |s| async move {
-        let (_store, lease) = postgres_lease(&s, "probe", json!({"selector": {"matchLabels": {"app": "probe"}}}));
-        s.apply(lease).await;
-        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-            Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
-        let scale = |n: i32| kube::api::Patch::Merge(json!({"spec": {"replicas": n}}));
-        let params = kube::api::PatchParams::default();
-        deployments
-            .patch_scale("leasehold-operator", &params, &scale(0))
-            .await
-            .expect("scaling the operator to 0");
-        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-            Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
-        crate::cluster::wait_for("no webhook endpoint", std::time::Duration::from_secs(60), || async {
-            let list = slices
-                .list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=leasehold-webhook"))
-                .await
-                .ok()?;
-            (crate::cluster::ready_endpoints(&list.items) == 0).then_some(())
+/// Scenarios that disturb the whole cluster (the operator scaled to 0):
+/// nextest runs them alone, after the others.
+mod disruptive {
+    use super::*;
+    use crate::cluster::OperatorScaledDown;
+
+    /// The webhook's failurePolicy lets pods through while it is down: they are
+    /// created without a sidecar, and both `leasehold check` and the
+    /// DistributedLease status name them.
+    #[tokio::test]
+    async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without_a_sidecar() {
+        scenario("e2e-webhook-down", |s| async move {
+            let (_store, lease) = postgres_lease(&s, "probe", json!({"selector": {"matchLabels": {"app": "probe"}}}));
+            s.apply(lease).await;
+            let scaled_down = OperatorScaledDown::start(&s).await;
+            // The API server reaches the webhook through its own view of the
+            // endpoints, a moment behind the slices (CI saw a pod injected after
+            // the slice showed none): require several dry runs in a row to go
+            // uninjected, so a last call through a stale view cannot pass for
+            // the webhook's absence.
+            let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+            let dry_run = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            let in_a_row = std::cell::Cell::new(0);
+            crate::cluster::wait_for(
+                "the API server no longer calling the webhook (5 uninjected dry runs in a row)",
+                std::time::Duration::from_secs(60),
+                || async {
+                    let pod = pods.create(&dry_run, &probe_pod(&s, "orphan", true)).await.ok()?;
+                    let uninjected = native_sidecar(&pod).is_none();
+                    in_a_row.set(if uninjected { in_a_row.get() + 1 } else { 0 });
+                    (in_a_row.get() >= 5).then_some(())
+                },
+            )
+            .await;
+            let created = create(&s, &s.ns, &probe_pod(&s, "orphan", true)).await;
+            scaled_down.restore().await;
+            assert!(
+                native_sidecar(&created).is_none(),
+                "created without the webhook, so without a sidecar"
+            );
+
+            let (_, text) = s.check();
+            assert!(
+                text.contains("without a leasehold sidecar never campaign: orphan"),
+                "leasehold check: {text}"
+            );
+            let leases: Api<leasehold::api::DistributedLease> = s.api();
+            crate::cluster::wait_for(
+                "the status naming the pod without a sidecar",
+                std::time::Duration::from_secs(60),
+                || async {
+                    let status = leases.get("probe").await.ok()?.status?;
+                    (status.candidates_without_sidecar == ["orphan"]).then_some(())
+                },
+            )
+            .await;
         })
         .await;
-        // The API server reaches the webhook through its own view of the
-        // endpoints, a moment behind the slices (CI saw a pod injected after
-        // the slice showed none): wait until a dry run goes uninjected.
-        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-        let dry_run = PostParams {
-            dry_run: true,
-            ..Default::default()
-        };
-        crate::cluster::wait_for(
-            "the API server no longer calling the webhook",
-            std::time::Duration::from_secs(60),
-            || async {
-                let pod = pods.create(&dry_run, &probe_pod(&s, "orphan", true)).await.ok()?;
-                native_sidecar(&pod).is_none().then_some(())
-            },
-        )
-        .await;
-        let created = create(&s, &s.ns, &probe_pod(&s, "orphan", true)).await;
-        deployments
-            .patch_scale("leasehold-operator", &params, &scale(2))
-            .await
-            .expect("scaling the operator back");
-        assert!(
-            native_sidecar(&created).is_none(),
-            "created without the webhook, so without a sidecar"
-        );
-        crate::cluster::wait_operator_available(&s.client).await;
-
-        let (_, text) = s.check();
-        assert!(
-            text.contains("without a leasehold sidecar never campaign: orphan"),
-            "leasehold check: {text}"
-        );
-        let leases: Api<leasehold::api::DistributedLease> = s.api();
-        crate::cluster::wait_for(
-            "the status naming the pod without a sidecar",
-            std::time::Duration::from_secs(60),
-            || async {
-                let status = leases.get("probe").await.ok()?.status?;
-                (status.candidates_without_sidecar == ["orphan"]).then_some(())
-            },
-        )
-        .await;
-    })
-    .await;
+    }
 }

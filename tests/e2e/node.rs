@@ -36,7 +36,7 @@ pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: 
 }
 
 /// The process of the container whose parent is outside it (its PID 1).
-fn container_main_pid(container_id: &str) -> Option<u32> {
+pub fn container_main_pid(container_id: &str) -> Option<u32> {
     let in_container = |pid: u32| {
         std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup"))
             .is_ok_and(|cgroup| cgroup.contains(container_id))
@@ -77,4 +77,82 @@ pub async fn kill_and_await_restart(s: &Scenario, pod: &str, container: &str) {
         || async { restarts(s, pod, container).await.filter(|n| *n > before).map(|_| ()) },
     )
     .await;
+}
+
+/// A pod's outgoing TCP traffic to one address dropped inside the pod's
+/// network namespace (iptables there), as a network partition between the
+/// pod and that server would: established connections hang, new ones time
+/// out. Healed by [`heal`](Self::heal) or when dropped.
+pub struct Partition {
+    netns: String,
+    rule: Vec<String>,
+    healed: bool,
+}
+
+impl Partition {
+    pub async fn start(s: &Scenario, pod: &str, to: std::net::SocketAddr) -> Partition {
+        let pod_object: Pod = s.api().get(pod).await.unwrap_or_else(|e| panic!("pod {pod}: {e}"));
+        let status = pod_object.status.unwrap_or_default();
+        let id = status
+            .container_statuses
+            .into_iter()
+            .flatten()
+            .find_map(|c| c.container_id)
+            .unwrap_or_else(|| panic!("pod {pod} has no running container"));
+        let id = id.rsplit("://").next().unwrap_or(&id).to_string();
+        let pid = container_main_pid(&id).unwrap_or_else(|| {
+            panic!("no process of container {id} in /proc: the suite runs on the node's machine, as root")
+        });
+        let rule = [
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            &to.ip().to_string(),
+            "--dport",
+            &to.port().to_string(),
+            "-j",
+            "DROP",
+        ]
+        .map(String::from)
+        .to_vec();
+        let partition = Partition {
+            netns: format!("--net=/proc/{pid}/ns/net"),
+            rule,
+            healed: false,
+        };
+        partition
+            .iptables("-A")
+            .unwrap_or_else(|e| panic!("cutting {pod} off from {to}: {e}"));
+        partition
+    }
+
+    fn iptables(&self, action: &str) -> Result<(), String> {
+        let out = std::process::Command::new("nsenter")
+            .arg(&self.netns)
+            .arg("iptables")
+            .arg(action)
+            .args(&self.rule)
+            .output()
+            .map_err(|e| format!("running nsenter iptables (util-linux, iptables): {e}"))?;
+        out.status
+            .success()
+            .then_some(())
+            .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    pub fn heal(mut self) {
+        self.healed = true;
+        self.iptables("-D")
+            .unwrap_or_else(|e| panic!("healing the partition: {e}"));
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        if !self.healed {
+            // The pod may be gone already, and its namespace with it.
+            let _ = self.iptables("-D");
+        }
+    }
 }

@@ -11,7 +11,8 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, scenario};
-use crate::fixtures::{APP, FIRST_LEADER, leader_only_service};
+use crate::fixtures::{APP, FIRST_LEADER, SIDECAR, leader_only_service};
+use crate::node::signal_container;
 use leasehold::sidecar::interface::RETIRED_FROM_ANNOTATION;
 
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound
@@ -83,8 +84,29 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
         let follower_name = follower.metadata.name.clone().unwrap();
         let as_follower: Api<Pod> = Api::namespaced(client_as(&s, follower).await, &s.ns);
 
-        // What the sidecar does: the leader label on a candidate (here the
-        // value it already has) and the leader condition on its own pod.
+        // What the sidecar does: the leader label on a candidate and the
+        // leader condition on its own pod, each a real change. The admin
+        // first takes the label off and sets the condition Unknown, with the
+        // follower's sidecar frozen so it cannot put them back first (the
+        // operator only repairs a "true" label).
+        signal_container(&s, &follower_name, SIDECAR, "STOP").await;
+        let admin: Api<Pod> = s.api();
+        let unlabelled = admin
+            .patch(
+                &follower_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"leasehold.dev/leader": null}}})),
+            )
+            .await
+            .expect("the admin taking the label off");
+        admin
+            .patch_status(
+                &follower_name,
+                &PatchParams::default(),
+                &Patch::Strategic(leader_condition("Unknown")),
+            )
+            .await
+            .expect("the admin setting the condition Unknown");
         let label = |v: &str| json!({"metadata": {"labels": {"leasehold.dev/leader": v}}});
         patch(&as_follower, &follower_name, false, label("false"))
             .await
@@ -92,12 +114,36 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
         patch(&as_follower, &follower_name, true, leader_condition("False"))
             .await
             .expect("its own leader condition");
+        let now = admin.get(&follower_name).await.expect("the follower");
+        assert_ne!(now.metadata.resource_version, unlabelled.metadata.resource_version);
+        assert_eq!(
+            now.metadata
+                .labels
+                .unwrap_or_default()
+                .get("leasehold.dev/leader")
+                .map(String::as_str),
+            Some("false"),
+            "the follower's token set its label"
+        );
+        let condition = now
+            .status
+            .and_then(|st| st.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "leasehold.dev/leader")
+            .map(|c| c.status);
+        assert_eq!(
+            condition.as_deref(),
+            Some("False"),
+            "the follower's token set its condition"
+        );
         // Issue 40: a retiring sidecar marks its own pod (a uid no lease has,
         // so no delete gate counts it).
         let retired = json!({"metadata": {"annotations": {RETIRED_FROM_ANNOTATION: "e2e-not-a-lease"}}});
         patch(&as_follower, &follower_name, false, retired.clone())
             .await
             .expect("its own retired-from annotation");
+        signal_container(&s, &follower_name, SIDECAR, "CONT").await;
 
         // Anything else is refused.
         let refused = [

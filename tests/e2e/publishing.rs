@@ -69,10 +69,12 @@ async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {
 #[tokio::test]
 async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_completes() {
     scenario("e2e-gated", |s| async move {
+        // The watcher runs before anything is applied, and follows the
+        // example's leader Service too: "never two Ready" holds through the rollout.
+        let watcher = watch_example(&s, true);
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
         s.apply(s.example("readiness-gated.yaml")).await;
-        let watcher = watch_example(&s, false);
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let only_leader_ready = || async {
             let ready = ready_pods(&s).await;
@@ -81,9 +83,11 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
         let ready = wait_for("only the leader Ready", FIRST_LEADER, only_leader_ready).await;
         assert_eq!(ready, leader);
 
+        // The pods before the restart: listed after it, new pods could be
+        // among them and "replaced" would never hold (seen in CI).
+        let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
         s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
         let deployments = s.api::<Deployment>();
-        let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
         wait_for(
             "the rollout replaced every pod, one new leader Ready",
             Duration::from_secs(180),
@@ -152,10 +156,10 @@ async fn until_endpoints(watcher: &LeadershipWatcher, what: &str, within: Durati
 #[tokio::test]
 async fn readiness_gated_a_frozen_leader_loses_readiness_without_its_sidecars_help() {
     scenario("e2e-gated-freeze", |s| async move {
+        let watcher = watch_example(&s, true);
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
         s.apply(s.example("readiness-gated.yaml")).await;
-        let watcher = watch_example(&s, true);
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         signal_container(&s, &leader, "leasehold", "STOP").await;
         let frozen = std::time::Instant::now();

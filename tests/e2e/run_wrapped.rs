@@ -10,11 +10,20 @@ use crate::cluster::{Scenario, scenario, wait_for};
 use crate::fixtures::{FIRST_LEADER, SUCCESSOR, delete_now};
 use crate::stores::{URL_SECRET, secret};
 
-/// The wrapped command: it notes its token where the test can read it, then
-/// serves, as the example's consumer would work.
-const WRAPPED: &str = "echo $LEASEHOLD_TOKEN > /tmp/leading; exec /bin/busybox httpd -f -p 8080";
+/// The wrapped command: it serves, as the example's consumer would work.
+const WRAPPED: &str = "exec /bin/busybox httpd -f -p 8080";
 
-/// Which pods run the wrapped command now, with the token it got.
+/// Finds the live wrapped process in the container (its command line) and
+/// prints the token in its environment.
+const FIND_WRAPPED: &str = r#"for p in /proc/[0-9]*; do
+  case "$(/bin/busybox tr '\0' ' ' < $p/cmdline 2>/dev/null)" in
+    "/bin/busybox httpd -f -p 8080 "*)
+      /bin/busybox tr '\0' '\n' < $p/environ | /bin/busybox sed -n 's/^LEASEHOLD_TOKEN=//p' ;;
+  esac
+done"#;
+
+/// Which pods run the wrapped command now (a live process), with the token
+/// in its environment.
 async fn running(s: &Scenario) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for pod in s.pods("app=consumer").await {
@@ -31,14 +40,18 @@ async fn running(s: &Scenario) -> Vec<(String, String)> {
                 "consumer",
                 "--",
                 "/bin/busybox",
-                "cat",
-                "/tmp/leading",
+                "sh",
+                "-c",
+                FIND_WRAPPED,
             ])
             .output();
         if let Ok(out) = out
             && out.status.success()
         {
-            found.push((name, String::from_utf8_lossy(&out.stdout).trim().to_string()));
+            let tokens = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !tokens.is_empty() {
+                found.push((name, tokens));
+            }
         }
     }
     found

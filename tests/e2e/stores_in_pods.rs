@@ -13,28 +13,33 @@ use crate::stores::{SpannerForPods, lease, secret};
 /// Runs the leader-only-service example with `annotations` on its pods,
 /// then deletes the leader: one leader before and after.
 async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Value) {
+    let watcher = watch_example(s, true);
     s.apply(vec![store_lease]).await;
     s.apply(example_with_pod_annotations(s, annotations)).await;
-    let watcher = watch_example(s, true);
     let leader = watcher.one_leader(None, FIRST_LEADER).await;
     delete_now(s, &leader).await;
     watcher.one_leader(Some(&leader), SUCCESSOR).await;
     watcher.finish();
 }
 
-#[tokio::test]
-async fn spanner_emulator_through_the_sidecar_and_operator_environment() {
-    scenario("e2e-store-spanner", |s| async move {
-        let spanner = SpannerForPods::start(&s).await;
-        elects_and_hands_over(
-            &s,
-            lease(&s, LEASE, spanner.store.clone(), json!({})),
-            spanner.pod_annotations(),
-        )
+/// A scenario that changes the operator's environment (a chart upgrade, which rolls the operator out): nextest runs them alone, after the others.
+mod disruptive {
+    use super::*;
+
+    #[tokio::test]
+    async fn spanner_emulator_through_the_sidecar_and_operator_environment() {
+        scenario("e2e-store-spanner", |s| async move {
+            let spanner = SpannerForPods::start(&s).await;
+            elects_and_hands_over(
+                &s,
+                lease(&s, LEASE, spanner.store.clone(), json!({})),
+                spanner.pod_annotations(),
+            )
+            .await;
+            spanner.stop(&s).await;
+        })
         .await;
-        spanner.stop(&s).await;
-    })
-    .await;
+    }
 }
 
 #[tokio::test]

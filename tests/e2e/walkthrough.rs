@@ -45,83 +45,88 @@ helm() {
 }
 "#;
 
-#[tokio::test]
-async fn the_readme_walkthrough_runs_as_written() {
-    walkthrough(NAMESPACE, |s| async move {
-        let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
-        let script = format!("{HELM}\n{}", readme::e2e_script(&readme));
-        let kubectl_dir = repo().join(".venv/bin");
-        let watcher = LeadershipWatcher::start(
-            &s.client,
-            Watched {
-                ns: NAMESPACE,
-                pods: APP,
-                service: Some("scheduler-leader"),
-                lease: Some("scheduler"),
-            },
-        );
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg(&script)
-            .current_dir(repo())
-            .env(
-                "PATH",
-                format!(
-                    "{}:{}",
-                    kubectl_dir.display(),
-                    std::env::var("PATH").unwrap_or_default()
-                ),
+/// The README's walkthrough installs the chart with the README's values, over the suite's install: nextest runs them alone, after the others.
+mod disruptive {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_readme_walkthrough_runs_as_written() {
+        walkthrough(NAMESPACE, |s| async move {
+            let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+            let script = format!("{HELM}\n{}", readme::e2e_script(&readme));
+            let kubectl_dir = repo().join(".venv/bin");
+            let watcher = LeadershipWatcher::start(
+                &s.client,
+                Watched {
+                    ns: NAMESPACE,
+                    pods: APP,
+                    service: Some("scheduler-leader"),
+                    lease: Some("scheduler"),
+                },
+            );
+            let out = Command::new("bash")
+                .arg("-c")
+                .arg(&script)
+                .current_dir(repo())
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        kubectl_dir.display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .env("KUBECONFIG", &s.env.kubeconfig)
+                .env("VENV_PYTHON", kubectl_dir.join("python"))
+                .output()
+                .expect("running the walkthrough with bash");
+            assert!(
+                out.status.success(),
+                "the README's walkthrough failed:\n{}\n{}\n--- script ---\n{script}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // The gated variant replaced the leader-only Deployment: one Ready pod, the leader.
+            let ready = wait_for("one Ready pod, the leader", Duration::from_secs(60), || async {
+                let ready = ready_pods(&s).await;
+                let leaders = watcher.leaders();
+                (ready.len() == 1 && leaders == ready).then_some(ready)
+            })
+            .await;
+            assert_eq!(ready.len(), 1);
+            // The operator reads the lock's Lease in my-app (its stores Role) into
+            // status: that pod holds it, with the token the Lease records.
+            let leases: Api<Lease> = Api::namespaced(s.client.clone(), NAMESPACE);
+            let dleases: Api<DistributedLease> = Api::namespaced(s.client.clone(), NAMESPACE);
+            let holder = format!("{NAMESPACE}/{}#", ready[0]);
+            wait_for(
+                "the status naming the leader and its Lease's token",
+                Duration::from_secs(60),
+                || async {
+                    let lease = leases
+                        .get_opt(&lease_name(&format!("{NAMESPACE}/scheduler")))
+                        .await
+                        .ok()??;
+                    let record = lease.metadata.annotations?.remove(RECORD_ANNOTATION)?;
+                    let token = serde_json::from_str::<serde_json::Value>(&record).ok()?["token"].as_i64()?;
+                    let status = dleases.get("scheduler").await.ok()?.status?;
+                    let store_ready = status
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "StoreReady" && c.status == "True");
+                    (store_ready
+                        && status.holder.is_some_and(|h| h.starts_with(&holder))
+                        && status.token == Some(token.to_string()))
+                    .then_some(())
+                },
             )
-            .env("KUBECONFIG", &s.env.kubeconfig)
-            .env("VENV_PYTHON", kubectl_dir.join("python"))
-            .output()
-            .expect("running the walkthrough with bash");
-        assert!(
-            out.status.success(),
-            "the README's walkthrough failed:\n{}\n{}\n--- script ---\n{script}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The gated variant replaced the leader-only Deployment: one Ready pod, the leader.
-        let ready = wait_for("one Ready pod, the leader", Duration::from_secs(60), || async {
-            let ready = ready_pods(&s).await;
-            let leaders = watcher.leaders();
-            (ready.len() == 1 && leaders == ready).then_some(ready)
+            .await;
+            assert!(
+                watcher.moves() <= 1,
+                "the leader moved at most once, to the gated variant"
+            );
+            watcher.finish();
         })
         .await;
-        assert_eq!(ready.len(), 1);
-        // The operator reads the lock's Lease in my-app (its stores Role) into
-        // status: that pod holds it, with the token the Lease records.
-        let leases: Api<Lease> = Api::namespaced(s.client.clone(), NAMESPACE);
-        let dleases: Api<DistributedLease> = Api::namespaced(s.client.clone(), NAMESPACE);
-        let holder = format!("{NAMESPACE}/{}#", ready[0]);
-        wait_for(
-            "the status naming the leader and its Lease's token",
-            Duration::from_secs(60),
-            || async {
-                let lease = leases
-                    .get_opt(&lease_name(&format!("{NAMESPACE}/scheduler")))
-                    .await
-                    .ok()??;
-                let record = lease.metadata.annotations?.remove(RECORD_ANNOTATION)?;
-                let token = serde_json::from_str::<serde_json::Value>(&record).ok()?["token"].as_i64()?;
-                let status = dleases.get("scheduler").await.ok()?.status?;
-                let store_ready = status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "StoreReady" && c.status == "True");
-                (store_ready
-                    && status.holder.is_some_and(|h| h.starts_with(&holder))
-                    && status.token == Some(token.to_string()))
-                .then_some(())
-            },
-        )
-        .await;
-        assert!(
-            watcher.moves() <= 1,
-            "the leader moved at most once, to the gated variant"
-        );
-        watcher.finish();
-    })
-    .await;
+    }
 }

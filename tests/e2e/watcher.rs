@@ -1,15 +1,21 @@
-//! The leadership watcher every scenario runs: it follows the candidate
+//! The leadership watcher the scenarios run: it follows the candidate
 //! pods' leader labels, the leader-only Service's EndpointSlices and the
 //! DistributedLease's status through watches, as a client of the cluster
-//! sees them, and records every moment that breaks the promise: two pods
-//! labelled leader, two ready endpoints behind the leader Service, a token
-//! that goes backwards.
+//! sees them, and what each candidate's app sees (its sidecar's `/leader`),
+//! and records every moment that breaks the promise: two pods labelled
+//! leader, two endpoints behind the leader Service that get traffic, a token
+//! that goes backwards, two candidates claiming leadership at once.
 //!
 //! A watch delivers one resource's changes in resourceVersion order, so the
 //! state it rebuilds is a state the cluster really passed through; each
-//! promise is judged within one stream.
+//! promise is judged within one stream. A watch that fails or relists may
+//! skip states (an overlap among them): each is recorded as a gap, and a
+//! scenario that expects none fails on one. The claims are read from inside
+//! each pod's network namespace (the sidecar's API listens on 127.0.0.1
+//! only), so they go on through an API-server outage.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,8 +45,14 @@ pub struct Watched<'a> {
 struct State {
     /// Pod name -> labelled leader.
     labels: BTreeMap<String, bool>,
-    /// Slice name -> its ready endpoints' pod names.
-    endpoints: BTreeMap<String, Vec<String>>,
+    /// Pod name -> (UID, a running container's ID), for the claim readers.
+    containers: BTreeMap<String, (String, String)>,
+    /// Slice name -> its endpoints' pod names: (ready, serving while terminating).
+    endpoints: BTreeMap<String, (Vec<String>, Vec<String>)>,
+    /// Each watch that failed or relisted, when and why.
+    gaps: Vec<String>,
+    /// What the candidates' `/leader` said.
+    claims: Claims,
     /// The highest token the status showed, with its holder.
     token: Option<(u128, String)>,
     violations: Vec<String>,
@@ -55,6 +67,8 @@ pub struct LeadershipWatcher {
     state: Arc<Mutex<State>>,
     follows_service: bool,
     tasks: Vec<JoinHandle<()>>,
+    /// Tells the claim readers (threads) to stop.
+    stopped: Arc<AtomicBool>,
     started: Instant,
 }
 
@@ -66,15 +80,19 @@ impl LeadershipWatcher {
         let pods: Api<Pod> = Api::namespaced(client.clone(), watched.ns);
         let config = watcher::Config::default().labels(watched.pods);
         tasks.push(follow(
+            "pods",
             watcher::watcher(pods, config),
             state.clone(),
             started,
             apply_pod,
         ));
+        let stopped = Arc::new(AtomicBool::new(false));
+        tasks.push(read_claims(state.clone(), started, stopped.clone()));
         if let Some(service) = watched.service {
             let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), watched.ns);
             let config = watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
             tasks.push(follow(
+                "EndpointSlices",
                 watcher::watcher(slices, config),
                 state.clone(),
                 started,
@@ -85,6 +103,7 @@ impl LeadershipWatcher {
             let leases: Api<DistributedLease> = Api::namespaced(client.clone(), watched.ns);
             let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
             tasks.push(follow(
+                "DistributedLease",
                 watcher::watcher(leases, config),
                 state.clone(),
                 started,
@@ -95,6 +114,7 @@ impl LeadershipWatcher {
             state,
             follows_service: watched.service.is_some(),
             tasks,
+            stopped,
             started,
         }
     }
@@ -110,14 +130,31 @@ impl LeadershipWatcher {
             .collect()
     }
 
-    /// The pods behind the leader Service's ready endpoints now.
+    /// The pods behind the leader Service's endpoints that get traffic now.
     pub fn ready_endpoints(&self) -> Vec<String> {
-        let state = self.state.lock().unwrap();
-        state.endpoints.values().flatten().cloned().collect()
+        self.state.lock().unwrap().served()
     }
 
-    /// Waits until exactly one pod is labelled leader and (with a Service)
-    /// it is the one ready endpoint; returns it.
+    /// What `pod`'s sidecar last answered on `/leader` while it led.
+    pub fn claim_of(&self, pod: &str) -> Option<Claim> {
+        self.state.lock().unwrap().claims.latest.get(pod).cloned()
+    }
+
+    /// When `pod`'s sidecar was first seen claiming a term after `after`.
+    pub fn claimed_after(&self, pod: &str, after: Instant) -> Option<Instant> {
+        let state = self.state.lock().unwrap();
+        let spans = state.claims.spans.iter().filter(|((p, _), _)| p == pod);
+        spans.map(|(_, span)| span.from).filter(|from| *from >= after).min()
+    }
+
+    /// The gaps (watches that failed or relisted) so far.
+    pub fn gaps(&self) -> Vec<String> {
+        self.state.lock().unwrap().gaps.clone()
+    }
+
+    /// Waits until exactly one pod is labelled leader, (with a Service) it
+    /// is the one endpoint that gets traffic, and its sidecar claims the
+    /// lease on `/leader`; returns it.
     pub async fn one_leader(&self, other_than: Option<&str>, within: Duration) -> String {
         let what = match other_than {
             Some(old) => format!("one leader other than {old}, the leader Service's one endpoint"),
@@ -129,7 +166,8 @@ impl LeadershipWatcher {
             if other_than == Some(leader.as_str()) {
                 return None;
             }
-            (!self.follows_service || self.ready_endpoints() == [leader.clone()]).then(|| leader.clone())
+            let claims = self.state.lock().unwrap().claims.latest.contains_key(leader);
+            (claims && (!self.follows_service || self.ready_endpoints() == [leader.clone()])).then(|| leader.clone())
         })
         .await
     }
@@ -172,14 +210,43 @@ impl LeadershipWatcher {
 
     /// Stops watching (the benchmark counts the violations instead).
     pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
         for task in &self.tasks {
             task.abort();
         }
     }
 
-    /// Stops watching and fails the test on any violation.
+    /// The highest status token shown so far.
+    pub fn highest_token(&self) -> Option<u128> {
+        self.state.lock().unwrap().token.as_ref().map(|(token, _)| *token)
+    }
+
+    /// Stops watching and fails the test on any violation, or on any gap
+    /// (a watch failed or relisted: what it skipped went unchecked).
     pub fn finish(self) {
         self.stop();
+        self.assert_no_violations();
+        let gaps = self.gaps();
+        assert!(
+            gaps.is_empty(),
+            "the leadership watcher's view has {} gap(s) in a scenario that expects none:\n{}",
+            gaps.len(),
+            gaps.join("\n")
+        );
+        self.assert_claims_read();
+    }
+
+    /// Stops watching, fails the test on any violation, and returns the
+    /// gaps, for a scenario that expects some (the API server stopped) and
+    /// checks across them from the store's own record.
+    pub fn finish_across_gaps(self) -> Vec<String> {
+        self.stop();
+        self.assert_no_violations();
+        self.assert_claims_read();
+        self.gaps()
+    }
+
+    fn assert_no_violations(&self) {
         let state = self.state.lock().unwrap();
         assert!(
             state.violations.is_empty(),
@@ -189,11 +256,43 @@ impl LeadershipWatcher {
             state.violations.join("\n")
         );
     }
+
+    /// The claims were read at all: a watcher that cannot enter the pods'
+    /// network namespaces must not pass for one that saw no overlap.
+    fn assert_claims_read(&self) {
+        assert!(
+            self.state.lock().unwrap().claims.answers > 0,
+            "no candidate's /leader ever answered the watcher: it reads them inside the pods' network \
+             namespaces, as root on the node's machine"
+        );
+    }
+}
+
+impl Drop for LeadershipWatcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl State {
+    /// The endpoints that get traffic: the ready ones, or, while there is
+    /// none, the terminating ones still serving (kube-proxy falls back to
+    /// those: KEP-1669, "Proxy Terminating Endpoints").
+    fn served(&self) -> Vec<String> {
+        let ready: Vec<String> = self.endpoints.values().flat_map(|(r, _)| r.clone()).collect();
+        if ready.is_empty() {
+            self.endpoints.values().flat_map(|(_, t)| t.clone()).collect()
+        } else {
+            ready
+        }
+    }
 }
 
 /// Feeds a watch into the state; an error (API server away) is retried by
-/// the watcher's backoff, and the relist after it rebuilds the state.
+/// the watcher's backoff, and the relist after it rebuilds the state. Both
+/// are gaps: what happened meanwhile was not seen.
 fn follow<K, S>(
+    what: &'static str,
     stream: S,
     state: Arc<Mutex<State>>,
     started: Instant,
@@ -206,18 +305,39 @@ where
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream.default_backoff());
         let mut relisted: Vec<K> = Vec::new();
+        let mut listed = false;
         while let Some(event) = stream.next().await {
-            let Ok(event) = event else { continue };
             let at = started.elapsed();
             let mut state = state.lock().unwrap();
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    state.gaps.push(format!("{at:?}: the {what} watch failed: {e}"));
+                    continue;
+                }
+            };
             match event {
-                Event::Init => relisted.clear(),
+                Event::Init => {
+                    if listed {
+                        state.gaps.push(format!("{at:?}: the {what} watch relisted"));
+                    }
+                    relisted.clear();
+                }
                 Event::InitApply(object) => relisted.push(object),
-                Event::InitDone => apply(&mut state, Change::Relisted(std::mem::take(&mut relisted)), at),
+                Event::InitDone => {
+                    listed = true;
+                    apply(&mut state, Change::Relisted(std::mem::take(&mut relisted)), at);
+                }
                 Event::Apply(object) => apply(&mut state, Change::Applied(object), at),
                 Event::Delete(object) => apply(&mut state, Change::Deleted(object), at),
             }
         }
+        let at = started.elapsed();
+        state
+            .lock()
+            .unwrap()
+            .gaps
+            .push(format!("{at:?}: the {what} watch ended"));
     })
 }
 
@@ -233,12 +353,20 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
     match change {
         Change::Relisted(pods) => {
             state.labels = pods.iter().map(|p| (p.name_any(), labelled(p))).collect();
+            state.containers = pods
+                .iter()
+                .filter_map(|p| Some((p.name_any(), running_container(p)?)))
+                .collect();
         }
         Change::Applied(pod) => {
             state.labels.insert(pod.name_any(), labelled(&pod));
+            if let Some(container) = running_container(&pod) {
+                state.containers.insert(pod.name_any(), container);
+            }
         }
         Change::Deleted(pod) => {
             state.labels.remove(&pod.name_any());
+            state.containers.remove(&pod.name_any());
         }
     }
     let leaders: Vec<String> = state
@@ -266,18 +394,21 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
 
 fn apply_slice(state: &mut State, change: Change<EndpointSlice>, at: Duration) {
     let ready = |slice: &EndpointSlice| {
-        slice
-            .endpoints
-            .iter()
-            .flatten()
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-            .map(|e| {
-                e.target_ref
-                    .as_ref()
-                    .and_then(|t| t.name.clone())
-                    .unwrap_or_else(|| e.addresses.join(","))
-            })
-            .collect::<Vec<_>>()
+        let (mut ready, mut terminating) = (Vec::new(), Vec::new());
+        for endpoint in slice.endpoints.iter().flatten() {
+            let name = endpoint
+                .target_ref
+                .as_ref()
+                .and_then(|t| t.name.clone())
+                .unwrap_or_else(|| endpoint.addresses.join(","));
+            let conditions = endpoint.conditions.clone().unwrap_or_default();
+            if conditions.ready == Some(true) {
+                ready.push(name);
+            } else if conditions.serving == Some(true) && conditions.terminating == Some(true) {
+                terminating.push(name);
+            }
+        }
+        (ready, terminating)
     };
     match change {
         Change::Relisted(slices) => {
@@ -290,15 +421,13 @@ fn apply_slice(state: &mut State, change: Change<EndpointSlice>, at: Duration) {
             state.endpoints.remove(&slice.name_any());
         }
     }
-    let ready_now = state.endpoints.values().map(Vec::len).sum();
-    state.endpoint_history.push((Instant::now(), ready_now));
-    let endpoints: Vec<&String> = state.endpoints.values().flatten().collect();
-    if endpoints.len() > 1 {
-        let names: Vec<&str> = endpoints.iter().map(|s| s.as_str()).collect();
+    let served = state.served();
+    state.endpoint_history.push((Instant::now(), served.len()));
+    if served.len() > 1 {
         state.violations.push(format!(
             "{at:?}: {} ready leader endpoints: {}",
-            names.len(),
-            names.join(", ")
+            served.len(),
+            served.join(", ")
         ));
     }
 }
@@ -329,6 +458,171 @@ fn apply_lease(state: &mut State, change: Change<DistributedLease>, at: Duration
                 ))
             }
             _ => state.token = Some((value, holder)),
+        }
+    }
+}
+
+/// A pod UID and the ID of one of its running containers (any one: they
+/// share the pod's network namespace).
+fn running_container(pod: &Pod) -> Option<(String, String)> {
+    let uid = pod.metadata.uid.clone()?;
+    let status = pod.status.as_ref()?;
+    let statuses = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten());
+    let id = statuses
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .find_map(|c| c.container_id.clone())?;
+    Some((uid, id.rsplit("://").next().unwrap_or(&id).to_string()))
+}
+
+/// What a leading candidate's `/leader` said.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The full identity (pod, nonce, pod UID) the sidecar holds the lease as.
+    pub holder: String,
+    pub term: u64,
+    pub token: String,
+}
+
+/// One term as one pod claimed it: the claim is certain from the first
+/// answer's arrival to the last request's sending (a term is one
+/// continuous holding), and each answer was true somewhen in its request.
+struct Span {
+    from: Instant,
+    to: Instant,
+}
+
+#[derive(Default)]
+struct Claims {
+    /// (pod, token) -> when that pod certainly claimed that term.
+    spans: BTreeMap<(String, String), Span>,
+    /// Pod -> its latest claim while it led (removed when it answers "not leading").
+    latest: BTreeMap<String, Claim>,
+    /// How many answers came at all (the readers work).
+    answers: usize,
+    /// Pairs of claims already reported.
+    reported: BTreeSet<(String, String)>,
+}
+
+/// The sidecar's local API, as the app container reaches it.
+const SIDECAR_API: &str = "127.0.0.1:4040";
+/// How often each candidate's claim is read: well below every lease's R.
+pub const CLAIM_PERIOD: Duration = Duration::from_millis(250);
+
+/// Starts a claim reader for each candidate pod as it appears.
+fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        // (pod UID, container ID): a reader whose container ended before it
+        // entered the namespace lets the pod's next container be read.
+        let mut reading: BTreeSet<(String, String)> = BTreeSet::new();
+        while !stopped.load(Ordering::Relaxed) {
+            let containers = state.lock().unwrap().containers.clone();
+            for (pod, (uid, container)) in containers {
+                if reading.insert((uid.clone(), container.clone())) {
+                    let (state, stopped) = (state.clone(), stopped.clone());
+                    std::thread::spawn(move || read_claim(&pod, &uid, &container, &state, started, &stopped));
+                }
+            }
+            tokio::time::sleep(CLAIM_PERIOD).await;
+        }
+    })
+}
+
+/// Enters the pod's network namespace (this thread only) and reads its
+/// sidecar's `/leader` until the watcher stops or the pod is gone.
+fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, started: Instant, stopped: &AtomicBool) {
+    let Some(pid) = crate::node::container_main_pid(container) else {
+        // The container ended before it was found: a later one of the pod is read.
+        state.lock().unwrap().containers.remove(pod);
+        return;
+    };
+    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .unwrap_or_else(|e| panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"));
+    // SAFETY: setns on a valid namespace fd; it moves only this thread.
+    let entered = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&netns), libc::CLONE_NEWNET) };
+    assert_eq!(
+        entered,
+        0,
+        "entering {pod}'s network namespace: {}",
+        std::io::Error::last_os_error()
+    );
+    let current = || {
+        let state = state.lock().unwrap();
+        state.containers.get(pod).is_some_and(|(u, _)| u == uid)
+    };
+    while !stopped.load(Ordering::Relaxed) && current() {
+        let sent = Instant::now();
+        let answer = get_leader();
+        let received = Instant::now();
+        if let Some(answer) = answer {
+            state.lock().unwrap().claim(pod, answer, sent, received, started);
+        }
+        std::thread::sleep(CLAIM_PERIOD);
+    }
+}
+
+/// `GET /leader` on the sidecar's API: its JSON body, if it answered.
+fn get_leader() -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(2);
+    let mut stream = std::net::TcpStream::connect_timeout(&SIDECAR_API.parse().ok()?, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream
+        .write_all(b"GET /leader HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    serde_json::from_str(response.split_once("\r\n\r\n")?.1).ok()
+}
+
+impl State {
+    /// Records one `/leader` answer, sent and received at these instants,
+    /// and reports a claim that certainly overlapped another pod's.
+    fn claim(&mut self, pod: &str, answer: serde_json::Value, sent: Instant, received: Instant, started: Instant) {
+        self.claims.answers += 1;
+        if answer["leader"] != true {
+            self.claims.latest.remove(pod);
+            return;
+        }
+        let token = answer["token"].as_str().unwrap_or_default().to_string();
+        let claim = Claim {
+            holder: answer["holder"].as_str().unwrap_or_default().to_string(),
+            term: answer["term"].as_u64().unwrap_or_default(),
+            token: token.clone(),
+        };
+        self.claims.latest.insert(pod.to_string(), claim);
+        let key = (pod.to_string(), token.clone());
+        let span = self.claims.spans.entry(key.clone()).or_insert(Span {
+            from: received,
+            to: sent,
+        });
+        span.to = span.to.max(sent);
+        let (from, to) = (span.from, span.to);
+        let mut found = Vec::new();
+        for ((other, other_token), span) in &self.claims.spans {
+            if other == pod {
+                continue;
+            }
+            let same_token = *other_token == token;
+            // This answer fell within the other's certain claim, or the two
+            // certain claims overlap.
+            let inside = span.from <= sent && received <= span.to;
+            let overlap = from <= to && span.from <= span.to && span.from < to && from < span.to;
+            if same_token || inside || overlap {
+                found.push((other.clone(), other_token.clone()));
+            }
+        }
+        for (other, other_token) in found {
+            let pair = (format!("{pod}#{token}"), format!("{other}#{other_token}"));
+            if self.claims.reported.insert(pair) {
+                let at = received - started;
+                self.violations.push(format!(
+                    "{at:?}: two candidates claim leadership on /leader: {pod} (token {token}) and {other} (token {other_token})"
+                ));
+            }
         }
     }
 }

@@ -1,70 +1,203 @@
-//! The watcher catches what it is there for: a planted second leader label
-//! (what a sidecar that publishes before it holds the lease would write), and
-//! the second ready endpoint it brings, and a token that goes backwards.
+//! The watcher catches what it is there for, each planted so that nothing
+//! can repair it first: the candidates are stand-ins (no sidecar, no lease
+//! selecting them, so neither a sidecar nor the operator touches them) whose
+//! fake sidecar serves a `/leader` the test writes. Planted: a second
+//! claimant with one leader label between the two (what the apps see), a
+//! second leader label and the second ready endpoint it brings, a status
+//! token lower than one shown, and a watch stream cut mid-scenario.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Client, Config};
 use leasehold::api::DistributedLease;
-use serde_json::json;
+use leasehold::testing::{ProxyMode, TcpProxy};
+use serde_json::{Value, json};
 
-use crate::cluster::{scenario, wait_for};
-use crate::fixtures::{FIRST_LEADER, LEASE, SIDECAR, a_follower, leader_only_service};
-use crate::node::signal_container;
+use crate::cluster::{Scenario, scenario, wait_for};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, watch_example};
+use crate::stores::lease;
+use crate::watcher::{LeadershipWatcher, Watched};
+
+/// A stand-in candidate: an app that serves (so the pod is a ready
+/// endpoint once labelled) and, in place of the sidecar, busybox httpd on
+/// the sidecar's port serving `/leader` from a file the test writes.
+fn stand_in(s: &Scenario, name: &str, leader: bool) -> Pod {
+    let labels = json!({"app": "scheduler", "leasehold.dev/leader": leader.to_string()});
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "volumes": [{"name": "www", "emptyDir": {}}],
+            "containers": [
+                {"name": "app", "image": s.env.app_image,
+                 "command": ["/bin/busybox", "httpd", "-f", "-p", "8080"]},
+                {"name": SIDECAR, "image": s.env.app_image,
+                 "volumeMounts": [{"name": "www", "mountPath": "/www"}],
+                 "command": ["/bin/busybox", "sh", "-c",
+                             "echo '{\"leader\": false}' > /www/leader; exec /bin/busybox httpd -f -p 127.0.0.1:4040 -h /www"]},
+            ]},
+    }))
+    .expect("a pod")
+}
+
+/// Makes the stand-in's `/leader` answer `claim`.
+fn answer(s: &Scenario, pod: &str, claim: Value) {
+    let write = format!("echo '{claim}' > /www/leader");
+    s.kubectl_ns(&["exec", pod, "-c", SIDECAR, "--", "/bin/busybox", "sh", "-c", &write]);
+}
+
+fn claim(s: &Scenario, pod: &str, token: u64) -> Value {
+    json!({"leader": true, "holder": format!("{}/{pod}#planted@uid", s.ns), "term": token, "token": token.to_string()})
+}
+
+async fn violation(watcher: &LeadershipWatcher, what: &str, naming: &str) -> Vec<String> {
+    wait_for(
+        &format!("the watcher to report {what} naming {naming}"),
+        Duration::from_secs(30),
+        || async {
+            let v = watcher.violations();
+            v.iter().any(|v| v.contains(what) && v.contains(naming)).then_some(v)
+        },
+    )
+    .await
+}
 
 #[tokio::test]
-async fn the_watcher_catches_a_planted_second_leader_and_a_token_going_back() {
+async fn the_watcher_catches_a_planted_second_claimant_second_leader_token_going_back_and_stream_cut() {
     scenario("e2e-watcher", |s| async move {
-        let (_store, watcher) = leader_only_service(&s, json!({})).await;
-        let leader = watcher.one_leader(None, FIRST_LEADER).await;
-        assert!(watcher.violations().is_empty(), "{:?}", watcher.violations());
-
-        // The planted bug: a follower labelled leader while another holds the lease.
-        // Its sidecar is frozen meanwhile: awake, it repairs its own label at
-        // once, sometimes before the EndpointSlice controller adds the pod
-        // (seen in CI), and the second endpoint is never there to catch.
-        let follower = a_follower(&s, &leader).await;
-        signal_container(&s, &follower, SIDECAR, "STOP").await;
-        let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
-        s.api::<Pod>()
-            .patch(&follower, &PatchParams::default(), &Patch::Merge(label))
-            .await
-            .expect("planting");
-        let seen = wait_for("the watcher to report two leaders", Duration::from_secs(30), || async {
-            let v = watcher.violations();
-            (v.iter().any(|v| v.contains("pods labelled leader"))
-                && v.iter().any(|v| v.contains("ready leader endpoints")))
-            .then_some(v)
+        let watcher = watch_example(&s, true);
+        // The lease the status plant goes to: it selects no pod, so the
+        // operator has no candidate to repair.
+        let nobody = json!({"selector": {"matchLabels": {"app": "nobody"}}});
+        s.apply(vec![lease(&s, LEASE, json!({"kubernetes": {}}), nobody)]).await;
+        let mut service = s.example("leader-only-service.yaml");
+        service.retain(|o| o["kind"] == "Service" && o["metadata"]["name"] == SERVICE);
+        assert_eq!(service.len(), 1, "the example's leader Service");
+        s.apply(service).await;
+        let pods = s.api::<Pod>();
+        for (name, leader) in [("stand-in-a", true), ("stand-in-b", false)] {
+            pods.create(&PostParams::default(), &stand_in(&s, name, leader))
+                .await
+                .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+        }
+        wait_for("both stand-ins running", FIRST_LEADER, || async {
+            let running = s.pods(APP).await.iter().filter(|p| is_running(p)).count();
+            (running == 2).then_some(())
         })
         .await;
-        assert!(
-            seen.iter().any(|v| v.contains(&follower)),
-            "names the planted pod: {seen:?}"
-        );
-        signal_container(&s, &follower, SIDECAR, "CONT").await;
+        answer(&s, "stand-in-a", claim(&s, "stand-in-a", 5));
+        assert_eq!(watcher.one_leader(None, FIRST_LEADER).await, "stand-in-a");
+        assert!(watcher.violations().is_empty(), "{:?}", watcher.violations());
+
+        // Two claimants, one label between them: only /leader tells.
+        answer(&s, "stand-in-b", claim(&s, "stand-in-b", 6));
+        violation(&watcher, "two candidates claim leadership", "stand-in-b").await;
+        answer(&s, "stand-in-b", json!({"leader": false}));
+
+        // A second leader label, and the second ready endpoint it brings.
+        let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
+        pods.patch("stand-in-b", &PatchParams::default(), &Patch::Merge(label))
+            .await
+            .expect("planting a label");
+        violation(&watcher, "pods labelled leader", "stand-in-b").await;
+        violation(&watcher, "ready leader endpoints", "stand-in-b").await;
 
         // A status token lower than one already shown.
         let leases = s.api::<DistributedLease>();
-        let status = json!({"status": {"token": "1", "holder": "planted/holder#0"}});
-        leases
-            .patch_status(LEASE, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .expect("planting a token");
-        wait_for(
-            "the watcher to report the token going back",
-            Duration::from_secs(30),
-            || async {
-                watcher
-                    .violations()
-                    .iter()
-                    .any(|v| v.contains("token went backwards"))
-                    .then_some(())
+        for token in ["5", "1"] {
+            let status = json!({"status": {"token": token, "holder": "planted/holder#0"}});
+            leases
+                .patch_status(LEASE, &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .expect("planting a token");
+        }
+        violation(&watcher, "token went backwards", "then 1").await;
+        let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watcher.finish()));
+        let message = panic_text(finished.expect_err("finish fails on the violations"));
+        assert!(message.contains("violation"), "{message}");
+
+        // A watch stream cut mid-scenario: a gap, and finish fails on it
+        // although no violation was seen.
+        let proxy = TcpProxy::start(api_server_addr(&s)).await;
+        let cut_off = LeadershipWatcher::start(
+            &proxied_client(&s, &proxy).await,
+            Watched {
+                ns: &s.ns,
+                pods: "app=nobody",
+                service: None,
+                lease: Some(LEASE),
             },
-        )
+        );
+        wait_for("the proxied watch listing", Duration::from_secs(30), || async {
+            // The status plant above is in its list: the watch is up.
+            (cut_off.highest_token() == Some(1)).then_some(())
+        })
         .await;
-        // Repaired: the sidecars and the operator converge back to one leader.
-        watcher.one_leader(None, FIRST_LEADER).await;
+        proxy.set(ProxyMode::Cut);
+        wait_for("the watcher recording a gap", Duration::from_secs(30), || async {
+            (!cut_off.gaps().is_empty()).then_some(())
+        })
+        .await;
+        proxy.set(ProxyMode::Forward);
+        assert!(cut_off.violations().is_empty(), "{:?}", cut_off.violations());
+        let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cut_off.finish()));
+        let message = panic_text(finished.expect_err("finish fails on the gap"));
+        assert!(message.contains("gap"), "{message}");
     })
     .await;
+}
+
+fn is_running(pod: &Pod) -> bool {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default();
+    statuses.len() == 2 && statuses.iter().all(|c| c.ready)
+}
+
+fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// The API server's address, from the kubeconfig.
+fn api_server_addr(s: &Scenario) -> std::net::SocketAddr {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
+    let server = kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .expect("the kubeconfig's server");
+    let uri: http::Uri = server.parse().expect("the server's URL");
+    let host = uri.host().expect("a host").trim_matches(|c| c == '[' || c == ']');
+    let port = uri.port_u16().unwrap_or(443);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .expect("resolving the API server")
+        .next()
+        .expect("an address")
+}
+
+/// A client of the cluster whose connections go through `proxy` (the TLS
+/// name checked stays the API server's).
+async fn proxied_client(s: &Scenario, proxy: &TcpProxy) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    let host = config
+        .cluster_url
+        .host()
+        .expect("a host")
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_string();
+    config.tls_server_name = Some(host);
+    config.cluster_url = format!("https://{}", proxy.addr).parse().expect("the proxy's URL");
+    Client::try_from(config).expect("a client through the proxy")
 }
