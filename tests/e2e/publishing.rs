@@ -74,7 +74,7 @@ async fn readiness_gated_only_the_leader_is_ready_and_a_rollout_restart_complete
         let watcher = watch_example(&s, true);
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
-        s.apply(s.example("readiness-gated.yaml")).await;
+        s.apply(gated_example(&s)).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         let only_leader_ready = || async {
             let ready = ready_pods(&s).await;
@@ -159,7 +159,7 @@ async fn readiness_gated_a_frozen_leader_loses_readiness_without_its_sidecars_he
         let watcher = watch_example(&s, true);
         let (_store, lease) = postgres_lease(&s, LEASE, json!({"publishing": {"readinessGate": true}}));
         s.apply(lease).await;
-        s.apply(s.example("readiness-gated.yaml")).await;
+        s.apply(gated_example(&s)).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
         signal_container(&s, &leader, "leasehold", "STOP").await;
         let frozen = std::time::Instant::now();
@@ -191,4 +191,15 @@ async fn readiness_gated_a_frozen_leader_loses_readiness_without_its_sidecars_he
         watcher.finish();
     })
     .await;
+}
+
+/// The readiness-gated example without its DistributedLease: the scenario's
+/// own lease (on PostgreSQL, gate on) stands in for it, and a lease's store
+/// cannot change in place (issue 40), so applying the example's over it
+/// would be refused.
+fn gated_example(s: &Scenario) -> Vec<Value> {
+    s.example("readiness-gated.yaml")
+        .into_iter()
+        .filter(|object| object["kind"] != "DistributedLease")
+        .collect()
 }
