@@ -596,7 +596,7 @@ async fn a_recreated_deleting_or_moved_lease_is_one_to_retire_from() {
         let mut lease = spanner_lease("u-1");
         lease[section][field] = value;
         let lease: crate::api::DistributedLease = serde_json::from_value(lease).unwrap();
-        watch::moved(&bound, &started, &lease)
+        watch::moved(&bound, &started, &lease, crate::api::validate(&lease).ok().as_ref())
     };
     assert_eq!(moved_by("metadata", "uid", "u-1".into()), None);
     assert_eq!(

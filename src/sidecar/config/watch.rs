@@ -6,7 +6,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
 use super::{LeaseBinding, Settings};
-use crate::api::{DistributedLease, validate};
+use crate::api::{DistributedLease, ValidLease, validate};
 use crate::lease::Timing;
 use crate::sidecar::pod::watch_backoff;
 
@@ -62,10 +62,11 @@ pub async fn watch_lease(
             }
         };
         listed = true;
-        if let Some(why) = moved(&bound, &started, &resource) {
+        let valid = validate(&resource);
+        if let Some(why) = moved(&bound, &started, &resource, valid.as_ref().ok()) {
             return retire(why);
         }
-        match validate(&resource) {
+        match valid {
             Ok(valid) => {
                 if valid.timing != timing {
                     info!(%lease, timing = ?valid.timing, "the lease's timing changed; applies from the next term");
@@ -83,10 +84,16 @@ pub async fn watch_lease(
     std::future::pending().await
 }
 
-/// Why `resource` is no longer the lease `bound` campaigns on, if it is not.
+/// Why `resource` is no longer the lease `bound` campaigns on, if it is not;
+/// `valid` is its validation (`None` when invalid), done once by the caller.
 /// The store block and `partitions` are immutable by the CRD's rules; a CRD
 /// installed without them (an older chart) could still change them in place.
-pub(super) fn moved(bound: &LeaseBinding, started: &Settings, resource: &DistributedLease) -> Option<String> {
+pub(super) fn moved(
+    bound: &LeaseBinding,
+    started: &Settings,
+    resource: &DistributedLease,
+    valid: Option<&ValidLease>,
+) -> Option<String> {
     let uid = resource.metadata.uid.as_deref().unwrap_or_default();
     if uid != bound.uid {
         return Some(format!(
@@ -100,9 +107,9 @@ pub(super) fn moved(bound: &LeaseBinding, started: &Settings, resource: &Distrib
     if resource.spec.store != bound.store {
         return Some("the DistributedLease names another store".into());
     }
-    match validate(resource) {
-        Ok(valid) if valid.lock != started.lock => Some(format!("the lock changed to {}", valid.lock)),
-        Ok(valid) if valid.partitions != started.partitions => Some(format!(
+    match valid {
+        Some(valid) if valid.lock != started.lock => Some(format!("the lock changed to {}", valid.lock)),
+        Some(valid) if valid.partitions != started.partitions => Some(format!(
             "the partitions changed from {:?} to {:?}",
             started.partitions, valid.partitions
         )),
