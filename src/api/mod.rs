@@ -7,6 +7,7 @@
 //! because a CRD installed from an older chart may not carry every rule.
 
 pub mod client;
+pub mod contract;
 pub mod gate;
 mod validate;
 

@@ -448,7 +448,7 @@ spec:
         let env = spec["initContainers"][0]["env"].as_array().unwrap();
         assert!(
             env.iter()
-                .any(|e| e["name"] == crate::sidecar::interface::ENV_STORE_URL_FILE),
+                .any(|e| e["name"] == crate::api::contract::ENV_STORE_URL_FILE),
             "{env:?}"
         );
     }

@@ -48,10 +48,10 @@ use self::http::Role;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{OpenStores, StoreProvider};
+use crate::api::contract::{ENV_POD_NAME, ENV_POD_NAMESPACE};
 use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing};
-use crate::sidecar::interface::{ENV_POD_NAME, ENV_POD_NAMESPACE};
 use crate::store::spanner::SpannerConfig;
 
 /// Without leader election nobody waits to take over, so reconciles in

@@ -14,7 +14,7 @@ use kube::Client;
 /// comes from the downward API under the sidecar's names.
 #[test]
 fn every_operator_flag_can_come_from_the_environment() {
-    use crate::sidecar::interface::{ENV_POD_NAME, ENV_POD_NAMESPACE};
+    use crate::api::contract::{ENV_POD_NAME, ENV_POD_NAMESPACE};
     let cli = Cli::command();
     let operator = cli.find_subcommand("operator").expect("operator subcommand");
     for arg in operator.get_arguments() {
@@ -296,7 +296,7 @@ fn a_cached_injected_candidate_is_not_listed_as_without_the_sidecar() {
     let candidates = [
         cached(
             "injected",
-            serde_json::json!([{"name": crate::sidecar::interface::SIDECAR_CONTAINER, "restartPolicy": "Always"}]),
+            serde_json::json!([{"name": crate::api::contract::SIDECAR_CONTAINER, "restartPolicy": "Always"}]),
         ),
         cached("plain", serde_json::json!([{"name": "migrate"}])),
     ];

@@ -19,9 +19,9 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::contract::{GATE_PROBE_HOLD, GATE_PROBE_PATH};
 use crate::lease::{Assigned, LeaderState};
 use crate::sidecar::health::AppHealth;
-use crate::sidecar::interface::{GATE_PROBE_HOLD, GATE_PROBE_PATH};
 
 /// The `/leader` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -18,7 +18,6 @@ pub mod config;
 pub mod footprint;
 pub mod health;
 pub mod http;
-pub mod interface;
 pub mod metrics;
 pub mod own_pod;
 pub mod partitions;
@@ -173,7 +172,7 @@ pub async fn run(args: Args) -> Result<()> {
     let http_task = tokio::spawn(http::serve(http, http::router(api.clone()), servers.clone()));
     let healthz = axum::Router::new()
         .route("/healthz", axum::routing::get(http::healthz))
-        .route(interface::GATE_PROBE_PATH, axum::routing::get(http::gate))
+        .route(crate::api::contract::GATE_PROBE_PATH, axum::routing::get(http::gate))
         .with_state(api.clone());
     let metrics_task = tokio::spawn(http::serve(
         metrics_listener,
@@ -534,7 +533,7 @@ mod tests {
             pod["status"]["containerStatuses"] = serde_json::json!([app_status(true, 0)]);
             if native {
                 pod["spec"]["initContainers"] =
-                    serde_json::json!([{"name": interface::SIDECAR_CONTAINER, "restartPolicy": "Always"}]);
+                    serde_json::json!([{"name": crate::api::contract::SIDECAR_CONTAINER, "restartPolicy": "Always"}]);
             }
             api.insert(&pods::collection("prod"), pod);
             let cli = Cli::parse_from(["sidecar", "--app-container", "app", "--drain", drain]);

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::health::{AppHealth, Verdict, container_verdict};
-use super::interface::SIDECAR_CONTAINER;
+use crate::api::contract::SIDECAR_CONTAINER;
 use tokio_util::sync::CancellationToken;
 
 /// What the pod watch last showed.

@@ -40,9 +40,9 @@ use tracing::{debug, info, warn};
 
 use super::config::Publishing;
 use super::health::AppHealth;
-use super::interface::{GATE_PROBE_PATH, SIDECAR_CONTAINER};
 use super::pod::{PodRef, pod_recorder, watch_backoff};
 use super::starting::Throttle;
+use crate::api::contract::{GATE_PROBE_PATH, SIDECAR_CONTAINER};
 use crate::lease::{Change, ElectorControl, LeaderState};
 
 /// The readiness-gate condition type.

@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::config::Retirement;
-use super::interface::RETIRED_FROM_ANNOTATION;
 use super::pod::{PodRef, watch_backoff};
 use super::{Error, Result, capped_backoff};
 use crate::api::DistributedLease;
+use crate::api::contract::RETIRED_FROM_ANNOTATION;
 
 /// Steps 2 and 3 above, once nothing is claimed or held any more. Returns
 /// (for a normal exit) when a signal ends the wait; re-executes otherwise.

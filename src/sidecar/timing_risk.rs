@@ -23,9 +23,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::budget::BudgetVerdict;
-use super::interface::TIMING_CONDITION;
 use super::pod::{PodRef, pod_recorder};
 use super::starting::Throttle;
+use crate::api::contract::TIMING_CONDITION;
 
 /// At most one timing Event per this, whatever the verdicts do.
 pub const EVENT_EVERY: Duration = Duration::from_secs(600);

@@ -21,7 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::interface::{ENV_REVISION, ENV_VERSION};
+use crate::api::contract::{ENV_REVISION, ENV_VERSION};
 use crate::lease::version::PeerWatch;
 use crate::lease::{ElectorControl, LeaderState, Prefer, Version};
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::cluster::{Scenario, scenario};
 use crate::fixtures::{APP, FIRST_LEADER, SIDECAR, leader_only_service};
 use crate::node::signal_container;
-use leasehold::sidecar::interface::RETIRED_FROM_ANNOTATION;
+use leasehold::api::contract::RETIRED_FROM_ANNOTATION;
 
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound
 /// to the pod.

@@ -162,8 +162,8 @@ fn the_operator_environment_and_sidecar_defaults_match_the_code() {
         assert!(names.contains(&"LEASEHOLD_SIDECAR_METRICS_PORT"), "{file}: {names:?}");
         // The downward API under the sidecar's names, which the operator reads too.
         for name in [
-            leasehold::sidecar::interface::ENV_POD_NAME,
-            leasehold::sidecar::interface::ENV_POD_NAMESPACE,
+            leasehold::api::contract::ENV_POD_NAME,
+            leasehold::api::contract::ENV_POD_NAMESPACE,
         ] {
             assert!(names.contains(&name), "{file}: {names:?}");
         }
@@ -177,11 +177,11 @@ fn the_operator_environment_and_sidecar_defaults_match_the_code() {
     let values: serde_yaml::Value = serde_yaml::from_str(&read("charts/leasehold/values.yaml")).unwrap();
     assert_eq!(
         values["sidecar"]["metricsPort"].as_u64(),
-        Some(leasehold::sidecar::interface::DEFAULT_METRICS_PORT.into())
+        Some(leasehold::api::contract::DEFAULT_METRICS_PORT.into())
     );
     assert_eq!(values["sidecar"]["mode"].as_str(), Some("native"));
     assert!(read("manifests/install.yaml").contains(&format!(
         "- name: LEASEHOLD_SIDECAR_METRICS_PORT\n              value: \"{}\"",
-        leasehold::sidecar::interface::DEFAULT_METRICS_PORT
+        leasehold::api::contract::DEFAULT_METRICS_PORT
     )));
 }

@@ -9,7 +9,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use leasehold::sidecar::interface::RETIRED_FROM_ANNOTATION;
+use leasehold::api::contract::RETIRED_FROM_ANNOTATION;
 use leasehold::store::kubernetes::lease_name;
 use leasehold::testing::api::{ApiServer, pods};
 use serde_json::{Value, json};

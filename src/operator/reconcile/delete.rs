@@ -32,9 +32,9 @@ use tracing::{info, warn};
 
 use super::holder::HolderPod;
 use super::{Context, Error, RELEASE_PATIENCE, Result};
+use crate::api::contract::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 use crate::api::{DistributedLease, ValidLease, ValidStore, validate};
 use crate::lease::StoreError;
-use crate::sidecar::interface::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 
 /// What a deleted resource's finalizer waits for.
 #[derive(Debug, PartialEq, Eq)]

@@ -165,7 +165,7 @@ pub fn running_candidate(name: &str, retired_from: Option<&str>) -> Value {
         "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
     }]);
     if let Some(uid) = retired_from {
-        pod["metadata"]["annotations"] = json!({crate::sidecar::interface::RETIRED_FROM_ANNOTATION: uid});
+        pod["metadata"]["annotations"] = json!({crate::api::contract::RETIRED_FROM_ANNOTATION: uid});
     }
     pod
 }

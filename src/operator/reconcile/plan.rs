@@ -14,12 +14,12 @@ use kube::{Resource, ResourceExt};
 
 use super::holder::HolderPod;
 use super::{INVALID_REQUEUE, MIN_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
+use crate::api::contract::TIMING_CONDITION;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
 use crate::operator::metrics::Outcome;
 use crate::operator::{partitions, rollout, webhook};
-use crate::sidecar::interface::TIMING_CONDITION;
 
 /// What a reconcile of a live resource found, in the order it looked.
 #[derive(Debug)]

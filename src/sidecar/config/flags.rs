@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::api::contract;
 use crate::lease::timing::parse_duration_flag;
-use crate::sidecar::interface;
 use crate::store::select::StoreKind;
 
 /// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
@@ -18,7 +18,7 @@ pub struct ElectionArgs {
     /// --lock, --partitions and the timing flags.
     #[arg(
         long,
-        env = interface::ENV_LEASE,
+        env = contract::ENV_LEASE,
         conflicts_with_all = [
             "store", "database", "table", "store_url", "lock", "lease_duration", "renew_deadline", "retry_period",
             "prefer", "version_fence", "partitions",
@@ -39,7 +39,7 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
     /// A file holding the store URL (a mounted Secret), instead of --store-url.
-    #[arg(long, env = interface::ENV_STORE_URL_FILE, conflicts_with = "store_url")]
+    #[arg(long, env = contract::ENV_STORE_URL_FILE, conflicts_with = "store_url")]
     pub store_url_file: Option<PathBuf>,
     /// Standalone: the lock name.
     #[arg(long, env = "LEASEHOLD_LOCK")]
@@ -62,14 +62,14 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_CREATE_TABLE")]
     pub create_table: bool,
     /// This candidate's name; inside Kubernetes the pod name (downward API).
-    #[arg(long, env = interface::ENV_POD_NAME)]
+    #[arg(long, env = contract::ENV_POD_NAME)]
     pub pod_name: Option<String>,
     /// The pod's namespace (downward API).
-    #[arg(long, env = interface::ENV_POD_NAMESPACE)]
+    #[arg(long, env = contract::ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
     /// The pod's UID (downward API): part of the holder identity
     /// (`…#nonce@uid`), and the pod Events are about.
-    #[arg(long, env = interface::ENV_POD_UID)]
+    #[arg(long, env = contract::ENV_POD_UID)]
     pub pod_uid: Option<String>,
     /// The cluster's name, part of the identity for locks shared across clusters.
     #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
@@ -79,16 +79,16 @@ pub struct ElectionArgs {
     #[arg(long, env = "LEASEHOLD_KUBERNETES")]
     pub kubernetes: Option<bool>,
     /// Write holder, term and token as JSON here, replaced atomically.
-    #[arg(long, env = interface::ENV_TOKEN_FILE)]
+    #[arg(long, env = contract::ENV_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
     /// This candidate's version, for people [inside Kubernetes, default: the
     /// pod's pod-template-hash and app image]. Not `--version`, which prints
     /// leasehold's own.
-    #[arg(long, env = interface::ENV_VERSION)]
+    #[arg(long, env = contract::ENV_VERSION)]
     pub version_name: Option<String>,
     /// The number versions are ordered by, higher is newer [inside
     /// Kubernetes, default: the ReplicaSet's deployment.kubernetes.io/revision].
-    #[arg(long, env = interface::ENV_REVISION)]
+    #[arg(long, env = contract::ENV_REVISION)]
     pub revision: Option<u64>,
     /// Standalone: which version leads: none, newest or oldest [default: none].
     #[arg(long, env = "LEASEHOLD_PREFER")]
@@ -103,16 +103,16 @@ pub struct Args {
     #[command(flatten)]
     pub election: ElectionArgs,
     /// The local HTTP API.
-    #[arg(long, env = interface::ENV_HTTP_ADDR, default_value_t = interface::default_http_addr())]
+    #[arg(long, env = contract::ENV_HTTP_ADDR, default_value_t = contract::default_http_addr())]
     pub http_addr: SocketAddr,
     /// The /metrics listener.
-    #[arg(long, env = interface::ENV_METRICS_ADDR, default_value_t = interface::default_metrics_addr())]
+    #[arg(long, env = contract::ENV_METRICS_ADDR, default_value_t = contract::default_metrics_addr())]
     pub metrics_addr: SocketAddr,
     /// Once both listeners are bound, write their addresses here as JSON ({"http": ..., "metrics": ...}), replaced atomically; with port 0 the system picks the ports
     #[arg(long, env = "LEASEHOLD_READY_FILE")]
     pub ready_file: Option<PathBuf>,
     /// Campaign only while this container of our pod is ready (from the pod watch).
-    #[arg(long, env = interface::ENV_APP_CONTAINER)]
+    #[arg(long, env = contract::ENV_APP_CONTAINER)]
     pub app_container: Option<String>,
     /// Campaign only while this URL (http://127.0.0.1:port/path) answers 2xx.
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]
