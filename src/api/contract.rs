@@ -1,6 +1,10 @@
-//! The sidecar's outside interface: the environment variables it reads and
-//! its default ports. The flags in `config.rs` and the injection patch
-//! (webhook and `leasehold inject`) both read these, so they cannot drift.
+//! The contract both roles follow, below both: the environment the
+//! sidecar reads, its ports and container name, the annotations, labels and
+//! conditions on candidate pods, and what the injection adds to a pod. The
+//! sidecar's flags, the operator, its webhook and `leasehold inject` all
+//! read these, so they cannot drift.
+
+use k8s_openapi::api::core::v1::PodSpec;
 
 /// The injected sidecar container's name. The sidecar finds itself by it
 /// in its pod's spec: as a native sidecar (an init container with
@@ -68,3 +72,61 @@ pub use crate::api::gate::{
     GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_HOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS,
     GATE_PROBE_TIMEOUT_SECONDS,
 };
+
+/// The annotation that asks for injection and names the DistributedLease.
+pub const LEASE_ANNOTATION: &str = "leasehold.dev/lease";
+/// Chooses the container whose readiness leadership follows (default: the
+/// `kubectl.kubernetes.io/default-container`, else the first container).
+pub const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
+/// The sidecar's metrics port for this pod.
+pub const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
+/// `native` (an init container with `restartPolicy: Always`) or `container`.
+pub const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
+/// Names the container whose command `leasehold run` wraps: that container
+/// runs only while the pod leads, and no sidecar is added (the runner
+/// campaigns and publishes itself). Needs `leasehold.dev/lease` too.
+pub const RUN_ANNOTATION: &str = "leasehold.dev/run";
+/// The label that opts a namespace or a pod into the webhook (`enabled`), or a
+/// pod out of its namespace's opt-in (`disabled`); read by the API server
+/// through the webhook's selectors, see the chart's webhook.yaml.
+pub const INJECT_LABEL: &str = "leasehold.dev/inject";
+/// The readiness-gate condition type the sidecar sets.
+pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
+/// The image's numeric user and group (Dockerfile `USER 65532:65532`): the
+/// kubelet can check `runAsNonRoot` only against a numeric user.
+pub const SIDECAR_USER: i64 = 65532;
+/// The image `leasehold inject` uses unless told otherwise.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/leasehold/leasehold:", env!("CARGO_PKG_VERSION"));
+/// The init container that copies the binary for a wrapped container (the
+/// app's image does not have it): `leasehold __install-self BIN_DIR`.
+pub const INSTALLER_NAME: &str = "leasehold-install";
+/// Where the installer's emptyDir is mounted, in the installer (leasehold's
+/// image) and in the wrapped container (the app's image).
+pub const BIN_DIR: &str = "/leasehold/bin";
+/// The hidden subcommand the installer runs (`leasehold __install-self DIR`).
+pub const INSTALL_SELF_COMMAND: &str = "__install-self";
+/// The runner's file name in BIN_DIR.
+pub const RUNNER_FILE_NAME: &str = "leasehold";
+/// The binary in leasehold's image (the Dockerfile's COPY and ENTRYPOINT;
+/// tests/install/dockerfile.rs holds the Dockerfile to it). Injected containers run
+/// the image's entrypoint, so the code never starts it by path; it must only
+/// stay clear of BIN_DIR, which the installer mounts over that image (a file
+/// on BIN_DIR's path makes runc fail with "not a directory", one under it
+/// would be hidden by the mount).
+pub const IMAGE_BINARY: &str = "/usr/local/bin/leasehold";
+/// The binary as the wrapped container sees it.
+pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
+/// Extra environment of one pod's sidecar, one `NAME=VALUE` per line; a name
+/// also in the operator's `--sidecar-env` takes the pod's value.
+pub const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
+
+/// The container through which a pod campaigns, if it has one: the
+/// injected sidecar, or the installer of a container wrapped with
+/// `leasehold run`. A candidate without either never campaigns (created while
+/// the webhook was down, or before its namespace opted in).
+pub fn injected_container(spec: &PodSpec) -> Option<&'static str> {
+    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    [SIDECAR_CONTAINER, INSTALLER_NAME]
+        .into_iter()
+        .find(|injected| containers().any(|c| c.name == *injected))
+}

@@ -11,10 +11,8 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::operator::webhook::{
-    DEFAULT_IMAGE, InjectionConfig, LEASE_ANNOTATION, LeaseInjection, NotInjected, RUN_ANNOTATION, SidecarArgs,
-    injection_patch,
-};
+use crate::api::contract::{DEFAULT_IMAGE, LEASE_ANNOTATION, RUN_ANNOTATION};
+use crate::operator::webhook::{InjectionConfig, LeaseInjection, NotInjected, SidecarArgs, injection_patch};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -212,7 +210,7 @@ impl Context<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::webhook::SIDECAR_NAME;
+    use crate::api::contract::SIDECAR_CONTAINER;
 
     /// The defaults of `leasehold inject`'s flags.
     fn config() -> InjectionConfig {
@@ -287,7 +285,7 @@ spec:
         let docs = docs(&out.yaml);
         assert_eq!(docs.len(), 5, "every document is written back");
         let web = &docs[0]["spec"]["template"]["spec"];
-        assert_eq!(web["initContainers"][0]["name"], SIDECAR_NAME);
+        assert_eq!(web["initContainers"][0]["name"], SIDECAR_CONTAINER);
         assert_eq!(web["initContainers"][0]["restartPolicy"], "Always");
         assert_eq!(
             web["readinessGates"],
@@ -295,7 +293,7 @@ spec:
             "the lease in the input asks for the gate"
         );
         let report = &docs[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
-        assert_eq!(report["initContainers"][0]["name"], SIDECAR_NAME);
+        assert_eq!(report["initContainers"][0]["name"], SIDECAR_CONTAINER);
         assert!(report.get("readinessGates").is_none());
         assert_eq!(
             docs[2],

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// The subcommand's name and the file name in DIR belong to the injection
-/// patch that runs this command.
-pub use crate::operator::webhook::{INSTALL_SELF_COMMAND as COMMAND, RUNNER_FILE_NAME as FILE_NAME};
+/// The subcommand's name and the file name in DIR belong to the contract
+/// the injection patch that runs this command follows.
+pub use crate::api::contract::{INSTALL_SELF_COMMAND as COMMAND, RUNNER_FILE_NAME as FILE_NAME};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

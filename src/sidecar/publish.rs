@@ -42,11 +42,9 @@ use super::config::Publishing;
 use super::health::AppHealth;
 use super::pod::{PodRef, pod_recorder, watch_backoff};
 use super::starting::Throttle;
-use crate::api::contract::{GATE_PROBE_PATH, SIDECAR_CONTAINER};
+use crate::api::contract::{GATE_PROBE_PATH, LEADER_CONDITION, SIDECAR_CONTAINER};
 use crate::lease::{Change, ElectorControl, LeaderState};
 
-/// The readiness-gate condition type.
-pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
 pub use super::BACKOFF_CAP;
 /// How long a sidecar whose elector has ended keeps trying to leave its pod
 /// labelled "false" and not ready.

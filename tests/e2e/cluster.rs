@@ -617,7 +617,7 @@ pub async fn injection_reaches(env: &Env, client: &Client, ns: &str) {
         || async {
             let pod = pods.create(&dry_run, &probe).await.ok()?;
             let spec = pod.spec?;
-            leasehold::operator::webhook::injected_container(&spec).map(|_| ())
+            leasehold::api::contract::injected_container(&spec).map(|_| ())
         },
     )
     .await;

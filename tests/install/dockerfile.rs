@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use image_build::{Stage, exec_form, final_and_build_stage, parse, parse_copy, prepare_context, root, run_build};
-use leasehold::operator::webhook::{BIN_DIR, IMAGE_BINARY};
+use leasehold::api::contract::{BIN_DIR, IMAGE_BINARY};
 
 fn stages() -> Vec<Stage> {
     parse(&std::fs::read_to_string(root().join("Dockerfile")).unwrap()).unwrap()

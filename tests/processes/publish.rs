@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use leasehold::api::contract::LEADER_CONDITION;
 use leasehold::lease::{Elector, ElectorHandle, LeaseStore};
 use leasehold::sidecar::config::{Args, resolve};
-use leasehold::sidecar::publish::{LEADER_CONDITION, Publisher, holder_pod};
+use leasehold::sidecar::publish::{Publisher, holder_pod};
 use leasehold::store::MemoryStore;
 use leasehold::testing::api::{ApiServer, pods};
 use serde_json::{Value, json};

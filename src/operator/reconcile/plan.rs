@@ -15,11 +15,12 @@ use kube::{Resource, ResourceExt};
 use super::holder::HolderPod;
 use super::{INVALID_REQUEUE, MIN_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
+use crate::api::contract::injected_container;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
 use crate::operator::metrics::Outcome;
-use crate::operator::{partitions, rollout, webhook};
+use crate::operator::{partitions, rollout};
 
 /// What a reconcile of a live resource found, in the order it looked.
 #[derive(Debug)]
@@ -371,7 +372,7 @@ fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, Strin
 pub fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
     let mut names: Vec<String> = candidates
         .iter()
-        .filter(|pod| pod.spec.as_ref().and_then(webhook::injected_container).is_none())
+        .filter(|pod| pod.spec.as_ref().and_then(injected_container).is_none())
         .map(|pod| pod.name_any())
         .collect();
     names.sort();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::Result;
 use super::certs::base64_encode;
 use super::patch::*;
+use crate::api::contract::{LEASE_ANNOTATION, RUN_ANNOTATION};
 use axum::{Json, Router, routing::post};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

@@ -25,12 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use admission::{KubeLeaseLookup, LeaseLookup, admit, router};
 pub use certs::{CertDir, CertificateBundle, fixed, patch_ca_bundle, shared_self_signed};
-pub use patch::{
-    APP_CONTAINER_ANNOTATION, BIN_DIR, DEFAULT_IMAGE, ExtraEnv, IMAGE_BINARY, INJECT_LABEL, INSTALL_SELF_COMMAND,
-    INSTALLER_NAME, InjectionConfig, LEADER_CONDITION, LEASE_ANNOTATION, LeaseInjection, METRICS_PORT_ANNOTATION,
-    NotInjected, RUN_ANNOTATION, RUNNER_FILE_NAME, RUNNER_PATH, SIDECAR_ENV_ANNOTATION, SIDECAR_MODE_ANNOTATION,
-    SIDECAR_NAME, SIDECAR_USER, SidecarArgs, SidecarMode, injected_container, injection_patch,
-};
+pub use patch::{ExtraEnv, InjectionConfig, LeaseInjection, NotInjected, SidecarArgs, SidecarMode, injection_patch};
 pub use server::{Timeouts, bind, serve};
 
 #[derive(Debug, thiserror::Error)]

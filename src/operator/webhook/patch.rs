@@ -16,60 +16,18 @@ use serde_json::json;
 use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
 
 use crate::api::contract::{
-    DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR,
-    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE, GATE_PROBE_FAILURE_THRESHOLD,
-    GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS, SIDECAR_CONTAINER,
+    APP_CONTAINER_ANNOTATION, BIN_DIR, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR,
+    ENV_LEASE, ENV_METRICS_ADDR, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE,
+    GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS,
+    INSTALL_SELF_COMMAND, INSTALLER_NAME, LEADER_CONDITION, LEASE_ANNOTATION, METRICS_PORT_ANNOTATION, RUN_ANNOTATION,
+    RUNNER_PATH, SIDECAR_CONTAINER, SIDECAR_ENV_ANNOTATION, SIDECAR_MODE_ANNOTATION, SIDECAR_USER, injected_container,
 };
 
-/// The annotation that asks for injection and names the DistributedLease.
-pub const LEASE_ANNOTATION: &str = "leasehold.dev/lease";
-/// Chooses the container whose readiness leadership follows (default: the
-/// `kubectl.kubernetes.io/default-container`, else the first container).
-pub const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
-/// The sidecar's metrics port for this pod.
-pub const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
-/// `native` (an init container with `restartPolicy: Always`) or `container`.
-pub const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
-/// Names the container whose command `leasehold run` wraps: that container
-/// runs only while the pod leads, and no sidecar is added (the runner
-/// campaigns and publishes itself). Needs `leasehold.dev/lease` too.
-pub const RUN_ANNOTATION: &str = "leasehold.dev/run";
-/// The label that opts a namespace or a pod into the webhook (`enabled`), or a
-/// pod out of its namespace's opt-in (`disabled`); read by the API server
-/// through the webhook's selectors, see the chart's webhook.yaml.
-pub const INJECT_LABEL: &str = "leasehold.dev/inject";
 /// kubectl's choice of a pod's main container, honoured as the default app container.
 const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
-/// The readiness-gate condition type the sidecar sets.
-pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
-pub const SIDECAR_NAME: &str = SIDECAR_CONTAINER;
-/// The image's numeric user and group (Dockerfile `USER 65532:65532`): the
-/// kubelet can check `runAsNonRoot` only against a numeric user.
-pub const SIDECAR_USER: i64 = 65532;
-/// The image `leasehold inject` uses unless told otherwise.
-pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/leasehold/leasehold:", env!("CARGO_PKG_VERSION"));
 const TOKEN_VOLUME: &str = "leasehold-token";
 const TOKEN_DIR: &str = "/var/run/leasehold";
-/// The init container that copies the binary for a wrapped container (the
-/// app's image does not have it): `leasehold __install-self BIN_DIR`.
-pub const INSTALLER_NAME: &str = "leasehold-install";
 const BIN_VOLUME: &str = "leasehold-bin";
-/// Where the installer's emptyDir is mounted, in the installer (leasehold's
-/// image) and in the wrapped container (the app's image).
-pub const BIN_DIR: &str = "/leasehold/bin";
-/// The hidden subcommand the installer runs (`leasehold __install-self DIR`).
-pub const INSTALL_SELF_COMMAND: &str = "__install-self";
-/// The runner's file name in BIN_DIR.
-pub const RUNNER_FILE_NAME: &str = "leasehold";
-/// The binary in leasehold's image (the Dockerfile's COPY and ENTRYPOINT;
-/// tests/install/dockerfile.rs holds the Dockerfile to it). Injected containers run
-/// the image's entrypoint, so the code never starts it by path; it must only
-/// stay clear of BIN_DIR, which the installer mounts over that image (a file
-/// on BIN_DIR's path makes runc fail with "not a directory", one under it
-/// would be hidden by the mount).
-pub const IMAGE_BINARY: &str = "/usr/local/bin/leasehold";
-/// The binary as the wrapped container sees it.
-pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
 /// The lease's store-URL Secret key, mounted into the container that
 /// campaigns (the sidecar, or the wrapped container) and nowhere else.
 const STORE_URL_VOLUME: &str = "leasehold-store-url";
@@ -107,10 +65,6 @@ pub struct InjectionConfig {
     /// Extra environment for every injected sidecar.
     pub env: Vec<ExtraEnv>,
 }
-
-/// Extra environment of one pod's sidecar, one `NAME=VALUE` per line; a name
-/// also in the operator's `--sidecar-env` takes the pod's value.
-pub const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
 
 /// The variables the injection sets itself, which extra environment may not
 /// replace.
@@ -367,17 +321,6 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
         mode,
         env,
     })
-}
-
-/// The container through which a pod campaigns, if it has one: the
-/// injected sidecar, or the installer of a container wrapped with
-/// `leasehold run`. A candidate without either never campaigns (created while
-/// the webhook was down, or before its namespace opted in).
-pub fn injected_container(spec: &PodSpec) -> Option<&'static str> {
-    let containers = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    [SIDECAR_NAME, INSTALLER_NAME]
-        .into_iter()
-        .find(|injected| containers().any(|c| c.name == *injected))
 }
 
 pub fn has_annotation(pod: &Pod, key: &str) -> bool {
@@ -730,7 +673,7 @@ fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, 
     }];
     mounts.extend(store_url.then(store_url_mount));
     Container {
-        name: SIDECAR_NAME.into(),
+        name: SIDECAR_CONTAINER.into(),
         image: Some(config.image.clone()),
         args: Some(vec!["sidecar".into()]),
         restart_policy: (choices.mode == SidecarMode::Native).then(|| "Always".into()),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use super::admission::*;
 use super::certs::*;
 use super::patch::*;
-use crate::api::contract::GATE_PROBE_PATH;
+use crate::api::contract::*;
 use crate::testing::api::{self, mock_client};
 use http::Request;
 use json_patch::Patch;
@@ -16,8 +16,8 @@ fn config() -> InjectionConfig {
     InjectionConfig {
         image: "ghcr.io/leasehold/leasehold:0.1.0".into(),
         mode: SidecarMode::Native,
-        http_port: crate::api::contract::DEFAULT_HTTP_PORT,
-        metrics_port: crate::api::contract::DEFAULT_METRICS_PORT,
+        http_port: DEFAULT_HTTP_PORT,
+        metrics_port: DEFAULT_METRICS_PORT,
         cpu_request: "10m".into(),
         memory_request: "32Mi".into(),
         memory_limit: "64Mi".into(),
@@ -76,7 +76,7 @@ fn a_postgres_or_redis_lease_mounts_its_url_secret_into_the_sidecar_only() {
     );
     let sidecar = &doc["spec"]["initContainers"][0];
     assert_eq!(
-        env_value(sidecar, crate::api::contract::ENV_STORE_URL_FILE),
+        env_value(sidecar, ENV_STORE_URL_FILE),
         "/var/run/leasehold-store/url"
     );
     assert_eq!(
@@ -100,7 +100,7 @@ fn a_postgres_or_redis_lease_mounts_its_url_secret_into_the_sidecar_only() {
     let doc = apply(&run, &injection_patch(&run, on_postgres(), &config()).unwrap());
     let wrapped = &doc["spec"]["containers"][0];
     assert_eq!(
-        env_value(wrapped, crate::api::contract::ENV_STORE_URL_FILE),
+        env_value(wrapped, ENV_STORE_URL_FILE),
         "/var/run/leasehold-store/url"
     );
     assert!(
@@ -271,13 +271,13 @@ fn only_a_gated_pods_sidecar_gets_the_gate_probe() {
 #[test]
 fn an_already_injected_pod_is_left_alone() {
     for spec in [
-        json!({"containers": [{"name": "app"}, {"name": SIDECAR_NAME}]}),
-        json!({"initContainers": [{"name": SIDECAR_NAME, "restartPolicy": "Always", "ports": [{"containerPort": 4041}]}]}),
+        json!({"containers": [{"name": "app"}, {"name": SIDECAR_CONTAINER}]}),
+        json!({"initContainers": [{"name": SIDECAR_CONTAINER, "restartPolicy": "Always", "ports": [{"containerPort": 4041}]}]}),
     ] {
         let pod = pod(spec, true);
         assert_eq!(
             injection_patch(&pod, GATED, &config()),
-            Err(NotInjected::AlreadyInjected(SIDECAR_NAME))
+            Err(NotInjected::AlreadyInjected(SIDECAR_CONTAINER))
         );
     }
 }
@@ -309,7 +309,7 @@ fn container_mode_puts_the_sidecar_among_the_containers() {
     };
     for (pod, config) in [(&by_annotation, config()), (&by_flag, flag_config)] {
         let doc = apply(pod, &injection_patch(pod, GATED, &config).unwrap());
-        assert_eq!(doc["spec"]["containers"][1]["name"], SIDECAR_NAME);
+        assert_eq!(doc["spec"]["containers"][1]["name"], SIDECAR_CONTAINER);
         assert!(doc["spec"]["containers"][1].get("restartPolicy").is_none());
         assert!(doc["spec"].get("initContainers").is_none());
     }
@@ -339,7 +339,7 @@ fn the_metrics_port_follows_the_annotation_and_never_collides() {
     }
     // The app already listens on the default metrics port: say so, do not
     // inject a sidecar that cannot bind.
-    let busy = pod_with_port(crate::api::contract::DEFAULT_METRICS_PORT);
+    let busy = pod_with_port(DEFAULT_METRICS_PORT);
     let err = injection_patch(&busy, GATED, &config()).unwrap_err();
     assert_eq!(
         err.to_string(),
