@@ -1,7 +1,8 @@
 //! docs/design.md, "Layout": arrows point inward and no two modules use
 //! each other. One node per module file of `src/`, an edge for every
-//! `crate::`, `super::` or `self::` path (in `use` items and inline) that
-//! names an item of another module file; edges to a module's own ancestors
+//! `crate::`, `super::` or `self::` path, and every bare path whose first
+//! segment is a child module (`plan::plan(…)`, `use certs::…`), in `use`
+//! items and inline, that names an item of another module file; edges to a module's own ancestors
 //! (a parent holds its children's shared vocabulary, `Error` and `Result`)
 //! and to test support are left out, and unit-test modules are not read.
 //! Any cycle fails, naming its modules and edges.
@@ -79,14 +80,23 @@ fn expand(tree: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `crate::`, `super::` and `self::` paths a module's code names.
+/// The paths a module's code names: its `use` trees and every inline path
+/// (`a::b`) that does not continue another (`::a::b`, `x::a::b`).
 fn paths(code: &str) -> Vec<String> {
-    let code: String = code
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("//"))
-        .take_while(|line| !line.starts_with("#[cfg(test)]"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    // Unit tests are left out: an inline test module ends the module's code,
+    // an out-of-line one (`#[cfg(test)] mod tests;`) is only skipped.
+    let mut kept = Vec::new();
+    let mut lines = code.lines().filter(|line| !line.trim_start().starts_with("//"));
+    while let Some(line) = lines.next() {
+        if line.starts_with("#[cfg(test)]") || line.starts_with("#[cfg(all(test,") {
+            match lines.next() {
+                Some(item) if item.starts_with("mod ") && item.ends_with(';') => continue,
+                _ => break,
+            }
+        }
+        kept.push(line);
+    }
+    let code = kept.join("\n");
     let mut found = Vec::new();
     for (at, _) in code.match_indices("use ") {
         if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
@@ -98,17 +108,19 @@ fn paths(code: &str) -> Vec<String> {
         }
     }
     let bytes = code.as_bytes();
-    for start in ["crate::", "super::", "self::"] {
-        for (at, _) in code.match_indices(start) {
-            let after_word = at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || matches!(bytes[at - 1], b'_' | b':'));
-            if after_word {
-                continue;
-            }
-            let end = code[at..]
-                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                .map_or(code.len(), |n| at + n);
-            found.push(code[at..end].trim_end_matches(':').to_string());
+    for (separator, _) in code.match_indices("::") {
+        // The first segment: the word before the separator.
+        let at = code[..separator]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |n| n + 1);
+        let after_word = at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || matches!(bytes[at - 1], b'_' | b':'));
+        if at == separator || after_word {
+            continue;
         }
+        let end = code[at..]
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map_or(code.len(), |n| at + n);
+        found.push(code[at..end].trim_end_matches(':').to_string());
     }
     found
 }
@@ -128,8 +140,12 @@ fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Modul
         if !is_test_support(module) {
             let code = std::fs::read_to_string(file).expect("a readable source file");
             for path in paths(&code) {
+                if path.starts_with("::") {
+                    continue;
+                }
                 let mut segments = path.split("::").filter(|s| !s.is_empty()).map(String::from);
-                let absolute: Module = match segments.next().as_deref() {
+                let first = segments.next();
+                let absolute: Module = match first.as_deref() {
                     Some("crate") => segments.collect(),
                     Some("super" | "self") => {
                         let mut base = module.clone();
@@ -142,6 +158,13 @@ fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Modul
                             rest.remove(0);
                         }
                         base.extend(rest.into_iter().filter(|s| s != "self"));
+                        base
+                    }
+                    // A bare path through a child module (`plan::plan`).
+                    Some(child) if modules.contains_key(&[module.as_slice(), &[child.to_string()]].concat()) => {
+                        let mut base = module.clone();
+                        base.push(child.to_string());
+                        base.extend(segments);
                         base
                     }
                     _ => continue,
@@ -259,4 +282,47 @@ fn the_cycle_check_finds_a_planted_cycle() {
     let cycles = import_cycles(&src);
     std::fs::remove_dir_all(&src).unwrap();
     assert_eq!(cycles, ["a -> b, b -> a"], "{cycles:?}");
+}
+
+/// The check finds a cycle that closes only through bare child paths
+/// (`plan::plan()` in the parent, `use certs::…` in the other parent, after
+/// an out-of-line `#[cfg(test)] mod tests;`), the form
+/// `operator::reconcile` ↔ `operator::webhook` had through
+/// `injected_container` and `FIELD_MANAGER`.
+#[test]
+fn the_cycle_check_follows_bare_child_paths() {
+    let src = std::env::temp_dir().join(format!("leasehold-layout-bare-{:08x}", std::process::id()));
+    let write = |file: &str, code: &str| {
+        let path = src.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, code).unwrap();
+    };
+    write("lib.rs", "pub mod op;\n");
+    write("op/mod.rs", "pub mod reconcile;\npub mod webhook;\n");
+    write(
+        "op/reconcile.rs",
+        "mod plan;\npub const FIELD_MANAGER: &str = \"m\";\npub fn run() { plan::plan() }\n",
+    );
+    write(
+        "op/reconcile/plan.rs",
+        "use crate::op::webhook;\npub fn plan() { webhook::injected() }\n",
+    );
+    write(
+        "op/webhook.rs",
+        "mod certs;\n#[cfg(test)]\nmod tests;\nuse certs::renew;\npub fn injected() {}\n",
+    );
+    write(
+        "op/webhook/certs.rs",
+        "pub fn renew() -> &'static str { crate::op::reconcile::FIELD_MANAGER }\n",
+    );
+    let cycles = import_cycles(&src);
+    std::fs::remove_dir_all(&src).unwrap();
+    assert_eq!(
+        cycles,
+        [
+            "op::reconcile -> op::reconcile::plan, op::reconcile::plan -> op::webhook, \
+          op::webhook -> op::webhook::certs, op::webhook::certs -> op::reconcile"
+        ],
+        "{cycles:?}"
+    );
 }

@@ -75,10 +75,7 @@ fn a_postgres_or_redis_lease_mounts_its_url_secret_into_the_sidecar_only() {
         json!({"name": "leasehold-store-url", "secret": {"secretName": "pg", "items": [{"key": "dsn", "path": "url"}]}})
     );
     let sidecar = &doc["spec"]["initContainers"][0];
-    assert_eq!(
-        env_value(sidecar, ENV_STORE_URL_FILE),
-        "/var/run/leasehold-store/url"
-    );
+    assert_eq!(env_value(sidecar, ENV_STORE_URL_FILE), "/var/run/leasehold-store/url");
     assert_eq!(
         sidecar["volumeMounts"][1],
         json!({"name": "leasehold-store-url", "mountPath": "/var/run/leasehold-store", "readOnly": true})
@@ -99,10 +96,7 @@ fn a_postgres_or_redis_lease_mounts_its_url_secret_into_the_sidecar_only() {
     );
     let doc = apply(&run, &injection_patch(&run, on_postgres(), &config()).unwrap());
     let wrapped = &doc["spec"]["containers"][0];
-    assert_eq!(
-        env_value(wrapped, ENV_STORE_URL_FILE),
-        "/var/run/leasehold-store/url"
-    );
+    assert_eq!(env_value(wrapped, ENV_STORE_URL_FILE), "/var/run/leasehold-store/url");
     assert!(
         wrapped["volumeMounts"]
             .as_array()
