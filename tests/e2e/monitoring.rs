@@ -235,43 +235,70 @@ impl Prometheus {
         )
     }
 
-    /// Scrapes the pods `s` has now, labelled as the chart's PodMonitor labels them.
-    async fn target_pods(&self, s: &Scenario, file: &str, only: Option<&str>) {
-        let targets: Vec<Value> = s
-            .pods(APP)
-            .await
+    /// Scrapes the candidate pods, labelled as the chart's PodMonitor labels
+    /// them, once `count` of them (not being deleted) have an address: a pod
+    /// still starting has none, and a target list written without it never
+    /// sums to every candidate (a fresh-clone CI run wrote its list about a
+    /// second after the pods were created and never saw three).
+    /// `only` narrows the list to one pod.
+    async fn target_pods(&self, s: &Scenario, file: &str, count: usize, only: Option<&str>) {
+        let addressed = wait_for(
+            &format!("{count} candidate pod(s) with an address"),
+            FIRST_LEADER,
+            || async {
+                let addressed: Vec<(String, String)> = s
+                    .pods(APP)
+                    .await
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter_map(|p| Some((p.metadata.name?, p.status?.pod_ip?)))
+                    .collect();
+                (addressed.len() == count).then_some(addressed)
+            },
+        )
+        .await;
+        let targets: Vec<Value> = addressed
             .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| {
-                let name = p.metadata.name?;
-                let ip = p.status?.pod_ip?;
-                only.is_none_or(|o| o == name).then(|| {
-                    json!({"targets": [format!("{ip}:{METRICS_PORT}")],
-                           "labels": {"namespace": s.ns, "lease": LEASE, "pod": name}})
-                })
+            .filter(|(name, _)| only.is_none_or(|o| o == name))
+            .map(|(name, ip)| {
+                json!({"targets": [format!("{ip}:{METRICS_PORT}")],
+                       "labels": {"namespace": s.ns, "lease": LEASE, "pod": name}})
             })
             .collect();
         write_atomically(&self.dir.join(file), &Value::from(targets).to_string());
     }
 
     /// Waits until the scraped sidecars of the lease sum to `leaders` leaders
-    /// over `candidates` candidates.
+    /// over `candidates` candidates; if not, says what Prometheus saw last
+    /// and how each target's scrapes went.
     async fn sees(&self, s: &Scenario, leaders: u64, candidates: u64) {
         let selector = format!(
             "{{job=\"leasehold-sidecars\", namespace=\"{}\", lease=\"{LEASE}\"}}",
             s.ns
         );
         let sum = format!("sum(leasehold_is_leader{selector}) * 1000 + count(leasehold_is_leader{selector})");
-        let want = (leaders * 1000 + candidates).to_string();
-        wait_for(
-            &format!("Prometheus sees {leaders} leader(s) among {candidates} sidecar(s)"),
-            PROMETHEUS_WAIT,
-            || async {
-                let result = self.query(&sum)?;
-                (result.first()?["value"][1] == json!(want)).then_some(())
-            },
-        )
-        .await;
+        let want = json!((leaders * 1000 + candidates).to_string());
+        let started = std::time::Instant::now();
+        loop {
+            let seen = self.query(&sum);
+            if seen.as_ref().and_then(|r| r.first()).is_some_and(|r| r["value"][1] == want) {
+                return;
+            }
+            if started.elapsed() > PROMETHEUS_WAIT {
+                let targets = self.get("/api/v1/targets", &[]).unwrap_or_default();
+                let targets: Vec<Value> = targets["activeTargets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| json!([t["scrapeUrl"], t["health"], t["lastError"]]))
+                    .collect();
+                panic!(
+                    "Prometheus sees {leaders} leader(s) among {candidates} sidecar(s): not within \
+                     {PROMETHEUS_WAIT:?}; last `{sum}`: {seen:?}; targets: {targets:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Waits until `name` fires for this lease.
@@ -326,10 +353,13 @@ fn write_atomically(path: &Path, text: &str) {
 #[tokio::test]
 async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
     scenario("e2e-monitoring", |s| async move {
-        let (_store, watcher) = leader_only_service(&s, json!({})).await;
-        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        // Prometheus runs before the candidates exist: the target list is
+        // written as they start, so it must wait until every one has an
+        // address (a list written too early never sums to three).
         let prometheus = Prometheus::start();
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
         prometheus.sees(&s, 1, 3).await;
         let rules = prometheus.get("/api/v1/rules", &[]).expect("/api/v1/rules");
         let names: Vec<&str> = rules["groups"]
@@ -351,15 +381,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             .await
             .expect("deleting the leader");
         let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
-        wait_for("the replacement pod running", FIRST_LEADER, || async {
-            let pods = s.pods(APP).await;
-            let running = pods
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|st| st.pod_ip.as_ref()).is_some());
-            (running.filter(|p| p.metadata.deletion_timestamp.is_none()).count() == 3).then_some(())
-        })
-        .await;
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
         prometheus.sees(&s, 1, 3).await;
         let fired = prometheus.fired_within("LeaseholdTwoLeaders", started.elapsed() + Duration::from_secs(5));
         assert!(
@@ -370,7 +392,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         // Planted: the leader's metrics scraped a second time as another
         // target, as two pods claiming the lock would show: the alert fires.
         let planted = std::time::Instant::now();
-        prometheus.target_pods(&s, "planted.json", Some(&successor)).await;
+        prometheus.target_pods(&s, "planted.json", 3, Some(&successor)).await;
         let alert = prometheus.fires(&s, "LeaseholdTwoLeaders").await;
         eprintln!(
             "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {FOR})",
@@ -394,7 +416,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         })
         .await;
         let leaderless = std::time::Instant::now();
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        prometheus.target_pods(&s, "sidecars.json", 0, None).await;
         let alert = prometheus.fires(&s, "LeaseholdNoLeader").await;
         eprintln!(
             "LeaseholdNoLeader fired {:?} after the last candidate was gone (for: {FOR})",
