@@ -281,7 +281,11 @@ impl Prometheus {
         let started = std::time::Instant::now();
         loop {
             let seen = self.query(&sum);
-            if seen.as_ref().and_then(|r| r.first()).is_some_and(|r| r["value"][1] == want) {
+            if seen
+                .as_ref()
+                .and_then(|r| r.first())
+                .is_some_and(|r| r["value"][1] == want)
+            {
                 return;
             }
             if started.elapsed() > PROMETHEUS_WAIT {
@@ -423,6 +427,98 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             leaderless.elapsed()
         );
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The lease's D, R and P in [`renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk`]:
+/// a short P, so the sidecar's twenty renewals before its first verdict
+/// take seconds, and R − P (7 s) wide enough that a delayed renewal still
+/// lands well within R.
+const TIMING: [(&str, Duration); 3] = [
+    ("leaseDuration", Duration::from_secs(12)),
+    ("renewDeadline", Duration::from_secs(8)),
+    ("retryPeriod", Duration::from_secs(1)),
+];
+/// Each store reply held back this long: over a quarter of R − P (1.75 s),
+/// so one renewal is over the budget's share, and (one or two round trips)
+/// within the store calls' 5 s timeout.
+const SLOW_REPLIES: Duration = Duration::from_secs(2);
+
+/// The promise of docs/operator.md and the README: a candidate whose
+/// renewal p99 uses more than 25 % of R − P sets its pod condition
+/// `leasehold.dev/timing-at-risk`, with a Warning Event `TimingAtRisk`, and
+/// the operator shows `TimingAtRisk=True` (RenewalsSlow) naming the pod.
+/// The store is a PostgreSQL behind a proxy the test slows.
+#[tokio::test]
+async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
+    use leasehold::sidecar::interface::TIMING_CONDITION;
+    use leasehold::testing::servers::PostgresServer;
+    use leasehold::testing::{ProxyMode, TcpProxy};
+
+    use crate::stores::{lease, secret};
+
+    scenario("e2e-monitoring", |s| async move {
+        let server = PostgresServer::start_on(s.env.host_ip);
+        let proxy = TcpProxy::start_on(s.env.host_ip, server.addr()).await;
+        let url = server.url_at((s.env.host_ip, proxy.addr.port()).into());
+        let timing: serde_json::Map<String, Value> = TIMING
+            .iter()
+            .map(|(field, value)| (field.to_string(), json!(format!("{}s", value.as_secs()))))
+            .collect();
+        let [_, (_, r), (_, p)] = TIMING;
+        let store = json!({"postgres": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
+        let watcher = crate::fixtures::watch_example(&s, true);
+        s.apply(vec![secret(&s, &url), lease(&s, LEASE, store, Value::Object(timing))])
+            .await;
+        s.apply(s.example("leader-only-service.yaml")).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+
+        // Under the store's own latency the leader's sidecar judges its
+        // renewals within budget (after its first twenty, one per P).
+        let condition = async |status: &str| {
+            let pod: Pod = s.api().get(&leader).await.ok()?;
+            let conditions = pod.status?.conditions?;
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == TIMING_CONDITION && c.status == status)
+        };
+        wait_for("the leader's renewals judged within budget", 20 * (p + r), || {
+            condition("False")
+        })
+        .await;
+
+        // Every reply slowed: the next renewal uses over a quarter of R − P.
+        proxy.set(ProxyMode::DelayReplies(SLOW_REPLIES));
+        let judged = wait_for("the leader's pod condition at risk", 2 * r + p, || condition("True")).await;
+        assert_eq!(judged.reason.as_deref(), Some("RenewalsSlow"), "{judged:?}");
+        let leases: kube::Api<leasehold::api::DistributedLease> = s.api();
+        let shown = wait_for(
+            "the DistributedLease's TimingAtRisk True, naming the leader",
+            SUCCESSOR,
+            || async {
+                let status = leases.get(LEASE).await.ok()?.status?;
+                status
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "TimingAtRisk" && c.status == "True" && c.message.contains(&leader))
+            },
+        )
+        .await;
+        assert_eq!(shown.reason, "RenewalsSlow", "{shown:?}");
+        let events = s.kubectl_ns(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={leader},reason=TimingAtRisk,type=Warning"),
+            "-o",
+            "name",
+        ]);
+        assert!(!events.trim().is_empty(), "no Warning Event TimingAtRisk on {leader}");
+        // Slow, not failing: the leader kept its lease throughout.
+        assert_eq!(watcher.leaders(), [leader.clone()]);
+        proxy.set(ProxyMode::Forward);
         watcher.finish();
     })
     .await;
