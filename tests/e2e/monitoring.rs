@@ -517,7 +517,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
         ]);
         assert!(!events.trim().is_empty(), "no Warning Event TimingAtRisk on {leader}");
         // Slow, not failing: the leader kept its lease throughout.
-        assert_eq!(watcher.leaders(), [leader.clone()]);
+        assert_eq!(watcher.leaders(), std::slice::from_ref(&leader));
         proxy.set(ProxyMode::Forward);
         watcher.finish();
     })
