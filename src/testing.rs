@@ -291,7 +291,7 @@ pub enum ProxyMode {
     Cut,
 }
 
-/// A TCP proxy on 127.0.0.1 in front of `target`, switched by the test.
+/// A TCP proxy in front of `target`, switched by the test.
 #[derive(Debug, Clone)]
 pub struct TcpProxy {
     pub addr: SocketAddr,
@@ -299,8 +299,15 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
+    /// On a free port of 127.0.0.1.
     pub async fn start(target: SocketAddr) -> TcpProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy listener");
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), target).await
+    }
+
+    /// On a free port of `host` (an address of this machine), e.g. where
+    /// the end-to-end suite's pods reach it.
+    pub async fn start_on(host: IpAddr, target: SocketAddr) -> TcpProxy {
+        let listener = TcpListener::bind((host, 0)).await.expect("proxy listener");
         let addr = listener.local_addr().expect("proxy address");
         let mode = Arc::new(watch::channel(ProxyMode::Forward).0);
         let modes = mode.clone();

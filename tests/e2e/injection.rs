@@ -166,12 +166,17 @@ mod disruptive {
 
     /// The webhook's failurePolicy lets pods through while it is down: they are
     /// created without a sidecar, and both `leasehold check` and the
-    /// DistributedLease status name them.
+    /// DistributedLease status name them, and only them (a candidate
+    /// injected before is not named).
     #[tokio::test]
     async fn a_pod_created_while_the_webhook_is_down_is_named_as_a_candidate_without_a_sidecar() {
         scenario("e2e-webhook-down", |s| async move {
             let (_store, lease) = postgres_lease(&s, "probe", json!({"selector": {"matchLabels": {"app": "probe"}}}));
             s.apply(lease).await;
+            // A candidate created while the webhook is up has the sidecar: the
+            // status must not name it with the one created without.
+            let injected = create(&s, &s.ns, &probe_pod(&s, "injected", true)).await;
+            assert!(native_sidecar(&injected).is_some(), "created through the webhook");
             let scaled_down = OperatorScaledDown::start(&s).await;
             // The API server reaches the webhook through its own view of the
             // endpoints, a moment behind the slices (CI saw a pod injected after
@@ -209,11 +214,11 @@ mod disruptive {
             );
             let leases: Api<leasehold::api::DistributedLease> = s.api();
             crate::cluster::wait_for(
-                "the status naming the pod without a sidecar",
+                "the status counting both candidates and naming only the one without a sidecar",
                 std::time::Duration::from_secs(60),
                 || async {
                     let status = leases.get("probe").await.ok()?.status?;
-                    (status.candidates_without_sidecar == ["orphan"]).then_some(())
+                    (status.candidates == 2 && status.candidates_without_sidecar == ["orphan"]).then_some(())
                 },
             )
             .await;

@@ -235,43 +235,74 @@ impl Prometheus {
         )
     }
 
-    /// Scrapes the pods `s` has now, labelled as the chart's PodMonitor labels them.
-    async fn target_pods(&self, s: &Scenario, file: &str, only: Option<&str>) {
-        let targets: Vec<Value> = s
-            .pods(APP)
-            .await
+    /// Scrapes the candidate pods, labelled as the chart's PodMonitor labels
+    /// them, once `count` of them (not being deleted) have an address: a pod
+    /// still starting has none, and a target list written without it never
+    /// sums to every candidate (a fresh-clone CI run wrote its list about a
+    /// second after the pods were created and never saw three).
+    /// `only` narrows the list to one pod.
+    async fn target_pods(&self, s: &Scenario, file: &str, count: usize, only: Option<&str>) {
+        let addressed = wait_for(
+            &format!("{count} candidate pod(s) with an address"),
+            FIRST_LEADER,
+            || async {
+                let addressed: Vec<(String, String)> = s
+                    .pods(APP)
+                    .await
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter_map(|p| Some((p.metadata.name?, p.status?.pod_ip?)))
+                    .collect();
+                (addressed.len() == count).then_some(addressed)
+            },
+        )
+        .await;
+        let targets: Vec<Value> = addressed
             .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| {
-                let name = p.metadata.name?;
-                let ip = p.status?.pod_ip?;
-                only.is_none_or(|o| o == name).then(|| {
-                    json!({"targets": [format!("{ip}:{METRICS_PORT}")],
-                           "labels": {"namespace": s.ns, "lease": LEASE, "pod": name}})
-                })
+            .filter(|(name, _)| only.is_none_or(|o| o == name))
+            .map(|(name, ip)| {
+                json!({"targets": [format!("{ip}:{METRICS_PORT}")],
+                       "labels": {"namespace": s.ns, "lease": LEASE, "pod": name}})
             })
             .collect();
         write_atomically(&self.dir.join(file), &Value::from(targets).to_string());
     }
 
     /// Waits until the scraped sidecars of the lease sum to `leaders` leaders
-    /// over `candidates` candidates.
+    /// over `candidates` candidates; if not, says what Prometheus saw last
+    /// and how each target's scrapes went.
     async fn sees(&self, s: &Scenario, leaders: u64, candidates: u64) {
         let selector = format!(
             "{{job=\"leasehold-sidecars\", namespace=\"{}\", lease=\"{LEASE}\"}}",
             s.ns
         );
         let sum = format!("sum(leasehold_is_leader{selector}) * 1000 + count(leasehold_is_leader{selector})");
-        let want = (leaders * 1000 + candidates).to_string();
-        wait_for(
-            &format!("Prometheus sees {leaders} leader(s) among {candidates} sidecar(s)"),
-            PROMETHEUS_WAIT,
-            || async {
-                let result = self.query(&sum)?;
-                (result.first()?["value"][1] == json!(want)).then_some(())
-            },
-        )
-        .await;
+        let want = json!((leaders * 1000 + candidates).to_string());
+        let started = std::time::Instant::now();
+        loop {
+            let seen = self.query(&sum);
+            if seen
+                .as_ref()
+                .and_then(|r| r.first())
+                .is_some_and(|r| r["value"][1] == want)
+            {
+                return;
+            }
+            if started.elapsed() > PROMETHEUS_WAIT {
+                let targets = self.get("/api/v1/targets", &[]).unwrap_or_default();
+                let targets: Vec<Value> = targets["activeTargets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| json!([t["scrapeUrl"], t["health"], t["lastError"]]))
+                    .collect();
+                panic!(
+                    "Prometheus sees {leaders} leader(s) among {candidates} sidecar(s): not within \
+                     {PROMETHEUS_WAIT:?}; last `{sum}`: {seen:?}; targets: {targets:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Waits until `name` fires for this lease.
@@ -326,10 +357,13 @@ fn write_atomically(path: &Path, text: &str) {
 #[tokio::test]
 async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
     scenario("e2e-monitoring", |s| async move {
-        let (_store, watcher) = leader_only_service(&s, json!({})).await;
-        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        // Prometheus runs before the candidates exist: the target list is
+        // written as they start, so it must wait until every one has an
+        // address (a list written too early never sums to three).
         let prometheus = Prometheus::start();
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
         prometheus.sees(&s, 1, 3).await;
         let rules = prometheus.get("/api/v1/rules", &[]).expect("/api/v1/rules");
         let names: Vec<&str> = rules["groups"]
@@ -351,15 +385,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             .await
             .expect("deleting the leader");
         let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
-        wait_for("the replacement pod running", FIRST_LEADER, || async {
-            let pods = s.pods(APP).await;
-            let running = pods
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|st| st.pod_ip.as_ref()).is_some());
-            (running.filter(|p| p.metadata.deletion_timestamp.is_none()).count() == 3).then_some(())
-        })
-        .await;
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
         prometheus.sees(&s, 1, 3).await;
         let fired = prometheus.fired_within("LeaseholdTwoLeaders", started.elapsed() + Duration::from_secs(5));
         assert!(
@@ -370,7 +396,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         // Planted: the leader's metrics scraped a second time as another
         // target, as two pods claiming the lock would show: the alert fires.
         let planted = std::time::Instant::now();
-        prometheus.target_pods(&s, "planted.json", Some(&successor)).await;
+        prometheus.target_pods(&s, "planted.json", 3, Some(&successor)).await;
         let alert = prometheus.fires(&s, "LeaseholdTwoLeaders").await;
         eprintln!(
             "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {FOR})",
@@ -394,13 +420,105 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         })
         .await;
         let leaderless = std::time::Instant::now();
-        prometheus.target_pods(&s, "sidecars.json", None).await;
+        prometheus.target_pods(&s, "sidecars.json", 0, None).await;
         let alert = prometheus.fires(&s, "LeaseholdNoLeader").await;
         eprintln!(
             "LeaseholdNoLeader fired {:?} after the last candidate was gone (for: {FOR})",
             leaderless.elapsed()
         );
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The lease's D, R and P in [`renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk`]:
+/// a short P, so the sidecar's twenty renewals before its first verdict
+/// take seconds, and R − P (7 s) wide enough that a delayed renewal still
+/// lands well within R.
+const TIMING: [(&str, Duration); 3] = [
+    ("leaseDuration", Duration::from_secs(12)),
+    ("renewDeadline", Duration::from_secs(8)),
+    ("retryPeriod", Duration::from_secs(1)),
+];
+/// Each store reply held back this long: over a quarter of R − P (1.75 s),
+/// so one renewal is over the budget's share, and (one or two round trips)
+/// within the store calls' 5 s timeout.
+const SLOW_REPLIES: Duration = Duration::from_secs(2);
+
+/// The promise of docs/operator.md and the README: a candidate whose
+/// renewal p99 uses more than 25 % of R − P sets its pod condition
+/// `leasehold.dev/timing-at-risk`, with a Warning Event `TimingAtRisk`, and
+/// the operator shows `TimingAtRisk=True` (RenewalsSlow) naming the pod.
+/// The store is a PostgreSQL behind a proxy the test slows.
+#[tokio::test]
+async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
+    use leasehold::sidecar::interface::TIMING_CONDITION;
+    use leasehold::testing::servers::PostgresServer;
+    use leasehold::testing::{ProxyMode, TcpProxy};
+
+    use crate::stores::{lease, secret};
+
+    scenario("e2e-monitoring", |s| async move {
+        let server = PostgresServer::start_on(s.env.host_ip);
+        let proxy = TcpProxy::start_on(s.env.host_ip, server.addr()).await;
+        let url = server.url_at((s.env.host_ip, proxy.addr.port()).into());
+        let timing: serde_json::Map<String, Value> = TIMING
+            .iter()
+            .map(|(field, value)| (field.to_string(), json!(format!("{}s", value.as_secs()))))
+            .collect();
+        let [_, (_, r), (_, p)] = TIMING;
+        let store = json!({"postgres": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
+        let watcher = crate::fixtures::watch_example(&s, true);
+        s.apply(vec![secret(&s, &url), lease(&s, LEASE, store, Value::Object(timing))])
+            .await;
+        s.apply(s.example("leader-only-service.yaml")).await;
+        let leader = watcher.one_leader(None, FIRST_LEADER).await;
+
+        // Under the store's own latency the leader's sidecar judges its
+        // renewals within budget (after its first twenty, one per P).
+        let condition = async |status: &str| {
+            let pod: Pod = s.api().get(&leader).await.ok()?;
+            let conditions = pod.status?.conditions?;
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == TIMING_CONDITION && c.status == status)
+        };
+        wait_for("the leader's renewals judged within budget", 20 * (p + r), || {
+            condition("False")
+        })
+        .await;
+
+        // Every reply slowed: the next renewal uses over a quarter of R − P.
+        proxy.set(ProxyMode::DelayReplies(SLOW_REPLIES));
+        let judged = wait_for("the leader's pod condition at risk", 2 * r + p, || condition("True")).await;
+        assert_eq!(judged.reason.as_deref(), Some("RenewalsSlow"), "{judged:?}");
+        let leases: kube::Api<leasehold::api::DistributedLease> = s.api();
+        let shown = wait_for(
+            "the DistributedLease's TimingAtRisk True, naming the leader",
+            SUCCESSOR,
+            || async {
+                let status = leases.get(LEASE).await.ok()?.status?;
+                status
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "TimingAtRisk" && c.status == "True" && c.message.contains(&leader))
+            },
+        )
+        .await;
+        assert_eq!(shown.reason, "RenewalsSlow", "{shown:?}");
+        let events = s.kubectl_ns(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={leader},reason=TimingAtRisk,type=Warning"),
+            "-o",
+            "name",
+        ]);
+        assert!(!events.trim().is_empty(), "no Warning Event TimingAtRisk on {leader}");
+        // Slow, not failing: the leader kept its lease throughout.
+        assert_eq!(watcher.leaders(), std::slice::from_ref(&leader));
+        proxy.set(ProxyMode::Forward);
         watcher.finish();
     })
     .await;
