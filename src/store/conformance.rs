@@ -788,7 +788,10 @@ pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
     assert_eq!(many.len(), locks.len(), "{many:?}");
     for (lock, observed) in locks.iter().zip(&many) {
         assert_eq!(observed.record, store.observe(lock).await.unwrap().record, "{lock}");
-        assert!(observed.now >= released.committed_at, "{lock}: read before the release: {observed:?}");
+        assert!(
+            observed.now >= released.committed_at,
+            "{lock}: read before the release: {observed:?}"
+        );
     }
     assert_eq!(many[2].live_holder(), Some("a"));
     assert_eq!(many[2].record.as_ref().and_then(|r| r.token), Some(held.token));
@@ -807,7 +810,7 @@ pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
     assert_eq!(answered.len(), asked.len());
     for (lock, observed) in asked.iter().zip(&answered) {
         let i: usize = lock["many-bulk-".len()..].parse().unwrap();
-        let expected = (i % 3 == 0).then(|| format!("holder-{i}"));
+        let expected = i.is_multiple_of(3).then(|| format!("holder-{i}"));
         assert_eq!(observed.live_holder(), expected.as_deref(), "{lock}: {observed:?}");
     }
     assert!(store.observe_many(&[]).await.unwrap().is_empty());

@@ -57,8 +57,8 @@ use async_trait::async_trait;
 use google_cloud_lro::Poller;
 use google_cloud_spanner::client::{DatabaseClient, Spanner};
 use google_cloud_spanner::statement::Statement;
-use google_cloud_spanner::types;
 use google_cloud_spanner::transaction::ReadWriteTransaction;
+use google_cloud_spanner::types;
 use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use tracing::{info, warn};
 
