@@ -99,6 +99,28 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A strongly consistent, lock-free read of the row and the store's clock.
     async fn observe(&self, lock: &str) -> Result<Observation>;
 
+    /// The rows of `locks` in one read where the store can (one query, one
+    /// script, one batched read), each with the store's clock at that read:
+    /// one [`Observation`] per lock, in the order given (a lock named twice
+    /// is answered twice). The operator observes every lease of one table
+    /// this way, so its reads do not grow with the number of leases. The
+    /// default reads the locks one by one: for a store without a batched read.
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        let mut observed = Vec::with_capacity(locks.len());
+        for lock in locks {
+            observed.push(self.observe(lock).await?);
+        }
+        Ok(observed)
+    }
+
+    /// Resolves once some row of this store's table may have changed (a
+    /// release the store announced), so an observer of many rows reads them
+    /// at once instead of at its next period. Stores that cannot tell never
+    /// resolve.
+    async fn changed_any(&self) {
+        futures::future::pending::<()>().await
+    }
+
     /// What a follower between two attempts reads: [`observe`](Self::observe)
     /// for stores that are polled; a store that watches its rows (the
     /// Kubernetes store) answers from the watch, without a request. It may

@@ -18,6 +18,7 @@
 pub mod election;
 pub mod http;
 pub mod metrics;
+pub mod observer;
 mod partitions;
 pub mod rbac;
 pub mod reconcile;
@@ -320,6 +321,8 @@ impl ControllerRun {
         let known_leases = controller.store();
         let controller = controller
             .watches_stream(pod_events, move |pod| leases_selecting(&known_leases.state(), &pod))
+            // The leases whose lock changed, from the batched store reads.
+            .reconcile_on(ctx.observers.triggers())
             .with_config(controller::Config::default().concurrency(self.concurrency))
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(reconcile, error_policy, ctx)

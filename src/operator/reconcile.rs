@@ -57,6 +57,11 @@ pub const FINALIZER: &str = "leasehold.dev/release";
 /// An invalid spec only changes when someone edits it, which triggers a
 /// reconcile anyway; this slow requeue just re-checks now and then.
 pub const INVALID_REQUEUE: Duration = Duration::from_secs(300);
+/// A lease the store observer watches ([`crate::operator::observer`]) is
+/// reconciled when its lock changes; this requeue is only the net for a lost
+/// trigger, so 10,000 leases at rest cost 33 reconciles a second (each
+/// from caches: no store read, no API request).
+pub const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
 /// After a store error: soon enough to notice recovery, slow enough not to hammer.
 pub const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// After a failed Kubernetes call (error policy).
@@ -64,7 +69,7 @@ pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
 /// After a write conflict.
 const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
 /// The fastest healthy requeue, whatever retryPeriod says.
-const MIN_REQUEUE: Duration = Duration::from_secs(1);
+pub(crate) const MIN_REQUEUE: Duration = Duration::from_secs(1);
 /// How long a store URL read from a Secret is used before it is read again
 /// (sooner after a failed store call): a rotated credential is picked up
 /// within this, and a steady lease costs one Secret read per this.
@@ -177,9 +182,16 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     if !has_finalizer {
         apply::add_finalizer(&leases, lease).await?;
     }
-    let found = context::look(lease, &namespace, ctx).await?;
+    let (found, read) = context::look(lease, &namespace, ctx, context::Need::Cached).await?;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
+    let mut plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
+    if read == context::ReadWas::BeforeCandidates && !plan.repairs.is_empty() {
+        // A label the cached read does not back may be newer than that read:
+        // repair only on a read made after the candidates were taken (the
+        // order of work above), which every reconcile waiting shares.
+        let (found, _) = context::look(lease, &namespace, ctx, context::Need::AfterCandidates).await?;
+        plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
+    }
     apply::apply(lease, ctx, plan).await
 }
 

@@ -772,6 +772,50 @@ pub async fn a_cut_connection_is_not_success(
     grant
 }
 
+/// The batched read answers each lock as [`LeaseStore::observe`] does: in
+/// the order asked, a lock named twice twice, an absent lock as absent, a
+/// released one with its term and token kept, every answer at a clock no
+/// earlier than the writes before it; and it reads many locks, and none.
+pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
+    let store = target.store();
+    let held = store.acquire("many-held", "a", LEASE).await.unwrap();
+    let released = store.acquire("many-released", "b", LEASE).await.unwrap();
+    store.release("many-released", "b", released.token).await.unwrap();
+    let locks: Vec<String> = ["many-released", "many-absent", "many-held", "many-released"]
+        .map(String::from)
+        .to_vec();
+    let many = store.observe_many(&locks).await.unwrap();
+    assert_eq!(many.len(), locks.len(), "{many:?}");
+    for (lock, observed) in locks.iter().zip(&many) {
+        assert_eq!(observed.record, store.observe(lock).await.unwrap().record, "{lock}");
+        assert!(
+            observed.now >= released.committed_at,
+            "{lock}: read before the release: {observed:?}"
+        );
+    }
+    assert_eq!(many[2].live_holder(), Some("a"));
+    assert_eq!(many[2].record.as_ref().and_then(|r| r.token), Some(held.token));
+    assert_eq!(many[0].live_holder(), None);
+    assert_eq!(many[0].record.as_ref().and_then(|r| r.token), Some(released.token));
+    assert!(many[1].record.is_none(), "{:?}", many[1]);
+    assert_eq!(many[3], many[0]);
+
+    // Every third of 30 locks held, asked for in reverse: each answer is its own lock's.
+    let bulk: Vec<String> = (0..30).map(|i| format!("many-bulk-{i}")).collect();
+    for (i, lock) in bulk.iter().enumerate().step_by(3) {
+        store.acquire(lock, &format!("holder-{i}"), LEASE).await.unwrap();
+    }
+    let asked: Vec<String> = bulk.iter().rev().cloned().collect();
+    let answered = store.observe_many(&asked).await.unwrap();
+    assert_eq!(answered.len(), asked.len());
+    for (lock, observed) in asked.iter().zip(&answered) {
+        let i: usize = lock["many-bulk-".len()..].parse().unwrap();
+        let expected = i.is_multiple_of(3).then(|| format!("holder-{i}"));
+        assert_eq!(observed.live_holder(), expected.as_deref(), "{lock}: {observed:?}");
+    }
+    assert!(store.observe_many(&[]).await.unwrap().is_empty());
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a backend.
 /// `$make` is an async expression yielding a `Target`.
 #[macro_export]
@@ -821,6 +865,10 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn a_takeover_replaces_only_the_holder_and_token_it_names() {
             suite::a_takeover_replaces_only_the_holder_and_token_it_names(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn observe_many_answers_each_lock_as_observe() {
+            suite::observe_many_answers_each_lock_as_observe(&$make.await).await;
         }
         #[tokio::test]
         async fn a_takeover_honours_the_version_fence() {

@@ -439,18 +439,29 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn observe(&self, lock: &str) -> Result<Observation> {
-        checked_lock(lock)?;
+        let mut observed = self.observe_many(&[lock.to_string()]).await?;
+        Ok(observed.remove(0))
+    }
+
+    /// Every row under one hold of the state, at one reading of the clock.
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        locks.iter().try_for_each(|lock| checked_lock(lock))?;
         self.delay().await;
-        let observation = {
+        let observed = {
             let mut state = self.lock();
             Self::admit(&mut state, false)?;
             let now = self.clock(&state);
-            self.expire_by_ttl(&mut state, lock, now);
-            let record = state.rows.get(lock).map(checked_row).transpose()?.cloned();
-            Observation { record, now }
+            locks
+                .iter()
+                .map(|lock| {
+                    self.expire_by_ttl(&mut state, lock, now);
+                    let record = state.rows.get(lock).map(checked_row).transpose()?.cloned();
+                    Ok(Observation { record, now })
+                })
+                .collect::<Result<Vec<_>>>()?
         };
         self.delay().await;
-        Ok(observation)
+        Ok(observed)
     }
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {

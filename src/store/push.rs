@@ -48,11 +48,30 @@ impl Releases {
         L: Fn(broadcast::Sender<String>) -> F + Send + 'static,
         F: Future<Output = Result<(), StoreError>> + Send,
     {
+        self.reported(|released| released == lock, listen).await
+    }
+
+    /// Resolves once a release of any lock is reported (`listen` as in
+    /// [`released`](Self::released)): what an observer of every lock waits for.
+    pub(crate) async fn any<L, F>(&self, listen: L)
+    where
+        L: Fn(broadcast::Sender<String>) -> F + Send + 'static,
+        F: Future<Output = Result<(), StoreError>> + Send,
+    {
+        self.reported(|_| true, listen).await
+    }
+
+    /// Resolves once a reported release is `wanted`, or notices were lost.
+    async fn reported<L, F>(&self, wanted: impl Fn(&str) -> bool, listen: L)
+    where
+        L: Fn(broadcast::Sender<String>) -> F + Send + 'static,
+        F: Future<Output = Result<(), StoreError>> + Send,
+    {
         let mut notices = self.notices.subscribe();
         self.start(listen);
         loop {
             match notices.recv().await {
-                Ok(released) if released == lock => return,
+                Ok(released) if wanted(&released) => return,
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(_)) => return,
                 // The store is gone; its followers only poll.

@@ -14,12 +14,13 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::plan::{Found, Read, Seen};
-use super::{Error, GC_INTERVAL, POD_CACHE_WAIT, Result, SECRET_REFRESH};
+use super::{Error, GC_INTERVAL, MIN_REQUEUE, POD_CACHE_WAIT, Result, SECRET_REFRESH};
 use crate::api::{DistributedLease, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
 use crate::operator::metrics::Metrics;
+use crate::operator::observer::{Ask, Observers};
 use crate::operator::rollout;
 use crate::operator::stores::{StoreProvider, read_url, target_of};
 use crate::store::StoreUrl;
@@ -45,6 +46,8 @@ pub struct Context {
     urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
     /// When each store's dead sessions were last collected.
     gc: Arc<GcSchedule>,
+    /// The batched reads of every store's locks.
+    pub(crate) observers: Arc<Observers>,
 }
 
 impl Context {
@@ -59,6 +62,7 @@ impl Context {
             schemas: Arc::default(),
             urls: Arc::default(),
             gc: Arc::default(),
+            observers: Arc::default(),
         }
     }
 
@@ -75,6 +79,7 @@ impl Context {
             schemas: self.schemas.clone(),
             urls: self.urls.clone(),
             gc: self.gc.clone(),
+            observers: self.observers.clone(),
         }
     }
 
@@ -159,16 +164,34 @@ impl Context {
         }
     }
 
-    /// Reads the lease row, creating the table the first time where the
-    /// operator has the rights.
-    async fn observe(&self, valid: &ValidLease, namespace: &str) -> Result<Observation, StoreError> {
+    /// The lease row from its store's observer ([`crate::operator::observer`]),
+    /// as `need` says, creating the table the first time where the operator
+    /// has the rights.
+    async fn observe(
+        &self,
+        lease: &DistributedLease,
+        valid: &ValidLease,
+        namespace: &str,
+        read_after: Option<Instant>,
+    ) -> Result<(Observation, Instant), StoreError> {
         let read = async {
             let (target, store) = self.store_of(valid, namespace).await?;
-            let store = &store;
-            self.with_schema(target.key(), valid, store.ensure_schema(), || {
-                store.observe(&valid.lock)
-            })
-            .await
+            let key = target.key();
+            let ask = || {
+                let ask = Ask {
+                    store_key: key.clone(),
+                    store: store.clone(),
+                    lock: &valid.lock,
+                    lease: ObjectRef::from_obj(lease),
+                    period: valid.timing.retry_period.max(MIN_REQUEUE),
+                    read_after,
+                };
+                async move {
+                    let stamped = self.observers.observe(ask).await;
+                    stamped.observation.map(|observed| (observed, stamped.read_at))
+                }
+            };
+            self.with_schema(key.clone(), valid, store.ensure_schema(), ask).await
         };
         let observed = read.await;
         if observed.is_err() {
@@ -289,15 +312,39 @@ impl GcSchedule {
     }
 }
 
+/// What a reconcile needs of the store read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Need {
+    /// The observer's last read of the lock will do.
+    Cached,
+    /// A read started after the candidates were taken.
+    AfterCandidates,
+}
+
+/// Whether the store read a plan rests on started before the candidates
+/// were taken from the pod cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadWas {
+    BeforeCandidates,
+    AfterCandidates,
+}
+
 /// Looks at everything a live resource's plan needs, in the order the
-/// module's doc gives: the spec, the candidates (before the store read),
-/// the candidates' Deployments when readiness-gated, the store; then
-/// collects the store's dead sessions when their turn came.
-pub(super) async fn look(lease: &DistributedLease, namespace: &str, ctx: &Context) -> Result<Found> {
+/// module's doc gives: the spec, the candidates, the candidates'
+/// Deployments when readiness-gated, the store (its observer's last read,
+/// or one after the candidates, as `need` says); then collects the store's
+/// dead sessions when their turn came.
+pub(super) async fn look(
+    lease: &DistributedLease,
+    namespace: &str,
+    ctx: &Context,
+    need: Need,
+) -> Result<(Found, ReadWas)> {
     let valid = match validate(lease) {
         Ok(valid) => valid,
-        Err(e) => return Ok(Found::Invalid(crate::errors::message(&e))),
+        Err(e) => return Ok((Found::Invalid(crate::errors::message(&e)), ReadWas::AfterCandidates)),
     };
+    let taken = Instant::now();
     let candidates = ctx.candidates(namespace, &valid.selector).await?;
     // Readiness-gated: the candidates' Deployments, read once for both
     // `RolloutSafe` and `RolledOut`.
@@ -311,17 +358,29 @@ pub(super) async fn look(lease: &DistributedLease, namespace: &str, ctx: &Contex
         }
         false => None,
     };
+    let mut was = ReadWas::AfterCandidates;
     let read = match valid.partitions {
-        None => ctx.observe(&valid, namespace).await.map(Read::Lease),
+        None => {
+            let read_after = (need == Need::AfterCandidates).then_some(taken);
+            ctx.observe(lease, &valid, namespace, read_after)
+                .await
+                .map(|(observed, read_at)| {
+                    if read_at < taken {
+                        was = ReadWas::BeforeCandidates;
+                    }
+                    Read::Lease(observed)
+                })
+        }
         Some(n) => ctx.observe_partitions(&valid, namespace, n).await.map(Read::Partitions),
     };
     if read.is_ok() {
         ctx.collect_garbage(&valid, namespace).await;
     }
-    Ok(Found::Valid(Box::new(Seen {
+    let found = Found::Valid(Box::new(Seen {
         valid,
         candidates,
         owners,
         read,
-    })))
+    }));
+    Ok((found, was))
 }

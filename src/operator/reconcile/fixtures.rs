@@ -340,7 +340,7 @@ pub async fn store_side_scenario(side: StoreSide) {
         tx.send(status).unwrap();
     })
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
     let free = rx.await.unwrap();
 
     // A candidate takes the lock: status shows it with its token.

@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::holder::HolderPod;
-use super::{INVALID_REQUEUE, MIN_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
+use super::{INVALID_REQUEUE, MIN_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
 use crate::api::contract::injected_container;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
@@ -155,7 +155,13 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         observed_generation: at.generation,
         ..at.old.clone()
     };
-    let requeue = Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE));
+    // The store observer reconciles a plain lease when its lock changes;
+    // partitioned leases read their sessions here, and readiness-gated ones
+    // their Deployments (not watched), so those look again every P.
+    let requeue = match valid.partitions.is_none() && !valid.readiness_gate {
+        true => Action::requeue(OBSERVED_REQUEUE),
+        false => Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)),
+    };
     let read = match read {
         Ok(read) => read,
         Err(e) => {

@@ -107,7 +107,7 @@ async fn a_kubernetes_store_lease_shows_the_holder_of_its_lease() {
         );
     })
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
 }
 
 #[tokio::test]
@@ -186,7 +186,7 @@ async fn a_new_resource_gets_the_finalizer_a_label_repair_events_and_status() {
         assert_eq!(conditions["TimingAtRisk"].1, "RenewalsWithinBudget");
     })
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
     assert_eq!(metrics.reconciles(Outcome::Ok), 1);
 }
 

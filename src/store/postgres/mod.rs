@@ -148,6 +148,7 @@ pub fn parse_url(url: &StoreUrl) -> Result<Connection> {
 #[derive(Debug)]
 struct Queries {
     observe: String,
+    observe_many: String,
     acquire: String,
     take_over: String,
     renew: String,
@@ -170,6 +171,15 @@ impl Queries {
                 "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
                  t.version \
                  FROM (SELECT 1) AS clock LEFT JOIN {table} AS t ON t.shard = $1 AND t.name = $2"
+            ),
+            // One row per named lock (its row's columns NULL when absent),
+            // every one with the clock read once for the statement.
+            observe_many: format!(
+                "SELECT clock.now, l.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
+                 t.version \
+                 FROM (SELECT clock_timestamp() AS now) AS clock \
+                 CROSS JOIN unnest($1::BIGINT[], $2::TEXT[]) AS l(shard, name) \
+                 LEFT JOIN {table} AS t ON t.shard = l.shard AND t.name = l.name"
             ),
             // Absent: insert term 1. Present: take it only when free or
             // expired by the server's clock, and the version fence allows
@@ -622,6 +632,14 @@ impl LeaseStore for PostgresStore {
             .await
     }
 
+    /// Wakes at a release of any lock announced on this table.
+    async fn changed_any(&self) {
+        let (connection, channel) = (self.listener.clone(), release_channel(&self.config.table));
+        self.releases
+            .any(move |notices| listen(connection.clone(), channel.clone(), notices))
+            .await
+    }
+
     async fn observe(&self, lock: &str) -> Result<Observation> {
         let what = format!("observe {lock}");
         let rows = self
@@ -631,6 +649,29 @@ impl LeaseStore for PostgresStore {
             .first()
             .ok_or_else(|| StoreError::invalid(format!("{what}: the clock query returned no row")))?;
         Self::read_observation(&what, lock, row)
+    }
+
+    /// One statement: the locks as an array, each joined to its row.
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        let what = format!("observe {} locks", locks.len());
+        let shards: Vec<i64> = locks.iter().map(|lock| shard_of(lock)).collect();
+        let rows = self
+            .run(&what, &self.queries.observe_many, &[&shards, &locks], Effect::Read)
+            .await?;
+        let mut by_lock = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let lock: String = row.try_get("lock").map_err(|e| bad_reply(&what, e))?;
+            by_lock.insert(lock, row);
+        }
+        locks
+            .iter()
+            .map(|lock| {
+                let row = by_lock
+                    .get(lock)
+                    .ok_or_else(|| StoreError::invalid(format!("{what}: no row came back for {lock:?}")))?;
+                Self::read_observation(&what, lock, row)
+            })
+            .collect()
     }
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {

@@ -165,13 +165,18 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ";
 
-/// KEYS: lease, fence. Returns {now_us, holder, token, term, renewed_us,
-/// lease_ms, fence_term, fence_token, fence_lease_ms, revision, version},
-/// absent fields nil.
+/// KEYS: lease, fence of each lock in turn. Returns {now_us, row, row, …},
+/// one row per lock in the order given, each {holder, token, term,
+/// renewed_us, lease_ms, fence_term, fence_token, fence_lease_ms, revision,
+/// version}, absent fields nil: every lock at one reading of the clock.
 const OBSERVE: &str = "
-local lease = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
-local fence = redis.call('HMGET', KEYS[2], 'term', 'token', 'lease_ms', 'revision', 'version')
-return {now_us, lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5]}
+local rows = {now_us}
+for i = 1, #KEYS, 2 do
+  local lease = redis.call('HMGET', KEYS[i], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
+  local fence = redis.call('HMGET', KEYS[i + 1], 'term', 'token', 'lease_ms', 'revision', 'version')
+  rows[#rows + 1] = {lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5]}
+end
+return rows
 ";
 
 struct Scripts {
@@ -299,6 +304,42 @@ fn stored_int(lock: &str, field: &'static str, value: &Value) -> Result<i64> {
         StoreError::invalid(format!(
             "lock {lock:?} holds {field} = {value:?}, not a number: delete its keys, or correct them"
         ))
+    })
+}
+
+/// The record of one lock in the observe script's reply (its fields in
+/// the order [`OBSERVE`] gives them).
+fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseRecord>> {
+    let field = |i: usize| reply.get(i).unwrap_or(&Value::Nil);
+    let version = match int(field(8)) {
+        None => None,
+        Some(revision) => Some(Version {
+            revision: u64::try_from(revision).map_err(|_| bad_reply(what, reply))?,
+            name: text(field(9)).unwrap_or_default(),
+        }),
+    };
+    Ok(match (text(field(0)), int(field(5))) {
+        // A live lease: the lease key still exists.
+        (Some(holder), _) => Some(LeaseRecord {
+            name: lock.to_string(),
+            holder: Some(holder),
+            term: term_from_row(lock, stored_int(lock, "term", field(2))?)?,
+            token: int(field(1)).map(FencingToken),
+            renewed_at: int(field(3)).map(micros),
+            lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(4))?)?,
+            version: version.clone(),
+        }),
+        // Released or expired: the fence keeps the last term and token.
+        (None, Some(term)) => Some(LeaseRecord {
+            name: lock.to_string(),
+            holder: None,
+            term: term_from_row(lock, term)?,
+            token: int(field(6)).map(FencingToken),
+            renewed_at: None,
+            lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(7))?)?,
+            version,
+        }),
+        (None, None) => None,
     })
 }
 
@@ -545,44 +586,49 @@ impl LeaseStore for RedisStore {
             .await
     }
 
+    /// Wakes at a release of any lock published on this server and prefix.
+    async fn changed_any(&self) {
+        let (client, channel, timeout) = (self.client.clone(), self.channel(), self.call_timeout);
+        self.releases
+            .any(move |notices| listen(client.clone(), channel.clone(), timeout, notices))
+            .await
+    }
+
     async fn observe(&self, lock: &str) -> Result<Observation> {
-        let what = format!("observe {lock}");
+        let mut observed = self.observe_many(&[lock.to_string()]).await?;
+        Ok(observed.remove(0))
+    }
+
+    /// One script over every lock's two keys (standalone Redis and Sentinel;
+    /// one lock's keys share a Cluster slot, many locks' do not).
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        let what = match locks {
+            [lock] => format!("observe {lock}"),
+            _ => format!("observe {} locks", locks.len()),
+        };
+        let keys: Vec<String> = locks.iter().flat_map(|lock| self.keys(lock)).collect();
         let reply = self
-            .invoke_array(&what, &self.scripts.observe, &self.keys(lock), &[], Effect::Read)
+            .invoke_array(&what, &self.scripts.observe, &keys, &[], Effect::Read)
             .await?;
-        let field = |i: usize| reply.get(i).unwrap_or(&Value::Nil);
-        let now = int(field(0)).map(micros).ok_or_else(|| bad_reply(&what, &reply))?;
-        let version = match int(field(9)) {
-            None => None,
-            Some(revision) => Some(Version {
-                revision: u64::try_from(revision).map_err(|_| bad_reply(&what, &reply))?,
-                name: text(field(10)).unwrap_or_default(),
-            }),
-        };
-        let record = match (text(field(1)), int(field(6))) {
-            // A live lease: the lease key still exists.
-            (Some(holder), _) => Some(LeaseRecord {
-                name: lock.to_string(),
-                holder: Some(holder),
-                term: term_from_row(lock, stored_int(lock, "term", field(3))?)?,
-                token: int(field(2)).map(FencingToken),
-                renewed_at: int(field(4)).map(micros),
-                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(5))?)?,
-                version: version.clone(),
-            }),
-            // Released or expired: the fence keeps the last term and token.
-            (None, Some(term)) => Some(LeaseRecord {
-                name: lock.to_string(),
-                holder: None,
-                term: term_from_row(lock, term)?,
-                token: int(field(7)).map(FencingToken),
-                renewed_at: None,
-                lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(8))?)?,
-                version,
-            }),
-            (None, None) => None,
-        };
-        Ok(Observation { record, now })
+        let now = reply
+            .first()
+            .and_then(int)
+            .map(micros)
+            .ok_or_else(|| bad_reply(&what, &reply))?;
+        if reply.len() != locks.len() + 1 {
+            return Err(bad_reply(&what, &reply));
+        }
+        locks
+            .iter()
+            .zip(&reply[1..])
+            .map(|(lock, row)| match row {
+                Value::Array(fields) => Ok(Observation {
+                    record: record_of(&what, lock, fields)?,
+                    now,
+                }),
+                other => Err(bad_reply(&what, std::slice::from_ref(other))),
+            })
+            .collect()
     }
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {

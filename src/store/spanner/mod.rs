@@ -58,6 +58,7 @@ use google_cloud_lro::Poller;
 use google_cloud_spanner::client::{DatabaseClient, Spanner};
 use google_cloud_spanner::statement::Statement;
 use google_cloud_spanner::transaction::ReadWriteTransaction;
+use google_cloud_spanner::types;
 use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
 use tracing::{info, warn};
 
@@ -516,6 +517,39 @@ impl LeaseStore for SpannerStore {
                 })?
                 .map_err(|e| classify(format!("observe {lock}"), e, false, &self.config))?
                 .decode(lock)
+        })
+        .await
+    }
+
+    /// One single-use query for every lock, the names and their shards as arrays.
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        locks.iter().try_for_each(|lock| check_lock(lock))?;
+        let what = format!("observe {} locks", locks.len());
+        let shards: Vec<i64> = locks.iter().map(|lock| super::shard_of(lock)).collect();
+        self.call(|client| {
+            let (what, shards) = (&what, shards.clone());
+            async move {
+                let statement = Statement::builder(&self.queries.read_many)
+                    .add_typed_param("shards", shards, types::array(types::int64()))
+                    .add_typed_param("names", locks.to_vec(), types::array(types::string()))
+                    .build();
+                let read = async {
+                    let rows = client.single_use().build().execute_query(statement).await?;
+                    RawRow::read_many(rows).await
+                };
+                let (now, found) = tokio::time::timeout(self.call_timeout, read)
+                    .await
+                    .map_err(|_| StoreError::unavailable(format!("{what}: no reply within {:?}", self.call_timeout)))?
+                    .map_err(|e| classify(what.clone(), e, false, &self.config))?;
+                let now = timestamp_to_store(&now);
+                locks
+                    .iter()
+                    .map(|lock| match found.get(lock) {
+                        Some(row) => row.decode(lock),
+                        None => Ok(Observation { record: None, now }),
+                    })
+                    .collect()
+            }
         })
         .await
     }

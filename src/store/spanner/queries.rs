@@ -10,6 +10,7 @@ use super::super::shard_of;
 pub(super) struct Queries {
     pub(super) table: String,
     pub(super) read: String,
+    pub(super) read_many: String,
     pub(super) read_for_acquire: String,
     pub(super) take: String,
     pub(super) take_over: String,
@@ -43,6 +44,15 @@ impl Queries {
                 "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
                  CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
+            ),
+            // Every named lock that has a row (shard narrows the scan to
+            // the names' key ranges; a name fixes its shard, so no other row
+            // matches), or one row of NULLs: the store's clock either way.
+            read_many: format!(
+                "SELECT t.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
+                 CURRENT_TIMESTAMP() AS now \
+                 FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t \
+                 ON t.shard IN UNNEST(@shards) AND t.name IN UNNEST(@names)"
             ),
             read_for_acquire: format!(
                 "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, f.term AS floor, \

@@ -1,9 +1,10 @@
 //! The lease row as Spanner returns it, and the checked conversions between
 //! its columns and the core's types.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use google_cloud_spanner::result::ResultSet;
+use google_cloud_spanner::result::{ResultSet, Row};
 use google_cloud_wkt::Timestamp;
 
 use super::super::{lease_from_millis, term_from_row, version_from_row};
@@ -54,6 +55,28 @@ impl RawRow {
             .await
             .transpose()?
             .ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
+        Self::of(&row, with_floor)
+    }
+
+    /// Reads every row of a `read_many` query: the store's clock, and the
+    /// row of each lock that has one, by name.
+    pub(super) async fn read_many(
+        mut rows: ResultSet,
+    ) -> google_cloud_spanner::Result<(Timestamp, HashMap<String, RawRow>)> {
+        let mut now = None;
+        let mut found = HashMap::new();
+        while let Some(row) = rows.next().await.transpose()? {
+            let read = Self::of(&row, false)?;
+            now = Some(read.now);
+            if let Some(lock) = row.get::<Option<String>>("lock")? {
+                found.insert(lock, read);
+            }
+        }
+        let now = now.ok_or_else(|| google_cloud_spanner::Error::deser("the clock query returned no row"))?;
+        Ok((now, found))
+    }
+
+    fn of(row: &Row, with_floor: bool) -> google_cloud_spanner::Result<RawRow> {
         Ok(RawRow {
             holder: row.get("holder")?,
             term: row.get("term")?,

@@ -117,7 +117,7 @@ async fn a_renewal_alone_writes_no_status() {
     assert!(plan.status.is_none(), "{:?}", plan.status);
     assert!(plan.events.is_empty(), "{:?}", plan.events);
     assert!(plan.repairs.is_empty());
-    assert_eq!(plan.requeue, Action::requeue(Duration::from_secs(2)));
+    assert_eq!(plan.requeue, Action::requeue(OBSERVED_REQUEUE));
 }
 
 #[tokio::test]
