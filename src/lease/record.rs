@@ -560,6 +560,45 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_keeps_out_every_other_claimant_until_it_ends() {
+        let handoff = Handoff::new("uid-1", Duration::from_secs(60)).unwrap();
+        let mut row = record(None, 0, 10_000);
+        row.reservation = Some(handoff.reservation(StoreTime(0), row.lease_duration));
+        let until = StoreTime(10_000_000_000);
+        assert_eq!(row.reservation.as_ref().unwrap().until, until, "capped at the lease");
+        let inside = StoreTime(until.0 - 1);
+        assert_eq!(row.reserved_against("prod/web-1#n@uid-1", inside), None, "its pod");
+        for other in ["prod/web-2#n@uid-2", "prod/web-1#n", "client-go-holder"] {
+            let refusal = row.reservation_refuses(other, inside).unwrap();
+            assert!(
+                refusal.starts_with("reserved for pod uid-1 until "),
+                "{other}: {refusal}"
+            );
+        }
+        assert_eq!(
+            row.reserved_against("prod/web-2#n@uid-2", until),
+            None,
+            "over at its end"
+        );
+        assert_eq!(handoff.window_within(Duration::from_secs(5)), Duration::from_secs(5));
+        assert_eq!(handoff.window_within(Duration::from_secs(90)), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_handoff_names_what_is_wrong_with_it() {
+        let uid = Handoff::new("a/b", Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(uid, InvalidHandoff::PodUid(_)), "{uid:?}");
+        assert!(
+            crate::errors::chain(&uid).contains("\"a/b\" must be non-empty"),
+            "{uid}"
+        );
+        for window in [Duration::ZERO, Duration::from_micros(1500)] {
+            let err = Handoff::new("uid", window).unwrap_err();
+            assert!(crate::errors::chain(&err).contains("reservation window"), "{err}");
+        }
+    }
+
+    #[test]
     fn store_time_renders_as_rfc3339() {
         assert_eq!(StoreTime(1_500_000_000).to_rfc3339(), "1970-01-01T00:00:01.500000000Z");
     }
