@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, StoreError, Version};
+use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, StoreError, StoreTime, Version};
 
 pub mod sessions;
 
@@ -186,6 +186,36 @@ pub async fn release_needs_our_token(target: &dyn Target) {
     assert!(next.token > grant.token);
 }
 
+/// Waits (bounded) until the store's clock has reached `at`.
+async fn wait_for_store_time(store: &Arc<dyn LeaseStore>, lock: &str, at: StoreTime) {
+    let waited = std::time::Instant::now();
+    while store.observe(lock).await.expect("observe").now < at {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "the store's clock never reached {at:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `holder` acquires `lock` as the term after `previous`, with a higher
+/// token, and the row keeps no reservation.
+async fn acquires_the_next_term(
+    store: &Arc<dyn LeaseStore>,
+    lock: &str,
+    holder: &str,
+    lease: Duration,
+    previous: &Grant,
+) -> Grant {
+    let taken = store.acquire(lock, holder, lease).await.expect("acquire");
+    assert_eq!(taken.term, previous.term + 1);
+    assert!(taken.token > previous.token);
+    let row = store.observe(lock).await.expect("observe").record.expect("the row");
+    assert_eq!(row.holder.as_deref(), Some(holder));
+    assert_eq!(row.reservation, None, "the acquire cleared the reservation");
+    taken
+}
+
 /// Holder identities of pods for the reservation checks: `name#nonce@uid`.
 fn pod_holder(name: &str, nonce: &str, uid: &str) -> String {
     format!("prod/{name}#{nonce}@{uid}")
@@ -251,32 +281,9 @@ pub async fn a_reservation_admits_only_its_pod_until_it_ends(target: &dyn Target
         (None, grant.term),
         "the refusals changed nothing"
     );
-    let waited = std::time::Instant::now();
-    loop {
-        if store.observe("reserve").await.expect("observe").now >= reservation.until {
-            break;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "the store's clock never passed {:?}",
-            reservation.until
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_store_time(&store, "reserve", reservation.until).await;
     let other = pod_holder("web-2", "n2", "uid-2");
-    let taken = store
-        .acquire("reserve", &other, lease)
-        .await
-        .expect("anyone may acquire once the window has ended");
-    assert_eq!(taken.term, grant.term + 1);
-    assert!(taken.token > grant.token);
-    let row = store
-        .observe("reserve")
-        .await
-        .expect("observe")
-        .record
-        .expect("the row");
-    assert_eq!(row.reservation, None, "the acquire cleared the reservation");
+    acquires_the_next_term(&store, "reserve", &other, lease, &grant).await;
 }
 
 /// Issue 35: inside the window the reserved pod acquires (any process run
@@ -294,20 +301,7 @@ pub async fn the_reserved_pod_acquires_inside_the_window(target: &dyn Target) {
         .await
         .expect("release with a handoff");
     let target_pod = pod_holder("web-1", "n2", "uid-1");
-    let taken = store
-        .acquire("handoff", &target_pod, LEASE)
-        .await
-        .expect("the reserved pod acquires inside the window");
-    assert_eq!(taken.term, grant.term + 1);
-    assert!(taken.token > grant.token);
-    let row = store
-        .observe("handoff")
-        .await
-        .expect("observe")
-        .record
-        .expect("the row");
-    assert_eq!(row.holder.as_deref(), Some(target_pod.as_str()));
-    assert_eq!(row.reservation, None, "the acquire cleared the reservation");
+    let taken = acquires_the_next_term(&store, "handoff", &target_pod, LEASE, &grant).await;
     store
         .release("handoff", &target_pod, taken.token)
         .await
@@ -375,18 +369,7 @@ pub async fn expiry_is_judged_by_the_store_clock(target: &dyn Target) {
         is_lost(&store.acquire("expiry", "b", short).await),
         "valid by the store's clock until {end:?}"
     );
-    let waited = std::time::Instant::now();
-    loop {
-        let now = store.observe("expiry").await.expect("observe").now;
-        if now > end {
-            break;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "the store's clock never passed {end:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_store_time(&store, "expiry", StoreTime(end.0 + 1)).await;
     let taken = store
         .acquire("expiry", "b", short)
         .await
