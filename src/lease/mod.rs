@@ -18,8 +18,8 @@ pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext,
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
 pub use partitions::{Assigned, MAX_PARTITIONS, Partitioner, PartitionsError, validate_partitions};
 pub use record::{
-    FencingToken, Grant, Held, Identity, InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError,
-    MAX_LOCK_NAME_BYTES, Observation, StoreTime, fnv1a_64, validate_lock_name,
+    FencingToken, Grant, Handoff, Held, Identity, InvalidHandoff, InvalidIdentity, InvalidPodUid, LeaseRecord,
+    LockNameError, MAX_LOCK_NAME_BYTES, Observation, Reservation, StoreTime, fnv1a_64, validate_lock_name,
 };
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};

@@ -138,15 +138,15 @@ impl Identity {
     /// holders without it (written by earlier leasehold versions, or outside
     /// Kubernetes) are never taken over.
     pub fn in_pod(mut self, uid: &str) -> Result<Self, InvalidPodUid> {
-        let refused = uid.is_empty()
-            || uid
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '#' | '@'));
-        if refused {
-            return Err(InvalidPodUid(uid.to_string()));
-        }
+        check_pod_uid(uid)?;
         self.pod_uid = Some(uid.to_string());
         Ok(self)
+    }
+
+    /// The pod UID a holder string carries (`…#nonce@uid`), if any: what a
+    /// reservation is judged against.
+    pub fn pod_uid_of(holder: &str) -> Option<String> {
+        holder.parse::<Identity>().ok().and_then(|identity| identity.pod_uid)
     }
 
     /// An identity with a chosen nonce, for deterministic simulations.
@@ -187,6 +187,18 @@ impl Identity {
                 && earlier.nonce != self.nonce
                 && (&earlier.cluster, &earlier.namespace, &earlier.name) == (&self.cluster, &self.namespace, &self.name)
         })
+    }
+}
+
+/// The one check of a pod UID, wherever one enters (an identity, a handoff).
+fn check_pod_uid(uid: &str) -> Result<(), InvalidPodUid> {
+    let refused = uid.is_empty()
+        || uid
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '#' | '@'));
+    match refused {
+        true => Err(InvalidPodUid(uid.to_string())),
+        false => Ok(()),
     }
 }
 
@@ -254,6 +266,82 @@ pub struct Held<'a> {
     pub token: FencingToken,
 }
 
+/// A released row kept for one pod until a store time: written by a
+/// transfer's release, judged by every acquire (docs/design.md, "Transfer").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// The pod UID that alone may acquire while the reservation lasts.
+    pub pod_uid: String,
+    /// The store time from which anyone may acquire again.
+    pub until: StoreTime,
+}
+
+impl Reservation {
+    /// Why an acquire it keeps out is refused.
+    pub fn refusal(&self) -> String {
+        format!(
+            "reserved for pod {} until {} (a transfer)",
+            self.pod_uid,
+            self.until.to_rfc3339()
+        )
+    }
+}
+
+/// What a release reserves the row for: one pod, for a window the store
+/// caps at the row's lease duration, so a reservation never outlasts D.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    pod_uid: String,
+    window_ms: i64,
+}
+
+/// A handoff that cannot be written, naming what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidHandoff {
+    #[error("the transfer target's pod UID is not usable")]
+    PodUid(#[source] InvalidPodUid),
+    #[error("the reservation window is not usable")]
+    Window(#[source] super::timing::LeaseDurationError),
+}
+
+impl Handoff {
+    /// A reservation for the pod with UID `pod_uid` for `window` (checked
+    /// as a lease duration is: whole milliseconds, within the lease range).
+    pub fn new(pod_uid: &str, window: Duration) -> Result<Self, InvalidHandoff> {
+        check_pod_uid(pod_uid).map_err(InvalidHandoff::PodUid)?;
+        let window_ms = super::timing::lease_to_millis("reservation window", window).map_err(InvalidHandoff::Window)?;
+        Ok(Handoff {
+            pod_uid: pod_uid.to_string(),
+            window_ms,
+        })
+    }
+
+    pub fn pod_uid(&self) -> &str {
+        &self.pod_uid
+    }
+
+    /// The window asked for, in milliseconds; the store writes at most the
+    /// row's lease duration of it.
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// The reservation a release committed at `commit` writes on a row whose
+    /// lease duration is `lease`: the window, capped at `lease`.
+    pub fn reservation(&self, commit: StoreTime, lease: Duration) -> Reservation {
+        Reservation {
+            pod_uid: self.pod_uid.clone(),
+            until: commit.saturating_add(self.window_within(lease)),
+        }
+    }
+
+    /// The window a row whose lease duration is `lease` is reserved for:
+    /// the one asked for, capped at `lease`.
+    pub fn window_within(&self, lease: Duration) -> Duration {
+        Duration::from_millis(self.window_ms.unsigned_abs()).min(lease)
+    }
+}
+
 /// One lock's row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
@@ -271,9 +359,26 @@ pub struct LeaseRecord {
     /// The version the current (or last) holder recorded when it acquired;
     /// kept on release, like the term, so the version fence remembers it.
     pub version: Option<Version>,
+    /// Set by a transfer's release; cleared by the next acquire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<Reservation>,
 }
 
 impl LeaseRecord {
+    /// The reservation that keeps `claimant` from acquiring at store time
+    /// `now`: one still in force for a pod UID other than the claimant's.
+    /// A claimant without a pod UID never matches one.
+    pub fn reserved_against(&self, claimant: &str, now: StoreTime) -> Option<&Reservation> {
+        self.reservation
+            .as_ref()
+            .filter(|r| now < r.until && Identity::pod_uid_of(claimant).as_deref() != Some(r.pod_uid.as_str()))
+    }
+
+    /// Why `claimant` may not acquire because of the reservation, if so.
+    pub fn reservation_refuses(&self, claimant: &str, now: StoreTime) -> Option<String> {
+        self.reserved_against(claimant, now).map(Reservation::refusal)
+    }
+
     /// The store time at which the lease ends, if it is held.
     pub fn expires_at(&self) -> Option<StoreTime> {
         match (&self.holder, self.renewed_at) {
@@ -334,6 +439,7 @@ mod tests {
             renewed_at: Some(StoreTime(renewed_at)),
             lease_duration: Duration::from_millis(lease_ms),
             version: None,
+            reservation: None,
         }
     }
 
@@ -451,6 +557,45 @@ mod tests {
         }
         let outside = Identity::new(Some("eu".into()), Some("prod".into()), "web-0");
         assert!(!outside.succeeds(&earlier), "without a UID nothing is taken over");
+    }
+
+    #[test]
+    fn a_reservation_keeps_out_every_other_claimant_until_it_ends() {
+        let handoff = Handoff::new("uid-1", Duration::from_secs(60)).unwrap();
+        let mut row = record(None, 0, 10_000);
+        row.reservation = Some(handoff.reservation(StoreTime(0), row.lease_duration));
+        let until = StoreTime(10_000_000_000);
+        assert_eq!(row.reservation.as_ref().unwrap().until, until, "capped at the lease");
+        let inside = StoreTime(until.0 - 1);
+        assert_eq!(row.reserved_against("prod/web-1#n@uid-1", inside), None, "its pod");
+        for other in ["prod/web-2#n@uid-2", "prod/web-1#n", "client-go-holder"] {
+            let refusal = row.reservation_refuses(other, inside).unwrap();
+            assert!(
+                refusal.starts_with("reserved for pod uid-1 until "),
+                "{other}: {refusal}"
+            );
+        }
+        assert_eq!(
+            row.reserved_against("prod/web-2#n@uid-2", until),
+            None,
+            "over at its end"
+        );
+        assert_eq!(handoff.window_within(Duration::from_secs(5)), Duration::from_secs(5));
+        assert_eq!(handoff.window_within(Duration::from_secs(90)), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_handoff_names_what_is_wrong_with_it() {
+        let uid = Handoff::new("a/b", Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(uid, InvalidHandoff::PodUid(_)), "{uid:?}");
+        assert!(
+            crate::errors::chain(&uid).contains("\"a/b\" must be non-empty"),
+            "{uid}"
+        );
+        for window in [Duration::ZERO, Duration::from_micros(1500)] {
+            let err = Handoff::new("uid", window).unwrap_err();
+            assert!(crate::errors::chain(&err).contains("reservation window"), "{err}");
+        }
     }
 
     #[test]

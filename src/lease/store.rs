@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::record::{FencingToken, Grant, Held, Observation};
+use super::record::{FencingToken, Grant, Handoff, Held, Observation};
 use super::version::Claim;
 
 /// The underlying error a store failure came from, kept for `{:#}` and logs.
@@ -174,5 +174,20 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant>;
 
     /// Check-and-set like renew; frees the row, keeping term and token.
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()>;
+    /// With `handoff`, the same write reserves the row for the handoff's pod
+    /// until the commit's store time plus its window, capped at the row's
+    /// lease duration ([`Handoff::reservation`]); without, it clears any
+    /// reservation. While a reservation lasts, [`acquire_as`](Self::acquire_as)
+    /// refuses (as `Lost`) every claimant whose holder does not carry that
+    /// pod UID ([`LeaseRecord::reserved_against`](super::LeaseRecord::reserved_against)),
+    /// judged in its own transaction on the store's clock; an acquire
+    /// clears it. A reservation only removes acquisitions, so it cannot
+    /// make two holders or move a token back (docs/design.md, "Transfer").
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, handoff: Option<&Handoff>)
+    -> Result<()>;
+
+    /// [`release_for`](Self::release_for) without a reservation.
+    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+        self.release_for(lock, holder, token, None).await
+    }
 }

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Timing};
+use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, Timing};
 
 /// Renewals the p99 is taken over.
 const WINDOW: usize = 100;
@@ -166,8 +166,14 @@ impl LeaseStore for RenewBudget {
         renewed
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
-        self.store.release(lock, holder, token).await
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
+        self.store.release_for(lock, holder, token, handoff).await
     }
 }
 

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::{
-    Assigned, Claim, FencingToken, Grant, Held, LeaderState, LeaseStore, Observation, SessionStore, StoreError,
-    StoreTime,
+    Assigned, Claim, FencingToken, Grant, Handoff, Held, LeaderState, LeaseStore, Observation, SessionStore,
+    StoreError, StoreTime,
 };
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -263,8 +263,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
         self.measure("renew", self.inner.renew(lock, holder, token, lease))
             .await
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        self.measure("release", self.inner.release(lock, holder, token)).await
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        self.measure("release", self.inner.release_for(lock, holder, token, handoff))
+            .await
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, StoreError};
+use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, StoreError};
 
 /// How often a start-up problem that persists is logged again.
 pub const REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -197,8 +197,14 @@ impl LeaseStore for StartingStore {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.ready()?.renew(lock, holder, token, lease).await
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        self.ready()?.release(lock, holder, token).await
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        self.ready()?.release_for(lock, holder, token, handoff).await
     }
 }
 

@@ -39,7 +39,10 @@ use tokio_util::task::AbortOnDropHandle;
 use super::link::Link;
 use super::mutants::Mutant;
 use super::pause::Pause;
-use crate::lease::{Claim, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version};
+use crate::lease::{
+    Claim, FencingToken, Grant, Handoff, LeaseRecord, LeaseStore, Observation, Reservation, StoreError, StoreTime,
+    Version,
+};
 use crate::store::Faults;
 use crate::store::memory::Acquisition;
 
@@ -55,6 +58,9 @@ struct Record {
     token: Option<i64>,
     lease: Duration,
     version: Option<Version>,
+    /// A transfer's reservation: the pod UID and its window, lasting from
+    /// when each candidate first saw the releasing version.
+    reserved: Option<(String, Duration)>,
 }
 
 /// The Lease as the API server stores it.
@@ -493,8 +499,15 @@ impl KubeClient {
             Some(Mutant::ExpiryFromRenewTime) => object.renew_time,
             _ => self.clock.store_time(*at),
         };
+        let reservation = ours
+            .and_then(|r| r.reserved.clone())
+            .map(|(pod_uid, window)| Reservation {
+                pod_uid,
+                until: self.clock.store_time(*at).saturating_add(window),
+            });
         Some(LeaseRecord {
             name: lock.to_string(),
+            reservation,
             renewed_at: holder.as_ref().map(|_| renewed_at),
             token: ours.and_then(|r| r.token).map(FencingToken),
             version: ours.and_then(|r| r.version.clone()),
@@ -728,6 +741,13 @@ impl LeaseStore for KubeClient {
         if let Some(why) = claim.fenced_by(current.as_ref().and_then(|r| r.version.as_ref())) {
             return Err(lost(lock, &why));
         }
+        let judged_at = self.clock.store_time(Instant::now());
+        if let Some(why) = current
+            .as_ref()
+            .and_then(|r| r.reservation_refuses(claim.holder, judged_at))
+        {
+            return Err(lost(lock, &why));
+        }
         let term = current.as_ref().map_or(0, |r| r.term) + 1;
         let (base, version) = match &seen {
             Seen::Present { object, version, .. } => (Some(LeaseObject::clone(object)), *version),
@@ -752,6 +772,7 @@ impl LeaseStore for KubeClient {
             token: None,
             lease,
             version: claim.version.cloned(),
+            reserved: None,
         };
         let holder = Some(claim.holder.to_string());
         let (token, at) = match base {
@@ -834,11 +855,22 @@ impl LeaseStore for KubeClient {
         })
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
         self.rewrite(lock, holder, token, |current| {
             let record = current.record.clone().ok_or_else(|| lost(lock, "no record"))?;
             let lease = record.lease;
-            let record = Record { holder: None, ..record };
+            let reserved = handoff.map(|h| (h.pod_uid().to_string(), h.window_within(lease)));
+            let record = Record {
+                holder: None,
+                reserved,
+                ..record
+            };
             let mut body = self.body(Some(current), None, record, lease, current.lease_transitions);
             body.lease_duration_seconds = current.lease_duration_seconds;
             Ok(body)

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::mutants::Mutant;
-use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, Handoff, LeaseStore, Observation, StoreError, StoreTime};
 use crate::store::MemoryStore;
 use crate::store::memory::grant;
 
@@ -241,11 +241,17 @@ impl LeaseStore for Link {
         .await
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        let (lock, holder) = (lock.to_string(), holder.to_string());
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        let (lock, holder, handoff) = (lock.to_string(), holder.to_string(), handoff.cloned());
         self.send(true, move |store| {
-            let (lock, holder) = (lock.clone(), holder.clone());
-            Box::pin(async move { store.release(&lock, &holder, token).await })
+            let (lock, holder, handoff) = (lock.clone(), holder.clone(), handoff.clone());
+            Box::pin(async move { store.release_for(&lock, &holder, token, handoff.as_ref()).await })
         })
         .await
     }

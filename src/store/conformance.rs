@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, StoreError, Version};
+use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, StoreError, StoreTime, Version};
 
 pub mod sessions;
 
@@ -186,6 +186,134 @@ pub async fn release_needs_our_token(target: &dyn Target) {
     assert!(next.token > grant.token);
 }
 
+/// Waits (bounded) until the store's clock has reached `at`.
+async fn wait_for_store_time(store: &Arc<dyn LeaseStore>, lock: &str, at: StoreTime) {
+    let waited = std::time::Instant::now();
+    while store.observe(lock).await.expect("observe").now < at {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "the store's clock never reached {at:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `holder` acquires `lock` as the term after `previous`, with a higher
+/// token, and the row keeps no reservation.
+async fn acquires_the_next_term(
+    store: &Arc<dyn LeaseStore>,
+    lock: &str,
+    holder: &str,
+    lease: Duration,
+    previous: &Grant,
+) -> Grant {
+    let taken = store.acquire(lock, holder, lease).await.expect("acquire");
+    assert_eq!(taken.term, previous.term + 1);
+    assert!(taken.token > previous.token);
+    let row = store.observe(lock).await.expect("observe").record.expect("the row");
+    assert_eq!(row.holder.as_deref(), Some(holder));
+    assert_eq!(row.reservation, None, "the acquire cleared the reservation");
+    taken
+}
+
+/// Holder identities of pods for the reservation checks: `name#nonce@uid`.
+fn pod_holder(name: &str, nonce: &str, uid: &str) -> String {
+    format!("prod/{name}#{nonce}@{uid}")
+}
+
+/// Issue 35: a release with a handoff reserves the row for one pod UID, on
+/// the store's clock, for at most the row's lease duration: every other
+/// claimant is refused (another pod, a new pod of the target's name, a
+/// holder without a UID) until then, and anyone may acquire after, with
+/// the next term and a higher token; the acquire clears the reservation.
+pub async fn a_reservation_admits_only_its_pod_until_it_ends(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    // Long enough for the refusals below to commit inside it on a busy
+    // emulator (as in expiry_is_judged_by_the_store_clock); the window
+    // asked for is far longer, so the cap at D is what ends it.
+    let lease = Duration::from_secs(4);
+    let leader = pod_holder("web-0", "n1", "uid-0");
+    let grant = store.acquire("reserve", &leader, lease).await.expect("acquire");
+    let handoff = Handoff::new("uid-1", Duration::from_secs(60)).expect("a handoff");
+    assert!(
+        is_lost(
+            &store
+                .release_for("reserve", &leader, FencingToken(grant.token.0 - 1), Some(&handoff))
+                .await
+        ),
+        "a handoff release is check-and-set on the token"
+    );
+    store
+        .release_for("reserve", &leader, grant.token, Some(&handoff))
+        .await
+        .expect("release with a handoff");
+    let observed = store.observe("reserve").await.expect("observe");
+    let row = observed.record.clone().expect("the row");
+    assert_eq!(
+        (row.holder.as_deref(), row.term, row.token),
+        (None, grant.term, Some(grant.token))
+    );
+    let reservation = row.reservation.clone().expect("the release wrote a reservation");
+    assert_eq!(reservation.pod_uid, "uid-1");
+    assert!(
+        observed.now < reservation.until && reservation.until.since(observed.now) <= lease,
+        "in force, and never longer than the lease: {reservation:?} at {:?}",
+        observed.now
+    );
+    for other in [
+        pod_holder("web-2", "n2", "uid-2"),
+        pod_holder("web-1", "n3", "uid-1-new"),
+        "prod/web-3#n4".to_string(),
+        leader.clone(),
+    ] {
+        let refused = store.acquire("reserve", &other, lease).await;
+        assert!(is_lost(&refused), "{other} must wait for the reservation: {refused:?}");
+    }
+    let row = store
+        .observe("reserve")
+        .await
+        .expect("observe")
+        .record
+        .expect("the row");
+    assert_eq!(
+        (row.holder, row.term),
+        (None, grant.term),
+        "the refusals changed nothing"
+    );
+    wait_for_store_time(&store, "reserve", reservation.until).await;
+    let other = pod_holder("web-2", "n2", "uid-2");
+    acquires_the_next_term(&store, "reserve", &other, lease, &grant).await;
+}
+
+/// Issue 35: inside the window the reserved pod acquires (any process run
+/// of it, whatever its name), as an ordinary acquire: the next term, a
+/// higher token, the reservation cleared; its plain release leaves none, so
+/// anyone acquires at once.
+pub async fn the_reserved_pod_acquires_inside_the_window(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let leader = pod_holder("web-0", "n1", "uid-0");
+    let grant = store.acquire("handoff", &leader, LEASE).await.expect("acquire");
+    let handoff = Handoff::new("uid-1", LEASE).expect("a handoff");
+    store
+        .release_for("handoff", &leader, grant.token, Some(&handoff))
+        .await
+        .expect("release with a handoff");
+    let target_pod = pod_holder("web-1", "n2", "uid-1");
+    let taken = acquires_the_next_term(&store, "handoff", &target_pod, LEASE, &grant).await;
+    store
+        .release("handoff", &target_pod, taken.token)
+        .await
+        .expect("plain release");
+    let next = store
+        .acquire("handoff", &pod_holder("web-2", "n3", "uid-2"), LEASE)
+        .await
+        .expect("a plain release reserves nothing");
+    assert_eq!(next.term, taken.term + 1);
+    assert!(next.token > taken.token);
+}
+
 /// Tokens strictly increase over many terms, across delete and recreate of the row.
 pub async fn tokens_strictly_increase(target: &dyn Target, terms: u64) {
     let store = target.store();
@@ -241,18 +369,7 @@ pub async fn expiry_is_judged_by_the_store_clock(target: &dyn Target) {
         is_lost(&store.acquire("expiry", "b", short).await),
         "valid by the store's clock until {end:?}"
     );
-    let waited = std::time::Instant::now();
-    loop {
-        let now = store.observe("expiry").await.expect("observe").now;
-        if now > end {
-            break;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "the store's clock never passed {end:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_store_time(&store, "expiry", StoreTime(end.0 + 1)).await;
     let taken = store
         .acquire("expiry", "b", short)
         .await
@@ -481,8 +598,14 @@ impl LeaseStore for Counted {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.inner.renew(lock, holder, token, lease).await
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        self.inner.release(lock, holder, token).await
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        self.inner.release_for(lock, holder, token, handoff).await
     }
 }
 
@@ -837,6 +960,14 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn release_needs_our_token() {
             suite::release_needs_our_token(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn a_reservation_admits_only_its_pod_until_it_ends() {
+            suite::a_reservation_admits_only_its_pod_until_it_ends(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn the_reserved_pod_acquires_inside_the_window() {
+            suite::the_reserved_pod_acquires_inside_the_window(&$make.await).await;
         }
         #[tokio::test]
         async fn tokens_strictly_increase_over_100_terms() {

@@ -67,8 +67,8 @@ use tracing::debug;
 use crate::lease::clock::{Instant, now};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version,
-    lease_to_millis, validate_lock_name,
+    Claim, FencingToken, Grant, Handoff, Held, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
+    StoreTime, Version, lease_to_millis, validate_lock_name,
 };
 
 /// The annotation holding the leasehold record of the Lease (JSON).
@@ -107,6 +107,15 @@ struct Record {
     lease_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     version: Option<Version>,
+    /// A transfer's reservation (issue 35): the pod UID that alone may
+    /// acquire for `reserved_ms` after the release. No clock is shared, so
+    /// like expiry it is judged by observed change: it lasts `reserved_ms`
+    /// from when each process first saw this `resourceVersion`, never less
+    /// than the writer meant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reserved_for: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reserved_ms: Option<u64>,
 }
 
 /// The Lease name of `lock` (module docs, "Names").
@@ -446,8 +455,15 @@ impl KubernetesStore {
             || u64::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0),
             |r| r.term,
         );
+        let reservation = ours
+            .and_then(|r| r.reserved_for.clone().zip(r.reserved_ms))
+            .map(|(pod_uid, ms)| Reservation {
+                pod_uid,
+                until: self.store_time(*at).saturating_add(Duration::from_millis(ms)),
+            });
         Ok(Some(LeaseRecord {
             name: lock.to_string(),
+            reservation,
             renewed_at: holder.as_ref().map(|_| self.store_time(*at)),
             // A holder the record does not name has no token of ours.
             token: ours.and_then(|r| r.token).map(FencingToken),
@@ -595,6 +611,8 @@ impl KubernetesStore {
             token: Some(token),
             lease_ms: lease_ms as u64,
             version: claim.version.cloned(),
+            reserved_for: None,
+            reserved_ms: None,
         };
         let stamp = micro_now();
         let transitions = base.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
@@ -810,6 +828,13 @@ impl LeaseStore for KubernetesStore {
         if let Some(why) = claim.fenced_by(current.as_ref().and_then(|r| r.version.as_ref())) {
             return Err(lost(lock, &why));
         }
+        let judged_at = self.store_time(now());
+        if let Some(why) = current
+            .as_ref()
+            .and_then(|r| r.reservation_refuses(claim.holder, judged_at))
+        {
+            return Err(lost(lock, &why));
+        }
         let term = current.as_ref().map_or(0, |r| r.term) + 1;
         let (base, token) = match &seen {
             Seen::Present { lease, version, .. } => (Lease::clone(lease), version.to_owned()),
@@ -864,10 +889,19 @@ impl LeaseStore for KubernetesStore {
         })
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
         self.rewrite(lock, holder, token, |current| {
             let mut record = read_record(current, lock)?.ok_or_else(|| lost(lock, "no record"))?;
             record.holder = None;
+            record.reserved_for = handoff.map(|h| h.pod_uid().to_string());
+            let lease = Duration::from_millis(record.lease_ms);
+            record.reserved_ms = handoff.map(|h| h.window_within(lease).as_millis() as u64);
             let spec = LeaseSpec {
                 holder_identity: None,
                 renew_time: Some(micro_now()),

@@ -26,8 +26,8 @@ pub(crate) use session::SessionFlaw;
 
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, lease_to_millis,
-    validate_lock_name,
+    Claim, FencingToken, Grant, Handoff, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime,
+    lease_to_millis, validate_lock_name,
 };
 
 /// Faults applied to every call. Probabilities are in [0, 1].
@@ -367,6 +367,12 @@ pub(crate) fn grant(
             reason: format!("held by {current}"),
         });
     }
+    if let Some(reason) = row.and_then(|r| r.reservation_refuses(claim.holder, commit)) {
+        return Err(StoreError::Lost {
+            lock: lock.to_string(),
+            reason,
+        });
+    }
     next_term(lock, claim, lease, row, commit, token)
 }
 
@@ -400,6 +406,7 @@ fn next_term(
         renewed_at: Some(commit),
         lease_duration: lease,
         version: claim.version.cloned(),
+        reservation: None,
     };
     Ok((Some(row), grant))
 }
@@ -502,12 +509,19 @@ impl LeaseStore for MemoryStore {
         .await
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
-        self.transact(lock, |row, _commit| {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
+        self.transact(lock, |row, commit| {
             let current = check_ours(lock, row, holder, token)?;
             Ok((
                 Some(LeaseRecord {
                     holder: None,
+                    reservation: handoff.map(|h| h.reservation(commit, current.lease_duration)),
                     ..current.clone()
                 }),
                 (),

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::lease::{
-    Change, Claim, Elector, ElectorHandle, FencingToken, Grant, Identity, LeaderState, LeaseStore, Observation,
-    StoreError, Timing,
+    Change, Claim, Elector, ElectorHandle, FencingToken, Grant, Handoff, Identity, LeaderState, LeaseStore,
+    Observation, StoreError, Timing,
 };
 use leasehold::store::{Faults, MemoryStore};
 use tokio::time::Instant;
@@ -188,8 +188,14 @@ impl LeaseStore for LateAcquireReplies {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant, StoreError> {
         self.0.renew(lock, holder, token, lease).await
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        self.0.release(lock, holder, token).await
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        self.0.release_for(lock, holder, token, handoff).await
     }
 }
 
@@ -465,8 +471,14 @@ impl LeaseStore for Watched {
         self.1.notify_waiters();
         grant
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
-        let released = self.0.release(lock, holder, token).await;
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
+        let released = self.0.release_for(lock, holder, token, handoff).await;
         self.1.notify_waiters();
         released
     }

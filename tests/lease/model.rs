@@ -18,6 +18,14 @@
 //! believes it leads at any instant (leader and before its deadline), and
 //! acquisitions commit strictly increasing terms and tokens. A planted bug
 //! (deadline from the reply, token from a local clock) yields a counterexample.
+//!
+//! With transfers (issue 35, docs/design.md "Transfer"), a leader may at any
+//! moment hand over to the next elector: it stops claiming, then sends a
+//! release that reserves the row for that elector until store time + D
+//! (the cap). The release may be delayed or lost like any message. Checked
+//! besides: no acquisition commits inside a reservation for anyone but its
+//! target. Planted: the old leader keeps claiming after handing over; the
+//! store lets a non-target acquire inside the window.
 
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -36,12 +44,24 @@ enum Planted {
     DeadlineFromReply,
     /// The token is the requester's clock (elector 0's runs 6 ticks ahead).
     TokenFromLocalClock,
+    /// A leader that hands over keeps claiming until its deadline.
+    OldLeaderKeepsClaiming,
+    /// The store's acquire ignores the reservation.
+    NonTargetAcquiresInWindow,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Op {
     Acquire,
-    Renew { token: u16 },
+    Renew {
+        token: u16,
+    },
+    /// A handover's release: check-and-set on the token, reserving the row
+    /// for elector `to`. Sent without waiting for a reply.
+    Release {
+        token: u16,
+        to: u8,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,6 +111,12 @@ struct Pending {
 struct ElectorState {
     role: Role,
     pending: Option<Pending>,
+    /// Handed over: stands aside and campaigns no more. Without this the
+    /// model found two leaders: a leader that handed over, acquired again
+    /// while its release was in flight, was told the live lease was its own
+    /// and confirmed it by a renewal, and then its release freed the row for
+    /// the target (docs/design.md, "Transfer").
+    aside: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -99,6 +125,8 @@ struct Row {
     term: u8,
     token: u16,
     renewed: u8,
+    /// A handover's reservation: (target, store tick from which anyone may acquire).
+    reserved: Option<(u8, u8)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,6 +141,13 @@ struct State {
     net: Vec<Msg>,
     /// An acquisition committed a term or token not above the previous one.
     regressed: bool,
+    /// The handover releases committed, as (target, until): the record the
+    /// reservation property judges acquisitions by, kept apart from the row.
+    handoffs: Vec<(u8, u8)>,
+    /// An acquisition committed inside a handoff's window by another elector.
+    broke_reservation: bool,
+    /// A handover's target acquired inside its window.
+    handed_over: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,6 +155,8 @@ enum Action {
     Tick,
     StoreClockRunsAhead,
     Send(u8, Op),
+    /// The leader stands aside and releases for the next elector.
+    HandOver(u8),
     GiveUp(u8),
     Deliver(Msg),
     Lose(Msg),
@@ -131,6 +168,7 @@ struct Election {
     max_drift: u8,
     max_in_flight: usize,
     planted: Option<Planted>,
+    transfers: bool,
 }
 
 impl Election {
@@ -167,10 +205,19 @@ impl Election {
         };
         let row = state.row;
         let live = row.holder.is_some() && clock <= row.renewed + D;
+        let reserved_against = row.reserved.is_some_and(|(to, until)| {
+            clock < until && to != from && self.planted != Some(Planted::NonTargetAcquiresInWindow)
+        });
         let reply = match op {
             Op::Acquire if live && row.holder == Some(from) => Reply::HeldByYou { token: row.token },
-            Op::Acquire if live => Reply::Lost,
+            Op::Acquire if live || reserved_against => Reply::Lost,
             Op::Acquire => {
+                if state.handoffs.iter().any(|&(to, until)| clock < until && to != from) {
+                    state.broke_reservation = true;
+                }
+                if state.handoffs.iter().any(|&(to, until)| clock < until && to == from) {
+                    state.handed_over = true;
+                }
                 let token = match self.planted {
                     Some(Planted::TokenFromLocalClock) if from == 0 => u16::from(sent + 6) * SUBTICKS,
                     Some(Planted::TokenFromLocalClock) => u16::from(sent) * SUBTICKS,
@@ -184,6 +231,7 @@ impl Election {
                     term: row.term + 1,
                     token,
                     renewed: clock,
+                    reserved: None,
                 };
                 state.last_commit = commit;
                 Reply::Granted {
@@ -197,6 +245,16 @@ impl Election {
                 Reply::Granted { term: row.term, token }
             }
             Op::Renew { .. } => Reply::Lost,
+            Op::Release { token, to } => {
+                if row.holder == Some(from) && row.token == token {
+                    // The window capped at D from the release's commit.
+                    let until = clock + D;
+                    state.row.holder = None;
+                    state.row.reserved = Some((to, until));
+                    state.handoffs.push((to, until));
+                }
+                return; // nobody waits for the reply
+            }
         };
         push(&mut state.net, Msg::Reply { to: from, sent, reply });
     }
@@ -254,11 +312,15 @@ impl Model for Election {
                 ElectorState {
                     role: Role::Follower,
                     pending: None,
+                    aside: false,
                 };
                 self.electors as usize
             ],
             net: Vec::new(),
             regressed: false,
+            handoffs: Vec::new(),
+            broke_reservation: false,
+            handed_over: false,
         }]
     }
 
@@ -275,8 +337,14 @@ impl Model for Election {
                 Some(p) if state.now >= p.sent + R => actions.push(Action::GiveUp(i)),
                 Some(_) => {}
                 None if state.net.len() < self.max_in_flight => match e.role {
-                    Role::Follower => actions.push(Action::Send(i, Op::Acquire)),
-                    Role::Leader { token, .. } => actions.push(Action::Send(i, Op::Renew { token })),
+                    Role::Follower if !e.aside => actions.push(Action::Send(i, Op::Acquire)),
+                    Role::Follower => {}
+                    Role::Leader { token, .. } => {
+                        actions.push(Action::Send(i, Op::Renew { token }));
+                        if self.transfers && state.handoffs.is_empty() {
+                            actions.push(Action::HandOver(i));
+                        }
+                    }
                 },
                 None => {}
             }
@@ -302,6 +370,26 @@ impl Model for Election {
             }
             Action::StoreClockRunsAhead => state.skew += 1,
             Action::Send(i, op) => self.send(&mut state, i, op),
+            Action::HandOver(i) => {
+                let me = &mut state.electors[i as usize];
+                let Role::Leader { token, .. } = me.role else {
+                    return None;
+                };
+                // Stand aside first: stop claiming, then release.
+                if self.planted != Some(Planted::OldLeaderKeepsClaiming) {
+                    me.role = Role::Follower;
+                }
+                me.aside = true;
+                let to = (i + 1) % self.electors;
+                push(
+                    &mut state.net,
+                    Msg::Request {
+                        from: i,
+                        sent: state.now,
+                        op: Op::Release { token, to },
+                    },
+                );
+            }
             Action::GiveUp(i) => state.electors[i as usize].pending = None,
             Action::Lose(msg) => remove(&mut state.net, msg),
             Action::Deliver(msg) => {
@@ -316,17 +404,26 @@ impl Model for Election {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always(
                 "at most one elector believes it leads",
                 |model: &Election, s: &State| (0..s.electors.len()).filter(|&i| model.believes(s, i)).count() <= 1,
             ),
             Property::always("terms and tokens strictly increase", |_, s: &State| !s.regressed),
+            Property::always("only the target acquires inside a reservation", |_, s: &State| {
+                !s.broke_reservation
+            }),
             Property::sometimes("an elector leads", |model: &Election, s: &State| {
                 (0..s.electors.len()).any(|i| model.believes(s, i))
             }),
             Property::sometimes("a second term is granted", |_, s: &State| s.row.term >= 2),
-        ]
+        ];
+        if self.transfers {
+            properties.push(Property::sometimes("a handover's target leads", |_, s: &State| {
+                s.handed_over
+            }));
+        }
+        properties
     }
 }
 
@@ -338,6 +435,16 @@ fn election(electors: u8, max_time: u8, planted: Option<Planted>) -> Election {
         max_drift: D - R - 1,
         max_in_flight: 2,
         planted,
+        transfers: false,
+    }
+}
+
+/// [`election`] where a leader may hand over (once per run, to bound the
+/// state space).
+fn with_transfers(electors: u8, max_time: u8, planted: Option<Planted>) -> Election {
+    Election {
+        transfers: true,
+        ..election(electors, max_time, planted)
     }
 }
 
@@ -395,5 +502,32 @@ fn a_deadline_from_the_reply_is_caught() {
 fn a_token_from_a_local_clock_is_caught() {
     let checker = hunt(election(2, 5, Some(Planted::TokenFromLocalClock)));
     let path = checker.assert_any_discovery("terms and tokens strictly increase");
+    println!("counterexample: {:?}", path.into_actions());
+}
+
+/// Issue 35: handovers at any moment, their releases delayed or lost, on
+/// top of everything above; the target leads in some run. Four ticks reach
+/// a handover, the target's term and the window's end (D = 3).
+#[test]
+fn handovers_keep_one_leader_and_the_reservation_in_every_reachable_state() {
+    let checker = check(with_transfers(2, 4, None));
+    report("2 electors, 4 ticks, handovers", &checker);
+    checker.assert_no_discovery("at most one elector believes it leads");
+    checker.assert_no_discovery("terms and tokens strictly increase");
+    checker.assert_no_discovery("only the target acquires inside a reservation");
+    checker.assert_any_discovery("a handover's target leads");
+}
+
+#[test]
+fn an_old_leader_that_keeps_claiming_after_handing_over_is_caught() {
+    let checker = hunt(with_transfers(2, 5, Some(Planted::OldLeaderKeepsClaiming)));
+    let path = checker.assert_any_discovery("at most one elector believes it leads");
+    println!("counterexample: {:?}", path.into_actions());
+}
+
+#[test]
+fn a_non_target_acquiring_inside_the_window_is_caught() {
+    let checker = hunt(with_transfers(3, 3, Some(Planted::NonTargetAcquiresInWindow)));
+    let path = checker.assert_any_discovery("only the target acquires inside a reservation");
     println!("counterexample: {:?}", path.into_actions());
 }

@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::launch::{Launcher, Supervised};
 use super::watchdog::{Heartbeat, ProcessGroup, supervise};
 use super::*;
-use crate::lease::{Claim, ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, StoreError, Timing};
+use crate::lease::{
+    Claim, ElectorHandle, FencingToken, Grant, Handoff, Identity, LeaseStore, Observation, StoreError, Timing,
+};
 use crate::store::MemoryStore;
 
 const LOCK: &str = "run-test";
@@ -213,9 +215,15 @@ impl LeaseStore for Cuttable {
         self.check()?;
         self.store.renew(lock, holder, token, lease).await
     }
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<(), StoreError> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<(), StoreError> {
         self.check()?;
-        self.store.release(lock, holder, token).await
+        self.store.release_for(lock, holder, token, handoff).await
     }
 }
 

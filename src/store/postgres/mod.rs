@@ -67,7 +67,10 @@ use tracing::{debug, info};
 use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{
+    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
+    StoreTime,
+};
 
 /// Where the lease table lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +172,7 @@ impl Queries {
             // The LEFT JOIN returns the server's clock even when the row is absent.
             observe: format!(
                 "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
-                 t.version \
+                 t.version, t.reserved_for, t.reserved_until \
                  FROM (SELECT 1) AS clock LEFT JOIN {table} AS t ON t.shard = $1 AND t.name = $2"
             ),
             // One row per named lock (its row's columns NULL when absent),
@@ -185,22 +188,26 @@ impl Queries {
             // expired by the server's clock, and the version fence allows
             // (`Claim::fenced_by`: no fence, nothing recorded, or $6 at least
             // the recorded revision; a NULL $6 compares as NULL, so refused),
-            // judged under the row lock.
+            // judged under the row lock; and no reservation in force for a
+            // pod other than the claimant's ($8, NULL without a pod UID:
+            // `LeaseRecord::reserved_against`). Taking clears it.
             acquire: format!(
                 "INSERT INTO {table} AS t (shard, name, holder, term, token, renewed_at, lease_ms, revision, version) \
                  VALUES ($1, $2, $3, 1, nextval('{sequence}'), clock_timestamp(), $4, $6, $7) \
                  ON CONFLICT (shard, name) DO UPDATE SET holder = excluded.holder, term = t.term + 1, \
                  token = nextval('{sequence}'), renewed_at = clock_timestamp(), lease_ms = excluded.lease_ms, \
-                 revision = excluded.revision, version = excluded.version \
+                 revision = excluded.revision, version = excluded.version, reserved_for = NULL, reserved_until = NULL \
                  WHERE (t.holder IS NULL OR t.renewed_at + t.lease_ms * INTERVAL '1 millisecond' < clock_timestamp()) \
                  AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
+                 AND (t.reserved_for IS NULL OR t.reserved_until <= clock_timestamp() OR t.reserved_for = $8) \
                  RETURNING t.term, t.token, t.renewed_at"
             ),
             // Only from exactly the holder and token named ($8, $9), live or
             // expired; the fence as in acquire.
             take_over: format!(
                 "UPDATE {table} AS t SET holder = $3, term = t.term + 1, token = nextval('{sequence}'), \
-                 renewed_at = clock_timestamp(), lease_ms = $4, revision = $6, version = $7 \
+                 renewed_at = clock_timestamp(), lease_ms = $4, revision = $6, version = $7, reserved_for = NULL, \
+                 reserved_until = NULL \
                  WHERE t.shard = $1 AND t.name = $2 AND t.holder = $8 AND t.token = $9 \
                  AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
                  RETURNING t.term, t.token, t.renewed_at"
@@ -210,12 +217,12 @@ impl Queries {
                  WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 RETURNING term, renewed_at"
             ),
             release_quietly: format!(
-                "UPDATE {table} SET holder = NULL WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 \
+                "UPDATE {table} SET {RELEASED} WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 \
                  RETURNING term"
             ),
             // The notice goes out when the release commits, and only then.
             release: format!(
-                "WITH released AS (UPDATE {table} SET holder = NULL \
+                "WITH released AS (UPDATE {table} SET {RELEASED} \
                  WHERE shard = $1 AND name = $2 AND holder = $3 AND token = $4 RETURNING term) \
                  SELECT term, pg_notify('{}', $2) FROM released",
                 release_channel(table)
@@ -226,15 +233,23 @@ impl Queries {
                 "CREATE TABLE IF NOT EXISTS {table} (\n  shard BIGINT NOT NULL,\n  name TEXT NOT NULL,\n  \
                  holder TEXT,\n  term BIGINT NOT NULL,\n  token BIGINT NOT NULL,\n  \
                  renewed_at TIMESTAMPTZ NOT NULL,\n  lease_ms BIGINT NOT NULL,\n  revision BIGINT,\n  version TEXT,\n  \
-                 PRIMARY KEY (shard, name)\n)"
+                 reserved_for TEXT,\n  reserved_until TIMESTAMPTZ,\n  PRIMARY KEY (shard, name)\n)"
             ),
-            // Nullable: existing rows read as "no version recorded".
+            // Nullable: existing rows read as "no version recorded" and
+            // "not reserved".
             upgrade_table: format!(
-                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS revision BIGINT, ADD COLUMN IF NOT EXISTS version TEXT"
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS revision BIGINT, ADD COLUMN IF NOT EXISTS version TEXT, \
+                 ADD COLUMN IF NOT EXISTS reserved_for TEXT, ADD COLUMN IF NOT EXISTS reserved_until TIMESTAMPTZ"
             ),
         }
     }
 }
+
+/// What a release sets: no holder, and the reservation of `$5` (a pod UID)
+/// for `$6` ms capped at the row's lease duration (`Handoff::reservation`),
+/// or none when `$5` is NULL.
+const RELEASED: &str = "holder = NULL, reserved_for = $5::TEXT, reserved_until = CASE WHEN $5::TEXT IS NULL THEN NULL \
+     ELSE clock_timestamp() + LEAST($6::BIGINT, lease_ms) * INTERVAL '1 millisecond' END";
 
 /// The channel a release of a lock in `table` is announced on (`NOTIFY`),
 /// the lock as the payload. At most 57 bytes (the table at most 48), below
@@ -486,6 +501,8 @@ impl PostgresStore {
                 let lease_ms: i64 = row.try_get("lease_ms").map_err(get)?;
                 let revision: Option<i64> = row.try_get("revision").map_err(get)?;
                 let version: Option<String> = row.try_get("version").map_err(get)?;
+                let reserved_for: Option<String> = row.try_get("reserved_for").map_err(get)?;
+                let reserved_until: Option<SystemTime> = row.try_get("reserved_until").map_err(get)?;
                 Some(LeaseRecord {
                     name: lock.to_string(),
                     holder: row.try_get("holder").map_err(get)?,
@@ -494,6 +511,10 @@ impl PostgresStore {
                     renewed_at: Some(store_time(renewed_at)),
                     lease_duration: lease_from_millis("lease_ms", lock, lease_ms)?,
                     version: version_from_row(lock, revision, version.as_deref())?,
+                    reservation: reserved_for.zip(reserved_until).map(|(pod_uid, until)| Reservation {
+                        pod_uid,
+                        until: store_time(until),
+                    }),
                 })
             }
         };
@@ -689,12 +710,13 @@ impl LeaseStore for PostgresStore {
                     &claim.fence,
                     &revision,
                     &version,
+                    &Identity::pod_uid_of(claim.holder),
                 ],
                 Effect::Write,
             )
             .await?;
         granted(&what, lock, &rows, || {
-            "held by an unexpired lease, or refused by the version fence".into()
+            "held by an unexpired lease, refused by the version fence, or reserved for another pod (a transfer)".into()
         })
     }
 
@@ -752,9 +774,17 @@ impl LeaseStore for PostgresStore {
         })
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
         let what = format!("release {lock}");
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&shard_of(lock), &lock, &holder, &token.0];
+        let (reserved_for, window_ms) = (handoff.map(Handoff::pod_uid), handoff.map(Handoff::window_ms));
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&shard_of(lock), &lock, &holder, &token.0, &reserved_for, &window_ms];
         let announced = self.announces.load(Ordering::Relaxed);
         let sql = match announced {
             true => &self.queries.release,

@@ -80,7 +80,8 @@ use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime, Version,
+    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
+    StoreTime, Version,
 };
 
 /// Where the leases live.
@@ -108,6 +109,17 @@ local current = redis.call('HGET', KEYS[1], 'holder')
 if current then return {0, current} end
 ";
 
+/// The acquire script's second check: KEYS: lease, fence. ARGV[6]: the
+/// claimant's pod UID ("" for none). Returns {3, pod UID, until_us} while
+/// the fence key keeps a reservation for another pod (a transfer's release
+/// wrote it; `LeaseRecord::reserved_against`), judged on Redis's clock.
+const ACQUIRE_IF_NOT_RESERVED: &str = "
+local reserved = redis.call('HMGET', KEYS[2], 'reserved_for', 'reserved_until_us')
+if reserved[1] and tonumber(reserved[2]) > now_us and reserved[1] ~= ARGV[6] then
+  return {3, reserved[1], reserved[2]}
+end
+";
+
 /// The takeover script's check: ARGV[6], ARGV[7]: the holder and token
 /// taken over. Returns {0, holder or ''} unless the lease key holds exactly
 /// them (an expired lease's key is gone: nothing to take over).
@@ -132,6 +144,7 @@ if ARGV[4] == '' then
 else
   redis.call('HSET', KEYS[2], 'revision', ARGV[4], 'version', ARGV[5])
 end
+redis.call('HDEL', KEYS[2], 'reserved_for', 'reserved_until_us')
 local term = redis.call('HINCRBY', KEYS[2], 'term', 1)
 local last = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
 local token = math.max(last + 1, now_us)
@@ -153,14 +166,23 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, tonumber(row[3]), now_us}
 ";
 
-/// KEYS: lease. ARGV: holder, token, channel, lock. Returns 1 when
-/// released, 0 when not ours. The fence key keeps term and token. Publishes
-/// the lock on the release channel, so followers learn at once
+/// KEYS: lease, fence. ARGV: holder, token, channel, lock, reserved pod UID
+/// ("" for none), reservation window in ms. Returns 1 when released, 0 when
+/// not ours. The fence key keeps term and token, and the reservation until
+/// now + the window capped at the lease (`Handoff::reservation`), or none.
+/// Publishes the lock on the release channel, so followers learn at once
 /// ([`LeaseStore::changed`]).
 const RELEASE: &str = "
-local row = redis.call('HMGET', KEYS[1], 'holder', 'token')
+local row = redis.call('HMGET', KEYS[1], 'holder', 'token', 'lease_ms')
 if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
+if ARGV[5] == '' then
+  redis.call('HDEL', KEYS[2], 'reserved_for', 'reserved_until_us')
+else
+  local window_ms = math.min(tonumber(ARGV[6]), tonumber(row[3]))
+  redis.call('HSET', KEYS[2], 'reserved_for', ARGV[5],
+             'reserved_until_us', string.format('%.0f', now_us + window_ms * 1000))
+end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ";
@@ -168,13 +190,16 @@ return 1
 /// KEYS: lease, fence of each lock in turn. Returns {now_us, row, row, …},
 /// one row per lock in the order given, each {holder, token, term,
 /// renewed_us, lease_ms, fence_term, fence_token, fence_lease_ms, revision,
-/// version}, absent fields nil: every lock at one reading of the clock.
+/// version, reserved_for, reserved_until_us}, absent fields nil: every lock
+/// at one reading of the clock.
 const OBSERVE: &str = "
 local rows = {now_us}
 for i = 1, #KEYS, 2 do
   local lease = redis.call('HMGET', KEYS[i], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
-  local fence = redis.call('HMGET', KEYS[i + 1], 'term', 'token', 'lease_ms', 'revision', 'version')
-  rows[#rows + 1] = {lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5]}
+  local fence = redis.call('HMGET', KEYS[i + 1], 'term', 'token', 'lease_ms', 'revision', 'version', 'reserved_for',
+                           'reserved_until_us')
+  rows[#rows + 1] = {lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5],
+                     fence[6], fence[7]}
 end
 return rows
 ";
@@ -191,10 +216,10 @@ impl Scripts {
     fn new() -> Self {
         let with_clock = |body: &str| Script::new(&format!("{NOW_US}{body}"));
         Scripts {
-            acquire: with_clock(&format!("{ACQUIRE_IF_FREE}{TAKE}")),
+            acquire: with_clock(&format!("{ACQUIRE_IF_FREE}{ACQUIRE_IF_NOT_RESERVED}{TAKE}")),
             take_over: with_clock(&format!("{TAKE_OVER_IF_HELD}{TAKE}")),
             renew: with_clock(RENEW),
-            release: Script::new(RELEASE),
+            release: with_clock(RELEASE),
             observe: with_clock(OBSERVE),
         }
     }
@@ -318,6 +343,13 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
             name: text(field(9)).unwrap_or_default(),
         }),
     };
+    let reservation = match (text(field(10)), int(field(11))) {
+        (Some(pod_uid), Some(until)) => Some(Reservation {
+            pod_uid,
+            until: micros(until),
+        }),
+        _ => None,
+    };
     Ok(match (text(field(0)), int(field(5))) {
         // A live lease: the lease key still exists.
         (Some(holder), _) => Some(LeaseRecord {
@@ -328,6 +360,7 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
             renewed_at: int(field(3)).map(micros),
             lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(4))?)?,
             version: version.clone(),
+            reservation: reservation.clone(),
         }),
         // Released or expired: the fence keeps the last term and token.
         (None, Some(term)) => Some(LeaseRecord {
@@ -338,6 +371,7 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
             renewed_at: None,
             lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(7))?)?,
             version,
+            reservation,
         }),
         (None, None) => None,
     })
@@ -537,6 +571,19 @@ fn taken(
             lock: lock.to_string(),
             reason: held(&text(current).unwrap_or_default()),
         }),
+        [reserved, pod_uid, until] if int(reserved) == Some(3) => {
+            let (Some(pod_uid), Some(until)) = (text(pod_uid), int(until)) else {
+                return Err(bad_reply(what, reply));
+            };
+            let reservation = Reservation {
+                pod_uid,
+                until: micros(until),
+            };
+            Err(StoreError::Lost {
+                lock: lock.to_string(),
+                reason: reservation.refusal(),
+            })
+        }
         [fenced, revision, name] if int(fenced) == Some(2) => {
             let recorded = int(revision)
                 .and_then(|r| u64::try_from(r).ok())
@@ -633,7 +680,8 @@ impl LeaseStore for RedisStore {
 
     async fn acquire_as(&self, lock: &str, claim: &Claim<'_>, lease: Duration) -> Result<Grant> {
         let what = format!("acquire {lock}");
-        let args = take_args(claim, lease)?;
+        let mut args = take_args(claim, lease)?.to_vec();
+        args.push(Identity::pod_uid_of(claim.holder).unwrap_or_default());
         let reply = self
             .invoke_array(&what, &self.scripts.acquire, &self.keys(lock), &args, Effect::Write)
             .await?;
@@ -685,17 +733,24 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
         let what = format!("release {lock}");
         let args = [
             holder.to_string(),
             token.0.to_string(),
             self.channel(),
             lock.to_string(),
+            handoff.map_or_else(String::new, |h| h.pod_uid().to_string()),
+            handoff.map_or_else(String::new, |h| h.window_ms().to_string()),
         ];
-        let [lease_key, _] = self.keys(lock);
         let reply = self
-            .invoke(&what, &self.scripts.release, &[lease_key], &args, Effect::Write)
+            .invoke(&what, &self.scripts.release, &self.keys(lock), &args, Effect::Write)
             .await?;
         match int(&reply) {
             Some(1) => Ok(()),

@@ -56,7 +56,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use google_cloud_lro::Poller;
 use google_cloud_spanner::client::{DatabaseClient, Spanner};
-use google_cloud_spanner::statement::Statement;
+use google_cloud_spanner::statement::{Statement, StatementBuilder};
 use google_cloud_spanner::transaction::ReadWriteTransaction;
 use google_cloud_spanner::types;
 use google_cloud_spanner_admin_database_v1::client::DatabaseAdmin;
@@ -67,7 +67,9 @@ use self::queries::{Queries, floor_name, keyed};
 use self::row::{RawRow, lease_to_millis, returned_term, timestamp_to_store, token_to_timestamp};
 use super::{lease_from_millis, term_from_row, version_columns};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{
+    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseStore, Observation, StoreError, StoreTime,
+};
 
 /// How to reach Spanner. Production uses the defaults (Google's endpoints and
 /// Application Default Credentials, or `SPANNER_EMULATOR_HOST`); tests and
@@ -568,6 +570,7 @@ impl LeaseStore for SpannerStore {
                     // Free or expired, and the fence allows: taken in this one statement.
                     let take = keyed(&queries.take, &lock)
                         .add_param("holder", holder.as_str())
+                        .add_typed_param("claimant", Identity::pod_uid_of(&holder), types::string())
                         .add_param("lease_ms", lease_ms)
                         .add_param("revision", revision)
                         .add_param("version", version.clone())
@@ -592,10 +595,15 @@ impl LeaseStore for SpannerStore {
                                     fence,
                                 };
                                 let fenced = claim.fenced_by(observed.record.as_ref().and_then(|r| r.version.as_ref()));
-                                let reason = match (observed.live_holder(), fenced) {
-                                    (Some(current), _) => format!("held by {current}"),
-                                    (None, Some(fenced)) => fenced,
-                                    (None, None) => "not yet expired by the store's clock".to_string(),
+                                let reserved = observed
+                                    .record
+                                    .as_ref()
+                                    .and_then(|r| r.reservation_refuses(&holder, observed.now));
+                                let reason = match (observed.live_holder(), fenced, reserved) {
+                                    (Some(current), _, _) => format!("held by {current}"),
+                                    (None, Some(fenced), _) => fenced,
+                                    (None, None, Some(reserved)) => reserved,
+                                    (None, None, None) => "not yet expired by the store's clock".to_string(),
                                 };
                                 return refusal.refuse(lost(&lock, reason));
                             }
@@ -674,7 +682,9 @@ impl LeaseStore for SpannerStore {
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
         check_lock(lock)?;
         let lease_ms = lease_to_millis("lease duration", lease)?;
-        let body = check_and_set(&self.queries.renew, lock, holder, token, Some(lease_ms));
+        let body = check_and_set(&self.queries.renew, lock, holder, token, move |statement| {
+            statement.add_param("lease_ms", lease_ms)
+        });
         let (term, committed_at) = self.transact("renew", lock, body).await?;
         Ok(Grant {
             term: term_from_row(lock, term)?,
@@ -683,9 +693,21 @@ impl LeaseStore for SpannerStore {
         })
     }
 
-    async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
+    async fn release_for(
+        &self,
+        lock: &str,
+        holder: &str,
+        token: FencingToken,
+        handoff: Option<&Handoff>,
+    ) -> Result<()> {
         check_lock(lock)?;
-        let body = check_and_set(&self.queries.release, lock, holder, token, None);
+        let reserved_for = handoff.map(|h| h.pod_uid().to_string());
+        let window_ms = handoff.map(Handoff::window_ms);
+        let body = check_and_set(&self.queries.release, lock, holder, token, move |statement| {
+            statement
+                .add_typed_param("reserved_for", reserved_for.clone(), types::string())
+                .add_typed_param("window_ms", window_ms, types::int64())
+        });
         self.transact("release", lock, body).await.map(|_| ())
     }
 }
@@ -694,25 +716,24 @@ impl LeaseStore for SpannerStore {
 type TransactionFuture<T> = std::pin::Pin<Box<dyn Future<Output = google_cloud_spanner::Result<T>> + Send>>;
 
 /// The body of a renew or release: `sql` (an `UPDATE … WHERE holder =
-/// @holder AND token = @token THEN RETURN term`), with `@lease_ms` when
-/// given; when it matches no row the lease is lost and the transaction
-/// rolled back.
+/// @holder AND token = @token THEN RETURN term`), with the parameters
+/// `bind` adds; when it matches no row the lease is lost and the
+/// transaction rolled back.
 fn check_and_set(
     sql: &str,
     lock: &str,
     holder: &str,
     token: FencingToken,
-    lease_ms: Option<i64>,
+    bind: impl Fn(StatementBuilder) -> StatementBuilder + Send + Sync + Clone + 'static,
 ) -> impl Fn(ReadWriteTransaction, Refusal) -> TransactionFuture<i64> + Send + Sync + Clone + 'static {
     let (sql, lock, holder) = (sql.to_string(), lock.to_string(), holder.to_string());
     move |tx, refusal| {
-        let mut statement = keyed(&sql, &lock)
-            .add_param("holder", holder.as_str())
-            .add_param("token", token_to_timestamp(token));
-        if let Some(lease_ms) = lease_ms {
-            statement = statement.add_param("lease_ms", lease_ms);
-        }
-        let statement = statement.build();
+        let statement = bind(
+            keyed(&sql, &lock)
+                .add_param("holder", holder.as_str())
+                .add_param("token", token_to_timestamp(token)),
+        )
+        .build();
         let (lock, holder) = (lock.clone(), holder.clone());
         Box::pin(async move {
             match returned_term(tx.execute_query(statement).await?).await? {

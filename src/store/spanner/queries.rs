@@ -27,7 +27,16 @@ pub(super) struct Queries {
 pub(super) const FREE_OR_EXPIRED: &str = "(holder IS NULL OR renewed_at IS NULL \
      OR (lease_ms > 0 AND TIMESTAMP_DIFF(CURRENT_TIMESTAMP(), renewed_at, MILLISECOND) > lease_ms))";
 
-/// [`Claim::fenced_by`] in SQL, judged under the row lock: no fence, no
+/// No reservation in force for a pod other than the claimant's (`@claimant`,
+/// NULL without a pod UID): [`LeaseRecord::reserved_against`] in SQL, on the
+/// store's clock, under the row lock.
+pub(super) const RESERVATION_ALLOWS: &str = "(reserved_for IS NULL OR reserved_until <= CURRENT_TIMESTAMP() \
+     OR reserved_for = @claimant)";
+
+/// What a taking write does to a reservation: clears it.
+const UNRESERVED: &str = "reserved_for = NULL, reserved_until = NULL";
+
+/// [`Claim::fenced_by`](crate::lease::Claim::fenced_by) in SQL, judged under the row lock: no fence, no
 /// version recorded, or the claim's revision at least the recorded one. A
 /// claim without a revision (`@revision` NULL) compares as NULL, so it is
 /// refused once a revision is recorded.
@@ -41,8 +50,8 @@ impl Queries {
             table: table.to_string(),
             // The LEFT JOIN returns the store's clock even when the row is absent.
             read: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
-                 CURRENT_TIMESTAMP() AS now \
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, \
+                 t.reserved_until, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
             ),
             // Every named lock that has a row (shard narrows the scan to
@@ -55,8 +64,8 @@ impl Queries {
                  ON t.shard IN UNNEST(@shards) AND t.name IN UNNEST(@names)"
             ),
             read_for_acquire: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, f.term AS floor, \
-                 CURRENT_TIMESTAMP() AS now \
+                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, \
+                 t.reserved_until, f.term AS floor, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock \
                  LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name \
                  LEFT JOIN {table} AS f ON f.shard = @shard AND f.name = @floor"
@@ -64,13 +73,14 @@ impl Queries {
             take: format!(
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
                  renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} THEN RETURN term"
+                 version = @version, {UNRESERVED} \
+                 WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} AND {RESERVATION_ALLOWS} THEN RETURN term"
             ),
             // Only from exactly the holder and token named, live or expired.
             take_over: format!(
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
                  renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
+                 version = @version, {UNRESERVED} WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
                  THEN RETURN term"
             ),
             insert: format!(
@@ -82,7 +92,14 @@ impl Queries {
                 "UPDATE {table} SET renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms \
                  WHERE {key} AND {ours} THEN RETURN term"
             ),
-            release: format!("UPDATE {table} SET holder = NULL WHERE {key} AND {ours} THEN RETURN term"),
+            // The reservation of `@reserved_for` for `@window_ms` capped at
+            // the row's lease (`Handoff::reservation`), or none when NULL.
+            release: format!(
+                "UPDATE {table} SET holder = NULL, reserved_for = @reserved_for, \
+                 reserved_until = IF(@reserved_for IS NULL, NULL, \
+                 TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL LEAST(@window_ms, lease_ms) MILLISECOND)) \
+                 WHERE {key} AND {ours} THEN RETURN term"
+            ),
         }
     }
 

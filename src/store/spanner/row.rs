@@ -9,7 +9,7 @@ use google_cloud_wkt::Timestamp;
 
 use super::super::{lease_from_millis, term_from_row, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, LeaseRecord, Observation, StoreError, StoreTime};
+use crate::lease::{FencingToken, LeaseRecord, Observation, Reservation, StoreError, StoreTime};
 
 /// A lease duration into the row's milliseconds, by the core's one checked
 /// conversion.
@@ -42,6 +42,8 @@ pub(super) struct RawRow {
     pub(super) lease_ms: Option<i64>,
     pub(super) revision: Option<i64>,
     pub(super) version: Option<String>,
+    pub(super) reserved_for: Option<String>,
+    pub(super) reserved_until: Option<Timestamp>,
     /// The term floor, when the query reads it.
     pub(super) floor: Option<i64>,
     pub(super) now: Timestamp,
@@ -85,6 +87,8 @@ impl RawRow {
             lease_ms: row.get("lease_ms")?,
             revision: row.get("revision")?,
             version: row.get("version")?,
+            reserved_for: row.get("reserved_for")?,
+            reserved_until: row.get("reserved_until")?,
             floor: if with_floor { row.get("floor")? } else { None },
             now: row.get("now")?,
         })
@@ -102,6 +106,14 @@ impl RawRow {
                 renewed_at: self.renewed_at.as_ref().map(timestamp_to_store),
                 lease_duration: lease_from_millis("lease_ms", lock, self.lease_ms.unwrap_or(0))?,
                 version: version_from_row(lock, self.revision, self.version.as_deref())?,
+                reservation: self
+                    .reserved_for
+                    .clone()
+                    .zip(self.reserved_until.as_ref())
+                    .map(|(pod_uid, until)| Reservation {
+                        pod_uid,
+                        until: timestamp_to_store(until),
+                    }),
             }),
         };
         Ok(Observation {

@@ -14,7 +14,7 @@ enum CommitTimestamp {
 
 /// Every column the store reads or writes: name, type (a `STRING` of any
 /// length will do) and whether it holds commit timestamps.
-const COLUMNS: [(&str, &str, CommitTimestamp); 9] = [
+const COLUMNS: [(&str, &str, CommitTimestamp); 11] = [
     ("shard", "INT64", CommitTimestamp::No),
     ("name", "STRING", CommitTimestamp::No),
     ("holder", "STRING", CommitTimestamp::No),
@@ -24,13 +24,21 @@ const COLUMNS: [(&str, &str, CommitTimestamp); 9] = [
     ("lease_ms", "INT64", CommitTimestamp::No),
     ("revision", "INT64", CommitTimestamp::No),
     ("version", "STRING", CommitTimestamp::No),
+    ("reserved_for", "STRING", CommitTimestamp::No),
+    ("reserved_until", "TIMESTAMP", CommitTimestamp::No),
 ];
 
 /// The columns leasehold added after the table's first release (the
-/// version of the last holder, issue 16), with the DDL type `ensure_schema`
-/// adds them with to a table created before: nullable, so existing rows
-/// read as "no version recorded".
-const ADDED_COLUMNS: [(&str, &str); 2] = [("revision", "INT64"), ("version", "STRING(MAX)")];
+/// version of the last holder, issue 16; a transfer's reservation, issue
+/// 35), with the DDL type `ensure_schema` adds them with to a table created
+/// before: nullable, so existing rows read as "no version recorded" and
+/// "not reserved".
+const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("revision", "INT64"),
+    ("version", "STRING(MAX)"),
+    ("reserved_for", "STRING(MAX)"),
+    ("reserved_until", "TIMESTAMP"),
+];
 
 /// The `ALTER TABLE` statements that bring a table created by an older
 /// leasehold up to date: one per added column it lacks (none when current,
@@ -49,7 +57,8 @@ pub(super) fn create_table(table: &str) -> String {
         "CREATE TABLE {table} (\n  shard INT64 NOT NULL,\n  name STRING(MAX) NOT NULL,\n  holder STRING(MAX),\n  \
          term INT64 NOT NULL,\n  token TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  \
          renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  lease_ms INT64 NOT NULL,\n  \
-         revision INT64,\n  version STRING(MAX),\n) PRIMARY KEY (shard, name)"
+         revision INT64,\n  version STRING(MAX),\n  reserved_for STRING(MAX),\n  reserved_until TIMESTAMP,\n) \
+         PRIMARY KEY (shard, name)"
     )
 }
 
@@ -168,7 +177,7 @@ mod tests {
     #[test]
     fn a_table_from_before_versions_is_refused_until_upgraded_once() {
         let mut old = good();
-        old.retain(|c| c.name != "revision" && c.name != "version");
+        old.retain(|c| !["revision", "version", "reserved_for", "reserved_until"].contains(&c.name.as_str()));
         assert!(
             check("t", &old)
                 .unwrap_err()
@@ -180,7 +189,9 @@ mod tests {
             upgrades("t", &old),
             [
                 "ALTER TABLE t ADD COLUMN revision INT64",
-                "ALTER TABLE t ADD COLUMN version STRING(MAX)"
+                "ALTER TABLE t ADD COLUMN version STRING(MAX)",
+                "ALTER TABLE t ADD COLUMN reserved_for STRING(MAX)",
+                "ALTER TABLE t ADD COLUMN reserved_until TIMESTAMP"
             ]
         );
         assert!(upgrades("t", &good()).is_empty(), "idempotent: nothing left to add");

@@ -171,6 +171,7 @@ fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
         renewed_at: Some(StoreTime(1_000_000_000)),
         lease_duration: Duration::from_millis(10),
         version: None,
+        reservation: None,
     };
     let expired = Observation {
         now: record.expires_at().unwrap().saturating_add(Duration::from_millis(2)),
