@@ -154,10 +154,7 @@ const RUNBOOK_URL: &str = "https://github.com/leasehold/leasehold/blob/main/docs
 /// lower case), and runbook sections for alerts the rules do not have.
 fn runbook_gaps(rules: &str, runbooks: &str) -> Vec<String> {
     let rules: serde_yaml::Value = serde_yaml::from_str(rules).unwrap();
-    let headings: BTreeSet<&str> = runbooks
-        .lines()
-        .filter_map(|line| line.strip_prefix("## "))
-        .collect();
+    let headings: BTreeSet<&str> = runbooks.lines().filter_map(|line| line.strip_prefix("## ")).collect();
     let mut gaps = Vec::new();
     let mut alerts = BTreeSet::new();
     for group in rules["groups"].as_sequence().unwrap() {
