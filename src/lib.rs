@@ -1,5 +1,5 @@
-//! leasehold: leader election for Kubernetes pods on Cloud Spanner, with
-//! fencing tokens.
+//! leasehold: leader election for Kubernetes pods on Cloud Spanner,
+//! PostgreSQL, Redis or Kubernetes Leases, with fencing tokens.
 //!
 //! Arrows point inward: the commands (`cmd`) use the roles (`sidecar`,
 //! `operator`), which use `lease`, `store` and `api`; `lease` uses none of

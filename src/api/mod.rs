@@ -267,15 +267,17 @@ pub struct DistributedLeaseStatus {
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
-    /// The identity (`[cluster/]namespace/pod#nonce`) holding a valid lease; absent when free or expired.
+    /// The identity (`[cluster/]namespace/pod#nonce@uid`) holding a valid lease; absent when free or expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
     /// Acquisitions of this lock so far; never reset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,
-    /// The fencing token of the current (or last) term: the acquisition's
-    /// commit timestamp in nanoseconds since the epoch, as a decimal string
-    /// so that JSON readers with 53-bit numbers keep it exact.
+    /// The fencing token of the current (or last) term, strictly increasing
+    /// per lock (what it is depends on the store: Spanner's commit timestamp
+    /// in ns, a sequence or counter on PostgreSQL and Redis, the replaced
+    /// resourceVersion on Kubernetes), as a decimal string so that JSON
+    /// readers with 53-bit numbers keep it exact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// The store's commit time of the last acquisition or renewal (RFC 3339, nanoseconds).

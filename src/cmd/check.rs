@@ -43,6 +43,7 @@ use super::installed::{self, Operator};
 use super::{ClusterArgs, Output};
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
+use crate::operator::webhook::DEFAULT_IMAGE;
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
 
@@ -141,6 +142,17 @@ async fn find_operator(client: &Client, args: &Args, report: &mut Report) -> Opt
     let selector = installed::selector(instance);
     match installed::operators(client, namespace, instance).await {
         Ok(found) => match found.as_slice() {
+            // A release asked for by name that is not there is an error,
+            // not a guess at another.
+            [] if instance.is_some() => {
+                report.error(format!(
+                    "no operator Deployment of release {} (labelled {selector}){}: is it installed? \
+                     (`helm list -A` lists releases)",
+                    instance.unwrap_or_default(),
+                    namespace.map(|ns| format!(" in namespace {ns}")).unwrap_or_default()
+                ));
+                None
+            }
             [] => {
                 report.warn(format!(
                     "no operator Deployment labelled {selector}: checking the names of a release called \
@@ -155,6 +167,7 @@ async fn find_operator(client: &Client, args: &Args, report: &mut Report) -> Opt
                     operator.instance.as_deref().unwrap_or("?"),
                     operator.image.as_deref().unwrap_or("?")
                 ));
+                check_operator_images(client, operator, report).await;
                 Some(operator.clone())
             }
             several => {
@@ -178,6 +191,56 @@ async fn find_operator(client: &Client, args: &Args, report: &mut Report) -> Opt
             None
         }
     }
+}
+
+/// Container states in which the kubelet cannot get the image (kubelet's
+/// `images.ErrImagePull`, `ImagePullBackOff`, `ErrInvalidImageName`:
+/// pkg/kubelet/images/types.go).
+const IMAGE_PULL_FAILURES: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidImageName"];
+
+/// The operator's pods that cannot pull their image, reported with what to
+/// do: the chart's default image is not published (README, step 1).
+async fn check_operator_images(client: &Client, operator: &Operator, report: &mut Report) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &operator.namespace);
+    let selector = installed::selector(operator.instance.as_deref());
+    match pods.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list.items.iter().flat_map(image_pull_failures).for_each(|e| report.error(e)),
+        Err(e) => report.warn(format!(
+            "cannot list the operator's pods ({selector}) in {}: {}",
+            operator.namespace,
+            crate::errors::chain(&e)
+        )),
+    }
+}
+
+/// One finding per container of `pod` whose image the kubelet cannot pull.
+fn image_pull_failures(pod: &Pod) -> Vec<String> {
+    let default_repository = DEFAULT_IMAGE.rsplit_once(':').map_or(DEFAULT_IMAGE, |(r, _)| r);
+    let statuses = pod.status.iter().flat_map(|s| {
+        (s.init_container_statuses.iter().flatten()).chain(s.container_statuses.iter().flatten())
+    });
+    statuses
+        .filter_map(|status| {
+            let reason = status.state.as_ref()?.waiting.as_ref()?.reason.as_deref()?;
+            IMAGE_PULL_FAILURES.contains(&reason).then(|| {
+                let hint = if status.image.starts_with(default_repository) {
+                    format!(
+                        "; {default_repository} is not published: build the image from the Dockerfile, make it \
+                         available to the cluster and install with --set image.repository=…,image.tag=… \
+                         (README, step 1)"
+                    )
+                } else {
+                    "; check the image name and the registry's credentials (imagePullSecrets)".to_string()
+                };
+                format!(
+                    "operator pod {}/{} cannot pull image {} ({reason}){hint}",
+                    pod.namespace().unwrap_or_default(),
+                    pod.name_any(),
+                    status.image
+                )
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -20,8 +20,9 @@ pub struct Args {
     /// Number of candidates.
     #[arg(long, env = "LEASEHOLD_DEMO_CANDIDATES", default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=50))]
     pub candidates: u16,
-    /// Store to elect on (spanner: the Cloud Spanner emulator at
-    /// SPANNER_EMULATOR_HOST; kubernetes: Leases in the KUBECONFIG's namespace).
+    /// Store to elect on: memory (in this process), spanner (the Cloud
+    /// Spanner emulator at SPANNER_EMULATOR_HOST), postgres or redis (at
+    /// --store-url), kubernetes (Leases in the KUBECONFIG's namespace).
     #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_enum, default_value_t = StoreKind::Memory)]
     pub store: StoreKind,
     /// The PostgreSQL or Redis URL for --store postgres|redis; the demo

@@ -41,6 +41,8 @@ pub const RELEASE_NAMESPACE: &str = "leasehold-system";
 pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-install",
     "e2e-install-check",
+    "e2e-helm-test",
+    "e2e-crd-upgrade",
     "e2e-inject",
     "e2e-inject-gitops",
     "e2e-webhook-down",
@@ -302,14 +304,15 @@ pub async fn ensure_installed(env: &Env, client: &Client) {
 }
 
 /// The chart's objects outside the test namespaces: each test namespace's
-/// part is applied when its test makes the namespace.
+/// part is applied when its test makes the namespace. Helm's hooks (the
+/// `helm test` pod) are not part of an install.
 pub fn install_part(chart: Vec<Value>) -> Vec<Value> {
     chart
         .into_iter()
         .filter(|o| {
-            !o["metadata"]["namespace"]
-                .as_str()
-                .is_some_and(|ns| TEST_NAMESPACES.contains(&ns))
+            let in_test_namespace =
+                (o["metadata"]["namespace"].as_str()).is_some_and(|ns| TEST_NAMESPACES.contains(&ns));
+            !in_test_namespace && o["metadata"]["annotations"]["helm.sh/hook"].is_null()
         })
         .collect()
 }

@@ -32,6 +32,70 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
         .collect()
 }
 
+/// The chart's `helm test` pod (`helm.sh/hook: test`), as rendered, applied
+/// as `helm test` would create it, with `args` extended by `more`: whether
+/// it succeeded, and its log.
+async fn run_helm_test_pod(s: &Scenario, name: &str, more: &[&str]) -> (bool, String) {
+    let chart = crate::cluster::rendered_chart(&s.env);
+    let mut pod = (chart.into_iter())
+        .find(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .expect("the chart has a `helm.sh/hook: test` object");
+    assert_eq!(pod["kind"], "Pod", "{pod}");
+    pod["metadata"]["name"] = json!(name);
+    let args = pod["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .expect("the check's args");
+    args.extend(more.iter().map(|a| json!(a)));
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
+    // helm.sh/hook-delete-policy: before-hook-creation.
+    let _ = pods.delete(name, &DeleteParams::default()).await;
+    wait_for("the previous test pod gone", Duration::from_secs(60), || async {
+        pods.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    crate::cluster::apply(&s.client, &[pod]).await;
+    let phase = wait_for("the helm test pod to finish", Duration::from_secs(120), || async {
+        let phase = pods.get_opt(name).await.ok()??.status?.phase?;
+        ["Succeeded", "Failed"].contains(&phase.as_str()).then_some(phase)
+    })
+    .await;
+    let log = pods
+        .logs(name, &Default::default())
+        .await
+        .unwrap_or_else(|e| format!("(no log: {e})"));
+    pods.delete(name, &DeleteParams::default())
+        .await
+        .expect("deleting the helm test pod");
+    (phase == "Succeeded", log)
+}
+
+/// `helm test`: the chart's test pod runs `leasehold check` in the cluster
+/// as the operator's ServiceAccount and succeeds on a working install; the
+/// same pod pointed at a release that is not installed fails, so the
+/// success is check's verdict, not the pod's. The check is narrowed to this
+/// scenario's namespace: other scenarios plant broken leases at the same
+/// time.
+#[tokio::test]
+async fn the_charts_helm_test_runs_check_in_the_cluster() {
+    scenario("e2e-helm-test", |s| async move {
+        let ns = s.ns.clone();
+        let (ok, log) = run_helm_test_pod(&s, "leasehold-check-e2e", &["-n", &ns]).await;
+        assert!(ok, "the helm test pod failed on a working install:\n{log}");
+        let (ok, log) = run_helm_test_pod(
+            &s,
+            "leasehold-check-e2e-other",
+            &["-n", &ns, "--instance", "not-installed"],
+        )
+        .await;
+        assert!(
+            !ok,
+            "the helm test pod passed for a release that is not installed:\n{log}"
+        );
+        assert!(log.contains("not-installed"), "check names the missing release: {log}");
+    })
+    .await;
+}
+
 /// Scenarios that disturb the whole cluster (the operator killed or scaled
 /// to 0, the CRD deleted): nextest runs them alone, after the others
 /// (`.config/nextest.toml`, scripts/test.sh).
@@ -159,6 +223,60 @@ mod disruptive {
             })
             .await;
             assert!(ok, "{text}");
+        })
+        .await;
+    }
+
+    /// The CRD of d76844c (2026-11-25: before `spec.store` became immutable),
+    /// the earliest this upgrade path is tested from.
+    const EARLIER_CRD_COMMIT: &str = "d76844c";
+
+    /// Helm never updates `crds/`: the README's upgrade step applies them
+    /// server-side (`kubectl apply --server-side --force-conflicts -f
+    /// crds/`). From the CRD of an earlier commit with a lease stored under
+    /// it, that step keeps the lease, serves it under the new schema, and
+    /// the new CEL rule then refuses a change of its store.
+    #[tokio::test]
+    async fn the_crd_upgrades_over_an_earlier_one_with_a_stored_lease() {
+        scenario("e2e-crd-upgrade", |s| async move {
+            let _crds_back = CrdsRestored { env: s.env.clone() };
+            let earlier = std::process::Command::new("git")
+                .args(["show", &format!("{EARLIER_CRD_COMMIT}:crds/distributedlease.yaml")])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .expect("running git (the upgrade test reads an earlier commit's CRD from the history)");
+            assert!(
+                earlier.status.success(),
+                "git show {EARLIER_CRD_COMMIT}: {} (run the suite from a clone with its history)",
+                String::from_utf8_lossy(&earlier.stderr)
+            );
+            let earlier = crate::cluster::yaml_objects(&String::from_utf8_lossy(&earlier.stdout));
+            assert!(
+                !serde_json::to_string(&earlier).unwrap().contains("store is immutable"),
+                "the earlier CRD has no store rule yet"
+            );
+            crate::cluster::apply(&s.client, &earlier).await;
+            s.apply(vec![json!({
+                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+                "metadata": {"name": "upgraded"},
+                "spec": {"store": {"kubernetes": {}}, "selector": {"matchLabels": {"app": "upgraded"}}},
+            })])
+            .await;
+
+            let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/");
+            s.env.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", crds]);
+
+            let leases: Api<leasehold::api::DistributedLease> = Api::namespaced(s.client.clone(), &s.ns);
+            let lease = leases.get("upgraded").await.expect("the lease stored under the earlier CRD");
+            assert!(lease.spec.store.kubernetes.is_some(), "{:?}", lease.spec);
+            let refused = s.env.kubectl().args([
+                "-n", &s.ns, "patch", "distributedlease", "upgraded", "--type", "merge",
+                "-p", r#"{"spec":{"store":{"kubernetes":null,"redis":{"urlSecretRef":{"name":"r","key":"url"}}}}}"#,
+            ])
+            .output()
+            .expect("running kubectl patch");
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(!refused.status.success() && stderr.contains("store is immutable"), "{stderr}");
         })
         .await;
     }

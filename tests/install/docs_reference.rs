@@ -391,3 +391,174 @@ fn the_checks_catch_an_undocumented_name() {
         );
     }
 }
+
+/// Flags the docs give to other tools (kubectl, helm, cargo, kind, docker,
+/// CockroachDB): not leasehold's, so not checked against its commands.
+const OTHER_TOOLS_FLAGS: &[&str] = &[
+    "--as",
+    "--bench",
+    "--bump-revision",
+    "--create-namespace",
+    "--example",
+    "--features",
+    "--field-selector",
+    "--for",
+    "--from-literal",
+    "--grace-period",
+    "--image",
+    "--max-offset",
+    "--no-default-features",
+    "--overwrite",
+    "--path",
+    "--release",
+    "--server-side",
+    "--set",
+    "--since",
+    "--timeout",
+    "--type",
+    "--wait",
+];
+
+/// Folders of other projects' source trees the docs cite (Kubernetes' own
+/// `pkg/…`) and names that look like paths but are not (a Spanner role).
+const OTHER_PATHS: &[&str] = &["pkg/", "staging/", "roles/"];
+
+/// Conditions of Kubernetes' own objects the docs mention (a Deployment's).
+const OTHER_CONDITIONS: &[&str] = &["Progressing", "Available"];
+
+/// Every file the repository tracks, by its path from the root.
+fn repository_files() -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root())
+        .output()
+        .expect("running git ls-files");
+    assert!(
+        out.status.success(),
+        "git ls-files: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// What the hand-written docs name that the code does not have: `Type=True`
+/// conditions whose type the code never names, `--flags`
+/// of no leasehold command (and no other tool's, above), `leasehold_…`
+/// metrics nobody exports (table names the code uses aside), and file
+/// paths (in backquotes) that end no file of the repository.
+fn names_the_code_lacks(docs: &str) -> Vec<String> {
+    let known_flags: BTreeSet<String> = flags().into_iter().map(|(_, flag, ..)| flag).collect();
+    let known_metrics: BTreeSet<String> = metrics().into_iter().map(|(name, ..)| name).collect();
+    let files = repository_files();
+    let code: String = (files.iter())
+        .filter(|f| f.starts_with("src/") && f.ends_with(".rs"))
+        .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
+        .collect();
+    let mut lacking = BTreeSet::new();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    for (at, _) in docs.match_indices("--") {
+        let before = docs[..at].chars().next_back();
+        let name: String = docs[at + 2..].chars().take_while(|&c| word(c)).collect();
+        if before.is_some_and(|c| word(c) || c == '-')
+            || !name.starts_with(|c: char| c.is_ascii_lowercase())
+            || name.ends_with('-')
+        {
+            continue;
+        }
+        let flag = format!("--{name}");
+        if !known_flags.contains(&flag) && !OTHER_TOOLS_FLAGS.contains(&flag.as_str()) && flag != "--help" {
+            lacking.insert(format!("flag {flag}"));
+        }
+    }
+    for (at, _) in docs.match_indices("leasehold_") {
+        if docs[..at].chars().next_back().is_some_and(word) {
+            continue;
+        }
+        let name: String = docs[at..]
+            .chars()
+            .take_while(|&c| c.is_ascii_lowercase() || c == '_')
+            .collect();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .fold(name.as_str(), |n, suffix| n.strip_suffix(suffix).unwrap_or(n));
+        // A table name is a string in the code (a default), not a metric.
+        if !known_metrics.contains(family) && !code.contains(&format!("\"{name}\"")) {
+            lacking.insert(format!("metric {name}"));
+        }
+    }
+    // `Type=Status`: a condition the code must write (its type a string in
+    // the code).
+    for status in ["=True", "=False", "=Unknown"] {
+        for (at, _) in docs.match_indices(status) {
+            let kind: String = (docs[..at].chars().rev())
+                .take_while(char::is_ascii_alphabetic)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if kind.starts_with(|c: char| c.is_ascii_uppercase())
+                && !OTHER_CONDITIONS.contains(&kind.as_str())
+                && !code.contains(&format!("\"{kind}\""))
+            {
+                lacking.insert(format!("condition {kind}"));
+            }
+        }
+    }
+    for quoted in docs.split('`').skip(1).step_by(2) {
+        let last = quoted.rsplit('/').next().unwrap_or_default();
+        let path_like = quoted.contains('/')
+            && (last.contains('.') || quoted.ends_with('/'))
+            && quoted.chars().all(|c| word(c) || matches!(c, '/' | '.' | '*'))
+            && !quoted.starts_with(['/', '.'])
+            && !OTHER_PATHS.iter().any(|p| quoted.starts_with(p));
+        if !path_like {
+            continue;
+        }
+        // Docs name a file by its path from the repository or from a
+        // folder the sentence is about (`config/settings.rs` in the
+        // sidecar's section): it must end some path of the repository.
+        let (dir, suffix) = quoted.split_once('*').unwrap_or((quoted, ""));
+        let exists = files.iter().any(|f| {
+            f.strip_suffix(suffix).is_some_and(|f| {
+                let f = format!("/{f}");
+                match dir.ends_with('/') || !suffix.is_empty() {
+                    // A folder, or `folder/*.rs`: some file lies below it.
+                    true => f.contains(&format!("/{dir}")),
+                    false => f.ends_with(&format!("/{dir}")),
+                }
+            })
+        });
+        if !exists {
+            lacking.insert(format!("path {quoted}"));
+        }
+    }
+    lacking.into_iter().collect()
+}
+
+#[test]
+fn the_docs_name_only_flags_metrics_conditions_and_files_the_code_has() {
+    let docs = hand_docs();
+    assert_eq!(
+        names_the_code_lacks(&docs),
+        Vec::<String>::new(),
+        "README.md and docs/ name these"
+    );
+    // The check itself: a renamed flag, a metric nobody exports and a moved
+    // file are each caught.
+    let planted = format!(
+        "{docs}\n`leasehold status --watchh`, `leasehold_is_leading`, `tests/store_spanner.rs`, `Elected=True`\n"
+    );
+    assert_eq!(
+        names_the_code_lacks(&planted),
+        [
+            "condition Elected",
+            "flag --watchh",
+            "metric leasehold_is_leading",
+            "path tests/store_spanner.rs"
+        ]
+    );
+}

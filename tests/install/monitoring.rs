@@ -144,6 +144,51 @@ fn the_rules_query_only_metrics_the_code_exports() {
     assert_eq!(unknown_metrics(&planted), ["leasehold_leader"]);
 }
 
+const RUNBOOKS: &str = "docs/runbooks.md";
+/// Where the rules' `runbook_url`s point: docs/runbooks.md on the project's
+/// main branch.
+const RUNBOOK_URL: &str = "https://github.com/leasehold/leasehold/blob/main/docs/runbooks.md";
+
+/// Alerts whose `runbook_url` is missing or does not lead to a section of
+/// docs/runbooks.md (a `## AlertName` heading, whose anchor is the name in
+/// lower case), and runbook sections for alerts the rules do not have.
+fn runbook_gaps(rules: &str, runbooks: &str) -> Vec<String> {
+    let rules: serde_yaml::Value = serde_yaml::from_str(rules).unwrap();
+    let headings: BTreeSet<&str> = runbooks.lines().filter_map(|line| line.strip_prefix("## ")).collect();
+    let mut gaps = Vec::new();
+    let mut alerts = BTreeSet::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let alert = rule["alert"].as_str().unwrap();
+            alerts.insert(alert);
+            let url = rule["annotations"]["runbook_url"].as_str();
+            let expected = format!("{RUNBOOK_URL}#{}", alert.to_lowercase());
+            if url != Some(expected.as_str()) {
+                gaps.push(format!("{alert}: runbook_url {url:?}, expected {expected}"));
+            }
+            if !headings.contains(alert) {
+                gaps.push(format!("{alert}: no `## {alert}` in {RUNBOOKS}"));
+            }
+        }
+    }
+    for heading in headings.difference(&alerts) {
+        gaps.push(format!("{RUNBOOKS} has `## {heading}`, which is no alert"));
+    }
+    gaps
+}
+
+#[test]
+fn every_alert_links_its_runbook() {
+    let (rules, runbooks) = (read(RULES), read(RUNBOOKS));
+    let gaps = runbook_gaps(&rules, &runbooks);
+    assert!(gaps.is_empty(), "{gaps:#?}");
+    // The check itself: a renamed section and a dropped link are caught.
+    let renamed = runbooks.replace("## LeaseholdNoLeader", "## LeaseholdLeaderless");
+    assert_eq!(runbook_gaps(&rules, &renamed).len(), 2, "renamed section");
+    let unlinked = rules.replace(&format!("{RUNBOOK_URL}#leaseholdoperatordown"), "");
+    assert_eq!(runbook_gaps(&unlinked, &runbooks).len(), 1, "dropped link");
+}
+
 #[test]
 fn the_timing_alert_uses_the_sidecars_at_risk_share() {
     let rule = format!("(leasehold_renew_budget_used) > {AT_RISK_SHARE}");
@@ -192,6 +237,22 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
             "increase(leasehold_store_calls_total{op=\"acquire\"}[2m])",
         ),
         ("operator: every outcome counted", "{outcome=\"store_error\"}", ""),
+        ("operator errors: every outcome counted", "{outcome=\"error\"}", ""),
+        (
+            "operator down: replicas that are gone are forgotten",
+            "(last_over_time(leasehold_operator_is_leader[15m]))",
+            "(leasehold_operator_is_leader)",
+        ),
+        (
+            "operator down: a standby counted as active",
+            "(leasehold_operator_is_leader == 1)",
+            "(leasehold_operator_is_leader >= 0)",
+        ),
+        (
+            "operator down: no `for`",
+            "== 1)\n        for: 5m",
+            "== 1)\n        for: 0s",
+        ),
     ];
     let mut survived = Vec::new();
     for (i, (name, from, to)) in mutants.iter().enumerate() {
@@ -289,16 +350,24 @@ fn the_dashboard_answers_the_operators_questions_with_exported_metrics() {
             unknown.is_empty(),
             "panel {title:?} queries {unknown:?}, which the code does not export"
         );
-        assert!(
-            expr.contains("lease=~\"$lease\""),
-            "panel {title:?} ignores the lease variable: {expr}"
-        );
+        // The operator's panels are per install, not per lease.
+        if title.starts_with("Operator: ") {
+            assert!(expr.contains("leasehold_operator_"), "panel {title:?}: {expr}");
+        } else {
+            assert!(
+                expr.contains("lease=~\"$lease\""),
+                "panel {title:?} ignores the lease variable: {expr}"
+            );
+        }
     }
     let all: String = queries.iter().map(|(_, _, e)| e.as_str()).collect();
     for needed in [
         "sum by (namespace, lease) (leasehold_is_leader",
         "leasehold_transitions_total",
-        "leasehold_store_latency_seconds_bucket{op=\"renew\"",
+        // Partitioned sidecars renew a session, not a lease.
+        "leasehold_store_latency_seconds_bucket{op=~\"renew|renew_session\"",
+        "sum by (namespace) (leasehold_operator_is_leader)",
+        "leasehold_operator_reconciles_total",
         "leasehold_renew_budget_used",
         "leasehold_store_failures_total",
     ] {

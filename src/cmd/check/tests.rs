@@ -182,9 +182,11 @@ impl Cluster {
                 200,
                 json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList", "metadata": {}, "items": self.leases}),
             ),
-            ("GET", ["api", "v1", "namespaces", "prod", "pods"]) => {
+            ("GET", ["api", "v1", "namespaces", namespace, "pods"]) => {
                 let selector = label_selector(query);
-                let items: Vec<&Value> = self.pods.iter().filter(|p| labels_match(&selector, p)).collect();
+                let items: Vec<&Value> = (self.pods.iter())
+                    .filter(|p| p["metadata"]["namespace"] == json!(namespace) && labels_match(&selector, p))
+                    .collect();
                 (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
             }
             ("GET", ["apis", "apps", "v1", "namespaces", "prod", "deployments", name]) => {
@@ -677,5 +679,56 @@ async fn findings_serialize_for_programs() {
     assert_eq!(
         check_args(&["--lease-namespace", "prod"]).namespace.as_deref(),
         Some("prod")
+    );
+}
+
+/// An operator pod of the release `leasehold` whose only container waits
+/// with `reason` for `image`.
+fn operator_pod(image: &str, reason: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "leasehold-operator-x", "namespace": "leasehold-system",
+                        "labels": {"app.kubernetes.io/name": "leasehold", "app.kubernetes.io/instance": "leasehold",
+                                   "app.kubernetes.io/component": "operator"}},
+           "spec": {"containers": [{"name": "operator", "image": image}]},
+           "status": {"containerStatuses": [{"name": "operator", "image": image, "imageID": "", "ready": false,
+                                             "restartCount": 0, "state": {"waiting": {"reason": reason}}}]}})
+}
+
+#[tokio::test]
+async fn an_operator_that_cannot_pull_the_unpublished_default_image_is_told_to_build_it() {
+    let mut cluster = healthy();
+    cluster.pods.push(operator_pod(DEFAULT_IMAGE, "ImagePullBackOff"));
+    let (report, _) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error);
+    assert_eq!(errors.len(), 1, "{report:#?}");
+    assert!(
+        errors[0].starts_with(&format!(
+            "operator pod leasehold-system/leasehold-operator-x cannot pull image {DEFAULT_IMAGE} (ImagePullBackOff); \
+             ghcr.io/leasehold/leasehold is not published: build the image from the Dockerfile"
+        )),
+        "{errors:?}"
+    );
+    // Another image gets the registry's hint; a running pod none.
+    let mut cluster = healthy();
+    cluster.pods.push(operator_pod("registry.example/leasehold:1", "ErrImagePull"));
+    let (report, _) = check_against(cluster).await;
+    let errors = messages(&report, Severity::Error);
+    assert!(errors[0].ends_with("(ErrImagePull); check the image name and the registry's credentials (imagePullSecrets)"), "{errors:?}");
+    let mut cluster = healthy();
+    cluster.pods.push(operator_pod(DEFAULT_IMAGE, "ContainerCreating"));
+    let (report, cluster) = check_against(cluster).await;
+    assert_eq!(report.errors(), 0, "{report:#?}");
+    assert_eq!(cluster.lock().unwrap().unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_release_asked_for_by_name_that_is_not_installed_is_an_error() {
+    let mut cluster = healthy();
+    cluster.operators.clear();
+    let (report, _) = check_with(cluster, &["--instance", "other"]).await;
+    let errors = messages(&report, Severity::Error);
+    assert!(
+        errors.iter().any(|e| e.starts_with("no operator Deployment of release other (labelled")),
+        "{report:#?}"
     );
 }
