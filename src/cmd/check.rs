@@ -43,7 +43,7 @@ use super::installed::{self, Operator};
 use super::{ClusterArgs, Output};
 use crate::api::{DistributedLease, validate};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
-use crate::operator::webhook::DEFAULT_IMAGE;
+use crate::api::contract::DEFAULT_IMAGE;
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
 
