@@ -16,9 +16,10 @@ use serde_json::json;
 use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
 
 use crate::sidecar::interface::{
-    DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR,
-    ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE, GATE_PROBE_FAILURE_THRESHOLD,
-    GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS, SIDECAR_CONTAINER,
+    DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_CLUSTER_NAME, ENV_HTTP_ADDR, ENV_LEASE,
+    ENV_METRICS_ADDR, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE,
+    GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS,
+    SIDECAR_CONTAINER,
 };
 
 /// The annotation that asks for injection and names the DistributedLease.
@@ -106,6 +107,10 @@ pub struct InjectionConfig {
     pub memory_limit: String,
     /// Extra environment for every injected sidecar.
     pub env: Vec<ExtraEnv>,
+    /// The cluster's name ([`ENV_CLUSTER_NAME`]), the first part of every
+    /// injected sidecar's holder identity; already checked by
+    /// [`parse_cluster_name`](crate::lease::parse_cluster_name).
+    pub cluster: Option<String>,
 }
 
 /// Extra environment of one pod's sidecar, one `NAME=VALUE` per line; a name
@@ -114,7 +119,8 @@ pub const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
 
 /// The variables the injection sets itself, which extra environment may not
 /// replace.
-const INJECTED_ENV: [&str; 9] = [
+const INJECTED_ENV: [&str; 10] = [
+    ENV_CLUSTER_NAME,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -209,7 +215,7 @@ pub struct SidecarArgs {
 
 impl SidecarArgs {
     /// The settings, with `image` standing in when `--sidecar-image` is unset.
-    pub fn injection(&self, image: String) -> InjectionConfig {
+    pub fn injection(&self, image: String, cluster: Option<String>) -> InjectionConfig {
         InjectionConfig {
             image: self.sidecar_image.clone().unwrap_or(image),
             mode: self.sidecar_mode,
@@ -219,6 +225,7 @@ impl SidecarArgs {
             memory_request: self.sidecar_memory_request.clone(),
             memory_limit: self.sidecar_memory_limit.clone(),
             env: self.sidecar_env.clone(),
+            cluster,
         }
     }
 }
@@ -450,7 +457,7 @@ pub fn injection_patch(
     for (i, container) in spec.containers.iter().enumerate() {
         let path = format!("/spec/containers/{i}");
         if choices.run == Some(i) {
-            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some());
+            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some(), config);
         } else {
             append(
                 &mut ops,
@@ -506,7 +513,14 @@ pub fn injection_patch(
 
 /// Makes the container at `path` run its command under `leasehold run`, with
 /// the binary from the installer's volume and the environment the runner reads.
-fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str, store_url: bool) {
+fn wrap(
+    ops: &mut Vec<PatchOperation>,
+    path: &str,
+    container: &Container,
+    lease: &str,
+    store_url: bool,
+    config: &InjectionConfig,
+) {
     let original = container
         .command
         .iter()
@@ -527,6 +541,7 @@ fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease:
     let env = runner_env()
         .into_iter()
         .chain(store_url.then(store_url_env))
+        .chain(cluster_env(config))
         .filter(|wanted| !container.env.iter().flatten().any(|own| own.name == wanted.name))
         .map(|e| json!(e))
         .collect();
@@ -648,6 +663,15 @@ fn runner_env() -> [EnvVar; 4] {
     ]
 }
 
+/// The cluster's name for the sidecar or the wrapped runner, when the
+/// operator (or `inject`) has one.
+fn cluster_env(config: &InjectionConfig) -> Option<EnvVar> {
+    config
+        .cluster
+        .as_ref()
+        .map(|name| plain_env(ENV_CLUSTER_NAME, name.clone()))
+}
+
 fn resources(config: &InjectionConfig) -> ResourceRequirements {
     let quantities = |pairs: &[(&str, &str)]| {
         Some(
@@ -718,6 +742,7 @@ fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, 
         plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
     ];
     env.extend(store_url.then(store_url_env));
+    env.extend(cluster_env(config));
     // The operator's extra environment, then the pod's, which wins by name.
     for extra in config.env.iter().chain(&choices.env) {
         env.retain(|e| e.name != extra.name);
