@@ -18,6 +18,10 @@ pub const ENV_LEASE: &str = "LEASEHOLD_LEASE";
 pub const ENV_POD_NAME: &str = "POD_NAME";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 pub const ENV_POD_UID: &str = "POD_UID";
+/// `--cluster-name`: this cluster's name, the first part of every holder
+/// identity. The operator, every sidecar it injects and `leasehold inject`
+/// read it; the chart sets it from its `clusterName` value.
+pub const ENV_CLUSTER_NAME: &str = "LEASEHOLD_CLUSTER_NAME";
 /// `--http-addr`: the local HTTP API.
 pub const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
 /// `--metrics-addr`: the Prometheus listener.

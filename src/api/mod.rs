@@ -49,6 +49,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(ns|us|ms|s|m|h))+$";
     namespaced,
     status = "DistributedLeaseStatus",
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".status.holderCluster"),
     printcolumn(name = "Term", type_ = "integer", json_path = ".status.term"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.leaderVersion"),
     printcolumn(name = "Members", type_ = "integer", json_path = ".status.partitions.members"),
@@ -270,6 +271,11 @@ pub struct DistributedLeaseStatus {
     /// The identity (`[cluster/]namespace/pod#nonce@uid`) holding a valid lease; absent when free or expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+    /// The cluster the holder runs in, when its identity names one (the
+    /// sidecars' `--cluster-name`): where to route to the leader when it is
+    /// not in this cluster (`Ready` reason `LeaderInOtherCluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_cluster: Option<String>,
     /// Acquisitions of this lock so far; never reset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,

@@ -173,7 +173,7 @@ fn the_crd_names_group_kind_and_columns() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Holder", "Term", "Version", "Members", "Age"]);
+    assert_eq!(columns, ["Holder", "Cluster", "Term", "Version", "Members", "Age"]);
     let spec = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap()["openAPIV3Schema"]["properties"]["spec"]
         .clone();
     let rules: Vec<&str> = spec["x-kubernetes-validations"]

@@ -11,20 +11,26 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::api::contract::{DEFAULT_IMAGE, LEASE_ANNOTATION, RUN_ANNOTATION};
+use crate::api::contract::{DEFAULT_IMAGE, ENV_CLUSTER_NAME, LEASE_ANNOTATION, RUN_ANNOTATION};
+use crate::lease::parse_cluster_name;
 use crate::operator::webhook::{InjectionConfig, LeaseInjection, NotInjected, SidecarArgs, injection_patch};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// YAML files to read; none or "-": standard input.
     pub files: Vec<PathBuf>,
+    /// This cluster's name, which every injected sidecar puts first in its
+    /// holder identity (as the operator's webhook does with its own).
+    #[arg(long, env = ENV_CLUSTER_NAME, value_parser = parse_cluster_name)]
+    pub cluster_name: Option<String>,
     #[command(flatten)]
     pub sidecar: SidecarArgs,
 }
 
 impl Args {
     pub fn injection(&self) -> InjectionConfig {
-        self.sidecar.injection(DEFAULT_IMAGE.to_string())
+        self.sidecar
+            .injection(DEFAULT_IMAGE.to_string(), self.cluster_name.clone())
     }
 }
 
@@ -213,13 +219,33 @@ mod tests {
     use crate::api::contract::SIDECAR_CONTAINER;
 
     /// The defaults of `leasehold inject`'s flags.
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
     fn config() -> InjectionConfig {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: Args,
-        }
         <Cli as clap::Parser>::parse_from(["inject"]).args.injection()
+    }
+
+    /// Issue 37: `inject --cluster-name` (or LEASEHOLD_CLUSTER_NAME) gives
+    /// the sidecars the name the operator's webhook would; a bad name is
+    /// refused with the one message of `parse_cluster_name`.
+    #[test]
+    fn the_cluster_name_reaches_the_injected_sidecars() {
+        let config = <Cli as clap::Parser>::parse_from(["inject", "--cluster-name", "eu"])
+            .args
+            .injection();
+        let out = inject(INPUT, &config).unwrap();
+        let sidecar = &docs(&out.yaml)[0]["spec"]["template"]["spec"]["initContainers"][0];
+        let env = sidecar["env"].as_array().unwrap();
+        assert!(
+            env.contains(&json!({"name": ENV_CLUSTER_NAME, "value": "eu"})),
+            "{env:?}"
+        );
+        let err = <Cli as clap::Parser>::try_parse_from(["inject", "--cluster-name", "eu/west"]).unwrap_err();
+        assert!(err.to_string().contains("cluster name \"eu/west\" must be"), "{err}");
     }
 
     const INPUT: &str = r#"

@@ -57,6 +57,40 @@ pub fn validate_lock_name(field: &'static str, name: &str) -> Result<(), LockNam
     Ok(())
 }
 
+/// The longest cluster name, in characters: a DNS label's length, which
+/// fits every cloud's cluster names and keeps holder identities short.
+pub const MAX_CLUSTER_NAME_CHARS: usize = 63;
+
+/// A cluster name that cannot be part of a holder identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cluster name {0:?} must be 1 to {MAX_CLUSTER_NAME_CHARS} characters without whitespace, control \
+     characters, '/', '#' or '@' (they separate the parts of a holder identity cluster/namespace/pod#nonce@uid)"
+)]
+pub struct InvalidClusterName(pub String);
+
+/// The one check of a cluster name, wherever one enters: the sidecar's, the
+/// operator's and `leasehold inject`'s `--cluster-name` (the chart's
+/// `clusterName` reaches all three through `LEASEHOLD_CLUSTER_NAME`). The
+/// name becomes the first part of every holder identity, so it may not
+/// contain the identity's separators: `a/b` would read back as cluster `a`,
+/// namespace `b`.
+pub fn parse_cluster_name(name: &str) -> Result<String, InvalidClusterName> {
+    match identity_part(name) && name.chars().count() <= MAX_CLUSTER_NAME_CHARS {
+        true => Ok(name.to_string()),
+        false => Err(InvalidClusterName(name.to_string())),
+    }
+}
+
+/// Whether `part` can stand in a holder identity: non-empty, without
+/// whitespace, control characters or the separators `/`, `#` and `@`.
+fn identity_part(part: &str) -> bool {
+    !part.is_empty()
+        && !part
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '#' | '@'))
+}
+
 /// An instant on the store's clock, in nanoseconds since the Unix epoch.
 ///
 /// Only the store produces these; candidates never compare them with their
@@ -192,13 +226,9 @@ impl Identity {
 
 /// The one check of a pod UID, wherever one enters (an identity, a handoff).
 fn check_pod_uid(uid: &str) -> Result<(), InvalidPodUid> {
-    let refused = uid.is_empty()
-        || uid
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '#' | '@'));
-    match refused {
-        true => Err(InvalidPodUid(uid.to_string())),
-        false => Ok(()),
+    match identity_part(uid) {
+        true => Ok(()),
+        false => Err(InvalidPodUid(uid.to_string())),
     }
 }
 

@@ -49,10 +49,10 @@ use self::http::Role;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{OpenStores, StoreProvider};
-use crate::api::contract::{ENV_POD_NAME, ENV_POD_NAMESPACE};
+use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE};
 use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
 use crate::lease::timing::parse_duration_flag;
-use crate::lease::{Identity, Timing};
+use crate::lease::{Identity, Timing, parse_cluster_name};
 use crate::store::spanner::SpannerConfig;
 
 /// Without leader election nobody waits to take over, so reconciles in
@@ -136,7 +136,8 @@ pub struct Args {
     pub pod_namespace: Option<String>,
     /// This cluster's name, as the sidecars put it in their identities
     /// (`cluster/namespace/pod#nonce`), for locks shared across clusters.
-    #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
+    /// The webhook passes it on to every sidecar it injects.
+    #[arg(long, env = ENV_CLUSTER_NAME, value_parser = parse_cluster_name)]
     pub cluster_name: Option<String>,
     /// Watch DistributedLeases in this namespace only (default: all namespaces).
     #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
@@ -202,6 +203,12 @@ impl Args {
         Ok(Some(election))
     }
 
+    /// The webhook's injection settings (`None` when it is off): every
+    /// injected sidecar gets this operator's `--cluster-name`.
+    fn injection(&self) -> Result<Option<webhook::InjectionConfig>, Error> {
+        Ok(self.webhook.injection(self.cluster_name.clone())?)
+    }
+
     /// A fresh identity for this process run (one per run, shared by the
     /// election and the Events this replica publishes).
     fn identity(&self) -> Identity {
@@ -220,7 +227,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     // Checked before anything connects, so a bad flag fails fast and clearly.
     let identity = args.identity();
     let election = args.election(&identity)?;
-    let injection = args.webhook.injection()?;
+    let injection = args.injection()?;
 
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));

@@ -31,6 +31,43 @@ fn every_operator_flag_can_come_from_the_environment() {
     }
 }
 
+/// Issue 37: the operator's one `--cluster-name` names its own identity and
+/// reaches every sidecar its webhook injects; a name that cannot be part of
+/// an identity is refused at start with the one message that says why.
+#[test]
+fn the_operators_cluster_name_reaches_its_identity_and_the_injection() {
+    let operator = |extra: &[&str]| {
+        let mut argv = vec![
+            "leasehold",
+            "operator",
+            "--webhook-listen",
+            "0.0.0.0:8443",
+            "--sidecar-image",
+            "i:1",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Operator(args) => args,
+            other => panic!("not the operator: {other:?}"),
+        })
+    };
+    let args = operator(&["--cluster-name", "eu", "--pod-namespace", "prod", "--pod-name", "op-0"]).unwrap();
+    assert_eq!(args.injection().unwrap().unwrap().cluster.as_deref(), Some("eu"));
+    assert!(
+        args.identity().to_string().starts_with("eu/prod/op-0#"),
+        "{}",
+        args.identity()
+    );
+    assert_eq!(operator(&[]).unwrap().injection().unwrap().unwrap().cluster, None);
+    for bad in ["eu/west", "eu#1", "eu@x", "", "eu west", &"x".repeat(64)] {
+        let err = operator(&["--cluster-name", bad]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("cluster name {bad:?} must be 1 to 63 characters")),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
 /// A controller for namespace `prod` on `client` and `stores`, with a short
 /// grace period, and its metrics.
 pub(crate) fn controller_on(client: Client, stores: Arc<dyn StoreProvider>) -> (ControllerRun, Arc<Metrics>) {

@@ -264,19 +264,36 @@ mod disruptive {
             .await;
 
             let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/");
-            s.env.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", crds]);
+            s.env
+                .kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", crds]);
 
             let leases: Api<leasehold::api::DistributedLease> = Api::namespaced(s.client.clone(), &s.ns);
-            let lease = leases.get("upgraded").await.expect("the lease stored under the earlier CRD");
+            let lease = leases
+                .get("upgraded")
+                .await
+                .expect("the lease stored under the earlier CRD");
             assert!(lease.spec.store.kubernetes.is_some(), "{:?}", lease.spec);
-            let refused = s.env.kubectl().args([
-                "-n", &s.ns, "patch", "distributedlease", "upgraded", "--type", "merge",
-                "-p", r#"{"spec":{"store":{"kubernetes":null,"redis":{"urlSecretRef":{"name":"r","key":"url"}}}}}"#,
-            ])
-            .output()
-            .expect("running kubectl patch");
+            let refused = s
+                .env
+                .kubectl()
+                .args([
+                    "-n",
+                    &s.ns,
+                    "patch",
+                    "distributedlease",
+                    "upgraded",
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"spec":{"store":{"kubernetes":null,"redis":{"urlSecretRef":{"name":"r","key":"url"}}}}}"#,
+                ])
+                .output()
+                .expect("running kubectl patch");
             let stderr = String::from_utf8_lossy(&refused.stderr);
-            assert!(!refused.status.success() && stderr.contains("store is immutable"), "{stderr}");
+            assert!(
+                !refused.status.success() && stderr.contains("store is immutable"),
+                "{stderr}"
+            );
         })
         .await;
     }

@@ -453,7 +453,7 @@ const SLOW_REPLIES: Duration = Duration::from_secs(2);
 /// The store is a PostgreSQL behind a proxy the test slows.
 #[tokio::test]
 async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
-    use leasehold::sidecar::interface::TIMING_CONDITION;
+    use leasehold::api::contract::TIMING_CONDITION;
     use leasehold::testing::servers::PostgresServer;
     use leasehold::testing::{ProxyMode, TcpProxy};
 

@@ -49,6 +49,13 @@ pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (A
     context_over(client, verifier, stores, metrics)
 }
 
+/// `context` as the operator of the cluster named `cluster` sees it
+/// (`--cluster-name`).
+pub fn in_cluster((ctx, server): (Arc<Context>, ApiServer), cluster: &str) -> (Arc<Context>, ApiServer) {
+    let ctx = Arc::into_inner(ctx).expect("a fresh context");
+    (Arc::new(ctx.with_cluster(Some(cluster.into()))), server)
+}
+
 /// A context whose store is the Kubernetes store on the same scripted API
 /// server: its Lease reads are requests the script answers and the RBAC
 /// check below judges, like the reconcile's own.
@@ -306,7 +313,8 @@ pub async fn expect_secret_get(server: &mut ApiServer, name: &str, url: &str) {
 }
 
 /// The store side of a reconcile against any store: the table is created when
-/// missing, the row is read into status, and delete releases the row. Run here
+/// missing, the row is read into status, and delete releases the row of a
+/// holder of this cluster (named, as only a name proves it local). Run here
 /// on the memory store, and against the Spanner emulator and private
 /// PostgreSQL and Redis servers (those two through the URL in a Secret).
 pub async fn store_side_scenario(side: StoreSide) {
@@ -319,7 +327,7 @@ pub async fn store_side_scenario(side: StoreSide) {
     let metrics = Arc::new(Metrics::new(&mut Registry::default()));
     let lock = format!("prod/web-{:08x}", rand::random::<u32>());
     let spec = json!({"lockName": lock.clone(), "store": spec_store});
-    let context = || context_with(provider.clone(), metrics.clone());
+    let context = || in_cluster(context_with(provider.clone(), metrics.clone()), "eu");
 
     // No table yet, no row: the table is created and the lock shows as free.
     let (ctx, server) = context();
@@ -345,7 +353,7 @@ pub async fn store_side_scenario(side: StoreSide) {
 
     // A candidate takes the lock: status shows it with its token.
     let grant = store
-        .acquire(&lock, "prod/web-0#n1", Duration::from_secs(15))
+        .acquire(&lock, "eu/prod/web-0#n1", Duration::from_secs(15))
         .await
         .unwrap();
     let (ctx, server) = context();
@@ -357,9 +365,15 @@ pub async fn store_side_scenario(side: StoreSide) {
         if let Some((name, url)) = &second_secret {
             expect_secret_get(server, name, url).await;
         }
-        expect_event(server, "Normal", "HolderChanged", "prod/web-0#n1 (term 1)").await;
+        expect_event(server, "Normal", "HolderChanged", "eu/prod/web-0#n1 (term 1)").await;
         let status = expect_status_apply(server, echo).await;
-        assert_eq!(status["holder"], json!("prod/web-0#n1"));
+        assert_eq!(status["holder"], json!("eu/prod/web-0#n1"));
+        assert_eq!(status["holderCluster"], json!("eu"));
+        assert_eq!(
+            conditions(&status)["Ready"].1,
+            "LeaderElected",
+            "a leader of this cluster"
+        );
         assert_eq!(status["term"], json!(1));
         assert_eq!(status["token"], json!(grant.token.to_string()));
         assert_eq!(status["transitions"], json!(1));
@@ -379,7 +393,7 @@ pub async fn store_side_scenario(side: StoreSide) {
         if let Some((name, url)) = &secret {
             expect_secret_get(server, name, url).await;
         }
-        expect_event(server, "Normal", "Released", "held by prod/web-0#n1").await;
+        expect_event(server, "Normal", "Released", "held by eu/prod/web-0#n1").await;
         expect_finalizer_dropped(server, &echo).await;
     })
     .await;

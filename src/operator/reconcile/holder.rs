@@ -25,6 +25,11 @@ impl HolderPod {
         self.0.as_ref().map(Identity::name)
     }
 
+    /// The cluster the holder's identity names, if any.
+    pub(super) fn cluster(&self) -> Option<&str> {
+        self.0.as_ref().and_then(Identity::cluster)
+    }
+
     /// Could be a pod in `namespace` of this cluster: when either side does
     /// not name its cluster, assume it is. Used before clearing a label, where
     /// the cautious answer is "maybe the holder".
@@ -39,9 +44,25 @@ impl HolderPod {
 
     /// Certainly a pod in `namespace` of this cluster. Used before releasing,
     /// where the cautious answer is "not ours": an unreleased lease expires.
+    ///
+    /// Only a cluster name on both sides proves it. Two clusters without
+    /// names look alike: the default lock `<namespace>/<name>` is the same in
+    /// every cluster that applies one manifest, so on a shared store a holder
+    /// `prod/web-0#…` may be another cluster's live leader, and "no local pod
+    /// of that name" (a StatefulSet's names repeat in every cluster) proves
+    /// nothing (issue 37).
     pub(super) fn is_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
         self.0.as_ref().is_some_and(|identity| {
-            identity.cluster() == cluster && identity.namespace().is_none_or(|ns| ns == namespace)
+            identity.cluster().is_some()
+                && identity.cluster() == cluster
+                && identity.namespace().is_none_or(|ns| ns == namespace)
         })
+    }
+
+    /// Certainly a pod of another cluster: both sides name their cluster and
+    /// the names differ. What status reports as `LeaderInOtherCluster`.
+    pub(super) fn cluster_elsewhere(&self, cluster: Option<&str>) -> Option<&str> {
+        let theirs = self.cluster()?;
+        (cluster.is_some_and(|ours| ours != theirs)).then_some(theirs)
     }
 }

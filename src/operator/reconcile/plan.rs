@@ -224,12 +224,14 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
     let holder: Vec<HolderPod> = observed.live_holder().map(HolderPod::parse).into_iter().collect();
     let repairs = repairs(cluster, namespace, &candidates, &valid.label_key, &holder);
 
-    let mut status = observed_status(at, &valid, &observed, valid_condition, counts);
+    let mut status = observed_status(at, cluster, &valid, &observed, valid_condition, counts);
     status.conditions.extend(rollout);
     if let Some(owners) = &owners {
         let leader = holder
             .first()
-            .filter(|h| h.is_local(cluster, namespace))
+            // A status condition, not a release: "maybe ours" is enough,
+            // and the pod must also be among this cluster's candidates.
+            .filter(|h| h.may_be_local(cluster, namespace))
             .and_then(HolderPod::pod);
         status
             .conditions
@@ -429,6 +431,7 @@ fn pod_ready(pod: &Pod) -> bool {
 /// The status after a successful read of the row.
 fn observed_status(
     at: &Conditions<'_>,
+    cluster: Option<&str>,
     valid: &ValidLease,
     observed: &Observation,
     valid_condition: Condition,
@@ -443,9 +446,24 @@ fn observed_status(
         None => old.transitions,
     };
     let holder = observed.live_holder().map(str::to_string);
-    let ready = match &holder {
-        Some(holder) => at.condition("Ready", "True", "LeaderElected", &format!("{holder} leads")),
-        None => {
+    let holder_pod = holder.as_deref().map(HolderPod::parse);
+    // Ready either way: a leader is elected, and alerting on Ready=False
+    // must not fire in the clusters that stand by (issue 37).
+    let ready = match (
+        &holder,
+        holder_pod.as_ref().and_then(|pod| pod.cluster_elsewhere(cluster)),
+    ) {
+        (Some(holder), Some(elsewhere)) => at.condition(
+            "Ready",
+            "True",
+            "LeaderInOtherCluster",
+            &format!(
+                "{holder} leads in cluster {elsewhere}; no candidate of this cluster leads, and its leader-only \
+                 Service stays empty (docs/multi-cluster.md routes to the leader's cluster)"
+            ),
+        ),
+        (Some(holder), None) => at.condition("Ready", "True", "LeaderElected", &format!("{holder} leads")),
+        (None, _) => {
             let message = match record.and_then(|r| r.holder.as_deref()) {
                 Some(expired) => format!("the lease of {expired} expired and no candidate has taken it"),
                 None => "no candidate holds the lease".to_string(),
@@ -455,6 +473,7 @@ fn observed_status(
     };
     DistributedLeaseStatus {
         conditions: read_conditions(at, valid, valid_condition, ready),
+        holder_cluster: holder_pod.as_ref().and_then(HolderPod::cluster).map(str::to_string),
         holder,
         term: Some(term),
         token: record.and_then(|r| r.token).map(|t| t.to_string()),

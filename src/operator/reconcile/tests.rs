@@ -214,13 +214,34 @@ async fn an_invalid_resource_gets_valid_false_naming_the_field_and_a_slow_requeu
 
 /// A fixture whose lock prod/web is held by prod/web-0#n1 for 15 s.
 async fn held_by_web_0() -> (Fixture, crate::lease::Grant) {
-    let fixture = fixture();
+    held_by(fixture(), "prod/web-0#n1").await
+}
+
+/// `fixture`, its lock prod/web held by `holder` for 15 s.
+async fn held_by(fixture: Fixture, holder: &str) -> (Fixture, crate::lease::Grant) {
     let grant = fixture
         .store
-        .acquire("prod/web", "prod/web-0#n1", Duration::from_secs(15))
+        .acquire("prod/web", holder, Duration::from_secs(15))
         .await
         .unwrap();
     (fixture, grant)
+}
+
+/// A fixture as the operator of cluster `cluster` sees it.
+fn fixture_in(cluster: &str) -> Fixture {
+    let Fixture {
+        ctx,
+        server,
+        store,
+        metrics,
+    } = fixture();
+    let (ctx, server) = in_cluster((ctx, server), cluster);
+    Fixture {
+        ctx,
+        server,
+        store,
+        metrics,
+    }
 }
 
 /// A deleted resource (uid u-1) with our finalizer and `others`.
@@ -234,11 +255,11 @@ fn deleted(others: &[&str]) -> Value {
 
 /// Every running candidate has retired (web-1's sidecar does not run, the
 /// finalizer does not wait for it); web-0, which held the lock, is gone
-/// (killed without releasing): the row is released by check-and-set, then
-/// only our finalizer goes.
+/// (killed without releasing) and was of this cluster, as both names say:
+/// the row is released by check-and-set, then only our finalizer goes.
 #[tokio::test]
 async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalizer() {
-    let (fixture, grant) = held_by_web_0().await;
+    let (fixture, grant) = held_by(fixture_in("eu"), "eu/prod/web-0#n1").await;
     let resource = deleted(&["example.com/other"]);
     let echo = resource.clone();
     let (result, store, _) = run(fixture, resource, async move |server| {
@@ -252,7 +273,7 @@ async fn deleting_releases_the_row_by_check_and_set_then_drops_only_our_finalize
             server,
             "Normal",
             "Released",
-            "released lock prod/web held by prod/web-0#n1, whose pod is gone",
+            "released lock prod/web held by eu/prod/web-0#n1, whose pod is gone",
         )
         .await;
         let seen = next(server).await;
@@ -412,6 +433,40 @@ async fn deleting_leaves_a_live_holder_from_another_cluster_alone() {
         Some("eu/payments/api-0#n2"),
         "the live holder keeps its lease"
     );
+}
+
+/// Issue 37: two clusters without names share the default lock
+/// `prod/web` on one database (the same manifest applied in both). Deleting
+/// the resource in one of them, where no pod web-0 runs, must not release
+/// the other cluster's live leader `prod/web-0#…`: nothing proves the holder
+/// local, so the finalizer goes and the row is left to its holder (or to
+/// expire by the store's clock). With names on both sides, a holder of
+/// another cluster is left alone the same way.
+#[tokio::test]
+async fn deleting_never_releases_a_live_holder_not_provably_of_this_cluster() {
+    for (fixture, holder) in [
+        (fixture(), "prod/web-0#n1@uid-in-us"),
+        (fixture_in("eu"), "us/prod/web-0#n1"),
+        (fixture_in("eu"), "prod/web-0#n1"),
+    ] {
+        let (fixture, grant) = held_by(fixture, holder).await;
+        let resource = deleted(&[]);
+        let echo = resource.clone();
+        let (result, store, _) = run(fixture, resource, async move |server| {
+            let pods = vec![running_candidate("web-1", Some("u-1"))];
+            expect_pod_list(server, pods.clone()).await;
+            expect_fresh_pod_list(server, pods).await;
+            expect_finalizer_dropped(server, &echo).await;
+        })
+        .await;
+        assert_eq!(result.unwrap(), Action::await_change());
+        let row = store.observe("prod/web").await.unwrap().record.unwrap();
+        assert_eq!(
+            (row.holder.as_deref(), row.token),
+            (Some(holder), Some(grant.token)),
+            "{holder}: the other cluster's leader keeps its lease"
+        );
+    }
 }
 
 /// A resource deleted `ago` whose store is down.

@@ -98,14 +98,16 @@ pub struct WebhookArgs {
 
 impl WebhookArgs {
     /// The injected container's settings; checked before anything starts.
-    pub fn injection(&self) -> Result<Option<InjectionConfig>> {
+    /// `cluster` is the operator's `--cluster-name`, which every injected
+    /// sidecar gets.
+    pub fn injection(&self, cluster: Option<String>) -> Result<Option<InjectionConfig>> {
         if self.webhook_listen.is_none() {
             return Ok(None);
         }
         let image = self.sidecar.sidecar_image.clone().ok_or_else(|| {
             Error::Config("--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen".into())
         })?;
-        Ok(Some(self.sidecar.injection(image)))
+        Ok(Some(self.sidecar.injection(image, cluster)))
     }
 }
 

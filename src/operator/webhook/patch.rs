@@ -16,11 +16,12 @@ use serde_json::json;
 use crate::api::{DistributedLease, LeaseStoreSpec, SecretKeyRef};
 
 use crate::api::contract::{
-    APP_CONTAINER_ANNOTATION, BIN_DIR, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_HTTP_ADDR,
-    ENV_LEASE, ENV_METRICS_ADDR, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, ENV_TOKEN_FILE,
-    GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS, GATE_PROBE_TIMEOUT_SECONDS,
-    INSTALL_SELF_COMMAND, INSTALLER_NAME, LEADER_CONDITION, LEASE_ANNOTATION, METRICS_PORT_ANNOTATION, RUN_ANNOTATION,
-    RUNNER_PATH, SIDECAR_CONTAINER, SIDECAR_ENV_ANNOTATION, SIDECAR_MODE_ANNOTATION, SIDECAR_USER, injected_container,
+    APP_CONTAINER_ANNOTATION, BIN_DIR, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, ENV_APP_CONTAINER, ENV_CLUSTER_NAME,
+    ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE,
+    ENV_TOKEN_FILE, GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS,
+    GATE_PROBE_TIMEOUT_SECONDS, INSTALL_SELF_COMMAND, INSTALLER_NAME, LEADER_CONDITION, LEASE_ANNOTATION,
+    METRICS_PORT_ANNOTATION, RUN_ANNOTATION, RUNNER_PATH, SIDECAR_CONTAINER, SIDECAR_ENV_ANNOTATION,
+    SIDECAR_MODE_ANNOTATION, SIDECAR_USER, injected_container,
 };
 
 /// kubectl's choice of a pod's main container, honoured as the default app container.
@@ -64,11 +65,16 @@ pub struct InjectionConfig {
     pub memory_limit: String,
     /// Extra environment for every injected sidecar.
     pub env: Vec<ExtraEnv>,
+    /// The cluster's name ([`ENV_CLUSTER_NAME`]), the first part of every
+    /// injected sidecar's holder identity; already checked by
+    /// [`parse_cluster_name`](crate::lease::parse_cluster_name).
+    pub cluster: Option<String>,
 }
 
 /// The variables the injection sets itself, which extra environment may not
 /// replace.
-const INJECTED_ENV: [&str; 9] = [
+const INJECTED_ENV: [&str; 10] = [
+    ENV_CLUSTER_NAME,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -163,7 +169,7 @@ pub struct SidecarArgs {
 
 impl SidecarArgs {
     /// The settings, with `image` standing in when `--sidecar-image` is unset.
-    pub fn injection(&self, image: String) -> InjectionConfig {
+    pub fn injection(&self, image: String, cluster: Option<String>) -> InjectionConfig {
         InjectionConfig {
             image: self.sidecar_image.clone().unwrap_or(image),
             mode: self.sidecar_mode,
@@ -173,6 +179,7 @@ impl SidecarArgs {
             memory_request: self.sidecar_memory_request.clone(),
             memory_limit: self.sidecar_memory_limit.clone(),
             env: self.sidecar_env.clone(),
+            cluster,
         }
     }
 }
@@ -393,7 +400,7 @@ pub fn injection_patch(
     for (i, container) in spec.containers.iter().enumerate() {
         let path = format!("/spec/containers/{i}");
         if choices.run == Some(i) {
-            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some());
+            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some(), config);
         } else {
             append(
                 &mut ops,
@@ -449,7 +456,14 @@ pub fn injection_patch(
 
 /// Makes the container at `path` run its command under `leasehold run`, with
 /// the binary from the installer's volume and the environment the runner reads.
-fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease: &str, store_url: bool) {
+fn wrap(
+    ops: &mut Vec<PatchOperation>,
+    path: &str,
+    container: &Container,
+    lease: &str,
+    store_url: bool,
+    config: &InjectionConfig,
+) {
     let original = container
         .command
         .iter()
@@ -470,6 +484,7 @@ fn wrap(ops: &mut Vec<PatchOperation>, path: &str, container: &Container, lease:
     let env = runner_env()
         .into_iter()
         .chain(store_url.then(store_url_env))
+        .chain(cluster_env(config))
         .filter(|wanted| !container.env.iter().flatten().any(|own| own.name == wanted.name))
         .map(|e| json!(e))
         .collect();
@@ -591,6 +606,15 @@ fn runner_env() -> [EnvVar; 4] {
     ]
 }
 
+/// The cluster's name for the sidecar or the wrapped runner, when the
+/// operator (or `inject`) has one.
+fn cluster_env(config: &InjectionConfig) -> Option<EnvVar> {
+    config
+        .cluster
+        .as_ref()
+        .map(|name| plain_env(ENV_CLUSTER_NAME, name.clone()))
+}
+
 fn resources(config: &InjectionConfig) -> ResourceRequirements {
     let quantities = |pairs: &[(&str, &str)]| {
         Some(
@@ -661,6 +685,7 @@ fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, 
         plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
     ];
     env.extend(store_url.then(store_url_env));
+    env.extend(cluster_env(config));
     // The operator's extra environment, then the pod's, which wins by name.
     for extra in config.env.iter().chain(&choices.env) {
         env.retain(|e| e.name != extra.name);

@@ -22,6 +22,7 @@ fn config() -> InjectionConfig {
         memory_request: "32Mi".into(),
         memory_limit: "64Mi".into(),
         env: vec![],
+        cluster: None,
     }
 }
 
@@ -681,7 +682,7 @@ fn sidecar_env_lines_parse_as_the_chart_writes_them() {
         "--sidecar-env",
         "HTTPS_PROXY=http://p:3128\nSPANNER_EMULATOR_HOST=10.88.0.1:9010",
     ]);
-    let env = cli.sidecar.injection("img:1".into()).env;
+    let env = cli.sidecar.injection("img:1".into(), None).env;
     let pairs: Vec<(&str, &str)> = env.iter().map(|e| (e.name.as_str(), e.value.as_str())).collect();
     assert_eq!(
         pairs,
@@ -707,17 +708,17 @@ fn the_webhook_needs_a_sidecar_image_only_when_it_is_on() {
         #[command(flatten)]
         webhook: WebhookArgs,
     }
-    assert!(Cli::parse_from(["x"]).webhook.injection().unwrap().is_none());
+    assert!(Cli::parse_from(["x"]).webhook.injection(None).unwrap().is_none());
     let err = Cli::parse_from(["x", "--webhook-listen", "0.0.0.0:8443"])
         .webhook
-        .injection()
+        .injection(None)
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "--sidecar-image (LEASEHOLD_SIDECAR_IMAGE) is required with --webhook-listen"
     );
     let on = Cli::parse_from(["x", "--webhook-listen", "0.0.0.0:8443", "--sidecar-image", "img:1"]);
-    let injection = on.webhook.injection().unwrap().unwrap();
+    let injection = on.webhook.injection(None).unwrap().unwrap();
     assert_eq!(injection.image, "img:1");
     assert_eq!(injection.mode, SidecarMode::Native, "native sidecars by default");
     let container = Cli::parse_from([
@@ -731,7 +732,7 @@ fn the_webhook_needs_a_sidecar_image_only_when_it_is_on() {
         "--sidecar-metrics-port",
         "9555",
     ]);
-    let injection = container.webhook.injection().unwrap().unwrap();
+    let injection = container.webhook.injection(None).unwrap().unwrap();
     assert_eq!((injection.mode, injection.metrics_port), (SidecarMode::Container, 9555));
 }
 
@@ -1159,5 +1160,38 @@ async fn a_run_pod_that_cannot_be_wrapped_is_denied_not_run_everywhere() {
     assert_eq!(
         decoded_patch(&answer),
         injection_patch(&wrappable, GATED, &config()).unwrap()
+    );
+}
+
+/// Issue 37: every candidate knows its cluster. The operator's cluster name
+/// reaches the injected sidecar and a wrapped `leasehold run`, and a pod's
+/// own environment cannot name another one.
+#[test]
+fn the_cluster_name_reaches_every_injected_sidecar_and_runner() {
+    let in_eu = InjectionConfig {
+        cluster: Some("eu".into()),
+        ..config()
+    };
+    let pod = pod(json!({}), true);
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &in_eu).unwrap());
+    assert_eq!(env_value(&doc["spec"]["initContainers"][0], ENV_CLUSTER_NAME), "eu");
+    let run = run_pod(json!({"name": "report", "image": "report:1", "command": ["/app/report"]}));
+    let doc = apply(&run, &injection_patch(&run, GATED, &in_eu).unwrap());
+    assert_eq!(env_value(&doc["spec"]["containers"][1], ENV_CLUSTER_NAME), "eu");
+    // Without a name, none is set (the sidecar's identity has no cluster part).
+    let doc = apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap());
+    assert!(
+        doc["spec"]["initContainers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != ENV_CLUSTER_NAME)
+    );
+    let renamed = annotated(json!({SIDECAR_ENV_ANNOTATION: "LEASEHOLD_CLUSTER_NAME=us"}), json!({}));
+    let err = injection_patch(&renamed, GATED, &in_eu).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("LEASEHOLD_CLUSTER_NAME is set by the injection itself"),
+        "{err}"
     );
 }

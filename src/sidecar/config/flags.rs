@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::api::contract;
+use crate::lease::parse_cluster_name;
 use crate::lease::timing::parse_duration_flag;
 use crate::store::select::StoreKind;
 
@@ -71,8 +72,9 @@ pub struct ElectionArgs {
     /// (`…#nonce@uid`), and the pod Events are about.
     #[arg(long, env = contract::ENV_POD_UID)]
     pub pod_uid: Option<String>,
-    /// The cluster's name, part of the identity for locks shared across clusters.
-    #[arg(long, env = "LEASEHOLD_CLUSTER_NAME")]
+    /// The cluster's name, part of the identity for locks shared across
+    /// clusters (`cluster/namespace/pod#nonce@uid`).
+    #[arg(long, env = contract::ENV_CLUSTER_NAME, value_parser = parse_cluster_name)]
     pub cluster_name: Option<String>,
     /// Publish to the Kubernetes API (label, readiness condition, Events, peer
     /// watch); default: when running in a cluster with POD_NAME set.

@@ -340,6 +340,62 @@ async fn a_stale_label_on_a_local_pod_named_like_a_remote_holder_is_cleared() {
     assert_eq!(written(&plan)["holder"], json!("us/prod/web-0#n"));
 }
 
+/// Issue 37: the leader runs in another cluster. Status names it, its
+/// cluster, term and token; `Ready` is True (a leader is elected, alerts on
+/// Ready stay quiet in the standby cluster) with reason
+/// `LeaderInOtherCluster`; no local pod is labelled leader (a stale label
+/// is repaired, a pod named like the holder included).
+#[tokio::test]
+async fn a_leader_in_another_cluster_is_ready_elsewhere_and_no_local_pod_leads() {
+    let store = MemoryStore::new(5);
+    let observed = held(&store, "prod/web", "us/prod/web-0#n@uid-1").await;
+    let resource = resource(json!({}), None);
+    let found = seen(
+        &resource,
+        vec![pod("web-0", Some("true"), true), pod("web-1", Some("false"), true)],
+        Ok(Read::Lease(observed)),
+    );
+    let standby = plan(&resource, Some("eu"), &now(), found);
+    let status = written(&standby);
+    assert_eq!(status["holder"], json!("us/prod/web-0#n@uid-1"));
+    assert_eq!(status["holderCluster"], json!("us"));
+    assert_eq!(status["term"], json!(1));
+    assert!(status["token"].is_string(), "{status}");
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("True"), &json!("LeaderInOtherCluster"))
+    );
+    assert!(
+        ready["message"].as_str().unwrap().contains("leads in cluster us"),
+        "{ready}"
+    );
+    assert_eq!(
+        standby.repairs.iter().map(|r| r.pod.as_str()).collect::<Vec<_>>(),
+        ["web-0"]
+    );
+
+    // The same holder seen from cluster us is a local leader.
+    let observed = held(&MemoryStore::new(5), "prod/web", "us/prod/web-0#n@uid-1").await;
+    let found = seen(
+        &resource,
+        vec![pod("web-0", Some("true"), true)],
+        Ok(Read::Lease(observed)),
+    );
+    let leading = plan(&resource, Some("us"), &now(), found);
+    let status = written(&leading);
+    assert!(
+        status["conditions"].to_string().contains("\"LeaderElected\""),
+        "{status}"
+    );
+    assert!(leading.repairs.is_empty());
+}
+
 /// A candidate whose sidecar reports slow renewals (its pod condition) makes
 /// the lease's TimingAtRisk True, naming the pod and its measurement.
 #[tokio::test]
@@ -467,5 +523,14 @@ fn holder_identities_map_to_cluster_namespace_and_pod() {
     assert!(eu.is_local(Some("eu"), "prod"));
     assert!(!eu.may_be_local(Some("us"), "prod"));
     assert!(!eu.may_be_local(Some("eu"), "staging"));
-    assert!(HolderPod::parse("prod/web-0#n").is_local(None, "prod"));
+    // Issue 37: no name on either side proves nothing: another cluster
+    // applying the same manifest holds the same default lock.
+    assert!(HolderPod::parse("prod/web-0#n").may_be_local(None, "prod"));
+    assert!(!HolderPod::parse("prod/web-0#n").is_local(None, "prod"));
+    assert!(!HolderPod::parse("prod/web-0#n").is_local(Some("eu"), "prod"));
+    assert!(!eu.is_local(Some("us"), "prod"));
+    assert_eq!(eu.cluster_elsewhere(Some("us")), Some("eu"));
+    assert_eq!(eu.cluster_elsewhere(Some("eu")), None);
+    assert_eq!(eu.cluster_elsewhere(None), None, "an unnamed cluster may be eu");
+    assert_eq!(HolderPod::parse("prod/web-0#n").cluster_elsewhere(Some("us")), None);
 }
