@@ -155,7 +155,7 @@ def check_chart():
         jsonschema.validate(values, schema, cls=jsonschema.Draft7Validator)
     except (jsonschema.ValidationError, jsonschema.SchemaError) as e:
         problems.append(f"charts/leasehold/values.yaml: {e.message}")
-    for template in sorted((chart / "templates").glob("*")):
+    for template in sorted(p for p in (chart / "templates").rglob("*") if p.is_file()):
         for path in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", template.read_text()):
             node = values
             for part in path.split("."):

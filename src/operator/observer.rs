@@ -32,13 +32,16 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::reconcile::OBSERVED_REQUEUE;
 use crate::api::DistributedLease;
 use crate::lease::{FencingToken, LeaseStore, Observation, StoreError, Version};
 
 /// Locks per batched read: one statement's array (PostgreSQL, Spanner) or
 /// one script's keys (Redis) stays small.
 pub const BATCH: usize = 1000;
+/// A lease the observer watches is reconciled when its lock changes; this
+/// requeue is only the net for a lost trigger, so 10,000 leases at rest cost
+/// 33 reconciles a second (each from caches: no store read, no API request).
+pub const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
 /// A lease no reconcile asked about for this long is no longer observed:
 /// every live lease is reconciled at least every [`OBSERVED_REQUEUE`].
 pub const FORGET_AFTER: Duration = OBSERVED_REQUEUE.saturating_mul(3);

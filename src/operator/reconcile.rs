@@ -57,11 +57,8 @@ pub const FINALIZER: &str = "leasehold.dev/release";
 /// An invalid spec only changes when someone edits it, which triggers a
 /// reconcile anyway; this slow requeue just re-checks now and then.
 pub const INVALID_REQUEUE: Duration = Duration::from_secs(300);
-/// A lease the store observer watches ([`crate::operator::observer`]) is
-/// reconciled when its lock changes; this requeue is only the net for a lost
-/// trigger, so 10,000 leases at rest cost 33 reconciles a second (each
-/// from caches: no store read, no API request).
-pub const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
+/// The observer owns it (the reconcile reads the observer, not back).
+pub use super::observer::OBSERVED_REQUEUE;
 /// After a store error: soon enough to notice recovery, slow enough not to hammer.
 pub const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// After a failed Kubernetes call (error policy).

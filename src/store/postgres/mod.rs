@@ -179,7 +179,7 @@ impl Queries {
             // every one with the clock read once for the statement.
             observe_many: format!(
                 "SELECT clock.now, l.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
-                 t.version \
+                 t.version, t.reserved_for, t.reserved_until \
                  FROM (SELECT clock_timestamp() AS now) AS clock \
                  CROSS JOIN unnest($1::BIGINT[], $2::TEXT[]) AS l(shard, name) \
                  LEFT JOIN {table} AS t ON t.shard = l.shard AND t.name = l.name"

@@ -59,7 +59,7 @@ impl Queries {
             // matches), or one row of NULLs: the store's clock either way.
             read_many: format!(
                 "SELECT t.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
-                 CURRENT_TIMESTAMP() AS now \
+                 t.reserved_for, t.reserved_until, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t \
                  ON t.shard IN UNNEST(@shards) AND t.name IN UNNEST(@names)"
             ),
