@@ -204,7 +204,11 @@ async fn check_operator_images(client: &Client, operator: &Operator, report: &mu
     let pods: Api<Pod> = Api::namespaced(client.clone(), &operator.namespace);
     let selector = installed::selector(operator.instance.as_deref());
     match pods.list(&ListParams::default().labels(&selector)).await {
-        Ok(list) => list.items.iter().flat_map(image_pull_failures).for_each(|e| report.error(e)),
+        Ok(list) => list
+            .items
+            .iter()
+            .flat_map(image_pull_failures)
+            .for_each(|e| report.error(e)),
         Err(e) => report.warn(format!(
             "cannot list the operator's pods ({selector}) in {}: {}",
             operator.namespace,
@@ -216,9 +220,10 @@ async fn check_operator_images(client: &Client, operator: &Operator, report: &mu
 /// One finding per container of `pod` whose image the kubelet cannot pull.
 fn image_pull_failures(pod: &Pod) -> Vec<String> {
     let default_repository = DEFAULT_IMAGE.rsplit_once(':').map_or(DEFAULT_IMAGE, |(r, _)| r);
-    let statuses = pod.status.iter().flat_map(|s| {
-        (s.init_container_statuses.iter().flatten()).chain(s.container_statuses.iter().flatten())
-    });
+    let statuses = pod
+        .status
+        .iter()
+        .flat_map(|s| (s.init_container_statuses.iter().flatten()).chain(s.container_statuses.iter().flatten()));
     statuses
         .filter_map(|status| {
             let reason = status.state.as_ref()?.waiting.as_ref()?.reason.as_deref()?;

@@ -710,10 +710,15 @@ async fn an_operator_that_cannot_pull_the_unpublished_default_image_is_told_to_b
     );
     // Another image gets the registry's hint; a running pod none.
     let mut cluster = healthy();
-    cluster.pods.push(operator_pod("registry.example/leasehold:1", "ErrImagePull"));
+    cluster
+        .pods
+        .push(operator_pod("registry.example/leasehold:1", "ErrImagePull"));
     let (report, _) = check_against(cluster).await;
     let errors = messages(&report, Severity::Error);
-    assert!(errors[0].ends_with("(ErrImagePull); check the image name and the registry's credentials (imagePullSecrets)"), "{errors:?}");
+    assert!(
+        errors[0].ends_with("(ErrImagePull); check the image name and the registry's credentials (imagePullSecrets)"),
+        "{errors:?}"
+    );
     let mut cluster = healthy();
     cluster.pods.push(operator_pod(DEFAULT_IMAGE, "ContainerCreating"));
     let (report, cluster) = check_against(cluster).await;
@@ -728,7 +733,9 @@ async fn a_release_asked_for_by_name_that_is_not_installed_is_an_error() {
     let (report, _) = check_with(cluster, &["--instance", "other"]).await;
     let errors = messages(&report, Severity::Error);
     assert!(
-        errors.iter().any(|e| e.starts_with("no operator Deployment of release other (labelled")),
+        errors
+            .iter()
+            .any(|e| e.starts_with("no operator Deployment of release other (labelled")),
         "{report:#?}"
     );
 }
