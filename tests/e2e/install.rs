@@ -32,20 +32,29 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
         .collect()
 }
 
-/// The chart's `helm test` pod (`helm.sh/hook: test`), as rendered, applied
-/// as `helm test` would create it, with `args` extended by `more`: whether
-/// it succeeded, and its log.
+/// The chart's `helm test` objects (`helm.sh/hook: test`), as rendered,
+/// applied as `helm test` would create them (its ServiceAccount and roles,
+/// then the pod), with the `--flag value` pairs of `more` set in the pod's
+/// `args`: whether the pod succeeded, and its log.
 async fn run_helm_test_pod(s: &Scenario, name: &str, more: &[&str]) -> (bool, String) {
     let chart = crate::cluster::rendered_chart(&s.env);
-    let mut pod = (chart.into_iter())
-        .find(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test")
-        .expect("the chart has a `helm.sh/hook: test` object");
-    assert_eq!(pod["kind"], "Pod", "{pod}");
+    let (mut pods, rbac): (Vec<_>, Vec<_>) = (chart.into_iter())
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .partition(|o| o["kind"] == "Pod");
+    assert_eq!(pods.len(), 1, "the chart has one `helm.sh/hook: test` pod: {pods:?}");
+    crate::cluster::apply(&s.client, &rbac).await;
+    let mut pod = pods.remove(0);
     pod["metadata"]["name"] = json!(name);
     let args = pod["spec"]["containers"][0]["args"]
         .as_array_mut()
         .expect("the check's args");
-    args.extend(more.iter().map(|a| json!(a)));
+    for pair in more.chunks(2) {
+        // A flag the chart sets gets the new value; others are added.
+        match args.iter().position(|a| a == pair[0]) {
+            Some(at) => args[at + 1] = json!(pair[1]),
+            None => args.extend(pair.iter().map(|a| json!(a))),
+        }
+    }
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), RELEASE_NAMESPACE);
     // helm.sh/hook-delete-policy: before-hook-creation.
     let _ = pods.delete(name, &DeleteParams::default()).await;
