@@ -69,6 +69,15 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
             "--overwrite",
         ]);
         crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
+        // The lease the probe's sidecar joins: without it the sidecar exits
+        // (DistributedLease not found) and restarts, and a restart's start
+        // time is later than the app's (CI saw exactly that).
+        s.apply(vec![json!({
+            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+            "metadata": {"name": "probe"},
+            "spec": {"store": {"kubernetes": {}}, "selector": {"matchLabels": {"app": "probe"}}},
+        })])
+        .await;
         let injected = create(&s, &s.ns, &probe_pod(&s, "probe", false)).await;
         let sidecar = native_sidecar(&injected).expect("a native sidecar in an opted-in namespace");
         let user = sidecar.security_context.as_ref().and_then(|c| c.run_as_user);
@@ -90,8 +99,12 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
         let pods: Api<Pod> = s.api();
         let started = crate::cluster::wait_for("the injected pod running", FIRST_LEADER, || async {
             let status = pods.get("probe").await.ok()?.status?;
+            // A restart's start time says nothing of the order: the sidecar
+            // must still be on its first run.
             let at = |list: Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>, name: &str| {
-                list?.into_iter().find(|c| c.name == name)?.state?.running?.started_at
+                let status = list?.into_iter().find(|c| c.name == name)?;
+                assert_eq!(status.restart_count, 0, "{name} restarted: {status:?}");
+                status.state?.running?.started_at
             };
             Some((
                 at(status.init_container_statuses.clone(), SIDECAR)?,
