@@ -921,7 +921,9 @@ pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
     assert_eq!(many[0].live_holder(), None);
     assert_eq!(many[0].record.as_ref().and_then(|r| r.token), Some(released.token));
     assert!(many[1].record.is_none(), "{:?}", many[1]);
-    assert_eq!(many[3], many[0]);
+    // The same record; the clock only on stores that read it once per
+    // batch (the Kubernetes store reads each lock on its own).
+    assert_eq!(many[3].record, many[0].record);
 
     // Every third of 30 locks held, asked for in reverse: each answer is its own lock's.
     let bulk: Vec<String> = (0..30).map(|i| format!("many-bulk-{i}")).collect();
