@@ -165,21 +165,24 @@ struct Queries {
     upgrade_table: String,
 }
 
+/// The lease row's columns both reads select (as `t`), in one place so that
+/// a new column reaches both: `read_observation` decodes them by name.
+const ROW_COLUMNS: &str =
+    "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, t.reserved_until";
+
 impl Queries {
     fn new(table: &str) -> Self {
         let sequence = format!("{table}_token_seq");
         Queries {
             // The LEFT JOIN returns the server's clock even when the row is absent.
             observe: format!(
-                "SELECT clock_timestamp() AS now, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
-                 t.version, t.reserved_for, t.reserved_until \
+                "SELECT clock_timestamp() AS now, {ROW_COLUMNS} \
                  FROM (SELECT 1) AS clock LEFT JOIN {table} AS t ON t.shard = $1 AND t.name = $2"
             ),
             // One row per named lock (its row's columns NULL when absent),
             // every one with the clock read once for the statement.
             observe_many: format!(
-                "SELECT clock.now, l.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, \
-                 t.version, t.reserved_for, t.reserved_until \
+                "SELECT clock.now, l.name AS lock, {ROW_COLUMNS} \
                  FROM (SELECT clock_timestamp() AS now) AS clock \
                  CROSS JOIN unnest($1::BIGINT[], $2::TEXT[]) AS l(shard, name) \
                  LEFT JOIN {table} AS t ON t.shard = l.shard AND t.name = l.name"

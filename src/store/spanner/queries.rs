@@ -42,6 +42,11 @@ const UNRESERVED: &str = "reserved_for = NULL, reserved_until = NULL";
 /// refused once a revision is recorded.
 pub(super) const FENCE_ALLOWS: &str = "(NOT @fence OR revision IS NULL OR revision <= @revision)";
 
+/// The lease row's columns every read selects (as `t`), in one place so that
+/// a new column reaches every read: `RawRow` decodes them by name.
+const ROW_COLUMNS: &str =
+    "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, t.reserved_until";
+
 impl Queries {
     pub(super) fn new(table: &str) -> Self {
         let key = "shard = @shard AND name = @name";
@@ -50,22 +55,19 @@ impl Queries {
             table: table.to_string(),
             // The LEFT JOIN returns the store's clock even when the row is absent.
             read: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, \
-                 t.reserved_until, CURRENT_TIMESTAMP() AS now \
+                "SELECT {ROW_COLUMNS}, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name"
             ),
             // Every named lock that has a row (shard narrows the scan to
             // the names' key ranges; a name fixes its shard, so no other row
             // matches), or one row of NULLs: the store's clock either way.
             read_many: format!(
-                "SELECT t.name AS lock, t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, \
-                 t.reserved_for, t.reserved_until, CURRENT_TIMESTAMP() AS now \
+                "SELECT t.name AS lock, {ROW_COLUMNS}, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock LEFT JOIN {table} AS t \
                  ON t.shard IN UNNEST(@shards) AND t.name IN UNNEST(@names)"
             ),
             read_for_acquire: format!(
-                "SELECT t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, \
-                 t.reserved_until, f.term AS floor, CURRENT_TIMESTAMP() AS now \
+                "SELECT {ROW_COLUMNS}, f.term AS floor, CURRENT_TIMESTAMP() AS now \
                  FROM (SELECT 1 AS one) AS clock \
                  LEFT JOIN {table} AS t ON t.shard = @shard AND t.name = @name \
                  LEFT JOIN {table} AS f ON f.shard = @shard AND f.name = @floor"
