@@ -20,8 +20,11 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::lease::budget::{AT_RISK_SHARE, Latencies};
+use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::store::Result;
-use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, Timing};
+use crate::lease::{
+    Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, SessionStore, StoreTime, Timing,
+};
 
 /// Renewals the p99 is taken over.
 const WINDOW: usize = 100;
@@ -55,9 +58,15 @@ impl BudgetVerdict {
     }
 }
 
-/// A store decorator that times renewals against the budget.
+/// The renewal budget: the latencies of the last renewals, the gauge, and
+/// the verdicts. Registered once at start; [`RenewBudget::time`] wraps
+/// whichever store the candidate renews through once it is connected.
+#[derive(Clone)]
 pub struct RenewBudget {
-    store: Arc<dyn LeaseStore>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     budget: Duration,
     samples: Mutex<VecDeque<Duration>>,
     used: Gauge<f64, AtomicU64>,
@@ -66,69 +75,98 @@ pub struct RenewBudget {
 }
 
 impl RenewBudget {
-    pub fn new(store: Arc<dyn LeaseStore>, timing: &Timing, registry: &mut Registry) -> Self {
+    pub fn new(timing: &Timing, registry: &mut Registry) -> Self {
         let used = Gauge::<f64, AtomicU64>::default();
         registry.sub_registry_with_prefix("leasehold").register(
             "renew_budget_used",
             "p99 of the last 100 renewals as a share of R - P; above 0.25 the timing is at risk",
             used.clone(),
         );
-        RenewBudget {
-            store,
+        let shared = Shared {
             budget: timing.renew_deadline.saturating_sub(timing.retry_period),
             samples: Mutex::new(VecDeque::with_capacity(WINDOW)),
             used,
             at_risk: AtomicBool::new(false),
             verdict: watch::Sender::new(None),
+        };
+        RenewBudget {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// `store` with its renewals (of a lease, or of a session) timed against this budget.
+    pub fn time<S: ?Sized>(&self, store: Arc<S>) -> Timed<S> {
+        Timed {
+            store,
+            budget: self.clone(),
         }
     }
 
     /// The verdict on each crossing of [`AT_RISK_SHARE`] (the first one
     /// included); `None` until enough renewals were seen.
     pub fn verdicts(&self) -> watch::Receiver<Option<BudgetVerdict>> {
-        self.verdict.subscribe()
+        self.shared.verdict.subscribe()
     }
 
     /// The share of the budget the p99 renewal uses, once there are enough renewals.
     pub fn used(&self) -> Option<f64> {
-        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        if samples.len() < MIN_SAMPLES || self.budget.is_zero() {
+        let shared = &self.shared;
+        let samples = shared.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.len() < MIN_SAMPLES || shared.budget.is_zero() {
             return None;
         }
         let p99 = Latencies::new(samples.iter().copied().collect()).quantile(0.99);
-        Some(p99.as_secs_f64() / self.budget.as_secs_f64())
+        Some(p99.as_secs_f64() / shared.budget.as_secs_f64())
     }
 
     fn record(&self, latency: Duration) {
+        let shared = &self.shared;
         {
-            let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+            let mut samples = shared.samples.lock().unwrap_or_else(|e| e.into_inner());
             if samples.len() == WINDOW {
                 samples.pop_front();
             }
             samples.push_back(latency);
         }
         let Some(used) = self.used() else { return };
-        self.used.set(used);
+        shared.used.set(used);
         let at_risk = used > AT_RISK_SHARE;
-        let first = self.verdict.borrow().is_none();
-        if at_risk != self.at_risk.swap(at_risk, std::sync::atomic::Ordering::Relaxed) || first {
+        let first = shared.verdict.borrow().is_none();
+        if at_risk != shared.at_risk.swap(at_risk, std::sync::atomic::Ordering::Relaxed) || first {
             let verdict = BudgetVerdict {
                 at_risk,
                 used,
-                budget: self.budget,
+                budget: shared.budget,
             };
             if at_risk {
                 warn!("{}", verdict.describe());
             } else {
                 info!("{}", verdict.describe());
             }
-            self.verdict.send_replace(Some(verdict));
+            shared.verdict.send_replace(Some(verdict));
         }
+    }
+
+    /// Records how long `renewal`, sent now, took when it succeeded.
+    async fn timed<T>(&self, renewal: impl Future<Output = Result<T>>) -> Result<T> {
+        let sent = Instant::now();
+        let renewed = renewal.await;
+        if renewed.is_ok() {
+            self.record(sent.elapsed());
+        }
+        renewed
     }
 }
 
+/// A store decorator that times renewals against a [`RenewBudget`]: a lease
+/// store's `renew` or, partitioned, a session store's `renew_session`.
+pub struct Timed<S: ?Sized> {
+    store: Arc<S>,
+    budget: RenewBudget,
+}
+
 #[async_trait]
-impl LeaseStore for RenewBudget {
+impl<S: LeaseStore + ?Sized> LeaseStore for Timed<S> {
     fn kind(&self) -> &'static str {
         self.store.kind()
     }
@@ -158,12 +196,7 @@ impl LeaseStore for RenewBudget {
     }
 
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
-        let sent = Instant::now();
-        let renewed = self.store.renew(lock, holder, token, lease).await;
-        if renewed.is_ok() {
-            self.record(sent.elapsed());
-        }
-        renewed
+        self.budget.timed(self.store.renew(lock, holder, token, lease)).await
     }
 
     async fn release_for(
@@ -177,12 +210,52 @@ impl LeaseStore for RenewBudget {
     }
 }
 
+#[async_trait]
+impl<S: SessionStore + ?Sized> SessionStore for Timed<S> {
+    async fn ensure_session_schema(&self) -> Result<()> {
+        self.store.ensure_session_schema().await
+    }
+
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime> {
+        self.store.open_session(session, owner, lease).await
+    }
+
+    async fn renew_session(&self, session: &str) -> Result<StoreTime> {
+        self.budget.timed(self.store.renew_session(session)).await
+    }
+
+    async fn close_session(&self, session: &str) -> Result<()> {
+        self.store.close_session(session).await
+    }
+
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation> {
+        self.store.observe_session(session).await
+    }
+
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch> {
+        self.store.try_lock(session, names).await
+    }
+
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>> {
+        self.store.unlock(session, locks).await
+    }
+
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation> {
+        self.store.observe_locks(names).await
+    }
+
+    async fn collect_garbage(&self) -> Result<Collected> {
+        self.store.collect_garbage().await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::{Faults, MemoryStore};
 
-    async fn renewals(latency: Duration) -> (RenewBudget, Registry) {
+    /// A memory store answering after `latency`, and the budget of R − P = 400 ms.
+    fn slow_store(latency: Duration) -> (MemoryStore, RenewBudget, Registry) {
         let memory = MemoryStore::new(1);
         memory.set_faults(Faults {
             latency,
@@ -190,11 +263,17 @@ mod tests {
         });
         let mut registry = Registry::default();
         let timing = Timing::parse("2s", "600ms", "200ms", 0.1).unwrap();
-        let budget = RenewBudget::new(Arc::new(memory), &timing, &mut registry);
+        let budget = RenewBudget::new(&timing, &mut registry);
+        (memory, budget, registry)
+    }
+
+    async fn renewals(latency: Duration) -> (RenewBudget, Registry) {
+        let (memory, budget, registry) = slow_store(latency);
+        let store = budget.time(Arc::new(memory));
         let lease = Duration::from_secs(30);
-        let grant = budget.acquire("l", "a", lease).await.unwrap();
+        let grant = store.acquire("l", "a", lease).await.unwrap();
         for _ in 0..MIN_SAMPLES {
-            budget.renew("l", "a", grant.token, lease).await.unwrap();
+            store.renew("l", "a", grant.token, lease).await.unwrap();
         }
         (budget, registry)
     }
@@ -205,7 +284,7 @@ mod tests {
         let (budget, registry) = renewals(Duration::from_millis(60)).await;
         let used = budget.used().unwrap();
         assert!((used - 0.3).abs() < 0.01, "{used}");
-        assert!(budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(budget.shared.at_risk.load(std::sync::atomic::Ordering::Relaxed));
         let verdict = budget.verdicts().borrow().expect("a verdict once judged");
         assert!(verdict.at_risk && (verdict.used - 0.3).abs() < 0.01, "{verdict:?}");
         assert_eq!(verdict.budget, Duration::from_millis(400));
@@ -223,11 +302,30 @@ mod tests {
     async fn fast_renewals_are_not_at_risk() {
         let (budget, _) = renewals(Duration::from_millis(5)).await;
         assert!(budget.used().unwrap() < AT_RISK_SHARE);
-        assert!(!budget.at_risk.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(!budget.shared.at_risk.load(std::sync::atomic::Ordering::Relaxed));
         let verdict = budget
             .verdicts()
             .borrow()
             .expect("the first judgement is published too");
         assert!(!verdict.at_risk, "{verdict:?}");
+    }
+
+    /// Issue 38: a partitioned candidate renews a session, not a lease; its
+    /// renewals count against the same budget, so `LeaseholdTimingAtRisk`
+    /// and the pod's timing condition cover it too.
+    #[tokio::test(start_paused = true)]
+    async fn session_renewals_are_timed_against_the_budget() {
+        let (memory, budget, registry) = slow_store(Duration::from_millis(60));
+        let store = budget.time(Arc::new(memory));
+        let timing = Timing::parse("2s", "600ms", "200ms", 0.1).unwrap();
+        store.open_session("s", "a", timing.lease_duration).await.unwrap();
+        for _ in 0..MIN_SAMPLES {
+            store.renew_session("s").await.unwrap();
+        }
+        let verdict = budget.verdicts().borrow().expect("judged after the session's renewals");
+        assert!(verdict.at_risk && (verdict.used - 0.3).abs() < 0.01, "{verdict:?}");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("leasehold_renew_budget_used 0.3"), "{text}");
     }
 }

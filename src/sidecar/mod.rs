@@ -1,19 +1,23 @@
-//! `leasehold sidecar`: runs the elector next to the main container and
-//! publishes who leads: the local HTTP API, Prometheus metrics, an optional
-//! token file and, inside Kubernetes, the pod label, the readiness-gate
-//! condition and Events.
+//! `leasehold sidecar`: runs a candidate next to the main container and
+//! publishes what it may work on: the local HTTP API, Prometheus metrics, an
+//! optional token file and, inside Kubernetes, the pod's conditions and
+//! Events.
 //!
-//! Ordering: on loss or deadline the sidecar stops claiming first (HTTP 503
-//! and the watch event come from the elector's state at once; then the
-//! readiness condition) and only then fixes labels. On SIGTERM it stops
-//! claiming, waits the drain window, releases and exits 0; a second signal
-//! exits at once. The HTTP API starts before the store is reached: a store
-//! unreachable at start is retried and reported (`starting`), not an exit.
+//! One start-up ([`run`]) for both modes: the listeners, the own-pod watch,
+//! the renewal budget and its publisher, the lease binding and the servers
+//! are wired here once; a mode starts what follows its own state and hands
+//! back a [`Mode`]: [`single`] (one elector on the lock) or, with
+//! `--partitions` / `spec.partitions`, [`partitions`]. A publisher of
+//! something both modes have (the budget, the pod) goes in [`run`]; one of a
+//! mode's state, in that mode's `start`.
 //!
-//! A partitioned lock (`--partitions`, `spec.partitions`) runs
-//! [`partitions`] instead of the elector.
+//! The HTTP API starts before the store is reached: a store unreachable at
+//! start is retried and reported (`starting`), not an exit. On SIGTERM the
+//! candidate stops claiming, waits the drain window, releases and exits 0;
+//! a second signal exits at once.
 
 pub mod budget;
+mod campaign;
 pub mod config;
 pub mod footprint;
 pub mod health;
@@ -25,6 +29,7 @@ pub mod pod;
 pub mod publish;
 pub mod rbac;
 pub mod retire;
+mod single;
 pub mod starting;
 pub mod timing_risk;
 pub mod token_file;
@@ -39,8 +44,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
-use crate::sidecar::metrics::{MeteredStore, Metrics};
+use crate::sidecar::metrics::Metrics;
 pub use config::Args;
 
 #[derive(Debug, thiserror::Error)]
@@ -94,133 +98,48 @@ pub async fn run(args: Args) -> Result<()> {
         };
         return retire::retire(client.clone(), pod, &lease.name, retirement, &signalled).await;
     }
-    if let Some(count) = settings.partitions {
-        let retired = follow_lease(bound.clone(), &settings, &shutdown, |_| {
-            warn!("the lease's timing changed; a partitioned sidecar applies it after a restart");
-        });
-        partitions::run(args, settings, count, kube, shutdown).await?;
-        return after_stop(bound, retired, &signalled).await;
-    }
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    // Registered for both modes: a single lease's renewals and a session's
+    // count against the same R − P (LeaseholdTimingAtRisk, issue 38).
+    let budget = budget::RenewBudget::new(&settings.timing, &mut registry);
     let (starting_tx, starting) = tokio::sync::watch::channel(None);
-    let (choice, metered) = (settings.store.clone(), metrics.clone());
-    let create_table = args.election.create_table;
-    let starting_store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
-        move || {
-            let (choice, metrics) = (choice.clone(), metered.clone());
-            Box::pin(async move {
-                let store: Arc<dyn LeaseStore> =
-                    Arc::new(MeteredStore::new(choice.connect(create_table).await?, metrics));
-                Ok(store)
-            })
-        },
-        args.election.create_table,
-        starting_tx,
-    ));
-    // The renewal budget watches what the elector sees: every call, once connected.
-    let budget = budget::RenewBudget::new(starting_store, &settings.timing, &mut registry);
-    let verdicts = budget.verdicts();
-    let store: Arc<dyn LeaseStore> = Arc::new(budget);
-
     let (http, metrics_listener) = bind_listeners(&args).await?;
-
-    let version = match (&kube, &settings.pod) {
-        (Some(client), Some(pod)) => {
-            let pods = ::kube::Api::namespaced(client.clone(), &pod.namespace);
-            let mut revisions = versions::Revisions::new(::kube::Api::namespaced(client.clone(), &pod.namespace));
-            let flags = settings.version.clone();
-            versions::own_version(&pods, &mut revisions, &pod.name, args.app_container.as_deref(), flags).await
-        }
-        _ => settings.version.clone(),
-    };
-    info!(version = ?version, policy = ?settings.versions, "version");
-    // The holder carries the pod UID, so that the next process of this pod
-    // (the kubelet restarting this container) takes the lease over at once
-    // instead of waiting D. Only the sidecar: a `leasehold run` command may
-    // outlive its dead runner by the watchdog's grace period.
-    let identity = match args.election.pod_uid.as_deref() {
-        Some(uid) => settings.identity.clone().in_pod(uid).map_err(config::Error::PodUid)?,
-        None => settings.identity.clone(),
-    };
-    let elector = Elector::new(settings.lock.clone(), identity, settings.timing)
-        .with_version(version.clone(), settings.versions.fence);
-    let transitions = elector.transitions();
     let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());
-    // Leader work here is the drain window: when stepping down on purpose
-    // (SIGTERM, the pod deleted, the app turned unhealthy) the main
-    // container sees 503 first and gets time to finish before we release.
-    let reserve = own_pod::release_reserve(&settings.timing);
-    let work = drain_on_step_down(args.drain, reserve, own.clone(), signalled.clone());
-    let handle = elector.spawn_with_work(store, shutdown.clone(), work);
-    let state = handle.subscribe();
-    tokio::spawn(footprint::release_start_up_pages(
-        state.clone(),
-        settings.timing.retry_period,
-    ));
-    let control = handle.control();
-    let app = start_health_sources(&args, own.clone(), metrics.clone(), move |on| {
-        control.set_campaigning(on)
-    });
-    let servers = CancellationToken::new();
-    let api = http::ApiState {
-        leader: state.clone(),
-        app: app.clone(),
-        starting,
+    let start = Start {
+        args: &args,
+        settings: &settings,
+        kube: &kube,
+        metrics,
+        budget: budget.clone(),
+        starting: Starting {
+            sender: starting_tx,
+            problem: starting,
+        },
+        own,
+        signalled: &signalled,
+        shutdown: &shutdown,
     };
-    let http_task = tokio::spawn(http::serve(http, http::router(api.clone()), servers.clone()));
-    let healthz = axum::Router::new()
-        .route("/healthz", axum::routing::get(http::healthz))
-        .route(crate::api::contract::GATE_PROBE_PATH, axum::routing::get(http::gate))
-        .with_state(api.clone());
+    let mode = match settings.partitions {
+        None => single::start(start).await?,
+        Some(count) => partitions::start(start, count),
+    };
+    let servers = CancellationToken::new();
+    let http_task = tokio::spawn(http::serve(http, mode.api, servers.clone()));
     let metrics_task = tokio::spawn(http::serve(
         metrics_listener,
-        metrics_router(registry, healthz),
+        metrics_router(registry, mode.healthz),
         servers.clone(),
     ));
-    tokio::spawn(metrics.follow(settings.lock.clone(), state.clone()));
-    if let Some(path) = args.election.token_file.clone() {
-        tokio::spawn(token_file::follow(path, state.clone()));
+    let retired = follow_lease(bound.clone(), &settings, &shutdown, mode.set_timing);
+    if let (Some(client), Some(pod)) = (kube, settings.pod.clone()) {
+        tokio::spawn(timing_risk::publish(client, pod, budget.verdicts()));
     }
-    let control = handle.control();
-    let retired = follow_lease(bound.clone(), &settings, &shutdown, move |t| control.set_timing(t));
-    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
-        tokio::spawn(timing_risk::publish(client, pod, verdicts));
-    }
-    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone())
-        && settings.versions.prefer != crate::lease::Prefer::None
-    {
-        tokio::spawn(versions::follow_peers(
-            ::kube::Api::namespaced(client.clone(), &pod.namespace),
-            versions::Revisions::new(::kube::Api::namespaced(client, &pod.namespace)),
-            versions::Candidate {
-                me: pod.name,
-                selector: settings.publishing.selector.clone(),
-                app_container: args.app_container.clone(),
-                mine: version,
-                prefer: settings.versions.prefer,
-                fence: settings.versions.fence,
-            },
-            handle.control(),
-            handle.subscribe(),
-        ));
-    }
-    let publisher = kube.zip(settings.pod.clone()).map(|(client, pod)| {
-        let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
-        tokio::spawn(publisher.run(state.clone(), transitions, app.clone(), handle.control()))
-    });
 
-    handle.join().await;
-    info!("elector stopped");
-    if let Some(publisher) = publisher
-        && let Err(e) = publisher.await
-    {
-        warn!(error = %e, "the Kubernetes publisher ended abnormally");
-    }
+    mode.running.await;
     // Retired: the servers go on answering "follower" until the re-exec.
-    let retiring = after_stop(bound, retired, &signalled);
-    let result = retiring.await;
+    let result = after_stop(bound, retired, &signalled).await;
     servers.cancel();
     for task in [http_task, metrics_task] {
         if let Ok(Err(e)) = task.await {
@@ -228,6 +147,39 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
     result
+}
+
+/// What both modes start from.
+struct Start<'a> {
+    args: &'a Args,
+    settings: &'a config::Settings,
+    kube: &'a Option<::kube::Client>,
+    metrics: Metrics,
+    budget: budget::RenewBudget,
+    starting: Starting,
+    own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
+    /// A signal came (not a retirement).
+    signalled: &'a CancellationToken,
+    /// Stops claiming and releases: a signal, or retiring from the lease.
+    shutdown: &'a CancellationToken,
+}
+
+/// A problem reaching the store at start, for `/healthz` (`None`: none).
+struct Starting {
+    sender: tokio::sync::watch::Sender<Option<String>>,
+    problem: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+/// A started mode: what the common start-up serves, and what it awaits.
+struct Mode {
+    /// The HTTP API.
+    api: axum::Router,
+    /// `/healthz` (and the mode's probes) on the metrics listener.
+    healthz: axum::Router,
+    /// Applies a timing the bound lease changed to.
+    set_timing: Box<dyn Fn(crate::lease::Timing) + Send>,
+    /// Runs until the candidate has stopped: released, or its session closed.
+    running: futures::future::BoxFuture<'static, ()>,
 }
 
 /// The bound lease's client, pod and binding (`--lease` inside Kubernetes).
@@ -255,7 +207,7 @@ fn follow_lease(
     retired
 }
 
-/// After the elector (or the partitioned run) stopped: a retired sidecar
+/// After the mode stopped: a retired sidecar
 /// marks its pod and re-executes onto the new resource ([`retire`]).
 async fn after_stop(
     bound: Bound,
@@ -270,37 +222,6 @@ async fn after_stop(
     }
 }
 
-/// The sidecar's leader work: when the term ends on purpose (SIGTERM, the
-/// pod deleted, the app turned unhealthy) drain before the elector releases:
-/// `drain` at most, over as soon as the app container run that led has
-/// exited, and never past `reserve` before the pod's grace period ends
-/// ([`own_pod::drain`]); a lost term ends at once. `signalled`: a signal
-/// came (not a retirement, which drains like any step-down).
-fn drain_on_step_down(
-    drain: Duration,
-    reserve: Duration,
-    own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
-    signalled: CancellationToken,
-) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
-    move |ctx: LeaderContext| {
-        let (own, signalled) = (own.clone(), signalled.clone());
-        // The app run this term leads for: its end ends the drain.
-        let led = own.as_ref().and_then(|o| o.borrow().app);
-        Box::pin(async move {
-            ctx.cancelled.cancelled().await;
-            // The cancellation can arrive (it follows the shutdown token)
-            // before the elector publishes why the term ended: read the
-            // reason only once the state no longer claims.
-            let mut state = ctx.state.clone();
-            let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
-            if ended.is_ok_and(|change| change == Change::SteppingDown) {
-                info!(?drain, "stopped claiming; draining before the release");
-                own_pod::drain(drain, reserve, own, led, signalled).await;
-            }
-        })
-    }
-}
-
 /// Our own pod's watch, inside Kubernetes.
 pub(crate) fn watch_own_pod(
     kube: Option<::kube::Client>,
@@ -312,49 +233,6 @@ pub(crate) fn watch_own_pod(
     let pods = ::kube::Api::namespaced(client, &pod.namespace);
     tokio::spawn(own_pod::watch(pods, pod.name.clone(), app_container, tx));
     Some(rx)
-}
-
-/// Starts the configured app health sources and the campaign that follows
-/// them and the pod's deletion; with no source, the app counts as healthy.
-/// With sources, the elector stops campaigning at once until one says the
-/// app is healthy.
-fn start_health_sources(
-    args: &Args,
-    own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
-    metrics: Metrics,
-    set_campaigning: impl Fn(bool) + Send + 'static,
-) -> tokio::sync::watch::Receiver<health::AppHealth> {
-    use health::Verdict;
-    let mut sources = Vec::new();
-    if let Some(url) = args.app_health_url.clone() {
-        let (tx, rx) = tokio::sync::watch::channel(Verdict::Unknown(format!("{url} not polled yet")));
-        let (interval, timeout, failures) = (
-            args.app_health_interval,
-            args.app_health_timeout,
-            args.app_health_failures,
-        );
-        tokio::spawn(health::poll_url(url, interval, timeout, failures, tx));
-        sources.push(("url", rx));
-    }
-    if let Some(container) = args.app_container.clone() {
-        match own.clone() {
-            Some(own) => {
-                let (tx, rx) = tokio::sync::watch::channel(Verdict::Unknown("pod not read yet".into()));
-                tokio::spawn(own_pod::follow_app_verdict(own, tx));
-                sources.push(("container", rx));
-            }
-            None => warn!(%container, "--app-container needs the Kubernetes API; ignoring it"),
-        }
-    }
-    let (health_tx, health_rx) = tokio::sync::watch::channel(health::AppHealth::default());
-    if !sources.is_empty() {
-        // Campaign only once a source says the app is healthy.
-        set_campaigning(false);
-        tokio::spawn(health::follow(sources, health_tx));
-        tokio::spawn(metrics.follow_app_health(health_rx.clone()));
-    }
-    tokio::spawn(own_pod::steer_campaign(health_rx.clone(), own, set_campaigning));
-    health_rx
 }
 
 async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
@@ -436,268 +314,4 @@ pub fn capped_backoff() -> backon::ExponentialBuilder {
         .with_max_delay(BACKOFF_CAP)
         .with_jitter()
         .without_max_times()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lease::{Identity, Timing};
-    use crate::store::MemoryStore;
-    use prometheus_client::registry::Registry;
-
-    /// SIGTERM: 503 at once, the drain, then the release. On a current-thread
-    /// runtime with paused time the leader work wakes on shutdown in the same
-    /// turn as the elector, so a check made before the elector says
-    /// "stepping down" would skip the drain.
-    #[tokio::test(start_paused = true)]
-    async fn shutdown_stops_claiming_then_drains_then_releases() {
-        let drain = Duration::from_secs(5);
-        let store = MemoryStore::new(1);
-        let timing = Timing::default();
-        let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), timing);
-        let shutdown = CancellationToken::new();
-        let handle = elector.spawn_with_work(
-            Arc::new(store.clone()),
-            shutdown.clone(),
-            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone()),
-        );
-        let mut state = handle.subscribe();
-        state.wait_for(|s| s.leader).await.unwrap();
-        shutdown.cancel();
-        state.wait_for(|s| !s.leader).await.unwrap();
-        let stopped = tokio::time::Instant::now();
-        let joined = tokio::spawn(handle.join());
-        tokio::time::sleep(drain - Duration::from_millis(1)).await;
-        let held = store.observe("drain").await.unwrap();
-        assert!(
-            held.live_holder().is_some(),
-            "released {:?} into a {drain:?} drain",
-            stopped.elapsed()
-        );
-        joined.await.unwrap();
-        assert!(stopped.elapsed() >= drain);
-        assert_eq!(
-            store.observe("drain").await.unwrap().live_holder(),
-            None,
-            "released after the drain"
-        );
-    }
-
-    /// web-0's sidecar as `run` wires it (own-pod watch, health, campaign,
-    /// drain), on the API server model and a memory store, leading with
-    /// its app container running: the store, the model and the elector.
-    struct LeaderPod {
-        api: crate::testing::api::ApiServer,
-        store: MemoryStore,
-        handle: crate::lease::ElectorHandle,
-        /// SIGTERM.
-        shutdown: CancellationToken,
-    }
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
-    }
-
-    /// The app container's status: running (and ready) or terminated.
-    fn app_status(running: bool, restarts: i32) -> serde_json::Value {
-        let state = match running {
-            true => serde_json::json!({"running": {"startedAt": "2026-11-25T09:00:00Z"}}),
-            false => serde_json::json!({"terminated": {"exitCode": 137, "reason": "Error",
-                "startedAt": "2026-11-25T09:00:00Z", "finishedAt": "2026-11-25T09:01:00Z"}}),
-        };
-        serde_json::json!({"name": "app", "ready": running, "restartCount": restarts,
-            "image": "app", "imageID": "", "state": state})
-    }
-
-    /// A lease that outlasts the drains and grace periods here (D = 2 min,
-    /// P = 2 s): an undrained lease must not simply expire under the test.
-    fn long_lease() -> Timing {
-        Timing::new(
-            Duration::from_secs(120),
-            Duration::from_secs(60),
-            Duration::from_secs(2),
-            0.0,
-        )
-        .unwrap()
-    }
-
-    impl LeaderPod {
-        /// `native`: the sidecar is an init container with `restartPolicy: Always`.
-        async fn start(drain: &str, native: bool) -> LeaderPod {
-            use crate::testing::api::{ApiServer, pods};
-            use clap::Parser;
-            let api = ApiServer::new(Some(rbac::allows_request));
-            let mut pod = pods::pod("web-0", "prod", serde_json::json!({"app": "web"}), None);
-            pod["status"]["containerStatuses"] = serde_json::json!([app_status(true, 0)]);
-            if native {
-                pod["spec"]["initContainers"] =
-                    serde_json::json!([{"name": crate::api::contract::SIDECAR_CONTAINER, "restartPolicy": "Always"}]);
-            }
-            api.insert(&pods::collection("prod"), pod);
-            let cli = Cli::parse_from(["sidecar", "--app-container", "app", "--drain", drain]);
-            let pod = pod::PodRef {
-                name: "web-0".into(),
-                namespace: "prod".into(),
-                uid: Some("uid-0".into()),
-            };
-            let timing = long_lease();
-            let own = watch_own_pod(Some(api.client("prod")), Some(&pod), cli.args.app_container.clone());
-            let store = MemoryStore::new(1);
-            let elector = Elector::new("web", Identity::new(None, Some("prod".into()), "web-0"), timing);
-            let shutdown = CancellationToken::new();
-            let reserve = own_pod::release_reserve(&timing);
-            let work = drain_on_step_down(cli.args.drain, reserve, own.clone(), shutdown.clone());
-            let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), work);
-            let control = handle.control();
-            let metrics = Metrics::new(&mut Registry::default());
-            start_health_sources(&cli.args, own, metrics, move |on| control.set_campaigning(on));
-            handle.subscribe().wait_for(|s| s.leader).await.unwrap();
-            LeaderPod {
-                api,
-                store,
-                handle,
-                shutdown,
-            }
-        }
-
-        fn update(&self, change: impl FnOnce(&mut serde_json::Value)) {
-            use crate::testing::api::pods;
-            let mut pod = self.api.get(&pods::collection("prod"), "web-0").unwrap();
-            change(&mut pod);
-            self.api.insert(&pods::collection("prod"), pod);
-        }
-
-        /// Marks the pod deleted with `grace`, as the API server does.
-        fn delete(&self, grace: Duration) {
-            let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + grace).to_string();
-            self.update(|pod| {
-                pod["metadata"]["deletionTimestamp"] = serde_json::json!(at);
-                pod["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(grace.as_secs());
-            });
-        }
-
-        fn app(&self, running: bool, restarts: i32) {
-            self.update(|pod| pod["status"]["containerStatuses"] = serde_json::json!([app_status(running, restarts)]));
-        }
-
-        async fn held(&self) -> bool {
-            self.store.observe("web").await.unwrap().live_holder().is_some()
-        }
-
-        /// Waits (paused time) for the release; how long it took.
-        async fn released(&self) -> Duration {
-            let started = tokio::time::Instant::now();
-            while self.held().await {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            started.elapsed()
-        }
-    }
-
-    /// Item 1 of issue 25: the pod deleted while its app ignores SIGTERM.
-    /// The leader stops claiming at once, keeps the lease through the drain
-    /// (60 s here), and releases before the grace period (30 s) runs out,
-    /// leaving the release its reserve (P): a sidecar is never killed
-    /// holding a lease it could have released.
-    #[tokio::test(start_paused = true)]
-    async fn a_deleted_leader_pod_stops_claiming_at_once_and_releases_before_its_grace_period_ends() {
-        let pod = LeaderPod::start("60s", false).await;
-        let grace = Duration::from_secs(30);
-        let reserve = own_pod::release_reserve(&long_lease());
-        pod.delete(grace);
-        let mut state = pod.handle.subscribe();
-        state.wait_for(|s| !s.leader).await.unwrap();
-        assert!(pod.held().await, "stopped claiming, still holding the lease to drain");
-        // The deletion timestamp has whole seconds, as the API server's.
-        tokio::time::sleep(grace - reserve - Duration::from_secs(2)).await;
-        assert!(pod.held().await, "the app still runs: the drain goes on");
-        let released = pod.released().await;
-        assert!(
-            released <= Duration::from_secs(2),
-            "released {released:?} after the reserve began: the grace period ends {reserve:?} later"
-        );
-        assert_eq!(pod.handle.state().change, Change::Released);
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(!pod.held().await, "a terminating pod never campaigns again");
-        assert!(!pod.handle.state().campaigning);
-    }
-
-    /// With the app container gone there is nothing left to drain: a
-    /// deleted pod releases as soon as its status shows the app exited.
-    #[tokio::test(start_paused = true)]
-    async fn a_deleted_leader_pod_releases_as_soon_as_its_app_has_exited() {
-        let pod = LeaderPod::start("60s", false).await;
-        pod.delete(Duration::from_secs(30));
-        pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(pod.held().await, "the app still runs: draining");
-        pod.app(false, 0);
-        let released = pod.released().await;
-        assert!(
-            released < Duration::from_secs(1),
-            "released {released:?} after the app exited"
-        );
-    }
-
-    /// Item 3 of issue 25: an app container that terminated releases at
-    /// once, without the drain (60 s here); restarted and ready, it leads again.
-    #[tokio::test(start_paused = true)]
-    async fn an_app_container_that_exited_releases_at_once_and_campaigns_again_when_restarted() {
-        let pod = LeaderPod::start("60s", false).await;
-        pod.app(false, 0);
-        let released = pod.released().await;
-        assert!(
-            released < Duration::from_secs(1),
-            "released {released:?} after the app exited"
-        );
-        pod.app(true, 1);
-        pod.handle.subscribe().wait_for(|s| s.leader).await.unwrap();
-    }
-
-    /// The drain ends when the run of the app that led has ended, also when
-    /// the kubelet has already restarted it (running again, one more restart).
-    #[tokio::test(start_paused = true)]
-    async fn an_app_restarted_between_two_looks_ends_the_drain() {
-        let pod = LeaderPod::start("60s", false).await;
-        pod.update(|p| {
-            let mut restarted = app_status(true, 1);
-            restarted["ready"] = serde_json::json!(false);
-            p["status"]["containerStatuses"] = serde_json::json!([restarted]);
-        });
-        let released = pod.released().await;
-        assert!(
-            released < Duration::from_secs(1),
-            "released {released:?} after the restart"
-        );
-    }
-
-    /// A native sidecar gets SIGTERM only once the app containers have
-    /// exited, while the pod's status still shows the app running (the
-    /// kubelet writes it once the whole pod has stopped): the SIGTERM ends
-    /// the drain.
-    #[tokio::test(start_paused = true)]
-    async fn sigterm_to_a_native_sidecar_of_a_deleted_pod_ends_the_drain() {
-        let pod = LeaderPod::start("60s", true).await;
-        pod.delete(Duration::from_secs(30));
-        pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(pod.held().await, "the app still runs: draining");
-        pod.shutdown.cancel();
-        let released = pod.released().await;
-        assert!(released < Duration::from_secs(1), "released {released:?} after SIGTERM");
-    }
-
-    /// A sidecar that is a regular container gets SIGTERM together with the
-    /// app: the app may still be running, so the drain goes on.
-    #[tokio::test(start_paused = true)]
-    async fn sigterm_to_a_sidecar_container_keeps_the_drain() {
-        let pod = LeaderPod::start("60s", false).await;
-        pod.delete(Duration::from_secs(30));
-        pod.shutdown.cancel();
-        pod.handle.subscribe().wait_for(|s| !s.leader).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(20)).await;
-        assert!(pod.held().await, "the app may still run: draining");
-    }
 }

@@ -2,7 +2,7 @@
 //! it (and by when the kubelet may kill us), and the app container's state.
 //! One watch of the pod feeds the app's health ([`super::health`]), the
 //! campaign ([`steer_campaign`]) and the drain before a release
-//! ([`super::drain_on_step_down`]).
+//! ([`super::single::drain_on_step_down`]).
 //!
 //! Kubernetes announces a graceful deletion before it acts: the API server
 //! sets `metadata.deletionTimestamp` to the deletion time plus the grace
@@ -173,7 +173,7 @@ pub async fn follow_app_verdict(mut own: watch::Receiver<OwnPod>, verdict: watch
 
 /// Campaigns while the app is healthy and the pod is not being deleted: a
 /// terminating pod stops claiming at once and never campaigns again (its
-/// leader releases after the drain, see [`super::drain_on_step_down`]).
+/// leader releases after the drain, see [`super::single::drain_on_step_down`]).
 /// While no health source can tell, the campaign stays as it is.
 pub async fn steer_campaign(
     mut health: watch::Receiver<AppHealth>,

@@ -22,40 +22,40 @@
 use std::sync::Arc;
 
 use backon::BackoffBuilder;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use std::time::Duration;
 
-use super::config::Settings;
 use super::http::{PartitionsApi, PartitionsSetup};
 use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
-use super::{Args, Result, bind_listeners, capped_backoff, metrics_router, start_health_sources, watch_own_pod};
+use super::{Mode, Start, capped_backoff};
 use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
 use crate::store::select::StoreConfig;
 
-pub async fn run(
-    args: Args,
-    settings: Settings,
-    count: u32,
-    kube: Option<::kube::Client>,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let (http, metrics_listener) = bind_listeners(&args).await?;
-    let (starting_tx, starting) = watch::channel(None);
-    let report = Report::new(args.election.create_table, starting_tx);
+/// Starts the HTTP API's `/partitions`, the metrics and the token file of
+/// the partitioned lock; the mode runs until its last session is closed.
+pub(super) fn start(start: Start<'_>, count: u32) -> Mode {
+    let Start {
+        args,
+        settings,
+        kube: _,
+        metrics,
+        budget,
+        starting,
+        own,
+        signalled: _,
+        shutdown,
+    } = start;
+    let report = Report::new(args.election.create_table, starting.sender);
     let (assigned_tx, assigned) = watch::channel(Assigned::default());
     // Kept here as well, so that without health sources it never closes.
     let campaigning_tx = Arc::new(watch::channel(true).0);
     let campaigning = campaigning_tx.subscribe();
     let follower = campaigning_tx.clone();
-    let own = watch_own_pod(kube, settings.pod.as_ref(), args.app_container.clone());
-    let app = start_health_sources(&args, own, metrics.clone(), move |on| {
+    let app = super::campaign::start(args, own, metrics.clone(), move |on| {
         follower.send_replace(on);
     });
     let api = PartitionsApi {
@@ -66,53 +66,47 @@ pub async fn run(
             renew_deadline: settings.timing.renew_deadline,
         },
         app,
-        starting,
+        starting: starting.problem,
     };
-    let servers = CancellationToken::new();
-    let http_task = tokio::spawn(super::http::serve(
-        http,
-        super::http::partitions_router(api.clone()),
-        servers.clone(),
-    ));
     let healthz = axum::Router::new()
         .route("/healthz", axum::routing::get(super::http::partitions_healthz))
         .with_state(api.clone());
-    let metrics_task = tokio::spawn(super::http::serve(
-        metrics_listener,
-        metrics_router(registry, healthz),
-        servers.clone(),
-    ));
     tokio::spawn(metrics.clone().follow_partitions(assigned.clone()));
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(super::token_file::follow_partitions(path, assigned, api.setup.clone()));
     }
 
-    let connecting = connect(&settings.store, args.election.create_table, metrics, &report);
-    let store = tokio::select! {
-        store = connecting => Some(store),
-        _ = shutdown.cancelled() => None,
+    let (choice, create_table, shutdown) = (settings.store.clone(), args.election.create_table, shutdown.clone());
+    let member = Member {
+        lock: settings.lock.clone(),
+        count,
+        identity: settings.identity.clone(),
+        timing: settings.timing,
+        drain: args.drain,
     };
-    if let Some(store) = store {
-        let member = Member {
-            lock: settings.lock.clone(),
-            count,
-            identity: settings.identity.clone(),
-            timing: settings.timing,
-            drain: args.drain,
+    let running = async move {
+        // The renewal budget watches the session's renewals, once connected.
+        let connecting = connect(&choice, create_table, metrics, &report);
+        let store = tokio::select! {
+            store = connecting => Some(budget.time(store)),
+            _ = shutdown.cancelled() => None,
         };
-        member
-            .take_part(store, &report, campaigning, &assigned_tx, &shutdown)
-            .await;
-    }
-    info!("partitioned run stopped");
-    drop((assigned_tx, campaigning_tx));
-    servers.cancel();
-    for task in [http_task, metrics_task] {
-        if let Ok(Err(e)) = task.await {
-            warn!(error = %e, "HTTP server error");
+        if let Some(store) = store {
+            member
+                .take_part(Arc::new(store), &report, campaigning, &assigned_tx, &shutdown)
+                .await;
         }
+        info!("partitioned run stopped");
+        drop((assigned_tx, campaigning_tx));
+    };
+    Mode {
+        api: super::http::partitions_router(api),
+        healthz,
+        set_timing: Box::new(|_| {
+            warn!("the lease's timing changed; a partitioned sidecar applies it after a restart");
+        }),
+        running: Box::pin(running),
     }
-    Ok(())
 }
 
 /// This candidate's part in the partitioned lock.

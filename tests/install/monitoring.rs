@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::lease::Timing;
@@ -15,7 +14,6 @@ use leasehold::lease::session::Collected;
 use leasehold::operator::metrics::Outcome;
 use leasehold::sidecar::budget::RenewBudget;
 use leasehold::sidecar::metrics::{FailureLabels, OpLabels};
-use leasehold::store::memory::MemoryStore;
 use prometheus_client::registry::Registry;
 
 const RULES: &str = "manifests/prometheus/leasehold-rules.yaml";
@@ -65,7 +63,7 @@ fn promtool_test_rules(tests: &Path) -> (bool, String) {
 fn exported_metrics() -> BTreeSet<String> {
     let mut registry = Registry::default();
     let sidecar = leasehold::sidecar::metrics::Metrics::new(&mut registry);
-    RenewBudget::new(Arc::new(MemoryStore::new(1)), &Timing::default(), &mut registry);
+    RenewBudget::new(&Timing::default(), &mut registry);
     let operator = leasehold::operator::metrics::Metrics::new(&mut registry);
     // A family is exposed once it has a series.
     let op = OpLabels { op: "renew" };

@@ -96,6 +96,10 @@ fn a_killed_ones_shares_move(sidecars: &[Sidecar], bound: Duration) {
     );
     let (status, _) = get(all[0].http, "/leader").unwrap();
     assert_eq!(status, 409, "/leader does not name a leader of a partitioned lock");
+    // Issue 38: the session's renewals count against R - P as a lease's do,
+    // so LeaseholdTimingAtRisk covers partitioned sidecars too.
+    let (_, metrics) = get_text(all[0].metrics, "/metrics").unwrap();
+    assert!(metrics.contains("leasehold_renew_budget_used"), "{metrics}");
 
     let victim = (0..3).max_by_key(|i| before[*i].len()).unwrap();
     sidecars[victim].signal("KILL");
