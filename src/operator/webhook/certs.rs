@@ -270,11 +270,9 @@ pub async fn patch_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> 
     Ok(())
 }
 
+/// Standard base64 (with padding), the form `caBundle` and a JSON patch's
+/// bytes take.
 pub(super) fn base64_encode(bytes: &[u8]) -> String {
-    use k8s_openapi::ByteString;
-    // ByteString serializes as standard base64, the form caBundle takes.
-    serde_json::to_value(ByteString(bytes.to_vec()))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
