@@ -442,6 +442,29 @@ def check_chart_values(schemas):
     pod = operator_pod(rendered("container securityContext", {"operator": {"securityContext": container}}))
     if pod["containers"][0].get("securityContext") != container:
         problems.append(f"operator.securityContext: rendered {pod['containers'][0].get('securityContext')}")
+    # One clusterName reaches the operator (which passes it to every sidecar
+    # it injects); the deprecated operator.clusterName still does; two
+    # different names are refused, and so is a name a holder identity
+    # cannot carry.
+    for values in ({"clusterName": "west"}, {"operator": {"clusterName": "west"}},
+                   {"clusterName": "west", "operator": {"clusterName": "west"}}):
+        operator = operator_pod(rendered(f"{values}", values))["containers"][0]
+        if env_of(operator).get("LEASEHOLD_CLUSTER_NAME") != "west":
+            problems.append(f"{values}: the operator's LEASEHOLD_CLUSTER_NAME is {env_of(operator).get('LEASEHOLD_CLUSTER_NAME')}")
+    if "LEASEHOLD_CLUSTER_NAME" in env_of(operator_pod(rendered("default values", {}))["containers"][0]):
+        problems.append("default values: the operator got a cluster name")
+    try:
+        render({"clusterName": "west", "operator": {"clusterName": "east"}})
+        problems.append("clusterName west and operator.clusterName east: rendered, one silently winning")
+    except helm_python.HelmError as e:
+        if "set clusterName only" not in str(e):
+            problems.append(f"clusterName west and operator.clusterName east: refused without saying why: {e}")
+    for bad in ("us/west", "a#b", "a@b", "two words", "x" * 64):
+        try:
+            helm_python.Chart.load(str(CHART)).validate_schema({"clusterName": bad})
+            problems.append(f"values.schema.json: clusterName {bad!r} was accepted")
+        except helm_python.HelmError:
+            pass
     # NOTES.txt names this install to `leasehold check` (which finds it by its labels).
     notes = helm_python.Chart.load(str(CHART)).render({}, name=RELEASE, namespace=RELEASE_NAMESPACE, is_install=True)
     wanted = f"leasehold check --instance {RELEASE} --operator-namespace {RELEASE_NAMESPACE}"

@@ -42,7 +42,8 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use super::installed::{self, Operator};
 use super::{ClusterArgs, Output};
 use crate::api::contract::DEFAULT_IMAGE;
-use crate::api::{DistributedLease, validate};
+use crate::api::{DistributedLease, ValidStore, validate};
+use crate::lease::Identity;
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
@@ -334,7 +335,10 @@ pub async fn check(client: Client, args: &Args) -> Report {
     check_webhook(&client, &install, &mut report).await;
     check_rbac(&client, &install, &mut report).await;
     if crd_installed {
-        check_leases(&client, args, &mut report).await;
+        // The cluster's name as the operator has it (the chart's
+        // clusterName): what the holders of this cluster carry.
+        let cluster = operator.as_ref().and_then(|o| operator_setting(o, "cluster_name"));
+        check_leases(&client, args, cluster.as_deref(), &mut report).await;
     }
     report
 }
@@ -633,7 +637,7 @@ async fn check_sidecar_rbac(
     }
 }
 
-async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
+async fn check_leases(client: &Client, args: &Args, cluster: Option<&str>, report: &mut Report) {
     let api: Api<DistributedLease> = match &args.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
@@ -651,7 +655,7 @@ async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
     let mut accounts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for lease in leases {
         let namespace = lease.namespace().unwrap_or_default();
-        for candidate in check_lease(client, &lease, report).await {
+        for candidate in check_lease(client, &lease, cluster, report).await {
             (accounts.entry(namespace.clone()).or_default())
                 .entry(service_account(&candidate))
                 .or_default()
@@ -662,7 +666,12 @@ async fn check_leases(client: &Client, args: &Args, report: &mut Report) {
 }
 
 /// The lease's findings; returns its candidate pods.
-async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Report) -> Vec<Arc<Pod>> {
+async fn check_lease(
+    client: &Client,
+    lease: &DistributedLease,
+    cluster: Option<&str>,
+    report: &mut Report,
+) -> Vec<Arc<Pod>> {
     let namespace = lease.namespace().unwrap_or_default();
     let id = format!("DistributedLease {namespace}/{}", lease.name_any());
     let valid = match validate(lease) {
@@ -682,6 +691,10 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
         }
     };
     let mut healthy = true;
+    for warning in sharing_warnings(lease, &valid.store, cluster, &candidates) {
+        healthy = false;
+        report.warn(format!("{id}: {warning}"));
+    }
     let without_sidecar = reconcile::without_sidecar(&candidates);
     if !without_sidecar.is_empty() {
         healthy = false;
@@ -736,6 +749,59 @@ async fn check_lease(client: &Client, lease: &DistributedLease, report: &mut Rep
         report.ok(format!("{id}: {} candidate(s)", candidates.len()));
     }
     candidates
+}
+
+/// What can go wrong when clusters share a lock (docs/multi-cluster.md):
+/// a lock name on the Kubernetes store (each cluster has its own Lease, so
+/// one leader per cluster, not one in all); a lock meant to be shared from
+/// a cluster without a name (its holders cannot be told from another
+/// cluster's, so the operator never releases them and status cannot say
+/// where the leader runs); and a holder that carries this cluster's name
+/// but is none of its candidates (another cluster uses the same name).
+fn sharing_warnings(
+    lease: &DistributedLease,
+    store: &ValidStore,
+    cluster: Option<&str>,
+    candidates: &[Arc<Pod>],
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(lock) = &lease.spec.lock_name {
+        if matches!(store, ValidStore::Kubernetes) {
+            warnings.push(format!(
+                "spec.lockName {lock:?} on the Kubernetes store names a Lease in this cluster only: \
+                 every cluster naming it elects a leader of its own; share a lock across clusters \
+                 through store.spanner, store.postgres or store.redis"
+            ));
+        } else if cluster.is_none() {
+            warnings.push(format!(
+                "spec.lockName {lock:?} may be shared with other clusters, but this cluster has no name: \
+                 set the chart's clusterName (a name unique among the clusters sharing the store) so \
+                 holders say where they run"
+            ));
+        }
+    }
+    let holder = lease.status.as_ref().and_then(|s| s.holder.as_deref());
+    if let (Some(ours), Some((text, holder))) = (cluster, holder.and_then(|h| Some((h, h.parse::<Identity>().ok()?)))) {
+        let names_us = holder.cluster() == Some(ours)
+            && holder
+                .namespace()
+                .is_none_or(|ns| Some(ns) == lease.namespace().as_deref());
+        let pod_uid = Identity::pod_uid_of(text);
+        let is_a_candidate = candidates.iter().any(|pod| {
+            pod.metadata.name.as_deref() == Some(holder.name())
+                && pod_uid
+                    .as_deref()
+                    .is_none_or(|uid| pod.metadata.uid.as_deref() == Some(uid))
+        });
+        if names_us && !is_a_candidate {
+            warnings.push(format!(
+                "the holder {holder} names this cluster ({ours}) but is none of its candidate pods: \
+                 if this lasts longer than the lease duration, another cluster sharing the store \
+                 uses the name {ours} too (cluster names must be unique)"
+            ));
+        }
+    }
+    warnings
 }
 
 #[cfg(test)]

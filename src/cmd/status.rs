@@ -1,6 +1,6 @@
 //! `leasehold status` (and, through a `kubectl-leasehold` link on PATH,
 //! `kubectl leasehold status`): one line per DistributedLease with who
-//! holds it, its term, how old the current token is, how long leadership has
+//! holds it, the cluster it runs in, its term, how old the current token is, how long leadership has
 //! been as it is, the candidates ready / total, the version policy and the
 //! conditions, from the status the operator keeps. `-o json` prints the same
 //! as JSON; `--watch` then follows the leases (kube-runtime's watcher) and
@@ -72,6 +72,10 @@ pub struct LeaseStatus {
     pub name: String,
     /// The identity holding a valid lease; `None` when free or expired.
     pub holder: Option<String>,
+    /// The cluster the holder runs in, from its identity (`None` when the
+    /// holder names none); with several clusters on one lock, where the
+    /// leader is.
+    pub holder_cluster: Option<String>,
     pub term: Option<u64>,
     pub token: Option<String>,
     /// Seconds since the current (or last) term's token: its acquisition's
@@ -112,6 +116,7 @@ impl LeaseStatus {
             namespace: lease.namespace().unwrap_or_default(),
             name: lease.name_any(),
             holder: status.holder,
+            holder_cluster: status.holder_cluster,
             term: status.term,
             token: status.token,
             token_age_seconds: acquired.map(age),
@@ -148,7 +153,7 @@ impl LeaseStatus {
         }
     }
 
-    fn cells(&self) -> [String; 9] {
+    fn cells(&self) -> [String; 10] {
         let holder = match (&self.partitions, &self.holder) {
             (Some(p), _) => format!("<{} partitions, {} members, {} unowned>", p.count, p.members, p.unowned),
             (None, Some(holder)) => holder.clone(),
@@ -171,6 +176,7 @@ impl LeaseStatus {
             self.namespace.clone(),
             self.name.clone(),
             holder,
+            self.holder_cluster.clone().unwrap_or_else(|| "-".into()),
             self.term.map_or("-".into(), |t| t.to_string()),
             age(self.token_age_seconds),
             age(self.since_transition_seconds),
@@ -181,10 +187,11 @@ impl LeaseStatus {
     }
 }
 
-const HEADER: [&str; 9] = [
+const HEADER: [&str; 10] = [
     "NAMESPACE",
     "NAME",
     "HOLDER",
+    "CLUSTER",
     "TERM",
     "TOKEN AGE",
     "SINCE CHANGE",
@@ -207,7 +214,7 @@ fn age(seconds: Option<f64>) -> String {
 
 /// The table: a header and one aligned line per lease.
 pub fn table(leases: &[LeaseStatus]) -> String {
-    let rows: Vec<[String; 9]> = std::iter::once(HEADER.map(String::from))
+    let rows: Vec<[String; 10]> = std::iter::once(HEADER.map(String::from))
         .chain(leases.iter().map(LeaseStatus::cells))
         .collect();
     let widths: Vec<usize> = (0..HEADER.len())

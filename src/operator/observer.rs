@@ -11,8 +11,10 @@
 //!   not read yet, or a read after a given moment): every reconcile waiting
 //!   then shares the next read;
 //! * **at once** when the store announces a release ([`LeaseStore::changed_any`]:
-//!   PostgreSQL `NOTIFY`, Redis `PUBLISH`); Spanner announces nothing and is
-//!   read per P.
+//!   PostgreSQL `NOTIFY`, Redis `PUBLISH`, a holder change on the Kubernetes
+//!   store's watch of the namespace's Leases); Spanner announces nothing and
+//!   is read per P. The Kubernetes store answers the read from that watch,
+//!   so it costs no API request.
 //!
 //! After each read, the leases whose shown state changed (live holder, term,
 //! token, version, or whether the read failed) are sent to the controller

@@ -98,15 +98,16 @@ pub const STORE_RULES: &[Rule] = &[
         verbs: &["get"],
         resource_names: &[],
     },
-    // store.kubernetes: the lock's Lease, read (a consistent get) into
-    // status. The sidecars create, renew and release it; the operator never
-    // writes it (a dead holder's Lease expires after D), nor lists or
-    // watches it. RBAC cannot limit this by name: Lease names come from the
-    // resources' locks.
+    // store.kubernetes: the locks' Leases, watched (one watch of the
+    // namespace's Leases, which lists first) into status, and read (a
+    // consistent get) before a delete completes. The sidecars create, renew
+    // and release them; the operator never writes them (a dead holder's
+    // Lease expires after D). RBAC cannot limit this by name: Lease names
+    // come from the resources' locks.
     Rule {
         api_group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get"],
+        verbs: &["get", "list", "watch"],
         resource_names: &[],
     },
 ];
@@ -221,13 +222,14 @@ mod tests {
         let leases = "/apis/coordination.k8s.io/v1/namespaces/prod/leases";
         let candidates = allowed_in_candidates_namespace;
         assert!(candidates("GET", &format!("{leases}/prod-scheduler-0a1b2c3d4e"), false));
+        // The Kubernetes store's Leases are followed by one watch of the namespace.
+        assert!(candidates("GET", leases, false), "list");
+        assert!(candidates("GET", leases, true), "watch");
         for (method, path, watch) in [
             ("PUT", format!("{leases}/scheduler"), false),
             ("POST", leases.to_string(), false),
             ("DELETE", format!("{leases}/scheduler"), false),
             ("PATCH", format!("{leases}/scheduler"), false),
-            ("GET", leases.to_string(), false),
-            ("GET", leases.to_string(), true),
         ] {
             assert!(!candidates(method, &path, watch), "{method} {path} (watch: {watch})");
         }

@@ -18,6 +18,7 @@ use kube::{Api, Client};
 use crate::api::{SecretKeyRef, ValidLease};
 use crate::lease::{LeaseStore, SessionStore, StoreError};
 use crate::store::StoreUrl;
+use crate::store::kubernetes::KubernetesStore;
 use crate::store::select::{StoreConfig, no_sessions};
 
 /// The store of `valid` in `namespace`; `url` is the one its Secret holds
@@ -127,7 +128,15 @@ impl OpenStores {
         if let Some(opened) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(opened.clone());
         }
-        let (leases, sessions) = target.connect_both().await?;
+        let (leases, sessions) = match target {
+            // Every Lease of the namespace through one watch, not a read per
+            // lock and retry period (issue 39).
+            StoreConfig::Kubernetes(config) => {
+                let store = KubernetesStore::connect(config.clone()).await?.watching_namespace();
+                (Arc::new(store) as Arc<dyn LeaseStore>, None)
+            }
+            _ => target.connect_both().await?,
+        };
         Ok(self
             .open
             .lock()

@@ -48,7 +48,7 @@
 //!   garbage-collects it while it is held.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,7 +57,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -258,6 +258,19 @@ pub enum Mutant {
     UnconditionalWrites,
 }
 
+/// The view of the Lease called `name`, if some lock asked about it.
+fn lookup(views: &Mutex<HashMap<String, Arc<LockView>>>, name: &str) -> Option<Arc<LockView>> {
+    views.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+}
+
+/// Who a [`Seen`] says holds the Lease.
+fn holder_of(seen: &Seen) -> Option<String> {
+    match seen {
+        Seen::Present { lease, .. } => lease.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+        _ => None,
+    }
+}
+
 /// The store; cheap to share (`Arc`), one watch per followed lock.
 pub struct KubernetesStore {
     api: Api<Lease>,
@@ -266,10 +279,31 @@ pub struct KubernetesStore {
     /// Maps the monotonic clock to [`StoreTime`] for display: wall time at start.
     start: (Instant, i64),
     locks: Mutex<HashMap<String, Arc<LockView>>>,
+    /// The same views by Lease name, for the namespace watch's events.
+    by_name: Arc<Mutex<HashMap<String, Arc<LockView>>>>,
     /// API calls sent (reads and writes; the watches' streams aside).
     requests: AtomicU64,
+    /// The operator's watch of every Lease in the namespace, when on.
+    namespace_watch: Option<NamespaceWatch>,
     #[cfg(feature = "testing")]
     mutant: Option<Mutant>,
+}
+
+/// One watch of every Lease in the namespace (the operator's, issue 39):
+/// [`LeaseStore::observe_many`] answers from it, so observing N locks costs
+/// no request at rest, and a holder change is announced at once
+/// ([`LeaseStore::changed_any`]). The API server sends each Lease's changes
+/// in resourceVersion order on one watch (Kubernetes docs, "Efficient
+/// detection of changes"), and kube's watcher relists after an expired
+/// version ("410 Gone"), so the cache converges on what etcd holds.
+struct NamespaceWatch {
+    leases: reflector::Store<Lease>,
+    /// False from a watch error until the next event: a store the operator
+    /// cannot watch is unavailable, not frozen at its last state.
+    healthy: Arc<AtomicBool>,
+    /// Bumped when a watched Lease's holder changes or it is deleted.
+    holders: watch::Sender<u64>,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl std::fmt::Debug for KubernetesStore {
@@ -309,10 +343,91 @@ impl KubernetesStore {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             start: (now(), wall),
             locks: Mutex::default(),
+            by_name: Arc::default(),
             requests: AtomicU64::new(0),
+            namespace_watch: None,
             #[cfg(feature = "testing")]
             mutant: None,
         }
+    }
+
+    /// Watches every Lease of the namespace and answers
+    /// [`observe_many`](LeaseStore::observe_many) from that watch: what the
+    /// operator observes with (RBAC: `list` and `watch` on Leases). Expiry
+    /// keeps its meaning: a version unchanged for D since this process
+    /// first saw it.
+    pub fn watching_namespace(mut self) -> Self {
+        let (leases, writer) = reflector::store();
+        let healthy = Arc::new(AtomicBool::new(false));
+        let holders = watch::channel(0).0;
+        let (api, views, up, announce) = (self.api.clone(), self.by_name.clone(), healthy.clone(), holders.clone());
+        let (listed, namespace) = (leases.clone(), self.namespace.clone());
+        let task = async move {
+            let events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer);
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                up.store(event.is_ok(), Ordering::Relaxed);
+                let learned = match event {
+                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                        let view = lease.metadata.name.as_ref().and_then(|name| lookup(&views, name));
+                        match view {
+                            Some(view) => {
+                                let before = holder_of(&view.current());
+                                view.learn(Some(lease), now()).map(|seen| {
+                                    if holder_of(&seen) != before {
+                                        announce.send_modify(|n| *n += 1);
+                                    }
+                                })
+                            }
+                            None => Ok(()),
+                        }
+                    }
+                    Ok(watcher::Event::Delete(lease)) => {
+                        match lease.metadata.name.as_ref().and_then(|name| lookup(&views, name)) {
+                            Some(view) => resource_version(&lease.metadata).map(|version| {
+                                view.deleted(version);
+                                announce.send_modify(|n| *n += 1);
+                            }),
+                            None => Ok(()),
+                        }
+                    }
+                    // A relist is complete: a Lease deleted while the watch
+                    // was down is gone from the cache without a Delete event.
+                    Ok(watcher::Event::InitDone) => {
+                        let views: Vec<Arc<LockView>> = views
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .values()
+                            .cloned()
+                            .collect();
+                        for view in views {
+                            let gone = matches!(view.current(), Seen::Present { .. })
+                                && listed
+                                    .get(&reflector::ObjectRef::new(&view.name).within(&namespace))
+                                    .is_none();
+                            if gone && view.learn(None, now()).is_ok() {
+                                announce.send_modify(|n| *n += 1);
+                            }
+                        }
+                        Ok(())
+                    }
+                    Ok(watcher::Event::Init) => Ok(()),
+                    Err(e) => Err(StoreError::unavailable("watching the namespace's Leases").caused_by(e)),
+                };
+                if let Err(e) = learned {
+                    debug!(error = %e.chain(), "Lease watch; the watcher retries");
+                }
+            }
+        };
+        self.namespace_watch = Some(NamespaceWatch {
+            leases,
+            healthy,
+            holders,
+            _task: AbortOnDropHandle::new(tokio::spawn(task)),
+        });
+        self
     }
 
     /// Abandons each API call after `timeout` (default [`DEFAULT_CALL_TIMEOUT`]).
@@ -352,14 +467,42 @@ impl KubernetesStore {
         Ok(locks
             .entry(lock.to_string())
             .or_insert_with(|| {
-                Arc::new(LockView {
+                let view = Arc::new(LockView {
                     name: lease_name(lock),
                     seen: Mutex::new(Seen::Unknown),
                     changes: watch::channel(0).0,
                     watching: Mutex::new(None),
-                })
+                });
+                (self.by_name.lock().unwrap_or_else(|e| e.into_inner())).insert(view.name.clone(), view.clone());
+                view
             })
             .clone())
+    }
+
+    /// `locks` from the namespace watch: a lock first asked about is seeded
+    /// from the watch's cache, later ones follow its events.
+    async fn observe_watched(&self, watching: &NamespaceWatch, locks: &[String]) -> Result<Vec<Observation>> {
+        let unavailable = || StoreError::unavailable(format!("watching the Leases of namespace {}", self.namespace));
+        tokio::time::timeout(self.call_timeout, watching.leases.wait_until_ready())
+            .await
+            .map_err(|_| unavailable())?
+            .map_err(|_| unavailable())?;
+        if !watching.healthy.load(Ordering::Relaxed) {
+            return Err(unavailable());
+        }
+        locks
+            .iter()
+            .map(|lock| {
+                let view = self.view(lock)?;
+                if matches!(view.current(), Seen::Unknown) {
+                    let cached = watching
+                        .leases
+                        .get(&reflector::ObjectRef::new(&view.name).within(&self.namespace));
+                    view.learn(cached.map(|lease| Lease::clone(&lease)), now())?;
+                }
+                self.observation(lock, &view.current())
+            })
+            .collect()
     }
 
     /// One API call, bounded by the call timeout, its failure classified.
@@ -784,6 +927,28 @@ impl LeaseStore for KubernetesStore {
         let view = self.view(lock)?;
         let seen = self.read(&view).await?;
         self.observation(lock, &seen)
+    }
+
+    /// With [`watching_namespace`](KubernetesStore::watching_namespace):
+    /// from the watch, no request; otherwise one consistent read per lock.
+    async fn observe_many(&self, locks: &[String]) -> Result<Vec<Observation>> {
+        if let Some(watching) = &self.namespace_watch {
+            return self.observe_watched(watching, locks).await;
+        }
+        let mut observed = Vec::with_capacity(locks.len());
+        for lock in locks {
+            observed.push(self.observe(lock).await?);
+        }
+        Ok(observed)
+    }
+
+    async fn changed_any(&self) {
+        match &self.namespace_watch {
+            Some(watching) => {
+                let _ = watching.holders.subscribe().changed().await;
+            }
+            None => futures::future::pending().await,
+        }
     }
 
     async fn observe_followed(&self, lock: &str) -> Result<Observation> {

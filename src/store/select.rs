@@ -73,7 +73,12 @@ pub enum SelectError {
     },
     #[error("--store {0} needs --store-url or --store-url-file")]
     NeedsUrl(&'static str),
-    #[error("--store-url (or --store-url-file) needs --store postgres or --store redis")]
+    /// The URL may come from the environment the user exported for another
+    /// command (README, "Try it on one machine"), so the message names it.
+    #[error(
+        "--store-url (or --store-url-file) needs --store postgres or --store redis; a URL set as \
+         LEASEHOLD_STORE_URL or LEASEHOLD_STORE_URL_FILE in the environment counts: unset it for this store"
+    )]
     UrlWithoutUrlStore,
     #[error("--store spanner needs --database")]
     NeedsDatabase,

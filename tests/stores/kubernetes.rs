@@ -270,6 +270,71 @@ async fn followers_read_from_the_watch_and_wake_for_a_release() {
     follower.acquire("watched", "follower", lease).await.unwrap();
 }
 
+/// The operator's view of a namespace (issue 39): one watch of its Leases
+/// answers `observe_many` for every lock without a request per lock, with
+/// the holders, terms and tokens a consistent read gives, and
+/// `changed_any` wakes for a release.
+#[tokio::test]
+async fn the_operator_observes_every_lease_of_a_namespace_from_one_watch() {
+    let cluster = cluster().await;
+    let lease = Duration::from_secs(30);
+    let locks: Vec<String> = (0..20).map(|i| format!("many-{i}")).collect();
+    let mut grants = Vec::new();
+    for (i, lock) in locks.iter().enumerate().take(10) {
+        grants.push(
+            cluster
+                .store
+                .acquire(lock, &format!("holder-{i}"), lease)
+                .await
+                .unwrap(),
+        );
+    }
+    let operator =
+        KubernetesStore::new(cluster.namespace.client.clone(), Some(&cluster.namespace.name)).watching_namespace();
+    let shown = |observed: &[leasehold::lease::Observation]| -> Vec<_> {
+        observed
+            .iter()
+            .map(|o| {
+                let record = o.record.as_ref();
+                (
+                    o.live_holder().map(str::to_string),
+                    record.map(|r| r.term),
+                    record.and_then(|r| r.token),
+                )
+            })
+            .collect()
+    };
+    let watched = operator.observe_many(&locks).await.unwrap();
+    let read = cluster.another().observe_many(&locks).await.unwrap();
+    assert_eq!(
+        shown(&watched),
+        shown(&read),
+        "the watch shows what a consistent read does"
+    );
+    assert_eq!(shown(&watched)[3].0.as_deref(), Some("holder-3"));
+    assert_eq!(shown(&watched)[13], (None, None, None), "a lock never taken");
+    operator.observe_many(&locks).await.unwrap();
+    assert_eq!(operator.requests(), 0, "no request per lock, at first or later");
+
+    let mut woken = std::pin::pin!(operator.changed_any());
+    tokio::select! {
+        biased;
+        () = &mut woken => panic!("woken before anything changed"),
+        () = std::future::ready(()) => {}
+    }
+    cluster
+        .store
+        .release(&locks[0], "holder-0", grants[0].token)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), woken)
+        .await
+        .expect("changed_any wakes for the release");
+    let after = operator.observe_many(&locks[..1]).await.unwrap();
+    assert_eq!(after[0].live_holder(), None, "the release is seen: {after:?}");
+    assert_eq!(operator.requests(), 0);
+}
+
 /// The sidecar's Role (src/sidecar/rbac.rs, the chart's rbac-sidecar.yaml)
 /// is enough for the store: a client impersonating a ServiceAccount bound
 /// to exactly those rules creates, watches, renews, releases and takes the

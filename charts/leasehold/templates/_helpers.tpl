@@ -45,3 +45,12 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* This cluster's name: clusterName, else the deprecated operator.clusterName;
+       two different names are refused rather than one silently winning. */ -}}
+{{- define "leasehold.clusterName" -}}
+{{- if and .Values.clusterName .Values.operator.clusterName (ne .Values.clusterName .Values.operator.clusterName) -}}
+{{- fail (printf "clusterName %q and the deprecated operator.clusterName %q differ: set clusterName only" .Values.clusterName .Values.operator.clusterName) -}}
+{{- end -}}
+{{- default .Values.operator.clusterName .Values.clusterName -}}
+{{- end -}}

@@ -9,6 +9,7 @@ use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::api::contract::ENV_CLUSTER_NAME;
 use crate::cmd::{Cli, Command};
 use crate::rbac::RequestAttributes;
 use crate::testing::api::{self, mock_client};
@@ -738,4 +739,79 @@ async fn a_release_asked_for_by_name_that_is_not_installed_is_an_error() {
             .any(|e| e.starts_with("no operator Deployment of release other (labelled")),
         "{report:#?}"
     );
+}
+
+/// Clusters sharing a lock (docs/multi-cluster.md): each way it cannot work
+/// is named, and a setup that works draws no warning.
+#[tokio::test]
+async fn sharing_a_lock_across_clusters_warns_where_it_cannot_work() {
+    let named = |cluster: Option<&str>| {
+        let mut operator = operator(
+            "leasehold-system",
+            "leasehold",
+            WEBHOOK_CONFIGURATION,
+            DEFAULT_WEBHOOK_SECRET,
+        );
+        if let Some(name) = cluster {
+            let env = &mut operator["spec"]["template"]["spec"]["containers"][0]["env"];
+            env.as_array_mut()
+                .unwrap()
+                .push(json!({"name": ENV_CLUSTER_NAME, "value": name}));
+        }
+        operator
+    };
+    let with_holder = |holder: &str| Some(json!({"holder": holder, "conditions": []}));
+    let pods = || {
+        let mut web = pod("web-0", "web", None);
+        web["metadata"]["uid"] = json!("uid-0");
+        vec![web, pod("jobs-0", "jobs", None)]
+    };
+    let warnings = |cluster: Option<&'static str>, leases: Vec<Value>| async move {
+        let cluster = Cluster {
+            operators: vec![named(cluster)],
+            leases,
+            pods: pods(),
+            ..healthy()
+        };
+        let (report, _) = check_against(cluster).await;
+        messages(&report, Severity::Warning).join("\n")
+    };
+
+    let kubernetes = lease(
+        "jobs",
+        json!({"lockName": "shared/jobs", "store": {"kubernetes": {}}}),
+        None,
+    );
+    let seen = warnings(Some("west"), vec![kubernetes]).await;
+    assert!(
+        seen.contains("DistributedLease prod/jobs: spec.lockName \"shared/jobs\" on the Kubernetes store names a Lease in this cluster only"),
+        "{seen}"
+    );
+
+    let shared = || lease("web", json!({"lockName": "shared/web"}), None);
+    let seen = warnings(None, vec![shared()]).await;
+    assert!(
+        seen.contains("this cluster has no name: set the chart's clusterName"),
+        "{seen}"
+    );
+    let seen = warnings(Some("west"), vec![shared()]).await;
+    assert_eq!(seen, "", "a named cluster sharing a lock is how it is meant to work");
+
+    let held_by = |holder: &str| lease("web", json!({}), with_holder(holder));
+    let seen = warnings(Some("west"), vec![held_by("west/prod/web-9#0a1b2c3d@uid-9")]).await;
+    assert!(
+        seen.contains(
+            "the holder west/prod/web-9#0a1b2c3d@uid-9 names this cluster (west) but is none of its candidate pods"
+        ),
+        "{seen}"
+    );
+    let seen = warnings(Some("west"), vec![held_by("west/prod/web-0#0a1b2c3d@uid-7")]).await;
+    assert!(
+        seen.contains("names this cluster (west)"),
+        "same name, another pod UID: {seen}"
+    );
+    for elsewhere_or_ours in ["west/prod/web-0#0a1b2c3d@uid-0", "east/prod/web-9#0a1b2c3d@uid-9"] {
+        let seen = warnings(Some("west"), vec![held_by(elsewhere_or_ours)]).await;
+        assert_eq!(seen, "", "{elsewhere_or_ours}");
+    }
 }

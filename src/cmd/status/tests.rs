@@ -43,7 +43,7 @@ fn leases() -> [Value; 3] {
         lease(
             "web",
             json!({"prefer": "Newest", "versionFence": true}),
-            json!({"holder": "shop/web-1#7f3a", "term": 4, "token": token(ago(90)),
+            json!({"holder": "east/shop/web-1#7f3a", "holderCluster": "east", "term": 4, "token": token(ago(90)),
                    "candidates": 3, "readyCandidates": 2, "transitions": 4,
                    "conditions": [condition("Valid", "True", "Valid", ago(7200)),
                                   condition("Ready", "True", "LeaderElected", ago(5000))]}),
@@ -73,7 +73,8 @@ fn line(lease: &Value) -> LeaseStatus {
 fn a_line_holds_the_holder_term_ages_candidates_policy_and_conditions() {
     let [web, jobs, _] = leases();
     let web = line(&web);
-    assert_eq!(web.holder.as_deref(), Some("shop/web-1#7f3a"));
+    assert_eq!(web.holder.as_deref(), Some("east/shop/web-1#7f3a"));
+    assert_eq!(web.holder_cluster.as_deref(), Some("east"), "where the leader runs");
     assert_eq!(web.term, Some(4));
     assert_eq!(web.token_age_seconds, Some(90.0));
     assert_eq!(
@@ -107,10 +108,10 @@ fn the_table_aligns_one_line_per_lease() {
     assert_eq!(
         table(&lines),
         "\
-NAMESPACE   NAME    HOLDER                                 TERM   TOKEN AGE   SINCE CHANGE   READY   VERSIONS       CONDITIONS
-shop        web     shop/web-1#7f3a                        4      1m30s       1m30s          2/3     Newest+fence   Valid=True,Ready=True
-shop        jobs    <none>                                 12     10m0s       30s            0/0     None           Ready=False,StoreReady=True
-shop        batch   <8 partitions, 2 members, 1 unowned>   -      -           -              2/2     Oldest
+NAMESPACE   NAME    HOLDER                                 CLUSTER   TERM   TOKEN AGE   SINCE CHANGE   READY   VERSIONS       CONDITIONS
+shop        web     east/shop/web-1#7f3a                   east      4      1m30s       1m30s          2/3     Newest+fence   Valid=True,Ready=True
+shop        jobs    <none>                                 -         12     10m0s       30s            0/0     None           Ready=False,StoreReady=True
+shop        batch   <8 partitions, 2 members, 1 unowned>   -         -      -           -              2/2     Oldest
 "
     );
 }
@@ -137,7 +138,8 @@ fn json_names_every_field() {
     let value = serde_json::to_value(line(&web)).unwrap();
     assert_eq!(
         value,
-        json!({"namespace": "shop", "name": "web", "holder": "shop/web-1#7f3a", "term": 4,
+        json!({"namespace": "shop", "name": "web", "holder": "east/shop/web-1#7f3a",
+               "holderCluster": "east", "term": 4,
                "token": web["status"]["token"], "tokenAgeSeconds": 90.0, "sinceTransitionSeconds": 90.0,
                "readyCandidates": 2, "candidates": 3, "prefer": "Newest", "versionFence": true,
                "conditions": [{"type": "Valid", "status": "True", "reason": "Valid"},
@@ -199,7 +201,7 @@ async fn watch_prints_each_change_but_not_the_ages_moving() {
     server.delete(LEASES, "web");
     let gone = lines.recv().await.unwrap();
     assert!(gone.deleted && gone.name == "web", "{gone:?}");
-    assert!(gone.cells()[8] == "<deleted>");
+    assert!(gone.cells()[9] == "<deleted>");
     watching.abort();
 }
 
