@@ -33,6 +33,8 @@ pub enum ClientError {
         #[source]
         source: KubeconfigError,
     },
+    #[error("the kubeconfig has no context {context:?} (it has: {known}); pass --context with one of them")]
+    NoContext { context: String, known: String },
     #[error("cannot configure the Kubernetes client")]
     Config(#[source] kube::Error),
 }
@@ -73,6 +75,18 @@ pub async fn client(kubeconfig: Option<&str>, context: Option<&str>) -> Result<C
 
 /// The client of one kubeconfig's current context, or of `context`.
 pub async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<Client, ClientError> {
+    if let Some(context) = context
+        && !kubeconfig.contexts.iter().any(|c| c.name == context)
+    {
+        let known: Vec<&str> = kubeconfig.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(ClientError::NoContext {
+            context: context.to_string(),
+            known: match known.is_empty() {
+                true => "none".to_string(),
+                false => known.join(", "),
+            },
+        });
+    }
     let options = KubeConfigOptions {
         context: context.map(str::to_string),
         ..KubeConfigOptions::default()

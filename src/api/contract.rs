@@ -82,8 +82,11 @@ pub const LEASE_ANNOTATION: &str = "leasehold.dev/lease";
 /// Chooses the container whose readiness leadership follows (default: the
 /// `kubectl.kubernetes.io/default-container`, else the first container).
 pub const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
-/// The sidecar's metrics port for this pod.
+/// The sidecar's (or the wrapped `leasehold run`'s) metrics port for this pod.
 pub const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
+/// The metrics port's name on the sidecar or the wrapped container: the
+/// chart's PodMonitor scrapes the port by this name.
+pub const METRICS_PORT_NAME: &str = "lh-metrics";
 /// `native` (an init container with `restartPolicy: Always`) or `container`.
 pub const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
 /// Names the container whose command `leasehold run` wraps: that container

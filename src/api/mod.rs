@@ -264,7 +264,7 @@ fn default_label_key() -> String {
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = unsigned_as_int64)]
 pub struct DistributedLeaseStatus {
-    /// `Valid`, `StoreReady` and `Ready`.
+    /// `Valid`, `StoreReady`, `Ready`, `TimingAtRisk`, `RolloutSafe` and `RolledOut` (docs/operator.md).
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -135,7 +135,7 @@ pub struct Args {
     #[arg(long, env = ENV_POD_NAMESPACE)]
     pub pod_namespace: Option<String>,
     /// This cluster's name, as the sidecars put it in their identities
-    /// (`cluster/namespace/pod#nonce`), for locks shared across clusters.
+    /// (`cluster/namespace/pod#nonce@uid`), for locks shared across clusters.
     /// The webhook passes it on to every sidecar it injects.
     #[arg(long, env = ENV_CLUSTER_NAME, value_parser = parse_cluster_name)]
     pub cluster_name: Option<String>,

@@ -275,8 +275,9 @@ async fn bind_listeners(args: &Args) -> Result<(TcpListener, TcpListener)> {
     Ok((http, metrics))
 }
 
-/// `/metrics`, and `healthz` (a router serving `/healthz` for the mode run).
-fn metrics_router(registry: Registry, healthz: axum::Router) -> axum::Router {
+/// `/metrics`, and `healthz` (a router serving `/healthz` for the mode run;
+/// `leasehold run` serves `/metrics` alone).
+pub(crate) fn metrics_router(registry: Registry, healthz: axum::Router) -> axum::Router {
     let registry = Arc::new(registry);
     axum::Router::new()
         .route(

@@ -22,6 +22,7 @@ mod fixtures;
 mod injection;
 mod install;
 mod monitoring;
+mod newcomer;
 mod node;
 mod privilege;
 mod publishing;

@@ -20,30 +20,62 @@ use crate::fixtures::{APP, ready_pods};
 use crate::watcher::{LeadershipWatcher, Watched};
 
 #[path = "../support/readme.rs"]
-mod readme;
+pub mod readme;
 
 /// The walkthrough's namespace, as the README names it.
 const NAMESPACE: &str = "my-app";
 
-/// `helm install RELEASE CHART [flags]`, as far as the walkthrough uses it.
-const HELM: &str = r#"
+/// `helm install RELEASE CHART [flags]`, and `helm upgrade RELEASE CHART
+/// --reuse-values` (the install's values, kept in `$HELM_VALUES`; like
+/// Helm, an upgrade leaves `crds/` alone), as far as the README uses them.
+pub const HELM: &str = r#"
 helm() {
-  [ "$1" = install ] || { echo "the suite's helm does install only" >&2; return 2; }
+  local verb=$1
+  case $verb in install|upgrade) ;; *) echo "the suite's helm does install and upgrade only" >&2; return 2 ;; esac
   local release=$2 chart=$3 namespace=default args=()
   shift 3
   while [ $# -gt 0 ]; do
     case $1 in
       --namespace|-n) namespace=$2; shift 2 ;;
       --create-namespace) shift ;;
+      --reuse-values) while IFS= read -r arg; do args+=("$arg"); done < "$HELM_VALUES"; shift ;;
       *) args+=("$1"); shift ;;
     esac
   done
-  kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
-  kubectl apply --server-side --force-conflicts -f "$chart/crds" >/dev/null
+  if [ "$verb" = install ]; then
+    printf '%s\n' "${args[@]}" > "$HELM_VALUES"
+    kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
+    kubectl apply --server-side --force-conflicts -f "$chart/crds" >/dev/null
+  fi
   "$VENV_PYTHON" scripts/helm-template.py "$release" "$chart" -n "$namespace" "${args[@]}" \
     | kubectl apply --server-side --force-conflicts --field-manager leasehold-e2e -f - >/dev/null
 }
 "#;
+
+/// A bash running `script` from the repository root with the suite's
+/// `helm`, kubectl on PATH and the cluster's kubeconfig.
+pub fn bash(s: &crate::cluster::Scenario, script: &str) -> Command {
+    let kubectl_dir = repo().join(".venv/bin");
+    let mut bash = Command::new("bash");
+    bash.arg("-c")
+        .arg(format!("{HELM}\n{script}"))
+        .current_dir(repo())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                kubectl_dir.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("KUBECONFIG", &s.env.kubeconfig)
+        .env("VENV_PYTHON", kubectl_dir.join("python"))
+        .env(
+            "HELM_VALUES",
+            std::env::temp_dir().join(format!("leasehold-e2e-helm-values-{}", s.ns)),
+        );
+    bash
+}
 
 /// The README's walkthrough installs the chart with the README's values, over the suite's install: nextest runs them alone, after the others.
 mod disruptive {
@@ -53,8 +85,7 @@ mod disruptive {
     async fn the_readme_walkthrough_runs_as_written() {
         walkthrough(NAMESPACE, |s| async move {
             let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
-            let script = format!("{HELM}\n{}", readme::e2e_script(&readme));
-            let kubectl_dir = repo().join(".venv/bin");
+            let script = readme::e2e_script(&readme);
             let watcher = LeadershipWatcher::start(
                 &s.client,
                 Watched {
@@ -67,20 +98,7 @@ mod disruptive {
             // The script runs for minutes: on a thread of its own, so the
             // test's runtime (one thread, #[tokio::test]) goes on running the
             // watcher's watches and claim readers meanwhile.
-            let mut bash = Command::new("bash");
-            bash.arg("-c")
-                .arg(&script)
-                .current_dir(repo())
-                .env(
-                    "PATH",
-                    format!(
-                        "{}:{}",
-                        kubectl_dir.display(),
-                        std::env::var("PATH").unwrap_or_default()
-                    ),
-                )
-                .env("KUBECONFIG", &s.env.kubeconfig)
-                .env("VENV_PYTHON", kubectl_dir.join("python"));
+            let mut bash = bash(&s, &script);
             let out = tokio::task::spawn_blocking(move || bash.output())
                 .await
                 .expect("the walkthrough's thread")

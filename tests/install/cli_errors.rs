@@ -80,6 +80,32 @@ fn no_kubeconfig_at_all_says_where_it_looked_and_what_to_do() {
     );
 }
 
+/// A context the kubeconfig lacks is named with the ones it has (kube's
+/// own error said only "failed to load current context").
+#[test]
+fn an_unknown_context_is_named_with_the_known_ones() {
+    let kubeconfig = std::env::temp_dir().join(format!("leasehold-contexts-{:08x}.yaml", rand::random::<u32>()));
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+         users:\n- name: u\n  user: {}\ncontexts:\n- name: kind-a\n  context: {cluster: c, user: u}\n\
+         - name: kind-b\n  context: {cluster: c, user: u}\ncurrent-context: kind-a\n",
+    )
+    .unwrap();
+    for command in [
+        &["status", "--context", "nope"][..],
+        &["check", "--context", "nope"][..],
+    ] {
+        let lines = error_lines(&without_cluster(kubeconfig.to_str(), command));
+        assert_eq!(
+            lines,
+            ["error: the kubeconfig has no context \"nope\" (it has: kind-a, kind-b); pass --context with one of them"],
+            "{command:?}"
+        );
+    }
+    let _ = std::fs::remove_file(&kubeconfig);
+}
+
 /// `leasehold version` without a cluster still prints the client's version,
 /// and says why the operator's is unknown.
 #[test]

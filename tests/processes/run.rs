@@ -484,3 +484,85 @@ fn a_second_signal_exits_the_runner_at_once_and_the_watchdog_still_stops_the_com
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run-wrapped lock is visible to Prometheus as a sidecar's is: with
+/// `--metrics-addr`, `leasehold run` serves the lease metrics (is_leader,
+/// client-go's leader_election_master_status, store calls and latency per
+/// operation, the renewal budget). On the memory store (one process).
+#[test]
+fn run_serves_the_sidecars_lease_metrics() {
+    let dir = std::env::temp_dir().join(format!("leasehold-run-metrics-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ready_file = dir.join("ready.json");
+    let mut runner = Runner {
+        child: Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["run", "--store", "memory", "--lock", "metered", "--pod-name", "solo"])
+            .args(["--kubernetes", "false", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--ready-file")
+            .arg(&ready_file)
+            .env("LEASEHOLD_LEASE_DURATION", "2s")
+            .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
+            .env("LEASEHOLD_RETRY_PERIOD", "300ms")
+            .env("LEASEHOLD_LOG", "warn")
+            .args(["--", "sleep", "600"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("leasehold run starts"),
+    };
+    // Process start and binding: the sidecar's bound (tests/support).
+    let bound = Duration::from_secs(20);
+    let started = Instant::now();
+    let listening: leasehold::cmd::run::Listening = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready_file) {
+            break serde_json::from_str(&text).unwrap_or_else(|e| panic!("ready file: {e}: {text}"));
+        }
+        assert!(
+            runner.child.try_wait().unwrap().is_none(),
+            "the runner exited before binding"
+        );
+        assert!(started.elapsed() < bound, "no ready file within {bound:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let port = listening.metrics.port();
+    // Alone on the lock it leads at its first attempt and renews every P:
+    // a few renewals come within a few D.
+    let within = 5 * D;
+    let started = Instant::now();
+    let wanted = [
+        "leasehold_is_leader 1\n",
+        "leader_election_master_status{name=\"metered\"} 1\n",
+        "leasehold_store_calls_total{op=\"acquire\"} 1\n",
+        "leasehold_store_latency_seconds_count{op=\"renew\"} ",
+        "leasehold_renew_budget_used ",
+        "leasehold_app_healthy -1\n",
+    ];
+    let text = loop {
+        let text = match crate::support::get_text(port, "/metrics") {
+            Ok((200, text)) => text,
+            Ok((status, text)) => panic!("/metrics answered {status}: {text}"),
+            Err(e) => panic!("/metrics on port {port} did not answer: {e}"),
+        };
+        if wanted.iter().all(|w| text.contains(w)) && text.contains("leasehold_store_calls_total{op=\"renew\"} ") {
+            break text;
+        }
+        assert!(
+            started.elapsed() < within,
+            "within {within:?} the runner's metrics do not show it leading and renewing ({wanted:?}):\n{text}"
+        );
+        std::thread::sleep(P);
+    };
+    assert!(
+        !text.contains("leasehold_store_failures_total{"),
+        "no store call failed: {text}"
+    );
+    runner.signal("TERM");
+    assert!(
+        runner.wait_within(R + GRACE + START_MARGIN).is_some(),
+        "the runner did not exit on SIGTERM"
+    );
+    assert!(
+        crate::support::get_text(port, "/metrics").is_err(),
+        "the metrics listener closes with the runner"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

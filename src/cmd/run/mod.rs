@@ -13,6 +13,11 @@
 //! with its code) unless `--restart-on-failure` restarts a failed one; losing
 //! leadership stops the command and the runner campaigns again; SIGTERM or
 //! SIGINT is passed to the command, then release and exit with its code.
+//!
+//! Metrics: with `--metrics-addr` (the webhook sets it on a wrapped
+//! container) the runner serves the sidecar's lease metrics
+//! ([`crate::sidecar::metrics`], `leasehold_renew_budget_used`), so the
+//! chart's PodMonitor, alerts and dashboard see run-wrapped locks too.
 
 pub mod launch;
 pub mod watchdog;
@@ -20,6 +25,7 @@ pub mod watchdog;
 #[cfg(test)]
 mod tests;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -27,9 +33,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::lease::{Elector, LeaderContext, Timing};
+use crate::api::contract;
+use crate::lease::{Elector, LeaderContext, LeaseStore, Timing};
 use crate::sidecar::config::{self, ElectionArgs};
-use crate::sidecar::{http::LeaderView, publish, token_file};
+use crate::sidecar::metrics::{MeteredStore, Metrics};
+use crate::sidecar::{budget::RenewBudget, http, http::LeaderView, publish, timing_risk, token_file};
 use launch::{Launcher, Supervised, WatchdogLauncher};
 use watchdog::Heartbeat;
 
@@ -52,6 +60,13 @@ pub struct Args {
     /// The first wait before a restart; doubles on each failure in a term, up to 1 minute.
     #[arg(long, env = "LEASEHOLD_RESTART_BACKOFF", default_value = "1s", value_parser = crate::lease::timing::parse_duration_flag)]
     pub restart_backoff: Duration,
+    /// Serve the lease metrics (as the sidecar's /metrics) here; none without it.
+    #[arg(long, env = contract::ENV_METRICS_ADDR)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Once the metrics listener is bound, write its address here as JSON
+    /// ({"metrics": ...}), replaced atomically; with port 0 the system picks the port.
+    #[arg(long, env = "LEASEHOLD_READY_FILE", requires = "metrics_addr")]
+    pub ready_file: Option<PathBuf>,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -84,6 +99,24 @@ pub enum Error {
     Exe(#[source] std::io::Error),
     #[error("signals")]
     Signals(#[source] std::io::Error),
+    #[error("cannot listen on {addr} for metrics")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the ready file {}", path.display())]
+    ReadyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The `--ready-file` document: where the metrics listener is bound.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Listening {
+    pub metrics: SocketAddr,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -121,10 +154,30 @@ pub async fn run(args: Args) -> Result<i32> {
         return Err(Error::PartitionsNeedSidecar(n));
     }
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
-    let store = settings.store.connect(args.election.create_table).await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    // No app health source: the command is the app.
+    metrics.app_healthy.set(-1);
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(
+        settings.store.connect(args.election.create_table).await?,
+        metrics.clone(),
+    ));
     if args.election.create_table {
         store.ensure_schema().await?;
     }
+    // The renewal budget watches what the elector sees, as in the sidecar.
+    let budget = RenewBudget::new(store, &settings.timing, &mut registry);
+    let verdicts = budget.verdicts();
+    let store: Arc<dyn LeaseStore> = Arc::new(budget);
+    let servers = CancellationToken::new();
+    let metrics_server = match args.metrics_addr {
+        Some(addr) => {
+            let listener = bind_metrics(addr, args.ready_file.as_deref()).await?;
+            let router = crate::sidecar::metrics_router(registry, axum::Router::new());
+            Some(tokio::spawn(http::serve(listener, router, servers.clone())))
+        }
+        None => None,
+    };
     let launcher = WatchdogLauncher {
         exe: std::env::current_exe().map_err(Error::Exe)?,
         command: args.command.clone(),
@@ -142,6 +195,10 @@ pub async fn run(args: Args) -> Result<i32> {
     let transitions = elector.transitions();
     let work = runner.clone();
     let handle = elector.spawn_with_work(store, shutdown.clone(), move |ctx| work.clone().lead(ctx));
+    tokio::spawn(metrics.follow(settings.lock.clone(), handle.subscribe()));
+    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
+        tokio::spawn(timing_risk::publish(client, pod, verdicts));
+    }
     // The token file is the command's: written before each start (see
     // `lead`), not followed, so no second writer races that write.
     let state = handle.subscribe();
@@ -163,7 +220,33 @@ pub async fn run(args: Args) -> Result<i32> {
     {
         warn!(error = %e, "the Kubernetes publisher ended abnormally");
     }
+    servers.cancel();
+    if let Some(server) = metrics_server
+        && let Ok(Err(e)) = server.await
+    {
+        warn!(error = %e, "metrics server error");
+    }
     Ok(runner.exit_code())
+}
+
+/// Binds the metrics listener; then, with `--ready-file`, says where (with
+/// port 0 the system picked the port, so whoever started the runner learns
+/// it only from this file).
+async fn bind_metrics(addr: SocketAddr, ready_file: Option<&std::path::Path>) -> Result<tokio::net::TcpListener> {
+    let listen = |source| Error::Listen { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(listen)?;
+    if let Some(path) = ready_file {
+        let listening = Listening {
+            metrics: listener.local_addr().map_err(listen)?,
+        };
+        token_file::write(path, &listening)
+            .await
+            .map_err(|source| Error::ReadyFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
+    Ok(listener)
 }
 
 /// The leader work: the command, for as long as the term lasts.

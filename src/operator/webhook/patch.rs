@@ -20,7 +20,7 @@ use crate::api::contract::{
     ENV_HTTP_ADDR, ENV_LEASE, ENV_METRICS_ADDR, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE,
     ENV_TOKEN_FILE, GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS,
     GATE_PROBE_TIMEOUT_SECONDS, INSTALL_SELF_COMMAND, INSTALLER_NAME, LEADER_CONDITION, LEASE_ANNOTATION,
-    METRICS_PORT_ANNOTATION, RUN_ANNOTATION, RUNNER_PATH, SIDECAR_CONTAINER, SIDECAR_ENV_ANNOTATION,
+    METRICS_PORT_ANNOTATION, METRICS_PORT_NAME, RUN_ANNOTATION, RUNNER_PATH, SIDECAR_CONTAINER, SIDECAR_ENV_ANNOTATION,
     SIDECAR_MODE_ANNOTATION, SIDECAR_USER, injected_container,
 };
 
@@ -268,9 +268,9 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     }
     // All containers share the pod's network namespace: a port another
     // container declares would make the sidecar fail to bind. The runner
-    // listens on no port.
+    // serves metrics only (no HTTP API).
     let sidecar_ports = if run.is_some() {
-        &[][..]
+        &[metrics_port][..]
     } else {
         &[metrics_port, config.http_port][..]
     };
@@ -356,6 +356,12 @@ fn runnable(spec: &PodSpec, name: &str) -> Result<usize, NotInjected> {
              cannot see: set command: (and args:) on the container to what it should run"
         )));
     }
+    if container.env.iter().flatten().any(|e| e.name == ENV_METRICS_ADDR) {
+        return Err(bad(format!(
+            "container {name:?} sets {ENV_METRICS_ADDR} itself, which leasehold run reads: remove it (the \
+             metrics port is {METRICS_PORT_ANNOTATION}'s)"
+        )));
+    }
     for wanted in runner_env() {
         if let Some(own) = container.env.iter().flatten().find(|e| e.name == wanted.name)
             && *own != wanted
@@ -400,7 +406,7 @@ pub fn injection_patch(
     for (i, container) in spec.containers.iter().enumerate() {
         let path = format!("/spec/containers/{i}");
         if choices.run == Some(i) {
-            wrap(&mut ops, &path, container, choices.lease, url_secret.is_some(), config);
+            wrap(&mut ops, &path, container, &choices, url_secret.is_some(), config);
         } else {
             append(
                 &mut ops,
@@ -460,10 +466,11 @@ fn wrap(
     ops: &mut Vec<PatchOperation>,
     path: &str,
     container: &Container,
-    lease: &str,
+    choices: &PodChoices<'_>,
     store_url: bool,
     config: &InjectionConfig,
 ) {
+    let lease = choices.lease;
     let original = container
         .command
         .iter()
@@ -483,12 +490,20 @@ fn wrap(
     // `runnable` refused a pod whose own value differs; an equal one stays.
     let env = runner_env()
         .into_iter()
+        .chain([metrics_env(choices.metrics_port)])
         .chain(store_url.then(store_url_env))
         .chain(cluster_env(config))
         .filter(|wanted| !container.env.iter().flatten().any(|own| own.name == wanted.name))
         .map(|e| json!(e))
         .collect();
     append_all(ops, &format!("{path}/env"), container.env.is_some(), env);
+    // The runner's metrics, on the port the chart's PodMonitor scrapes.
+    append(
+        ops,
+        &format!("{path}/ports"),
+        container.ports.is_some(),
+        json!(metrics_port(choices.metrics_port)),
+    );
     let mut mounts = vec![
         // Read-write: the runner writes the token file before each start.
         json!(VolumeMount {
@@ -606,6 +621,21 @@ fn runner_env() -> [EnvVar; 4] {
     ]
 }
 
+/// Where the sidecar or the wrapped runner serves its metrics: on every
+/// address, so Prometheus can scrape it.
+fn metrics_env(port: u16) -> EnvVar {
+    plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{port}"))
+}
+
+/// The metrics port, by the name the chart's PodMonitor scrapes.
+fn metrics_port(port: u16) -> ContainerPort {
+    ContainerPort {
+        name: Some(METRICS_PORT_NAME.into()),
+        container_port: port.into(),
+        ..Default::default()
+    }
+}
+
 /// The cluster's name for the sidecar or the wrapped runner, when the
 /// operator (or `inject`) has one.
 fn cluster_env(config: &InjectionConfig) -> Option<EnvVar> {
@@ -682,7 +712,7 @@ fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, 
         plain_env(ENV_APP_CONTAINER, choices.app_container.to_string()),
         token_file,
         plain_env(ENV_HTTP_ADDR, format!("127.0.0.1:{}", config.http_port)),
-        plain_env(ENV_METRICS_ADDR, format!("0.0.0.0:{}", choices.metrics_port)),
+        metrics_env(choices.metrics_port),
     ];
     env.extend(store_url.then(store_url_env));
     env.extend(cluster_env(config));
@@ -703,11 +733,7 @@ fn sidecar(choices: &PodChoices<'_>, config: &InjectionConfig, store_url: bool, 
         args: Some(vec!["sidecar".into()]),
         restart_policy: (choices.mode == SidecarMode::Native).then(|| "Always".into()),
         env: Some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("lh-metrics".into()),
-            container_port: choices.metrics_port.into(),
-            ..Default::default()
-        }]),
+        ports: Some(vec![metrics_port(choices.metrics_port)]),
         liveness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),

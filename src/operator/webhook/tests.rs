@@ -1036,8 +1036,11 @@ fn a_run_pod_gets_its_command_wrapped_the_binary_installed_and_no_sidecar() {
             field("POD_NAMESPACE", "metadata.namespace"),
             field("POD_UID", "metadata.uid"),
             {"name": "LEASEHOLD_TOKEN_FILE", "value": "/var/run/leasehold/token.json"},
+            {"name": "LEASEHOLD_METRICS_ADDR", "value": "0.0.0.0:4041"},
         ])
     );
+    // The runner's metrics, on the port the chart's PodMonitor scrapes by name.
+    assert_eq!(report["ports"], json!([{"name": "lh-metrics", "containerPort": 4041}]));
     assert_eq!(
         report["volumeMounts"],
         json!([
@@ -1118,7 +1121,7 @@ fn a_run_container_keeps_its_own_identical_env_and_is_refused_a_different_one() 
     let doc = apply(&pod, &injection_patch(&pod, None, &config()).unwrap());
     let env = doc["spec"]["containers"][1]["env"].as_array().unwrap();
     assert_eq!(env.iter().filter(|e| e["name"] == "POD_NAME").count(), 1, "{env:?}");
-    assert_eq!(env.len(), 4);
+    assert_eq!(env.len(), 5);
     let pod = run_pod(json!({"name": "report", "command": ["/r"], "env": [{"name": "POD_NAME", "value": "x"}]}));
     assert_eq!(
         injection_patch(&pod, None, &config()).unwrap_err().to_string(),
@@ -1137,10 +1140,40 @@ fn a_wrapped_pod_is_left_alone() {
 }
 
 #[test]
-fn a_run_pod_may_use_the_sidecar_ports() {
-    // The runner listens on no port, so the app may declare 4040/4041.
+fn a_run_pod_may_use_the_api_port_but_not_the_metrics_port() {
+    // The runner serves metrics and no HTTP API, so the app may declare 4040.
+    let pod = run_pod(json!({"name": "report", "command": ["/r"], "ports": [{"containerPort": 4040}]}));
+    let doc = apply(&pod, &injection_patch(&pod, None, &config()).unwrap());
+    assert_eq!(
+        doc["spec"]["containers"][1]["ports"],
+        json!([{"containerPort": 4040}, {"name": "lh-metrics", "containerPort": 4041}])
+    );
     let pod = run_pod(json!({"name": "report", "command": ["/r"], "ports": [{"containerPort": 4041}]}));
-    assert!(injection_patch(&pod, None, &config()).is_ok());
+    assert_eq!(
+        injection_patch(&pod, None, &config()).unwrap_err().to_string(),
+        "annotation leasehold.dev/metrics-port: port 4041 is declared by container report; choose another metrics port"
+    );
+    // The annotation moves the runner's port, as the sidecar's.
+    let mut moved = pod.clone();
+    moved
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(METRICS_PORT_ANNOTATION.into(), "9400".into());
+    let doc = apply(&moved, &injection_patch(&moved, None, &config()).unwrap());
+    let report = &doc["spec"]["containers"][1];
+    assert_eq!(env_value(report, "LEASEHOLD_METRICS_ADDR"), "0.0.0.0:9400");
+    assert_eq!(report["ports"][1], json!({"name": "lh-metrics", "containerPort": 9400}));
+    // Its own metrics address would move the port away from the one declared.
+    let own = run_pod(
+        json!({"name": "report", "command": ["/r"], "env": [{"name": "LEASEHOLD_METRICS_ADDR", "value": "0.0.0.0:1"}]}),
+    );
+    assert_eq!(
+        injection_patch(&own, None, &config()).unwrap_err().to_string(),
+        "annotation leasehold.dev/run: container \"report\" sets LEASEHOLD_METRICS_ADDR itself, which leasehold run \
+         reads: remove it (the metrics port is leasehold.dev/metrics-port's)"
+    );
 }
 
 #[tokio::test]
