@@ -143,3 +143,99 @@ fn answer(transfer: Option<&LeaseTransfer>) -> i32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::testing::api::ApiServer;
+
+    const TRANSFERS: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/leasetransfers";
+
+    /// The command's requests are exactly what [`RULES`] grants.
+    fn allowed(method: &str, path: &str, watch: bool) -> bool {
+        crate::rbac::request_attributes(method, path, watch).is_some_and(|r| crate::rbac::grants(RULES, &r))
+    }
+
+    /// `leasehold transfer web --to web-1 --wait` against the API server
+    /// model over HTTP (a kubeconfig naming it, namespace prod); `answer`
+    /// is the status a leader would write, if any.
+    async fn transfer(answer: Option<serde_json::Value>, timeout: Duration) -> (i32, ApiServer) {
+        let server = ApiServer::new(Some(allowed));
+        let addr = server.serve_http().await;
+        let dir = std::env::temp_dir().join(format!("leasehold-transfer-{}-{}", std::process::id(), addr.port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("config");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: m, cluster: {{server: 'http://{addr}'}}}}]\n\
+                 contexts: [{{name: m, context: {{cluster: m, user: u, namespace: prod}}}}]\n\
+                 current-context: m\nusers: [{{name: u, user: {{}}}}]\n"
+            ),
+        )
+        .unwrap();
+        let args = Args {
+            lease: "web".into(),
+            to: "web-1".into(),
+            namespace: None,
+            wait: true,
+            timeout,
+            cluster: ClusterArgs {
+                kubeconfig: Some(kubeconfig.to_string_lossy().into_owned()),
+                context: None,
+            },
+        };
+        let leader = server.clone();
+        tokio::spawn(async move {
+            // As the leader's sidecar: answer the request once it exists.
+            leader.wait_for_requests(1).await;
+            let api: Api<LeaseTransfer> = Api::namespaced(leader.client("prod"), "prod");
+            let created = api.list(&Default::default()).await.unwrap().items.remove(0);
+            if let Some(status) = answer {
+                let mut object = serde_json::to_value(&created).unwrap();
+                object["status"] = status;
+                leader.insert(TRANSFERS, object);
+            }
+        });
+        let code = run(args).await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (code, server)
+    }
+
+    #[tokio::test]
+    async fn wait_exits_0_when_the_target_leads() {
+        let status = json!({"phase": "Transferred", "reason": "TargetLeads", "message": "pod web-1 leads term 2"});
+        let (code, server) = transfer(Some(status), Duration::from_secs(60)).await;
+        assert_eq!(code, 0);
+        let api: Api<LeaseTransfer> = Api::namespaced(server.client("prod"), "prod");
+        let request = api.list(&Default::default()).await.unwrap().items.remove(0);
+        assert_eq!(
+            request.spec,
+            LeaseTransferSpec {
+                lease: "web".into(),
+                to: "web-1".into()
+            }
+        );
+        assert!(
+            request.name_any().starts_with("web-to-web-1-"),
+            "{}",
+            request.name_any()
+        );
+        assert!(server.forbidden().is_empty(), "{:?}", server.forbidden());
+    }
+
+    #[tokio::test]
+    async fn wait_exits_1_when_refused() {
+        let status =
+            json!({"phase": "TransferFailed", "reason": "TargetNotReady", "message": "pod web-1 is not ready"});
+        assert_eq!(transfer(Some(status), Duration::from_secs(60)).await.0, EXIT_FAILED);
+    }
+
+    /// Not a timed assertion: the bound is the flag's value, and nobody answers.
+    #[tokio::test]
+    async fn wait_exits_2_without_an_answer() {
+        assert_eq!(transfer(None, Duration::from_millis(500)).await.0, EXIT_NO_ANSWER);
+    }
+}
