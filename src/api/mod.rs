@@ -1,7 +1,7 @@
 //! The `DistributedLease` custom resource: one lock, where it is stored, its
 //! timing, which pods are its candidates and how leadership is published.
 //!
-//! The CRD is generated from these types (`leasehold crd`); `crds/` holds a
+//! The CRDs are generated from these types (`leasehold crd`); `crds/` holds a
 //! copy that a test keeps equal to the code. The schema rejects what it can
 //! (duration syntax, D > R > P in CEL); [`validate`] checks everything again,
 //! because a CRD installed from an older chart may not carry every rule.
@@ -9,6 +9,7 @@
 pub mod client;
 pub mod contract;
 pub mod gate;
+pub mod transfer;
 mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -385,9 +386,24 @@ fn unsigned_as_int64(schema: &mut schemars::Schema) {
     }
 }
 
-/// The CustomResourceDefinition as YAML, as `leasehold crd` prints it and `crds/` holds it.
+/// Every CustomResourceDefinition with the file in `crds/` that holds it.
+pub fn crds() -> [(
+    &'static str,
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+); 2] {
+    [
+        ("distributedlease.yaml", DistributedLease::crd()),
+        ("leasetransfer.yaml", transfer::LeaseTransfer::crd()),
+    ]
+}
+
+/// Every CustomResourceDefinition as YAML documents, as `leasehold crd` prints them.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&DistributedLease::crd())
+    let documents = crds()
+        .iter()
+        .map(|(_, crd)| serde_yaml::to_string(crd))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(documents.join("---\n"))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const CRD_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/distributedlease.yaml");
+const CRD_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/");
 
 fn lease(spec: Value) -> DistributedLease {
     serde_json::from_value(json!({
@@ -48,20 +48,36 @@ fn with(path: &[&str], value: Value) -> DistributedLease {
 
 #[test]
 fn crds_folder_matches_the_code() {
-    let generated = crd_yaml().expect("CRD serializes");
-    let on_disk = std::fs::read_to_string(CRD_FILE).unwrap_or_default();
-    assert!(
-        generated == on_disk,
-        "crds/distributedlease.yaml differs from the DistributedLease types; regenerate it with \
-         `cargo run -- crd > crds/distributedlease.yaml`"
-    );
+    let mut files: Vec<String> = std::fs::read_dir(CRD_DIR)
+        .expect("crds/")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut generated: Vec<&str> = crds().iter().map(|(file, _)| *file).collect();
+    generated.sort();
+    assert_eq!(files, generated, "crds/ holds one file per CRD, no other");
+    for (file, crd) in crds() {
+        let generated = serde_yaml::to_string(&crd).expect("CRD serializes");
+        let on_disk = std::fs::read_to_string(format!("{CRD_DIR}{file}")).unwrap_or_default();
+        assert!(
+            generated == on_disk,
+            "crds/{file} differs from the types; regenerate it from `cargo run -- crd` (one document per CRD)"
+        );
+    }
 }
 
 /// The API server only accepts structural schemas
 /// (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#specifying-a-structural-schema).
 #[test]
 fn the_schema_is_structural() {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&crd_yaml().unwrap()).unwrap();
+    for (_, crd) in crds() {
+        // Through YAML, as the API server receives it.
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&serde_yaml::to_string(&crd).unwrap()).unwrap();
+        check_version_structural(&crd);
+    }
+}
+
+fn check_version_structural(crd: &CustomResourceDefinition) {
     let version = &crd.spec.versions[0];
     let schema = serde_json::to_value(&version.schema.as_ref().unwrap().open_api_v3_schema).unwrap();
     let mut problems = Vec::new();

@@ -13,6 +13,7 @@ pub mod run;
 #[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod status;
+pub mod transfer;
 pub mod version;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -80,7 +81,7 @@ pub enum Command {
     Sidecar(sidecar::Args),
     /// Reconcile DistributedLease resources.
     Operator(operator::Args),
-    /// Print the DistributedLease CustomResourceDefinition as YAML.
+    /// Print the CustomResourceDefinitions (DistributedLease, LeaseTransfer) as YAML.
     Crd,
     /// Report what is wrong with an install, in plain words.
     Check(check::Args),
@@ -90,6 +91,10 @@ pub enum Command {
     /// `kubectl leasehold status` with this binary linked as
     /// `kubectl-leasehold` on PATH.
     Status(status::Args),
+    /// Ask a lease's leader to hand over to a named pod (a LeaseTransfer):
+    /// `leasehold transfer LEASE --to POD [--wait]`; as a kubectl plugin
+    /// `kubectl leasehold transfer`.
+    Transfer(transfer::Args),
     /// Inject the sidecar into annotated Pods and pod templates in YAML (files
     /// or stdin) as the webhook would; the result goes to stdout, what was
     /// skipped and why to stderr.
@@ -133,6 +138,7 @@ impl Cli {
             | Command::Check(_)
             | Command::Advise(_)
             | Command::Status(_)
+            | Command::Transfer(_)
             | Command::Version(_)
             | Command::Completions(_) => "warn",
             _ => "info",
@@ -166,6 +172,8 @@ impl Cli {
             }
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
             Command::Status(args) => block_on(async { Ok(status::run(args).await?) }),
+            // The exit code says whether the target leads.
+            Command::Transfer(args) => std::process::exit(runtime()?.block_on(transfer::run(args))?),
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
             Command::Version(args) => block_on(async {
                 version::run(args).await;

@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
-use super::record::{FencingToken, Grant, Held, Identity, Observation};
+use super::record::{FencingToken, Grant, Handoff, Held, Identity, Observation};
 use super::store::{LeaseStore, StoreError};
 use super::timing::Timing;
 use super::version::{Claim, Version};
@@ -166,17 +166,30 @@ impl SimHooks {
     }
 }
 
-/// Whether the elector campaigns: switched on (the app is healthy) and not
-/// standing aside for another version's candidate.
+/// Whether the elector campaigns: switched on (the app is healthy), not
+/// standing aside for another version's candidate and not handing over.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Campaign {
     on: bool,
     aside: Option<String>,
+    /// A transfer: stand aside, and release with this reservation. Its own
+    /// field, so that the version steering (which sets `aside`) cannot end
+    /// a handover.
+    handoff: Option<Handoff>,
 }
 
 impl Campaign {
     fn active(&self) -> bool {
-        self.on && self.aside.is_none()
+        self.on && self.aside.is_none() && self.handoff.is_none()
+    }
+
+    /// Why this candidate stands aside, if it does.
+    fn why_aside(&self) -> Option<String> {
+        self.aside.clone().or_else(|| {
+            self.handoff
+                .as_ref()
+                .map(|h| format!("handing over to pod {}", h.pod_uid()))
+        })
     }
 }
 
@@ -216,6 +229,18 @@ impl ElectorControl {
     pub fn stand_aside(&self, why: Option<String>) {
         self.campaign
             .send_if_modified(|c| std::mem::replace(&mut c.aside, why.clone()) != why);
+    }
+
+    /// `Some(handoff)`: hand over (a transfer): a leader stops claiming,
+    /// drains as on `set_campaigning(false)` and releases with the
+    /// handoff's reservation; a follower does not campaign. Keep it set
+    /// until the target leads or the reservation has ended: a leader that
+    /// campaigned while its release was in flight could confirm its own
+    /// term by a renewal and lead beside the target (docs/design.md,
+    /// "Transfer"). `None`: campaign again (when switched on).
+    pub fn hand_over(&self, handoff: Option<Handoff>) {
+        self.campaign
+            .send_if_modified(|c| std::mem::replace(&mut c.handoff, handoff.clone()) != handoff);
     }
 
     /// New timing, applied from the next term (a running term keeps the
@@ -409,7 +434,10 @@ impl Elector {
             ..Default::default()
         };
         let (state_tx, state_rx) = watch::channel(initial);
-        let (campaign_tx, campaign_rx) = watch::channel(Campaign { on: true, aside: None });
+        let (campaign_tx, campaign_rx) = watch::channel(Campaign {
+            on: true,
+            ..Campaign::default()
+        });
         let (timing_tx, timing_rx) = watch::channel(self.timing);
         let nudge = Arc::new(Notify::new());
         let transitions = self.transitions.clone();
@@ -498,14 +526,15 @@ impl Running {
             }
             let campaign = self.campaign.borrow_and_update().clone();
             let active = campaign.active();
+            let aside = campaign.why_aside();
             let newly_aside = self.state.send_if_modified(|s| {
-                let changed = s.standing_aside != campaign.aside || s.campaigning != active;
-                s.standing_aside.clone_from(&campaign.aside);
+                let changed = s.standing_aside != aside || s.campaigning != active;
+                s.standing_aside.clone_from(&aside);
                 s.campaigning = active;
                 changed
             });
             if campaign.on && !active {
-                if newly_aside && let Some(why) = &campaign.aside {
+                if newly_aside && let Some(why) = &aside {
                     info!(lock = %self.elector.lock, %why, "standing aside");
                 }
                 // Standing aside, keep reading the row each poll as a
@@ -859,16 +888,19 @@ impl Running {
         }
     }
 
-    /// Releases by check-and-set; a failure only means the lease expires by itself.
+    /// Releases by check-and-set, with the reservation of a handover asked
+    /// for by then; a failure only means the lease expires by itself.
     async fn release(&self, lock: &str, me: &str, grant: Grant) -> Change {
+        let handoff = self.campaign.borrow().handoff.clone();
         let released = timeout_at(
             now() + self.timing().renew_deadline,
-            self.store.release(lock, me, grant.token),
+            self.store.release_for(lock, me, grant.token, handoff.as_ref()),
         )
         .await;
         let outcome = match released {
             Ok(Ok(())) => {
-                info!(%lock, term = grant.term, "released leadership");
+                let reserved_for = handoff.as_ref().map(Handoff::pod_uid);
+                info!(%lock, term = grant.term, ?reserved_for, "released leadership");
                 Change::Released
             }
             Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),

@@ -415,11 +415,16 @@ pub fn partition_changes(
     })
 }
 
-/// Serves `app` on `listener` until `shutdown`, then drains.
+/// Serves `app` on `listener` until `shutdown`, then drains. Handlers can
+/// read the peer's address (`ConnectInfo`): the drain acknowledgement
+/// accepts loopback peers only.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 pub mod budget;
 mod campaign;
 pub mod config;
+pub mod drained;
 pub mod footprint;
 pub mod health;
 pub mod http;
@@ -33,6 +34,7 @@ mod single;
 pub mod starting;
 pub mod timing_risk;
 pub mod token_file;
+pub mod transfer;
 pub mod versions;
 
 use std::sync::Arc;
@@ -120,6 +122,7 @@ pub async fn run(args: Args) -> Result<()> {
         own,
         signalled: &signalled,
         shutdown: &shutdown,
+        bound: &bound,
     };
     let mode = match settings.partitions {
         None => single::start(start).await?,
@@ -162,6 +165,8 @@ struct Start<'a> {
     signalled: &'a CancellationToken,
     /// Stops claiming and releases: a signal, or retiring from the lease.
     shutdown: &'a CancellationToken,
+    /// The bound lease, whose LeaseTransfers a single-lease leader follows.
+    bound: &'a Bound,
 }
 
 /// A problem reaching the store at start, for `/healthz` (`None`: none).

@@ -48,6 +48,7 @@ pub(super) fn start(start: Start<'_>, count: u32) -> Mode {
         own,
         signalled: _,
         shutdown,
+        bound: _,
     } = start;
     let report = Report::new(args.election.create_table, starting.sender);
     let (assigned_tx, assigned) = watch::channel(Assigned::default());

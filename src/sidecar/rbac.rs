@@ -38,6 +38,21 @@ pub const RULES: &[Rule] = &[
         verbs: &["get", "list", "watch"],
         resource_names: &[],
     },
+    // Transfers (issue 35): the leader watches the LeaseTransfers of its
+    // namespace, acts on those naming its lease, and reports in their
+    // status by server-side apply.
+    Rule {
+        api_group: "leasehold.dev",
+        resources: &["leasetransfers"],
+        verbs: &["get", "list", "watch"],
+        resource_names: &[],
+    },
+    Rule {
+        api_group: "leasehold.dev",
+        resources: &["leasetransfers/status"],
+        verbs: &["patch"],
+        resource_names: &[],
+    },
     // Versions (issue 16): the revision of a candidate's ReplicaSet, which
     // orders versions; read once per ReplicaSet.
     Rule {

@@ -15,7 +15,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::metrics::MeteredStore;
-use super::{Mode, Start, campaign, config, footprint, http, own_pod, publish, starting, token_file, versions};
+use super::{
+    Mode, Start, campaign, config, drained, footprint, http, own_pod, pod, publish, starting, token_file, transfer,
+    versions,
+};
 use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
 
 /// Starts the elector and what follows it.
@@ -30,6 +33,7 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
         own,
         signalled,
         shutdown,
+        bound,
     } = start;
     let (starting_tx, starting) = (starting.sender, starting.problem);
     let (choice, metered) = (settings.store.clone(), metrics.clone());
@@ -74,7 +78,8 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
     // (SIGTERM, the pod deleted, the app turned unhealthy) the main
     // container sees 503 first and gets time to finish before we release.
     let reserve = own_pod::release_reserve(&settings.timing);
-    let work = drain_on_step_down(args.drain, reserve, own.clone(), signalled.clone());
+    let (drained, acked) = tokio::sync::watch::channel(None);
+    let work = drain_on_step_down(args.drain, reserve, own.clone(), signalled.clone(), acked);
     let handle = elector.spawn_with_work(store, shutdown.clone(), work);
     let state = handle.subscribe();
     tokio::spawn(footprint::release_start_up_pages(
@@ -114,6 +119,19 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
             handle.subscribe(),
         ));
     }
+    if let Some(((client, pod), lease)) = bound.clone() {
+        let transfers = transfer::Transfers {
+            transfers: ::kube::Api::namespaced(client.clone(), &pod.namespace),
+            pods: ::kube::Api::namespaced(client.clone(), &pod.namespace),
+            lease: lease.name,
+            selector: settings.publishing.selector.clone(),
+            window: settings.timing.lease_duration,
+            drain: args.drain,
+            recorder: pod::pod_recorder(client, &pod).0,
+            me: pod,
+        };
+        tokio::spawn(transfers.follow(handle.control(), handle.subscribe()));
+    }
     let publisher = kube.clone().zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());
         tokio::spawn(publisher.run(state.clone(), transitions, app.clone(), handle.control()))
@@ -128,8 +146,13 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
             tracing::warn!(error = %e, "the Kubernetes publisher ended abnormally");
         }
     };
+    // The drain acknowledgement, on the local API only (never the metrics port).
+    let acks = drained::Acks {
+        leader: state.clone(),
+        drained,
+    };
     Ok(Mode {
-        api: http::router(api),
+        api: http::router(api).merge(drained::router(acks)),
         healthz,
         set_timing: Box::new(move |t| control.set_timing(t)),
         running: Box::pin(running),
@@ -140,16 +163,18 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
 /// pod deleted, the app turned unhealthy) drain before the elector releases:
 /// `drain` at most, over as soon as the app container run that led has
 /// exited, and never past `reserve` before the pod's grace period ends
-/// ([`own_pod::drain`]); a lost term ends at once. `signalled`: a signal
+/// ([`own_pod::drain`]), or as soon as the app acknowledges the term's
+/// drain ([`drained`]); a lost term ends at once. `signalled`: a signal
 /// came (not a retirement, which drains like any step-down).
 fn drain_on_step_down(
     drain: Duration,
     reserve: Duration,
     own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
     signalled: CancellationToken,
+    acked: tokio::sync::watch::Receiver<Option<crate::lease::FencingToken>>,
 ) -> impl FnMut(LeaderContext) -> futures::future::BoxFuture<'static, ()> {
     move |ctx: LeaderContext| {
-        let (own, signalled) = (own.clone(), signalled.clone());
+        let (own, signalled, acked) = (own.clone(), signalled.clone(), acked.clone());
         // The app run this term leads for: its end ends the drain.
         let led = own.as_ref().and_then(|o| o.borrow().app);
         Box::pin(async move {
@@ -161,7 +186,10 @@ fn drain_on_step_down(
             let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
             if ended.is_ok_and(|change| change == Change::SteppingDown) {
                 info!(?drain, "stopped claiming; draining before the release");
-                own_pod::drain(drain, reserve, own, led, signalled).await;
+                tokio::select! {
+                    () = own_pod::drain(drain, reserve, own, led, signalled) => {}
+                    () = drained::acknowledged(acked, ctx.token) => info!("the app acknowledged the drain; releasing"),
+                }
             }
         })
     }
@@ -189,7 +217,7 @@ mod tests {
         let handle = elector.spawn_with_work(
             Arc::new(store.clone()),
             shutdown.clone(),
-            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone()),
+            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone(), never_acked()),
         );
         let mut state = handle.subscribe();
         state.wait_for(|s| s.leader).await.unwrap();
@@ -211,6 +239,58 @@ mod tests {
             None,
             "released after the drain"
         );
+    }
+
+    /// A drain no app acknowledges.
+    fn never_acked() -> tokio::sync::watch::Receiver<Option<crate::lease::FencingToken>> {
+        tokio::sync::watch::channel(None).1
+    }
+
+    /// Issue 35: the app's acknowledgement of the term it stood aside from
+    /// ends the drain at once; the release follows.
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledged_drain_releases_at_once() {
+        let drain = Duration::from_secs(60);
+        let store = MemoryStore::new(1);
+        let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), Timing::default());
+        let shutdown = CancellationToken::new();
+        let (drained, acked) = tokio::sync::watch::channel(None);
+        let handle = elector.spawn_with_work(
+            Arc::new(store.clone()),
+            shutdown.clone(),
+            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone(), acked),
+        );
+        let mut state = handle.subscribe();
+        let token = state.wait_for(|s| s.leader).await.unwrap().token;
+        shutdown.cancel();
+        state.wait_for(|s| !s.leader).await.unwrap();
+        let stopped = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            store.observe("drain").await.unwrap().live_holder().is_some(),
+            "draining"
+        );
+        drained.send_replace(token);
+        handle.join().await;
+        assert!(
+            stopped.elapsed() < drain / 10,
+            "released {:?} after stopping",
+            stopped.elapsed()
+        );
+        assert_eq!(store.observe("drain").await.unwrap().live_holder(), None);
+    }
+
+    /// The metrics port, which listens on every address, has no drain
+    /// acknowledgement.
+    #[tokio::test]
+    async fn the_metrics_port_serves_no_drain_acknowledgement() {
+        use tower::ServiceExt;
+        let router = super::super::metrics_router(Registry::default(), axum::Router::new());
+        let request = axum::http::Request::post(format!("{}?token=1", drained::PATH))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), axum::http::StatusCode::NOT_FOUND);
     }
 
     /// web-0's sidecar as `run` wires it (own-pod watch, health, campaign,
@@ -278,7 +358,7 @@ mod tests {
             let elector = Elector::new("web", Identity::new(None, Some("prod".into()), "web-0"), timing);
             let shutdown = CancellationToken::new();
             let reserve = own_pod::release_reserve(&timing);
-            let work = drain_on_step_down(cli.args.drain, reserve, own.clone(), shutdown.clone());
+            let work = drain_on_step_down(cli.args.drain, reserve, own.clone(), shutdown.clone(), never_acked());
             let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), work);
             let control = handle.control();
             let metrics = Metrics::new(&mut Registry::default());

@@ -19,8 +19,13 @@ fn rbac_in_the_chart_and_manifests_is_exactly_what_the_code_calls() {
     let operator_namespaced = rules_yaml(NAMESPACED_RULES);
     let operator_stores = rules_yaml(STORE_RULES);
     let sidecar = rules_yaml(leasehold::sidecar::rbac::RULES);
+    let transfer = rules_yaml(leasehold::cmd::transfer::RULES);
     for (file, expected) in [
-        ("manifests/install.yaml", vec![&operator, &operator_namespaced]),
+        (
+            "manifests/install.yaml",
+            vec![&operator, &operator_namespaced, &transfer],
+        ),
+        ("charts/leasehold/templates/rbac-transfer.yaml", vec![&transfer]),
         (
             "charts/leasehold/templates/rbac-operator.yaml",
             vec![&operator, &operator_namespaced, &operator_stores],
@@ -82,16 +87,18 @@ fn the_operator_uses_the_objects_its_rbac_names() {
 }
 
 #[test]
-fn the_chart_ships_the_generated_crd() {
-    assert_eq!(
-        read("charts/leasehold/crds/distributedlease.yaml"),
-        read("crds/distributedlease.yaml"),
-        "copy crds/distributedlease.yaml into charts/leasehold/crds/"
-    );
-    assert!(
-        read("manifests/install.yaml").contains(read("crds/distributedlease.yaml").trim_end()),
-        "install.yaml carries the CRD"
-    );
+fn the_chart_ships_the_generated_crds() {
+    for (file, _) in leasehold::api::crds() {
+        assert_eq!(
+            read(&format!("charts/leasehold/crds/{file}")),
+            read(&format!("crds/{file}")),
+            "copy crds/{file} into charts/leasehold/crds/"
+        );
+        assert!(
+            read("manifests/install.yaml").contains(read(&format!("crds/{file}")).trim_end()),
+            "install.yaml carries crds/{file}"
+        );
+    }
 }
 
 #[test]

@@ -400,6 +400,41 @@ async fn a_leader_standing_aside_hands_over_once() {
     until(&old, |s| s.campaigning).await;
 }
 
+/// Issue 35: a leader told to hand over stops claiming, releases with a
+/// reservation for the target's pod UID, and stays aside; the other
+/// follower, polling all along and nudged, never acquires inside the
+/// window; the target leads a later term with a higher token.
+#[tokio::test(start_paused = true)]
+async fn a_leader_handing_over_reserves_the_lease_for_its_target() {
+    let store = MemoryStore::new(6);
+    let shutdown = CancellationToken::new();
+    let in_pod = |name: &str, uid: &str| {
+        Elector::new(LOCK, Identity::with_nonce(name, "1").in_pod(uid).unwrap(), timing())
+            .with_seed(1)
+            .spawn(Arc::new(store.clone()), shutdown.clone())
+    };
+    let old = in_pod("old", "uid-old");
+    let led = until(&old, |s| s.leader).await;
+    let (target, other) = (in_pod("target", "uid-target"), in_pod("other", "uid-other"));
+    tokio::time::sleep(timing().retry_period * 2).await;
+    let handoff = Handoff::new("uid-target", timing().lease_duration).unwrap();
+    old.control().hand_over(Some(handoff));
+    other.nudge();
+    let aside = until(&old, |s| s.change == Change::Released).await;
+    assert!(!aside.campaigning, "{aside:?}");
+    assert_eq!(aside.standing_aside.as_deref(), Some("handing over to pod uid-target"));
+    other.nudge();
+    let took = until(&target, |s| s.leader).await;
+    assert!(took.term > led.term && took.token > led.token, "{took:?} after {led:?}");
+    tokio::time::sleep(timing().lease_duration * 2).await;
+    assert!(!other.state().leader && !old.state().leader);
+    let holders: Vec<String> = store.acquisitions().iter().map(|a| a.holder.clone()).collect();
+    assert_eq!(holders.len(), 2, "one handover, to the target: {holders:?}");
+    assert!(holders[1].starts_with("target#"), "{holders:?}");
+    old.control().hand_over(None);
+    until(&old, |s| s.campaigning).await;
+}
+
 /// Issue 16: a stand-aside handover is as fast as a release. The old
 /// leader's pod label turns "false" when it stops claiming, before its
 /// release commits, so the follower nudged by that label can find the lease

@@ -166,9 +166,9 @@ pub async fn run(args: Args) -> Result<i32> {
         store.ensure_schema().await?;
     }
     // The renewal budget watches what the elector sees, as in the sidecar.
-    let budget = RenewBudget::new(store, &settings.timing, &mut registry);
+    let budget = RenewBudget::new(&settings.timing, &mut registry);
     let verdicts = budget.verdicts();
-    let store: Arc<dyn LeaseStore> = Arc::new(budget);
+    let store: Arc<dyn LeaseStore> = Arc::new(budget.time(store));
     let servers = CancellationToken::new();
     let metrics_server = match args.metrics_addr {
         Some(addr) => {
