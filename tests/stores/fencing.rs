@@ -233,7 +233,7 @@ fn the_example_runs(store: &str, env: &[(&str, &str)]) {
     let test = std::env::current_exe().unwrap();
     let example = test
         .parent()
-        .and_then(std::path::Path::parent)
+        .and_then(Path::parent)
         .unwrap()
         .join("examples/fenced-write");
     let built = std::fs::metadata(&example)
