@@ -6,7 +6,7 @@
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
-//! partitions-postgres, partitions-redis, kubernetes) runs a share of it. `postgres` and `redis` start
+//! partitions-postgres, partitions-redis, fencing, kubernetes) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -21,6 +21,8 @@ mod support;
 #[path = "leasehold/sessions.rs"]
 mod sessions;
 
+#[path = "leasehold/fencing.rs"]
+mod fencing;
 #[path = "leasehold/partitions.rs"]
 mod partitions;
 #[path = "leasehold/rollout_process.rs"]
@@ -815,6 +817,14 @@ fn main() {
             rollout_process::rollouts_across_processes(rollouts)
                 .into_iter()
                 .map(|l| format!("rollout (processes): {l}")),
+        );
+    }
+    if run("fencing") {
+        println!("== fenced writes beside plain ones: private PostgreSQL and Redis, the Spanner emulator");
+        summary_lines.extend(
+            fencing::fenced_writes(reps)
+                .into_iter()
+                .map(|l| format!("fencing: {l}")),
         );
     }
     if run("footprint") {

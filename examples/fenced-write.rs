@@ -1,78 +1,234 @@
-//! A fenced write to PostgreSQL: the database refuses a deposed leader's
-//! write. Leader `a` is elected through the PostgreSQL lease store and
-//! writes; it stalls past its lease; `b` is elected with a higher token and
-//! writes; `a` wakes up and writes with its old token, and PostgreSQL
-//! refuses it (`leasehold::fence::postgres`), keeping `b`'s write.
+//! A fenced write per store: the resource refuses a deposed leader's write.
+//! Leader `a` is elected through the store's lease and writes the owner of
+//! order 1; it stalls past its lease; `b` is elected with a higher token and
+//! writes; `a` wakes up and writes with its old token, and the store refuses
+//! it (`leasehold::fence`), keeping `b`'s write. The example checks that
+//! outcome itself and fails when either half does not hold.
 //!
-//! DATABASE_URL=postgres://user:password@localhost/db cargo run --example fenced-write
+//! ```sh
+//! DATABASE_URL=postgres://user:password@localhost/db cargo run --example fenced-write -- postgres
+//! REDIS_URL=redis://localhost:6379 cargo run --example fenced-write -- redis
+//! SPANNER_DATABASE=projects/p/instances/i/databases/d cargo run --example fenced-write -- spanner
+//! ```
+//!
+//! (For the Spanner emulator also set `SPANNER_EMULATOR_HOST` and
+//! `SPANNER_EMULATOR_REST`, its admin gateway.) The lease store and the
+//! written-to resource are the same server here; they need not be.
 
+use std::error::Error;
 use std::time::Duration;
 
 use leasehold::fence::{Fence, FenceError};
 use leasehold::lease::{FencingToken, LeaseStore, StoreError};
-use leasehold::store::postgres::{PostgresConfig, PostgresStore};
 use leasehold::store::{DEFAULT_TABLE, StoreUrl};
 
 const LOCK: &str = "orders";
 const LEASE: Duration = Duration::from_secs(1);
 
-/// The guarded write: the owner of order 1, in one transaction with the
-/// fence's advance.
-async fn write_owner(client: &mut tokio_postgres::Client, token: FencingToken, owner: &str) -> Result<(), FenceError> {
-    // The fence names the store that issued the token: tokens of different
-    // stores are not comparable.
-    let fence = Fence::new("postgres", LOCK, token)?;
-    leasehold::fence::postgres::fenced(client, leasehold::fence::postgres::DEFAULT_TABLE, &fence, async |tx| {
-        tx.execute(
-            "INSERT INTO orders (id, owner) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = excluded.owner",
-            &[&owner],
-        )
-        .await
-        .map(drop)
-    })
-    .await
+type Failure = Box<dyn Error>;
+
+/// Order 1's owner, written through a fence on one resource.
+trait Orders {
+    /// The guarded write, in one atomic step with the fence's advance.
+    async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError>;
+    async fn owner(&mut self) -> Result<String, Failure>;
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to a PostgreSQL URL")?;
-    let store = PostgresStore::connect(PostgresConfig {
-        url: StoreUrl::new(url.clone()),
-        table: DEFAULT_TABLE.into(),
-    })?;
+// --- PostgreSQL: the guarded statements run in the fence's transaction ------
+
+struct PostgresOrders(tokio_postgres::Client);
+
+impl PostgresOrders {
+    async fn connect(url: &str) -> Result<Self, Failure> {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        leasehold::fence::postgres::ensure_table(&client, leasehold::fence::postgres::DEFAULT_TABLE).await?;
+        client
+            .batch_execute("CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, owner TEXT NOT NULL)")
+            .await?;
+        Ok(PostgresOrders(client))
+    }
+}
+
+impl Orders for PostgresOrders {
+    async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError> {
+        leasehold::fence::postgres::fenced(
+            &mut self.0,
+            leasehold::fence::postgres::DEFAULT_TABLE,
+            fence,
+            async |tx| {
+                tx.execute(
+                "INSERT INTO orders (id, owner) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = excluded.owner",
+                &[&owner],
+            )
+            .await
+            .map(drop)
+            },
+        )
+        .await
+    }
+
+    async fn owner(&mut self) -> Result<String, Failure> {
+        Ok(self
+            .0
+            .query_one("SELECT owner FROM orders WHERE id = 1", &[])
+            .await?
+            .get(0))
+    }
+}
+
+// --- Redis: one script compares the fence key and sets the guarded keys -----
+
+/// The guarded key carries the lock as its hash tag, `{orders}`, so Redis
+/// Cluster keeps it in the fence key's slot.
+const REDIS_KEY: &str = "orders:{orders}:owner";
+
+struct RedisOrders(redis::aio::MultiplexedConnection);
+
+impl Orders for RedisOrders {
+    async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError> {
+        leasehold::fence::redis::fenced(&mut self.0, fence, &[(REDIS_KEY, owner.as_bytes())]).await
+    }
+
+    async fn owner(&mut self) -> Result<String, Failure> {
+        Ok(redis::cmd("GET").arg(REDIS_KEY).query_async(&mut self.0).await?)
+    }
+}
+
+// --- Spanner: the fence row is read, compared and written in the mutations' transaction
+
+struct SpannerOrders(google_cloud_spanner::client::DatabaseClient);
+
+impl SpannerOrders {
+    /// Creates the fence table and the orders table when missing, with the
+    /// database's DDL (the REST admin endpoint: `SPANNER_EMULATOR_REST` on
+    /// the emulator, Google's otherwise).
+    async fn connect(database: &str) -> Result<Self, Failure> {
+        use google_cloud_lro::Poller;
+        let spanner = google_cloud_spanner::client::Spanner::builder().build().await?;
+        let mut admin = spanner.database_admin_builder();
+        if let Some(endpoint) = leasehold::store::spanner::Endpoints::from_env().admin {
+            admin = admin.with_endpoint(endpoint);
+        }
+        let fences = leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE)?
+            .replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+        admin
+            .build()
+            .await?
+            .update_database_ddl()
+            .set_database(database)
+            .set_statements([
+                fences,
+                "CREATE TABLE IF NOT EXISTS orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)"
+                    .to_string(),
+            ])
+            .poller()
+            .until_done()
+            .await?;
+        Ok(SpannerOrders(spanner.database_client(database).build().await?))
+    }
+}
+
+impl Orders for SpannerOrders {
+    async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError> {
+        let write = google_cloud_spanner::mutation::Mutation::new_insert_or_update_builder("orders")
+            .set("id")
+            .to(1_i64)
+            .set("owner")
+            .to(owner)
+            .build();
+        leasehold::fence::spanner::fenced(&self.0, leasehold::fence::spanner::DEFAULT_TABLE, fence, vec![write]).await
+    }
+
+    async fn owner(&mut self) -> Result<String, Failure> {
+        let statement =
+            google_cloud_spanner::statement::Statement::builder("SELECT owner FROM orders WHERE id = 1").build();
+        let mut rows = self.0.single_use().build().execute_query(statement).await?;
+        let row = rows.next().await.ok_or("order 1 is missing")??;
+        Ok(row.get("owner")?)
+    }
+}
+
+// --- The scenario, the same on every store ---------------------------------
+
+/// `a` writes, stalls past its lease, `b` is elected and writes, `a`'s write
+/// with its old token is refused and `b`'s stays.
+async fn deposed_leader_is_refused(store: &dyn LeaseStore, orders: &mut impl Orders) -> Result<(), Failure> {
     store.ensure_schema().await?;
-    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    leasehold::fence::postgres::ensure_table(&client, leasehold::fence::postgres::DEFAULT_TABLE).await?;
-    client
-        .batch_execute("CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, owner TEXT NOT NULL)")
-        .await?;
+    // The fence names the store that issued the token: tokens of different
+    // stores are not comparable.
+    let fence = |token: FencingToken| Fence::new(store.kind(), LOCK, token);
 
     let a = store.acquire(LOCK, "a", LEASE).await?;
-    write_owner(&mut client, a.token, "a").await?;
+    orders.write_owner(&fence(a.token)?, "a").await?;
     println!("a leads with token {} and writes", a.token);
 
     // a stalls and renews nothing; b campaigns until a's lease has expired
-    // by the database's clock.
+    // by the store's clock (a bounded wait: ten lease durations).
+    let mut attempts = 0;
     let b = loop {
         match store.acquire(LOCK, "b", LEASE).await {
             Ok(grant) => break grant,
-            Err(StoreError::Lost { .. }) => tokio::time::sleep(LEASE / 4).await,
+            Err(StoreError::Lost { .. }) if attempts < 40 => {
+                attempts += 1;
+                tokio::time::sleep(LEASE / 4).await;
+            }
             Err(e) => return Err(e.into()),
         }
     };
-    write_owner(&mut client, b.token, "b").await?;
+    orders.write_owner(&fence(b.token)?, "b").await?;
     println!("b leads with token {} and writes", b.token);
 
-    match write_owner(&mut client, a.token, "a").await {
+    match orders.write_owner(&fence(a.token)?, "a").await {
         Err(refused @ FenceError::Stale { .. }) => println!("a wakes up and writes: {refused}"),
         other => return Err(format!("a's stale write was not refused: {other:?}").into()),
     }
-    let owner: String = client
-        .query_one("SELECT owner FROM orders WHERE id = 1", &[])
-        .await?
-        .get(0);
+    let owner = orders.owner().await?;
+    if owner != "b" {
+        return Err(format!("order 1 should still be b's, but its owner is {owner:?}").into());
+    }
     println!("order 1 is still b's: owner = {owner}");
     store.release(LOCK, "b", b.token).await?;
     Ok(())
+}
+
+fn env(name: &str, what: &str) -> Result<String, Failure> {
+    std::env::var(name).map_err(|_| format!("set {name} to {what}").into())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Failure> {
+    let store = std::env::args().nth(1).unwrap_or_default();
+    match store.as_str() {
+        "postgres" => {
+            use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+            let url = env("DATABASE_URL", "a PostgreSQL URL")?;
+            let store = PostgresStore::connect(PostgresConfig {
+                url: StoreUrl::new(url.clone()),
+                table: DEFAULT_TABLE.into(),
+            })?;
+            deposed_leader_is_refused(&store, &mut PostgresOrders::connect(&url).await?).await
+        }
+        "redis" => {
+            use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+            let url = env("REDIS_URL", "a Redis URL")?;
+            let store = RedisStore::connect(RedisConfig {
+                url: StoreUrl::new(url.clone()),
+                prefix: DEFAULT_PREFIX.into(),
+            })?;
+            let connection = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+            deposed_leader_is_refused(&store, &mut RedisOrders(connection)).await
+        }
+        "spanner" => {
+            use leasehold::store::spanner::{SpannerConfig, SpannerStore};
+            let database = env("SPANNER_DATABASE", "projects/<p>/instances/<i>/databases/<d>")?;
+            let store = SpannerStore::connect(SpannerConfig {
+                database: database.clone(),
+                table: DEFAULT_TABLE.into(),
+            })
+            .await?;
+            deposed_leader_is_refused(&store, &mut SpannerOrders::connect(&database).await?).await
+        }
+        other => Err(format!("which store? postgres, redis or spanner, not {other:?}").into()),
+    }
 }

@@ -4,6 +4,7 @@
 //! resumes and writes with its old token. The resource refuses it with an
 //! error naming both tokens, and keeps the new leader's write.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -219,4 +220,78 @@ async fn spanner_refuses_a_deposed_leaders_write() {
         .unwrap();
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
     a_deposed_leader_is_refused(Arc::new(store), &mut SpannerOrders(database)).await;
+}
+
+// --- The example, on each store ---------------------------------------------
+
+/// Runs `examples/fenced-write.rs` on `store` with `env` naming the server.
+/// The example checks its own outcome: it fails unless the deposed leader's
+/// write is refused and the new one stays. Cargo does not build examples
+/// for tests: `cargo build --examples` does (scripts/test.sh runs it before
+/// the tests), into the `examples` folder beside this test's `deps`.
+fn the_example_runs(store: &str, env: &[(&str, &str)]) {
+    let test = std::env::current_exe().unwrap();
+    let example = test
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples/fenced-write");
+    let built = std::fs::metadata(&example)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; build it with `cargo build --example fenced-write`",
+                example.display()
+            )
+        });
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-write.rs");
+    assert!(
+        built >= std::fs::metadata(&source).unwrap().modified().unwrap(),
+        "{} is older than {}; build it with `cargo build --example fenced-write`",
+        example.display(),
+        source.display()
+    );
+    let output = std::process::Command::new(&example)
+        .arg(store)
+        .envs(env.iter().copied())
+        .output()
+        .expect("running the example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{} {store}: {}\n{stdout}\n{}",
+        example.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("a wakes up and writes: fencing token") && stdout.contains("order 1 is still b's"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_example_refuses_a_deposed_leaders_write_to_postgres() {
+    let server = PostgresServer::start();
+    the_example_runs("postgres", &[("DATABASE_URL", &server.url())]);
+}
+
+#[test]
+fn the_example_refuses_a_deposed_leaders_write_to_redis() {
+    let server = RedisServer::start();
+    the_example_runs("redis", &[("REDIS_URL", &server.url())]);
+}
+
+#[tokio::test]
+async fn the_example_refuses_a_deposed_leaders_write_to_spanner() {
+    let emulator = Emulator::start_or_connect();
+    let config = emulator.create_database(leasehold::store::DEFAULT_TABLE).await;
+    the_example_runs(
+        "spanner",
+        &[
+            ("SPANNER_EMULATOR_HOST", &emulator.host),
+            ("SPANNER_EMULATOR_REST", &emulator.rest),
+            ("SPANNER_DATABASE", &config.database),
+        ],
+    );
 }
