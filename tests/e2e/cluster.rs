@@ -647,8 +647,10 @@ async fn remove_namespace(client: &Client, ns: &str) {
 
 /// The operator Deployment's name, as the chart names it.
 pub const OPERATOR: &str = "leasehold-operator";
-/// The operator pods' label selector.
-pub const OPERATOR_PODS: &str = "app.kubernetes.io/name=leasehold";
+/// The operator pods' label selector: the chart's selector labels. Its
+/// name label alone also matches the `helm test` pod (component `check`),
+/// which outlives its run, so "no operator pod left" never held after it.
+pub const OPERATOR_PODS: &str = "app.kubernetes.io/name=leasehold,app.kubernetes.io/component=operator";
 
 /// The operator scaled to 0 (its webhook down) until [`restore`](Self::restore)
 /// or, when the test fails first, until dropped: the cluster is left as it
