@@ -27,7 +27,8 @@ pub enum ClientError {
         #[source]
         source: KubeconfigError,
     },
-    #[error("cannot read the kubeconfig {paths}: pass --kubeconfig <file> or set KUBECONFIG to one that exists")]
+    /// Missing or not a kubeconfig: the cause, printed after, says which.
+    #[error("cannot read the kubeconfig {paths}: pass --kubeconfig <file> or set KUBECONFIG to a readable kubeconfig")]
     UnreadableKubeconfig {
         paths: String,
         #[source]

@@ -58,14 +58,43 @@ fn a_missing_kubeconfig_names_it_and_the_flag_once() {
         assert_eq!(
             lines[0],
             format!(
-                "error: cannot read the kubeconfig {missing}: pass --kubeconfig <file> or set KUBECONFIG to one \
-                 that exists"
+                "error: cannot read the kubeconfig {missing}: pass --kubeconfig <file> or set KUBECONFIG to a \
+                 readable kubeconfig"
             ),
             "{command:?}"
         );
         assert_eq!(lines.len(), 2, "{lines:#?}");
         assert!(lines[1].contains("No such file or directory"), "{lines:#?}");
     }
+}
+
+/// A kubeconfig that exists but is not one: the same advice, and the cause
+/// says what is wrong with it (not that it is missing).
+#[test]
+fn a_kubeconfig_that_does_not_parse_says_so() {
+    let dir = std::env::temp_dir().join(format!("leasehold-bad-kubeconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("kubeconfig");
+    std::fs::write(&bad, "clusters: [this is: not a kubeconfig\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    let output = without_cluster(Some(bad), &["status"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!output.status.success());
+    // The YAML parser's cause shows the offending line under it, so the
+    // cause spans lines here (error_lines expects one line per cause).
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "error: cannot read the kubeconfig {bad}: pass --kubeconfig <file> or set KUBECONFIG to a readable kubeconfig"
+        )
+    );
+    assert!(
+        lines[1].starts_with("  cause: failed to parse kubeconfig YAML"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("No such file"), "{stderr}");
 }
 
 #[test]
