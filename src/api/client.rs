@@ -46,6 +46,12 @@ pub enum ClientError {
 /// else the pod's ServiceAccount, as `kubectl` takes them; `context`
 /// picks a kubeconfig context other than the current one.
 pub async fn client(kubeconfig: Option<&str>, context: Option<&str>) -> Result<Client, ClientError> {
+    Ok(connect(kubeconfig, context).await?.0)
+}
+
+/// [`client`], and the URL of the API server it talks to, for messages
+/// that must say which server did not answer.
+pub async fn connect(kubeconfig: Option<&str>, context: Option<&str>) -> Result<(Client, String), ClientError> {
     let read = match kubeconfig {
         Some(paths) => std::env::split_paths(paths)
             .filter(|p| !p.as_os_str().is_empty())
@@ -62,7 +68,10 @@ pub async fn client(kubeconfig: Option<&str>, context: Option<&str>) -> Result<C
             // which the kubelet sets in every container.
             Err(source) => {
                 return match kube::Config::incluster() {
-                    Ok(config) => Client::try_from(config).map_err(ClientError::Config),
+                    Ok(config) => {
+                        let server = config.cluster_url.to_string();
+                        Ok((Client::try_from(config).map_err(ClientError::Config)?, server))
+                    }
                     Err(_) => Err(ClientError::NoKubeconfig {
                         looked: "KUBECONFIG is unset, ~/.kube/config cannot be read".into(),
                         source,
@@ -71,11 +80,16 @@ pub async fn client(kubeconfig: Option<&str>, context: Option<&str>) -> Result<C
             }
         },
     };
-    client_for(read, context).await
+    connect_to(read, context).await
 }
 
 /// The client of one kubeconfig's current context, or of `context`.
 pub async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<Client, ClientError> {
+    Ok(connect_to(kubeconfig, context).await?.0)
+}
+
+/// [`client_for`], and the URL of its API server.
+async fn connect_to(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<(Client, String), ClientError> {
     if let Some(context) = context
         && !kubeconfig.contexts.iter().any(|c| c.name == context)
     {
@@ -95,7 +109,9 @@ pub async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result
     let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
         .await
         .map_err(|e| ClientError::Config(e.into()))?;
-    Client::try_from(config).map_err(|e| explain(e, &kubeconfig, context))
+    let server = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| explain(e, &kubeconfig, context))?;
+    Ok((client, server))
 }
 
 fn explain(error: kube::Error, kubeconfig: &Kubeconfig, context: Option<&str>) -> ClientError {

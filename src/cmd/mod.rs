@@ -31,7 +31,9 @@ pub struct Cli {
     #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber EnvFilter syntax); default "info", or
-    /// "warn" for demo and "error" for simulate, whose own output tells the story.
+    /// "warn" for the one-shot commands (without kube's client's own
+    /// request errors, which they print themselves) and "error" for
+    /// simulate, whose own output tells the story.
     #[arg(long, global = true, env = "LEASEHOLD_LOG")]
     pub log: Option<String>,
     #[command(subcommand)]
@@ -52,8 +54,13 @@ pub struct ClusterArgs {
 
 impl ClusterArgs {
     pub async fn client(&self) -> Result<kube::Client, crate::api::client::ClientError> {
+        Ok(self.connect().await?.0)
+    }
+
+    /// The client, and the URL of the API server it talks to.
+    pub async fn connect(&self) -> Result<(kube::Client, String), crate::api::client::ClientError> {
         let kubeconfig = self.kubeconfig.as_deref().filter(|paths| !paths.trim().is_empty());
-        crate::api::client::client(kubeconfig, self.context.as_deref()).await
+        crate::api::client::connect(kubeconfig, self.context.as_deref()).await
     }
 }
 
@@ -140,7 +147,9 @@ impl Cli {
             | Command::Status(_)
             | Command::Transfer(_)
             | Command::Version(_)
-            | Command::Completions(_) => "warn",
+            // kube's client logs each failed request at ERROR; these
+            // commands print the failure themselves, once, with its causes.
+            | Command::Completions(_) => "warn,kube_client=off",
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());

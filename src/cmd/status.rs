@@ -41,6 +41,16 @@ pub enum Error {
     Client(#[from] crate::api::client::ClientError),
     #[error("cannot list DistributedLeases")]
     List(#[source] kube::Error),
+    /// The API server did not answer: which one, and what to check.
+    #[error(
+        "no answer from the API server at {server}: is the cluster up, and are the kubeconfig and \
+         --context the ones you meant?"
+    )]
+    Unreachable {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("watching DistributedLeases failed")]
     Watch(#[source] watcher::Error),
     #[error("cannot write the output")]
@@ -284,14 +294,23 @@ fn json_line(line: &LeaseStatus) -> String {
 /// `leasehold status`.
 pub async fn run(args: Args) -> Result<(), Error> {
     use std::io::Write;
-    let client = args.cluster.client().await?;
+    let (client, server) = args.cluster.connect().await?;
+    // A failure to reach the server names it; an answer that refuses
+    // (403, 404) is the server's own message.
+    let unreachable = |e: Error| match e {
+        Error::List(source @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => Error::Unreachable {
+            server: server.clone(),
+            source,
+        },
+        other => other,
+    };
     let api: Api<DistributedLease> = match &args.namespace {
         Some(namespace) => Api::namespaced(client, namespace),
         None => Api::all(client),
     };
     let mut stdout = std::io::stdout().lock();
     if !args.watch {
-        let lines = list(&api).await?;
+        let lines = list(&api).await.map_err(unreachable)?;
         let text = match args.output {
             Output::Table => table(&lines),
             Output::Json => serde_json::to_string_pretty(&lines).expect("status lines serialize") + "\n",

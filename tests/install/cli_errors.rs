@@ -193,3 +193,33 @@ fn an_unreachable_store_names_its_address_and_the_timeout() {
         assert!(lines.iter().any(|l| l.contains(says)), "{store}: {lines:#?}");
     }
 }
+
+/// An API server that does not answer is named, with what to check; the
+/// cause (connection refused) follows once.
+#[test]
+fn an_api_server_that_does_not_answer_is_named() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = format!("https://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let dir = std::env::temp_dir().join(format!("leasehold-down-kubeconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: down\n\
+             clusters: [{{name: down, cluster: {{server: \"{server}\", insecure-skip-tls-verify: true}}}}]\n\
+             users: [{{name: me, user: {{token: t}}}}]\n\
+             contexts: [{{name: down, context: {{cluster: down, user: me}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let output = without_cluster(Some(path.to_str().unwrap()), &["status"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let lines = error_lines(&output);
+    assert!(
+        lines[0].starts_with(&format!("error: no answer from the API server at {server}/")),
+        "{lines:#?}"
+    );
+    assert!(lines.iter().any(|l| l.contains("onnection refused")), "{lines:#?}");
+}
