@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_TRANSFER_WAIT")]
     pub wait: bool,
     /// How long `--wait` waits for the answer.
-    #[arg(long, env = "LEASEHOLD_TRANSFER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "2m")]
+    #[arg(long, env = "LEASEHOLD_TRANSFER_TIMEOUT", value_parser = crate::lease::timing::parse_duration_flag, default_value = "2m")]
     pub timeout: Duration,
     #[command(flatten)]
     pub cluster: ClusterArgs,
