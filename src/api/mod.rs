@@ -9,6 +9,7 @@
 pub mod client;
 pub mod contract;
 pub mod gate;
+pub mod history;
 pub mod transfer;
 mod validate;
 
@@ -129,6 +130,11 @@ pub struct DistributedLeaseSpec {
     // lease::MAX_PARTITIONS
     #[schemars(range(min = 1, max = 1024))]
     pub partitions: Option<u32>,
+    /// How many entries `status.history` keeps (the newest terms and gaps).
+    #[serde(default = "default_history_limit")]
+    // history::MAX_HISTORY_LIMIT
+    #[schemars(range(max = 100))]
+    pub history_limit: u32,
 }
 
 /// Version-aware leadership (docs/versions.md). A candidate's version is its
@@ -256,6 +262,9 @@ fn default_table() -> String {
 fn default_url_key() -> String {
     "url".into()
 }
+fn default_history_limit() -> u32 {
+    history::DEFAULT_HISTORY_LIMIT
+}
 fn default_label_key() -> String {
     DEFAULT_LABEL_KEY.into()
 }
@@ -317,6 +326,10 @@ pub struct DistributedLeaseStatus {
     /// consistent read of the store (the single-lock fields stay empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<PartitionsStatus>,
+    /// The last terms, oldest first, with gap entries for terms no read saw
+    /// (docs/design.md, "Leadership history"); single locks only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<history::HistoryEntry>,
 }
 
 /// The assignment of a partitioned lease (docs/partitions.md).

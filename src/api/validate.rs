@@ -106,6 +106,8 @@ pub struct ValidLease {
     pub versions: VersionPolicy,
     /// Work partitioning: the number of partitions, or `None` for one leader.
     pub partitions: Option<u32>,
+    /// How many entries `status.history` keeps.
+    pub history_limit: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -158,6 +160,12 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let lock = lease.lock_name();
     check_partitions(spec, &lock, &store)?;
     check_gate(spec, &timing)?;
+    if spec.history_limit > super::history::MAX_HISTORY_LIMIT {
+        return Err(invalid(
+            "spec.historyLimit",
+            format!("must be at most {}", super::history::MAX_HISTORY_LIMIT),
+        ));
+    }
     Ok(ValidLease {
         lock,
         store,
@@ -170,6 +178,7 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
             fence: spec.leadership.version_fence,
         },
         partitions: spec.partitions,
+        history_limit: spec.history_limit,
     })
 }
 

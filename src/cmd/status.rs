@@ -5,6 +5,7 @@
 //! conditions, from the status the operator keeps. `-o json` prints the same
 //! as JSON; `--watch` then follows the leases (kube-runtime's watcher) and
 //! prints a lease again each time any of that changes (ages aside).
+//! `--history LEASE` prints the lease's last terms (`status.history`).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ use serde::Serialize;
 
 use super::{ClusterArgs, Output};
 use crate::api::DistributedLease;
+use crate::api::history::HistoryEntry;
 use crate::lease::Prefer;
 
 #[derive(Debug, clap::Args)]
@@ -31,6 +33,16 @@ pub struct Args {
     /// term, candidates, version policy or conditions change, until interrupted.
     #[arg(short, long, env = "LEASEHOLD_STATUS_WATCH")]
     pub watch: bool,
+    /// Print the last terms of this DistributedLease instead (its
+    /// `status.history`, oldest first), in the namespace given or the
+    /// kubeconfig's.
+    #[arg(
+        long,
+        env = "LEASEHOLD_STATUS_HISTORY",
+        value_name = "LEASE",
+        conflicts_with = "watch"
+    )]
+    pub history: Option<String>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -51,6 +63,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("cannot read DistributedLease {0}")]
+    Get(String, #[source] kube::Error),
     #[error("watching DistributedLeases failed")]
     Watch(#[source] watcher::Error),
     #[error("cannot write the output")]
@@ -224,10 +238,38 @@ fn age(seconds: Option<f64>) -> String {
 
 /// The table: a header and one aligned line per lease.
 pub fn table(leases: &[LeaseStatus]) -> String {
-    let rows: Vec<[String; 10]> = std::iter::once(HEADER.map(String::from))
-        .chain(leases.iter().map(LeaseStatus::cells))
-        .collect();
-    let widths: Vec<usize> = (0..HEADER.len())
+    aligned(HEADER, leases.iter().map(LeaseStatus::cells))
+}
+
+const HISTORY_HEADER: [&str; 6] = ["TERM", "HOLDER", "TOKEN", "ACQUIRED AT", "ENDED AT", "ENDED"];
+
+/// `--history`: one aligned line per term or gap, oldest first.
+pub fn history_table(history: &[HistoryEntry]) -> String {
+    let cell = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+    let rows = history.iter().map(|entry| match entry.missing_through {
+        Some(last) => [
+            format!("{}-{last}", entry.term),
+            "<not seen: the operator read none of these terms>".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ],
+        None => [
+            entry.term.to_string(),
+            cell(&entry.holder),
+            cell(&entry.token),
+            cell(&entry.acquired_at),
+            cell(&entry.ended_at),
+            entry.ended.map_or("-".into(), |e| format!("{e:?}")),
+        ],
+    });
+    aligned(HISTORY_HEADER, rows)
+}
+
+fn aligned<const N: usize>(header: [&str; N], lines: impl Iterator<Item = [String; N]>) -> String {
+    let rows: Vec<[String; N]> = std::iter::once(header.map(String::from)).chain(lines).collect();
+    let widths: Vec<usize> = (0..N)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -287,6 +329,18 @@ pub async fn watch(
     Ok(())
 }
 
+/// `--history LEASE`: the lease's `status.history` in `output`'s form
+/// (JSON and YAML: the list of entries, as the status holds them).
+pub async fn history(api: &Api<DistributedLease>, name: &str, output: Output) -> Result<String, Error> {
+    let lease = api.get(name).await.map_err(|e| Error::Get(name.to_string(), e))?;
+    let history = lease.status.unwrap_or_default().history;
+    Ok(match output {
+        Output::Table => history_table(&history),
+        Output::Json => serde_json::to_string_pretty(&history).expect("history serializes") + "\n",
+        Output::Yaml => serde_yaml::to_string(&history).expect("history serializes"),
+    })
+}
+
 fn json_line(line: &LeaseStatus) -> String {
     serde_json::to_string(line).expect("a status line serializes")
 }
@@ -298,17 +352,23 @@ pub async fn run(args: Args) -> Result<(), Error> {
     // A failure to reach the server names it; an answer that refuses
     // (403, 404) is the server's own message.
     let unreachable = |e: Error| match e {
-        Error::List(source @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => Error::Unreachable {
+        Error::List(source @ (kube::Error::HyperError(_) | kube::Error::Service(_)))
+        | Error::Get(_, source @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => Error::Unreachable {
             server: server.clone(),
             source,
         },
         other => other,
     };
-    let api: Api<DistributedLease> = match &args.namespace {
-        Some(namespace) => Api::namespaced(client, namespace),
-        None => Api::all(client),
+    let api: Api<DistributedLease> = match (&args.namespace, &args.history) {
+        (Some(namespace), _) => Api::namespaced(client, namespace),
+        (None, Some(_)) => Api::default_namespaced(client),
+        (None, None) => Api::all(client),
     };
     let mut stdout = std::io::stdout().lock();
+    if let Some(name) = &args.history {
+        let text = history(&api, name, args.output).await.map_err(unreachable)?;
+        return stdout.write_all(text.as_bytes()).map_err(Error::Write);
+    }
     if !args.watch {
         let lines = list(&api).await.map_err(unreachable)?;
         let text = match args.output {

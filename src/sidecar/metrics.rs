@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::{
-    Assigned, Claim, FencingToken, Grant, Handoff, Held, LeaderState, LeaseStore, Observation, SessionStore,
+    Assigned, Change, Claim, FencingToken, Grant, Handoff, Held, LeaderState, LeaseStore, Observation, SessionStore,
     StoreError, StoreTime,
 };
 
@@ -33,6 +33,32 @@ pub struct FailureLabels {
     pub op: &'static str,
     /// lost, unavailable, outcome_unknown, invalid.
     pub kind: &'static str,
+}
+
+/// Why this candidate's leadership changed.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChangeLabels {
+    /// acquired; or how it stopped leading: released (stepped down on
+    /// purpose), release_failed (stepped down, the lease left to expire),
+    /// lost (the store says another holds it), expired (no renewal within
+    /// the renew deadline).
+    pub reason: &'static str,
+}
+
+impl ChangeLabels {
+    /// The reason of a change of leadership to `leads`, as the elector's
+    /// last change explains it.
+    pub fn of(leads: bool, change: &Change) -> Self {
+        let reason = match (leads, change) {
+            (true, _) => "acquired",
+            (false, Change::SteppingDown | Change::Released) => "released",
+            (false, Change::ReleaseFailed(_)) => "release_failed",
+            (false, Change::Lost(_)) => "lost",
+            // DeadlineMissed, or the deadline passed before the elector said so.
+            (false, _) => "expired",
+        };
+        ChangeLabels { reason }
+    }
 }
 
 /// client-go's leader-election metric labels: the lock's name.
@@ -53,6 +79,8 @@ pub struct Metrics {
     /// 1 healthy, 0 unhealthy, -1 cannot tell.
     pub app_healthy: Gauge,
     pub transitions: Counter,
+    /// `transitions` by why leadership changed.
+    pub leadership_changes: Family<ChangeLabels, Counter>,
     pub seconds_since_renew: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub store_calls: Family<OpLabels, Counter>,
     pub store_failures: Family<FailureLabels, Counter>,
@@ -70,6 +98,7 @@ impl Metrics {
             master_status: Family::default(),
             app_healthy: Gauge::default(),
             transitions: Counter::default(),
+            leadership_changes: Family::default(),
             seconds_since_renew: Gauge::default(),
             store_calls: Family::default(),
             store_failures: Family::default(),
@@ -95,6 +124,11 @@ impl Metrics {
             "transitions",
             "Leadership acquisitions and losses",
             metrics.transitions.clone(),
+        );
+        r.register(
+            "leadership_changes",
+            "Leadership acquisitions and losses by reason: acquired, released, release_failed, lost, expired",
+            metrics.leadership_changes.clone(),
         );
         r.register(
             "seconds_since_renew",
@@ -154,6 +188,9 @@ impl Metrics {
             let leads = current.is_leader_at(Instant::now());
             if leads != led {
                 self.transitions.inc();
+                self.leadership_changes
+                    .get_or_create(&ChangeLabels::of(leads, &current.change))
+                    .inc();
                 led = leads;
             }
             self.is_leader.set(i64::from(leads));
@@ -369,6 +406,68 @@ mod tests {
         assert!(include_str!("../../README.md").contains("leader_election_master_status"));
         drop(tx);
         following.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn leadership_changes_are_counted_by_reason() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let (tx, rx) = tokio::sync::watch::channel(LeaderState::default());
+        let following = tokio::spawn(metrics.clone().follow("jobs".into(), rx));
+        let count = |reason: &'static str| metrics.leadership_changes.get_or_create(&ChangeLabels { reason }).get();
+        let until = async |reason: &'static str, wanted: u64| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while count(reason) != wanted {
+                assert!(Instant::now() < deadline, "{reason}: {} not {wanted}", count(reason));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let leading = |change| LeaderState {
+            leader: true,
+            deadline: Some(Instant::now() + Duration::from_secs(60)),
+            change,
+            ..LeaderState::default()
+        };
+        tx.send_replace(leading(Change::Acquired));
+        until("acquired", 1).await;
+        tx.send_replace(LeaderState {
+            change: Change::Lost("another holder".into()),
+            ..LeaderState::default()
+        });
+        until("lost", 1).await;
+        tx.send_replace(leading(Change::Acquired));
+        until("acquired", 2).await;
+        tx.send_replace(LeaderState {
+            change: Change::Released,
+            ..LeaderState::default()
+        });
+        until("released", 1).await;
+        assert_eq!((count("expired"), count("release_failed")), (0, 0));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("leasehold_leadership_changes_total{reason=\"acquired\"} 2"),
+            "{text}"
+        );
+        assert!(include_str!("../../README.md").contains("leasehold_leadership_changes_total"));
+        drop(tx);
+        following.await.unwrap();
+    }
+
+    #[test]
+    fn a_change_of_leadership_is_named_by_the_electors_last_change() {
+        let reason = |leads, change: Change| ChangeLabels::of(leads, &change).reason;
+        assert_eq!(reason(true, Change::Acquired), "acquired");
+        assert_eq!(reason(false, Change::SteppingDown), "released");
+        assert_eq!(reason(false, Change::Released), "released");
+        assert_eq!(reason(false, Change::ReleaseFailed("e".into())), "release_failed");
+        assert_eq!(reason(false, Change::Lost("e".into())), "lost");
+        assert_eq!(reason(false, Change::DeadlineMissed), "expired");
+        assert_eq!(
+            reason(false, Change::Renewed),
+            "expired",
+            "the deadline passed unrenewed"
+        );
     }
 
     #[tokio::test]

@@ -310,3 +310,53 @@ fn yaml_output_is_the_json_output() {
     let yaml: Value = serde_yaml::from_str(&serde_yaml::to_string(&lines).unwrap()).unwrap();
     assert_eq!(yaml, json);
 }
+
+/// web's history: term 2 released, terms 3-4 unseen, term 5 leading.
+fn with_history() -> Value {
+    let [mut web, ..] = leases();
+    web["status"]["history"] = json!([
+        {"term": 2, "holder": "shop/web-0#a1", "token": "200", "acquiredAt": "2026-11-25T09:00:00Z", "ended": "Released"},
+        {"term": 3, "missingThrough": 4},
+        {"term": 5, "holder": "shop/web-1#b2", "token": "500", "acquiredAt": "2026-11-25T09:50:00Z"},
+    ]);
+    web
+}
+
+#[tokio::test]
+async fn history_prints_terms_and_gaps_as_a_table_json_and_yaml() {
+    let server = ApiServer::new(None);
+    let web = with_history();
+    server.insert(LEASES, web.clone());
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    assert_eq!(
+        history(&api, "web", Output::Table).await.unwrap(),
+        "\
+TERM   HOLDER                                             TOKEN   ACQUIRED AT            ENDED AT   ENDED
+2      shop/web-0#a1                                      200     2026-11-25T09:00:00Z   -          Released
+3-4    <not seen: the operator read none of these terms>  -       -                      -          -
+5      shop/web-1#b2                                      500     2026-11-25T09:50:00Z   -          -
+"
+    );
+    let json: Value = serde_json::from_str(&history(&api, "web", Output::Json).await.unwrap()).unwrap();
+    assert_eq!(json, web["status"]["history"], "JSON is the status's own list");
+    let yaml: Value = serde_yaml::from_str(&history(&api, "web", Output::Yaml).await.unwrap()).unwrap();
+    assert_eq!(yaml, json, "YAML says the same as JSON");
+}
+
+#[tokio::test]
+async fn history_of_a_missing_lease_names_it() {
+    let server = ApiServer::new(None);
+    let api: Api<DistributedLease> = Api::namespaced(server.client("shop"), "shop");
+    let error = history(&api, "nope", Output::Table).await.unwrap_err();
+    assert_eq!(error.to_string(), "cannot read DistributedLease nope");
+}
+
+#[test]
+fn history_is_a_flag_that_names_the_lease() {
+    let cli = Cli::try_parse_from(["leasehold", "status", "--history", "web", "-n", "shop", "-o", "json"]).unwrap();
+    let Command::Status(args) = cli.command else {
+        panic!("not status")
+    };
+    assert_eq!((args.history.as_deref(), args.output), (Some("web"), Output::Json));
+    assert!(Cli::try_parse_from(["leasehold", "status", "--history", "web", "--watch"]).is_err());
+}

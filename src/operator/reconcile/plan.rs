@@ -16,6 +16,7 @@ use super::holder::HolderPod;
 use super::{INVALID_REQUEUE, MIN_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
 use crate::api::contract::injected_container;
+use crate::api::history::{self, HistoryEntry};
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
@@ -482,6 +483,7 @@ fn observed_status(
         leader_revision: record.and_then(|r| r.version.as_ref()).map(|v| v.revision),
         transitions,
         partitions: None,
+        history: history::fold(&old.history, HistoryEntry::seen(observed), valid.history_limit),
         ..counts
     }
 }

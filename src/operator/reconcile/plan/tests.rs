@@ -534,3 +534,56 @@ fn holder_identities_map_to_cluster_namespace_and_pod() {
     assert_eq!(eu.cluster_elsewhere(None), None, "an unnamed cluster may be eu");
     assert_eq!(HolderPod::parse("prod/web-0#n").cluster_elsewhere(Some("us")), None);
 }
+
+/// The status `plan` writes after `resource` (with `status` as the last
+/// one) reads `observed`; the last status again when nothing changed.
+fn history_after(status: Option<Value>, observed: Observation) -> (Value, Vec<HistoryEntry>) {
+    let resource = resource(json!({}), status.clone());
+    let plan = plan_of(
+        &resource,
+        seen(&resource, vec![pod("web-0", None, true)], Ok(Read::Lease(observed))),
+    );
+    let status = plan
+        .status
+        .map_or_else(|| status.unwrap(), |s| serde_json::to_value(s).unwrap());
+    let history = serde_json::from_value(status["history"].clone()).unwrap();
+    (status, history)
+}
+
+#[tokio::test]
+async fn terms_that_passed_while_the_operator_was_down_are_a_gap_and_a_release_is_recorded() {
+    use crate::api::history::TermEnd;
+    let store = MemoryStore::new(7);
+    let lock = "prod/web";
+    let (status, history) = history_after(None, held(&store, lock, "prod/web-0#n1").await);
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (history[0].term, history[0].holder.as_deref()),
+        (1, Some("prod/web-0#n1"))
+    );
+
+    // The operator is down: web-0 hands over, web-1 leads and releases, web-2 acquires.
+    let mut observed = store.observe(lock).await.unwrap();
+    for (holder, next) in [("prod/web-0#n1", "prod/web-1#n1"), ("prod/web-1#n1", "prod/web-2#n1")] {
+        let token = observed.record.as_ref().unwrap().token.unwrap();
+        store.release(lock, holder, token).await.unwrap();
+        observed = held(&store, lock, next).await;
+    }
+    let token = observed.record.as_ref().unwrap().token.unwrap();
+    let (status, history) = history_after(Some(status), observed);
+    let shown: Vec<(u64, Option<u64>)> = history.iter().map(|e| (e.term, e.missing_through)).collect();
+    assert_eq!(
+        shown,
+        [(1, None), (2, Some(2)), (3, None)],
+        "term 2 is a gap, not invented"
+    );
+    assert_eq!(history[2].token, Some(token.to_string()));
+
+    // web-2 releases: the store says so, and history keeps who held it.
+    store.release(lock, "prod/web-2#n1", token).await.unwrap();
+    let (status, history) = history_after(Some(status), store.observe(lock).await.unwrap());
+    assert_eq!(history.len(), 3, "term 3 once, not again");
+    assert_eq!(history[2].ended, Some(TermEnd::Released));
+    assert_eq!(history[2].holder.as_deref(), Some("prod/web-2#n1"));
+    assert_eq!(status["history"][2]["ended"], json!("Released"));
+}
