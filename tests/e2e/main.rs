@@ -16,6 +16,8 @@
 
 mod cel;
 mod cluster;
+#[path = "../support/example.rs"]
+mod example;
 mod faults;
 mod fencing;
 mod fixtures;
