@@ -230,8 +230,7 @@ mod tests {
         ));
         rx.changed().await.unwrap();
         poller.abort();
-        let verdict = rx.borrow().clone();
-        verdict
+        rx.borrow().clone()
     }
 
     #[tokio::test]
