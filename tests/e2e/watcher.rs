@@ -547,14 +547,12 @@ fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, start
     };
     let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .unwrap_or_else(|e| panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"));
-    // SAFETY: setns on a valid namespace fd; it moves only this thread.
-    let entered = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&netns), libc::CLONE_NEWNET) };
-    assert_eq!(
-        entered,
-        0,
-        "entering {pod}'s network namespace: {}",
-        std::io::Error::last_os_error()
-    );
+    // setns(2) moves only this thread.
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&netns),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .unwrap_or_else(|e| panic!("entering {pod}'s network namespace: {e}"));
     let current = || {
         let state = state.lock().unwrap();
         state.containers.get(pod).is_some_and(|(u, _)| u == uid)
