@@ -100,6 +100,8 @@ pub enum Error {
     Release { lock: String, source: StoreError },
     #[error("the pod watch has not listed the pods yet")]
     PodsNotListed,
+    #[error("the Deployment watch has not listed the Deployments yet")]
+    DeploymentsNotListed,
 }
 
 impl Error {

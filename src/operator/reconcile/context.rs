@@ -5,11 +5,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -40,6 +41,8 @@ pub struct Context {
     pub(super) cluster: Option<String>,
     /// The pod watch's cache: the candidates of every lease.
     pods: Store<Pod>,
+    /// The Deployment watch's cache: the readiness-gated candidates' owners.
+    deployments: Store<Deployment>,
     /// The stores (by [`StoreConfig::key`]) whose table is known to exist.
     schemas: Arc<Mutex<HashSet<String>>>,
     /// Store URLs read from Secrets, with when.
@@ -59,6 +62,7 @@ impl Context {
             metrics,
             cluster: None,
             pods: kube::runtime::reflector::store().0,
+            deployments: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
             urls: Arc::default(),
             gc: Arc::default(),
@@ -66,10 +70,11 @@ impl Context {
         }
     }
 
-    /// This context reading candidates from `pods`, the cache of one run's
-    /// pod watch (see [`candidates_of`]).
-    pub fn with_pods(&self, pods: Store<Pod>) -> Context {
+    /// This context reading candidates from `pods` and their Deployments
+    /// from `deployments`, the caches of one run's watches.
+    pub fn with_caches(&self, pods: Store<Pod>, deployments: Store<Deployment>) -> Context {
         Context {
+            deployments,
             client: self.client.clone(),
             recorder: self.recorder.clone(),
             stores: self.stores.clone(),
@@ -89,6 +94,16 @@ impl Context {
             .await
             .map_err(|_| Error::PodsNotListed)?
             .map_err(|_| Error::PodsNotListed)
+    }
+
+    /// The Deployments owning `candidates`, from the Deployment watch's
+    /// cache once it has listed them: no request per reconcile.
+    async fn owners(&self, namespace: &str, candidates: &[Arc<Pod>]) -> Result<Vec<Deployment>> {
+        tokio::time::timeout(POD_CACHE_WAIT, self.deployments.wait_until_ready())
+            .await
+            .map_err(|_| Error::DeploymentsNotListed)?
+            .map_err(|_| Error::DeploymentsNotListed)?;
+        Ok(rollout::cached_owners(&self.deployments, namespace, candidates))
     }
 
     /// Whether a pod of this name runs in `namespace` (exists and has not
@@ -349,13 +364,7 @@ pub(super) async fn look(
     // Readiness-gated: the candidates' Deployments, read once for both
     // `RolloutSafe` and `RolledOut`.
     let owners = match valid.readiness_gate {
-        true => {
-            let owners = rollout::owners(&Api::namespaced(ctx.client.clone(), namespace), &candidates).await;
-            if let Err(e) = &owners {
-                warn!(error = %e, "could not read the candidates' Deployments");
-            }
-            Some(owners)
-        }
+        true => Some(Ok(ctx.owners(namespace, &candidates).await?)),
         false => None,
     };
     let mut was = ReadWas::AfterCandidates;

@@ -155,10 +155,11 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         observed_generation: at.generation,
         ..at.old.clone()
     };
-    // The store observer reconciles a plain lease when its lock changes;
-    // partitioned leases read their sessions here, and readiness-gated ones
-    // their Deployments (not watched), so those look again every P.
-    let requeue = match valid.partitions.is_none() && !valid.readiness_gate {
+    // The store observer reconciles a lease when its lock changes, and the
+    // pod and Deployment watches when its candidates or their Deployments
+    // do; partitioned leases read their sessions here, so they look again
+    // every P.
+    let requeue = match valid.partitions.is_none() {
         true => Action::requeue(OBSERVED_REQUEUE),
         false => Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)),
     };

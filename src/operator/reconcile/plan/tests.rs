@@ -270,6 +270,9 @@ async fn a_readiness_gated_lease_warns_when_the_deployment_would_stall_rollouts(
             "deployment web: 0 of 3 pods run the current revision".into()
         )
     );
+    // Issue 39: its Deployments come from a watch whose changes reconcile
+    // it, so it rests like a plain lease instead of looking again every P.
+    assert_eq!(plan.requeue, Action::requeue(OBSERVED_REQUEUE));
 }
 
 /// `RolledOut` on a gated lease whose Deployment (generation 5) reports
