@@ -68,10 +68,9 @@ fn a_ready_candidate_that_outranks_the_leader_takes_over_after_the_period() {
 #[test]
 fn equal_ranks_never_move_leadership() {
     let candidates = [candidate("web-0", 3, Some(-100)), candidate("web-1", 3, Some(-100))];
-    let input = input(&candidates);
     let mut memory = None;
     for now in [0, 30, 60, 3600] {
-        assert_eq!(look(&input, &mut memory, now), Step::Stay, "at {now}s");
+        assert_eq!(look(&input(&candidates), &mut memory, now), Step::Stay, "at {now}s");
     }
     // Nor lower ones.
     let candidates = [candidate("web-0", 3, Some(-100)), candidate("web-1", 2, Some(-100))];
