@@ -20,6 +20,7 @@ pub mod http;
 pub mod metrics;
 pub mod observer;
 mod partitions;
+pub mod preferred;
 pub mod rbac;
 pub mod reconcile;
 pub mod rollout;

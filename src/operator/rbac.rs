@@ -35,6 +35,15 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "watch", "patch"],
         resource_names: &[],
     },
+    // Preferred candidates: see whether a transfer of the lease is open,
+    // and ask for one when a candidate outranks the leader
+    // (operator::reconcile::prefer).
+    Rule {
+        api_group: "leasehold.dev",
+        resources: &["leasetransfers"],
+        verbs: &["list", "create"],
+        resource_names: &[],
+    },
     // The rollout check for readiness-gated leases, from one watch of the
     // Deployments (which lists first): no request per reconcile.
     Rule {

@@ -22,6 +22,7 @@ use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
 use crate::operator::metrics::Metrics;
 use crate::operator::observer::{Ask, Observers};
+use crate::operator::preferred::Pending;
 use crate::operator::rollout;
 use crate::operator::stores::{StoreProvider, read_url, target_of};
 use crate::store::StoreUrl;
@@ -51,6 +52,18 @@ pub struct Context {
     gc: Arc<GcSchedule>,
     /// The batched reads of every store's locks.
     pub(crate) observers: Arc<Observers>,
+    /// Preferred candidates: what each lease had pending at its last look.
+    preferences: Arc<Mutex<Preferences>>,
+}
+
+/// Per lease (`namespace/name`): the pending move, and the unparsable
+/// priorities last warned about. In memory: an operator that restarts
+/// starts every stabilisation period again, which delays a move and never
+/// hastens one.
+#[derive(Default)]
+struct Preferences {
+    pending: HashMap<String, Pending>,
+    warned: HashMap<String, String>,
 }
 
 impl Context {
@@ -67,6 +80,7 @@ impl Context {
             urls: Arc::default(),
             gc: Arc::default(),
             observers: Arc::default(),
+            preferences: Arc::default(),
         }
     }
 
@@ -85,6 +99,7 @@ impl Context {
             urls: self.urls.clone(),
             gc: self.gc.clone(),
             observers: self.observers.clone(),
+            preferences: self.preferences.clone(),
         }
     }
 
@@ -127,6 +142,38 @@ impl Context {
             .into_iter()
             .filter(|pod| pod.namespace().as_deref() == Some(namespace) && selector.matches(pod.labels()))
             .collect())
+    }
+
+    fn preferences(&self) -> std::sync::MutexGuard<'_, Preferences> {
+        self.preferences.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The move pending for lease `key` at its last look.
+    pub(super) fn preference(&self, key: &str) -> Option<Pending> {
+        self.preferences().pending.get(key).cloned()
+    }
+
+    pub(super) fn remember_preference(&self, key: &str, pending: Option<Pending>) {
+        let mut preferences = self.preferences();
+        match pending {
+            Some(pending) => preferences.pending.insert(key.to_string(), pending),
+            None => preferences.pending.remove(key),
+        };
+    }
+
+    /// Forgets lease `key` (deleted, invalid, or its store unread).
+    pub(super) fn forget_preference(&self, key: &str) {
+        let mut preferences = self.preferences();
+        preferences.pending.remove(key);
+        preferences.warned.remove(key);
+    }
+
+    /// Records `message` as lease `key`'s priority problems; true when it
+    /// differs from the last one recorded.
+    pub(super) fn warned_priorities(&self, key: &str, message: &str) -> bool {
+        let mut preferences = self.preferences();
+        let previous = preferences.warned.insert(key.to_string(), message.to_string());
+        previous.as_deref().unwrap_or_default() != message
     }
 
     /// Names this cluster (see the sidecar's cluster name).
