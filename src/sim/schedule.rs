@@ -179,7 +179,7 @@ impl Schedule {
             fence: false,
             // Half the two-cluster schedules without names (seed / 2, so
             // not in step with the TTL seeds).
-            clusters: two_clusters.then_some((seed / 2) % 2 == 0),
+            clusters: two_clusters.then_some((seed / 2).is_multiple_of(2)),
             pod_uids: HashMap::new(),
             revision: 2,
             report: Report {
