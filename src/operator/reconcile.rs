@@ -43,7 +43,6 @@ use crate::lease::StoreError;
 mod apply;
 mod context;
 mod delete;
-mod holder;
 pub mod plan;
 mod prefer;
 

@@ -16,6 +16,7 @@
 
 mod cel;
 mod cluster;
+mod clusters;
 #[path = "../support/example.rs"]
 mod example;
 mod faults;
@@ -33,6 +34,8 @@ mod spread;
 mod store_change;
 mod stores;
 mod stores_in_pods;
+#[path = "../support/mod.rs"]
+mod support;
 mod walkthrough;
 mod watcher;
 mod watcher_catches;

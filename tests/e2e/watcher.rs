@@ -63,6 +63,9 @@ struct State {
     moves: usize,
 }
 
+/// The pods whose candidates claim to lead, read afresh on each call.
+pub type ClaimsNow = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
 pub struct LeadershipWatcher {
     state: Arc<Mutex<State>>,
     follows_service: bool,
@@ -128,6 +131,13 @@ impl LeadershipWatcher {
             .filter(|(_, leads)| **leads)
             .map(|(p, _)| p.clone())
             .collect()
+    }
+
+    /// Who claims to lead now, as the claim readers last read it, for a
+    /// watcher that runs beside this one (the two-cluster scenarios).
+    pub fn claims_now(&self) -> ClaimsNow {
+        let state = self.state.clone();
+        Box::new(move || state.lock().unwrap().claims.latest.keys().cloned().collect())
     }
 
     /// The pods behind the leader Service's endpoints that get traffic now.

@@ -12,11 +12,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::holder::HolderPod;
 use super::{INVALID_REQUEUE, MIN_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
 use crate::api::contract::injected_container;
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
+use crate::lease::holder::HolderPod;
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
 use crate::operator::metrics::Outcome;
