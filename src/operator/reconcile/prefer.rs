@@ -11,11 +11,11 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use tracing::info;
 
-use super::holder::HolderPod;
 use super::plan::{Found, Read};
 use super::{Context, MIN_REQUEUE, Result};
 use crate::api::DistributedLease;
 use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin};
+use crate::lease::holder::HolderPod;
 use crate::operator::preferred::{self, Candidate, Input, Step};
 
 /// What the reconcile does about preference: `Some(after)` when a move is
