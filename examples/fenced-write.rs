@@ -9,17 +9,33 @@
 //! DATABASE_URL=postgres://user:password@localhost/db cargo run --example fenced-write -- postgres
 //! REDIS_URL=redis://localhost:6379 cargo run --example fenced-write -- redis
 //! SPANNER_DATABASE=projects/p/instances/i/databases/d cargo run --example fenced-write -- spanner
+//! FENCING_NAMESPACE=my-app FENCING_SERVICE_ACCOUNT=default cargo run --example fenced-write -- kubernetes
 //! ```
 //!
 //! (For the Spanner emulator also set `SPANNER_EMULATOR_HOST` and
 //! `SPANNER_EMULATOR_REST`, its admin gateway.) The lease store and the
 //! written-to resource are the same server here; they need not be.
+//!
+//! `kubernetes` writes ConfigMap `order-1` in `FENCING_NAMESPACE`, a
+//! namespace the chart's fencing admission policy covers (`helm install …
+//! --set fencing.enabled=true`, the namespace labelled
+//! `leasehold.dev/fencing=enabled`; docs/fencing.md), and the API server
+//! refuses the stale write. The policy binds a write to its writer: in a
+//! cluster each leader is a pod whose ServiceAccount token carries its pod
+//! name; here leaders `a` and `b` are played by impersonating
+//! `FENCING_SERVICE_ACCOUNT` with pod names `a` and `b`, so the kubeconfig
+//! (`KUBECONFIG`) must be allowed to impersonate, and that account to get
+//! and patch ConfigMaps there. The lease is a Lease in the same namespace.
 
+use std::collections::HashMap;
 use std::error::Error;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
 use leasehold::fence::{Fence, FenceError};
-use leasehold::lease::{FencingToken, LeaseStore, StoreError};
+use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
 use leasehold::store::{DEFAULT_TABLE, StoreUrl};
 
 const LOCK: &str = "orders";
@@ -149,7 +165,116 @@ impl Orders for SpannerOrders {
     }
 }
 
+// --- Kubernetes: the API server refuses, by the chart's admission policy --
+
+/// The fenced object: order 1, a ConfigMap.
+const CONFIG_MAP: &str = "order-1";
+
+/// ConfigMaps as the leader pod `pod` writes them: its ServiceAccount with
+/// the pod name a bound ServiceAccount token carries
+/// (`authentication.kubernetes.io/pod-name` in userInfo.extra, Kubernetes
+/// pkg/serviceaccount/claims.go), which the policy takes as the writer.
+async fn as_pod(namespace: &str, account: &str, pod: &str) -> Result<Api<ConfigMap>, Failure> {
+    let mut config = kube::Config::infer().await?;
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{account}"));
+    config.auth_info.impersonate_groups = Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
+    config.auth_info.impersonate_user_extra = Some(HashMap::from([(
+        "authentication.kubernetes.io/pod-name".to_string(),
+        vec![pod.to_string()],
+    )]));
+    Ok(Api::namespaced(kube::Client::try_from(config)?, namespace))
+}
+
+/// The leader's write: its data with the fence's lock, its token and itself
+/// as holder, in one merge patch (docs/fencing.md shows the same patch).
+async fn write_config_map(orders: &Api<ConfigMap>, token: FencingToken, pod: &str) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {
+            "leasehold.dev/fencing-lock": format!("kubernetes:{LOCK}"),
+            "leasehold.dev/fencing-token": token.to_string(),
+            "leasehold.dev/fencing-holder": pod,
+        }},
+        "data": {"owner": pod},
+    });
+    orders
+        .patch(CONFIG_MAP, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+}
+
+/// The scenario below with the API server as the resource: `a`'s stale
+/// write is refused by the fencing policy, with both tokens in its message.
+async fn api_server_refuses_deposed_leader(namespace: &str, account: &str) -> Result<(), Failure> {
+    let client = kube::Client::try_default().await?;
+    let store = leasehold::store::kubernetes::KubernetesStore::new(client.clone(), Some(namespace));
+    store.ensure_schema().await?;
+    // The object exists before any leader writes; its first fenced write
+    // adds the token (the policy judges UPDATEs of objects carrying one).
+    let empty: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": CONFIG_MAP}}))?;
+    match Api::<ConfigMap>::namespaced(client, namespace)
+        .create(&PostParams::default(), &empty)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let (as_a, as_b) = (
+        as_pod(namespace, account, "a").await?,
+        as_pod(namespace, account, "b").await?,
+    );
+
+    let a = store.acquire(LOCK, "a", LEASE).await?;
+    write_config_map(&as_a, a.token, "a").await?;
+    println!("a leads with token {} and writes", a.token);
+    let b = elected_after_a_stalls(&store).await?;
+    write_config_map(&as_b, b.token, "b").await?;
+    println!("b leads with token {} and writes", b.token);
+
+    match write_config_map(&as_a, a.token, "a").await {
+        Err(kube::Error::Api(refused))
+            if refused.message.contains(&a.token.to_string()) && refused.message.contains(&b.token.to_string()) =>
+        {
+            println!("a wakes up and writes: the API server refuses it: {}", refused.message)
+        }
+        other => return Err(format!("a's stale write was not refused naming both tokens: {other:?}").into()),
+    }
+    let stored = as_b.get(CONFIG_MAP).await?;
+    let owner = stored.data.unwrap_or_default().remove("owner").unwrap_or_default();
+    let token = stored
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("leasehold.dev/fencing-token");
+    if owner != "b" || token != Some(b.token.to_string()) {
+        return Err(format!(
+            "order 1 should still be b's with token {}, but it is {owner:?} with {token:?}",
+            b.token
+        )
+        .into());
+    }
+    println!("order 1 is still b's: owner = {owner}");
+    store.release(LOCK, "b", b.token).await?;
+    Ok(())
+}
+
 // --- The scenario, the same on every store ---------------------------------
+
+/// `a` stalls and renews nothing; `b` campaigns until `a`'s lease has
+/// expired by the store's clock (a bounded wait: ten lease durations).
+async fn elected_after_a_stalls(store: &dyn LeaseStore) -> Result<Grant, Failure> {
+    let mut attempts = 0;
+    loop {
+        match store.acquire(LOCK, "b", LEASE).await {
+            Ok(grant) => return Ok(grant),
+            Err(StoreError::Lost { .. }) if attempts < 40 => {
+                attempts += 1;
+                tokio::time::sleep(LEASE / 4).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
 
 /// `a` writes, stalls past its lease, `b` is elected and writes, `a`'s write
 /// with its old token is refused and `b`'s stays.
@@ -163,19 +288,7 @@ async fn deposed_leader_is_refused(store: &dyn LeaseStore, orders: &mut impl Ord
     orders.write_owner(&fence(a.token)?, "a").await?;
     println!("a leads with token {} and writes", a.token);
 
-    // a stalls and renews nothing; b campaigns until a's lease has expired
-    // by the store's clock (a bounded wait: ten lease durations).
-    let mut attempts = 0;
-    let b = loop {
-        match store.acquire(LOCK, "b", LEASE).await {
-            Ok(grant) => break grant,
-            Err(StoreError::Lost { .. }) if attempts < 40 => {
-                attempts += 1;
-                tokio::time::sleep(LEASE / 4).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let b = elected_after_a_stalls(store).await?;
     orders.write_owner(&fence(b.token)?, "b").await?;
     println!("b leads with token {} and writes", b.token);
 
@@ -229,6 +342,11 @@ async fn main() -> Result<(), Failure> {
             .await?;
             deposed_leader_is_refused(&store, &mut SpannerOrders::connect(&database).await?).await
         }
-        other => Err(format!("which store? postgres, redis or spanner, not {other:?}").into()),
+        "kubernetes" => {
+            let namespace = env("FENCING_NAMESPACE", "a namespace the chart's fencing policy covers")?;
+            let account = env("FENCING_SERVICE_ACCOUNT", "the ServiceAccount the leaders write as")?;
+            api_server_refuses_deposed_leader(&namespace, &account).await
+        }
+        other => Err(format!("which store? postgres, redis, spanner or kubernetes, not {other:?}").into()),
     }
 }

@@ -802,11 +802,35 @@ def check_fencing_policy(docs):
                 and d["spec"]["policyName"] == policy["metadata"]["name"]]
     if not bindings or bindings[0]["spec"].get("validationActions") != ["Deny"] or policy["spec"]["failurePolicy"] != "Fail":
         problems.append("chart: the fencing policy has no binding that denies, or does not fail closed")
-    unbound = copy.deepcopy(policy)
-    unbound["spec"]["validations"] = [v for v in unbound["spec"]["validations"] if "fencing-holder must name" not in v.get("messageExpression", "")]
-    if len(unbound["spec"]["validations"]) == len(policy["spec"]["validations"]) or \
-            not admission_policy_problems(unbound, "self-test", FENCING_CASES):
-        problems.append("self-test: a fencing policy without the holder binding passed the fencing policy check")
+    for what, planted in fencing_policy_plants(policy):
+        if not admission_policy_problems(planted, "self-test", FENCING_CASES):
+            problems.append(f"self-test: a fencing policy {what} passed the fencing policy check")
+
+
+def fencing_policy_plants(policy):
+    """Broken copies of the fencing policy, each a way a policy lets a stale
+    write through: (what is wrong, policy). Each validation is dropped by the
+    message that names it, so a renamed message fails here, not silently."""
+    def without(marker):
+        planted = copy.deepcopy(policy)
+        kept = [v for v in planted["spec"]["validations"]
+                if marker not in v.get("messageExpression", v.get("message", ""))]
+        if len(kept) == len(planted["spec"]["validations"]):
+            problems.append(f"self-test: the fencing policy has no validation whose message says {marker!r}")
+        planted["spec"]["validations"] = kept
+        return planted
+    allows_everything = copy.deepcopy(policy)
+    allows_everything["spec"]["validations"] = [{"expression": "true"}]
+    never_matches = copy.deepcopy(policy)
+    never_matches["spec"]["matchConditions"] = [{"name": "fenced", "expression": "false"}]
+    return [
+        ("that allows everything", allows_everything),
+        ("that matches no request", never_matches),
+        ("without the token comparison", without("already seen for lock")),
+        ("without the holder binding", without("fencing-holder must name")),
+        ("that lets the token be removed", without("may not be removed")),
+        ("that lets the lock change", without("fencing-lock annotation is immutable")),
+    ]
 
 
 def check_admission_policy(helm_docs):

@@ -5,7 +5,12 @@
 #                                  prints `export VAR=...` lines for the suite
 #   scripts/e2e-cluster.sh image   rebuilds the image from the current tree, loads it and
 #                                  restarts the operator (if installed) on it
-#   scripts/e2e-cluster.sh down    stops the cluster and removes its files
+#   scripts/e2e-cluster.sh down    stops the cluster (and the second one) and removes their files
+#   scripts/e2e-cluster.sh east up|down
+#                                  starts (prints its `export` lines) or stops only the
+#                                  second, control-plane-only cluster "east" beside the
+#                                  first: the two-cluster scenarios (tests/e2e/clusters.rs)
+#                                  run its operator and candidates as host processes
 #
 # It starts the cluster with a Kubernetes test-cluster tool named by
 # LEASEHOLD_KUBERNETES_TOOL: a folder holding start.sh DIR, stop.sh DIR --rm,
@@ -17,6 +22,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tool="${LEASEHOLD_KUBERNETES_TOOL:?LEASEHOLD_KUBERNETES_TOOL names the test-cluster tool folder}"
 dir="${LEASEHOLD_E2E_CLUSTER_DIR:-/tmp/leasehold-e2e-cluster}"
+# The second cluster: its own etcd, CA and controllers, no node, API on 6444
+# (the tool's README, "A second cluster beside it").
+east_dir="${LEASEHOLD_E2E_EAST_DIR:-/tmp/leasehold-e2e-east}"
+east_port=6444
 # The README's walkthrough installs the chart with this image.
 image="${LEASEHOLD_E2E_IMAGE:-leasehold:dev}"
 # The stand-in app: busybox's httpd, which as PID 1 ignores SIGTERM like many real apps.
@@ -52,6 +61,17 @@ load_image() {
   done
 }
 
+east_up() {
+  "$tool/stop.sh" "$east_dir" --rm >/dev/null 2>&1 || true
+  "$tool/start.sh" "$east_dir" --no-node --api-port "$east_port" >&2
+  echo "export LEASEHOLD_E2E_EAST_KUBECONFIG=$east_dir/kubeconfig"
+  echo "export LEASEHOLD_E2E_EAST_COMPONENT=\"$tool/component.sh $east_dir\""
+}
+
+east_down() {
+  "$tool/stop.sh" "$east_dir" --rm >&2
+}
+
 case "${1:-}" in
   up)
 
@@ -67,6 +87,7 @@ case "${1:-}" in
     echo "export LEASEHOLD_E2E_COMPONENT=\"$tool/component.sh $dir\""
     # client-go's leader election for the benchmark's comparison (cargo bench, kubernetes part).
     echo "export LEASEHOLD_E2E_KUBE_SCHEDULER=\"$("$tool/install.sh" | tail -n 1)/kube-multi kube-scheduler\""
+    east_up
 
     ;;
   image)
@@ -82,6 +103,16 @@ case "${1:-}" in
       "${kubectl[@]}" rollout status deployment/leasehold-operator --timeout=180s >&2
     fi
     ;;
-  down) "$tool/stop.sh" "$dir" --rm >&2 ;;
-  *) echo "usage: $0 up|image|down" >&2; exit 2 ;;
+  down)
+    east_down
+    "$tool/stop.sh" "$dir" --rm >&2
+    ;;
+  east)
+    case "${2:-}" in
+      up) east_up ;;
+      down) east_down ;;
+      *) echo "usage: $0 east up|down" >&2; exit 2 ;;
+    esac
+    ;;
+  *) echo "usage: $0 up|image|down|east up|down" >&2; exit 2 ;;
 esac

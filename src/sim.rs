@@ -39,6 +39,12 @@
 //!    order, while candidates restart under older and newer revisions, as
 //!    pods of two ReplicaSets do during a rollout.
 //!
+//! 5. in schedules with two clusters sharing the store (pods of the same
+//!    names in both, with or without cluster names in their identities),
+//!    each cluster's operator releases the lock when it deletes one of its
+//!    pods, judging the holder as the real operator does
+//!    (`lease::holder`): checks 1–3 catch a release that reaches across.
+//!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.
 //!
@@ -57,6 +63,7 @@
 //! schedules and hunts mutants. The command is `cmd::simulate`.
 
 mod checker;
+mod clusters;
 mod kubernetes;
 mod link;
 mod mutants;
@@ -98,6 +105,18 @@ pub fn simulate_kubernetes(seed: u64, length: Duration) -> Result<Report, Violat
         &Setup {
             length,
             kubernetes: true,
+            ..Setup::default()
+        },
+    )
+}
+
+/// Runs one seeded schedule of the correct elector in two clusters sharing the store.
+pub fn simulate_two_clusters(seed: u64, length: Duration) -> Result<Report, Violation> {
+    simulate_with(
+        seed,
+        &Setup {
+            length,
+            two_clusters: true,
             ..Setup::default()
         },
     )

@@ -10,6 +10,7 @@ pub mod client;
 pub mod contract;
 pub mod gate;
 pub mod history;
+pub mod preference;
 pub mod transfer;
 mod validate;
 
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lease::timing;
 
-pub use validate::{ValidLease, ValidStore, ValidationError, validate};
+pub use validate::{Preference, ValidLease, ValidStore, ValidationError, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
@@ -121,6 +122,19 @@ pub struct DistributedLeaseSpec {
     /// Which version of the candidates leads during a rolling update.
     #[serde(default)]
     pub leadership: LeadershipSpec,
+    /// Zones in order of preference, matched against each candidate's
+    /// `topology.kubernetes.io/zone` label: leadership moves, by a transfer,
+    /// to a ready candidate that outranks the leader (priority first, from
+    /// the pod's `leasehold.dev/priority`, then zone) for longer than
+    /// `preferenceStabilization` (docs/design.md, "Preferred candidates").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub prefer_zones: Vec<String>,
+    /// How long a candidate must outrank the leader, ready all the time,
+    /// before leadership moves to it (default 30s; at least retryPeriod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub preference_stabilization: Option<String>,
     /// Share the work as this many partitions instead of electing one
     /// leader: every candidate holds about N/M of them (M live candidates),
     /// each with its own fencing token (docs/partitions.md). Needs a store

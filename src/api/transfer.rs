@@ -39,6 +39,21 @@ pub struct LeaseTransferSpec {
     /// The pod to hand leadership to: a ready candidate of the lease, in this namespace.
     #[schemars(length(min = 1, max = 253))]
     pub to: String,
+    /// Who asked: a person (`Manual`, the default) or the operator, because
+    /// the target outranks the leader (`Preference`, docs/design.md
+    /// "Preferred candidates"). The leader treats both alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<TransferOrigin>,
+}
+
+/// Who asked for a transfer.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum TransferOrigin {
+    /// `leasehold transfer` or any other client.
+    Manual,
+    /// The operator: the target outranked the leader for the lease's
+    /// stabilisation period.
+    Preference,
 }
 
 /// Where a transfer stands.

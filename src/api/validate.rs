@@ -108,6 +108,15 @@ pub struct ValidLease {
     pub partitions: Option<u32>,
     /// How many entries `status.history` keeps.
     pub history_limit: u32,
+    /// Preferred candidates: zones in order and the stabilisation period.
+    pub preference: Preference,
+}
+
+/// `spec.preferZones` and `spec.preferenceStabilization`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preference {
+    pub zones: Vec<String>,
+    pub stabilization: std::time::Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -166,6 +175,7 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
             format!("must be at most {}", super::history::MAX_HISTORY_LIMIT),
         ));
     }
+    let preference = check_preference(spec, &timing)?;
     Ok(ValidLease {
         lock,
         store,
@@ -179,6 +189,51 @@ pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
         },
         partitions: spec.partitions,
         history_limit: spec.history_limit,
+        preference,
+    })
+}
+
+/// Zones are label values, each once; the stabilisation is a duration of
+/// at least P (a shorter one cannot be observed: the operator sees
+/// readiness no more often than the sidecars renew).
+fn check_preference(spec: &super::DistributedLeaseSpec, timing: &Timing) -> Result<Preference> {
+    const ZONES: &str = "spec.preferZones";
+    const STABILIZATION: &str = "preferenceStabilization";
+    for (i, zone) in spec.prefer_zones.iter().enumerate() {
+        let label_value = !zone.is_empty()
+            && zone.len() <= 63
+            && zone.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && zone.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && zone.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !label_value {
+            return Err(invalid(ZONES, format!("{zone:?} is not a label value (a zone name)")));
+        }
+        if spec.prefer_zones[..i].contains(zone) {
+            return Err(invalid(ZONES, format!("lists {zone:?} twice")));
+        }
+    }
+    let stabilization = match &spec.preference_stabilization {
+        Some(text) => crate::lease::timing::parse_duration(STABILIZATION, text)?,
+        None => super::preference::DEFAULT_STABILIZATION,
+    };
+    if stabilization < timing.retry_period {
+        return Err(invalid(
+            "spec.preferenceStabilization",
+            format!(
+                "({stabilization:?}) must be at least retryPeriod ({:?}): the operator sees readiness no more often",
+                timing.retry_period
+            ),
+        ));
+    }
+    if spec.partitions.is_some() && (!spec.prefer_zones.is_empty() || spec.preference_stabilization.is_some()) {
+        return Err(invalid(
+            "spec.preferZones",
+            "cannot be combined with spec.partitions: preferred candidates choose one leader",
+        ));
+    }
+    Ok(Preference {
+        zones: spec.prefer_zones.clone(),
+        stabilization,
     })
 }
 

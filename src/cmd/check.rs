@@ -42,6 +42,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use super::installed::{self, Operator};
 use super::{ClusterArgs, Output};
 use crate::api::contract::DEFAULT_IMAGE;
+use crate::api::preference;
 use crate::api::{DistributedLease, ValidStore, validate};
 use crate::lease::Identity;
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
@@ -695,6 +696,10 @@ async fn check_lease(
         healthy = false;
         report.warn(format!("{id}: {warning}"));
     }
+    for warning in preference_warnings(&valid.preference.zones, &candidates) {
+        healthy = false;
+        report.warn(format!("{id}: {warning}"));
+    }
     let without_sidecar = reconcile::without_sidecar(&candidates);
     if !without_sidecar.is_empty() {
         healthy = false;
@@ -800,6 +805,35 @@ fn sharing_warnings(
                  uses the name {ours} too (cluster names must be unique)"
             ));
         }
+    }
+    warnings
+}
+
+/// Preferences no candidate can satisfy (docs/design.md, "Preferred
+/// candidates"): a priority that does not parse (that pod is never a
+/// target, and as leader is never moved), and `preferZones` with no
+/// candidate in any of them.
+fn preference_warnings(zones: &[String], candidates: &[Arc<Pod>]) -> Vec<String> {
+    let mut warnings: Vec<String> = candidates
+        .iter()
+        .filter_map(|pod| preference::priority_of(pod).err())
+        .map(|e| format!("{e}: such a candidate is never preferred; set an integer"))
+        .collect();
+    let in_preferred_zone =
+        |pod: &Arc<Pod>| preference::zone_of(pod).is_some_and(|zone| zones.iter().any(|z| z == zone));
+    if !zones.is_empty() && !candidates.is_empty() && !candidates.iter().any(in_preferred_zone) {
+        let seen: BTreeSet<&str> = candidates
+            .iter()
+            .map(|pod| preference::zone_of(pod).unwrap_or("none"))
+            .collect();
+        warnings.push(format!(
+            "spec.preferZones ({}) matches no candidate: their {} labels are {}; without the \
+             PodTopologyLabels admission plugin (Kubernetes 1.35+, on by default) pods carry no zone: \
+             enable it or set the label in the pod template",
+            zones.join(", "),
+            preference::ZONE_LABEL,
+            seen.into_iter().collect::<Vec<_>>().join(", ")
+        ));
     }
     warnings
 }

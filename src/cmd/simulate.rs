@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::sim::{Mutant, Summary, hunt, simulate, simulate_kubernetes, simulate_rollouts, simulate_sessions};
+use crate::sim::{
+    Mutant, Summary, hunt, simulate, simulate_kubernetes, simulate_rollouts, simulate_sessions, simulate_two_clusters,
+};
 
 /// `leasehold simulate`: run many seeds, print failures with their seed.
 #[derive(Debug, clap::Args)]
@@ -30,6 +32,10 @@ pub struct Args {
     /// (observed-change expiry, resourceVersion check-and-set, watches).
     #[arg(long, env = "LEASEHOLD_SIM_KUBERNETES", conflicts_with_all = ["sessions", "rollouts"])]
     pub kubernetes: bool,
+    /// Run the elector's schedule with candidates in two clusters sharing
+    /// the store, each cluster's operator releasing on pod deletion.
+    #[arg(long, env = "LEASEHOLD_SIM_TWO_CLUSTERS", conflicts_with_all = ["sessions", "rollouts", "kubernetes"])]
+    pub two_clusters: bool,
     /// Run a deliberately broken elector or store instead, stopping at the
     /// first seed that catches it; `list` names them.
     #[arg(long, env = "LEASEHOLD_SIM_MUTANT")]
@@ -65,6 +71,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             simulate_rollouts(seed, length)
         } else if args.kubernetes {
             simulate_kubernetes(seed, length)
+        } else if args.two_clusters {
+            simulate_two_clusters(seed, length)
         } else {
             simulate(seed, length)
         };

@@ -12,7 +12,7 @@ use kube::runtime::wait::await_condition;
 use kube::{Api, ResourceExt};
 
 use super::ClusterArgs;
-use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferPhase};
+use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin, TransferPhase};
 use crate::rbac::Rule;
 
 /// What a person or program needs to request transfers in a namespace, and
@@ -89,6 +89,7 @@ pub async fn run(args: Args) -> Result<i32, Error> {
         spec: LeaseTransferSpec {
             lease: args.lease.clone(),
             to: args.to.clone(),
+            origin: Some(TransferOrigin::Manual),
         },
         status: None,
     };
@@ -215,7 +216,8 @@ mod tests {
             request.spec,
             LeaseTransferSpec {
                 lease: "web".into(),
-                to: "web-1".into()
+                to: "web-1".into(),
+                origin: Some(TransferOrigin::Manual),
             }
         );
         assert!(

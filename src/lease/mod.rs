@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod clock;
 pub mod elector;
+pub(crate) mod holder;
 pub mod lock_set;
 pub mod partitions;
 pub mod record;

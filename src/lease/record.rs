@@ -207,6 +207,14 @@ impl Identity {
         self.namespace.as_deref()
     }
 
+    /// The cluster this identity names when it is certainly not `ours`:
+    /// both sides name their cluster and the names differ (issue 37). Where
+    /// either side has no name, nothing is certain.
+    pub fn cluster_other_than(&self, ours: Option<&str>) -> Option<&str> {
+        let theirs = self.cluster()?;
+        ours.is_some_and(|ours| ours != theirs).then_some(theirs)
+    }
+
     /// Whether `holder` is an earlier process run of this candidate's pod:
     /// the same cluster, namespace, pod name and pod UID, another nonce.
     /// Such a holder is gone: one pod runs one leasehold process per lease,

@@ -20,6 +20,7 @@ pub mod http;
 pub mod metrics;
 pub mod observer;
 mod partitions;
+pub mod preferred;
 pub mod rbac;
 pub mod reconcile;
 pub mod rollout;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kube::core::SelectorExt as _;
 use kube::runtime::controller::{self, Controller};
@@ -310,12 +312,13 @@ impl ControllerRun {
     /// pod events instead of a list per lease per retry period.
     async fn run(&self, stop: CancellationToken) {
         let client = self.ctx.client.clone();
-        let (leases, pods): (Api<DistributedLease>, Api<Pod>) = match &self.namespace {
+        let (leases, pods, deployments): (Api<DistributedLease>, Api<Pod>, Api<Deployment>) = match &self.namespace {
             Some(namespace) => (
+                Api::namespaced(client.clone(), namespace),
                 Api::namespaced(client.clone(), namespace),
                 Api::namespaced(client, namespace),
             ),
-            None => (Api::all(client.clone()), Api::all(client)),
+            None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
         };
         let (pod_cache, pod_writer) = reflector::store();
         let pod_events = watcher(pods, watcher::Config::default().any_semantic())
@@ -323,11 +326,25 @@ impl ControllerRun {
             .modify(keep_what_reconciles_read)
             .reflect(pod_writer)
             .touched_objects();
-        let ctx = Arc::new(self.ctx.with_pods(pod_cache));
+        // Readiness-gated leases check their candidates' Deployments: one
+        // watch keeps them (a GET per reconcile would grow with the leases),
+        // and a Deployment's change (its status follows the rollout after
+        // the pods do) reconciles the gated leases selecting its pods.
+        let (deployment_cache, deployment_writer) = reflector::store();
+        let deployment_events = watcher(deployments, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(rollout::keep_what_rollout_checks_read)
+            .reflect(deployment_writer)
+            .touched_objects();
+        let ctx = Arc::new(self.ctx.with_caches(pod_cache, deployment_cache));
         let controller = Controller::new(leases, watcher::Config::default().any_semantic());
         let known_leases = controller.store();
+        let gated_leases = known_leases.clone();
         let controller = controller
             .watches_stream(pod_events, move |pod| leases_selecting(&known_leases.state(), &pod))
+            .watches_stream(deployment_events, move |deployment| {
+                gated_leases_of(&gated_leases.state(), &deployment)
+            })
             // The leases whose lock changed, from the batched store reads.
             .reconcile_on(ctx.observers.triggers())
             .with_config(controller::Config::default().concurrency(self.concurrency))
@@ -385,10 +402,35 @@ fn keep_what_reconciles_read(pod: &mut Pod) {
 
 /// The leases in the pod's namespace whose selector matches the pod.
 fn leases_selecting(leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
+    leases_matching(leases, pod.namespace(), pod.labels(), false)
+}
+
+/// The readiness-gated leases in the Deployment's namespace whose selector
+/// matches its pod template's labels (the labels its pods get).
+fn gated_leases_of(leases: &[Arc<DistributedLease>], deployment: &Deployment) -> Vec<ObjectRef<DistributedLease>> {
+    let labels = deployment
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone());
+    leases_matching(leases, deployment.namespace(), &labels.unwrap_or_default(), true)
+}
+
+/// The leases in `namespace` selecting pods labelled `labels` (only the
+/// readiness-gated ones when `gated_only`).
+fn leases_matching(
+    leases: &[Arc<DistributedLease>],
+    namespace: Option<String>,
+    labels: &std::collections::BTreeMap<String, String>,
+    gated_only: bool,
+) -> Vec<ObjectRef<DistributedLease>> {
     leases
         .iter()
-        .filter(|lease| lease.namespace() == pod.namespace())
-        .filter(|lease| validate(lease).is_ok_and(|valid| valid.selector.matches(pod.labels())))
+        .filter(|lease| lease.namespace() == namespace)
+        .filter(|lease| {
+            validate(lease).is_ok_and(|valid| (valid.readiness_gate || !gated_only) && valid.selector.matches(labels))
+        })
         .map(|lease| ObjectRef::from_obj(lease.as_ref()))
         .collect()
 }

@@ -35,11 +35,21 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "watch", "patch"],
         resource_names: &[],
     },
-    // The rollout check for readiness-gated leases.
+    // Preferred candidates: see whether a transfer of the lease is open,
+    // and ask for one when a candidate outranks the leader
+    // (operator::reconcile::prefer).
+    Rule {
+        api_group: "leasehold.dev",
+        resources: &["leasetransfers"],
+        verbs: &["list", "create"],
+        resource_names: &[],
+    },
+    // The rollout check for readiness-gated leases, from one watch of the
+    // Deployments (which lists first): no request per reconcile.
     Rule {
         api_group: "apps",
         resources: &["deployments"],
-        verbs: &["get"],
+        verbs: &["list", "watch"],
         resource_names: &[],
     },
     // kube's event recorder creates events and patches repeats into series.
@@ -189,6 +199,11 @@ mod tests {
         }
         assert!(allows_request("PATCH", "/api/v1/namespaces/prod/pods/web-0", false));
         assert!(!allows_request("DELETE", "/api/v1/namespaces/prod/pods/web-0", false));
+        // Readiness-gated leases read their Deployments from one watch
+        // (list, then watch), never by a GET per reconcile.
+        let deployments = "/apis/apps/v1/namespaces/prod/deployments";
+        assert!(allows_request("GET", deployments, false) && allows_request("GET", deployments, true));
+        assert!(!allows_request("GET", &format!("{deployments}/web"), false));
     }
 
     /// Whether the rules bound in the operator's own namespace (the

@@ -43,8 +43,8 @@ use crate::lease::StoreError;
 mod apply;
 mod context;
 mod delete;
-mod holder;
 pub mod plan;
+mod prefer;
 
 pub use context::Context;
 pub use plan::without_sidecar;
@@ -100,6 +100,8 @@ pub enum Error {
     Release { lock: String, source: StoreError },
     #[error("the pod watch has not listed the pods yet")]
     PodsNotListed,
+    #[error("the Deployment watch has not listed the Deployments yet")]
+    DeploymentsNotListed,
 }
 
 impl Error {
@@ -165,6 +167,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     let has_finalizer = lease.finalizers().iter().any(|f| f == FINALIZER);
 
     if lease.meta().deletion_timestamp.is_some() {
+        ctx.forget_preference(&format!("{namespace}/{}", lease.name_any()));
         if has_finalizer {
             match delete::release_on_delete(lease, &namespace, ctx).await? {
                 delete::Gate::Open => apply::remove_finalizer(&leases, lease).await?,
@@ -181,6 +184,8 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     }
     let (found, read) = context::look(lease, &namespace, ctx, context::Need::Cached).await?;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    // Preferred candidates decide on the same look, before the plan takes it.
+    let wake = prefer::act(lease, ctx, &found, now.0).await?;
     let mut plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
     if read == context::ReadWas::BeforeCandidates && !plan.repairs.is_empty() {
         // A label the cached read does not back may be newer than that read:
@@ -189,7 +194,14 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         let (found, _) = context::look(lease, &namespace, ctx, context::Need::AfterCandidates).await?;
         plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
     }
-    apply::apply(lease, ctx, plan).await
+    let (action, outcome) = apply::apply(lease, ctx, plan).await?;
+    // The plan requeues after P at most or after the observer's net; a
+    // pending move must be looked at again when its period ends, and no
+    // watch event marks that moment.
+    Ok(match wake {
+        Some(after) => (Action::requeue(after), outcome),
+        None => (action, outcome),
+    })
 }
 
 /// The condition type that says a readiness-gated lease's candidates have

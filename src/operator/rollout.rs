@@ -21,12 +21,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 
 /// The Deployments owning `pods`, by the ReplicaSet naming convention
-/// (`<deployment>-<pod-template-hash>`), so one GET per Deployment suffices.
+/// (`<deployment>-<pod-template-hash>`), so no ReplicaSet need be read.
 pub fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
@@ -141,7 +143,37 @@ pub fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
     valid.versions.prefer == crate::lease::Prefer::Newest
 }
 
-/// The Deployments owning `pods`, as they are now (one GET each).
+/// The Deployments owning `pods` in `namespace`, from the operator's
+/// Deployment watch (no request per reconcile).
+pub fn cached_owners(deployments: &Store<Deployment>, namespace: &str, pods: &[Arc<Pod>]) -> Vec<Deployment> {
+    owning_deployments(pods)
+        .into_iter()
+        .filter_map(|name| deployments.get(&ObjectRef::new(&name).within(namespace)))
+        .map(Arc::unwrap_or_clone)
+        .collect()
+}
+
+/// Drops what no rollout check reads, so the operator's cache of every
+/// Deployment in the watched namespaces stays small: the checks read the
+/// name, generation, replicas, strategy, progress deadline and status; the
+/// pod template's labels stay so that a Deployment's change can be mapped to
+/// the leases selecting its pods.
+pub fn keep_what_rollout_checks_read(deployment: &mut Deployment) {
+    deployment.metadata.managed_fields = None;
+    deployment.metadata.annotations = None;
+    let labels = deployment.spec.template.metadata.as_mut().and_then(|m| m.labels.take());
+    deployment.spec.template = PodTemplateSpec {
+        metadata: labels.map(|labels| ObjectMeta {
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        }),
+        spec: None,
+    };
+    deployment.spec.selector = LabelSelector::default();
+}
+
+/// The Deployments owning `pods`, as they are now (one GET each): for the
+/// one-shot `leasehold check`; the operator reads [`cached_owners`].
 pub async fn owners(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<Deployment>, kube::Error> {
     let mut found = Vec::new();
     for name in owning_deployments(pods) {

@@ -386,6 +386,9 @@ async fn the_controller_counts_candidates_from_its_pod_watch() {
                     "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLeaseList",
                     "metadata": {"resourceVersion": "6"}, "items": [lease]}),
                 ("GET", "/api/v1/namespaces/prod/pods") => pods.clone(),
+                ("GET", "/apis/apps/v1/namespaces/prod/deployments") => {
+                    json!({"kind": "DeploymentList", "metadata": {"resourceVersion": "10"}, "items": []})
+                }
                 ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
                     statuses.lock().unwrap().push(request.body["status"].clone());
                     lease.clone()
@@ -422,4 +425,128 @@ async fn the_controller_counts_candidates_from_its_pod_watch() {
     assert_eq!(status["holder"], json!("prod/web-0#n"));
     assert_eq!(unexpected.lock().unwrap().clone(), Vec::<String>::new());
     assert!(metrics.reconciles(metrics::Outcome::Ok) >= 1);
+}
+
+/// Issue 39: a readiness-gated lease's rollout check reads its Deployment
+/// from the operator's Deployment watch (one list, then the watch), never by
+/// a GET per reconcile; the status shows the cached Deployment was read (its
+/// strategy would stall). A Deployment's change maps to the gated leases
+/// selecting its pods only.
+#[tokio::test]
+async fn gated_leases_read_their_deployments_from_the_watch_not_per_reconcile() {
+    use serde_json::{Value, json};
+    use std::sync::Mutex;
+
+    let (client, server) = mock_client("default");
+    let stores: Arc<dyn StoreProvider> = Arc::new(SingleStore::new(Arc::new(MemoryStore::new(9))));
+    let (controller, metrics) = controller_on(client, stores);
+    let lease = |name: &str, gated: bool| {
+        json!({
+            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
+            "metadata": {"name": name, "namespace": "prod", "uid": name, "resourceVersion": "5", "generation": 1,
+                         "finalizers": [reconcile::FINALIZER]},
+            "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
+                     "selector": {"matchLabels": {"app": "web"}}, "publishing": {"readinessGate": gated}},
+        })
+    };
+    let gated = lease("web", true);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-abc-1", "namespace": "prod", "resourceVersion": "3",
+                     "labels": {"app": "web", "pod-template-hash": "abc", "leasehold.dev/leader": "false"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+                                          "uid": "rs", "controller": true}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}});
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "prod", "resourceVersion": "4", "generation": 1},
+        "spec": {"replicas": 3, "strategy": {"rollingUpdate": {"maxUnavailable": 1}},
+                 "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app"}]}}},
+        "status": {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3}});
+    let list =
+        |kind: &str, items: Vec<Value>| json!({"kind": kind, "metadata": {"resourceVersion": "10"}, "items": items});
+    let statuses: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+    let serving = {
+        let (statuses, requests, gated, deployment) =
+            (statuses.clone(), requests.clone(), gated.clone(), deployment.clone());
+        server.serve(move |request| {
+            let (method, path) = (request.method.as_str(), request.path.as_str());
+            let watch = if request.is_watch() { " (watch)" } else { "" };
+            requests.lock().unwrap().push(format!("{method} {path}{watch}"));
+            if !rbac::allows_request(method, path, request.is_watch()) {
+                requests.lock().unwrap().push(format!("not granted: {method} {path}"));
+            }
+            let answer = match (method, path) {
+                (_, _) if request.is_watch() => return None,
+                ("GET", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases") => {
+                    list("DistributedLeaseList", vec![gated.clone()])
+                }
+                ("GET", "/api/v1/namespaces/prod/pods") => list("PodList", vec![pod.clone()]),
+                ("GET", "/apis/apps/v1/namespaces/prod/deployments") => {
+                    list("DeploymentList", vec![deployment.clone()])
+                }
+                ("PATCH", "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases/web/status") => {
+                    statuses.lock().unwrap().push(request.body["status"].clone());
+                    gated.clone()
+                }
+                ("POST", "/apis/events.k8s.io/v1/namespaces/prod/events") => request.body.clone(),
+                _ => return Some((404, crate::testing::api::status(404, "NotFound", "not served"))),
+            };
+            Some((if method == "POST" { 201 } else { 200 }, answer))
+        })
+    };
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while statuses.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the controller reconciled the lease");
+    stop.cancel();
+    running.await.unwrap();
+    serving.abort();
+    let status = statuses.lock().unwrap()[0].clone();
+    let rollout_safe = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == json!("RolloutSafe"))
+        .cloned();
+    assert_eq!(
+        rollout_safe
+            .as_ref()
+            .map(|c| (c["status"].clone(), c["reason"].clone())),
+        Some((json!("False"), json!("RolloutWouldStall"))),
+        "the cached Deployment's strategy was checked: {status}"
+    );
+    let requests = requests.lock().unwrap().clone();
+    let deployment_requests: Vec<&String> = requests.iter().filter(|r| r.contains("deployments")).collect();
+    assert_eq!(
+        deployment_requests,
+        [
+            "GET /apis/apps/v1/namespaces/prod/deployments",
+            "GET /apis/apps/v1/namespaces/prod/deployments (watch)"
+        ],
+        "one list and one watch of the Deployments, nothing per reconcile: {requests:?}"
+    );
+    assert!(!requests.iter().any(|r| r.starts_with("not granted")), "{requests:?}");
+    assert!(metrics.reconciles(metrics::Outcome::Ok) >= 1);
+
+    // A Deployment's change reconciles the gated leases selecting its pods.
+    let known = [lease("web", true), lease("plain", false), lease("other", true)].map(|mut l| {
+        if l["metadata"]["name"] == json!("other") {
+            l["spec"]["selector"]["matchLabels"]["app"] = json!("db");
+        }
+        Arc::new(serde_json::from_value::<DistributedLease>(l).unwrap())
+    });
+    let mut cached: Deployment = serde_json::from_value(deployment).unwrap();
+    rollout::keep_what_rollout_checks_read(&mut cached);
+    assert_eq!(cached.spec.template.spec, None, "the pod template's spec is not cached");
+    let names: Vec<String> = gated_leases_of(&known, &cached).into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["web"]);
 }

@@ -66,10 +66,7 @@ fn page_out_executable() -> std::io::Result<usize> {
         // SAFETY: a whole mapping of this process, read from /proc/self/maps.
         // MADV_PAGEOUT changes no contents: a reclaimed clean page is read
         // back from the file on its next access.
-        let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_PAGEOUT) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        unsafe { rustix::mm::madvise(start as *mut std::ffi::c_void, len, rustix::mm::Advice::LinuxPageOut) }?;
         advised += len;
     }
     Ok(advised)

@@ -10,9 +10,13 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::Empty;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -78,25 +82,39 @@ impl AppHealth {
     }
 }
 
+/// Reads `--app-health-url`: a plain-HTTP URL with a host (the app's own
+/// endpoint on the pod's network; TLS is not offered there).
+pub fn parse_health_url(text: &str) -> Result<Uri, String> {
+    let url: Uri = text.trim().parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if url.scheme_str() != Some("http") {
+        return Err(format!(
+            "{text:?}: the app health URL must start with http:// (the app's own endpoint, e.g. http://127.0.0.1:8080/healthz)"
+        ));
+    }
+    if url.authority().is_none() {
+        return Err(format!("{text:?}: the app health URL names no host"));
+    }
+    Ok(url)
+}
+
 /// Polls `url` (http://127.0.0.1:port/path) every `interval`; `failures`
 /// failed polls in a row make it unhealthy, one success healthy again.
-pub async fn poll_url(
-    url: String,
-    interval: Duration,
-    timeout: Duration,
-    failures: u32,
-    verdict: watch::Sender<Verdict>,
-) {
+pub async fn poll_url(url: Uri, interval: Duration, timeout: Duration, failures: u32, verdict: watch::Sender<Verdict>) {
+    // A new connection per poll: an app that stopped accepting must fail
+    // the check, not pass on a kept-alive connection.
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http::<Empty<Bytes>>();
     let mut failed = 0u32;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let result = tokio::time::timeout(timeout, get_status(&url)).await;
+        let result = tokio::time::timeout(timeout, client.get(url.clone())).await;
         let problem = match result {
-            Ok(Ok(status)) if (200..300).contains(&status) => None,
-            Ok(Ok(status)) => Some(format!("{url} answered {status}")),
-            Ok(Err(e)) => Some(format!("{url}: {e}")),
+            Ok(Ok(response)) if response.status().is_success() => None,
+            Ok(Ok(response)) => Some(format!("{url} answered {}", response.status())),
+            Ok(Err(e)) => Some(format!("{url}: {}", crate::errors::chain(&e))),
             Err(_) => Some(format!("{url}: no answer within {timeout:?}")),
         };
         let next = match problem {
@@ -115,27 +133,6 @@ pub async fn poll_url(
         };
         verdict.send_if_modified(|v| std::mem::replace(v, next.clone()) != next);
     }
-}
-
-/// One HTTP/1.1 GET to a plain-HTTP URL on the pod's own network; the status code.
-async fn get_status(url: &str) -> std::io::Result<u16> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| std::io::Error::other("the app health URL must start with http://"))?;
-    let (authority, path) = rest
-        .split_once('/')
-        .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
-    let mut stream = tokio::net::TcpStream::connect(authority).await?;
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nUser-Agent: leasehold\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut head = [0u8; 32];
-    let n = stream.read(&mut head).await?;
-    let line = String::from_utf8_lossy(&head[..n]);
-    line.split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {line:?}")))
 }
 
 /// The named container's readiness in our own pod.
@@ -186,6 +183,88 @@ pub async fn follow(sources: Vec<(&'static str, watch::Receiver<Verdict>)>, heal
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_health_url_must_be_plain_http_with_a_host() {
+        assert!(parse_health_url("http://127.0.0.1:8080/healthz").is_ok());
+        assert!(parse_health_url("http://[::1]:8080/").is_ok());
+        let https = parse_health_url("https://127.0.0.1/healthz").unwrap_err();
+        assert!(https.contains("must start with http://"), "{https}");
+        let bare = parse_health_url("/healthz").unwrap_err();
+        assert!(bare.contains("must start with http://"), "{bare}");
+        assert!(
+            parse_health_url("http://exa mple/")
+                .unwrap_err()
+                .contains("is not a URL")
+        );
+    }
+
+    /// A server on `addr` that answers each connection with `status`; returns its URL.
+    async fn answering(addr: &str, status: &'static str) -> Uri {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let url = match listener.local_addr().unwrap() {
+            std::net::SocketAddr::V6(a) => format!("http://[{}]:{}/healthz", a.ip(), a.port()),
+            a => format!("http://{a}/healthz"),
+        };
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 1024];
+                let _ = conn.read(&mut request).await;
+                let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = conn.write_all(reply.as_bytes()).await;
+            }
+        });
+        url.parse().unwrap()
+    }
+
+    async fn verdict_of(url: Uri, failures: u32) -> Verdict {
+        let (tx, mut rx) = watch::channel(Verdict::Unknown("not polled".into()));
+        let poller = tokio::spawn(poll_url(
+            url,
+            Duration::from_millis(10),
+            Duration::from_secs(5),
+            failures,
+            tx,
+        ));
+        rx.changed().await.unwrap();
+        poller.abort();
+        rx.borrow().clone()
+    }
+
+    #[tokio::test]
+    async fn the_url_is_healthy_on_2xx_also_over_ipv6_and_unhealthy_otherwise() {
+        assert_eq!(
+            verdict_of(answering("127.0.0.1:0", "204 No Content").await, 1).await,
+            Verdict::Healthy
+        );
+        assert_eq!(
+            verdict_of(answering("[::1]:0", "200 OK").await, 1).await,
+            Verdict::Healthy
+        );
+        let Verdict::Unhealthy(why) = verdict_of(answering("127.0.0.1:0", "503 Service Unavailable").await, 2).await
+        else {
+            panic!("a 503 is unhealthy");
+        };
+        assert!(
+            why.contains("answered 503") && why.contains("2 times in a row"),
+            "{why}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_app_that_refuses_the_connection_is_unhealthy_with_the_cause() {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: Uri = format!("http://{}/healthz", closed.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(closed);
+        let Verdict::Unhealthy(why) = verdict_of(url, 1).await else {
+            panic!("a refused connection is unhealthy");
+        };
+        assert!(why.to_lowercase().contains("refused"), "{why}");
+    }
 
     #[test]
     fn any_unhealthy_source_wins_and_unknown_changes_nothing() {

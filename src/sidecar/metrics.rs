@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::{
-    Assigned, Change, Claim, FencingToken, Grant, Handoff, Held, LeaderState, LeaseStore, Observation, SessionStore,
-    StoreError, StoreTime,
+    Assigned, Change, Claim, FencingToken, Grant, Handoff, Held, Identity, LeaderState, LeaseStore, Observation,
+    SessionStore, StoreError, StoreTime,
 };
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +71,10 @@ pub struct ElectionLabels {
 #[derive(Clone)]
 pub struct Metrics {
     pub is_leader: Gauge,
+    /// 1 while this candidate follows a live holder of another cluster
+    /// (both name their cluster, the names differ), as last read from the
+    /// store: the cluster stands by, and `LeaseholdNoLeader` keeps quiet.
+    pub leader_elsewhere: Gauge,
     /// `leader_election_master_status{name}`: `is_leader`, labelled by the
     /// lock's name, the metric client-go
     /// (k8s.io/client-go/tools/leaderelection/metrics.go) and
@@ -95,6 +99,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Metrics {
             is_leader: Gauge::default(),
+            leader_elsewhere: Gauge::default(),
             master_status: Family::default(),
             app_healthy: Gauge::default(),
             transitions: Counter::default(),
@@ -115,6 +120,11 @@ impl Metrics {
         );
         let r = registry.sub_registry_with_prefix("leasehold");
         r.register("is_leader", "1 while this candidate leads", metrics.is_leader.clone());
+        r.register(
+            "leader_elsewhere",
+            "1 while this candidate follows a live holder that names another cluster, as last read from the store",
+            metrics.leader_elsewhere.clone(),
+        );
         r.register(
             "app_healthy",
             "Whether the main container is healthy: 1 yes, 0 no, -1 cannot tell (no health source answers)",
@@ -195,6 +205,9 @@ impl Metrics {
             }
             self.is_leader.set(i64::from(leads));
             leads_gauge.set(i64::from(leads));
+            self.leader_elsewhere.set(i64::from(
+                !leads && holder_elsewhere(&current.identity, current.holder.as_deref()),
+            ));
             let since = current
                 .renewed
                 .filter(|_| leads)
@@ -206,6 +219,15 @@ impl Metrics {
             }
         }
     }
+}
+
+/// Whether `holder` certainly runs in another cluster than the candidate
+/// `me` (both identities; see [`Identity::cluster_other_than`]).
+fn holder_elsewhere(me: &str, holder: Option<&str>) -> bool {
+    let (Ok(me), Some(Ok(holder))) = (me.parse::<Identity>(), holder.map(str::parse::<Identity>)) else {
+        return false;
+    };
+    holder.cluster_other_than(me.cluster()).is_some()
 }
 
 impl Metrics {
@@ -361,6 +383,7 @@ mod tests {
         let readme = include_str!("../../README.md");
         for gauge in [
             "leasehold_is_leader",
+            "leasehold_leader_elsewhere",
             "leasehold_app_healthy",
             "leasehold_seconds_since_renew",
             "leasehold_partitions_held",
@@ -404,6 +427,68 @@ mod tests {
         });
         shows(1).await;
         assert!(include_str!("../../README.md").contains("leader_election_master_status"));
+        drop(tx);
+        following.await.unwrap();
+    }
+
+    /// A holder is elsewhere only when both identities name their cluster
+    /// and the names differ.
+    #[test]
+    fn a_holder_is_elsewhere_only_when_both_name_different_clusters() {
+        let me = "west/prod/web-0#0a0b0c0d@uid-w";
+        let cases = [
+            (me, Some("east/prod/web-0#01020304@uid-e"), true),
+            (me, Some("west/prod/web-1#01020304@uid-x"), false),
+            (me, Some("prod/web-1#01020304"), false),
+            ("prod/web-0#0a0b0c0d", Some("east/prod/web-0#01020304"), false),
+            (me, Some("not an identity"), false),
+            (me, None, false),
+        ];
+        for (identity, holder, elsewhere) in cases {
+            assert_eq!(
+                holder_elsewhere(identity, holder),
+                elsewhere,
+                "{identity} following {holder:?}"
+            );
+        }
+    }
+
+    /// `leasehold_leader_elsewhere` follows the elector's state: 1 while
+    /// following another cluster's holder, 0 while leading or following a
+    /// holder of its own cluster. Each step changes the value, so waiting
+    /// for it shows the step was taken.
+    #[tokio::test]
+    async fn the_leader_elsewhere_gauge_follows_the_holders_cluster() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let (tx, rx) = tokio::sync::watch::channel(LeaderState::default());
+        let following = tokio::spawn(metrics.clone().follow("jobs".into(), rx));
+        let me = "west/prod/web-0#0a0b0c0d@uid-w";
+        let east = "east/prod/web-0#01020304@uid-e";
+        let steps = [
+            (Some(east), false, 1),
+            (Some(me), true, 0),
+            (Some(east), false, 1),
+            (Some("west/prod/web-1#01020304@uid-x"), false, 0),
+        ];
+        for (holder, leader, wanted) in steps {
+            tx.send_replace(LeaderState {
+                identity: me.into(),
+                holder: holder.map(String::from),
+                leader,
+                deadline: leader.then(|| Instant::now() + Duration::from_secs(60)),
+                ..LeaderState::default()
+            });
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while metrics.leader_elsewhere.get() != wanted {
+                assert!(
+                    Instant::now() < deadline,
+                    "following {holder:?} (leading: {leader}): leader_elsewhere is {}, not {wanted}",
+                    metrics.leader_elsewhere.get()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         drop(tx);
         following.await.unwrap();
     }

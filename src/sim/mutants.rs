@@ -25,10 +25,11 @@ pub enum Mutant {
     WriteWithoutResourceVersion,
     TokenFromLeaseTransitions,
     CreateTokenFromList,
+    ReleaseAcrossClusters,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -47,6 +48,7 @@ impl Mutant {
         Mutant::WriteWithoutResourceVersion,
         Mutant::TokenFromLeaseTransitions,
         Mutant::CreateTokenFromList,
+        Mutant::ReleaseAcrossClusters,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +71,7 @@ impl Mutant {
             Mutant::WriteWithoutResourceVersion => "write-without-resourceVersion",
             Mutant::TokenFromLeaseTransitions => "token-from-leaseTransitions",
             Mutant::CreateTokenFromList => "create-token-from-list",
+            Mutant::ReleaseAcrossClusters => "release-across-clusters",
         }
     }
 
@@ -115,6 +118,10 @@ impl Mutant {
                 "Kubernetes: a create's token is the resourceVersion of the list before it, which a create and a \
                  delete landing in between outdate"
             }
+            Mutant::ReleaseAcrossClusters => {
+                "two clusters: the operator takes a holder without a cluster name for its own (is_local before \
+                 issue 37) and releases another cluster's live leader when it deletes its own pod of that name"
+            }
         }
     }
 
@@ -138,7 +145,8 @@ impl Mutant {
             | Mutant::ExpiryFromRenewTime
             | Mutant::WriteWithoutResourceVersion
             | Mutant::TokenFromLeaseTransitions
-            | Mutant::CreateTokenFromList => None,
+            | Mutant::CreateTokenFromList
+            | Mutant::ReleaseAcrossClusters => None,
         }
     }
 

@@ -85,6 +85,13 @@ pub struct Counts {
     pub redis_schedules: u64,
     /// PostgreSQL transactions aborted with a serialization failure and retried.
     pub serialization_failures: u64,
+    /// Elector schedules in two clusters sharing the store (1 or 0 for one schedule).
+    pub two_cluster_schedules: u64,
+    /// Rows an operator released on a pod's deletion: its own cluster's dead holder.
+    pub operator_releases: u64,
+    /// Live holders of the other cluster an operator left alone after
+    /// deleting its own pod of the same name.
+    pub left_to_other_cluster: u64,
 }
 
 impl Counts {
@@ -113,6 +120,9 @@ impl Counts {
         self.postgres_schedules += r.postgres_schedules;
         self.redis_schedules += r.redis_schedules;
         self.serialization_failures += r.serialization_failures;
+        self.two_cluster_schedules += r.two_cluster_schedules;
+        self.operator_releases += r.operator_releases;
+        self.left_to_other_cluster += r.left_to_other_cluster;
     }
 }
 
@@ -128,7 +138,8 @@ impl fmt::Display for Counts {
              {} rollout schedules preferring Newest, {} session schedules sharing partitions, \
              {} schedules on the Kubernetes store's semantics ({} writes refused as judged on a stale version, \
              {} Leases recreated), {} session schedules on PostgreSQL's semantics ({} serialization failures \
-             retried) and {} on Redis's",
+             retried) and {} on Redis's, {} schedules in two clusters ({} rows released by an operator, \
+             {} other clusters' holders left alone)",
             self.terms,
             self.accepted,
             self.fenced,
@@ -152,7 +163,10 @@ impl fmt::Display for Counts {
             self.recreated,
             self.postgres_schedules,
             self.serialization_failures,
-            self.redis_schedules
+            self.redis_schedules,
+            self.two_cluster_schedules,
+            self.operator_releases,
+            self.left_to_other_cluster
         )
     }
 }

@@ -3,7 +3,7 @@
 //! simulated API server of [`super::kubernetes`]), and the faults injected
 //! between them (module docs of [`super`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +42,10 @@ pub struct Setup {
     pub kubernetes: bool,
     /// Session schedules on this store's semantics instead of the seed's turn.
     pub sessions_on: Option<SessionSemantics>,
+    /// Elector schedules whose candidates run in two clusters sharing the
+    /// store, pods of the same names in both, each cluster with an
+    /// operator that releases the lock on a pod's deletion ([`clusters`]).
+    pub two_clusters: bool,
 }
 
 impl Default for Setup {
@@ -52,6 +56,7 @@ impl Default for Setup {
             mutant: None,
             kubernetes: false,
             sessions_on: None,
+            two_clusters: false,
         }
     }
 }
@@ -105,6 +110,12 @@ pub(super) struct Schedule {
     pub(super) restarts: u64,
     /// The version fence is on in this schedule.
     pub(super) fence: bool,
+    /// Two clusters share the store: whether they name themselves (their
+    /// identities carry `west/`, `east/`), or `None` for one cluster.
+    pub(super) clusters: Option<bool>,
+    /// Two clusters: each slot's pod UID, kept across its process's
+    /// restarts and replaced when its pod is deleted.
+    pub(super) pod_uids: HashMap<usize, String>,
     /// The newest revision so far: a rollout raises it; candidates start
     /// under it or one below (an old pod still around).
     pub(super) revision: u64,
@@ -130,6 +141,7 @@ impl Schedule {
         let mut max_jump = Duration::from_secs_f64(left / 2.0);
         let mut margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
         let kubernetes = setup.kubernetes || setup.mutant.is_some_and(Mutant::is_kubernetes);
+        let two_clusters = setup.two_clusters || setup.mutant == Some(Mutant::ReleaseAcrossClusters);
         if kubernetes {
             // No store clock: a follower takes over no earlier than D by its
             // own clock after it saw the last renewal commit; the leader
@@ -165,12 +177,17 @@ impl Schedule {
             term_resets: Vec::new(),
             restarts: 0,
             fence: false,
+            // Half the two-cluster schedules without names (seed / 2, so
+            // not in step with the TTL seeds).
+            clusters: two_clusters.then_some((seed / 2).is_multiple_of(2)),
+            pod_uids: HashMap::new(),
             revision: 2,
             report: Report {
                 seed,
                 counts: Counts {
                     ttl_seeds: if kubernetes { 0 } else { seed % 2 },
                     kubernetes_schedules: u64::from(kubernetes),
+                    two_cluster_schedules: u64::from(two_clusters),
                     ..Counts::default()
                 },
                 ..Default::default()
@@ -191,8 +208,14 @@ impl Schedule {
     /// one below.
     pub(super) fn start_candidate_at(&mut self, slot: usize, revision: Option<u64>) -> Candidate {
         self.restarts += 1;
-        let name = format!("c{slot}");
-        let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
+        let (name, identity) = match self.clusters {
+            None => {
+                let name = format!("c{slot}");
+                let identity = Identity::with_nonce(&name, format!("run{}", self.restarts));
+                (name, identity)
+            }
+            Some(named) => self.cluster_identity(slot, named),
+        };
         let who = identity.to_string();
         let pause = Pause::new();
         let shutdown = CancellationToken::new();
@@ -347,11 +370,16 @@ impl Schedule {
         self.fence = self.rng.random_bool(0.5);
         self.report.counts.fenced_schedules = u64::from(self.fence);
         self.note(format!(
-            "{slots} candidates{}, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
+            "{slots} candidates{}{}, {:?}, store clock rate {:.3}, forward jumps up to {:?}, margin {:?}, fence {}, mutant {:?}",
             if self.kube.is_some() {
                 " on the Kubernetes store's semantics"
             } else {
                 ""
+            },
+            match self.clusters {
+                Some(true) => " in two named clusters",
+                Some(false) => " in two unnamed clusters",
+                None => "",
             },
             self.timing,
             self.clock_rate,
@@ -417,6 +445,7 @@ impl Schedule {
                 self.revision += 1;
                 self.note(format!("rollout to revision {}", self.revision));
             }
+            13 if self.clusters.is_some() => self.delete_pod(candidates, i).await,
             // Rare: it exempts the term it cuts short from the checker.
             10 if self.rng.random_bool(0.25) => {
                 let deleted = self.store.delete_row(LOCK);

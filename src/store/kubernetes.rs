@@ -1108,6 +1108,71 @@ mod tests {
         }
     }
 
+    /// Issue 39: the operator's namespace watch relists after the API server
+    /// expires its resourceVersion ("410 Gone", Kubernetes docs "Efficient
+    /// detection of changes"), and a Lease deleted while the watch was down
+    /// (no Delete event ever comes) is absent after the relist, with the
+    /// change announced. Planted: dropping the `InitDone` sweep in
+    /// `watching_namespace` leaves the old holder shown.
+    #[tokio::test]
+    async fn the_namespace_watch_relists_after_410_gone_and_forgets_a_deleted_lease() {
+        use crate::testing::api::{mock_client, status};
+        use serde_json::json;
+
+        let (client, mut server) = mock_client("default");
+        let store = KubernetesStore::new(client, Some("prod")).watching_namespace();
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/prod/leases";
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "web", "namespace": "prod", "resourceVersion": "5"},
+            "spec": {"holderIdentity": "prod/web-0", "leaseDurationSeconds": 15}});
+        let list = |rv: &str, items: Vec<serde_json::Value>| {
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                   "metadata": {"resourceVersion": rv}, "items": items})
+        };
+        let wait = Duration::from_secs(10);
+
+        let first = server.expect("the watch lists first").await;
+        assert_eq!(
+            (first.method.as_str(), first.path.as_str(), first.is_watch()),
+            ("GET", leases, false)
+        );
+        first.respond(200, &list("10", vec![lease]));
+        let watch = server.expect("then watches").await;
+        assert!(watch.is_watch() && watch.path == leases, "{}", watch.uri);
+        let held = tokio::time::timeout(wait, store.observe_many(&["web".to_string()]))
+            .await
+            .expect("observed within 10 s")
+            .unwrap();
+        assert_eq!(held[0].live_holder(), Some("prod/web-0"));
+
+        // The watch's version expired; meanwhile the Lease was deleted.
+        let mut announced = std::pin::pin!(store.changed_any());
+        assert!(
+            futures::poll!(announced.as_mut()).is_pending(),
+            "subscribed, nothing changed yet"
+        );
+        let expired = status(410, "Expired", "too old resource version: 10 (20)");
+        watch.respond(200, &json!({"type": "ERROR", "object": expired}));
+        let relist = tokio::time::timeout(wait, server.expect("a relist after 410 Gone"))
+            .await
+            .expect("relisted within 10 s");
+        assert_eq!(
+            (relist.path.as_str(), relist.is_watch()),
+            (leases, false),
+            "{}",
+            relist.uri
+        );
+        relist.respond(200, &list("20", vec![]));
+        tokio::time::timeout(wait, announced)
+            .await
+            .expect("announced within 10 s");
+        let gone = tokio::time::timeout(wait, store.observe_many(&["web".to_string()]))
+            .await
+            .expect("observed within 10 s")
+            .unwrap();
+        assert_eq!(gone[0].record, None, "the deleted Lease is absent after the relist");
+    }
+
     #[test]
     fn lease_seconds_round_up() {
         assert_eq!(whole_seconds(Duration::from_millis(300)), 1);

@@ -76,6 +76,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-bench",
     "e2e-status",
     "e2e-monitoring",
+    // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
+    "e2e-clusters",
 ];
 
 /// Test namespaces that are not opted in to injection: the injection

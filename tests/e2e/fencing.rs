@@ -255,4 +255,36 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
         orders.metadata.annotations.unwrap()["leasehold.dev/fencing-token"],
         (TOKEN + 1).to_string()
     );
+
+    the_example_is_refused_by_the_api_server(&env);
+}
+
+/// `examples/fenced-write.rs kubernetes` under the policy in force: leaders
+/// elected through a Lease write ConfigMap order-1 as candidate pods `a` and
+/// `b`, and the API server refuses `a`'s stale write naming both tokens.
+/// The example checks that outcome itself (and `b`'s write staying); this
+/// test checks it ran and said so.
+fn the_example_is_refused_by_the_api_server(env: &Env) {
+    let output = std::process::Command::new(crate::example::built_example("fenced-write"))
+        .arg("kubernetes")
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("FENCING_NAMESPACE", NAMESPACE)
+        .env("FENCING_SERVICE_ACCOUNT", ACCOUNT)
+        .output()
+        .expect("running the example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "fenced-write kubernetes: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The API server's refusal names the policy, then its message
+    // (staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating).
+    assert!(
+        stdout.contains("the API server refuses it: configmaps \"order-1\" is forbidden: ValidatingAdmissionPolicy")
+            && stdout.contains("is not newer than"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("order 1 is still b's"), "{stdout}");
 }

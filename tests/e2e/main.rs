@@ -16,6 +16,9 @@
 
 mod cel;
 mod cluster;
+mod clusters;
+#[path = "../support/example.rs"]
+mod example;
 mod faults;
 mod fencing;
 mod fixtures;
@@ -31,6 +34,8 @@ mod spread;
 mod store_change;
 mod stores;
 mod stores_in_pods;
+#[path = "../support/mod.rs"]
+mod support;
 mod walkthrough;
 mod watcher;
 mod watcher_catches;

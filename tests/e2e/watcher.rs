@@ -63,6 +63,9 @@ struct State {
     moves: usize,
 }
 
+/// The pods whose candidates claim to lead, read afresh on each call.
+pub type ClaimsNow = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
 pub struct LeadershipWatcher {
     state: Arc<Mutex<State>>,
     follows_service: bool,
@@ -128,6 +131,13 @@ impl LeadershipWatcher {
             .filter(|(_, leads)| **leads)
             .map(|(p, _)| p.clone())
             .collect()
+    }
+
+    /// Who claims to lead now, as the claim readers last read it, for a
+    /// watcher that runs beside this one (the two-cluster scenarios).
+    pub fn claims_now(&self) -> ClaimsNow {
+        let state = self.state.clone();
+        Box::new(move || state.lock().unwrap().claims.latest.keys().cloned().collect())
     }
 
     /// The pods behind the leader Service's endpoints that get traffic now.
@@ -547,14 +557,12 @@ fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, start
     };
     let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .unwrap_or_else(|e| panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"));
-    // SAFETY: setns on a valid namespace fd; it moves only this thread.
-    let entered = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&netns), libc::CLONE_NEWNET) };
-    assert_eq!(
-        entered,
-        0,
-        "entering {pod}'s network namespace: {}",
-        std::io::Error::last_os_error()
-    );
+    // setns(2) moves only this thread.
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&netns),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .unwrap_or_else(|e| panic!("entering {pod}'s network namespace: {e}"));
     let current = || {
         let state = state.lock().unwrap();
         state.containers.get(pod).is_some_and(|(u, _)| u == uid)

@@ -227,6 +227,16 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
             "(leasehold_is_leader == 1)",
             "(leasehold_is_leader >= 0)",
         ),
+        (
+            "no leader: a cluster standing by for another cluster's leader counted as leaderless",
+            "\n            unless on (namespace, lease) (leasehold_leader_elsewhere == 1)",
+            "",
+        ),
+        (
+            "no leader: a candidate following nobody counted as standing by",
+            "(leasehold_leader_elsewhere == 1)",
+            "(leasehold_leader_elsewhere >= 0)",
+        ),
         ("timing: threshold 0.35", "> 0.25", "> 0.35"),
         ("store failures: lost counted", "{kind!=\"lost\"}", ""),
         (

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold::sim::{
     Mutant, Report, SessionSemantics, Setup, Summary, Violation, hunt, hunt_with, simulate, simulate_kubernetes,
-    simulate_rollouts, simulate_sessions, simulate_with,
+    simulate_rollouts, simulate_sessions, simulate_two_clusters, simulate_with,
 };
 
 /// Runs `seeds` one-minute schedules of one kind; panics with the first
@@ -343,4 +343,34 @@ fn the_checker_catches_candidate_clock_rates_beyond_what_d_over_r_tolerates() {
 #[test]
 fn the_simulate_command_runs_the_kubernetes_schedule() {
     the_simulate_command_runs(&["--kubernetes"]);
+}
+
+/// Two clusters sharing the store, pods of the same names in both, named
+/// and unnamed: each cluster's operator released its own dead holders and
+/// left the other cluster's live ones alone, and no seed broke safety.
+#[test]
+fn two_cluster_seeds_0_to_199() {
+    let summary = run_seeds(0..200, simulate_two_clusters);
+    assert_eq!(summary.counts.two_cluster_schedules, 200, "{summary:?}");
+    assert!(
+        summary.counts.operator_releases > 0 && summary.counts.left_to_other_cluster > 0 && summary.counts.crashes > 0,
+        "operators released their own cluster's dead holders and left the other's alone, and processes restarted: \
+         {summary:?}"
+    );
+}
+
+/// The operator that takes an unnamed holder for its own (issue 37's
+/// `is_local`) is caught within 1,000 seeds, and the correct operator
+/// passes every two-cluster seed up to the one that caught it.
+#[test]
+fn the_cross_cluster_release_is_caught_where_the_correct_operator_passes() {
+    let mutant = Mutant::ReleaseAcrossClusters;
+    let seed = caught("", mutant, hunt(mutant, 0..1000, Duration::from_secs(60)))
+        .unwrap_or_else(|| panic!("mutant {} survived 1,000 seeds", mutant.name()));
+    run_seeds(0..seed + 1, simulate_two_clusters);
+}
+
+#[test]
+fn the_simulate_command_runs_the_two_cluster_schedule() {
+    the_simulate_command_runs(&["--two-clusters"]);
 }

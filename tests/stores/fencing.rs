@@ -4,7 +4,6 @@
 //! resumes and writes with its old token. The resource refuses it with an
 //! error naming both tokens, and keeps the new leader's write.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -226,31 +225,9 @@ async fn spanner_refuses_a_deposed_leaders_write() {
 
 /// Runs `examples/fenced-write.rs` on `store` with `env` naming the server.
 /// The example checks its own outcome: it fails unless the deposed leader's
-/// write is refused and the new one stays. Cargo does not build examples
-/// for tests: `cargo build --examples` does (scripts/test.sh runs it before
-/// the tests), into the `examples` folder beside this test's `deps`.
+/// write is refused and the new one stays.
 fn the_example_runs(store: &str, env: &[(&str, &str)]) {
-    let test = std::env::current_exe().unwrap();
-    let example = test
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples/fenced-write");
-    let built = std::fs::metadata(&example)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; build it with `cargo build --example fenced-write`",
-                example.display()
-            )
-        });
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-write.rs");
-    assert!(
-        built >= std::fs::metadata(&source).unwrap().modified().unwrap(),
-        "{} is older than {}; build it with `cargo build --example fenced-write`",
-        example.display(),
-        source.display()
-    );
+    let example = crate::example::built_example("fenced-write");
     let output = std::process::Command::new(&example)
         .arg(store)
         .envs(env.iter().copied())

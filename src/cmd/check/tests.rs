@@ -815,3 +815,40 @@ async fn sharing_a_lock_across_clusters_warns_where_it_cannot_work() {
         assert_eq!(seen, "", "{elsewhere_or_ours}");
     }
 }
+
+/// A preference no candidate can satisfy is a warning naming it: a
+/// priority that is not an integer, and preferred zones no candidate is in.
+#[tokio::test]
+async fn a_preference_no_candidate_can_satisfy_is_a_warning() {
+    let mut cluster = healthy();
+    cluster.leases = vec![lease("web", json!({"preferZones": ["zone-a", "zone-b"]}), None)];
+    let mut high = pod("web-0", "web", None);
+    high["metadata"]["labels"][preference::PRIORITY_KEY] = json!("high");
+    high["metadata"]["labels"][preference::ZONE_LABEL] = json!("zone-c");
+    cluster.pods = vec![high, pod("web-1", "web", None)];
+    let (report, _) = check_against(cluster).await;
+    let warnings = messages(&report, Severity::Warning).join("\n");
+    for expected in [
+        "DistributedLease prod/web: pod web-0: leasehold.dev/priority label \"high\" is not an integer",
+        "DistributedLease prod/web: spec.preferZones (zone-a, zone-b) matches no candidate: their \
+         topology.kubernetes.io/zone labels are none, zone-c",
+    ] {
+        assert!(
+            warnings.contains(expected),
+            "{expected:?} missing from warnings:\n{warnings}"
+        );
+    }
+    // One candidate in a preferred zone and integers everywhere: no warning.
+    let mut cluster = healthy();
+    cluster.leases = vec![lease("web", json!({"preferZones": ["zone-a"]}), None)];
+    let mut in_a = pod("web-0", "web", None);
+    in_a["metadata"]["labels"][preference::ZONE_LABEL] = json!("zone-a");
+    in_a["metadata"]["annotations"] = json!({preference::PRIORITY_KEY: "-2"});
+    cluster.pods = vec![in_a, pod("web-1", "web", None)];
+    let (report, _) = check_against(cluster).await;
+    assert_eq!(
+        messages(&report, Severity::Warning),
+        Vec::<String>::new(),
+        "{report:#?}"
+    );
+}

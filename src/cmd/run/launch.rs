@@ -1,9 +1,11 @@
 //! Starting the command under its watchdog, and the runner's handle on it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rustix::io::{FdFlags, dup2, fcntl_setfd};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -47,14 +49,16 @@ impl Launcher for WatchdogLauncher {
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             watchdog.pre_exec(move || {
-                // dup2 onto itself would keep close-on-exec set.
-                let moved = if fd == HEARTBEAT_FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
+                // SAFETY: in the child, the pipe's read end is open at `fd`.
+                let pipe = BorrowedFd::borrow_raw(fd);
+                if fd == HEARTBEAT_FD {
+                    // dup2 onto itself would keep close-on-exec set.
+                    fcntl_setfd(pipe, FdFlags::empty())?;
                 } else {
-                    libc::dup2(fd, HEARTBEAT_FD)
-                };
-                if moved < 0 {
-                    return Err(std::io::Error::last_os_error());
+                    // SAFETY: HEARTBEAT_FD is the watchdog's to own; never
+                    // dropped here, so the child's fd stays open across exec.
+                    let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(HEARTBEAT_FD));
+                    dup2(pipe, &mut target)?;
                 }
                 Ok(())
             });

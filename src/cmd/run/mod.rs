@@ -30,6 +30,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
+use rustix::process::Signal;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -302,7 +304,15 @@ impl Runner {
     }
 
     async fn lead(self: Arc<Self>, ctx: LeaderContext) {
-        let mut backoff = self.restart;
+        // Doubling from the first delay up to MAX_RESTART_BACKOFF, for as
+        // long as this term lasts: a new term starts from the first delay.
+        let mut delays = self.restart.map(|first| {
+            ExponentialBuilder::default()
+                .with_min_delay(first)
+                .with_max_delay(MAX_RESTART_BACKOFF)
+                .without_max_times()
+                .build()
+        });
         loop {
             let leading = ctx.still_leading();
             let state = ctx.state.borrow().clone();
@@ -342,7 +352,7 @@ impl Runner {
                     info!("the command exited 0; releasing");
                     return self.finish(0);
                 }
-                Ended::Exited(code) => match backoff {
+                Ended::Exited(code) => match delays.as_mut().and_then(Iterator::next) {
                     Some(delay) => {
                         warn!(
                             code,
@@ -358,7 +368,6 @@ impl Runner {
                                 return;
                             }
                         }
-                        backoff = Some((delay * 2).min(MAX_RESTART_BACKOFF));
                     }
                     None => {
                         warn!(code, "the command failed; releasing");
@@ -385,7 +394,7 @@ impl Runner {
                 }
             }
         }
-        let signal = self.received.get().copied().unwrap_or(libc::SIGTERM);
+        let signal = self.received.get().copied().unwrap_or(Signal::TERM.as_raw());
         let _ = supervised.heartbeats.send(Heartbeat::Stop(signal));
         Ended::Stopped(supervised.exit.await.unwrap_or(1))
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use rustix::process::Signal;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -117,7 +118,7 @@ impl ProcessGroup for FakeGroup {
     fn signal(&mut self, signal: i32) {
         self.signals.lock().unwrap().push(signal);
         match (signal, self.behaviour.on_term) {
-            (libc::SIGKILL, _) => self.exit_after(Duration::ZERO, 128 + signal),
+            (kill, _) if kill == Signal::KILL.as_raw() => self.exit_after(Duration::ZERO, 128 + signal),
             (_, Some(delay)) => self.exit_after(delay, 128 + signal),
             (_, None) => {}
         }
@@ -325,7 +326,7 @@ async fn a_command_is_gone_before_its_lease_can_expire() {
         let (_, _, _, signals) = &log.finished[0];
         assert_eq!(
             signals,
-            &[libc::SIGTERM, libc::SIGKILL],
+            &[Signal::TERM.as_raw(), Signal::KILL.as_raw()],
             "SIGTERM, then SIGKILL for a command that ignores it (frozen runner: {freeze})"
         );
     }
@@ -417,7 +418,7 @@ async fn a_failing_command_ends_the_runner_with_its_code_or_restarts_with_the_fl
     a.handle.join().await;
     assert_eq!(
         runner.exit_code(),
-        128 + libc::SIGTERM,
+        128 + Signal::TERM.as_raw(),
         "stopped by the runner's shutdown"
     );
     assert!(checker.violations().is_empty());
@@ -468,9 +469,9 @@ mod supervise_loop {
         tx.send(Heartbeat::Deadline(start + Duration::from_secs(6))).unwrap();
         tokio::time::sleep(Duration::from_millis(4_900)).await;
         assert!(signals.lock().unwrap().is_empty(), "nothing before the deadline");
-        assert_eq!(task.await.unwrap(), 128 + libc::SIGKILL);
+        assert_eq!(task.await.unwrap(), 128 + Signal::KILL.as_raw());
         assert_eq!(start.elapsed(), Duration::from_secs(10), "deadline + grace");
-        assert_eq!(*signals.lock().unwrap(), [libc::SIGTERM, libc::SIGKILL]);
+        assert_eq!(*signals.lock().unwrap(), [Signal::TERM.as_raw(), Signal::KILL.as_raw()]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -485,9 +486,9 @@ mod supervise_loop {
             signals,
             start,
         } = supervising(polite);
-        tx.send(Heartbeat::Stop(libc::SIGINT)).unwrap();
-        assert_eq!(task.await.unwrap(), 128 + libc::SIGINT);
-        assert_eq!(*signals.lock().unwrap(), [libc::SIGINT]);
+        tx.send(Heartbeat::Stop(Signal::INT.as_raw())).unwrap();
+        assert_eq!(task.await.unwrap(), 128 + Signal::INT.as_raw());
+        assert_eq!(*signals.lock().unwrap(), [Signal::INT.as_raw()]);
         assert_eq!(start.elapsed(), Duration::from_millis(100));
 
         let Supervising {
@@ -497,13 +498,13 @@ mod supervise_loop {
             start,
         } = supervising(IGNORES_TERM);
         drop(tx);
-        assert_eq!(task.await.unwrap(), 128 + libc::SIGKILL);
+        assert_eq!(task.await.unwrap(), 128 + Signal::KILL.as_raw());
         assert_eq!(
             start.elapsed(),
             Duration::from_secs(1),
             "SIGTERM at once, SIGKILL after grace"
         );
-        assert_eq!(*signals.lock().unwrap(), [libc::SIGTERM, libc::SIGKILL]);
+        assert_eq!(*signals.lock().unwrap(), [Signal::TERM.as_raw(), Signal::KILL.as_raw()]);
     }
 
     #[test]

@@ -20,6 +20,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use rustix::io::{FdFlags, fcntl_setfd};
+use rustix::process::{Pid, Signal, getpid, getppid, kill_process_group, set_parent_process_death_signal};
+use rustix::time::{ClockId, clock_gettime};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
@@ -58,9 +61,7 @@ impl Heartbeat {
 }
 
 fn monotonic_nanos() -> i128 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we own; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now = clock_gettime(ClockId::Monotonic);
     i128::from(now.tv_sec) * 1_000_000_000 + i128::from(now.tv_nsec)
 }
 
@@ -125,16 +126,16 @@ pub async fn supervise(
                 }
                 None => {
                     warn!("the runner is gone; stopping the command");
-                    libc::SIGTERM
+                    Signal::TERM.as_raw()
                 }
             },
             _ = sleep_until(deadline), if !stopping => {
                 warn!("the lease deadline passed without a renewal reaching the watchdog; stopping the command");
-                libc::SIGTERM
+                Signal::TERM.as_raw()
             }
             _ = sleep_until(kill_at.unwrap_or(deadline)), if stopping && !killed => {
                 warn!(?grace, "the command outlived its grace period; SIGKILL");
-                group.signal(libc::SIGKILL);
+                group.signal(Signal::KILL.as_raw());
                 killed = true;
                 continue;
             }
@@ -147,14 +148,20 @@ pub async fn supervise(
 /// The command's real process group.
 struct OsGroup {
     child: tokio::process::Child,
-    pgid: i32,
+    pgid: Pid,
+}
+
+/// kill(2) to the whole group; the heartbeat protocol carries raw signal numbers.
+fn signal_group(pgid: Pid, signal: i32) -> std::io::Result<()> {
+    let signal = Signal::from_named_raw(signal)
+        .ok_or_else(|| std::io::Error::other(format!("{signal} is not a signal this system names")))?;
+    Ok(kill_process_group(pgid, signal)?)
 }
 
 impl ProcessGroup for OsGroup {
     fn signal(&mut self, signal: i32) {
-        // SAFETY: kill(2) with a negative pid signals the group; no memory is involved.
-        if unsafe { libc::kill(-self.pgid, signal) } != 0 {
-            debug!(signal, error = %std::io::Error::last_os_error(), "signalling the command's group");
+        if let Err(e) = signal_group(self.pgid, signal) {
+            debug!(signal, error = %e, "signalling the command's group");
         }
     }
 
@@ -208,8 +215,8 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
     }
     // SAFETY: the runner put the pipe's read end at HEARTBEAT_FD for us alone.
     let fd = unsafe { OwnedFd::from_raw_fd(HEARTBEAT_FD) };
-    // SAFETY: fcntl on the fd we own; the command must not inherit it.
-    unsafe { libc::fcntl(HEARTBEAT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // The command must not inherit it.
+    fcntl_setfd(&fd, FdFlags::CLOEXEC)?;
     let mut lines = BufReader::new(tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?).lines();
     let deadline = match lines.next_line().await?.as_deref().and_then(Heartbeat::decode) {
         Some(Heartbeat::Deadline(at)) if at > Instant::now() => at,
@@ -220,17 +227,15 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
     };
     let mut command = tokio::process::Command::new(&args.command[0]);
     command.args(&args.command[1..]).process_group(0);
-    // SAFETY: getpid is async-signal-safe, read before the fork.
-    let watchdog = unsafe { libc::getpid() };
-    // SAFETY: only async-signal-safe calls between fork and exec.
+    let watchdog = getpid();
+    // SAFETY: only async-signal-safe calls between fork and exec (rustix's
+    // are raw system calls, without allocation or locks).
     unsafe {
         command.pre_exec(move || {
             // If the watchdog itself is killed, its command dies with it
             // (the group's other members are the watchdog's job while it lives).
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != watchdog {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(watchdog) {
                 return Err(std::io::Error::other("the watchdog died while starting the command"));
             }
             Ok(())
@@ -249,17 +254,17 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
     };
     // A group id of 0 would signal our own group: a child without an id has
     // already been reaped, so there is nothing to supervise.
-    let Some(pgid) = child.id().map(|id| id as i32).filter(|id| *id > 0) else {
+    let Some(pgid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
         return Ok(1);
     };
-    info!(pid = pgid, command = %args.command[0], "started the command in its own process group");
+    info!(pid = pgid.as_raw_nonzero().get(), command = %args.command[0], "started the command in its own process group");
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
             let heartbeat = match lines.next_line().await {
                 Ok(Some(line)) => Heartbeat::decode(&line).unwrap_or_else(|| {
                     warn!(%line, "unreadable message from the runner; stopping the command");
-                    Heartbeat::Stop(libc::SIGTERM)
+                    Heartbeat::Stop(Signal::TERM.as_raw())
                 }),
                 // The runner is gone: dropping the sender says so.
                 Ok(None) | Err(_) => return,
@@ -271,8 +276,9 @@ pub async fn run(args: Args) -> std::io::Result<i32> {
     });
     let code = supervise(OsGroup { child, pgid }, rx, deadline, args.grace_period).await;
     // Whatever the command left behind in its group goes with it.
-    // SAFETY: as in OsGroup::signal.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    if let Err(e) = kill_process_group(pgid, Signal::KILL) {
+        debug!(error = %e, "killing what is left of the command's group");
+    }
     info!(code, "the command ended");
     Ok(code)
 }

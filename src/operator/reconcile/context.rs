@@ -5,11 +5,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -21,6 +22,7 @@ use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
 use crate::operator::metrics::Metrics;
 use crate::operator::observer::{Ask, Observers};
+use crate::operator::preferred::Pending;
 use crate::operator::rollout;
 use crate::operator::stores::{StoreProvider, read_url, target_of};
 use crate::store::StoreUrl;
@@ -40,6 +42,8 @@ pub struct Context {
     pub(super) cluster: Option<String>,
     /// The pod watch's cache: the candidates of every lease.
     pods: Store<Pod>,
+    /// The Deployment watch's cache: the readiness-gated candidates' owners.
+    deployments: Store<Deployment>,
     /// The stores (by [`StoreConfig::key`]) whose table is known to exist.
     schemas: Arc<Mutex<HashSet<String>>>,
     /// Store URLs read from Secrets, with when.
@@ -48,6 +52,18 @@ pub struct Context {
     gc: Arc<GcSchedule>,
     /// The batched reads of every store's locks.
     pub(crate) observers: Arc<Observers>,
+    /// Preferred candidates: what each lease had pending at its last look.
+    preferences: Arc<Mutex<Preferences>>,
+}
+
+/// Per lease (`namespace/name`): the pending move, and the unparsable
+/// priorities last warned about. In memory: an operator that restarts
+/// starts every stabilisation period again, which delays a move and never
+/// hastens one.
+#[derive(Default)]
+struct Preferences {
+    pending: HashMap<String, Pending>,
+    warned: HashMap<String, String>,
 }
 
 impl Context {
@@ -59,17 +75,20 @@ impl Context {
             metrics,
             cluster: None,
             pods: kube::runtime::reflector::store().0,
+            deployments: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
             urls: Arc::default(),
             gc: Arc::default(),
             observers: Arc::default(),
+            preferences: Arc::default(),
         }
     }
 
-    /// This context reading candidates from `pods`, the cache of one run's
-    /// pod watch (see [`candidates_of`]).
-    pub fn with_pods(&self, pods: Store<Pod>) -> Context {
+    /// This context reading candidates from `pods` and their Deployments
+    /// from `deployments`, the caches of one run's watches.
+    pub fn with_caches(&self, pods: Store<Pod>, deployments: Store<Deployment>) -> Context {
         Context {
+            deployments,
             client: self.client.clone(),
             recorder: self.recorder.clone(),
             stores: self.stores.clone(),
@@ -80,6 +99,7 @@ impl Context {
             urls: self.urls.clone(),
             gc: self.gc.clone(),
             observers: self.observers.clone(),
+            preferences: self.preferences.clone(),
         }
     }
 
@@ -89,6 +109,16 @@ impl Context {
             .await
             .map_err(|_| Error::PodsNotListed)?
             .map_err(|_| Error::PodsNotListed)
+    }
+
+    /// The Deployments owning `candidates`, from the Deployment watch's
+    /// cache once it has listed them: no request per reconcile.
+    async fn owners(&self, namespace: &str, candidates: &[Arc<Pod>]) -> Result<Vec<Deployment>> {
+        tokio::time::timeout(POD_CACHE_WAIT, self.deployments.wait_until_ready())
+            .await
+            .map_err(|_| Error::DeploymentsNotListed)?
+            .map_err(|_| Error::DeploymentsNotListed)?;
+        Ok(rollout::cached_owners(&self.deployments, namespace, candidates))
     }
 
     /// Whether a pod of this name runs in `namespace` (exists and has not
@@ -112,6 +142,38 @@ impl Context {
             .into_iter()
             .filter(|pod| pod.namespace().as_deref() == Some(namespace) && selector.matches(pod.labels()))
             .collect())
+    }
+
+    fn preferences(&self) -> std::sync::MutexGuard<'_, Preferences> {
+        self.preferences.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The move pending for lease `key` at its last look.
+    pub(super) fn preference(&self, key: &str) -> Option<Pending> {
+        self.preferences().pending.get(key).cloned()
+    }
+
+    pub(super) fn remember_preference(&self, key: &str, pending: Option<Pending>) {
+        let mut preferences = self.preferences();
+        match pending {
+            Some(pending) => preferences.pending.insert(key.to_string(), pending),
+            None => preferences.pending.remove(key),
+        };
+    }
+
+    /// Forgets lease `key` (deleted, invalid, or its store unread).
+    pub(super) fn forget_preference(&self, key: &str) {
+        let mut preferences = self.preferences();
+        preferences.pending.remove(key);
+        preferences.warned.remove(key);
+    }
+
+    /// Records `message` as lease `key`'s priority problems; true when it
+    /// differs from the last one recorded.
+    pub(super) fn warned_priorities(&self, key: &str, message: &str) -> bool {
+        let mut preferences = self.preferences();
+        let previous = preferences.warned.insert(key.to_string(), message.to_string());
+        previous.as_deref().unwrap_or_default() != message
     }
 
     /// Names this cluster (see the sidecar's cluster name).
@@ -349,13 +411,7 @@ pub(super) async fn look(
     // Readiness-gated: the candidates' Deployments, read once for both
     // `RolloutSafe` and `RolledOut`.
     let owners = match valid.readiness_gate {
-        true => {
-            let owners = rollout::owners(&Api::namespaced(ctx.client.clone(), namespace), &candidates).await;
-            if let Err(e) = &owners {
-                warn!(error = %e, "could not read the candidates' Deployments");
-            }
-            Some(owners)
-        }
+        true => Some(Ok(ctx.owners(namespace, &candidates).await?)),
         false => None,
     };
     let mut was = ReadWas::AfterCandidates;

@@ -30,11 +30,11 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::holder::HolderPod;
 use super::{Context, Error, RELEASE_PATIENCE, Result};
 use crate::api::contract::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 use crate::api::{DistributedLease, ValidLease, ValidStore, validate};
 use crate::lease::StoreError;
+use crate::lease::holder::{HolderPod, LiveHolder};
 
 /// What a deleted resource's finalizer waits for.
 #[derive(Debug, PartialEq, Eq)]
@@ -198,29 +198,36 @@ async fn holders(
     let kubernetes = valid.store == ValidStore::Kubernetes;
     if observed.live_holder().is_some() {
         let pod = HolderPod::parse(&holder);
-        if !pod.may_be_local(ctx.cluster.as_deref(), namespace) {
-            info!(%holder, "holder belongs to another namespace or cluster; not ours to wait for");
-            return Ok(Gate::Open);
-        }
-        if let Some(name) = pod.pod()
-            && runs(candidates, namespace, name, ctx).await?
-        {
-            return Ok(Gate::Waiting(format!(
-                "waiting for {holder} (pod {name}) to release lock {}: it still holds it",
-                valid.lock
-            )));
-        }
-        if kubernetes {
+        let cluster = ctx.cluster.as_deref();
+        // Asked only of a holder that may be local (judge_live's order).
+        let runs_here = match pod.pod() {
+            Some(name) if pod.may_be_local(cluster, namespace) => runs(candidates, namespace, name, ctx).await?,
+            _ => false,
+        };
+        match pod.judge_live(cluster, namespace, |_| runs_here, None) {
+            LiveHolder::NotOurs => {
+                info!(%holder, "holder belongs to another namespace or cluster; not ours to wait for");
+                return Ok(Gate::Open);
+            }
+            LiveHolder::Runs(name) => {
+                return Ok(Gate::Waiting(format!(
+                    "waiting for {holder} (pod {name}) to release lock {}: it still holds it",
+                    valid.lock
+                )));
+            }
             // The operator only reads Leases (operator::rbac::STORE_RULES).
-            return Ok(Gate::Waiting(format!(
-                "waiting for the Lease of lock {} to expire: its holder {holder} is gone, and the operator does \
-                 not write Leases",
-                valid.lock
-            )));
-        }
-        if !pod.is_local(ctx.cluster.as_deref(), namespace) {
-            info!(%holder, "holder may belong to another namespace or cluster; not releasing");
-            return Ok(Gate::Open);
+            LiveHolder::Unproven | LiveHolder::Gone if kubernetes => {
+                return Ok(Gate::Waiting(format!(
+                    "waiting for the Lease of lock {} to expire: its holder {holder} is gone, and the operator does \
+                     not write Leases",
+                    valid.lock
+                )));
+            }
+            LiveHolder::Unproven => {
+                info!(%holder, "holder may belong to another namespace or cluster; not releasing");
+                return Ok(Gate::Open);
+            }
+            LiveHolder::Gone => {}
         }
     }
     if kubernetes {

@@ -76,7 +76,12 @@ fn context_over(
         instance: Some("operator-0".into()),
     };
     let (cache, pods) = reflector::store();
-    let ctx = Context::new(client, reporter, stores, metrics).with_pods(cache);
+    // No scripted reconcile reads Deployments: their watch has listed none.
+    let (deployment_cache, mut deployments) = reflector::store();
+    for event in [watcher::Event::Init, watcher::Event::InitDone] {
+        deployments.apply_watcher_event(&event);
+    }
+    let ctx = Context::new(client, reporter, stores, metrics).with_caches(cache, deployment_cache);
     (Arc::new(ctx), ApiServer { verifier, pods })
 }
 

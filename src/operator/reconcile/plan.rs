@@ -12,12 +12,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::holder::HolderPod;
 use super::{INVALID_REQUEUE, MIN_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
 use crate::api::contract::injected_container;
 use crate::api::history::{self, HistoryEntry};
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
+use crate::lease::holder::HolderPod;
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
 use crate::operator::metrics::Outcome;
@@ -156,10 +156,11 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         observed_generation: at.generation,
         ..at.old.clone()
     };
-    // The store observer reconciles a plain lease when its lock changes;
-    // partitioned leases read their sessions here, and readiness-gated ones
-    // their Deployments (not watched), so those look again every P.
-    let requeue = match valid.partitions.is_none() && !valid.readiness_gate {
+    // The store observer reconciles a lease when its lock changes, and the
+    // pod and Deployment watches when its candidates or their Deployments
+    // do; partitioned leases read their sessions here, so they look again
+    // every P.
+    let requeue = match valid.partitions.is_none() {
         true => Action::requeue(OBSERVED_REQUEUE),
         false => Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)),
     };

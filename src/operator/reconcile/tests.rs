@@ -678,3 +678,132 @@ async fn an_unreadable_store_secret_shows_in_store_ready() {
 }
 
 mod partitions;
+
+/// Preferred candidates: web-0 leads at priority 0, web-1 (priority 5) is
+/// Ready. `pending_since`: how long ago an earlier look first saw web-1
+/// outrank web-0 (`None`: this is the first look).
+async fn preferred_fixture(pending_since: Option<Duration>) -> (Fixture, Value, Vec<Value>) {
+    let (fixture, grant) = held_by_web_0().await;
+    let lease = lease(json!({"preferenceStabilization": "30s"}), &[FINALIZER], None);
+    let mut web_0 = pod("web-0", Some("true"), true);
+    web_0["metadata"]["uid"] = json!("uid-0");
+    let mut web_1 = pod("web-1", Some("false"), true);
+    web_1["metadata"]["uid"] = json!("uid-1");
+    web_1["metadata"]["labels"][crate::api::preference::PRIORITY_KEY] = json!("5");
+    web_1["status"]["conditions"][0]["lastTransitionTime"] = json!("2026-01-01T00:00:00Z");
+    if let Some(ago) = pending_since {
+        fixture.ctx.remember_preference(
+            "prod/web",
+            Some(crate::operator::preferred::Pending {
+                leader: "prod/web-0#n1".into(),
+                term: grant.term,
+                target_uid: "uid-1".into(),
+                since: k8s_openapi::jiff::Timestamp::now() - ago,
+            }),
+        );
+    }
+    (fixture, lease, vec![web_0, web_1])
+}
+
+const TRANSFERS: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/leasetransfers";
+
+/// The first look at a candidate that outranks the leader asks for
+/// nothing: no transfer is listed or created, and the lease is looked at
+/// again within P (2 s) to follow the stabilisation period.
+#[tokio::test]
+async fn a_candidate_that_just_began_to_outrank_the_leader_waits() {
+    let (fixture, resource, pods) = preferred_fixture(None).await;
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, pods).await;
+        expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
+        expect_status_apply(server, echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+}
+
+/// After the stabilisation period the operator lists the namespace's
+/// transfers (none open) and creates a LeaseTransfer to web-1 with origin
+/// Preference, owned by the lease, with a Normal Event saying why.
+#[tokio::test]
+async fn after_the_period_the_operator_asks_the_leader_to_hand_over() {
+    let (fixture, resource, pods) = preferred_fixture(Some(Duration::from_secs(31))).await;
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, pods).await;
+        let seen = next(server).await;
+        seen.assert("GET", TRANSFERS, None);
+        let finished = json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "web-to-web-1-a", "namespace": "prod"},
+            "spec": {"lease": "web", "to": "web-1"}, "status": {"phase": "TransferFailed"}});
+        seen.respond(
+            200,
+            &json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransferList",
+                    "metadata": {"resourceVersion": "60"}, "items": [finished]}),
+        );
+        let seen = next(server).await;
+        seen.assert("POST", TRANSFERS, Some("application/json"));
+        assert_eq!(
+            seen.body["spec"],
+            json!({"lease": "web", "to": "web-1", "origin": "Preference"})
+        );
+        assert_eq!(seen.body["metadata"]["generateName"], json!("web-preferred-"));
+        assert_eq!(seen.body["metadata"]["ownerReferences"][0]["uid"], json!("u-1"));
+        let created = seen.body.clone();
+        seen.respond(201, &created);
+        expect_event(server, "Normal", "PreferredCandidate", "web-1 has outranked the leader").await;
+        expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
+        expect_status_apply(server, echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(MIN_REQUEUE));
+}
+
+/// An open transfer of the lease (a manual one here) wins: nothing is
+/// created (that the pending step is forgotten: `preferred::tests`).
+#[tokio::test]
+async fn an_open_transfer_holds_the_preference_off() {
+    let (fixture, resource, pods) = preferred_fixture(Some(Duration::from_secs(31))).await;
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, pods).await;
+        let seen = next(server).await;
+        seen.assert("GET", TRANSFERS, None);
+        let open = json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "web-to-web-2-a", "namespace": "prod"},
+            "spec": {"lease": "web", "to": "web-2", "origin": "Manual"}, "status": {"phase": "Transferring"}});
+        seen.respond(
+            200,
+            &json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransferList",
+                    "metadata": {"resourceVersion": "60"}, "items": [open]}),
+        );
+        expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
+        expect_status_apply(server, echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
+}
+
+/// A priority that is not an integer is a Warning Event naming the pod and
+/// value (the context keeps it, so it is published once while it lasts).
+#[tokio::test]
+async fn an_unparsable_priority_is_a_warning() {
+    let (fixture, resource, mut pods) = preferred_fixture(None).await;
+    pods[1]["metadata"]["labels"][crate::api::preference::PRIORITY_KEY] = json!("high");
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, pods).await;
+        expect_event(
+            server,
+            "Warning",
+            "InvalidPriority",
+            "pod web-1: leasehold.dev/priority label \"high\" is not an integer",
+        )
+        .await;
+        expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
+        expect_status_apply(server, echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
+}

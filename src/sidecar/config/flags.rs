@@ -117,8 +117,8 @@ pub struct Args {
     #[arg(long, env = contract::ENV_APP_CONTAINER)]
     pub app_container: Option<String>,
     /// Campaign only while this URL (http://127.0.0.1:port/path) answers 2xx.
-    #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL")]
-    pub app_health_url: Option<String>,
+    #[arg(long, env = "LEASEHOLD_APP_HEALTH_URL", value_parser = crate::sidecar::health::parse_health_url)]
+    pub app_health_url: Option<http::Uri>,
     /// How often the app health URL is polled.
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration_flag)]
     pub app_health_interval: Duration,

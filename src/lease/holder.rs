@@ -1,0 +1,124 @@
+//! Where a holder identity runs: which pod, and whether in this cluster's
+//! namespace. The operator's repairs and releases judge holders by it, and
+//! the simulation's operator (`sim`, two clusters on one store) by the same
+//! code.
+
+// The operator uses all of it; the simulation (feature `simulate`) a part.
+#![cfg_attr(not(feature = "operator"), allow(dead_code))]
+
+use crate::lease::Identity;
+use crate::lease::session::session_owner;
+
+/// Where a holder identity `[cluster/][namespace/]pod#nonce` runs; a
+/// holder that is not such an identity (another tool's row) runs nowhere we
+/// know of.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HolderPod(Option<Identity>);
+
+impl HolderPod {
+    pub(crate) fn parse(holder: &str) -> Self {
+        HolderPod(holder.parse().ok())
+    }
+
+    /// The owner of a session id ([`session_owner`]).
+    pub(crate) fn of_session(session: &str) -> Self {
+        HolderPod(session_owner(session))
+    }
+
+    /// The holder's pod name, when the holder is an identity.
+    pub(crate) fn pod(&self) -> Option<&str> {
+        self.0.as_ref().map(Identity::name)
+    }
+
+    /// The cluster the holder's identity names, if any.
+    pub(crate) fn cluster(&self) -> Option<&str> {
+        self.0.as_ref().and_then(Identity::cluster)
+    }
+
+    /// Could be a pod in `namespace` of this cluster: when either side does
+    /// not name its cluster, assume it is. Used before clearing a label, where
+    /// the cautious answer is "maybe the holder".
+    pub(crate) fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+        let Some(identity) = &self.0 else { return true };
+        let cluster_matches = match (identity.cluster(), cluster) {
+            (Some(theirs), Some(ours)) => theirs == ours,
+            _ => true,
+        };
+        cluster_matches && identity.namespace().is_none_or(|ns| ns == namespace)
+    }
+
+    /// Certainly a pod in `namespace` of this cluster. Used before releasing,
+    /// where the cautious answer is "not ours": an unreleased lease expires.
+    ///
+    /// Only a cluster name on both sides proves it. Two clusters without
+    /// names look alike: the default lock `<namespace>/<name>` is the same in
+    /// every cluster that applies one manifest, so on a shared store a holder
+    /// `prod/web-0#…` may be another cluster's live leader, and "no local pod
+    /// of that name" (a StatefulSet's names repeat in every cluster) proves
+    /// nothing (issue 37).
+    fn is_local(&self, cluster: Option<&str>, namespace: &str, flaw: Option<LocalityFlaw>) -> bool {
+        self.0.as_ref().is_some_and(|identity| {
+            let named = identity.cluster().is_some() || flaw == Some(LocalityFlaw::UnnamedClustersMatch);
+            named && identity.cluster() == cluster && identity.namespace().is_none_or(|ns| ns == namespace)
+        })
+    }
+
+    /// What the operator of `cluster` may do about this live holder of a
+    /// deleted lease's lock in `namespace` (release-on-delete), where
+    /// `runs_here` says whether a pod of the holder's name runs in this
+    /// namespace (asked only when the holder [may be local](Self::may_be_local)).
+    /// `flaw` is the simulation's mutant, `None` everywhere else.
+    pub(crate) fn judge_live(
+        &self,
+        cluster: Option<&str>,
+        namespace: &str,
+        runs_here: impl FnOnce(&str) -> bool,
+        flaw: Option<LocalityFlaw>,
+    ) -> LiveHolder {
+        if !self.may_be_local(cluster, namespace) {
+            return LiveHolder::NotOurs;
+        }
+        if let Some(name) = self.pod()
+            && runs_here(name)
+        {
+            return LiveHolder::Runs(name.to_string());
+        }
+        match self.is_local(cluster, namespace, flaw) {
+            true => LiveHolder::Gone,
+            false => LiveHolder::Unproven,
+        }
+    }
+
+    /// Certainly a pod of another cluster: both sides name their cluster and
+    /// the names differ. What status reports as `LeaderInOtherCluster`.
+    pub(crate) fn cluster_elsewhere(&self, cluster: Option<&str>) -> Option<&str> {
+        self.0.as_ref()?.cluster_other_than(cluster)
+    }
+}
+
+/// A live holder of a deleted lease's lock, as the operator judges it
+/// ([`HolderPod::judge_live`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum LiveHolder {
+    /// Certainly of another namespace or cluster: not this resource's.
+    NotOurs,
+    /// Its pod still runs here: it releases when it retires.
+    Runs(String),
+    /// Maybe this cluster's (a name missing on either side), its pod not
+    /// here: never released, it expires after D.
+    Unproven,
+    /// Certainly this cluster's, and its pod is gone: released by
+    /// check-and-set.
+    Gone,
+}
+
+/// A deliberate locality bug, for the simulation's mutants only: the
+/// checker must catch it. Crate-private, so no user of the library can set one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+pub(crate) enum LocalityFlaw {
+    /// Two holders without cluster names count as one cluster's (the
+    /// `is_local` before issue 37): a same-named pod in another cluster is
+    /// "ours".
+    UnnamedClustersMatch,
+}

@@ -1,0 +1,191 @@
+//! Preferred candidates (issue 35, docs/design.md "Preferred candidates"):
+//! when leadership should move to a candidate that outranks the leader.
+//!
+//! [`decide`] is pure: from the candidates, the leader and what was pending
+//! at the last look to what is pending now and whether to ask for a
+//! transfer. The reconcile keeps the pending step in memory per lease and
+//! carries out a transfer by creating a `LeaseTransfer` with origin
+//! `Preference`; the leader's sidecar then hands over through the store's
+//! reservation, the one path by which leadership moves on request.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::api::preference::{PriorityError, Rank, rank_of};
+use crate::lease::Prefer;
+
+/// What one candidate looks like to the decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub name: String,
+    pub uid: String,
+    pub rank: Result<Rank, PriorityError>,
+    /// Since when the pod's `Ready` condition is `True` (its last
+    /// transition time); `None` when it is not Ready. The kubelet sets the
+    /// transition time whenever the status flips, so a flap the operator
+    /// never saw between two looks still restarts the clock.
+    pub ready_since: Option<Timestamp>,
+    pub terminating: bool,
+    /// The pod's template (`pod-template-hash`, or a StatefulSet's
+    /// `controller-revision-hash`): more than one among the candidates
+    /// means a rollout is under way.
+    pub template: Option<String>,
+}
+
+impl Candidate {
+    /// The candidate as the decision sees `pod` under `prefer_zones`.
+    pub fn of(pod: &Pod, prefer_zones: &[String]) -> Self {
+        let status = pod.status.as_ref();
+        let ready_since = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+            // A Ready condition without a time is ready since "now" at best.
+            .map(|c| c.last_transition_time.as_ref().map_or(Timestamp::MAX, |t| t.0));
+        let labels = pod.labels();
+        Candidate {
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+            rank: rank_of(pod, prefer_zones),
+            ready_since,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            template: labels
+                .get("pod-template-hash")
+                .or_else(|| labels.get("controller-revision-hash"))
+                .cloned(),
+        }
+    }
+}
+
+/// What the decision looks at.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    pub candidates: &'a [Candidate],
+    /// The live holder's identity and its pod, when that pod is one of the
+    /// candidates in this cluster; `None` otherwise (no leader, or one this
+    /// operator cannot see: nothing to compare).
+    pub leader: Option<(&'a str, &'a str)>,
+    /// The term the leader holds: a new term restarts the clock.
+    pub term: u64,
+    pub prefer: Prefer,
+    pub stabilization: Duration,
+    /// A transfer of this lease is still open (not Transferred or
+    /// TransferFailed), whoever asked for it.
+    pub transfer_open: bool,
+}
+
+/// A candidate that outranks the leader, and since when without a break.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub leader: String,
+    pub term: u64,
+    pub target_uid: String,
+    pub since: Timestamp,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing outranks the leader, or the decision holds off (reason in
+    /// the [`Decision`]).
+    Stay,
+    /// `target` outranks the leader; look again in `after`.
+    Wait { target: String, after: Duration },
+    /// `target` has outranked the leader, ready, for the whole period: ask
+    /// the leader to hand over to it.
+    Transfer { target: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub step: Step,
+    /// What to remember until the next look.
+    pub pending: Option<Pending>,
+}
+
+impl Decision {
+    fn stay() -> Self {
+        Decision {
+            step: Step::Stay,
+            pending: None,
+        }
+    }
+}
+
+/// Whether to move leadership, given what was pending at the last look.
+///
+/// A candidate moves leadership only when it strictly outranks the leader
+/// (equal ranks stay), is Ready and not terminating, and has been so, and
+/// the best such candidate, at every look for a whole `stabilization`
+/// period under the same leader and term. Any break (not ready, outranked
+/// no more, another target, a new leader or term) forgets the pending step,
+/// so the clock starts again (hysteresis against toggling health). It holds
+/// off entirely while a transfer is open (a manual one wins, and only one
+/// handover runs at a time) and, with `prefer: Newest|Oldest`, while the
+/// candidates run more than one template: during a rollout, the version
+/// decides who leads.
+pub fn decide(input: &Input<'_>, previous: Option<&Pending>, now: Timestamp) -> Decision {
+    let Some((holder, leader_pod)) = input.leader else {
+        return Decision::stay();
+    };
+    if input.transfer_open || (input.prefer != Prefer::None && rolling_out(input.candidates)) {
+        return Decision::stay();
+    }
+    let Some(leader) = input.candidates.iter().find(|c| c.name == leader_pod) else {
+        return Decision::stay();
+    };
+    // A leader whose priority does not parse cannot be compared: it stays
+    // (the check and the Warning name the value to fix).
+    let Ok(leader_rank) = leader.rank else {
+        return Decision::stay();
+    };
+    let best = input
+        .candidates
+        .iter()
+        .filter(|c| c.name != leader_pod && !c.terminating && c.ready_since.is_some())
+        .filter_map(|c| Some((*c.rank.as_ref().ok()?, c)))
+        .filter(|(rank, _)| *rank > leader_rank)
+        // The best rank; among equals the first name, so the choice is stable.
+        .max_by(|(a, x), (b, y)| a.cmp(b).then(y.name.cmp(&x.name)));
+    let Some((_, target)) = best else {
+        return Decision::stay();
+    };
+    let continued = previous
+        .filter(|p| p.leader == holder && p.term == input.term && p.target_uid == target.uid)
+        .map_or(now, |p| p.since);
+    let since = continued.max(target.ready_since.unwrap_or(now));
+    let pending = Pending {
+        leader: holder.to_string(),
+        term: input.term,
+        target_uid: target.uid.clone(),
+        since: continued,
+    };
+    let waited = now.duration_since(since);
+    let waited = Duration::try_from(waited).unwrap_or(Duration::ZERO);
+    let step = match input.stabilization.checked_sub(waited) {
+        Some(left) if !left.is_zero() => Step::Wait {
+            target: target.name.clone(),
+            after: left,
+        },
+        _ => Step::Transfer {
+            target: target.name.clone(),
+        },
+    };
+    Decision {
+        step,
+        pending: Some(pending),
+    }
+}
+
+/// More than one template among the candidates: a rollout is under way.
+fn rolling_out(candidates: &[Candidate]) -> bool {
+    let mut templates = candidates.iter().filter_map(|c| c.template.as_deref());
+    templates
+        .next()
+        .is_some_and(|first| templates.any(|other| other != first))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,123 @@
+//! The wire of preferred candidates: feeds [`preferred::decide`] from a
+//! reconcile's look, remembers the pending step per lease, and carries out
+//! a move by creating a `LeaseTransfer` with origin `Preference` (the
+//! leader's sidecar does the handover, through the store's reservation).
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use tracing::info;
+
+use super::plan::{Found, Read};
+use super::{Context, MIN_REQUEUE, Result};
+use crate::api::DistributedLease;
+use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin};
+use crate::lease::holder::HolderPod;
+use crate::operator::preferred::{self, Candidate, Input, Step};
+
+/// What the reconcile does about preference: `Some(after)` when a move is
+/// pending or was asked for and the look must come again by then (no sooner
+/// than the plan's own requeue would be needed: at most P).
+pub(super) async fn act(
+    lease: &DistributedLease,
+    ctx: &Context,
+    found: &Found,
+    now: Timestamp,
+) -> Result<Option<Duration>> {
+    let key = format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any());
+    let Found::Valid(seen) = found else {
+        ctx.forget_preference(&key);
+        return Ok(None);
+    };
+    let Ok(Read::Lease(observed)) = &seen.read else {
+        ctx.forget_preference(&key);
+        return Ok(None);
+    };
+    let namespace = lease.namespace().unwrap_or_default();
+    let zones = &seen.valid.preference.zones;
+    let candidates: Vec<Candidate> = seen.candidates.iter().map(|pod| Candidate::of(pod, zones)).collect();
+    warn_unparsable(lease, ctx, &key, &candidates).await;
+    let holder = observed.live_holder();
+    let holder_pod = holder.map(HolderPod::parse);
+    let leader = holder
+        .zip(holder_pod.as_ref())
+        .filter(|(_, pod)| pod.may_be_local(ctx.cluster.as_deref(), &namespace))
+        .and_then(|(holder, pod)| Some((holder, pod.pod()?)));
+    let mut input = Input {
+        candidates: &candidates,
+        leader,
+        term: observed.record.as_ref().map_or(0, |r| r.term),
+        prefer: seen.valid.versions.prefer,
+        stabilization: seen.valid.preference.stabilization,
+        transfer_open: false,
+    };
+    let previous = ctx.preference(&key);
+    let mut decision = preferred::decide(&input, previous.as_ref(), now);
+    let transfers: Api<LeaseTransfer> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Step::Transfer { .. } = decision.step {
+        // Only now is the open-transfer test worth an API call: a manual
+        // transfer in flight wins, and one handover runs at a time.
+        let name = lease.name_any();
+        input.transfer_open =
+            transfers.list(&Default::default()).await?.items.iter().any(|t| {
+                t.spec.lease == name && !t.status.as_ref().and_then(|s| s.phase).is_some_and(|p| p.is_final())
+            });
+        decision = preferred::decide(&input, previous.as_ref(), now);
+    }
+    ctx.remember_preference(&key, decision.pending.clone());
+    match decision.step {
+        Step::Stay => Ok(None),
+        // Never later than the plan's own requeue, which is P at the soonest.
+        Step::Wait { after, .. } => Ok(Some(after.min(seen.valid.timing.retry_period).max(MIN_REQUEUE))),
+        Step::Transfer { target } => {
+            let request = preference_transfer(lease, &target);
+            transfers.create(&PostParams::default(), &request).await?;
+            let note = format!(
+                "{target} has outranked the leader for {:?}: asked the leader to hand over (LeaseTransfer, origin Preference)",
+                seen.valid.preference.stabilization
+            );
+            info!(%target, "preferred candidate: transfer requested");
+            ctx.publish(lease, EventType::Normal, "PreferredCandidate", "Transfer", note)
+                .await;
+            // Forget the step: the open transfer holds the next looks off,
+            // and a failed one starts a new period.
+            ctx.remember_preference(&key, None);
+            Ok(Some(MIN_REQUEUE))
+        }
+    }
+}
+
+/// The request: one object per move, owned by the lease so it goes with it.
+fn preference_transfer(lease: &DistributedLease, target: &str) -> LeaseTransfer {
+    LeaseTransfer {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-preferred-", lease.name_any())),
+            owner_references: lease.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: LeaseTransferSpec {
+            lease: lease.name_any(),
+            to: target.to_string(),
+            origin: Some(TransferOrigin::Preference),
+        },
+        status: None,
+    }
+}
+
+/// A Warning Event naming every candidate whose priority does not parse,
+/// once per change of that list (such a candidate is never a target, and
+/// such a leader is never moved).
+async fn warn_unparsable(lease: &DistributedLease, ctx: &Context, key: &str, candidates: &[Candidate]) {
+    let problems: Vec<String> = candidates
+        .iter()
+        .filter_map(|c| c.rank.as_ref().err().map(ToString::to_string))
+        .collect();
+    let message = problems.join("; ");
+    if ctx.warned_priorities(key, &message) && !problems.is_empty() {
+        ctx.publish(lease, EventType::Warning, "InvalidPriority", "RankCandidates", message)
+            .await;
+    }
+}
