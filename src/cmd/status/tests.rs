@@ -331,10 +331,10 @@ async fn history_prints_terms_and_gaps_as_a_table_json_and_yaml() {
     assert_eq!(
         history(&api, "web", Output::Table).await.unwrap(),
         "\
-TERM   HOLDER                                             TOKEN   ACQUIRED AT            ENDED AT   ENDED
-2      shop/web-0#a1                                      200     2026-11-25T09:00:00Z   -          Released
-3-4    <not seen: the operator read none of these terms>  -       -                      -          -
-5      shop/web-1#b2                                      500     2026-11-25T09:50:00Z   -          -
+TERM   HOLDER                                              TOKEN   ACQUIRED AT            ENDED AT   ENDED
+2      shop/web-0#a1                                       200     2026-11-25T09:00:00Z   -          Released
+3-4    <not seen: the operator read none of these terms>   -       -                      -          -
+5      shop/web-1#b2                                       500     2026-11-25T09:50:00Z   -          -
 "
     );
     let json: Value = serde_json::from_str(&history(&api, "web", Output::Json).await.unwrap()).unwrap();
