@@ -393,9 +393,10 @@ fn the_checks_catch_an_undocumented_name() {
 }
 
 /// Flags the docs give to other tools (kubectl, helm, cargo, kind, docker,
-/// CockroachDB): not leasehold's, so not checked against its commands.
+/// CockroachDB, the test-cluster tool's `start.sh`): not leasehold's, so not checked against its commands.
 const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--all-targets",
+    "--api-port",
     "--as",
     "--bench",
     "--benches",
@@ -417,6 +418,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--locked",
     "--max-offset",
     "--no-default-features",
+    "--no-node",
     "--no-run",
     "--overwrite",
     "--path",
