@@ -393,7 +393,7 @@ fn the_checks_catch_an_undocumented_name() {
 }
 
 /// Flags the docs give to other tools (kubectl, helm, cargo, kind, docker,
-/// CockroachDB, the test-cluster tool's `start.sh`): not leasehold's, so not checked against its commands.
+/// CockroachDB, kube-apiserver, the test-cluster tool's `start.sh`): not leasehold's, so not checked against its commands.
 const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--all-targets",
     "--api-port",
@@ -405,6 +405,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--bump-revision",
     "--check",
     "--create-namespace",
+    "--event-ttl",
     "--example",
     "--examples",
     "--features",

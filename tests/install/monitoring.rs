@@ -13,7 +13,7 @@ use leasehold::lease::budget::AT_RISK_SHARE;
 use leasehold::lease::session::Collected;
 use leasehold::operator::metrics::Outcome;
 use leasehold::sidecar::budget::RenewBudget;
-use leasehold::sidecar::metrics::{FailureLabels, OpLabels};
+use leasehold::sidecar::metrics::{ChangeLabels, FailureLabels, OpLabels};
 use prometheus_client::registry::Registry;
 
 const RULES: &str = "manifests/prometheus/leasehold-rules.yaml";
@@ -75,6 +75,10 @@ fn exported_metrics() -> BTreeSet<String> {
             op: "renew",
             kind: "unavailable",
         })
+        .inc();
+    sidecar
+        .leadership_changes
+        .get_or_create(&ChangeLabels { reason: "acquired" })
         .inc();
     operator.reconciled(Outcome::StoreError, Duration::from_millis(5));
     operator.event_failed("LeaderElected");
