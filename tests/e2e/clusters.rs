@@ -221,6 +221,20 @@ impl TwoClusters {
         // East: what a previous run left goes, then the resource, its
         // operator and its candidates.
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(east.client.clone());
+        // The previous scenario's east operator (a host process) is gone,
+        // so nothing would remove its `leasehold.dev/release` finalizer and
+        // the namespace would never finish terminating: drop it here (that
+        // scenario's store is gone too, there is nothing to release).
+        let old_leases: Api<DistributedLease> = Api::namespaced(east.client.clone(), NS);
+        if let Ok(list) = old_leases.list(&ListParams::default()).await {
+            for old in list {
+                let unfinalized = kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                let name = kube::ResourceExt::name_any(&old);
+                let _ = old_leases
+                    .patch(&name, &kube::api::PatchParams::default(), &unfinalized)
+                    .await;
+            }
+        }
         let _ = namespaces.delete(NS, &Default::default()).await;
         wait_for("east's old namespace gone", Duration::from_secs(60), || async {
             namespaces.get_opt(NS).await.ok().flatten().is_none().then_some(())
