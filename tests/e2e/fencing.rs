@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -53,7 +54,7 @@ impl Drop for Cleanup<'_> {
 /// ServiceAccount and the pod name a bound token carries
 /// (`authentication.kubernetes.io/pod-name`, Kubernetes
 /// pkg/serviceaccount/claims.go), by impersonation.
-async fn as_pod(env: &Env, pod: &str) -> Api<ConfigMap> {
+async fn as_pod(env: &Env, pod: &str) -> Client {
     let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -64,7 +65,7 @@ async fn as_pod(env: &Env, pod: &str) -> Api<ConfigMap> {
         "authentication.kubernetes.io/pod-name".to_string(),
         vec![pod.to_string()],
     )]));
-    Api::namespaced(Client::try_from(config).unwrap(), NAMESPACE)
+    Client::try_from(config).unwrap()
 }
 
 fn fenced_config_map(name: &str, lock: &str, token: i64, holder: &str) -> Value {
@@ -93,11 +94,7 @@ async fn patch(
     params: PatchParams,
 ) -> Option<String> {
     let patch = json!({"metadata": {"annotations": annotations}, "data": {"owner": owner}});
-    match api.patch(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => None,
-        Err(kube::Error::Api(status)) => Some(status.message),
-        Err(e) => panic!("patching ConfigMap {name}: {e}"),
-    }
+    refusal(api.patch(name, &params, &Patch::Merge(&patch)).await)
 }
 
 fn token(token: i64, holder: &str) -> Value {
@@ -140,7 +137,10 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
                    "metadata": {"name": NAMESPACE, "labels": {"leasehold.dev/fencing": "enabled"}}}),
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                    "metadata": {"name": "writer", "namespace": NAMESPACE},
-                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch", "update"]}]}),
+                   // No delete: docs/fencing.md leaves deletes to RBAC.
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch", "update"]},
+                             {"apiGroups": ["apps"], "resources": ["deployments", "deployments/status", "deployments/scale"],
+                              "verbs": ["get", "patch", "update"]}]}),
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                    "metadata": {"name": "writer", "namespace": NAMESPACE},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer"},
@@ -149,11 +149,16 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
             fenced_config_map("orders", "postgres:orders", TOKEN, "pod-b"),
             // Another lock, whose tokens are far lower.
             fenced_config_map("billing", "redis:billing", 5, "pod-a"),
+            fenced_deployment(),
         ],
     )
     .await;
     apply(&client, &policy).await;
-    let (deposed, leader) = (as_pod(&env, "pod-a").await, as_pod(&env, "pod-b").await);
+    let (deposed_pod, leader_pod) = (as_pod(&env, "pod-a").await, as_pod(&env, "pod-b").await);
+    let (deposed, leader) = (
+        Api::namespaced(deposed_pod.clone(), NAMESPACE),
+        Api::namespaced(leader_pod.clone(), NAMESPACE),
+    );
 
     // A new policy takes effect once the API server's informers have it:
     // wait until the deposed leader's old token is refused (dry runs, which
@@ -248,7 +253,7 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
     // Another lock's object: its own tokens, far below the orders' ones.
     assert_eq!(write(&deposed, "billing", token(6, "pod-a"), "pod-a").await, None);
 
-    let configmaps: Api<ConfigMap> = Api::namespaced(client, NAMESPACE);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     let orders = configmaps.get("orders").await.unwrap();
     assert_eq!(orders.data.unwrap()["owner"], "pod-b", "the leader's write stays");
     assert_eq!(
@@ -256,7 +261,138 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
         (TOKEN + 1).to_string()
     );
 
+    subresources_and_recreation(&client, &deposed_pod, &leader_pod).await;
+
     the_example_is_refused_by_the_api_server(&env);
+}
+
+/// A Deployment `ledger` that pod-b leads with [`TOKEN`]; its pods, if
+/// scaled up, stay Pending behind a scheduling gate.
+fn fenced_deployment() -> Value {
+    let mut deployment = fenced_config_map("ledger", "postgres:orders", TOKEN, "pod-b");
+    deployment["apiVersion"] = json!("apps/v1");
+    deployment["kind"] = json!("Deployment");
+    deployment.as_object_mut().unwrap().remove("data");
+    deployment["spec"] = json!({
+        "replicas": 0,
+        "selector": {"matchLabels": {"app": "ledger"}},
+        "template": {
+            "metadata": {"labels": {"app": "ledger"}},
+            "spec": {"schedulingGates": [{"name": "leasehold.dev/e2e-hold"}],
+                     "containers": [{"name": "app", "image": "ledger:1"}]},
+        },
+    });
+    deployment
+}
+
+/// The refusal message of a write, or `None` when it was accepted.
+fn refusal<T>(result: kube::Result<T>) -> Option<String> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => Some(status.message),
+        Err(e) => panic!("writing to the API server: {e}"),
+    }
+}
+
+/// What the policy fences beyond an object's own updates, and the limits
+/// docs/fencing.md states, each as the real API server decides it:
+/// * a Deployment's `/status` write keeps the annotations it sends (the
+///   status strategy resets only spec and labels,
+///   pkg/registry/apps/deployment/strategy.go), so the policy refuses a
+///   change of the fencing annotations there; the Deployment controller's
+///   own revision annotation, written the same way, still passes;
+/// * the status itself and a `/scale` write are not fenced;
+/// * DELETE is left to RBAC, and a recreated object starts with whatever
+///   token its creator writes (CREATE is not matched).
+async fn subresources_and_recreation(admin: &Client, deposed: &Client, leader: &Client) {
+    let as_deposed: Api<Deployment> = Api::namespaced(deposed.clone(), NAMESPACE);
+    let as_leader: Api<Deployment> = Api::namespaced(leader.clone(), NAMESPACE);
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
+    let params = PatchParams::default();
+
+    let lowered = refusal(
+        as_deposed
+            .patch_status(
+                "ledger",
+                &params,
+                &Patch::Merge(json!({"metadata": {"annotations": token(TOKEN - 1, "pod-a")}})),
+            )
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        lowered.contains("annotations of a fenced object may not change through its status subresource"),
+        "{lowered}"
+    );
+
+    // The leader changes the pod template with its token; the controller
+    // then records the new revision through /status, as a writer that is
+    // not the holder and keeps the fencing annotations.
+    let revision = |d: Deployment| {
+        d.metadata
+            .annotations
+            .and_then(|a| a.get("deployment.kubernetes.io/revision").cloned())
+    };
+    let before = wait_for(
+        "the Deployment controller's first revision",
+        Duration::from_secs(60),
+        || async { revision(deployments.get("ledger").await.unwrap()) },
+    )
+    .await;
+    let template = json!({"metadata": {"annotations": token(TOKEN + 1, "pod-b")},
+                          "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "ledger:2"}]}}}});
+    assert_eq!(
+        refusal(as_leader.patch("ledger", &params, &Patch::Strategic(template)).await),
+        None
+    );
+    wait_for(
+        "the controller's next revision recorded",
+        Duration::from_secs(60),
+        || async { revision(deployments.get("ledger").await.unwrap()).filter(|r| *r != before) },
+    )
+    .await;
+
+    // Limits: the deposed leader's status and scale writes are not fenced.
+    assert_eq!(
+        refusal(
+            as_deposed
+                .patch_status(
+                    "ledger",
+                    &params,
+                    &Patch::Merge(json!({"status": {"collisionCount": 7}}))
+                )
+                .await
+        ),
+        None,
+        "a /status write that leaves the annotations alone is not fenced"
+    );
+    assert_eq!(
+        refusal(
+            as_deposed
+                .patch_scale("ledger", &params, &Patch::Merge(json!({"spec": {"replicas": 2}})))
+                .await
+        ),
+        None,
+        "a /scale write carries no annotations and is not fenced"
+    );
+    assert_eq!(deployments.get("ledger").await.unwrap().spec.replicas, Some(2));
+
+    // Delete is RBAC's: the writers' Role has no delete.
+    let as_deposed: Api<ConfigMap> = Api::namespaced(deposed.clone(), NAMESPACE);
+    match as_deposed.delete("orders", &Default::default()).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("the deposed leader deleted the fenced object: {other:?}"),
+    }
+    // ... and a recreated object starts with its creator's token.
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    configmaps.delete("billing", &Default::default()).await.unwrap();
+    wait_for("billing deleted", Duration::from_secs(30), || async {
+        configmaps.get_opt("billing").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let recreated: ConfigMap =
+        serde_json::from_value(fenced_config_map("billing", "redis:billing", 1, "pod-a")).unwrap();
+    assert_eq!(refusal(as_deposed.create(&Default::default(), &recreated).await), None);
 }
 
 /// `examples/fenced-write.rs kubernetes` under the policy in force: leaders

@@ -137,6 +137,24 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
             Some("False"),
             "the follower's token set its condition"
         );
+        // ... and the leader label on a peer (how a new leader clears a
+        // stale one): the admin first takes it off the third pod.
+        let peer = pods
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .find(|name| *name != leader && *name != follower_name)
+            .expect("a third candidate");
+        admin
+            .patch(
+                &peer,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"leasehold.dev/leader": null}}})),
+            )
+            .await
+            .expect("the admin taking the peer's label off");
+        patch(&as_follower, &peer, false, label("false"))
+            .await
+            .expect("a peer's leader label");
         // Issue 40: a retiring sidecar marks its own pod (a uid no lease has,
         // so no delete gate counts it).
         let retired = json!({"metadata": {"annotations": {RETIRED_FROM_ANNOTATION: "e2e-not-a-lease"}}});
