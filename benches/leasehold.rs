@@ -6,7 +6,7 @@
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
-//! partitions-postgres, partitions-redis, fencing, kubernetes) runs a share of it. `postgres` and `redis` start
+//! partitions-postgres, partitions-redis, fencing, fencing-kubernetes, kubernetes) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -823,6 +823,16 @@ fn main() {
         println!("== fenced writes beside plain ones: private PostgreSQL and Redis, the Spanner emulator");
         summary_lines.extend(
             fencing::fenced_writes(reps)
+                .into_iter()
+                .map(|l| format!("fencing: {l}")),
+        );
+    }
+    // Needs a disposable cluster, as the kubernetes part below.
+    let named = only.split(',').any(|p| p.trim() == "fencing-kubernetes");
+    if named || (only.is_empty() && std::env::var_os("LEASEHOLD_E2E_KUBECONFIG").is_some()) {
+        println!("== fenced writes beside plain ones: a ConfigMap under the chart's fencing admission policy");
+        summary_lines.extend(
+            fencing::kubernetes_writes(reps)
                 .into_iter()
                 .map(|l| format!("fencing: {l}")),
         );

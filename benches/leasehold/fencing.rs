@@ -1,6 +1,7 @@
 //! The `fencing` part: what a fenced write (`leasehold::fence`) costs beside
 //! the plain write it guards, on a private PostgreSQL, a private Redis and
-//! the Spanner emulator. Latency p50/p99 directly; round trips counted as
+//! the Spanner emulator; the `fencing-kubernetes` part does the same for a
+//! ConfigMap under the chart's fencing admission policy on a real cluster. Latency p50/p99 directly; round trips counted as
 //! latency / [`REPLY_DELAY`] through a proxy that holds every reply back by
 //! it (as the `store-ops` part does).
 
@@ -13,7 +14,14 @@ use leasehold::lease::FencingToken;
 use leasehold::testing::servers::{PostgresServer, RedisServer};
 use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
 use super::{REPLY_DELAY, millis, one_worker_runtime, quantile};
+use crate::cluster::{Env, apply, rendered_chart_with, wait_for};
 
 /// One guarded value written plainly or through a fence.
 trait Resource {
@@ -233,4 +241,183 @@ pub fn fenced_writes(reps: u64) -> Vec<String> {
         compare("spanner", &mut direct, &mut delayed, &proxy, n).await
     }));
     lines
+}
+
+/// The ConfigMap the Kubernetes part writes, in a namespace the chart's
+/// fencing policy selects (fenced) and in one it does not (plain).
+struct ConfigMapWriter {
+    fenced: Api<ConfigMap>,
+    plain: Api<ConfigMap>,
+    written: u64,
+}
+
+/// Who the Kubernetes part writes as: the holder its fenced writes name (an
+/// impersonated user, so the policy's writer is known).
+const KUBERNETES_WRITER: &str = "leasehold-bench-writer";
+const FENCED_NAMESPACE: &str = "bench-fencing";
+const PLAIN_NAMESPACE: &str = "bench-fencing-plain";
+
+impl ConfigMapWriter {
+    /// `client` acting as [`KUBERNETES_WRITER`].
+    fn new(client: Client) -> ConfigMapWriter {
+        ConfigMapWriter {
+            fenced: Api::namespaced(client.clone(), FENCED_NAMESPACE),
+            plain: Api::namespaced(client, PLAIN_NAMESPACE),
+            written: 0,
+        }
+    }
+
+    /// A real change each time: the owner counts the writes.
+    fn owner(&mut self) -> String {
+        self.written += 1;
+        format!("bench-{}", self.written)
+    }
+}
+
+impl Resource for ConfigMapWriter {
+    async fn plain(&mut self) {
+        let patch = json!({"data": {"owner": self.owner()}});
+        self.plain
+            .patch("orders", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    /// The write docs/fencing.md shows: the token and the writer beside the
+    /// change, judged by the API server's admission policy.
+    async fn fenced(&mut self, fence: &Fence) -> Result<(), FenceError> {
+        let patch = json!({
+            "metadata": {"annotations": {
+                "leasehold.dev/fencing-token": fence.token().0.to_string(),
+                "leasehold.dev/fencing-holder": KUBERNETES_WRITER,
+            }},
+            "data": {"owner": self.owner()},
+        });
+        self.fenced
+            .patch("orders", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        Ok(())
+    }
+}
+
+/// Removes the policy and namespaces the Kubernetes part made, also when it
+/// fails.
+struct KubernetesCleanup<'a> {
+    env: &'a Env,
+    policy: String,
+}
+
+impl Drop for KubernetesCleanup<'_> {
+    fn drop(&mut self) {
+        for (kind, name) in [
+            ("validatingadmissionpolicybinding", self.policy.as_str()),
+            ("validatingadmissionpolicy", self.policy.as_str()),
+            ("namespace", FENCED_NAMESPACE),
+            ("namespace", PLAIN_NAMESPACE),
+        ] {
+            let _ = self
+                .env
+                .kubectl()
+                .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
+                .status();
+        }
+    }
+}
+
+/// A client of the cluster acting as [`KUBERNETES_WRITER`] (with the rights
+/// of system:masters), at `server` when given (the delaying proxy).
+async fn writer_client(env: &Env, server: Option<std::net::SocketAddr>) -> Client {
+    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(KUBERNETES_WRITER.into());
+    config.auth_info.impersonate_groups = Some(vec!["system:masters".into(), "system:authenticated".into()]);
+    if let Some(server) = server {
+        // The API server's certificate names 127.0.0.1, where the proxy listens.
+        config.cluster_url = format!("https://{server}").parse().unwrap();
+    }
+    Client::try_from(config).unwrap()
+}
+
+/// The `fencing-kubernetes` part: a ConfigMap patch under the chart's
+/// fencing ValidatingAdmissionPolicy (the API server evaluates it on every
+/// write) beside the same change in a namespace the policy does not select,
+/// on the end-to-end suite's cluster (docs/e2e.md).
+pub fn kubernetes_writes(reps: u64) -> Vec<String> {
+    let n = reps.max(2) * 10;
+    one_worker_runtime().block_on(async {
+        let env = Env::from_vars();
+        let admin = env.client().await;
+        let policy: Vec<Value> = rendered_chart_with(&env, &["fencing.enabled=true".into()])
+            .into_iter()
+            .filter(|o| {
+                o["kind"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+                    && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-fencing"))
+            })
+            .collect();
+        assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
+        let _cleanup = KubernetesCleanup {
+            env: &env,
+            policy: policy[0]["metadata"]["name"].as_str().unwrap().to_string(),
+        };
+        let token = "1764000000000000100";
+        let config_map = |namespace: &str, annotations: Value| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "orders", "namespace": namespace, "annotations": annotations},
+                   "data": {"owner": "bench-0"}})
+        };
+        apply(
+            &admin,
+            &[
+                json!({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": FENCED_NAMESPACE, "labels": {"leasehold.dev/fencing": "enabled"}}}),
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLAIN_NAMESPACE}}),
+                config_map(
+                    FENCED_NAMESPACE,
+                    json!({"leasehold.dev/fencing-lock": "kubernetes:orders",
+                           "leasehold.dev/fencing-token": token,
+                           "leasehold.dev/fencing-holder": KUBERNETES_WRITER}),
+                ),
+                config_map(PLAIN_NAMESPACE, json!({})),
+            ],
+        )
+        .await;
+        apply(&admin, &policy).await;
+        // In force once a lower token is refused (a dry run, which passes
+        // admission and changes nothing).
+        let direct = writer_client(&env, None).await;
+        let fenced: Api<ConfigMap> = Api::namespaced(direct.clone(), FENCED_NAMESPACE);
+        let lower = json!({"metadata": {"annotations": {"leasehold.dev/fencing-token": "1"}}});
+        let dry_run = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        wait_for("the fencing policy in force", Duration::from_secs(60), || async {
+            fenced.patch("orders", &dry_run, &Patch::Merge(&lower)).await.err()
+        })
+        .await;
+
+        let proxy = TcpProxy::start(api_server_addr(&env).await).await;
+        let mut direct = ConfigMapWriter::new(direct);
+        let mut delayed = ConfigMapWriter::new(writer_client(&env, Some(proxy.addr)).await);
+        // Once before timing: the delayed client's connection and TLS handshake.
+        delayed.plain().await;
+        compare("kubernetes", &mut direct, &mut delayed, &proxy, n).await
+    })
+}
+
+/// The API server's address, from the kubeconfig.
+async fn api_server_addr(env: &Env) -> std::net::SocketAddr {
+    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let url = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap()
+        .cluster_url;
+    format!("{}:{}", url.host().unwrap(), url.port_u16().unwrap_or(443))
+        .parse()
+        .unwrap_or_else(|e| panic!("the API server {url} is not at an IP address: {e}"))
 }

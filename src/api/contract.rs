@@ -4,7 +4,8 @@
 //! sidecar's flags, the operator, its webhook and `leasehold inject` all
 //! read these, so they cannot drift.
 
-use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::jiff::Timestamp;
 
 /// The injected sidecar container's name. The sidecar finds itself by it
 /// in its pod's spec: as a native sidecar (an init container with
@@ -136,4 +137,25 @@ pub fn injected_container(spec: &PodSpec) -> Option<&'static str> {
     [SIDECAR_CONTAINER, INSTALLER_NAME]
         .into_iter()
         .find(|injected| containers().any(|c| c.name == *injected))
+}
+
+/// Since when every container of a candidate pod is ready (its
+/// `ContainersReady` condition's last transition time), or `None` when they
+/// are not: what a transfer's target and a preferred candidate must be.
+/// `ContainersReady`, not `Ready`: `Ready` also waits for readiness gates,
+/// and a lease's `leasehold.dev/leader` gate keeps every follower unready
+/// (Kubernetes docs, "Pod Lifecycle", pod conditions). The kubelet moves
+/// the transition time whenever the condition flips, so a flap between two
+/// looks still restarts a clock started from it; a condition without a time
+/// is ready since "now" at best.
+pub fn containers_ready_since(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == "ContainersReady" && c.status == "True")
+        })
+        .map(|c| c.last_transition_time.as_ref().map_or(Timestamp::MAX, |t| t.0))
 }

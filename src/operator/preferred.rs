@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::api::contract::containers_ready_since;
 use crate::api::preference::{PriorityError, Rank, rank_of};
 use crate::lease::Prefer;
 
@@ -23,10 +24,8 @@ pub struct Candidate {
     pub name: String,
     pub uid: String,
     pub rank: Result<Rank, PriorityError>,
-    /// Since when the pod's `Ready` condition is `True` (its last
-    /// transition time); `None` when it is not Ready. The kubelet sets the
-    /// transition time whenever the status flips, so a flap the operator
-    /// never saw between two looks still restarts the clock.
+    /// Since when the pod's containers are ready
+    /// ([`containers_ready_since`]); `None` when they are not.
     pub ready_since: Option<Timestamp>,
     pub terminating: bool,
     /// The pod's template (`pod-template-hash`, or a StatefulSet's
@@ -38,18 +37,12 @@ pub struct Candidate {
 impl Candidate {
     /// The candidate as the decision sees `pod` under `prefer_zones`.
     pub fn of(pod: &Pod, prefer_zones: &[String]) -> Self {
-        let status = pod.status.as_ref();
-        let ready_since = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
-            // A Ready condition without a time is ready since "now" at best.
-            .map(|c| c.last_transition_time.as_ref().map_or(Timestamp::MAX, |t| t.0));
         let labels = pod.labels();
         Candidate {
             name: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
             rank: rank_of(pod, prefer_zones),
-            ready_since,
+            ready_since: containers_ready_since(pod),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             template: labels
                 .get("pod-template-hash")
@@ -117,7 +110,7 @@ impl Decision {
 /// Whether to move leadership, given what was pending at the last look.
 ///
 /// A candidate moves leadership only when it strictly outranks the leader
-/// (equal ranks stay), is Ready and not terminating, and has been so, and
+/// (equal ranks stay), has its containers ready and is not terminating, and has been so, and
 /// the best such candidate, at every look for a whole `stabilization`
 /// period under the same leader and term. Any break (not ready, outranked
 /// no more, another target, a new leader or term) forgets the pending step,

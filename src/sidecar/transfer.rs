@@ -23,7 +23,7 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::api::contract::SIDECAR_CONTAINER;
+use crate::api::contract::{SIDECAR_CONTAINER, containers_ready_since};
 use crate::api::transfer::{LeaseTransfer, LeaseTransferStatus, TransferPhase, TransferRefusal};
 use crate::lease::{Change, ElectorControl, Handoff, Identity, LeaderState};
 
@@ -331,15 +331,7 @@ fn judge_pod(to: &str, pod: &Pod) -> Result<(), (TransferRefusal, String)> {
             format!("pod {to} runs no {SIDECAR_CONTAINER} sidecar container, so it never campaigns"),
         ));
     }
-    // ContainersReady, not Ready: Ready also waits for readiness gates, and
-    // a lease's `leasehold.dev/leader` gate keeps every follower unready
-    // (Kubernetes docs, "Pod Lifecycle", pod conditions).
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "ContainersReady" && c.status == "True"));
-    if !ready {
+    if containers_ready_since(pod).is_none() {
         return Err((
             TransferRefusal::TargetNotReady,
             format!("pod {to} is not ready (ContainersReady is not True)"),

@@ -164,7 +164,8 @@ pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
         // Injected: the webhook's native sidecar.
         "spec": {"containers": [{"name": "app"}],
                  "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}]},
-        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }},
+                                  {"type": "ContainersReady", "status": if ready { "True" } else { "False" }}]},
     })
 }
 

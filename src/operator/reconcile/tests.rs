@@ -679,8 +679,9 @@ async fn an_unreadable_store_secret_shows_in_store_ready() {
 
 mod partitions;
 
-/// Preferred candidates: web-0 leads at priority 0, web-1 (priority 5) is
-/// Ready. `pending_since`: how long ago an earlier look first saw web-1
+/// Preferred candidates: web-0 leads at priority 0, web-1 (priority 5) has
+/// its containers ready but is not Ready, as every follower of a
+/// readiness-gated lease. `pending_since`: how long ago an earlier look first saw web-1
 /// outrank web-0 (`None`: this is the first look).
 async fn preferred_fixture(pending_since: Option<Duration>) -> (Fixture, Value, Vec<Value>) {
     let (fixture, grant) = held_by_web_0().await;
@@ -690,7 +691,10 @@ async fn preferred_fixture(pending_since: Option<Duration>) -> (Fixture, Value, 
     let mut web_1 = pod("web-1", Some("false"), true);
     web_1["metadata"]["uid"] = json!("uid-1");
     web_1["metadata"]["labels"][crate::api::preference::PRIORITY_KEY] = json!("5");
-    web_1["status"]["conditions"][0]["lastTransitionTime"] = json!("2026-01-01T00:00:00Z");
+    web_1["status"]["conditions"] = json!([
+        {"type": "Ready", "status": "False"},
+        {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]);
     if let Some(ago) = pending_since {
         fixture.ctx.remember_preference(
             "prod/web",
