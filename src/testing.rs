@@ -1,11 +1,17 @@
 //! Test support shared by the unit tests, the integration tests and the
 //! benchmarks: the Cloud Spanner emulator (found or started), private
-//! PostgreSQL and Redis servers ([`servers`]), a TCP proxy the test controls
-//! and the mock Kubernetes API servers ([`api`]). Not part of the product's
+//! PostgreSQL and Redis servers ([`servers`]), a TCP proxy the test controls,
+//! the mock Kubernetes API servers ([`api`]), the store conformance suite
+//! ([`conformance`]) and the reconcile's scripted API server (`reconcile`). Not part of the product's
 //! behaviour.
 
 pub mod api;
 pub mod cluster;
+pub mod conformance;
+/// The scripted API server of the reconcile's tests (the operator's unit
+/// tests and the emulator tests, `tests/stores/spanner.rs`).
+#[cfg(feature = "operator")]
+pub mod reconcile;
 pub mod servers;
 
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};

@@ -36,9 +36,9 @@ use tokio::time::{sleep_until, timeout_at};
 use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
-use super::elector::SimHooks;
 use super::record::{FencingToken, Identity};
 use super::session::{LocksObservation, MAX_LOCKS_PER_CALL, SessionStore, new_session_id};
+use super::sim_hooks::SimHooks;
 use super::store::{Result, StoreError};
 use super::timing::Timing;
 

@@ -11,6 +11,7 @@ pub mod lock_set;
 pub mod partitions;
 pub mod record;
 pub mod session;
+pub(crate) mod sim_hooks;
 pub mod store;
 pub mod timing;
 pub mod version;

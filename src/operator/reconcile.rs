@@ -208,10 +208,5 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 /// rolled out: `kubectl wait dlease/NAME --for=condition=RolledOut`.
 pub const ROLLED_OUT: &str = "RolledOut";
 
-/// The scripted API server of the reconcile's tests (here and in the
-/// emulator tests, `tests/stores/spanner.rs`).
-#[cfg(feature = "testing")]
-#[doc(hidden)]
-pub mod fixtures;
 #[cfg(test)]
 mod tests;

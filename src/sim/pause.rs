@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 
 use tokio::sync::watch;
 
-use crate::lease::elector::TaskWrapper;
+use crate::lease::sim_hooks::TaskWrapper;
 
 /// A current-thread runtime on paused time: schedules replay exactly.
 pub(super) fn paused_runtime() -> tokio::runtime::Runtime {

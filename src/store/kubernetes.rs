@@ -54,6 +54,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
@@ -250,13 +251,11 @@ impl LockView {
     }
 }
 
-/// A deliberate bug for the planted-bug check of the conformance suite:
-/// writes without the `resourceVersion` precondition.
-#[cfg(feature = "testing")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mutant {
-    UnconditionalWrites,
-}
+/// What replaces the check-and-set write of a Lease when set: the one seam
+/// for test support (the conformance suite's planted bug,
+/// `testing::cluster::with_unconditional_writes`). The product never sets it.
+pub(crate) type ReplaceHook =
+    Arc<dyn Fn(Api<Lease>, String, Lease) -> BoxFuture<'static, std::result::Result<Lease, kube::Error>> + Send + Sync>;
 
 /// The view of the Lease called `name`, if some lock asked about it.
 fn lookup(views: &Mutex<HashMap<String, Arc<LockView>>>, name: &str) -> Option<Arc<LockView>> {
@@ -285,8 +284,8 @@ pub struct KubernetesStore {
     requests: AtomicU64,
     /// The operator's watch of every Lease in the namespace, when on.
     namespace_watch: Option<NamespaceWatch>,
-    #[cfg(feature = "testing")]
-    mutant: Option<Mutant>,
+    /// Test support's seam, see [`ReplaceHook`].
+    pub(crate) replace_hook: Option<ReplaceHook>,
 }
 
 /// One watch of every Lease in the namespace (the operator's, issue 39):
@@ -346,8 +345,7 @@ impl KubernetesStore {
             by_name: Arc::default(),
             requests: AtomicU64::new(0),
             namespace_watch: None,
-            #[cfg(feature = "testing")]
-            mutant: None,
+            replace_hook: None,
         }
     }
 
@@ -433,13 +431,6 @@ impl KubernetesStore {
     /// Abandons each API call after `timeout` (default [`DEFAULT_CALL_TIMEOUT`]).
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
-        self
-    }
-
-    /// The planted bug, for the conformance suite's check that it is caught.
-    #[cfg(feature = "testing")]
-    pub fn with_mutant(mut self, mutant: Mutant) -> Self {
-        self.mutant = Some(mutant);
         self
     }
 
@@ -686,9 +677,13 @@ impl KubernetesStore {
     /// Replaces the Lease by check-and-set; the reply is learned.
     async fn replace(&self, view: &LockView, lock: &str, body: &Lease) -> Result<(Lease, Instant)> {
         let what = || format!("writing Lease {}/{}", self.namespace, view.name);
-        #[cfg(feature = "testing")]
-        if self.mutant == Some(Mutant::UnconditionalWrites) {
-            return self.overwrite(view, body).await;
+        if let Some(hook) = &self.replace_hook {
+            let written = hook(self.api.clone(), view.name.clone(), body.clone())
+                .await
+                .map_err(|e| StoreError::unavailable(what()).caused_by(e))?;
+            let at = now();
+            view.learn(Some(written.clone()), at)?;
+            return Ok((written, at));
         }
         match self
             .call(
@@ -710,27 +705,6 @@ impl KubernetesStore {
                 Err(lost(lock, "another writer changed the Lease first (409 Conflict)"))
             }
             Err(ApiFailure::Failed(e)) => Err(e),
-        }
-    }
-
-    /// The mutant's write: over whatever version is current, again after
-    /// each conflict (the API server refuses a Lease update without a
-    /// version; this is what an unconditional patch does): last writer wins.
-    #[cfg(feature = "testing")]
-    async fn overwrite(&self, view: &LockView, body: &Lease) -> Result<(Lease, Instant)> {
-        let mut body = body.clone();
-        loop {
-            let current = self.api.get(&view.name).await;
-            body.metadata.resource_version = current.ok().and_then(|l| l.metadata.resource_version);
-            match self.api.replace(&view.name, &PostParams::default(), &body).await {
-                Ok(written) => {
-                    let at = now();
-                    view.learn(Some(written.clone()), at)?;
-                    return Ok((written, at));
-                }
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(e) => return Err(StoreError::unavailable("overwriting").caused_by(e)),
-            }
         }
     }
 

@@ -1,8 +1,6 @@
-//! Lease store backends: one file per backend, plus the conformance suite
-//! every backend must pass (compiled for tests only).
+//! Lease store backends: one file per backend. The conformance suite every
+//! backend must pass is test support (`testing::conformance`).
 
-#[cfg(feature = "testing")]
-pub mod conformance;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;

@@ -5,12 +5,16 @@
 //! Without the variable a test that needs the cluster fails, saying how to
 //! get one: a store's conformance must never pass by not running.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+
+use crate::store::kubernetes::KubernetesStore;
 
 /// The variable naming the kubeconfig of the test cluster.
 pub const KUBECONFIG_ENV: &str = "LEASEHOLD_E2E_KUBECONFIG";
@@ -84,4 +88,26 @@ impl Drop for TestNamespace {
         });
         let _ = deleting.join();
     }
+}
+
+/// `store` with the planted bug the conformance suite must catch: it writes
+/// its Lease without the `resourceVersion` precondition, over whatever
+/// version is current, again after each conflict (the API server refuses a
+/// Lease update without a version: `AllowUnconditionalUpdate` is false in
+/// Kubernetes' pkg/registry/coordination/lease/strategy.go; this is what an unconditional patch
+/// does): last writer wins.
+pub fn with_unconditional_writes(mut store: KubernetesStore) -> KubernetesStore {
+    store.replace_hook = Some(Arc::new(|api: Api<Lease>, name: String, mut body: Lease| {
+        Box::pin(async move {
+            loop {
+                let current = api.get(&name).await;
+                body.metadata.resource_version = current.ok().and_then(|l| l.metadata.resource_version);
+                match api.replace(&name, &PostParams::default(), &body).await {
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    written => return written,
+                }
+            }
+        })
+    }));
+    store
 }

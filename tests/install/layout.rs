@@ -4,8 +4,10 @@
 //! segment is a child module (`plan::plan(…)`, `use certs::…`), in `use`
 //! items and inline, that names an item of another module file; edges to a module's own ancestors
 //! (a parent holds its children's shared vocabulary, `Error` and `Result`)
-//! and to test support are left out, and unit-test modules are not read.
-//! Any cycle fails, naming its modules and edges.
+//! are left out, and unit-test modules are not read. Any cycle fails,
+//! naming its modules and edges, and so does any edge from a product module
+//! to test support (`testing/`, `tests`, `fixtures`): the one arrow that may
+//! not run back up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -171,7 +173,7 @@ fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Modul
                 };
                 let target = owner(&absolute);
                 let ancestor = module.starts_with(&target);
-                if !ancestor && !is_test_support(&target) {
+                if !ancestor {
                     uses.insert(target);
                 }
             }
@@ -252,6 +254,73 @@ fn import_cycles(src: &Path) -> Vec<String> {
             lines.join(", ")
         })
         .collect()
+}
+
+/// Every use of test support by a product module, as `module -> support`.
+fn uses_of_test_support(src: &Path) -> Vec<String> {
+    edges(&modules(src))
+        .into_iter()
+        .flat_map(|(module, uses)| {
+            uses.into_iter()
+                .filter(is_test_support)
+                .map(move |support| format!("{} -> {}", module.join("::"), support.join("::")))
+        })
+        .collect()
+}
+
+#[test]
+fn no_product_module_uses_test_support() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let uses = uses_of_test_support(&src);
+    assert!(uses.is_empty(), "product modules using test support: {uses:#?}");
+}
+
+/// The check finds the form `store::conformance` had (a product module
+/// naming `crate::testing::TcpProxy`) and leaves test support's own uses of
+/// the product and a unit-test module's uses of test support alone.
+#[test]
+fn the_test_support_check_finds_a_planted_use() {
+    let src = std::env::temp_dir().join(format!("leasehold-layout-support-{:08x}", std::process::id()));
+    let write = |file: &str, code: &str| {
+        let path = src.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, code).unwrap();
+    };
+    write(
+        "lib.rs",
+        "pub mod store;
+pub mod testing;
+",
+    );
+    write(
+        "store/mod.rs",
+        "pub mod conformance;
+pub mod memory;
+",
+    );
+    write(
+        "store/conformance.rs",
+        "pub fn lose_replies(proxy: &crate::testing::TcpProxy) {}
+",
+    );
+    write(
+        "store/memory.rs",
+        "pub struct MemoryStore;
+#[cfg(test)]
+mod tests {
+    use crate::testing::TcpProxy;
+}
+",
+    );
+    write(
+        "testing.rs",
+        "use crate::store::memory::MemoryStore;
+pub struct TcpProxy;
+",
+    );
+    let uses = uses_of_test_support(&src);
+    std::fs::remove_dir_all(&src).unwrap();
+    assert_eq!(uses, ["store::conformance -> testing"], "{uses:?}");
 }
 
 #[test]

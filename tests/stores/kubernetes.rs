@@ -15,9 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
-use leasehold::store::conformance::{StoreCall, Target};
-use leasehold::store::kubernetes::{KubernetesStore, Mutant, RECORD_ANNOTATION, lease_name};
-use leasehold::testing::cluster::{TestNamespace, config};
+use leasehold::store::kubernetes::{KubernetesStore, RECORD_ANNOTATION, lease_name};
+use leasehold::testing::cluster::{TestNamespace, config, with_unconditional_writes};
+use leasehold::testing::conformance::{StoreCall, Target};
 use leasehold::testing::{ProxyMode, TcpProxy};
 
 struct Cluster {
@@ -110,7 +110,7 @@ leasehold::conformance_tests!(cluster());
 #[tokio::test]
 async fn the_suite_catches_writes_without_the_resource_version_precondition() {
     let cluster = cluster().await;
-    let mutant = Arc::new(cluster.another().with_mutant(Mutant::UnconditionalWrites));
+    let mutant = Arc::new(with_unconditional_writes(cluster.another()));
     let target = Cluster {
         store: mutant,
         namespace: cluster.namespace,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use leasehold::lease::{Grant, LeaseStore, StoreError};
-use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::{Faults, MemoryStore};
+use leasehold::testing::conformance::{StoreCall, Target};
 
 struct Memory(MemoryStore);
 
@@ -42,7 +42,7 @@ async fn memory() -> Memory {
 
 leasehold::conformance_tests!(memory());
 
-impl leasehold::store::conformance::sessions::SessionTarget for Memory {
+impl leasehold::testing::conformance::sessions::SessionTarget for Memory {
     fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
         Arc::new(self.0.clone())
     }
@@ -54,5 +54,6 @@ leasehold::session_conformance_tests!(memory());
 /// time, as on the stores with servers.
 #[tokio::test]
 async fn partitions_are_shared_and_taken_over_on_memory() {
-    leasehold::store::conformance::sessions::partitions_are_shared_and_taken_over(Arc::new(MemoryStore::new(7))).await;
+    leasehold::testing::conformance::sessions::partitions_are_shared_and_taken_over(Arc::new(MemoryStore::new(7)))
+        .await;
 }

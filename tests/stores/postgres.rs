@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::{StoreCall, Target, with_replies_held_back};
 use leasehold::store::postgres::{PostgresConfig, PostgresStore};
 use leasehold::testing::TcpProxy;
+use leasehold::testing::conformance::{StoreCall, Target, with_replies_held_back};
 use leasehold::testing::servers::{PostgresServer, TestCertificates, scratch_dir};
 
 const TABLE: &str = "leasehold_leases";
@@ -335,7 +335,7 @@ async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
     .await;
     fixture.store.ensure_schema().await.unwrap();
     fixture.store.ensure_schema().await.unwrap();
-    leasehold::store::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&fixture.store).await;
+    leasehold::testing::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&fixture.store).await;
 }
 
 /// Issue 25: a follower learns of a release from the release statement's

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use leasehold::lease::{SessionStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::sessions::{SessionTarget, partitions_are_shared_and_taken_over};
 use leasehold::store::postgres::{PostgresConfig, PostgresStore, Stage};
+use leasehold::testing::conformance::sessions::{SessionTarget, partitions_are_shared_and_taken_over};
 use leasehold::testing::servers::PostgresServer;
 use leasehold::testing::{ProxyMode, TcpProxy};
 

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use leasehold::lease::{Grant, LeaseStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::{StoreCall, Target, with_replies_held_back};
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
 use leasehold::testing::TcpProxy;
+use leasehold::testing::conformance::{StoreCall, Target, with_replies_held_back};
 use leasehold::testing::servers::{RedisServer, TestCertificates, scratch_dir};
 
 struct Redis {

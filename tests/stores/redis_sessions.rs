@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use leasehold::lease::{SessionStore, StoreError};
 use leasehold::store::StoreUrl;
-use leasehold::store::conformance::sessions::{SessionTarget, partitions_are_shared_and_taken_over};
 use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+use leasehold::testing::conformance::sessions::{SessionTarget, partitions_are_shared_and_taken_over};
 use leasehold::testing::servers::RedisServer;
 use leasehold::testing::{ProxyMode, TcpProxy};
 

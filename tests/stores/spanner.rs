@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use leasehold::lease::{Elector, FencingToken, Grant, Identity, LeaseStore, StoreError, Timing};
-use leasehold::store::conformance::{StoreCall, Target};
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore};
+use leasehold::testing::conformance::{StoreCall, Target};
 use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 
 const TABLE: &str = "leasehold_leases";
@@ -111,7 +111,7 @@ async fn leasehold_test_sql(emulator: &Emulator, config: &SpannerConfig, sql: &s
 
 leasehold::conformance_tests!(spanner());
 
-impl leasehold::store::conformance::sessions::SessionTarget for Spanner {
+impl leasehold::testing::conformance::sessions::SessionTarget for Spanner {
     fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
         Arc::new(self.store.clone())
     }
@@ -613,7 +613,7 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
         .await
         .unwrap();
     assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
-    use leasehold::operator::reconcile::fixtures::{StoreSide, store_side_scenario};
+    use leasehold::testing::reconcile::{StoreSide, store_side_scenario};
     store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }
 
@@ -626,10 +626,8 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
     use leasehold::lease::session::new_session_id;
     use leasehold::operator::metrics::Metrics;
     use leasehold::operator::reconcile::FINALIZER;
-    use leasehold::operator::reconcile::fixtures::{
-        context_with, expect_pod_list, expect_status_apply, lease, pod, run_on,
-    };
     use leasehold::operator::stores::SingleStore;
+    use leasehold::testing::reconcile::{context_with, expect_pod_list, expect_status_apply, lease, pod, run_on};
     use serde_json::json;
 
     let emulator = Emulator::start_or_connect();
@@ -672,7 +670,7 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
         assert!(store.try_lock(id, &held).await.unwrap().busy.is_empty());
     }
     // The short session expires by the store's clock (D after its last take).
-    leasehold::store::conformance::sessions::wait_until_expired(&*store, &dead).await;
+    leasehold::testing::conformance::sessions::wait_until_expired(&*store, &dead).await;
 
     let (ctx, server) = context_with(stores, metrics.clone());
     let echo = resource.clone();
@@ -743,5 +741,5 @@ async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
     store.ensure_schema().await.unwrap();
     store.ensure_schema().await.unwrap();
     let upgraded = connect(&emulator, &config).await;
-    leasehold::store::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&upgraded).await;
+    leasehold::testing::conformance::an_upgraded_table_keeps_its_row_and_records_versions(&upgraded).await;
 }

@@ -1,5 +1,5 @@
 //! Wire-level checks of every request a reconcile makes, on the scripted
-//! API server of [`super::fixtures`]: the executor and the delete. What the
+//! API server of [`crate::testing::reconcile`]: the executor and the delete. What the
 //! plan decides is checked as plain values in `plan::tests`.
 
 use std::time::Duration;
@@ -7,12 +7,12 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use super::fixtures::*;
 use super::*;
 use crate::lease::LeaseStore;
 use crate::operator::metrics::Metrics;
 use crate::store::StoreUrl;
 use crate::store::{Faults, MemoryStore};
+use crate::testing::reconcile::*;
 
 struct Fixture {
     ctx: Arc<Context>,

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::super::fixtures::{conditions, lease, pod};
 use super::super::{FINALIZER, INVALID_REQUEUE, STORE_ERROR_REQUEUE};
 use super::*;
 use crate::api::validate;
 use crate::lease::holder::LiveHolder;
 use crate::lease::{FencingToken, LeaseRecord, LeaseStore, StoreTime};
 use crate::store::{Faults, MemoryStore};
+use crate::testing::reconcile::{conditions, lease, pod};
 
 /// The resource of the fixtures, with `spec` over the defaults and `status` as
 /// the last status.

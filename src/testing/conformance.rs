@@ -47,7 +47,7 @@ pub type StoreCall = dyn Fn(Arc<dyn LeaseStore>, String) -> BoxFuture<'static, R
 /// is prepared), then on `lock` with replies held back past the timeout, so
 /// it commits and its reply is lost.
 pub async fn with_replies_held_back(
-    proxy: &crate::testing::TcpProxy,
+    proxy: &super::TcpProxy,
     timeout: Duration,
     store: Arc<dyn LeaseStore>,
     lock: &str,
@@ -55,9 +55,9 @@ pub async fn with_replies_held_back(
 ) -> Result<Grant, StoreError> {
     let warm = call(store.clone(), "warm-up".into()).await;
     assert!(matches!(warm, Ok(_) | Err(StoreError::Lost { .. })), "{warm:?}");
-    proxy.set(crate::testing::ProxyMode::DelayReplies(timeout * 3));
+    proxy.set(super::ProxyMode::DelayReplies(timeout * 3));
     let result = call(store, lock.to_string()).await;
-    proxy.set(crate::testing::ProxyMode::Forward);
+    proxy.set(super::ProxyMode::Forward);
     result
 }
 
@@ -875,10 +875,10 @@ pub async fn an_unreachable_server_is_unavailable_promptly(store: &dyn LeaseStor
 /// backend's own check of how it reconnects.
 pub async fn a_cut_connection_is_not_success(
     through: &dyn LeaseStore,
-    proxy: &crate::testing::TcpProxy,
+    proxy: &super::TcpProxy,
     direct: &dyn LeaseStore,
 ) -> Grant {
-    use crate::testing::ProxyMode;
+    use super::ProxyMode;
     let grant = through.acquire("cut", "a", Duration::from_secs(30)).await.unwrap();
     proxy.set(ProxyMode::Cut);
     let err = through
@@ -946,7 +946,7 @@ pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
-        use $crate::store::conformance as suite;
+        use $crate::testing::conformance as suite;
         #[tokio::test]
         async fn racing_candidates_one_wins() {
             suite::racing_candidates_one_wins(&$make.await, 10).await;

@@ -5,8 +5,10 @@
 //! not expected fails the scenario.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
@@ -15,13 +17,14 @@ use serde_json::{Value, json};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::Reporter;
 
-use super::*;
+use super::api::{ApiServerVerifier, Call, mock_client};
+use crate::api::DistributedLease;
 use crate::lease::{LeaseStore, SessionStore};
 use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
+use crate::operator::reconcile::*;
 use crate::operator::stores::SingleStore;
 use crate::operator::stores::StoreProvider;
-use crate::testing::api::{ApiServerVerifier, Call, mock_client};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
 /// pod cache: a reconcile that needs candidates waits until the script

@@ -410,7 +410,7 @@ macro_rules! session_conformance_tests {
     ($make:expr) => {
         mod sessions {
             use super::*;
-            use $crate::store::conformance::sessions as suite;
+            use $crate::testing::conformance::sessions as suite;
             #[tokio::test]
             async fn an_expired_session_is_never_renewed() {
                 let target = $make.await;
