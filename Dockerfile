@@ -1,10 +1,17 @@
-# One image for `leasehold operator` and `leasehold sidecar`.
-# Build: docker build -t leasehold:dev .
-# tests/install/dockerfile.rs runs this build stage without a daemon: it copies
-# exactly the files the COPY lines below name and runs the RUN line's
+# One Dockerfile, two images:
+#   docker build -t leasehold:dev .
+#     every command: the operator's image, which also serves as the sidecar's
+#   docker build --target sidecar -t leasehold-sidecar:dev .
+#     the candidate build (Cargo feature `candidate`): a pod's commands only
+#     (sidecar, run, the runner's installer, version)
+# The chart injects the full image unless sidecar.image names the second
+# (charts/leasehold/values.yaml; BENCHMARKS.md, footprint, for the sizes).
+# tests/install/dockerfile.rs runs the full build stage without a daemon: it
+# copies exactly the files the COPY lines name and runs the RUN line's
 # command, so a file the build needs and these lines leave out fails the
-# test suite.
-FROM rust:1-bookworm AS build
+# test suite. The sidecar build stage shares those COPY lines (FROM source)
+# and its RUN line is the full one with the feature flags (checked there).
+FROM rust:1-bookworm AS source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
@@ -12,9 +19,23 @@ COPY examples ./examples
 # Cargo.toml declares the benchmark target: cargo reads its file even when
 # building the binary alone.
 COPY benches ./benches
+
+FROM source AS build-sidecar
+RUN cargo build --no-default-features --features candidate --release --locked --bin leasehold \
+ && strip target/release/leasehold
+
+FROM source AS build
 RUN cargo build --release --locked --bin leasehold \
  && strip target/release/leasehold
 
+# The candidate image: the same base, path, user and entrypoint as the full
+# image below (the injected containers and the installer rely on them).
+FROM gcr.io/distroless/cc-debian12:nonroot AS sidecar
+COPY --from=build-sidecar /src/target/release/leasehold /usr/local/bin/leasehold
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/leasehold"]
+
+# The full image, last so that a plain `docker build .` gives it.
 # glibc + libgcc only; no shell, no package manager; runs as uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot
 # Not at /leasehold: the injected leasehold-install init container mounts an

@@ -171,6 +171,9 @@ def check_dockerfile():
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     if len(stages) < 2:
         problems.append("Dockerfile: not multi-stage")
+    # Every image (the full one and the `sidecar` target) runs as the same numeric user.
+    if len(set(users)) > 1:
+        problems.append(f"Dockerfile: the images run as different users {users}")
     if not users or not re.fullmatch(r"[1-9][0-9]*:[0-9]+", users[-1]):
         problems.append("Dockerfile: the final stage must run as a numeric non-root USER uid:gid "
                         "(the kubelet cannot verify runAsNonRoot for a user name)")
@@ -379,7 +382,7 @@ def chart_value_problems(docs):
     if operator["image"] != f"ghcr.io/leasehold/leasehold@{DIGEST}":
         out.append(f"image.digest: the operator's image is {operator['image']}")
     if env_of(operator).get("LEASEHOLD_SIDECAR_IMAGE") != operator["image"]:
-        out.append("image.digest: the injected sidecar's image is not the operator's")
+        out.append("image.digest: the injected sidecar's image is not the operator's (sidecar.image unset)")
     if pod.get("priorityClassName") != "system-cluster-critical":
         out.append("operator.priorityClassName: not on the operator's pod")
     issuer = the(docs, "Certificate")["spec"]["issuerRef"]
@@ -422,6 +425,21 @@ def check_chart_values(schemas):
             problems.append(f"{values}: the operator Deployment is {deployment['metadata']['name']}, not {name}")
         if deployment and deployment["metadata"]["labels"].get("app.kubernetes.io/name") != "leasehold":
             problems.append(f"{values}: the operator lost its app.kubernetes.io/name=leasehold label")
+    # sidecar.image names a second image (the Dockerfile's `sidecar` target)
+    # for the injected sidecar only; its digest wins over its tag, its tag
+    # defaults to the chart's appVersion.
+    app_version = re.search(r'^appVersion:\s*"?([^"\s]+)', (CHART / "Chart.yaml").read_text(), re.M).group(1)
+    for image, wanted in (({"repository": "registry.example.com/leasehold-sidecar"},
+                           f"registry.example.com/leasehold-sidecar:{app_version}"),
+                          ({"repository": "registry.example.com/leasehold-sidecar", "tag": "1.2.3"},
+                           "registry.example.com/leasehold-sidecar:1.2.3"),
+                          ({"repository": "registry.example.com/leasehold-sidecar", "tag": "1.2.3", "digest": DIGEST},
+                           f"registry.example.com/leasehold-sidecar@{DIGEST}")):
+        operator = operator_pod(rendered(f"sidecar.image {image}", {"sidecar": {"image": image}}))["containers"][0]
+        if env_of(operator).get("LEASEHOLD_SIDECAR_IMAGE") != wanted:
+            problems.append(f"sidecar.image {image}: the injected image is {env_of(operator).get('LEASEHOLD_SIDECAR_IMAGE')}, not {wanted}")
+        if not operator["image"].startswith("ghcr.io/leasehold/leasehold:"):
+            problems.append(f"sidecar.image {image}: the operator's image became {operator['image']}")
     # The default spread over nodes, and a list replacing it.
     default_spread = operator_pod(rendered("default values", {})).get("topologySpreadConstraints", [])
     if [c.get("topologyKey") for c in default_spread] != ["kubernetes.io/hostname"]:

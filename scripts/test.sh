@@ -46,6 +46,11 @@ cargo clippy -q --no-default-features --lib --example library -- -D warnings
 for features in postgres redis spanner kubernetes sidecar operator; do
   cargo clippy -q --no-default-features --features "$features" --lib -- -D warnings
 done
+# The candidate binary (the `sidecar` image's: a pod's commands only) is
+# linted, then built once for tests/processes/candidate.rs.
+cargo clippy -q --no-default-features --features candidate --lib --bins -- -D warnings
+LEASEHOLD_CANDIDATE_BINARY="$(scripts/candidate-binary.sh)"
+export LEASEHOLD_CANDIDATE_BINARY
 phase "examples run"
 # The many-locks example checks its own outcome (every key one owner, higher tokens).
 cargo run -q --no-default-features --example many-locks

@@ -8,11 +8,12 @@
 //! Cargo features pick the parts: the lease core and the memory store are
 //! always there; `spanner` adds the Cloud Spanner store, `kubernetes` the
 //! `DistributedLease` resource, `sidecar`, `operator` and `cli` the roles and
-//! the binary (default), `simulate` the safety simulation.
+//! the binary (default), `candidate` the binary with only a candidate pod's
+//! commands, `simulate` the safety simulation.
 
 #[cfg(feature = "kubernetes")]
 pub mod api;
-#[cfg(feature = "cli")]
+#[cfg(feature = "candidate")]
 pub mod cmd;
 pub mod errors;
 pub mod fence;

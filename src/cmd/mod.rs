@@ -2,29 +2,48 @@
 //!
 //! Commands use the library layers (`lease`, `store`, `api`, `sidecar`,
 //! `operator`); nothing in the library uses a command.
+//!
+//! The `candidate` feature builds only what a candidate pod runs (`sidecar`,
+//! `run` and its watchdog, the runner's installer, `version`); `cli` adds
+//! the rest. A command gated here is absent from the candidate binary, so
+//! clap refuses it there as any unknown subcommand.
 
+#[cfg(feature = "cli")]
 pub mod advise;
+#[cfg(feature = "cli")]
 pub mod check;
+#[cfg(feature = "cli")]
 pub mod demo;
+#[cfg(feature = "cli")]
 pub mod inject;
 pub mod install_self;
 pub mod installed;
 pub mod run;
-#[cfg(feature = "simulate")]
+#[cfg(all(feature = "cli", feature = "simulate"))]
 pub mod simulate;
+#[cfg(feature = "cli")]
 pub mod status;
+#[cfg(feature = "cli")]
 pub mod transfer;
 pub mod version;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{operator, sidecar};
+#[cfg(feature = "cli")]
+use crate::operator;
+use crate::sidecar;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "leasehold",
     version,
     about = "Leader election for Kubernetes pods on Cloud Spanner, PostgreSQL, Redis or Kubernetes Leases, with fencing tokens"
+)]
+#[cfg_attr(
+    not(feature = "cli"),
+    command(
+        after_help = "The candidate build: a pod's commands only (the operator and the tools are in the full image)."
+    )
 )]
 pub struct Cli {
     /// Log format.
@@ -65,6 +84,7 @@ impl ClusterArgs {
 }
 
 /// How a command prints what it found: for people, or for programs.
+#[cfg(feature = "cli")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
@@ -83,32 +103,39 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Several candidates in one process: a leader, a crash, a failover, a handover.
+    #[cfg(feature = "cli")]
     Demo(demo::Args),
     /// Run the lease loop next to an application container.
     Sidecar(sidecar::Args),
     /// Reconcile DistributedLease resources.
+    #[cfg(feature = "cli")]
     Operator(operator::Args),
     /// Print the CustomResourceDefinitions (DistributedLease, LeaseTransfer) as YAML.
+    #[cfg(feature = "cli")]
     Crd,
     /// Report what is wrong with an install, in plain words.
+    #[cfg(feature = "cli")]
     Check(check::Args),
     /// One line per DistributedLease: holder, term, token age, time since
     /// leadership changed, candidates ready/total, version policy and
     /// conditions; `--watch` follows the changes. As a kubectl plugin:
     /// `kubectl leasehold status` with this binary linked as
     /// `kubectl-leasehold` on PATH.
+    #[cfg(feature = "cli")]
     Status(status::Args),
     /// Ask a lease's leader to hand over to a named pod (a LeaseTransfer):
     /// `leasehold transfer LEASE --to POD [--wait]`; as a kubectl plugin
     /// `kubectl leasehold transfer`.
+    #[cfg(feature = "cli")]
     Transfer(transfer::Args),
     /// Inject the sidecar into annotated Pods and pod templates in YAML (files
     /// or stdin) as the webhook would; the result goes to stdout, what was
     /// skipped and why to stderr.
+    #[cfg(feature = "cli")]
     Inject(inject::Args),
     /// Run the deterministic safety simulation over many seeds (built with
     /// the `simulate` feature).
-    #[cfg(feature = "simulate")]
+    #[cfg(all(feature = "cli", feature = "simulate"))]
     Simulate(simulate::Args),
     /// Run a command only while this candidate leads: `leasehold run [flags] -- COMMAND ARGS…`.
     Run(run::Args),
@@ -120,14 +147,17 @@ pub enum Command {
     #[command(name = install_self::COMMAND, hide = true)]
     InstallSelf(install_self::Args),
     /// Measure a store's round trips and suggest lease timing (D/R/P).
+    #[cfg(feature = "cli")]
     Advise(advise::Args),
     /// Print this binary's version and, when the cluster is reachable, each
     /// installed operator's.
     Version(version::Args),
     /// Print a shell completion script: `source <(leasehold completions bash)`.
+    #[cfg(feature = "cli")]
     Completions(CompletionsArgs),
 }
 
+#[cfg(feature = "cli")]
 #[derive(Debug, clap::Args)]
 pub struct CompletionsArgs {
     /// The shell to complete in.
@@ -138,33 +168,39 @@ pub struct CompletionsArgs {
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         abort_on_panic();
+        // kube's client logs each failed request at ERROR; the one-shot
+        // commands print the failure themselves, once, with its causes.
+        const ONE_SHOT: &str = "warn,kube_client=off";
         let default_filter = match self.command {
-            #[cfg(feature = "simulate")]
+            #[cfg(all(feature = "cli", feature = "simulate"))]
             Command::Simulate(_) => "error",
+            #[cfg(feature = "cli")]
             Command::Demo(_)
             | Command::Check(_)
             | Command::Advise(_)
             | Command::Status(_)
             | Command::Transfer(_)
-            | Command::Version(_)
-            // kube's client logs each failed request at ERROR; these
-            // commands print the failure themselves, once, with its causes.
-            | Command::Completions(_) => "warn,kube_client=off",
+            | Command::Completions(_) => ONE_SHOT,
+            Command::Version(_) => ONE_SHOT,
             _ => "info",
         };
         let filter = self.log.clone().unwrap_or_else(|| default_filter.to_string());
         init_logging(self.log_format, &filter)?;
         match self.command {
             // Each seed runs a paused runtime of its own.
-            #[cfg(feature = "simulate")]
+            #[cfg(all(feature = "cli", feature = "simulate"))]
             Command::Simulate(args) => simulate::run(args),
+            #[cfg(feature = "cli")]
             Command::Crd => {
                 print!("{}", crate::api::crd_yaml()?);
                 Ok(())
             }
+            #[cfg(feature = "cli")]
             Command::Inject(args) => run_inject(&args),
+            #[cfg(feature = "cli")]
             Command::Demo(args) => block_on(async { Ok(demo::run(args).await?) }),
             Command::Sidecar(args) => one_thread()?.block_on(async { Ok(sidecar::run(args).await?) }),
+            #[cfg(feature = "cli")]
             Command::Operator(args) => block_on(async { Ok(operator::run(args).await?) }),
             // The command's exit code is the runner's (and the watchdog's).
             Command::Run(args) => std::process::exit(one_thread()?.block_on(run::run(args))?),
@@ -179,15 +215,20 @@ impl Cli {
                 tracing::info!(path = %installed.display(), "installed");
                 Ok(())
             }
+            #[cfg(feature = "cli")]
             Command::Check(args) => block_on(async { Ok(check::run(args).await?) }),
+            #[cfg(feature = "cli")]
             Command::Status(args) => block_on(async { Ok(status::run(args).await?) }),
             // The exit code says whether the target leads.
+            #[cfg(feature = "cli")]
             Command::Transfer(args) => std::process::exit(runtime()?.block_on(transfer::run(args))?),
+            #[cfg(feature = "cli")]
             Command::Advise(args) => block_on(async { Ok(advise::run(args).await?) }),
             Command::Version(args) => block_on(async {
                 version::run(args).await;
                 Ok(())
             }),
+            #[cfg(feature = "cli")]
             Command::Completions(args) => {
                 use clap::CommandFactory;
                 clap_complete::generate(args.shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
@@ -210,6 +251,7 @@ fn abort_on_panic() {
     }));
 }
 
+#[cfg(feature = "cli")]
 fn run_inject(args: &inject::Args) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::io::Read;

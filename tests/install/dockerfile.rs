@@ -8,7 +8,7 @@ mod image_build;
 use std::path::Path;
 use std::process::Command;
 
-use image_build::{Stage, exec_form, final_and_build_stage, parse, parse_copy, prepare_context, root, run_build};
+use image_build::{Stage, exec_form, image_and_build_stage, parse, parse_copy, prepare_context, root, run_build};
 use leasehold::api::contract::{BIN_DIR, IMAGE_BINARY};
 
 fn stages() -> Vec<Stage> {
@@ -36,6 +36,43 @@ fn the_image_builds_from_the_dockerfile() {
     assert_eq!(entrypoint, Some(Ok(vec![IMAGE_BINARY.to_string()])));
 }
 
+/// The `sidecar` image (the candidate build, Cargo feature `candidate`) is
+/// checked without building it (the full build above takes minutes of its
+/// own): its build stage copies what the full one copies, its RUN line is
+/// the full one with the features scripts/candidate-binary.sh builds with
+/// (so tests/processes/candidate.rs tests what the image holds), and the
+/// image puts the binary where the full image does, with the same base,
+/// user and entrypoint.
+#[test]
+fn the_sidecar_image_is_the_full_build_with_the_candidate_feature() {
+    const FEATURES: &str = "--no-default-features --features candidate";
+    let stages = stages();
+    let (full, full_build, full_copy) = image_and_build_stage(&stages, None).unwrap();
+    let (sidecar, sidecar_build, sidecar_copy) = image_and_build_stage(&stages, Some("sidecar")).unwrap();
+    let all = |stage: &Stage, keyword| stage.all(keyword).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(all(&sidecar_build, "COPY"), all(&full_build, "COPY"));
+    assert_eq!(all(&sidecar_build, "WORKDIR"), all(&full_build, "WORKDIR"));
+    assert_eq!(sidecar_build.from, full_build.from);
+    let [full_run] = all(&full_build, "RUN").try_into().unwrap();
+    let [sidecar_run] = all(&sidecar_build, "RUN").try_into().unwrap();
+    let expected = full_run.replacen("cargo build ", &format!("cargo build {FEATURES} "), 1);
+    assert_ne!(expected, full_run, "the full RUN line runs no `cargo build`");
+    assert_eq!(sidecar_run, expected, "the sidecar stage's RUN line");
+    let script = std::fs::read_to_string(root().join("scripts/candidate-binary.sh")).unwrap();
+    assert!(
+        script.contains(FEATURES),
+        "scripts/candidate-binary.sh builds other features"
+    );
+    assert_eq!(
+        (sidecar_copy.sources, sidecar_copy.destination),
+        (full_copy.sources, full_copy.destination)
+    );
+    for keyword in ["USER", "ENTRYPOINT"] {
+        assert_eq!(all(sidecar, keyword), all(full, keyword), "{keyword}");
+    }
+    assert_eq!(sidecar.from, full.from);
+}
+
 /// Every COPY line of the build stage is needed: without any one of them the
 /// RUN line fails (in a scratch folder: each fails while cargo reads the
 /// manifest, before anything compiles). This is the check above catching a
@@ -43,7 +80,7 @@ fn the_image_builds_from_the_dockerfile() {
 #[test]
 fn leaving_out_any_copied_file_fails_the_build() {
     let stages = stages();
-    let (_, build, _) = final_and_build_stage(&stages).unwrap();
+    let (_, build, _) = image_and_build_stage(&stages, None).unwrap();
     let copies: Vec<usize> = (build.instructions.iter().enumerate())
         .filter(|(_, i)| i.keyword == "COPY")
         .map(|(n, _)| n)

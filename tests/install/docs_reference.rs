@@ -428,6 +428,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--server-side",
     "--set",
     "--since",
+    "--target",
     "--test",
     "--tests",
     "--timeout",

@@ -1,8 +1,9 @@
-//! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts and partitions.
+//! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts, partitions and the candidate build.
 
 #[path = "../support/mod.rs"]
 mod support;
 
+mod candidate;
 mod health;
 mod panic;
 mod partitions;

@@ -131,22 +131,54 @@ pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The final stage and the build stage it copies the binary from.
-pub fn final_and_build_stage(stages: &[Stage]) -> Result<(&Stage, &Stage, Copy), String> {
-    let last = stages.last().ok_or("the Dockerfile has no FROM")?;
-    let copy = last
+/// An image's final stage (`target`, a stage's name; the last stage when
+/// None, as `docker build` without `--target`) and the build stage it copies
+/// the binary from, with the instructions of the stages that one is built
+/// `FROM` first, as Docker runs them; the `COPY --from` line too.
+pub fn image_and_build_stage<'a>(
+    stages: &'a [Stage],
+    target: Option<&str>,
+) -> Result<(&'a Stage, Stage, Copy), String> {
+    let image = match target {
+        None => stages.last().ok_or("the Dockerfile has no FROM")?,
+        Some(name) => named(stages, name)?,
+    };
+    let copy = image
         .all("COPY")
         .map(parse_copy)
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .find(|c| c.from.is_some())
         .ok_or("the final stage copies nothing from a build stage")?;
-    let name = copy.from.as_deref().unwrap_or_default();
-    let build = stages
+    let build = with_parents(stages, named(stages, copy.from.as_deref().unwrap_or_default())?)?;
+    Ok((image, build, copy))
+}
+
+fn named<'a>(stages: &'a [Stage], name: &str) -> Result<&'a Stage, String> {
+    stages
         .iter()
         .find(|s| s.name.as_deref() == Some(name))
-        .ok_or_else(|| format!("no stage named {name}"))?;
-    Ok((last, build, copy))
+        .ok_or_else(|| format!("no stage named {name}"))
+}
+
+/// `stage` with the instructions of the stage it is built `FROM` (if it
+/// names one, recursively) before its own, and that stage's base image.
+/// Docker takes a stage name in `FROM` only from the stages above it.
+fn with_parents(stages: &[Stage], stage: &Stage) -> Result<Stage, String> {
+    let above = stages
+        .iter()
+        .position(|s| std::ptr::eq(s, stage))
+        .ok_or("a stage of another Dockerfile")?;
+    let Some(parent) = stages[..above]
+        .iter()
+        .find(|s| s.name.as_deref() == Some(stage.from.as_str()))
+    else {
+        return Ok(stage.clone());
+    };
+    let mut resolved = with_parents(stages, parent)?;
+    resolved.name = stage.name.clone();
+    resolved.instructions.extend(stage.instructions.iter().cloned());
+    Ok(resolved)
 }
 
 /// `.dockerignore`'s patterns. Only plain paths (a folder or a file, with or
@@ -312,10 +344,10 @@ pub fn run_build(build: &Stage, dir: &Path) -> Result<String, String> {
 pub fn build_image_binary() -> Result<(PathBuf, String), String> {
     let text = fs::read_to_string(root().join("Dockerfile")).map_err(|e| format!("Dockerfile: {e}"))?;
     let stages = parse(&text)?;
-    let (_, build, copy) = final_and_build_stage(&stages)?;
+    let (_, build, copy) = image_and_build_stage(&stages, None)?;
     let dir = build_dir();
-    prepare_context(build, &dir)?;
-    run_build(build, &dir)?;
+    prepare_context(&build, &dir)?;
+    run_build(&build, &dir)?;
     let workdir = build.last("WORKDIR").unwrap_or("/");
     let [source] = copy.sources.as_slice() else {
         return Err(format!(

@@ -150,11 +150,25 @@ impl Sidecar {
         env: &[(String, String)],
         extra: &[String],
     ) -> Sidecar {
+        Sidecar::launch_binary(&binary(), name, proxy, lock, store, env, extra)
+    }
+
+    /// [`Sidecar::launch`] with another `leasehold` build (the candidate
+    /// binary, tests/processes/candidate.rs).
+    pub fn launch_binary(
+        binary: &std::ffi::OsStr,
+        name: &str,
+        proxy: TcpProxy,
+        lock: &str,
+        store: &[String],
+        env: &[(String, String)],
+        extra: &[String],
+    ) -> Sidecar {
         // The sidecar binds port 0 itself and says which ports it got in
         // its ready file: no port is chosen here and freed for another
         // test to take before the sidecar binds it.
         let ready_file = std::env::temp_dir().join(format!("leasehold-ready-{:016x}.json", rand::random::<u64>()));
-        let mut child = Command::new(binary())
+        let mut child = Command::new(binary)
             .args(["sidecar", "--lock", lock])
             .args(store)
             .args(["--pod-name", name])

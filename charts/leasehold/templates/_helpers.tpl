@@ -37,12 +37,30 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{- /* image.digest (sha256:…) pins the image and wins over the tag. */ -}}
-{{- define "leasehold.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- /* An image reference from (dict "image" <repository, tag, digest> "appVersion" …):
+       the digest (sha256:…) pins the image and wins over the tag, which
+       defaults to the chart's appVersion. */ -}}
+{{- define "leasehold.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" .image.repository (default .appVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The operator's image (every command). */ -}}
+{{- define "leasehold.image" -}}
+{{- include "leasehold.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- /* The image the webhook injects into candidate pods: sidecar.image when its
+       repository is set (the Dockerfile's `sidecar` target, a pod's commands
+       only), else the operator's image. */ -}}
+{{- define "leasehold.sidecarImage" -}}
+{{- if .Values.sidecar.image.repository -}}
+{{- include "leasehold.imageRef" (dict "image" .Values.sidecar.image "appVersion" .Chart.AppVersion) -}}
+{{- else -}}
+{{- include "leasehold.image" . -}}
 {{- end -}}
 {{- end -}}
 
