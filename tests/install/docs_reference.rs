@@ -418,6 +418,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--lib",
     "--locked",
     "--max-offset",
+    "--name-only",
     "--no-default-features",
     "--no-node",
     "--no-run",
