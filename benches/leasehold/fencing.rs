@@ -15,13 +15,12 @@ use leasehold::testing::servers::{PostgresServer, RedisServer};
 use leasehold::testing::{Emulator, ProxyMode, TcpProxy};
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 
 use super::{REPLY_DELAY, millis, one_worker_runtime, quantile};
-use crate::cluster::{Env, apply, rendered_chart_with, wait_for};
+use crate::cluster::{DeleteOnDrop, Env, apply, rendered_chart_with, wait_for};
 
 /// One guarded value written plainly or through a fence.
 trait Resource {
@@ -301,39 +300,12 @@ impl Resource for ConfigMapWriter {
     }
 }
 
-/// Removes the policy and namespaces the Kubernetes part made, also when it
-/// fails.
-struct KubernetesCleanup<'a> {
-    env: &'a Env,
-    policy: String,
-}
-
-impl Drop for KubernetesCleanup<'_> {
-    fn drop(&mut self) {
-        for (kind, name) in [
-            ("validatingadmissionpolicybinding", self.policy.as_str()),
-            ("validatingadmissionpolicy", self.policy.as_str()),
-            ("namespace", FENCED_NAMESPACE),
-            ("namespace", PLAIN_NAMESPACE),
-        ] {
-            let _ = self
-                .env
-                .kubectl()
-                .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
-                .status();
-        }
-    }
-}
-
 /// A client of the cluster acting as [`KUBERNETES_WRITER`] (with the rights
 /// of system:masters), at `server` when given (the delaying proxy).
 async fn writer_client(env: &Env, server: Option<std::net::SocketAddr>) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    config.auth_info.impersonate = Some(KUBERNETES_WRITER.into());
-    config.auth_info.impersonate_groups = Some(vec!["system:masters".into(), "system:authenticated".into()]);
+    let mut config = env
+        .impersonating(KUBERNETES_WRITER, &["system:masters", "system:authenticated"], None)
+        .await;
     if let Some(server) = server {
         // The API server's certificate names 127.0.0.1, where the proxy listens.
         config.cluster_url = format!("https://{server}").parse().unwrap();
@@ -360,9 +332,15 @@ pub fn kubernetes_writes(reps: u64) -> Vec<String> {
             })
             .collect();
         assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
-        let _cleanup = KubernetesCleanup {
+        let policy_name = policy[0]["metadata"]["name"].as_str().unwrap().to_string();
+        let _cleanup = DeleteOnDrop {
             env: &env,
-            policy: policy[0]["metadata"]["name"].as_str().unwrap().to_string(),
+            objects: vec![
+                ("validatingadmissionpolicybinding", policy_name.clone()),
+                ("validatingadmissionpolicy", policy_name),
+                ("namespace", FENCED_NAMESPACE.to_string()),
+                ("namespace", PLAIN_NAMESPACE.to_string()),
+            ],
         };
         let token = "1764000000000000100";
         let config_map = |namespace: &str, annotations: Value| {
@@ -412,11 +390,7 @@ pub fn kubernetes_writes(reps: u64) -> Vec<String> {
 
 /// The API server's address, from the kubeconfig.
 async fn api_server_addr(env: &Env) -> std::net::SocketAddr {
-    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
-    let url = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap()
-        .cluster_url;
+    let url = env.config().await.cluster_url;
     format!("{}:{}", url.host().unwrap(), url.port_u16().unwrap_or(443))
         .parse()
         .unwrap_or_else(|e| panic!("the API server {url} is not at an IP address: {e}"))

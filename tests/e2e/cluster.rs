@@ -122,12 +122,33 @@ impl Env {
     }
 
     pub async fn client(&self) -> Client {
+        Client::try_from(self.config().await).expect("a client for the kubeconfig")
+    }
+
+    /// The kubeconfig's client configuration.
+    pub async fn config(&self) -> Config {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
             .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", self.kubeconfig.display()));
-        Client::try_from(config).expect("a client for the kubeconfig")
+            .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", self.kubeconfig.display()))
+    }
+
+    /// The kubeconfig's configuration acting as `user` in `groups`, with
+    /// the pod name a bound ServiceAccount token carries
+    /// (`authentication.kubernetes.io/pod-name`, Kubernetes
+    /// pkg/serviceaccount/claims.go) when `pod` is given, by impersonation.
+    pub async fn impersonating(&self, user: &str, groups: &[&str], pod: Option<&str>) -> Config {
+        let mut config = self.config().await;
+        config.auth_info.impersonate = Some(user.to_string());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        config.auth_info.impersonate_user_extra = pod.map(|pod| {
+            std::collections::HashMap::from([(
+                "authentication.kubernetes.io/pod-name".to_string(),
+                vec![pod.to_string()],
+            )])
+        });
+        config
     }
 
     /// `kubectl` (the one the project's venv installs) on the cluster.
@@ -184,6 +205,26 @@ pub fn repo() -> &'static Path {
 
 /// Polls `probe` until it gives a value, or fails the test naming `what`.
 /// The bounds are generous liveness bounds; timings are the benchmark's.
+/// Deletes cluster objects (kind, name), in order, when dropped, also when
+/// a test fails; each delete waits until the object is gone, so a rerun
+/// can make it again.
+pub struct DeleteOnDrop<'a> {
+    pub env: &'a Env,
+    pub objects: Vec<(&'static str, String)>,
+}
+
+impl Drop for DeleteOnDrop<'_> {
+    fn drop(&mut self) {
+        for (kind, name) in &self.objects {
+            let _ = self
+                .env
+                .kubectl()
+                .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
+                .status();
+        }
+    }
+}
+
 pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,

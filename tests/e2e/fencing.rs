@@ -7,17 +7,15 @@
 //! are two candidate pods' ServiceAccount tokens, impersonated with the pod
 //! name the API server puts in a bound token's userInfo.extra.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::cluster::{Env, apply, rendered_chart_with, wait_for};
+use crate::cluster::{DeleteOnDrop, Env, apply, rendered_chart_with, wait_for};
 
 /// This test's namespace, made here and removed by [`Cleanup`].
 const NAMESPACE: &str = "e2e-fencing";
@@ -26,46 +24,12 @@ const ACCOUNT: &str = "candidate";
 /// A token of the size the SQL stores hand out (nanoseconds), above 2^53.
 const TOKEN: i64 = 1_764_000_000_000_000_100;
 
-/// Removes what the test made, the cluster-scoped policy and binding first,
-/// also when the test fails.
-struct Cleanup<'a> {
-    env: &'a Env,
-    policy: String,
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for (kind, name) in [
-            ("validatingadmissionpolicybinding", self.policy.as_str()),
-            ("validatingadmissionpolicy", self.policy.as_str()),
-            ("namespace", NAMESPACE),
-        ] {
-            // Waits for the namespace to be gone, so a rerun can make it again.
-            let _ = self
-                .env
-                .kubectl()
-                .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
-                .status();
-        }
-    }
-}
-
 /// A client acting as candidate pod `pod`: the username of its
-/// ServiceAccount and the pod name a bound token carries
-/// (`authentication.kubernetes.io/pod-name`, Kubernetes
-/// pkg/serviceaccount/claims.go), by impersonation.
+/// ServiceAccount and the pod name a bound token carries.
 async fn as_pod(env: &Env, pod: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).unwrap();
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}"));
-    config.auth_info.impersonate_groups = Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
-    config.auth_info.impersonate_user_extra = Some(HashMap::from([(
-        "authentication.kubernetes.io/pod-name".to_string(),
-        vec![pod.to_string()],
-    )]));
-    Client::try_from(config).unwrap()
+    let user = format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}");
+    let groups = ["system:serviceaccounts", "system:authenticated"];
+    Client::try_from(env.impersonating(&user, &groups, Some(pod)).await).unwrap()
 }
 
 fn fenced_config_map(name: &str, lock: &str, token: i64, holder: &str) -> Value {
@@ -125,9 +89,15 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
         })
         .collect();
     assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
-    let _cleanup = Cleanup {
+    let policy_name = policy[0]["metadata"]["name"].as_str().unwrap().to_string();
+    // The cluster-scoped policy and binding first.
+    let _cleanup = DeleteOnDrop {
         env: &env,
-        policy: policy[0]["metadata"]["name"].as_str().unwrap().to_string(),
+        objects: vec![
+            ("validatingadmissionpolicybinding", policy_name.clone()),
+            ("validatingadmissionpolicy", policy_name.clone()),
+            ("namespace", NAMESPACE.to_string()),
+        ],
     };
     apply(
         &client,
@@ -190,7 +160,7 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
             "ValidatingAdmissionPolicy",
         )),
     );
-    let status = policies.get(&_cleanup.policy).await.unwrap().data["status"].clone();
+    let status = policies.get(&policy_name).await.unwrap().data["status"].clone();
     assert_eq!(status["typeChecking"]["expressionWarnings"], Value::Null, "{status}");
 
     // The deposed leader's write that leaves the annotations as they are.
