@@ -20,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::{REPLY_DELAY, millis, one_worker_runtime, quantile};
-use crate::cluster::{DeleteOnDrop, Env, apply, rendered_chart_with, wait_for};
+use crate::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, wait_for};
 
 /// One guarded value written plainly or through a fence.
 trait Resource {
@@ -322,17 +322,7 @@ pub fn kubernetes_writes(reps: u64) -> Vec<String> {
     one_worker_runtime().block_on(async {
         let env = Env::from_vars();
         let admin = env.client().await;
-        let policy: Vec<Value> = rendered_chart_with(&env, &["fencing.enabled=true".into()])
-            .into_iter()
-            .filter(|o| {
-                o["kind"]
-                    .as_str()
-                    .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
-                    && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-fencing"))
-            })
-            .collect();
-        assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
-        let policy_name = policy[0]["metadata"]["name"].as_str().unwrap().to_string();
+        let (policy, policy_name) = rendered_fencing_policy(&env);
         let _cleanup = DeleteOnDrop {
             env: &env,
             objects: vec![

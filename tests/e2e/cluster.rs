@@ -205,6 +205,23 @@ pub fn repo() -> &'static Path {
 
 /// Polls `probe` until it gives a value, or fails the test naming `what`.
 /// The bounds are generous liveness bounds; timings are the benchmark's.
+/// The chart's fencing ValidatingAdmissionPolicy and its binding
+/// (`fencing.enabled`), and the policy's name.
+pub fn rendered_fencing_policy(env: &Env) -> (Vec<Value>, String) {
+    let policy: Vec<Value> = rendered_chart_with(env, &["fencing.enabled=true".into()])
+        .into_iter()
+        .filter(|o| {
+            o["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+                && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-fencing"))
+        })
+        .collect();
+    assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
+    let name = policy[0]["metadata"]["name"].as_str().unwrap().to_string();
+    (policy, name)
+}
+
 /// Deletes cluster objects (kind, name), in order, when dropped, also when
 /// a test fails; each delete waits until the object is gone, so a rerun
 /// can make it again.

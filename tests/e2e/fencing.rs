@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::cluster::{DeleteOnDrop, Env, apply, rendered_chart_with, wait_for};
+use crate::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, wait_for};
 
 /// This test's namespace, made here and removed by [`Cleanup`].
 const NAMESPACE: &str = "e2e-fencing";
@@ -79,17 +79,7 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
         served.resources.iter().any(|r| r.name == "validatingadmissionpolicies"),
         "the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy"
     );
-    let policy: Vec<Value> = rendered_chart_with(&env, &["fencing.enabled=true".into()])
-        .into_iter()
-        .filter(|o| {
-            o["kind"]
-                .as_str()
-                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
-                && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-fencing"))
-        })
-        .collect();
-    assert_eq!(policy.len(), 2, "the chart renders the fencing policy and its binding");
-    let policy_name = policy[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let (policy, policy_name) = rendered_fencing_policy(&env);
     // The cluster-scoped policy and binding first.
     let _cleanup = DeleteOnDrop {
         env: &env,
