@@ -394,6 +394,28 @@ pub async fn wait_operator_available(client: &Client) {
         }
     })
     .await;
+    // After a change, the old operator pod is terminating but still serves
+    // the webhook until it exits: a pod created then is injected as the old
+    // configuration says (e.g. without the cluster's name). Wait until only
+    // the current pods exist.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    wait_for("only the current operator pods", Duration::from_secs(120), || {
+        let (deployments, pods) = (deployments.clone(), pods.clone());
+        async move {
+            let d = deployments.get_opt("leasehold-operator").await.ok()??;
+            let want = usize::try_from(d.spec.replicas.unwrap_or(1)).ok()?;
+            let selector = d.spec.selector.match_labels?;
+            let labels = selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let list = pods.list(&ListParams::default().labels(&labels)).await.ok()?;
+            (list.items.len() == want && list.items.iter().all(|p| p.metadata.deletion_timestamp.is_none()))
+                .then_some(())
+        }
+    })
+    .await;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
     wait_for("a ready webhook endpoint", Duration::from_secs(60), || {
         let slices = slices.clone();
