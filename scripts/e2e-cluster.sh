@@ -38,14 +38,26 @@ entrypoint() {
 }
 
 load_image() {
-  local binary="$target/debug/leasehold" path
+  local binary="$dir/leasehold" path
   path="$(entrypoint)"
   [[ -n "$path" ]] || { echo "no ENTRYPOINT in the Dockerfile" >&2; exit 1; }
   command -v busybox >/dev/null || {
     echo "busybox (the stand-in app's image) is missing: scripts/setup-servers.sh installs it" >&2
     exit 1
   }
-  cargo build -q --bin leasehold >&2
+  # With an example in the same build, cargo resolves features as the test
+  # builds do (dev-dependencies on: the crate with `testing`, tokio with
+  # test-util), so this is the binary `cargo nextest run` builds, not a
+  # second compile of the crate and of everything under tokio. Every build
+  # of the binary lands at target/debug/leasehold whatever its features, so
+  # the build and the copy hold the lock scripts/candidate-binary.sh holds
+  # (scripts/test.sh starts the cluster while that builds the candidate).
+  mkdir -p "$target/debug"
+  {
+    flock 9
+    cargo build -q --bin leasehold --example library >&2
+    cp "$target/debug/leasehold" "$binary"
+  } 9>"$target/debug/.leasehold-binary.lock"
   python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \
     --user 65532:65532 --entrypoint "$path" >&2
   # A container wrapped with `leasehold run` runs leasehold from the app's

@@ -35,6 +35,20 @@ phase "examples and benches build"
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
 cargo build --examples --benches
+# The end-to-end suite (tests/e2e) needs a disposable Kubernetes cluster:
+# LEASEHOLD_E2E_KUBECONFIG and friends for one of yours (e.g. kind; README,
+# "End-to-end tests"), or LEASEHOLD_KUBERNETES_TOOL, a test-cluster tool
+# folder that this script starts one with (and stops at the end). Without
+# either, the e2e tests fail saying so. The cluster starts in the background
+# while the feature checks compile (its image's binary is the build above's:
+# scripts/e2e-cluster.sh), and the run waits for it before the tests.
+cluster_start=""
+if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" ]]; then
+  cluster_out="$(mktemp -d)"
+  trap 'scripts/e2e-cluster.sh down; rm -rf "$cluster_out"' EXIT
+  scripts/e2e-cluster.sh up >"$cluster_out/env" 2>"$cluster_out/log" &
+  cluster_start=$!
+fi
 # The library example needs nothing but the lease core and the memory store;
 # the core builds warning-free alone and with any one store (the Kubernetes
 # store and the DistributedLease resource without the other stores' clients);
@@ -64,26 +78,31 @@ if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
   read -r line <&"${EMULATOR[0]}" || { echo "the Spanner emulator did not start" >&2; exit 1; }
   export ${line?}
 fi
-# The end-to-end suite (tests/e2e) needs a disposable Kubernetes cluster:
-# LEASEHOLD_E2E_KUBECONFIG and friends for one of yours (e.g. kind; README,
-# "End-to-end tests"), or LEASEHOLD_KUBERNETES_TOOL, a test-cluster tool
-# folder that this script starts one with (and stops at the end). Without
-# either, the e2e tests fail saying so.
-if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" ]]; then
-  eval "$(scripts/e2e-cluster.sh up)"
-  trap 'scripts/e2e-cluster.sh down' EXIT
+if [[ -n "$cluster_start" ]]; then
+  wait "$cluster_start" || {
+    cat "$cluster_out/log" >&2
+    echo "test.sh: the end-to-end cluster did not start (scripts/e2e-cluster.sh up, its output above)" >&2
+    exit 1
+  }
+  eval "$(cat "$cluster_out/env")"
 fi
-# Everything but the end-to-end scenarios that disturb the whole cluster,
-# then those alone (.config/nextest.toml, group cluster-disruptive): no other
-# test runs while the API server is stopped or the CRD deleted. The second
-# runs even when the first failed; the script fails if either did.
+# Two invocations, each parallel where that is safe:
+# 1. every test that does not touch the shared cluster, beside the
+#    end-to-end scenarios that disturb the whole cluster (the API server or
+#    kubelet stopped, the operator scaled to 0, the CRD deleted, the chart
+#    changed: `...::disruptive::...`), which run one at a time (group
+#    cluster-disruptive), so no other test sees the cluster disturbed;
+# 2. the other end-to-end scenarios and the Kubernetes store's tests, each in
+#    a namespace of its own, two at a time (group cluster).
+# The second runs even when the first failed; the script fails if either did.
 disruptive='binary(e2e) & test(/::disruptive::/)'
+cluster="binary(e2e) | (binary(stores) & test(/^kubernetes::/))"
 status=0
-phase "nextest (build and every test but the disruptive e2e scenarios)"
+phase "nextest (build; every test off the cluster, beside the disruptive e2e scenarios one at a time)"
 cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
-  -E "not ($disruptive)" || status=$?
-phase "nextest (the disruptive e2e scenarios, one at a time)"
-cargo nextest run --test e2e --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
-  -E "$disruptive" || status=$?
+  -E "not ($cluster) | ($disruptive)" || status=$?
+phase "nextest (the other e2e scenarios and the Kubernetes store, two at a time)"
+cargo nextest run --test e2e --test stores --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
+  -E "($cluster) & not ($disruptive)" || status=$?
 phase ""
 exit "$status"

@@ -324,7 +324,8 @@ pub fn kubernetes_writes(reps: u64) -> Vec<String> {
         let admin = env.client().await;
         let (policy, policy_name) = rendered_fencing_policy(&env);
         let _cleanup = DeleteOnDrop {
-            env: &env,
+            env: env.clone(),
+            namespace: None,
             objects: vec![
                 ("validatingadmissionpolicybinding", policy_name.clone()),
                 ("validatingadmissionpolicy", policy_name),

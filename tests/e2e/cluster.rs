@@ -76,6 +76,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-bench",
     "e2e-status",
     "e2e-monitoring",
+    "e2e-timing-risk",
     // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
     "e2e-clusters",
 ];
@@ -222,20 +223,23 @@ pub fn rendered_fencing_policy(env: &Env) -> (Vec<Value>, String) {
     (policy, name)
 }
 
-/// Deletes cluster objects (kind, name), in order, when dropped, also when
-/// a test fails; each delete waits until the object is gone, so a rerun
-/// can make it again.
-pub struct DeleteOnDrop<'a> {
-    pub env: &'a Env,
+/// Deletes objects (kind, name) of `env`'s cluster, in `namespace` when
+/// given, in order, when dropped, also when a test fails; each delete waits
+/// until the object is gone, so a rerun can make it again.
+pub struct DeleteOnDrop {
+    pub env: Env,
+    pub namespace: Option<String>,
     pub objects: Vec<(&'static str, String)>,
 }
 
-impl Drop for DeleteOnDrop<'_> {
+impl Drop for DeleteOnDrop {
     fn drop(&mut self) {
         for (kind, name) in &self.objects {
-            let _ = self
-                .env
-                .kubectl()
+            let mut kubectl = self.env.kubectl();
+            if let Some(ns) = &self.namespace {
+                kubectl.args(["-n", ns]);
+            }
+            let _ = kubectl
                 .args(["delete", kind, name, "--ignore-not-found", "--timeout=120s"])
                 .status();
         }
@@ -360,6 +364,23 @@ pub async fn ensure_installed(env: &Env, client: &Client) {
     apply(client, &[namespace_object(RELEASE_NAMESPACE)]).await;
     apply(client, &install_part(rendered_chart(env))).await;
     lock.unlock().expect("install unlock");
+    wait_operator_available(client).await;
+}
+
+/// Applies the chart with `sets` (as `helm upgrade --set` adds them; none:
+/// back to the suite's install) and waits until only the new operator
+/// serves. A change is seen by every pod injected meanwhile and undone by
+/// every scenario's install, so only a `::disruptive::` scenario (run where
+/// no other test uses the cluster) may make one: libtest runs each test on a
+/// thread named after it, which polls the test's top-level future.
+pub async fn install_chart_with(env: &Env, client: &Client, sets: &[String]) {
+    let test = std::thread::current().name().unwrap_or_default().to_string();
+    assert!(
+        sets.is_empty() || test.contains("disruptive::"),
+        "{test} changes the chart (--set {sets:?}), which the scenarios running beside it would see and undo: \
+         move it into a `disruptive` module"
+    );
+    apply(client, &install_part(rendered_chart_with(env, sets))).await;
     wait_operator_available(client).await;
 }
 
@@ -888,4 +909,43 @@ impl Drop for ComponentStopped<'_> {
             eprintln!("{} started again after a failure: {started:?}", self.name);
         }
     }
+}
+
+/// The namespaces that more than one [`scenario`] call names in `sources`
+/// (file, text), with the file of each call: the scenarios run two at a
+/// time, so a namespace two share would let one delete the other's pods.
+fn shared_scenario_namespaces(sources: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let mut users: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (file, text) in sources {
+        for call in text.split("scenario(\"").skip(1) {
+            let ns = call.split('"').next().unwrap_or_default();
+            users.entry(ns.to_string()).or_default().push(file.clone());
+        }
+    }
+    users.into_iter().filter(|(_, files)| files.len() > 1).collect()
+}
+
+/// No two scenarios share a namespace; the check finds a planted pair.
+#[test]
+fn every_scenario_has_a_namespace_of_its_own() {
+    let sources: Vec<(String, String)> = std::fs::read_dir(repo().join("tests/e2e"))
+        .expect("tests/e2e")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            (path.file_name().unwrap().to_string_lossy().into_owned(), text)
+        })
+        .collect();
+    assert_eq!(shared_scenario_namespaces(&sources), Vec::new());
+    // Spelled so that this file's own text names no namespace twice.
+    let call = |ns: &str| format!("{}(\"{ns}\", |s| async move {{}})", "scenario");
+    let planted = [
+        ("a.rs".to_string(), call("e2e-x") + &call("e2e-y")),
+        ("b.rs".to_string(), call("e2e-x")),
+    ];
+    assert_eq!(
+        shared_scenario_namespaces(&planted),
+        vec![("e2e-x".to_string(), vec!["a.rs".to_string(), "b.rs".to_string()])]
+    );
 }

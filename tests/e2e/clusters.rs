@@ -33,10 +33,7 @@ use leasehold::testing::{ProxyMode, TcpProxy};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::cluster::{
-    Scenario, apply, crds, install_part, namespace_object, rendered_chart_with, scenario, wait_for,
-    wait_operator_available,
-};
+use crate::cluster::{DeleteOnDrop, Scenario, apply, crds, install_chart_with, namespace_object, scenario, wait_for};
 use crate::fixtures::{APP, LEASE};
 use crate::stores::{lease, secret};
 use crate::support::{Sidecar, get};
@@ -63,122 +60,134 @@ const HOW_TO_GET_EAST: &str = "LEASEHOLD_E2E_EAST_KUBECONFIG is not set: the two
      candidates on this machine). `scripts/e2e-cluster.sh up` starts both clusters, \
      `scripts/e2e-cluster.sh east up` only the second, and each prints the variable (docs/e2e.md)";
 
-/// All candidates of the leading cluster killed: a candidate of the other
-/// cluster leads within D + P of the last kill.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leading_clusters_candidates_killed() {
-    scenario(NS, |s| async move {
-        let mut two = TwoClusters::start(&s).await;
-        two.east_leads().await;
-        two.west_follows(&s).await;
-        let killed = Instant::now();
-        for sidecar in &mut two.east_sidecars {
-            let _ = sidecar.child.kill();
-            let _ = sidecar.child.wait();
-        }
-        let (holder, at) = two.store_holder_in(WEST, D + P + MARGIN * 4).await;
-        assert!(
-            at.duration_since(killed) <= D + P + MARGIN,
-            "west's {holder} took the lock {:?} after east's candidates were killed: not within D + P ({:?}) \
-             and the margin",
-            at.duration_since(killed),
-            D + P
-        );
-        two.west_claims().await;
-        two.statuses_name(&s, WEST).await;
-        // East's dead leader's pod loses its leader label: east's operator
-        // repairs labels of its own cluster's holders.
-        two.east_labels(None).await;
-        two.finish(&s).await;
-    })
-    .await;
-}
+/// The scenarios install the chart on the suite's cluster with
+/// `clusterName=west`, which every pod injected meanwhile would carry:
+/// nextest runs them one at a time where no other test uses the cluster
+/// (`.config/nextest.toml`, scripts/test.sh).
+mod disruptive {
+    use super::*;
 
-/// The leading cluster cut off from the store: its leader stops claiming
-/// within R of the cut (its last renewal was sent before it), and a
-/// candidate of the other cluster leads once the lease has expired.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leading_cluster_cut_off_from_the_store() {
-    scenario(NS, |s| async move {
-        let two = TwoClusters::start(&s).await;
-        let east_leader = two.east_leads().await;
-        two.west_follows(&s).await;
-        let cut = Instant::now();
-        for sidecar in &two.east_sidecars {
-            sidecar.proxy.set(ProxyMode::Cut);
-        }
-        let leader = &two.east_sidecars[east_leader];
-        let stopped = wait_for("east's leader to stop claiming", R + MARGIN * 4, || async {
-            (get(leader.http, "/leader").map(|(status, _)| status) != Ok(200)).then(Instant::now)
+    /// All candidates of the leading cluster killed: a candidate of the other
+    /// cluster leads within D + P of the last kill.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_leading_clusters_candidates_killed() {
+        scenario(NS, |s| async move {
+            let mut two = TwoClusters::start(&s).await;
+            two.east_leads().await;
+            two.west_follows(&s).await;
+            let killed = Instant::now();
+            for sidecar in &mut two.east_sidecars {
+                let _ = sidecar.child.kill();
+                let _ = sidecar.child.wait();
+            }
+            let (holder, at) = two.store_holder_in(WEST, D + P + MARGIN * 4).await;
+            assert!(
+                at.duration_since(killed) <= D + P + MARGIN,
+                "west's {holder} took the lock {:?} after east's candidates were killed: not within D + P ({:?}) \
+                 and the margin",
+                at.duration_since(killed),
+                D + P
+            );
+            two.west_claims().await;
+            two.statuses_name(&s, WEST).await;
+            // East's dead leader's pod loses its leader label: east's operator
+            // repairs labels of its own cluster's holders.
+            two.east_labels(None).await;
+            two.finish(&s).await;
         })
         .await;
-        assert!(
-            stopped.duration_since(cut) <= R + MARGIN,
-            "east's leader still claimed {:?} after the cut: not within R ({R:?})",
-            stopped.duration_since(cut)
-        );
-        let (holder, at) = two.store_holder_in(WEST, D + P + MARGIN * 4).await;
-        assert!(
-            at.duration_since(cut) <= D + P + MARGIN,
-            "west's {holder} took the lock {:?} after the cut: not within D + P ({:?})",
-            at.duration_since(cut),
-            D + P
-        );
-        two.west_claims().await;
-        two.statuses_name(&s, WEST).await;
-        two.finish(&s).await;
-    })
-    .await;
-}
+    }
 
-/// The leading cluster's API server down: the store decides, so the same
-/// term of the same holder goes on; its labels and status converge after.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leading_clusters_api_server_down() {
-    scenario(NS, |s| async move {
-        let two = TwoClusters::start(&s).await;
-        let east_leader = two.east_leads().await;
-        two.west_follows(&s).await;
-        let before = two.store_record().await;
-        assert!(
-            two.east.env.component.is_some(),
-            "LEASEHOLD_E2E_EAST_COMPONENT is not set: this scenario stops east's API server through it \
-             (scripts/e2e-cluster.sh east up prints it)"
-        );
-        two.east.env.component("kube-apiserver", "stop");
-        let outage = async {
-            wait_for(
-                "a request to east's stopped API server failing",
-                Duration::from_secs(20),
-                || async { two.east.api::<Pod>().get_opt("any").await.is_err().then_some(()) },
-            )
+    /// The leading cluster cut off from the store: its leader stops claiming
+    /// within R of the cut (its last renewal was sent before it), and a
+    /// candidate of the other cluster leads once the lease has expired.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_leading_cluster_cut_off_from_the_store() {
+        scenario(NS, |s| async move {
+            let two = TwoClusters::start(&s).await;
+            let east_leader = two.east_leads().await;
+            two.west_follows(&s).await;
+            let cut = Instant::now();
+            for sidecar in &two.east_sidecars {
+                sidecar.proxy.set(ProxyMode::Cut);
+            }
+            let leader = &two.east_sidecars[east_leader];
+            let stopped = wait_for("east's leader to stop claiming", R + MARGIN * 4, || async {
+                (get(leader.http, "/leader").map(|(status, _)| status) != Ok(200)).then(Instant::now)
+            })
             .await;
-            // Three lease durations without east's API server.
-            tokio::time::sleep(D * 3).await;
-        };
-        let outage = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(outage)).await;
-        two.east.env.component("kube-apiserver", "start");
-        outage.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let after = two.store_record().await;
-        assert!(
-            after.holder == before.holder && after.term == before.term && after.token == before.token,
-            "the store's record across east's API-server outage: {before:?} then {after:?}"
-        );
-        assert_eq!(
-            get(two.east_sidecars[east_leader].http, "/leader").map(|(status, _)| status),
-            Ok(200),
-            "east's leader led throughout"
-        );
-        two.east_labels(Some(EAST_PODS[east_leader])).await;
-        two.statuses_name(&s, EAST).await;
-        two.finish(&s).await;
-    })
-    .await;
+            assert!(
+                stopped.duration_since(cut) <= R + MARGIN,
+                "east's leader still claimed {:?} after the cut: not within R ({R:?})",
+                stopped.duration_since(cut)
+            );
+            let (holder, at) = two.store_holder_in(WEST, D + P + MARGIN * 4).await;
+            assert!(
+                at.duration_since(cut) <= D + P + MARGIN,
+                "west's {holder} took the lock {:?} after the cut: not within D + P ({:?})",
+                at.duration_since(cut),
+                D + P
+            );
+            two.west_claims().await;
+            two.statuses_name(&s, WEST).await;
+            two.finish(&s).await;
+        })
+        .await;
+    }
+
+    /// The leading cluster's API server down: the store decides, so the same
+    /// term of the same holder goes on; its labels and status converge after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_leading_clusters_api_server_down() {
+        scenario(NS, |s| async move {
+            let two = TwoClusters::start(&s).await;
+            let east_leader = two.east_leads().await;
+            two.west_follows(&s).await;
+            let before = two.store_record().await;
+            assert!(
+                two.east.env.component.is_some(),
+                "LEASEHOLD_E2E_EAST_COMPONENT is not set: this scenario stops east's API server through it \
+                 (scripts/e2e-cluster.sh east up prints it)"
+            );
+            two.east.env.component("kube-apiserver", "stop");
+            let outage = async {
+                wait_for(
+                    "a request to east's stopped API server failing",
+                    Duration::from_secs(20),
+                    || async { two.east.api::<Pod>().get_opt("any").await.is_err().then_some(()) },
+                )
+                .await;
+                // Three lease durations without east's API server.
+                tokio::time::sleep(D * 3).await;
+            };
+            let outage = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(outage)).await;
+            two.east.env.component("kube-apiserver", "start");
+            outage.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            let after = two.store_record().await;
+            assert!(
+                after.holder == before.holder && after.term == before.term && after.token == before.token,
+                "the store's record across east's API-server outage: {before:?} then {after:?}"
+            );
+            assert_eq!(
+                get(two.east_sidecars[east_leader].http, "/leader").map(|(status, _)| status),
+                Ok(200),
+                "east's leader led throughout"
+            );
+            two.east_labels(Some(EAST_PODS[east_leader])).await;
+            two.statuses_name(&s, EAST).await;
+            two.finish(&s).await;
+        })
+        .await;
+    }
 }
 
 /// The two clusters, their candidates and watchers, east leading first.
 struct TwoClusters {
     east: Scenario,
+    /// East's DistributedLease, deleted while east's operator runs (fields
+    /// drop in order), so its finalizer is removed as in production and
+    /// the next scenario finds east's namespace gone.
+    east_lease: DeleteOnDrop,
     server: PostgresServer,
     operator: HostProcess,
     east_sidecars: Vec<Sidecar>,
@@ -206,12 +215,7 @@ impl TwoClusters {
         };
         // West names itself (the suite installs without a name; each
         // scenario's start installs that again).
-        apply(
-            &west.client,
-            &install_part(rendered_chart_with(&west.env, &[format!("clusterName={WEST}")])),
-        )
-        .await;
-        wait_operator_available(&west.client).await;
+        install_chart_with(&west.env, &west.client, &[format!("clusterName={WEST}")]).await;
 
         let server = PostgresServer::start_on(west.env.host_ip);
         let url = server.url_at((west.env.host_ip, server.port).into());
@@ -221,10 +225,11 @@ impl TwoClusters {
         // East: what a previous run left goes, then the resource, its
         // operator and its candidates.
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(east.client.clone());
-        // The previous scenario's east operator (a host process) is gone,
-        // so nothing would remove its `leasehold.dev/release` finalizer and
+        // A run killed before its guard deleted east's DistributedLease
+        // (`east_lease`; e.g. ended by nextest's timeout) left it with its
+        // `leasehold.dev/release` finalizer and no operator to remove it, so
         // the namespace would never finish terminating: drop it here (that
-        // scenario's store is gone too, there is nothing to release).
+        // run's store is gone too, there is nothing to release).
         let old_leases: Api<DistributedLease> = Api::namespaced(east.client.clone(), NS);
         if let Ok(list) = old_leases.list(&ListParams::default()).await {
             for old in list {
@@ -247,6 +252,11 @@ impl TwoClusters {
             lease(&east, LEASE, store.clone(), timing.clone()),
         ])
         .await;
+        let east_lease = DeleteOnDrop {
+            env: east.env.clone(),
+            namespace: Some(NS.into()),
+            objects: vec![("distributedlease", LEASE.into())],
+        };
         let operator = HostProcess::operator(&east);
         let east_watcher = LeadershipWatcher::start(
             &east.client,
@@ -297,6 +307,7 @@ impl TwoClusters {
         let across = AcrossClusters::start(&server, &west_watcher, &east_sidecars);
         let two = TwoClusters {
             east,
+            east_lease,
             server,
             operator,
             east_sidecars,
@@ -438,9 +449,9 @@ impl TwoClusters {
         self.east_watcher.stop();
         let east = self.east_watcher.violations();
         drop(self.east_sidecars);
+        drop(self.east_lease);
         drop(self.operator);
-        apply(&west.client, &install_part(rendered_chart_with(&west.env, &[]))).await;
-        wait_operator_available(&west.client).await;
+        install_chart_with(&west.env, &west.client, &[]).await;
         assert!(violations.is_empty(), "across the clusters:\n{}", violations.join("\n"));
         assert!(east.is_empty(), "east's watcher:\n{}", east.join("\n"));
         // West's watcher reads the claims and may see its API server's

@@ -210,7 +210,7 @@ async fn sidecar_frozen(s: Scenario, store: &str) {
 }
 
 /// Scenarios that disturb the whole cluster (the API server stopped):
-/// nextest runs them alone, after the others.
+/// nextest runs them alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
 

@@ -82,7 +82,8 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
     let (policy, policy_name) = rendered_fencing_policy(&env);
     // The cluster-scoped policy and binding first.
     let _cleanup = DeleteOnDrop {
-        env: &env,
+        env: env.clone(),
+        namespace: None,
         objects: vec![
             ("validatingadmissionpolicybinding", policy_name.clone()),
             ("validatingadmissionpolicy", policy_name.clone()),

@@ -172,7 +172,7 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
 }
 
 /// Scenarios that disturb the whole cluster (the operator scaled to 0):
-/// nextest runs them alone, after the others.
+/// nextest runs them alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
     use crate::cluster::OperatorScaledDown;

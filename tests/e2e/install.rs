@@ -106,7 +106,7 @@ async fn the_charts_helm_test_runs_check_in_the_cluster() {
 }
 
 /// Scenarios that disturb the whole cluster (the operator killed or scaled
-/// to 0, the CRD deleted): nextest runs them alone, after the others
+/// to 0, the CRD deleted): nextest runs them alone, where no other test uses the cluster
 /// (`.config/nextest.toml`, scripts/test.sh).
 mod disruptive {
     use super::*;

@@ -459,7 +459,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
 
     use crate::stores::{lease, secret};
 
-    scenario("e2e-monitoring", |s| async move {
+    scenario("e2e-timing-risk", |s| async move {
         let server = PostgresServer::start_on(s.env.host_ip);
         let proxy = TcpProxy::start_on(s.env.host_ip, server.addr()).await;
         let url = server.url_at((s.env.host_ip, proxy.addr.port()).into());

@@ -83,7 +83,7 @@ async fn condition(s: &Scenario, lease: &str, type_: &str, status: &str) -> Stri
     .await
 }
 
-/// Changes the chart and the CRDs cluster-wide: nextest runs it alone, after the others.
+/// Changes the chart and the CRDs cluster-wide: nextest runs it alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
 

@@ -5,9 +5,8 @@
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 
 use crate::cluster::{Scenario, scenario};
@@ -45,10 +44,7 @@ async fn client_as(s: &Scenario, pod: &Pod) -> Client {
         .expect("a token")
         .token
         .expect("the issued token");
-    let kubeconfig = Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("config");
+    let mut config = s.env.config().await;
     config.auth_info = kube::config::AuthInfo {
         token: Some(token.into()),
         ..Default::default()
@@ -91,14 +87,17 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
         // operator only repairs a "true" label).
         signal_container(&s, &follower_name, SIDECAR, "STOP").await;
         let admin: Api<Pod> = s.api();
-        let unlabelled = admin
-            .patch(
-                &follower_name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"leasehold.dev/leader": null}}})),
-            )
-            .await
-            .expect("the admin taking the label off");
+        let take_label_off = |pod: String| {
+            let admin = admin.clone();
+            async move {
+                let unlabelled = json!({"metadata": {"labels": {"leasehold.dev/leader": null}}});
+                admin
+                    .patch(&pod, &PatchParams::default(), &Patch::Merge(unlabelled))
+                    .await
+                    .unwrap_or_else(|e| panic!("the admin taking {pod}'s label off: {e}"))
+            }
+        };
+        let unlabelled = take_label_off(follower_name.clone()).await;
         admin
             .patch_status(
                 &follower_name,
@@ -144,14 +143,7 @@ async fn the_sidecars_token_may_publish_leadership_on_its_own_pod_and_nothing_el
             .filter_map(|p| p.metadata.name.clone())
             .find(|name| *name != leader && *name != follower_name)
             .expect("a third candidate");
-        admin
-            .patch(
-                &peer,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"leasehold.dev/leader": null}}})),
-            )
-            .await
-            .expect("the admin taking the peer's label off");
+        take_label_off(peer.clone()).await;
         patch(&as_follower, &peer, false, label("false"))
             .await
             .expect("a peer's leader label");

@@ -37,31 +37,39 @@ async fn spread_over(s: &Scenario, members: u32, excluding: Option<&str>, within
     .await
 }
 
-/// No leader watcher here: in a partitioned lease every member works and
-/// may carry the label while it holds partitions. The promise is one owner
-/// per partition, which the status shows from one consistent store read.
-#[tokio::test]
-async fn a_partitioned_lease_spreads_over_the_pods_and_rebalances_when_one_goes() {
-    scenario("e2e-partitions", |s| async move {
-        // Partitions are held through sessions, which the Spanner store keeps.
-        let spanner = SpannerForPods::start(&s).await;
-        s.apply(vec![lease(
-            &s,
-            LEASE,
-            spanner.store.clone(),
-            json!({"partitions": PARTITIONS}),
-        )])
-        .await;
-        s.apply(example_with_pod_annotations(&s, spanner.pod_annotations()))
+/// The partitioned scenario points the chart's operator at an emulator
+/// (`SpannerForPods`, a chart change every pod injected meanwhile would see
+/// and every other scenario's install would undo): nextest runs it where no
+/// other test uses the cluster (`.config/nextest.toml`, scripts/test.sh).
+mod disruptive {
+    use super::*;
+
+    /// No leader watcher here: in a partitioned lease every member works and
+    /// may carry the label while it holds partitions. The promise is one owner
+    /// per partition, which the status shows from one consistent store read.
+    #[tokio::test]
+    async fn a_partitioned_lease_spreads_over_the_pods_and_rebalances_when_one_goes() {
+        scenario("e2e-partitions", |s| async move {
+            // Partitions are held through sessions, which the Spanner store keeps.
+            let spanner = SpannerForPods::start(&s).await;
+            s.apply(vec![lease(
+                &s,
+                LEASE,
+                spanner.store.clone(),
+                json!({"partitions": PARTITIONS}),
+            )])
             .await;
-        let before = spread_over(&s, 3, None, FIRST_LEADER).await;
-        let gone = before.assignment[0].holder.clone().expect("the member's pod");
-        delete_now(&s, &gone).await;
-        // Its replacement joins; the partitions it held move, none stays unowned.
-        spread_over(&s, 3, Some(&gone), Duration::from_secs(120)).await;
-        spanner.stop(&s).await;
-    })
-    .await;
+            s.apply(example_with_pod_annotations(&s, spanner.pod_annotations()))
+                .await;
+            let before = spread_over(&s, 3, None, FIRST_LEADER).await;
+            let gone = before.assignment[0].holder.clone().expect("the member's pod");
+            delete_now(&s, &gone).await;
+            // Its replacement joins; the partitions it held move, none stays unowned.
+            spread_over(&s, 3, Some(&gone), Duration::from_secs(120)).await;
+            spanner.stop(&s).await;
+        })
+        .await;
+    }
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use leasehold::testing::Emulator;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, apply, install_part, rendered_chart_with, repo, wait_operator_available, yaml_objects};
+use crate::cluster::{Scenario, install_chart_with, repo, yaml_objects};
 
 /// The Secret key holding the store URL, as the README's PostgreSQL example names it.
 pub const URL_SECRET: &str = "leases-db";
@@ -61,8 +61,7 @@ impl SpannerForPods {
         let sets: Vec<String> = Self::env(&emulator)
             .map(|(k, v)| format!("operator.env.{k}={v}"))
             .collect();
-        apply(&s.client, &install_part(rendered_chart_with(&s.env, &sets))).await;
-        wait_operator_available(&s.client).await;
+        install_chart_with(&s.env, &s.client, &sets).await;
         SpannerForPods {
             store: json!({"spanner": {"database": database}}),
             emulator,
@@ -85,7 +84,6 @@ impl SpannerForPods {
 
     /// Back to the suite's install (the operator without the emulator).
     pub async fn stop(self, s: &Scenario) {
-        apply(&s.client, &install_part(rendered_chart_with(&s.env, &[]))).await;
-        wait_operator_available(&s.client).await;
+        install_chart_with(&s.env, &s.client, &[]).await;
     }
 }

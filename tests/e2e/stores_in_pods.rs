@@ -22,7 +22,7 @@ async fn elects_and_hands_over(s: &Scenario, store_lease: Value, annotations: Va
     watcher.finish();
 }
 
-/// A scenario that changes the operator's environment (a chart upgrade, which rolls the operator out): nextest runs them alone, after the others.
+/// A scenario that changes the operator's environment (a chart upgrade, which rolls the operator out): nextest runs them alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
 

@@ -77,7 +77,7 @@ pub fn bash(s: &crate::cluster::Scenario, script: &str) -> Command {
     bash
 }
 
-/// The README's walkthrough installs the chart with the README's values, over the suite's install: nextest runs them alone, after the others.
+/// The README's walkthrough installs the chart with the README's values, over the suite's install: nextest runs them alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
 

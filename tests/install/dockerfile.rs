@@ -15,9 +15,9 @@ fn stages() -> Vec<Stage> {
     parse(&std::fs::read_to_string(root().join("Dockerfile")).unwrap()).unwrap()
 }
 
-/// The release build of the RUN line, in the persistent build folder, then
-/// the binary the final stage copies: it runs, and it is where the image's
-/// ENTRYPOINT and the code say.
+/// The RUN line's release build (unoptimised: `image_build::QUICK_RELEASE`),
+/// in the persistent build folder, then the binary the final stage copies:
+/// it runs, and it is where the image's ENTRYPOINT and the code say.
 #[test]
 fn the_image_builds_from_the_dockerfile() {
     let (binary, destination) = image_build::build_image_binary().unwrap_or_else(|e| panic!("{e}"));
