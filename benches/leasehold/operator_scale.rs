@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config};
@@ -214,6 +214,14 @@ async fn one(
         )
         .await
         .unwrap_or_else(|e| panic!("creating namespace {ns} (a fresh cluster has none): {e}"));
+    // The ServiceAccount admission refuses pods until the namespace's
+    // default ServiceAccount exists, which kube-controller-manager creates.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    crate::cluster::wait_for("the default ServiceAccount", Duration::from_secs(60), || {
+        let accounts = accounts.clone();
+        async move { accounts.get_opt("default").await.ok().flatten() }
+    })
+    .await;
     let server = (store == "postgres").then(PostgresServer::start);
     let spec_store = match &server {
         Some(server) => {
@@ -258,9 +266,10 @@ async fn one(
         .await;
     let creation = created.elapsed();
     let everyone = Duration::from_secs(600) + Duration::from_millis(n as u64 * 100);
-    statuses
-        .wait(&format!("{n} statuses"), everyone, |s| s.len() == n)
-        .await;
+    crate::cluster::wait_for(&format!("{n} statuses"), everyone, || async {
+        (statuses.len() == n).then_some(())
+    })
+    .await;
     let all_status = created.elapsed();
 
     // At rest: after the operator settled, `seconds` of nothing changing.
@@ -433,18 +442,6 @@ impl Statuses {
 
     fn seen(&self, i: usize) -> Instant {
         self.shown.lock().unwrap()[&format!("l-{i}")].1
-    }
-
-    async fn wait(&self, what: &str, within: Duration, done: impl Fn(&Statuses) -> bool) {
-        let started = Instant::now();
-        while !done(self) {
-            assert!(
-                started.elapsed() < within,
-                "{what}: not within {within:?} ({} so far)",
-                self.len()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 }
 
