@@ -5,8 +5,8 @@
 //! disposable control-plane-only cluster named by LEASEHOLD_BENCH_KUBECONFIG
 //! (no node is needed: the pods never run). Per store (PostgreSQL on a
 //! private server, the Kubernetes store), per N (LEASEHOLD_BENCH_SCALE_LEASES,
-//! default 1000,10000) and per build (this one, and LEASEHOLD_BENCH_BEFORE_BINARY
-//! when set), it reports:
+//! default 1000,10000) and per build (this one, or the one LEASEHOLD_BENCH_BINARY
+//! names, and LEASEHOLD_BENCH_BEFORE_BINARY when set), it reports:
 //! * the time from the first object created until every lease has a status;
 //! * at rest, over LEASEHOLD_BENCH_SECONDS: the operator's RSS and CPU (from
 //!   /proc), its reconciles per second (its own metrics), the store's reads
@@ -68,7 +68,7 @@ pub fn operator_scale(seconds: u64) -> Vec<String> {
         });
     let mut builds = vec![Build {
         name: "this build",
-        binary: PathBuf::from(env!("CARGO_BIN_EXE_leasehold")),
+        binary: crate::support::binary().into(),
     }];
     if let Some(before) = std::env::var_os("LEASEHOLD_BENCH_BEFORE_BINARY") {
         builds.push(Build {
@@ -205,7 +205,7 @@ async fn one(
     baseline: f64,
 ) -> String {
     let tag = if build.name == "before" { "before" } else { "this" };
-    let ns = format!("scale-{store}-{tag}-{n}");
+    let ns = format!("scale-{store}-{tag}-{n}-{}", crate::rand_suffix());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .create(
@@ -213,7 +213,7 @@ async fn one(
             &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
         )
         .await
-        .unwrap_or_else(|e| panic!("creating namespace {ns} (a fresh cluster has none): {e}"));
+        .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
     // The ServiceAccount admission refuses pods until the namespace's
     // default ServiceAccount exists, which kube-controller-manager creates.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
@@ -292,7 +292,7 @@ async fn one(
     };
     let secs = seconds as f64;
     let rest = format!(
-        "at rest over {seconds} s: RSS {:.1} MiB, CPU {:.1} % of a core, {:.2} reconciles/s, {} , API requests {:.0}/min \
+        "at rest over {seconds} s: RSS {:.1} MiB, CPU {:.1} % of a core, {:.2} reconciles/s, {}, API requests {:.0}/min \
          beyond the baseline ({:.0}/min of them for Leases)",
         rss as f64 / 1024.0,
         (cpu1 - cpu0) / secs * 100.0,
@@ -321,11 +321,17 @@ async fn one(
         None => Arc::new(KubernetesStore::new(client.clone(), Some(&ns))),
     };
     let sample: Vec<usize> = (0..n).step_by((n / SAMPLE).max(1)).take(SAMPLE).collect();
-    let holder = |i: usize| Identity::new(None, Some(ns.clone()), format!("c-{i}-0")).to_string();
+    // Each identity once: a new one carries a new nonce.
+    let holders: HashMap<usize, String> = sample
+        .iter()
+        .map(|&i| (i, Identity::new(None, Some(ns.clone()), format!("c-{i}-0")).to_string()))
+        .collect();
+    let holder = |i: usize| holders[&i].clone();
     let mut acquired = HashMap::new();
     for &i in &sample {
         let grant = port
-            .acquire(&format!("{ns}/l-{i}"), &holder(i), Duration::from_secs(15))
+            // Long enough not to expire before the release below.
+            .acquire(&format!("{ns}/l-{i}"), &holder(i), Duration::from_secs(600))
             .await
             .unwrap_or_else(|e| panic!("acquiring l-{i}: {}", e.chain()));
         acquired.insert(i, (Instant::now(), grant.token));
