@@ -218,6 +218,21 @@ impl Context {
         target_of(valid, namespace, url)
     }
 
+    /// `read`; when it fails, the URL read for `valid` is forgotten (a
+    /// rotated credential is read again at the next reconcile).
+    async fn forgetting_url<T>(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+        read: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
+    }
+
     /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
     fn forget_url(&self, valid: &ValidLease, namespace: &str) {
         if let Some(secret) = valid.store.url_secret() {
@@ -255,11 +270,7 @@ impl Context {
             };
             self.with_schema(key.clone(), valid, store.ensure_schema(), ask).await
         };
-        let observed = read.await;
-        if observed.is_err() {
-            self.forget_url(valid, namespace);
-        }
-        observed
+        self.forgetting_url(valid, namespace, read).await
     }
 
     /// The assignment of a partitioned lease from its session tables'
@@ -295,11 +306,7 @@ impl Context {
             self.with_schema(key.clone(), valid, sessions.ensure_session_schema(), ask)
                 .await
         };
-        let observed = read.await;
-        if observed.is_err() {
-            self.forget_url(valid, namespace);
-        }
-        observed
+        self.forgetting_url(valid, namespace, read).await
     }
 
     /// `read`, after `ensure` created the tables the first time for `key`.
