@@ -6,7 +6,7 @@
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
-//! partitions-postgres, partitions-redis, fencing, fencing-kubernetes, kubernetes) runs a share of it. `postgres` and `redis` start
+//! partitions-postgres, partitions-redis, fencing, fencing-kubernetes, kubernetes, operator-scale) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -43,6 +43,8 @@ mod kubernetes;
 #[allow(dead_code)]
 #[path = "../tests/e2e/node.rs"]
 mod node;
+#[path = "leasehold/operator_scale.rs"]
+mod operator_scale;
 #[allow(dead_code)]
 #[path = "../tests/e2e/stores.rs"]
 mod stores;
@@ -887,6 +889,17 @@ fn main() {
             "== kubernetes: handover on a real cluster (the leader-only-service example) and the Kubernetes store's election beside client-go's, D/R/P 15/10/2 s"
         );
         summary_lines.extend(kubernetes::kubernetes().into_iter().map(|l| format!("kubernetes: {l}")));
+    }
+    // Needs a disposable cluster of its own (LEASEHOLD_BENCH_KUBECONFIG): named only.
+    if only.split(',').any(|p| p.trim() == "operator-scale") {
+        println!(
+            "== operator at many leases (issue 39): 3 gated candidates each, D/R/P 15/10/2 s, {seconds} s at rest"
+        );
+        summary_lines.extend(
+            operator_scale::operator_scale(seconds)
+                .into_iter()
+                .map(|l| format!("operator scale: {l}")),
+        );
     }
     println!("\n== summary");
     for line in summary_lines {

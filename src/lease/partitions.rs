@@ -135,6 +135,25 @@ impl PartitionView {
         Ok(Self::from_observation(partitions, observed))
     }
 
+    /// Reads several partitioned locks, `(lock, partitions)` each, in one
+    /// store call ([`SessionStore::observe_lock_sets`]): their slots and
+    /// partitions together are at most [`super::session::MAX_LOCKS_PER_CALL`]
+    /// names (see [`Self::names_read`]).
+    pub async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
+        let sets: Vec<Vec<String>> = locks.iter().map(|(lock, n)| Self::names(lock, *n)).collect();
+        let observed = store.observe_lock_sets(&sets).await?;
+        Ok(locks
+            .iter()
+            .zip(observed)
+            .map(|((_, n), observed)| Self::from_observation(*n, observed))
+            .collect())
+    }
+
+    /// How many names a read of a lock with `partitions` covers.
+    pub fn names_read(partitions: u32) -> usize {
+        2 * partitions as usize
+    }
+
     /// The locks one read covers: the N slots, then the N partitions.
     fn names(lock: &str, partitions: u32) -> Vec<String> {
         (0..partitions)

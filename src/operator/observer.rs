@@ -2,8 +2,11 @@
 //! shared by all reconciles, instead of a read per lease per retry period.
 //!
 //! An [`Observer`] per store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key))
-//! keeps the locks reconciles asked about and reads them all with
-//! [`LeaseStore::observe_many`] (at most [`BATCH`] a call):
+//! keeps what reconciles asked about and reads it all in batched reads: the
+//! locks of plain leases with [`LeaseStore::observe_many`] (at most [`BATCH`]
+//! a call), the slots and partitions of partitioned leases with
+//! [`SessionStore::observe_lock_sets`] (at most
+//! [`MAX_LOCKS_PER_CALL`] names a call: 312 leases of 8 partitions):
 //! * **per P**: every `P` of the smallest retry period among the leases on
 //!   the table, so no lease's status is older than its own P (floored at the
 //!   reconciler's fastest requeue);
@@ -13,20 +16,21 @@
 //! * **at once** when the store announces a release ([`LeaseStore::changed_any`]:
 //!   PostgreSQL `NOTIFY`, Redis `PUBLISH`, a holder change on the Kubernetes
 //!   store's watch of the namespace's Leases); Spanner announces nothing and
-//!   is read per P. The Kubernetes store answers the read from that watch,
-//!   so it costs no API request.
+//!   is read per P, and so are sessions on every store. The Kubernetes store
+//!   answers the read from that watch, so it costs no API request.
 //!
 //! After each read, the leases whose shown state changed (live holder, term,
-//! token, version, or whether the read failed) are sent to the controller
-//! ([`Observers::triggers`]), so leases at rest are not reconciled per P.
-//! A lock no reconcile asked about for [`FORGET_AFTER`] (its resource deleted
-//! or pointed elsewhere) is no longer read. Partitioned leases read their
-//! sessions themselves (one call per lease, [`PartitionView`](crate::lease::partitions::PartitionView)).
+//! token, version, the assignment of partitions, or whether the read failed)
+//! are sent to the controller ([`Observers::triggers`]), so leases at rest
+//! are not reconciled per P. A lock no reconcile asked about for
+//! [`FORGET_AFTER`] (its resource deleted or pointed elsewhere) is no longer read.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
@@ -35,7 +39,9 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::DistributedLease;
-use crate::lease::{FencingToken, LeaseStore, Observation, StoreError, Version};
+use crate::lease::partitions::PartitionView;
+use crate::lease::session::MAX_LOCKS_PER_CALL;
+use crate::lease::{FencingToken, LeaseStore, Observation, SessionStore, StoreError, Version};
 
 /// Locks per batched read: one statement's array (PostgreSQL, Spanner) or
 /// one script's keys (Redis) stays small.
@@ -48,20 +54,122 @@ pub const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
 /// every live lease is reconciled at least every [`OBSERVED_REQUEUE`].
 pub const FORGET_AFTER: Duration = OBSERVED_REQUEUE.saturating_mul(3);
 
-/// One lock's answer, and when the read that gave it started.
+/// One answer, and when the read that gave it started.
 #[derive(Debug, Clone)]
-pub struct Stamped {
-    pub observation: Result<Observation, StoreError>,
+pub struct Stamped<A> {
+    pub observation: Result<A, StoreError>,
     pub read_at: Instant,
 }
 
 type LeaseRef = ObjectRef<DistributedLease>;
 
-/// Every store's observer, and the controllers told of changes.
+/// What one observer reads, in batches.
+#[async_trait]
+pub trait Source: Send + Sync + 'static {
+    /// What a lease asks about.
+    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What a read answers about one key.
+    type Answer: Clone + Send + Sync + 'static;
+
+    /// One answer per key, in order, in as few store calls as the batches allow.
+    async fn read(&self, keys: &[Self::Key]) -> Vec<Result<Self::Answer, StoreError>>;
+
+    /// Resolves once the store announced a change ([`LeaseStore::changed_any`]).
+    async fn changed_any(&self);
+
+    /// Whether a status would show something else after `after` than after `before`.
+    fn shown_differs(before: &Result<Self::Answer, StoreError>, after: &Result<Self::Answer, StoreError>) -> bool;
+}
+
+/// The lock rows of plain leases.
+pub struct Locks(pub Arc<dyn LeaseStore>);
+
+#[async_trait]
+impl Source for Locks {
+    type Key = String;
+    type Answer = Observation;
+
+    async fn read(&self, locks: &[String]) -> Vec<Result<Observation, StoreError>> {
+        let mut answers = Vec::with_capacity(locks.len());
+        for batch in locks.chunks(BATCH) {
+            match self.0.observe_many(batch).await {
+                Ok(observed) => answers.extend(observed.into_iter().map(Ok)),
+                Err(e) => answers.extend(batch.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        answers
+    }
+
+    async fn changed_any(&self) {
+        self.0.changed_any().await
+    }
+
+    fn shown_differs(before: &Result<Observation, StoreError>, after: &Result<Observation, StoreError>) -> bool {
+        Shown::of(before) != Shown::of(after)
+    }
+}
+
+/// The assignments of partitioned leases, each `(lock, partitions)`. No
+/// store announces a change of sessions: they are read per P.
+pub struct Partitioned(pub Arc<dyn SessionStore>);
+
+#[async_trait]
+impl Source for Partitioned {
+    type Key = (String, u32);
+    type Answer = PartitionView;
+
+    async fn read(&self, locks: &[(String, u32)]) -> Vec<Result<PartitionView, StoreError>> {
+        let mut answers = Vec::with_capacity(locks.len());
+        let mut rest = locks;
+        while !rest.is_empty() {
+            // As many leases as fit one call; a lease alone always fits
+            // (its names are at most 2 × MAX_PARTITIONS).
+            let mut names = 0;
+            let fit = rest
+                .iter()
+                .take_while(|(_, n)| {
+                    names += PartitionView::names_read(*n);
+                    names <= MAX_LOCKS_PER_CALL
+                })
+                .count()
+                .max(1);
+            let (batch, later) = rest.split_at(fit);
+            match PartitionView::observe_many(&*self.0, batch).await {
+                Ok(views) => answers.extend(views.into_iter().map(Ok)),
+                Err(e) => answers.extend(batch.iter().map(|_| Err(e.clone()))),
+            }
+            rest = later;
+        }
+        answers
+    }
+
+    async fn changed_any(&self) {
+        futures::future::pending::<()>().await
+    }
+
+    fn shown_differs(before: &Result<PartitionView, StoreError>, after: &Result<PartitionView, StoreError>) -> bool {
+        match (before, after) {
+            (Ok(before), Ok(after)) => before != after,
+            (before, after) => before.is_ok() != after.is_ok(),
+        }
+    }
+}
+
+/// Every store's observers, and the controllers told of changes.
 #[derive(Default)]
 pub struct Observers {
-    by_store: Mutex<HashMap<String, Arc<Observer>>>,
+    locks: Registry<Locks>,
+    partitions: Registry<Partitioned>,
     triggers: Arc<Triggers>,
+}
+
+/// The observers of one [`Source`], by store and table.
+struct Registry<S: Source>(Mutex<HashMap<String, Arc<Observer<S>>>>);
+
+impl<S: Source> Default for Registry<S> {
+    fn default() -> Self {
+        Registry(Mutex::default())
+    }
 }
 
 /// The senders of every [`Observers::triggers`] stream still read.
@@ -79,44 +187,30 @@ impl Triggers {
 }
 
 /// What a reconcile asks of the observer.
-pub struct Ask<'a> {
+pub struct Ask<S: Source> {
     /// The store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key)).
     pub store_key: String,
-    pub store: Arc<dyn LeaseStore>,
-    pub lock: &'a str,
-    /// The resource asking: reconciled when the lock's shown state changes.
+    /// What reads the table, used when its observer starts.
+    pub source: S,
+    pub key: S::Key,
+    /// The resource asking: reconciled when what its status shows changes.
     pub lease: LeaseRef,
-    /// Its retry period: the lock is read at least this often.
+    /// Its retry period: the key is read at least this often.
     pub period: Duration,
     /// A read started at or after this, or (`None`) the last read if there is one.
     pub read_after: Option<Instant>,
 }
 
 impl Observers {
-    /// The lock's observation, as [`Ask::read_after`] says: from the last
+    /// A plain lease's lock, as [`Ask::read_after`] says: from the last
     /// read, or from the next one, which every waiting reconcile shares.
-    pub async fn observe(&self, ask: Ask<'_>) -> Stamped {
-        let observer = self.observer(&ask.store_key, ask.store);
-        let answer = {
-            let mut state = observer.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            let watched = state.locks.entry(ask.lock.to_string()).or_default();
-            watched.leases.insert(ask.lease, (ask.period, Instant::now()));
-            let cached = watched
-                .last
-                .as_ref()
-                .filter(|last| ask.read_after.is_none_or(|after| last.read_at >= after));
-            if let Some(cached) = cached {
-                return cached.clone();
-            }
-            let (answer, answered) = oneshot::channel();
-            state.waiting.push((ask.lock.to_string(), Instant::now(), answer));
-            answered
-        };
-        observer.shared.wake.notify_one();
-        answer.await.unwrap_or_else(|_| Stamped {
-            observation: Err(StoreError::unavailable("the store's observer stopped")),
-            read_at: Instant::now(),
-        })
+    pub async fn observe(&self, ask: Ask<Locks>) -> Stamped<Observation> {
+        self.locks.observe(ask, &self.triggers).await
+    }
+
+    /// A partitioned lease's assignment, as [`Observers::observe`] reads a lock.
+    pub async fn observe_partitions(&self, ask: Ask<Partitioned>) -> Stamped<PartitionView> {
+        self.partitions.observe(ask, &self.triggers).await
     }
 
     /// The resources whose lock changed, for the controller to reconcile
@@ -129,47 +223,93 @@ impl Observers {
         })
         .boxed()
     }
+}
 
-    fn observer(&self, key: &str, store: Arc<dyn LeaseStore>) -> Arc<Observer> {
-        let mut by_store = self.by_store.lock().unwrap_or_else(|e| e.into_inner());
-        by_store
-            .entry(key.to_string())
-            .or_insert_with(|| Arc::new(Observer::start(store, self.triggers.clone())))
-            .clone()
+impl<S: Source> Registry<S> {
+    async fn observe(&self, ask: Ask<S>, triggers: &Arc<Triggers>) -> Stamped<S::Answer> {
+        let observer = {
+            let mut by_store = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            by_store
+                .entry(ask.store_key)
+                .or_insert_with(|| Arc::new(Observer::start(ask.source, triggers.clone())))
+                .clone()
+        };
+        let answer = {
+            let mut state = observer.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let watched = state.keys.entry(ask.key.clone()).or_default();
+            watched.leases.insert(ask.lease, (ask.period, Instant::now()));
+            let cached = watched
+                .last
+                .as_ref()
+                .filter(|last| ask.read_after.is_none_or(|after| last.read_at >= after));
+            if let Some(cached) = cached {
+                return cached.clone();
+            }
+            let (answer, answered) = oneshot::channel();
+            state.waiting.push((ask.key, Instant::now(), answer));
+            answered
+        };
+        observer.shared.wake.notify_one();
+        answer.await.unwrap_or_else(|_| Stamped {
+            observation: Err(StoreError::unavailable("the store's observer stopped")),
+            read_at: Instant::now(),
+        })
     }
 }
 
 /// The reads of one store and table: its task, and the task that wakes it
 /// at the store's announcements.
-struct Observer {
-    shared: Arc<Shared>,
+struct Observer<S: Source> {
+    shared: Arc<Shared<S>>,
     _reads: AbortOnDropHandle<()>,
     _announcements: AbortOnDropHandle<()>,
 }
 
-struct Shared {
-    store: Arc<dyn LeaseStore>,
-    state: Mutex<State>,
+struct Shared<S: Source> {
+    source: S,
+    state: Mutex<State<S>>,
     /// A reconcile is waiting, or the store announced a change.
     wake: Notify,
     triggers: Arc<Triggers>,
 }
 
-#[derive(Default)]
-struct State {
-    locks: HashMap<String, Watched>,
-    /// Reconciles waiting for a read: the lock, when they asked.
-    waiting: Vec<(String, Instant, oneshot::Sender<Stamped>)>,
+type Waiting<S> = (
+    <S as Source>::Key,
+    Instant,
+    oneshot::Sender<Stamped<<S as Source>::Answer>>,
+);
+
+struct State<S: Source> {
+    keys: HashMap<S::Key, Watched<S::Answer>>,
+    /// Reconciles waiting for a read: the key, when they asked.
+    waiting: Vec<Waiting<S>>,
 }
 
-#[derive(Default)]
-struct Watched {
-    /// The resources naming the lock: their retry period, and when they last asked.
+impl<S: Source> Default for State<S> {
+    fn default() -> Self {
+        State {
+            keys: HashMap::new(),
+            waiting: Vec::new(),
+        }
+    }
+}
+
+struct Watched<A> {
+    /// The resources asking: their retry period, and when they last asked.
     leases: HashMap<LeaseRef, (Duration, Instant)>,
-    last: Option<Stamped>,
+    last: Option<Stamped<A>>,
 }
 
-/// What a status shows of a read: a change of it reconciles the lock's resources.
+impl<A> Default for Watched<A> {
+    fn default() -> Self {
+        Watched {
+            leases: HashMap::new(),
+            last: None,
+        }
+    }
+}
+
+/// What a status shows of a lock's read: a change of it reconciles the lock's resources.
 #[derive(PartialEq, Eq)]
 enum Shown {
     Failed,
@@ -195,10 +335,10 @@ impl Shown {
     }
 }
 
-impl Observer {
-    fn start(store: Arc<dyn LeaseStore>, triggers: Arc<Triggers>) -> Observer {
+impl<S: Source> Observer<S> {
+    fn start(source: S, triggers: Arc<Triggers>) -> Observer<S> {
         let shared = Arc::new(Shared {
-            store,
+            source,
             state: Mutex::default(),
             wake: Notify::new(),
             triggers,
@@ -208,7 +348,7 @@ impl Observer {
             _reads: AbortOnDropHandle::new(tokio::spawn(reads(shared.clone()))),
             _announcements: AbortOnDropHandle::new(tokio::spawn(async move {
                 loop {
-                    announced.store.changed_any().await;
+                    announced.source.changed_any().await;
                     announced.wake.notify_one();
                 }
             })),
@@ -218,8 +358,8 @@ impl Observer {
 }
 
 /// The observer's loop: wait for the period, a waiting reconcile or an
-/// announcement; read every lock; answer, remember, trigger.
-async fn reads(shared: Arc<Shared>) {
+/// announcement; read every key; answer, remember, trigger.
+async fn reads<S: Source>(shared: Arc<Shared<S>>) {
     let mut last_read: Option<Instant> = None;
     loop {
         let due = shared
@@ -235,78 +375,72 @@ async fn reads(shared: Arc<Shared>) {
             None => shared.wake.notified().await,
         }
         let read_at = Instant::now();
-        let locks = shared.locks_to_read(read_at);
-        let mut answers = Vec::with_capacity(locks.len());
-        for batch in locks.chunks(BATCH) {
-            match shared.store.observe_many(batch).await {
-                Ok(observed) => answers.extend(observed.into_iter().map(Ok)),
-                Err(e) => answers.extend(batch.iter().map(|_| Err(e.clone()))),
-            }
-        }
+        let keys = shared.keys_to_read(read_at);
+        let answers = shared.source.read(&keys).await;
         last_read = Some(read_at);
-        let changed = shared.remember(&locks, answers, read_at);
+        let changed = shared.remember(&keys, answers, read_at);
         shared.triggers.send(&changed);
     }
 }
 
-impl Shared {
+impl<S: Source> Shared<S> {
     /// The smallest retry period among the leases observed; `None` with none.
     fn period(&self) -> Option<Duration> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state
-            .locks
+            .keys
             .values()
             .flat_map(|watched| watched.leases.values().map(|(period, _)| *period))
             .min()
     }
 
-    /// Forgets the leases not asked about for [`FORGET_AFTER`], and lists the locks left.
-    fn locks_to_read(&self, now: Instant) -> Vec<String> {
+    /// Forgets the leases not asked about for [`FORGET_AFTER`], and lists the keys left.
+    fn keys_to_read(&self, now: Instant) -> Vec<S::Key> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let State { locks, waiting } = &mut *state;
-        for watched in locks.values_mut() {
+        let State { keys, waiting } = &mut *state;
+        for watched in keys.values_mut() {
             watched
                 .leases
                 .retain(|_, (_, asked)| now.saturating_duration_since(*asked) < FORGET_AFTER);
         }
-        locks.retain(|lock, watched| !watched.leases.is_empty() || waiting.iter().any(|(w, _, _)| w == lock));
-        locks.keys().cloned().collect()
+        keys.retain(|key, watched| !watched.leases.is_empty() || waiting.iter().any(|(w, _, _)| w == key));
+        keys.keys().cloned().collect()
     }
 
-    /// Keeps each lock's answer, answers the reconciles that waited for
+    /// Keeps each key's answer, answers the reconciles that waited for
     /// this read (they asked before it started), and returns the resources
-    /// whose lock changed what a status shows.
+    /// whose key changed what a status shows.
     fn remember(
         &self,
-        locks: &[String],
-        answers: Vec<Result<Observation, StoreError>>,
+        keys: &[S::Key],
+        answers: Vec<Result<S::Answer, StoreError>>,
         read_at: Instant,
     ) -> Vec<LeaseRef> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = Vec::new();
-        for (lock, observation) in locks.iter().zip(answers) {
-            let Some(watched) = state.locks.get_mut(lock) else {
+        for (key, observation) in keys.iter().zip(answers) {
+            let Some(watched) = state.keys.get_mut(key) else {
                 continue;
             };
             let stamped = Stamped { observation, read_at };
             if let Some(last) = &watched.last
-                && Shown::of(&last.observation) != Shown::of(&stamped.observation)
+                && S::shown_differs(&last.observation, &stamped.observation)
             {
                 changed.extend(watched.leases.keys().cloned());
             }
             watched.last = Some(stamped);
         }
-        // Answered: those that asked before this read started, about a lock it read.
+        // Answered: those that asked before this read started, about a key it read.
         let (answerable, still): (Vec<_>, Vec<_>) =
             std::mem::take(&mut state.waiting)
                 .into_iter()
-                .partition(|(lock, asked, _)| {
-                    let read_now = state.locks.get(lock).and_then(|w| w.last.as_ref()).map(|l| l.read_at);
+                .partition(|(key, asked, _)| {
+                    let read_now = state.keys.get(key).and_then(|w| w.last.as_ref()).map(|l| l.read_at);
                     *asked <= read_at && read_now == Some(read_at)
                 });
         state.waiting = still;
-        for (lock, _, answer) in answerable {
-            if let Some(last) = state.locks.get(&lock).and_then(|w| w.last.clone()) {
+        for (key, _, answer) in answerable {
+            if let Some(last) = state.keys.get(&key).and_then(|w| w.last.clone()) {
                 // The reconcile may have given up; nothing to do then.
                 let _ = answer.send(last);
             }
@@ -324,15 +458,50 @@ mod tests {
     use futures::StreamExt;
 
     use super::*;
+    use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, new_session_id};
     use crate::lease::store::Result;
-    use crate::lease::{Claim, Grant, Handoff};
+    use crate::lease::{Claim, Grant, Handoff, Identity, StoreTime};
     use crate::store::MemoryStore;
 
-    /// A memory store that counts its reads: one by one, and batched.
+    /// A memory store that counts its reads: one by one, and batched; and
+    /// its session reads (`observe_locks`: every read of a partitioned lock).
     struct Counted {
         store: MemoryStore,
         single: AtomicUsize,
         batched: AtomicUsize,
+        lock_reads: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl SessionStore for Counted {
+        async fn ensure_session_schema(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime> {
+            self.store.open_session(session, owner, lease).await
+        }
+        async fn renew_session(&self, session: &str) -> Result<StoreTime> {
+            self.store.renew_session(session).await
+        }
+        async fn close_session(&self, session: &str) -> Result<()> {
+            self.store.close_session(session).await
+        }
+        async fn observe_session(&self, session: &str) -> Result<SessionObservation> {
+            self.store.observe_session(session).await
+        }
+        async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch> {
+            self.store.try_lock(session, names).await
+        }
+        async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>> {
+            self.store.unlock(session, locks).await
+        }
+        async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation> {
+            self.lock_reads.fetch_add(1, Ordering::SeqCst);
+            self.store.observe_locks(names).await
+        }
+        async fn collect_garbage(&self) -> Result<Collected> {
+            self.store.collect_garbage().await
+        }
     }
 
     #[async_trait]
@@ -379,17 +548,11 @@ mod tests {
         ObjectRef::new(&format!("lease-{i}")).within("ns")
     }
 
-    fn ask<'a>(
-        store: &Arc<Counted>,
-        i: usize,
-        lock: &'a str,
-        period: Duration,
-        read_after: Option<Instant>,
-    ) -> Ask<'a> {
+    fn ask(store: &Arc<Counted>, i: usize, lock: &str, period: Duration, read_after: Option<Instant>) -> Ask<Locks> {
         Ask {
             store_key: "one table".into(),
-            store: store.clone(),
-            lock,
+            source: Locks(store.clone()),
+            key: lock.to_string(),
             lease: lease(i),
             period,
             read_after,
@@ -401,6 +564,7 @@ mod tests {
             store: MemoryStore::new(1),
             single: AtomicUsize::new(0),
             batched: AtomicUsize::new(0),
+            lock_reads: AtomicUsize::new(0),
         })
     }
 
@@ -498,5 +662,77 @@ mod tests {
             before + 6,
             "the fresh read was a new one"
         );
+    }
+
+    /// Partitioned leases follow the same rule: 1,250 leases of 4
+    /// partitions (8 names each) asking at once share one read of
+    /// 2 calls ([`MAX_LOCKS_PER_CALL`] names a call); at rest the table is
+    /// read once per P in those 2 calls, reconciles answer from the last
+    /// read, and only the lease whose assignment changed is triggered.
+    /// Planted: reading lease by lease in [`Partitioned::read`]
+    /// (`PartitionView::observe` per key) fails the counts.
+    #[tokio::test(start_paused = true)]
+    async fn many_partitioned_leases_cost_one_batched_read_per_period() {
+        const PARTITIONED: usize = 1250;
+        const PARTITIONS: u32 = 4;
+        let store = counted();
+        let observers = Observers::default();
+        let mut triggers = observers.triggers();
+        let ask = |i: usize, read_after| Ask {
+            store_key: "one table\nsessions".into(),
+            source: Partitioned(store.clone()),
+            key: (lock(i), PARTITIONS),
+            lease: lease(i),
+            period: P,
+            read_after,
+        };
+        let member = |pod: &str| new_session_id(&Identity::new(None, Some("ns".into()), pod), 1);
+        let a = member("pod-a");
+        store.open_session(&a, "pod-a", Duration::from_secs(600)).await.unwrap();
+        store
+            .try_lock(&a, &["lock-7/m/0".into(), "lock-7/p/2".into()])
+            .await
+            .unwrap();
+
+        let first =
+            futures::future::join_all((0..PARTITIONED).map(|i| observers.observe_partitions(ask(i, None)))).await;
+        let calls = (PARTITIONED * PartitionView::names_read(PARTITIONS)).div_ceil(MAX_LOCKS_PER_CALL);
+        assert_eq!(calls, 2);
+        let started = store.lock_reads.load(Ordering::SeqCst);
+        assert!(
+            started <= 2 * calls,
+            "{started} reads for {PARTITIONED} leases asking at once"
+        );
+        let reads: HashSet<Instant> = first.iter().map(|s| s.read_at).collect();
+        assert!(reads.len() <= 2, "{} reads answered", reads.len());
+        let seven = first[7].observation.as_ref().unwrap();
+        assert_eq!(seven.members, vec![a.clone()]);
+        assert_eq!(seven.owners[2].as_deref(), Some(a.as_str()));
+        assert_eq!(first[8].observation.as_ref().unwrap().unowned(), 4);
+
+        // At rest: one batched read per P, and reconciles answer from it.
+        tokio::time::sleep(P * 10 + P / 2).await;
+        assert_eq!(store.lock_reads.load(Ordering::SeqCst), started + calls * 10);
+        for i in 0..PARTITIONED {
+            observers.observe_partitions(ask(i, None)).await.observation.unwrap();
+        }
+        assert_eq!(store.lock_reads.load(Ordering::SeqCst), started + calls * 10);
+
+        // A member joining reconciles its lease, and only it, at the next read.
+        let b = member("pod-b");
+        store.open_session(&b, "pod-b", Duration::from_secs(600)).await.unwrap();
+        store.try_lock(&b, &["lock-9/m/1".into()]).await.unwrap();
+        tokio::time::sleep(P).await;
+        assert_eq!(triggers.next().await, Some(lease(9)));
+        tokio::time::sleep(P * 3).await;
+        let quiet = tokio::time::timeout(P, triggers.next()).await;
+        assert!(quiet.is_err(), "nothing changed, yet {quiet:?} was triggered");
+        // A read asked for after a moment is a new one, of every lease together.
+        let before = store.lock_reads.load(Ordering::SeqCst);
+        let asked = Instant::now();
+        let fresh = observers.observe_partitions(ask(9, Some(asked))).await;
+        assert!(fresh.read_at >= asked);
+        assert_eq!(fresh.observation.unwrap().members, vec![b]);
+        assert_eq!(store.lock_reads.load(Ordering::SeqCst), before + calls);
     }
 }

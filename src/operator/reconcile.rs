@@ -21,8 +21,9 @@
 //!    publish Events, and write status only when something users see
 //!    changed (holder, term, token, conditions, counts): a renewal alone
 //!    writes nothing, so a steady lease costs no writes and no extra reconcile.
-//!    A partitioned lease reads its whole assignment instead, in one store
-//!    call ([`PartitionView`](crate::lease::partitions::PartitionView)), and shows it in `status.partitions`;
+//!    A partitioned lease reads its whole assignment instead
+//!    ([`PartitionView`](crate::lease::partitions::PartitionView), from the
+//!    same kind of batched observer), and shows it in `status.partitions`;
 //! 7. after a successful read, collect the store's dead sessions when its
 //!    turn came ([`GC_INTERVAL`]).
 

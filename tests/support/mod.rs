@@ -115,7 +115,7 @@ pub fn model_kubeconfig(addr: std::net::SocketAddr, namespace: &str, name: &str)
 /// The `leasehold` the processes run: this build's, unless
 /// LEASEHOLD_BENCH_BINARY names another build (the benchmarks' before and
 /// after figures run one harness against two builds).
-fn binary() -> std::ffi::OsString {
+pub fn binary() -> std::ffi::OsString {
     std::env::var_os("LEASEHOLD_BENCH_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_leasehold").into())
 }
 

@@ -21,7 +21,7 @@ use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
 use crate::operator::metrics::Metrics;
-use crate::operator::observer::{Ask, Observers};
+use crate::operator::observer::{Ask, Locks, Observers, Partitioned};
 use crate::operator::preferred::Pending;
 use crate::operator::rollout;
 use crate::operator::stores::{StoreProvider, read_url, target_of};
@@ -218,6 +218,21 @@ impl Context {
         target_of(valid, namespace, url)
     }
 
+    /// `read`; when it fails, the URL read for `valid` is forgotten (a
+    /// rotated credential is read again at the next reconcile).
+    async fn forgetting_url<T>(
+        &self,
+        valid: &ValidLease,
+        namespace: &str,
+        read: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let observed = read.await;
+        if observed.is_err() {
+            self.forget_url(valid, namespace);
+        }
+        observed
+    }
+
     /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
     fn forget_url(&self, valid: &ValidLease, namespace: &str) {
         if let Some(secret) = valid.store.url_secret() {
@@ -242,8 +257,8 @@ impl Context {
             let ask = || {
                 let ask = Ask {
                     store_key: key.clone(),
-                    store: store.clone(),
-                    lock: &valid.lock,
+                    source: Locks(store.clone()),
+                    key: valid.lock.clone(),
                     lease: ObjectRef::from_obj(lease),
                     period: valid.timing.retry_period.max(MIN_REQUEUE),
                     read_after,
@@ -255,37 +270,43 @@ impl Context {
             };
             self.with_schema(key.clone(), valid, store.ensure_schema(), ask).await
         };
-        let observed = read.await;
-        if observed.is_err() {
-            self.forget_url(valid, namespace);
-        }
-        observed
+        self.forgetting_url(valid, namespace, read).await
     }
 
-    /// Reads the assignment of a partitioned lease in one store call,
-    /// creating the session tables the first time where the operator has
-    /// the rights.
+    /// The assignment of a partitioned lease from its session tables'
+    /// observer, as `read_after` says (as [`Context::observe`] reads a
+    /// plain lease's row), creating the session tables the first time
+    /// where the operator has the rights.
     pub(super) async fn observe_partitions(
         &self,
+        lease: &DistributedLease,
         valid: &ValidLease,
         namespace: &str,
         partitions: u32,
-    ) -> Result<PartitionView, StoreError> {
+        read_after: Option<Instant>,
+    ) -> Result<(PartitionView, Instant), StoreError> {
         let read = async {
             let target = self.target_of(valid, namespace).await?;
             let sessions = self.stores.sessions(&target).await?;
             let key = format!("{}\nsessions", target.key());
-            let sessions = &*sessions;
-            self.with_schema(key, valid, sessions.ensure_session_schema(), || {
-                PartitionView::observe(sessions, &valid.lock, partitions)
-            })
-            .await
+            let ask = || {
+                let ask = Ask {
+                    store_key: key.clone(),
+                    source: Partitioned(sessions.clone()),
+                    key: (valid.lock.clone(), partitions),
+                    lease: ObjectRef::from_obj(lease),
+                    period: valid.timing.retry_period.max(MIN_REQUEUE),
+                    read_after,
+                };
+                async move {
+                    let stamped = self.observers.observe_partitions(ask).await;
+                    stamped.observation.map(|view| (view, stamped.read_at))
+                }
+            };
+            self.with_schema(key.clone(), valid, sessions.ensure_session_schema(), ask)
+                .await
         };
-        let observed = read.await;
-        if observed.is_err() {
-            self.forget_url(valid, namespace);
-        }
-        observed
+        self.forgetting_url(valid, namespace, read).await
     }
 
     /// `read`, after `ensure` created the tables the first time for `key`.
@@ -415,19 +436,26 @@ pub(super) async fn look(
         false => None,
     };
     let mut was = ReadWas::AfterCandidates;
+    let read_after = (need == Need::AfterCandidates).then_some(taken);
     let read = match valid.partitions {
-        None => {
-            let read_after = (need == Need::AfterCandidates).then_some(taken);
-            ctx.observe(lease, &valid, namespace, read_after)
-                .await
-                .map(|(observed, read_at)| {
-                    if read_at < taken {
-                        was = ReadWas::BeforeCandidates;
-                    }
-                    Read::Lease(observed)
-                })
-        }
-        Some(n) => ctx.observe_partitions(&valid, namespace, n).await.map(Read::Partitions),
+        None => ctx
+            .observe(lease, &valid, namespace, read_after)
+            .await
+            .map(|(observed, read_at)| {
+                if read_at < taken {
+                    was = ReadWas::BeforeCandidates;
+                }
+                Read::Lease(observed)
+            }),
+        Some(n) => ctx
+            .observe_partitions(lease, &valid, namespace, n, read_after)
+            .await
+            .map(|(view, read_at)| {
+                if read_at < taken {
+                    was = ReadWas::BeforeCandidates;
+                }
+                Read::Partitions(view)
+            }),
     };
     if read.is_ok() {
         ctx.collect_garbage(&valid, namespace).await;

@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{Context, Error, RELEASE_PATIENCE, Result};
@@ -146,8 +147,12 @@ async fn holders(
         source,
     };
     if let Some(n) = valid.partitions {
-        let view = match ctx.observe_partitions(valid, namespace, n).await {
-            Ok(view) => view,
+        // A read started now: the finalizer goes on what the store holds.
+        let view = match ctx
+            .observe_partitions(lease, valid, namespace, n, Some(Instant::now()))
+            .await
+        {
+            Ok((view, _)) => view,
             Err(e @ StoreError::Invalid { .. }) => {
                 warn!(error = %e.chain(), "store cannot hold the partitions; nothing to wait for");
                 return Ok(Gate::Open);

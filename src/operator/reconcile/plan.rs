@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::{INVALID_REQUEUE, MIN_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
+use super::{INVALID_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
 use crate::api::contract::TIMING_CONDITION;
 use crate::api::contract::injected_container;
 use crate::api::history::{self, HistoryEntry};
@@ -156,14 +156,10 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         observed_generation: at.generation,
         ..at.old.clone()
     };
-    // The store observer reconciles a lease when its lock changes, and the
-    // pod and Deployment watches when its candidates or their Deployments
-    // do; partitioned leases read their sessions here, so they look again
-    // every P.
-    let requeue = match valid.partitions.is_none() {
-        true => Action::requeue(OBSERVED_REQUEUE),
-        false => Action::requeue(valid.timing.retry_period.max(MIN_REQUEUE)),
-    };
+    // The store observer reconciles a lease when its lock (or a partitioned
+    // lease's assignment) changes, and the pod and Deployment watches when
+    // its candidates or their Deployments do.
+    let requeue = Action::requeue(OBSERVED_REQUEUE);
     let read = match read {
         Ok(read) => read,
         Err(e) => {

@@ -114,6 +114,68 @@ pub async fn locks_are_exclusive_between_live_sessions(store: Arc<dyn SessionSto
     assert_eq!(observed.locks[3].token, None, "never taken: no row");
 }
 
+/// Several sets of locks read in one call are answered as
+/// [`SessionStore::observe_locks`] answers each: in the order given, a lock
+/// in two sets in both, an empty set empty, all at one store time no
+/// earlier than the writes before; and partitioned locks read together
+/// ([`PartitionView::observe_many`]) are each what a read of its own shows.
+pub async fn lock_sets_are_answered_as_each_alone(store: Arc<dyn SessionStore>) {
+    open(&*store, "s-sets-a", LONG).await;
+    open(&*store, "s-sets-b", LONG).await;
+    store.try_lock("s-sets-a", &names(&["sets-x", "sets-y"])).await.unwrap();
+    let b = store.try_lock("s-sets-b", &names(&["sets-z"])).await.unwrap();
+    let sets = [
+        names(&["sets-x", "sets-absent", "sets-z"]),
+        names(&[]),
+        names(&["sets-z", "sets-y"]),
+    ];
+    let answered = store.observe_lock_sets(&sets).await.expect("observe_lock_sets");
+    assert_eq!(answered.len(), sets.len(), "{answered:?}");
+    for (set, observed) in sets.iter().zip(&answered) {
+        let alone = store.observe_locks(set).await.unwrap();
+        assert_eq!(observed.locks, alone.locks, "{set:?}");
+        assert_eq!(observed.now, answered[0].now, "one read, one store time");
+    }
+    let holders = |i: usize| -> Vec<Option<&str>> { answered[i].locks.iter().map(|l| l.holder.as_deref()).collect() };
+    assert_eq!(holders(0), [Some("s-sets-a"), None, Some("s-sets-b")]);
+    assert_eq!(holders(2), [Some("s-sets-b"), Some("s-sets-a")]);
+    assert!(
+        answered[0].now.0 >= b.taken[0].1.0,
+        "read before the last write: {answered:?}"
+    );
+    assert!(store.observe_lock_sets(&[]).await.unwrap().is_empty());
+
+    let member = |lock: &str, slot: u32, partitions: &[u32]| {
+        std::iter::once(format!("{lock}/m/{slot}"))
+            .chain(partitions.iter().map(|i| format!("{lock}/p/{i}")))
+            .collect::<Vec<_>>()
+    };
+    store
+        .try_lock("s-sets-a", &member("sets-jobs", 0, &[0, 2]))
+        .await
+        .unwrap();
+    store.try_lock("s-sets-b", &member("sets-jobs", 1, &[1])).await.unwrap();
+    store.try_lock("s-sets-b", &member("sets-work", 2, &[3])).await.unwrap();
+    let locks = [
+        ("sets-jobs".to_string(), 4),
+        ("sets-idle".to_string(), 2),
+        ("sets-work".to_string(), 4),
+    ];
+    let views = PartitionView::observe_many(&*store, &locks).await.unwrap();
+    assert_eq!(views.len(), locks.len());
+    for ((lock, n), view) in locks.iter().zip(&views) {
+        assert_eq!(
+            view,
+            &PartitionView::observe(&*store, lock, *n).await.unwrap(),
+            "{lock}"
+        );
+    }
+    assert_eq!(views[0].members, names(&["s-sets-a", "s-sets-b"]));
+    assert_eq!(views[0].unowned(), 1);
+    assert_eq!((views[1].members.len(), views[1].unowned()), (0, 2));
+    assert_eq!(views[2].owners[3].as_deref(), Some("s-sets-b"));
+}
+
 /// A successful batch renews its session by the same commit.
 pub async fn a_batch_renews_its_session(store: Arc<dyn SessionStore>) {
     open(&*store, "s-busy", LONG).await;
@@ -420,6 +482,11 @@ macro_rules! session_conformance_tests {
             async fn locks_are_exclusive_between_live_sessions() {
                 let target = $make.await;
                 suite::locks_are_exclusive_between_live_sessions(suite::SessionTarget::sessions(&target)).await;
+            }
+            #[tokio::test]
+            async fn lock_sets_are_answered_as_each_alone() {
+                let target = $make.await;
+                suite::lock_sets_are_answered_as_each_alone(suite::SessionTarget::sessions(&target)).await;
             }
             #[tokio::test]
             async fn a_batch_renews_its_session() {

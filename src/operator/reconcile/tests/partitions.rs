@@ -128,7 +128,7 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
         },
     )
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
     let first = rx.await.unwrap();
     assert_eq!(
         first["partitions"],
@@ -245,7 +245,7 @@ async fn the_status_shows_the_assignment_a_dead_members_partitions_unowned_until
 
     // Nothing changed since: no write at all.
     let (result, _) = reconcile_on(&store, Some(fourth), pods(&["web-0", "web-1"]), async move |_, _| {}).await;
-    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
 }
 
 /// Issue 40 on a partitioned lease: a live session of the namespace holding
