@@ -84,6 +84,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 totals.add(&report);
             }
             Err(violation) => {
+                if args.verbose {
+                    // The whole log; the violation's own text ends with its last lines.
+                    let shown = violation.events.len().saturating_sub(40);
+                    for e in &violation.events[..shown] {
+                        println!("  {e}");
+                    }
+                }
                 println!("{violation}");
                 failed.push(seed);
             }

@@ -186,7 +186,7 @@ impl Session {
             let session = self.id();
             let sent = now();
             let batch = self.shared.bounded(self.shared.store.try_lock(&session, chunk)).await;
-            let batch = match batch {
+            let mut batch = match batch {
                 Err(lost @ StoreError::Lost { .. }) => {
                     self.shared.wake.notify_one();
                     return Err(lost);
@@ -200,11 +200,26 @@ impl Session {
                     // it whatever this batch took.
                     return Err(super::session::session_lost(&session, "expired while locking"));
                 }
-                // Held again, so no longer to be released.
+                // A hold whose release is still unconfirmed is never claimed
+                // again, even when the store reports it ours under the same
+                // token: the unlock (or a duplicate of it) may still arrive
+                // and free it by check-and-set on that very token, after
+                // which another session takes the lock while we claim it. It
+                // stays to be released, and is busy to the caller until the
+                // release is confirmed and a new acquisition gives a new
+                // token.
+                let (stale, fresh): (Vec<_>, Vec<_>) = batch
+                    .taken
+                    .into_iter()
+                    .partition(|held| known.unreleased.contains(held));
+                // A new token under a name still listed is a new hold: the
+                // old one was freed, and its unlock can no longer match.
                 known
                     .unreleased
-                    .retain(|(name, _)| !batch.taken.iter().any(|(taken, _)| taken == name));
-                known.locks.extend(batch.taken.iter().cloned());
+                    .retain(|(name, _)| !fresh.iter().any(|(taken, _)| taken == name));
+                known.locks.extend(fresh.iter().cloned());
+                batch.taken = fresh;
+                batch.busy.extend(stale.into_iter().map(|(name, _)| name));
             }
             // The batch renewed the session too (and publishes).
             self.shared.renewed(&session, sent);

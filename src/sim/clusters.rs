@@ -61,7 +61,7 @@ impl Schedule {
         let pod = pod_of(slot);
         self.note(format!("{cluster} deletes pod {pod} ({})", candidates[slot].who));
         candidates[slot].handle.abort();
-        candidates[slot].pause.0.send_replace(false);
+        candidates[slot].pause.set(false);
         self.pod_uids.remove(&slot);
         // A store fault fails the operator's read: it tries again at its
         // next reconcile, which this schedule leaves out.

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use tokio::sync::watch;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Notify;
 
 use crate::lease::sim_hooks::TaskWrapper;
 
@@ -20,24 +22,55 @@ pub(super) fn paused_runtime() -> tokio::runtime::Runtime {
 }
 
 /// A process-pause switch: while on, none of the process's tasks run.
-#[derive(Clone)]
-pub(super) struct Pause(pub(super) watch::Sender<bool>);
+///
+/// A flag and a [`Notify`], not a `watch` channel: tokio's `watch` spreads
+/// its receivers over eight `Notify`s picked at random per runtime
+/// (`BigNotify` in tokio/src/sync/watch.rs), so the tasks of one process
+/// would wake in a different order on every run and a seed would not
+/// replay. `Notify::notify_waiters` wakes in the order the waiters came.
+#[derive(Clone, Default)]
+pub(super) struct Pause(Arc<PauseState>);
+
+#[derive(Default)]
+struct PauseState {
+    paused: AtomicBool,
+    changed: Notify,
+}
 
 impl Pause {
     pub(super) fn new() -> Self {
-        Pause(watch::channel(false).0)
+        Pause::default()
+    }
+
+    /// Pauses (SIGSTOP) or resumes (SIGCONT) the process.
+    pub(super) fn set(&self, paused: bool) {
+        self.0.paused.store(paused, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+
+    /// Returns once the switch is `paused`.
+    async fn until(&self, paused: bool) {
+        loop {
+            let changed = self.0.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            // Registered before the check, so a change in between still wakes us.
+            changed.as_mut().enable();
+            if self.0.paused.load(Ordering::SeqCst) == paused {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// `task`, polled only while the process is not paused: its timers fire
     /// late and it sees the time jump, as after SIGSTOP/SIGCONT.
     pub(super) async fn pausable(self, task: impl Future<Output = ()>) {
         let mut task = std::pin::pin!(task);
-        let mut paused = self.0.subscribe();
         loop {
-            let _ = paused.wait_for(|p| !p).await;
+            self.until(false).await;
             tokio::select! {
                 biased;
-                _ = paused.wait_for(|p| *p) => {}
+                () = self.until(true) => {}
                 () = &mut task => return,
             }
         }

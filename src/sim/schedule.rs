@@ -397,7 +397,7 @@ impl Schedule {
         self.set_store_faults(Faults::default());
         for c in &candidates {
             *c.link.lock().unwrap() = LinkFaults::default();
-            c.pause.0.send_replace(false);
+            c.pause.set(false);
             c.shutdown.cancel();
         }
         for c in candidates {
@@ -425,7 +425,7 @@ impl Schedule {
                 self.note(format!("crash {} (kill -9)", candidates[i].name));
                 self.report.counts.crashes += 1;
                 candidates[i].handle.abort();
-                candidates[i].pause.0.send_replace(false);
+                candidates[i].pause.set(false);
                 let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
                 tokio::time::sleep(restart).await;
                 candidates[i] = self.start_candidate(i);
@@ -590,11 +590,11 @@ impl Schedule {
                     self.report.counts.long_pauses += 1;
                 }
                 self.note(format!("pause {} for {length:?}", name));
-                pause.0.send_replace(true);
+                pause.set(true);
                 let pause = pause.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(length).await;
-                    pause.0.send_replace(false);
+                    pause.set(false);
                 });
             }
             9 => {

@@ -30,7 +30,7 @@
 //! 2 D + 8 P every process is a member, every partition has an owner and
 //! shares differ by at most one.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use tokio_util::task::AbortOnDropHandle;
 
@@ -274,7 +274,7 @@ impl Schedule {
     async fn converge_partitions(&mut self, processes: &[Process]) -> Option<String> {
         for p in processes {
             *p.link.lock().unwrap() = LinkFaults::default();
-            p.pause.0.send_replace(false);
+            p.pause.set(false);
         }
         self.note("faults lifted: the partitions must converge".into());
         let p = self.timing.retry_period;
@@ -309,7 +309,7 @@ impl Schedule {
                 self.note(format!("crash {name} (kill -9)"));
                 self.report.counts.crashes += 1;
                 processes[i].task.abort();
-                processes[i].pause.0.send_replace(false);
+                processes[i].pause.set(false);
                 let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
                 tokio::time::sleep(restart).await;
                 processes[i] = self.start_process(i, shared);
@@ -354,6 +354,10 @@ impl Schedule {
                 a.token
             )
         }));
+        // The schedule's notes and the store's commits, in time order (a
+        // stable sort: notes of one instant keep their order).
+        log.events
+            .sort_by_key(|e| e.trim_start().split("ms").next().and_then(|ms| ms.parse::<u128>().ok()));
         let (seed, mutant) = (self.seed, self.mutant);
         let fail = |what: String| Violation {
             seed,
@@ -362,7 +366,7 @@ impl Schedule {
             events: log.events.clone(),
         };
         // Per lock, its acquisitions in commit order.
-        let mut by_lock: HashMap<&str, Vec<&LockAcquisition>> = HashMap::new();
+        let mut by_lock: BTreeMap<&str, Vec<&LockAcquisition>> = BTreeMap::new();
         for a in &acquisitions {
             by_lock.entry(a.lock.as_str()).or_default().push(a);
         }

@@ -214,6 +214,99 @@ async fn a_batch_whose_reply_was_lost_is_confirmed_by_asking_again() {
     }
 }
 
+/// A memory store whose first unlock does not arrive in time: the client
+/// hears "outcome unknown", and the request is held back for the test to
+/// deliver late (as a slow network or a duplicated request would).
+struct LateUnlock {
+    inner: MemoryStore,
+    /// The session and locks of the unlock held back.
+    held_back: std::sync::Mutex<Option<HeldBackUnlock>>,
+}
+
+type HeldBackUnlock = (String, Vec<(String, FencingToken)>);
+
+#[async_trait]
+impl SessionStore for LateUnlock {
+    async fn ensure_session_schema(&self) -> Result<(), StoreError> {
+        self.inner.ensure_session_schema().await
+    }
+    async fn open_session(&self, session: &str, owner: &str, lease: Duration) -> Result<StoreTime, StoreError> {
+        self.inner.open_session(session, owner, lease).await
+    }
+    async fn renew_session(&self, session: &str) -> Result<StoreTime, StoreError> {
+        self.inner.renew_session(session).await
+    }
+    async fn close_session(&self, session: &str) -> Result<(), StoreError> {
+        self.inner.close_session(session).await
+    }
+    async fn observe_session(&self, session: &str) -> Result<SessionObservation, StoreError> {
+        self.inner.observe_session(session).await
+    }
+    async fn try_lock(&self, session: &str, names: &[String]) -> Result<LockBatch, StoreError> {
+        self.inner.try_lock(session, names).await
+    }
+    async fn unlock(&self, session: &str, locks: &[(String, FencingToken)]) -> Result<Vec<String>, StoreError> {
+        let first = {
+            let mut held_back = self.held_back.lock().unwrap();
+            held_back
+                .is_none()
+                .then(|| *held_back = Some((session.to_string(), locks.to_vec())))
+                .is_some()
+        };
+        if first {
+            return Err(StoreError::outcome_unknown("unlock still on its way (test)"));
+        }
+        self.inner.unlock(session, locks).await
+    }
+    async fn observe_locks(&self, names: &[String]) -> Result<LocksObservation, StoreError> {
+        self.inner.observe_locks(names).await
+    }
+    async fn collect_garbage(&self) -> Result<Collected, StoreError> {
+        self.inner.collect_garbage().await
+    }
+}
+
+/// The seed 1864 two-holders defect: a release whose outcome is unknown,
+/// then the same lock asked for again while the store still has it under
+/// the old token. The store answers "yours, token T"; the late unlock then
+/// frees it by check-and-set on T, and another session takes it. Claiming
+/// T again would make two holders: the lock is busy until the release is
+/// confirmed, and only a new acquisition (a new token) is claimed.
+#[tokio::test(start_paused = true)]
+async fn a_hold_whose_release_is_unconfirmed_is_not_claimed_again_under_its_token() {
+    let store = MemoryStore::new(11);
+    let late = Arc::new(LateUnlock {
+        inner: store.clone(),
+        held_back: std::sync::Mutex::new(None),
+    });
+    let a = Session::open(late.clone(), Identity::new(None, None, "a"), timing())
+        .await
+        .unwrap();
+    let b = session(&store, "b").await;
+    let first = a.try_lock_many(&["x"]).await.unwrap().taken[0].token;
+    assert!(a.release(&["x"]).await.is_err(), "the unlock's outcome is unknown");
+    let again = a.try_lock_many(&["x"]).await.unwrap();
+    assert!(
+        again.taken.is_empty() && again.busy == ["x"],
+        "the store still has x under the released token: busy, not taken: {again:?}"
+    );
+    assert_eq!(a.token("x"), None, "not claimed under the released token");
+    // The unlock arrives late and frees x by check-and-set on that token.
+    let (session_id, locks) = late.held_back.lock().unwrap().clone().unwrap();
+    assert_eq!(locks, [("x".to_string(), first)]);
+    assert_eq!(store.unlock(&session_id, &locks).await.unwrap(), ["x"]);
+    let taken = b.try_lock_many(&["x"]).await.unwrap();
+    assert_eq!(taken.taken.len(), 1, "b takes the freed lock");
+    assert_eq!(a.token("x"), None, "one holder: b");
+    // Once b lets go, a new acquisition by a is a new hold with a new token.
+    b.release(&["x"]).await.unwrap();
+    tokio::time::sleep(timing().retry_period * 2).await;
+    let retaken = a.try_lock_many(&["x"]).await.unwrap();
+    assert_eq!(retaken.taken.len(), 1, "{retaken:?}");
+    assert!(retaken.taken[0].token > first);
+    assert_eq!(a.token("x"), Some(retaken.taken[0].token));
+}
+
 #[tokio::test(start_paused = true)]
 async fn bad_lock_names_are_refused_naming_what_is_wrong() {
     let store = MemoryStore::new(9);
