@@ -325,7 +325,7 @@ mod tests {
 
     use super::*;
     use crate::lease::store::Result;
-    use crate::lease::{Claim, Grant, Handoff};
+    use crate::lease::{Claim, Grant, Release};
     use crate::store::MemoryStore;
 
     /// A memory store that counts its reads: one by one, and batched.
@@ -357,14 +357,8 @@ mod tests {
         async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
             self.store.renew(lock, holder, token, lease).await
         }
-        async fn release_for(
-            &self,
-            lock: &str,
-            holder: &str,
-            token: FencingToken,
-            handoff: Option<&Handoff>,
-        ) -> Result<()> {
-            self.store.release_for(lock, holder, token, handoff).await
+        async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
+            self.store.release_for(lock, holder, token, release).await
         }
     }
 
