@@ -41,7 +41,9 @@ pub struct LeaseTransferSpec {
     pub to: String,
     /// Who asked: a person (`Manual`, the default) or the operator, because
     /// the target outranks the leader (`Preference`, docs/design.md
-    /// "Preferred candidates"). The leader treats both alike.
+    /// "Preferred candidates"). The leader treats both alike, except that
+    /// its release records the term's end as `Preempted` for a
+    /// `Preference` and `Transferred` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<TransferOrigin>,
 }

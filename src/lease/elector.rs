@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
-use super::record::{FencingToken, Grant, Handoff, Held, Identity, Observation};
+use super::record::{EndReason, FencingToken, Grant, Handoff, Held, Identity, Observation, Release};
 use super::sim_hooks::{Flaw, SimHooks};
 use super::store::{LeaseStore, StoreError};
 use super::timing::Timing;
@@ -84,6 +84,10 @@ pub struct LeaderState {
     pub version: Option<Version>,
     /// The version the row records for the holder (ourselves when leader).
     pub holder_version: Option<Version>,
+    /// Why this candidate's last term ended on purpose (set when it steps
+    /// down, kept through the release, cleared by the next acquisition):
+    /// the reason its release records in the store.
+    pub ending: Option<EndReason>,
     pub change: Change,
 }
 
@@ -124,11 +128,13 @@ impl LeaderContext {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Campaign {
     on: bool,
+    /// Why the host switched the campaign off (when `on` is false).
+    off_because: EndReason,
     aside: Option<String>,
-    /// A transfer: stand aside, and release with this reservation. Its own
-    /// field, so that the version steering (which sets `aside`) cannot end
-    /// a handover.
-    handoff: Option<Handoff>,
+    /// A transfer: stand aside, and release with this reservation and
+    /// reason. Its own field, so that the version steering (which sets
+    /// `aside`) cannot end a handover.
+    handoff: Option<Release>,
 }
 
 impl Campaign {
@@ -141,8 +147,21 @@ impl Campaign {
         self.aside.clone().or_else(|| {
             self.handoff
                 .as_ref()
+                .and_then(|r| r.handoff.as_ref())
                 .map(|h| format!("handing over to pod {}", h.pod_uid()))
         })
+    }
+
+    /// Why a leader that stops claiming under this campaign ends its term:
+    /// a handover's reason, a stand-aside (preempted), the reason the host
+    /// switched it off, or else a shutdown (released).
+    fn end_reason(&self) -> EndReason {
+        match (&self.handoff, &self.aside, self.on) {
+            (Some(release), _, _) => release.reason,
+            (None, Some(_), _) => EndReason::Preempted,
+            (None, None, false) => self.off_because,
+            (None, None, true) => EndReason::Released,
+        }
     }
 }
 
@@ -171,8 +190,19 @@ pub struct ElectorControl {
 impl ElectorControl {
     /// `false`: a leader steps down and releases, a follower stops trying.
     pub fn set_campaigning(&self, campaigning: bool) {
-        self.campaign
-            .send_if_modified(|c| std::mem::replace(&mut c.on, campaigning) != campaigning);
+        self.campaign_unless((!campaigning).then_some(EndReason::Released));
+    }
+
+    /// `Some(reason)`: as `set_campaigning(false)`, and a leader's release
+    /// records `reason` as the end of its term (the pod terminating, the
+    /// app unhealthy). `None`: campaign (as `set_campaigning(true)`).
+    pub fn campaign_unless(&self, stop: Option<EndReason>) {
+        self.campaign.send_if_modified(|c| {
+            let (on, off_because) = (stop.is_none(), stop.unwrap_or(c.off_because));
+            let changed = (c.on, c.off_because) != (on, off_because);
+            (c.on, c.off_because) = (on, off_because);
+            changed
+        });
     }
 
     /// `Some(why)`: stand aside for a candidate of another version (the
@@ -184,14 +214,14 @@ impl ElectorControl {
             .send_if_modified(|c| std::mem::replace(&mut c.aside, why.clone()) != why);
     }
 
-    /// `Some(handoff)`: hand over (a transfer): a leader stops claiming,
+    /// `Some(release)`: hand over (a transfer): a leader stops claiming,
     /// drains as on `set_campaigning(false)` and releases with the
-    /// handoff's reservation; a follower does not campaign. Keep it set
+    /// release's reservation and reason; a follower does not campaign. Keep it set
     /// until the target leads or the reservation has ended: a leader that
     /// campaigned while its release was in flight could confirm its own
     /// term by a renewal and lead beside the target (docs/design.md,
     /// "Transfer"). `None`: campaign again (when switched on).
-    pub fn hand_over(&self, handoff: Option<Handoff>) {
+    pub fn hand_over(&self, handoff: Option<Release>) {
         self.campaign
             .send_if_modified(|c| std::mem::replace(&mut c.handoff, handoff.clone()) != handoff);
     }
@@ -738,6 +768,7 @@ impl Running {
                 deadline: Some(deadline),
                 renewed: Some(t_send),
                 holder_version: self.elector.version.clone(),
+                ending: None,
                 change: Change::Acquired,
                 ..s.clone()
             }
@@ -808,19 +839,20 @@ impl Running {
         };
 
         // Stop claiming first, then wait for the leader work, then release.
-        let release = matches!(ended, Ended::Release);
-        let change = match ended {
-            Ended::Lost(change) => change,
-            Ended::Release => Change::SteppingDown,
+        let (change, ending) = match ended {
+            Ended::Lost(change) => (change, None),
+            Ended::Release => (Change::SteppingDown, Some(self.campaign.borrow().end_reason())),
         };
+        let release = ending.is_some();
         let flawed_release = release && self.flaw(Flaw::ReleaseBeforeWorkStopped);
         let mut released = None;
-        if flawed_release {
-            released = Some(self.release(&lock, &me, grant).await);
+        if let Some(reason) = ending.filter(|_| flawed_release) {
+            released = Some(self.release(&lock, &me, grant, reason).await);
         }
         self.transition(|s| {
             s.leader = false;
             s.deadline = None;
+            s.ending = ending;
             s.change = change.clone();
         });
         cancelled.cancel();
@@ -830,8 +862,8 @@ impl Running {
         if !release {
             warn!(%lock, term = grant.term, reason = ?change, "stepped down");
         }
-        if release && !flawed_release {
-            released = Some(self.release(&lock, &me, grant).await);
+        if let Some(reason) = ending.filter(|_| !flawed_release) {
+            released = Some(self.release(&lock, &me, grant, reason).await);
         }
         if let Some(outcome) = released {
             self.transition(|s| {
@@ -841,19 +873,21 @@ impl Running {
         }
     }
 
-    /// Releases by check-and-set, with the reservation of a handover asked
+    /// Releases by check-and-set, recording `reason` (the one it stepped
+    /// down for), or with the reservation and reason of a handover asked
     /// for by then; a failure only means the lease expires by itself.
-    async fn release(&self, lock: &str, me: &str, grant: Grant) -> Change {
-        let handoff = self.campaign.borrow().handoff.clone();
+    async fn release(&self, lock: &str, me: &str, grant: Grant, reason: EndReason) -> Change {
+        let release = (self.campaign.borrow().handoff.clone()).unwrap_or(Release::because(reason));
         let released = timeout_at(
             now() + self.timing().renew_deadline,
-            self.store.release_for(lock, me, grant.token, handoff.as_ref()),
+            self.store.release_for(lock, me, grant.token, &release),
         )
         .await;
         let outcome = match released {
             Ok(Ok(())) => {
-                let reserved_for = handoff.as_ref().map(Handoff::pod_uid);
-                info!(%lock, term = grant.term, ?reserved_for, "released leadership");
+                let reserved_for = release.handoff.as_ref().map(Handoff::pod_uid);
+                let reason = release.reason.as_str();
+                info!(%lock, term = grant.term, ?reserved_for, reason, "released leadership");
                 Change::Released
             }
             Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),

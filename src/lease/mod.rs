@@ -20,9 +20,9 @@ pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext,
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
 pub use partitions::{Assigned, MAX_PARTITIONS, Partitioner, PartitionsError, validate_partitions};
 pub use record::{
-    FencingToken, Grant, Handoff, Held, Identity, InvalidClusterName, InvalidHandoff, InvalidIdentity, InvalidPodUid,
-    LeaseRecord, LockNameError, MAX_CLUSTER_NAME_CHARS, MAX_LOCK_NAME_BYTES, Observation, Reservation, StoreTime,
-    fnv1a_64, parse_cluster_name, validate_lock_name,
+    EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidClusterName, InvalidHandoff,
+    InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError, MAX_CLUSTER_NAME_CHARS, MAX_LOCK_NAME_BYTES,
+    Observation, Release, Reservation, StoreTime, fnv1a_64, parse_cluster_name, validate_lock_name,
 };
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};

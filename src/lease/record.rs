@@ -325,6 +325,116 @@ impl Reservation {
     }
 }
 
+/// Why a term ended, as the write that ended it records it in the store
+/// (docs/design.md, "Leadership history"): the releasing check-and-set
+/// writes its own reason, an acquire writes `Expired` for a term nobody
+/// ended, and a takeover by a restarted sidecar of the same pod writes
+/// `Restarted`. The text ([`EndReason::as_str`]) is what every store keeps
+/// and the metric's `reason` label.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// Released on purpose with no more specific cause (the process shut
+    /// down, or its host stopped the campaign).
+    #[default]
+    Released,
+    /// Not renewed within the lease duration, by the store's clock: written
+    /// by the acquire that took the row after it.
+    Expired,
+    /// Released with a reservation for a transfer's target.
+    Transferred,
+    /// Stood aside for another candidate: a preferred candidate (a
+    /// transfer the operator asked for) or a rollout's version preference.
+    Preempted,
+    /// Taken over by a restarted sidecar of the same pod (written by its
+    /// takeover, [`Identity::succeeds`]).
+    Restarted,
+    /// The pod was being deleted.
+    PodTerminating,
+    /// The app's health sources said it was unhealthy.
+    AppUnhealthy,
+}
+
+impl EndReason {
+    pub const ALL: [EndReason; 7] = [
+        EndReason::Released,
+        EndReason::Expired,
+        EndReason::Transferred,
+        EndReason::Preempted,
+        EndReason::Restarted,
+        EndReason::PodTerminating,
+        EndReason::AppUnhealthy,
+    ];
+
+    /// The text stores keep and metrics label with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Released => "released",
+            EndReason::Expired => "expired",
+            EndReason::Transferred => "transferred",
+            EndReason::Preempted => "preempted",
+            EndReason::Restarted => "restarted",
+            EndReason::PodTerminating => "pod_terminating",
+            EndReason::AppUnhealthy => "app_unhealthy",
+        }
+    }
+
+    /// The reason a store's text names; `None` for text this version does
+    /// not know (a newer sidecar's reason), which folds as a record without
+    /// a reason does.
+    pub fn parse(text: &str) -> Option<EndReason> {
+        EndReason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+/// The end a write recorded for one term. It stays in the row after the
+/// next acquire (which records the end of the term it replaces only when
+/// nobody did), so a reader that missed the term still learns why it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    pub term: u64,
+    pub reason: EndReason,
+}
+
+impl Ended {
+    /// The store's columns (`ended_term`, `ended`) as read: a term without
+    /// a reason this version knows is no end.
+    pub fn from_columns(term: Option<u64>, reason: Option<&str>) -> Option<Ended> {
+        Some(Ended {
+            term: term?,
+            reason: EndReason::parse(reason?)?,
+        })
+    }
+}
+
+/// How a holder's release ends its term: the reason it records, and for a
+/// transfer the reservation it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub reason: EndReason,
+    pub handoff: Option<Handoff>,
+}
+
+impl Release {
+    /// A release without a reservation.
+    pub fn because(reason: EndReason) -> Self {
+        Release { reason, handoff: None }
+    }
+
+    /// A transfer's release: [`EndReason::Transferred`], or
+    /// [`EndReason::Preempted`] when a preferred candidate asked for it.
+    pub fn handing_over(handoff: Handoff, preempted: bool) -> Self {
+        let reason = match preempted {
+            true => EndReason::Preempted,
+            false => EndReason::Transferred,
+        };
+        Release {
+            reason,
+            handoff: Some(handoff),
+        }
+    }
+}
+
 /// What a release reserves the row for: one pod, for a window the store
 /// caps at the row's lease duration, so a reservation never outlasts D.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,9 +510,30 @@ pub struct LeaseRecord {
     /// Set by a transfer's release; cleared by the next acquire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<Reservation>,
+    /// The last end a write recorded: the release of this term, or the end
+    /// of the term before it as the acquire recorded it. Absent in rows only
+    /// older sidecars wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ended>,
 }
 
 impl LeaseRecord {
+    /// What an acquire of this row records as ended: the end already
+    /// written for its term, or else `Expired` (an acquire succeeds only on
+    /// a released or an expired term, and a release writes its end). Rows
+    /// of older sidecars write no ends, so a term one of them released
+    /// reads `Expired` once a newer sidecar acquires after it.
+    pub fn ended_by_acquire(&self) -> Option<Ended> {
+        match self.ended {
+            Some(ended) if ended.term == self.term => Some(ended),
+            _ if self.term == 0 => self.ended,
+            _ => Some(Ended {
+                term: self.term,
+                reason: EndReason::Expired,
+            }),
+        }
+    }
+
     /// The reservation that keeps `claimant` from acquiring at store time
     /// `now`: one still in force for a pod UID other than the claimant's.
     /// A claimant without a pod UID never matches one.
@@ -478,6 +609,7 @@ mod tests {
             lease_duration: Duration::from_millis(lease_ms),
             version: None,
             reservation: None,
+            ended: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::record::{FencingToken, Grant, Handoff, Held, Observation};
+use super::record::{EndReason, FencingToken, Grant, Held, Observation, Release};
 use super::version::Claim;
 
 /// The underlying error a store failure came from, kept for `{:#}` and logs.
@@ -173,21 +173,26 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// sets renewed_at to the commit timestamp.
     async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant>;
 
-    /// Check-and-set like renew; frees the row, keeping term and token.
-    /// With `handoff`, the same write reserves the row for the handoff's pod
+    /// Check-and-set like renew; frees the row, keeping term and token, and
+    /// records the release's end for the term ([`Release::reason`], as
+    /// [`LeaseRecord::ended`](super::LeaseRecord::ended)).
+    /// With a handoff, the same write reserves the row for the handoff's pod
     /// until the commit's store time plus its window, capped at the row's
-    /// lease duration ([`Handoff::reservation`]); without, it clears any
+    /// lease duration ([`Handoff::reservation`](super::Handoff::reservation)); without, it clears any
     /// reservation. While a reservation lasts, [`acquire_as`](Self::acquire_as)
     /// refuses (as `Lost`) every claimant whose holder does not carry that
     /// pod UID ([`LeaseRecord::reserved_against`](super::LeaseRecord::reserved_against)),
     /// judged in its own transaction on the store's clock; an acquire
     /// clears it. A reservation only removes acquisitions, so it cannot
     /// make two holders or move a token back (docs/design.md, "Transfer").
-    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, handoff: Option<&Handoff>)
-    -> Result<()>;
+    /// Acquires and takeovers record the end of the term they replace
+    /// ([`LeaseRecord::ended_by_acquire`](super::LeaseRecord::ended_by_acquire),
+    /// [`LeaseRecord::ended_by_take_over`](super::LeaseRecord::ended_by_take_over)); renewals keep it.
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()>;
 
-    /// [`release_for`](Self::release_for) without a reservation.
+    /// [`release_for`](Self::release_for) without a reservation, as [`EndReason::Released`].
     async fn release(&self, lock: &str, holder: &str, token: FencingToken) -> Result<()> {
-        self.release_for(lock, holder, token, None).await
+        self.release_for(lock, holder, token, &Release::because(EndReason::Released))
+            .await
     }
 }

@@ -460,7 +460,7 @@ mod tests {
     use super::*;
     use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, new_session_id};
     use crate::lease::store::Result;
-    use crate::lease::{Claim, Grant, Handoff, Identity, StoreTime};
+    use crate::lease::{Claim, Grant, Identity, Release, StoreTime};
     use crate::store::MemoryStore;
 
     /// A memory store that counts its reads: one by one, and batched; and
@@ -526,14 +526,8 @@ mod tests {
         async fn renew(&self, lock: &str, holder: &str, token: FencingToken, lease: Duration) -> Result<Grant> {
             self.store.renew(lock, holder, token, lease).await
         }
-        async fn release_for(
-            &self,
-            lock: &str,
-            holder: &str,
-            token: FencingToken,
-            handoff: Option<&Handoff>,
-        ) -> Result<()> {
-            self.store.release_for(lock, holder, token, handoff).await
+        async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
+            self.store.release_for(lock, holder, token, release).await
         }
     }
 

@@ -23,7 +23,7 @@ use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, SessionStore, StoreTime, Timing,
+    Claim, FencingToken, Grant, Held, LeaseStore, Observation, Release, SessionStore, StoreTime, Timing,
 };
 
 /// Renewals the p99 is taken over.
@@ -199,14 +199,8 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Timed<S> {
         self.budget.timed(self.store.renew(lock, holder, token, lease)).await
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
-        self.store.release_for(lock, holder, token, handoff).await
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
+        self.store.release_for(lock, holder, token, release).await
     }
 }
 

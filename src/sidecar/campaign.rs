@@ -5,6 +5,8 @@
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::lease::EndReason;
+
 use super::health::{self, AppHealth, Verdict};
 use super::metrics::Metrics;
 use super::own_pod;
@@ -17,7 +19,7 @@ pub(super) fn start(
     args: &super::Args,
     own: Option<watch::Receiver<own_pod::OwnPod>>,
     metrics: Metrics,
-    set_campaigning: impl Fn(bool) + Send + 'static,
+    campaign_unless: impl Fn(Option<EndReason>) + Send + 'static,
 ) -> watch::Receiver<AppHealth> {
     let mut sources = Vec::new();
     if let Some(url) = args.app_health_url.clone() {
@@ -43,10 +45,10 @@ pub(super) fn start(
     let (health_tx, health_rx) = watch::channel(AppHealth::default());
     if !sources.is_empty() {
         // Campaign only once a source says the app is healthy.
-        set_campaigning(false);
+        campaign_unless(Some(EndReason::AppUnhealthy));
         tokio::spawn(health::follow(sources, health_tx));
         tokio::spawn(metrics.follow_app_health(health_rx.clone()));
     }
-    tokio::spawn(own_pod::steer_campaign(health_rx.clone(), own, set_campaigning));
+    tokio::spawn(own_pod::steer_campaign(health_rx.clone(), own, campaign_unless));
     health_rx
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation};
 use crate::lease::{
-    Assigned, Change, Claim, FencingToken, Grant, Handoff, Held, Identity, LeaderState, LeaseStore, Observation,
+    Assigned, Change, Claim, FencingToken, Grant, Held, Identity, LeaderState, LeaseStore, Observation, Release,
     SessionStore, StoreError, StoreTime,
 };
 
@@ -38,20 +38,22 @@ pub struct FailureLabels {
 /// Why this candidate's leadership changed.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ChangeLabels {
-    /// acquired; or how it stopped leading: released (stepped down on
-    /// purpose), release_failed (stepped down, the lease left to expire),
-    /// lost (the store says another holds it), expired (no renewal within
-    /// the renew deadline).
+    /// acquired; or how it stopped leading: stepped down on purpose, named
+    /// by the reason its release records in the store and the history
+    /// shows ([`EndReason::as_str`]: released, transferred, preempted,
+    /// pod_terminating, app_unhealthy); release_failed (stepped down, the
+    /// lease left to expire); lost (the store says another holds it);
+    /// expired (no renewal within the renew deadline).
     pub reason: &'static str,
 }
 
 impl ChangeLabels {
     /// The reason of a change of leadership to `leads`, as the elector's
-    /// last change explains it.
-    pub fn of(leads: bool, change: &Change) -> Self {
-        let reason = match (leads, change) {
+    /// last change and the end it recorded explain it.
+    pub fn of(leads: bool, state: &LeaderState) -> Self {
+        let reason = match (leads, &state.change) {
             (true, _) => "acquired",
-            (false, Change::SteppingDown | Change::Released) => "released",
+            (false, Change::SteppingDown | Change::Released) => state.ending.unwrap_or_default().as_str(),
             (false, Change::ReleaseFailed(_)) => "release_failed",
             (false, Change::Lost(_)) => "lost",
             // DeadlineMissed, or the deadline passed before the elector said so.
@@ -137,7 +139,7 @@ impl Metrics {
         );
         r.register(
             "leadership_changes",
-            "Leadership acquisitions and losses by reason: acquired, released, release_failed, lost, expired",
+            "Leadership changes by reason: acquired; released, transferred, preempted, pod_terminating, app_unhealthy, as its release records it; release_failed, lost, expired",
             metrics.leadership_changes.clone(),
         );
         r.register(
@@ -199,7 +201,7 @@ impl Metrics {
             if leads != led {
                 self.transitions.inc();
                 self.leadership_changes
-                    .get_or_create(&ChangeLabels::of(leads, &current.change))
+                    .get_or_create(&ChangeLabels::of(leads, &current))
                     .inc();
                 led = leads;
             }
@@ -327,9 +329,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for MeteredStore<S> {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        self.measure("release", self.inner.release_for(lock, holder, token, handoff))
+        self.measure("release", self.inner.release_for(lock, holder, token, release))
             .await
     }
 }
@@ -371,6 +373,7 @@ impl<S: SessionStore + ?Sized> SessionStore for MeteredStore<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::EndReason;
     use crate::store::{Faults, MemoryStore};
 
     #[tokio::test]
@@ -534,6 +537,16 @@ mod tests {
             text.contains("leasehold_leadership_changes_total{reason=\"acquired\"} 2"),
             "{text}"
         );
+        // The help names every label value. `restarted` is none: the
+        // process whose term a restarted sidecar took over is gone, and the
+        // new one counts `acquired`.
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP leasehold_leadership_changes"))
+            .unwrap();
+        for ending in EndReason::ALL.into_iter().filter(|e| *e != EndReason::Restarted) {
+            assert!(help.contains(ending.as_str()), "{ending:?}: {help}");
+        }
         assert!(include_str!("../../README.md").contains("leasehold_leadership_changes_total"));
         drop(tx);
         following.await.unwrap();
@@ -541,10 +554,27 @@ mod tests {
 
     #[test]
     fn a_change_of_leadership_is_named_by_the_electors_last_change() {
-        let reason = |leads, change: Change| ChangeLabels::of(leads, &change).reason;
+        let reason = |leads, change: Change| {
+            let state = LeaderState {
+                change,
+                ..LeaderState::default()
+            };
+            ChangeLabels::of(leads, &state).reason
+        };
         assert_eq!(reason(true, Change::Acquired), "acquired");
         assert_eq!(reason(false, Change::SteppingDown), "released");
         assert_eq!(reason(false, Change::Released), "released");
+        for ending in EndReason::ALL {
+            for change in [Change::SteppingDown, Change::Released] {
+                let state = LeaderState {
+                    change,
+                    ending: Some(ending),
+                    ..LeaderState::default()
+                };
+                let label = ChangeLabels::of(false, &state).reason;
+                assert_eq!(label, ending.as_str(), "the label is the end the release records");
+            }
+        }
         assert_eq!(reason(false, Change::ReleaseFailed("e".into())), "release_failed");
         assert_eq!(reason(false, Change::Lost("e".into())), "lost");
         assert_eq!(reason(false, Change::DeadlineMissed), "expired");

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use super::health::{AppHealth, Verdict, container_verdict};
 use crate::api::contract::SIDECAR_CONTAINER;
+use crate::lease::EndReason;
 use tokio_util::sync::CancellationToken;
 
 /// What the pod watch last showed.
@@ -175,10 +176,12 @@ pub async fn follow_app_verdict(mut own: watch::Receiver<OwnPod>, verdict: watch
 /// terminating pod stops claiming at once and never campaigns again (its
 /// leader releases after the drain, see [`super::single::drain_on_step_down`]).
 /// While no health source can tell, the campaign stays as it is.
+/// `campaign_unless` gets `None` to campaign, or why not: the reason a
+/// leader's release records.
 pub async fn steer_campaign(
     mut health: watch::Receiver<AppHealth>,
     mut own: Option<watch::Receiver<OwnPod>>,
-    set_campaigning: impl Fn(bool),
+    campaign_unless: impl Fn(Option<EndReason>),
 ) {
     let (mut told, mut health_open) = (None, true);
     loop {
@@ -187,15 +190,17 @@ pub async fn steer_campaign(
             .is_some_and(|o| o.borrow_and_update().terminating.is_some());
         let healthy = health.borrow_and_update().healthy;
         let campaign = match (terminating, healthy) {
-            (true, _) => Some(false),
-            (false, healthy) => healthy,
+            (true, _) => Some(Some(EndReason::PodTerminating)),
+            (false, Some(true)) => Some(None),
+            (false, Some(false)) => Some(Some(EndReason::AppUnhealthy)),
+            (false, None) => None,
         };
-        if terminating && told != Some(false) {
+        if terminating && told != Some(Some(EndReason::PodTerminating)) {
             warn!("the pod is being deleted: stopped claiming, releasing after the drain");
         }
-        if let Some(on) = campaign.filter(|on| told != Some(*on)) {
-            set_campaigning(on);
-            told = Some(on);
+        if let Some(stop) = campaign.filter(|stop| told != Some(*stop)) {
+            campaign_unless(stop);
+            told = Some(stop);
         }
         let pod_changed = async {
             match own.as_mut() {
@@ -369,19 +374,24 @@ mod tests {
         tokio::spawn(steer_campaign(health_rx.clone(), Some(own_rx), move |on| {
             campaign_tx.send(on).unwrap()
         }));
-        assert_eq!(campaign_rx.recv().await, Some(true), "ready: campaign");
+        assert_eq!(campaign_rx.recv().await, Some(None), "ready: campaign");
 
         // The app container turns unready (restarted once).
         pod["status"]["containerStatuses"][0]["ready"] = serde_json::json!(false);
         pod["status"]["containerStatuses"][0]["restartCount"] = serde_json::json!(1);
-        api.insert(&pods::collection("prod"), pod);
+        api.insert(&pods::collection("prod"), pod.clone());
         assert_eq!(
             campaign_rx.recv().await,
-            Some(false),
-            "not ready: stop campaigning (a leader releases)"
+            Some(Some(EndReason::AppUnhealthy)),
+            "not ready: stop campaigning (a leader releases, recording why)"
         );
         let health = health_rx.wait_for(|h| h.healthy == Some(false)).await.unwrap().clone();
         assert_eq!(health.reason, "container: container app is not ready (restarts: 1)");
+
+        // Deleted: a terminating pod's release says so, whatever the app's health.
+        pod["metadata"]["deletionTimestamp"] = serde_json::json!("2026-11-27T05:00:00Z");
+        api.insert(&pods::collection("prod"), pod);
+        assert_eq!(campaign_rx.recv().await, Some(Some(EndReason::PodTerminating)));
 
         let watch = api
             .requests()

@@ -56,8 +56,9 @@ pub(super) fn start(start: Start<'_>, count: u32) -> Mode {
     let campaigning_tx = Arc::new(watch::channel(true).0);
     let campaigning = campaigning_tx.subscribe();
     let follower = campaigning_tx.clone();
-    let app = super::campaign::start(args, own, metrics.clone(), move |on| {
-        follower.send_replace(on);
+    // Partitions are held by a session, which records no end reasons.
+    let app = super::campaign::start(args, own, metrics.clone(), move |stop| {
+        follower.send_replace(stop.is_none());
     });
     let api = PartitionsApi {
         assigned: assigned.clone(),

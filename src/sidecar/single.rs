@@ -87,7 +87,7 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
         settings.timing.retry_period,
     ));
     let control = handle.control();
-    let app = campaign::start(args, own, metrics.clone(), move |on| control.set_campaigning(on));
+    let app = campaign::start(args, own, metrics.clone(), move |stop| control.campaign_unless(stop));
     let api = http::ApiState {
         leader: state.clone(),
         app: app.clone(),
@@ -362,7 +362,7 @@ mod tests {
             let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), work);
             let control = handle.control();
             let metrics = Metrics::new(&mut Registry::default());
-            campaign::start(&cli.args, own, metrics, move |on| control.set_campaigning(on));
+            campaign::start(&cli.args, own, metrics, move |stop| control.campaign_unless(stop));
             handle.subscribe().wait_for(|s| s.leader).await.unwrap();
             LeaderPod {
                 api,

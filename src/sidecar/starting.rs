@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, Observation, StoreError};
+use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Release, StoreError};
 
 /// How often a start-up problem that persists is logged again.
 pub const REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -202,9 +202,9 @@ impl LeaseStore for StartingStore {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        self.ready()?.release_for(lock, holder, token, handoff).await
+        self.ready()?.release_for(lock, holder, token, release).await
     }
 }
 

@@ -24,8 +24,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::api::contract::{SIDECAR_CONTAINER, containers_ready_since};
-use crate::api::transfer::{LeaseTransfer, LeaseTransferStatus, TransferPhase, TransferRefusal};
-use crate::lease::{Change, ElectorControl, Handoff, Identity, LeaderState};
+use crate::api::transfer::{LeaseTransfer, LeaseTransferStatus, TransferOrigin, TransferPhase, TransferRefusal};
+use crate::lease::{Change, ElectorControl, Handoff, Identity, LeaderState, Release};
 
 use super::pod::PodRef;
 
@@ -142,7 +142,8 @@ impl Transfers {
             return;
         }
         info!(transfer = %request.name_any(), to = %request.spec.to, uid = %target.uid, "handing over");
-        control.hand_over(Some(handoff));
+        let preempted = request.spec.origin == Some(TransferOrigin::Preference);
+        control.hand_over(Some(Release::handing_over(handoff, preempted)));
         let outcome = self.hand_over(&target.uid, led.term, state).await;
         control.hand_over(None);
         match outcome {

@@ -40,8 +40,8 @@ use super::link::Link;
 use super::mutants::Mutant;
 use super::pause::Pause;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, LeaseRecord, LeaseStore, Observation, Reservation, StoreError, StoreTime,
-    Version,
+    Claim, Ended, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, Release, Reservation, StoreError,
+    StoreTime, Version,
 };
 use crate::store::Faults;
 use crate::store::memory::Acquisition;
@@ -61,6 +61,8 @@ struct Record {
     /// A transfer's reservation: the pod UID and its window, lasting from
     /// when each candidate first saw the releasing version.
     reserved: Option<(String, Duration)>,
+    /// The last end a write recorded (`LeaseRecord::ended`).
+    ended: Option<Ended>,
 }
 
 /// The Lease as the API server stores it.
@@ -508,6 +510,7 @@ impl KubeClient {
         Some(LeaseRecord {
             name: lock.to_string(),
             reservation,
+            ended: record.and_then(|r| r.ended),
             renewed_at: holder.as_ref().map(|_| renewed_at),
             token: ours.and_then(|r| r.token).map(FencingToken),
             version: ours.and_then(|r| r.version.clone()),
@@ -773,6 +776,7 @@ impl LeaseStore for KubeClient {
             lease,
             version: claim.version.cloned(),
             reserved: None,
+            ended: current.as_ref().and_then(LeaseRecord::ended_by_acquire),
         };
         let holder = Some(claim.holder.to_string());
         let (token, at) = match base {
@@ -860,15 +864,19 @@ impl LeaseStore for KubeClient {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
         self.rewrite(lock, holder, token, |current| {
             let record = current.record.clone().ok_or_else(|| lost(lock, "no record"))?;
             let lease = record.lease;
-            let reserved = handoff.map(|h| (h.pod_uid().to_string(), h.window_within(lease)));
+            let reserved = (release.handoff.as_ref()).map(|h| (h.pod_uid().to_string(), h.window_within(lease)));
             let record = Record {
                 holder: None,
                 reserved,
+                ended: Some(Ended {
+                    term: record.term,
+                    reason: release.reason,
+                }),
                 ..record
             };
             let mut body = self.body(Some(current), None, record, lease, current.lease_transitions);

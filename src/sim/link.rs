@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::mutants::Mutant;
-use crate::lease::{Claim, FencingToken, Grant, Handoff, LeaseStore, Observation, StoreError, StoreTime};
+use crate::lease::{Claim, FencingToken, Grant, LeaseStore, Observation, Release, StoreError, StoreTime};
 use crate::store::MemoryStore;
 use crate::store::memory::grant;
 
@@ -246,12 +246,12 @@ impl LeaseStore for Link {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        let (lock, holder, handoff) = (lock.to_string(), holder.to_string(), handoff.cloned());
+        let (lock, holder, release) = (lock.to_string(), holder.to_string(), release.clone());
         self.send(true, move |store| {
-            let (lock, holder, handoff) = (lock.clone(), holder.clone(), handoff.clone());
-            Box::pin(async move { store.release_for(&lock, &holder, token, handoff.as_ref()).await })
+            let (lock, holder, release) = (lock.clone(), holder.clone(), release.clone());
+            Box::pin(async move { store.release_for(&lock, &holder, token, &release).await })
         })
         .await
     }

@@ -68,8 +68,8 @@ use tracing::debug;
 use crate::lease::clock::{Instant, now};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
-    StoreTime, Version, lease_to_millis, validate_lock_name,
+    Claim, EndReason, Ended, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, Release, Reservation,
+    StoreError, StoreTime, Version, lease_to_millis, validate_lock_name,
 };
 
 /// The annotation holding the leasehold record of the Lease (JSON).
@@ -117,6 +117,13 @@ struct Record {
     reserved_for: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reserved_ms: Option<u64>,
+    /// The last end a write recorded (`LeaseRecord::ended`): its term and
+    /// its reason's text, kept as text so a reason a newer sidecar wrote
+    /// reads as none instead of failing the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended_term: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended: Option<String>,
 }
 
 /// The Lease name of `lock` (module docs, "Names").
@@ -595,9 +602,13 @@ impl KubernetesStore {
                 pod_uid,
                 until: self.store_time(*at).saturating_add(Duration::from_millis(ms)),
             });
+        let ended = record
+            .as_ref()
+            .and_then(|r| Ended::from_columns(r.ended_term, r.ended.as_deref()));
         Ok(Some(LeaseRecord {
             name: lock.to_string(),
             reservation,
+            ended,
             renewed_at: holder.as_ref().map(|_| self.store_time(*at)),
             // A holder the record does not name has no token of ours.
             token: ours.and_then(|r| r.token).map(FencingToken),
@@ -709,8 +720,9 @@ impl KubernetesStore {
     }
 
     /// Writes `claim`'s term `term` with `token` (the resourceVersion the
-    /// decision was judged on) over `base`: a replace carrying its
-    /// resourceVersion when it exists (`present`), else a create.
+    /// decision was judged on) over `base`, recording `ended` for the term
+    /// it replaces: a replace carrying its resourceVersion when it exists
+    /// (`present`), else a create.
     async fn write_term(
         &self,
         (view, lock): (&LockView, &str),
@@ -718,6 +730,7 @@ impl KubernetesStore {
         lease: Duration,
         base: Lease,
         (term, token): (u64, u64),
+        ended: Option<Ended>,
     ) -> Result<Grant> {
         let lease_ms = lease_to_millis("lease duration", lease).map_err(|e| StoreError::invalid(e.to_string()))?;
         let token = i64::try_from(token).map_err(|_| StoreError::invalid("resourceVersion beyond INT64"))?;
@@ -730,6 +743,8 @@ impl KubernetesStore {
             version: claim.version.cloned(),
             reserved_for: None,
             reserved_ms: None,
+            ended_term: ended.map(|e| e.term),
+            ended: ended.map(|e| e.reason.as_str().to_string()),
         };
         let stamp = micro_now();
         let transitions = base.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
@@ -989,7 +1004,9 @@ impl LeaseStore for KubernetesStore {
                 (created, version)
             }
         };
-        self.write_term((&view, lock), claim, lease, base, (term, token)).await
+        let ended = current.as_ref().and_then(LeaseRecord::ended_by_acquire);
+        self.write_term((&view, lock), claim, lease, base, (term, token), ended)
+            .await
     }
 
     async fn take_over(&self, lock: &str, claim: &Claim<'_>, from: Held<'_>, lease: Duration) -> Result<Grant> {
@@ -1002,7 +1019,12 @@ impl LeaseStore for KubernetesStore {
         // The check-and-set is the replace carrying this resourceVersion;
         // the holder's own acquisition wrote a later one than its token.
         let token = resource_version(&current.metadata)?;
-        self.write_term((&view, lock), claim, lease, *current, (record.term + 1, token))
+        let ended = Ended {
+            term: record.term,
+            reason: EndReason::Restarted,
+        };
+        let next = (record.term + 1, token);
+        self.write_term((&view, lock), claim, lease, *current, next, Some(ended))
             .await
     }
 
@@ -1028,16 +1050,13 @@ impl LeaseStore for KubernetesStore {
         })
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
+        let handoff = release.handoff.as_ref();
         self.rewrite(lock, holder, token, |current| {
             let mut record = read_record(current, lock)?.ok_or_else(|| lost(lock, "no record"))?;
             record.holder = None;
+            record.ended_term = Some(record.term);
+            record.ended = Some(release.reason.as_str().to_string());
             record.reserved_for = handoff.map(|h| h.pod_uid().to_string());
             let lease = Duration::from_millis(record.lease_ms);
             record.reserved_ms = handoff.map(|h| h.window_within(lease).as_millis() as u64);

@@ -26,8 +26,8 @@ pub(crate) use session::SessionFlaw;
 
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, LeaseRecord, LeaseStore, Observation, StoreError, StoreTime,
-    lease_to_millis, validate_lock_name,
+    Claim, EndReason, Ended, FencingToken, Grant, Held, LeaseRecord, LeaseStore, Observation, Release, StoreError,
+    StoreTime, lease_to_millis, validate_lock_name,
 };
 
 /// Faults applied to every call. Probabilities are in [0, 1].
@@ -373,11 +373,13 @@ pub(crate) fn grant(
             reason,
         });
     }
-    next_term(lock, claim, lease, row, commit, token)
+    let ended = row.and_then(LeaseRecord::ended_by_acquire);
+    next_term(lock, claim, lease, row, commit, token, ended)
 }
 
-/// The row after `claim` takes `row` at `commit` with `token`, once the
-/// caller has judged that it may: the fence is judged here.
+/// The row after `claim` takes `row` at `commit` with `token`, recording
+/// `ended` for the term it replaces, once the caller has judged that it
+/// may: the fence is judged here.
 fn next_term(
     lock: &str,
     claim: &Claim<'_>,
@@ -385,6 +387,7 @@ fn next_term(
     row: Option<&LeaseRecord>,
     commit: StoreTime,
     token: FencingToken,
+    ended: Option<Ended>,
 ) -> Result<(Option<LeaseRecord>, Grant)> {
     if let Some(reason) = claim.fenced_by(row.and_then(|r| r.version.as_ref())) {
         return Err(StoreError::Lost {
@@ -407,6 +410,7 @@ fn next_term(
         lease_duration: lease,
         version: claim.version.cloned(),
         reservation: None,
+        ended,
     };
     Ok((Some(row), grant))
 }
@@ -483,7 +487,11 @@ impl LeaseStore for MemoryStore {
         checked_lease(lease)?;
         self.transact(lock, |row, commit| {
             let current = check_ours(lock, row, from.holder, from.token)?;
-            next_term(lock, claim, lease, Some(current), commit, FencingToken(commit.0))
+            let ended = Some(Ended {
+                term: current.term,
+                reason: EndReason::Restarted,
+            });
+            next_term(lock, claim, lease, Some(current), commit, FencingToken(commit.0), ended)
         })
         .await
     }
@@ -509,19 +517,17 @@ impl LeaseStore for MemoryStore {
         .await
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
         self.transact(lock, |row, commit| {
             let current = check_ours(lock, row, holder, token)?;
             Ok((
                 Some(LeaseRecord {
                     holder: None,
-                    reservation: handoff.map(|h| h.reservation(commit, current.lease_duration)),
+                    reservation: (release.handoff.as_ref()).map(|h| h.reservation(commit, current.lease_duration)),
+                    ended: Some(Ended {
+                        term: current.term,
+                        reason: release.reason,
+                    }),
                     ..current.clone()
                 }),
                 (),

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::lease::{Claim, FencingToken, Grant, Handoff, Held, LeaseStore, StoreError, StoreTime, Version};
+use crate::lease::{
+    Claim, EndReason, Ended, FencingToken, Grant, Handoff, Held, LeaseStore, Release, StoreError, StoreTime, Version,
+};
 
 pub mod sessions;
 
@@ -236,16 +238,17 @@ pub async fn a_reservation_admits_only_its_pod_until_it_ends(target: &dyn Target
     let leader = pod_holder("web-0", "n1", "uid-0");
     let grant = store.acquire("reserve", &leader, lease).await.expect("acquire");
     let handoff = Handoff::new("uid-1", Duration::from_secs(60)).expect("a handoff");
+    let transfer = Release::handing_over(handoff, false);
     assert!(
         is_lost(
             &store
-                .release_for("reserve", &leader, FencingToken(grant.token.0 - 1), Some(&handoff))
+                .release_for("reserve", &leader, FencingToken(grant.token.0 - 1), &transfer)
                 .await
         ),
         "a handoff release is check-and-set on the token"
     );
     store
-        .release_for("reserve", &leader, grant.token, Some(&handoff))
+        .release_for("reserve", &leader, grant.token, &transfer)
         .await
         .expect("release with a handoff");
     let observed = store.observe("reserve").await.expect("observe");
@@ -297,11 +300,19 @@ pub async fn the_reserved_pod_acquires_inside_the_window(target: &dyn Target) {
     let grant = store.acquire("handoff", &leader, LEASE).await.expect("acquire");
     let handoff = Handoff::new("uid-1", LEASE).expect("a handoff");
     store
-        .release_for("handoff", &leader, grant.token, Some(&handoff))
+        .release_for("handoff", &leader, grant.token, &Release::handing_over(handoff, true))
         .await
         .expect("release with a handoff");
     let target_pod = pod_holder("web-1", "n2", "uid-1");
     let taken = acquires_the_next_term(&store, "handoff", &target_pod, LEASE, &grant).await;
+    assert_eq!(
+        ended(&store, "handoff").await,
+        Some(Ended {
+            term: grant.term,
+            reason: EndReason::Preempted
+        }),
+        "the target's acquire keeps why the term before it ended"
+    );
     store
         .release("handoff", &target_pod, taken.token)
         .await
@@ -312,6 +323,92 @@ pub async fn the_reserved_pod_acquires_inside_the_window(target: &dyn Target) {
         .expect("a plain release reserves nothing");
     assert_eq!(next.term, taken.term + 1);
     assert!(next.token > taken.token);
+}
+
+/// The end the row records (`LeaseRecord::ended`).
+async fn ended(store: &Arc<dyn LeaseStore>, lock: &str) -> Option<Ended> {
+    store
+        .observe(lock)
+        .await
+        .expect("observe")
+        .record
+        .expect("the row")
+        .ended
+}
+
+/// Issue 35: a release records why its term ended, for every reason, in
+/// its own check-and-set; renewals and the next acquire keep it (so a
+/// reader that missed the term still learns why it ended), and a release
+/// with a stale token records nothing.
+pub async fn a_release_records_why_its_term_ended(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let lock = "ended";
+    let mut previous = None;
+    for reason in EndReason::ALL {
+        let holder = format!("holder-{}", reason.as_str());
+        let grant = store.acquire(lock, &holder, LEASE).await.expect("acquire");
+        assert_eq!(ended(&store, lock).await, previous, "the acquire keeps the last end");
+        store.renew(lock, &holder, grant.token, LEASE).await.expect("renew");
+        assert_eq!(ended(&store, lock).await, previous, "a renewal keeps it");
+        let stale = FencingToken(grant.token.0 - 1);
+        let refused = store.release_for(lock, &holder, stale, &Release::because(reason)).await;
+        assert!(is_lost(&refused), "{refused:?}");
+        assert_eq!(ended(&store, lock).await, previous, "a refused release records nothing");
+        store
+            .release_for(lock, &holder, grant.token, &Release::because(reason))
+            .await
+            .expect("release");
+        let written = Some(Ended {
+            term: grant.term,
+            reason,
+        });
+        assert_eq!(ended(&store, lock).await, written, "{reason:?}");
+        previous = written;
+    }
+}
+
+/// Issue 35: an acquire of a term nobody ended records it `Expired` (only
+/// an expired lease could be acquired unreleased), and a takeover records
+/// the term it replaces as `Restarted`.
+pub async fn an_acquire_records_an_expiry_and_a_takeover_a_restart(target: &dyn Target) {
+    let store = target.store();
+    store.ensure_schema().await.expect("ensure_schema");
+    let lock = "lapsed";
+    // As in expiry_is_judged_by_the_store_clock: long enough for a busy emulator.
+    let short = Duration::from_secs(4);
+    let first = store
+        .acquire(lock, "prod/web-0#n1@uid-a", short)
+        .await
+        .expect("acquire");
+    let end = store
+        .observe(lock)
+        .await
+        .expect("observe")
+        .record
+        .and_then(|r| r.expires_at())
+        .expect("a held lease has an end");
+    wait_for_store_time(&store, lock, StoreTime(end.0 + 1)).await;
+    let holder = "prod/web-1#n2@uid-b";
+    let second = store.acquire(lock, holder, LEASE).await.expect("acquire after expiry");
+    let expired = Ended {
+        term: first.term,
+        reason: EndReason::Expired,
+    };
+    assert_eq!(ended(&store, lock).await, Some(expired));
+    let from = Held {
+        holder,
+        token: second.token,
+    };
+    store
+        .take_over(lock, &Claim::unversioned("prod/web-1#n3@uid-b"), from, LEASE)
+        .await
+        .expect("a restarted sidecar of the pod takes over");
+    let restarted = Ended {
+        term: second.term,
+        reason: EndReason::Restarted,
+    };
+    assert_eq!(ended(&store, lock).await, Some(restarted));
 }
 
 /// Tokens strictly increase over many terms, across delete and recreate of the row.
@@ -603,9 +700,9 @@ impl LeaseStore for Counted {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        self.inner.release_for(lock, holder, token, handoff).await
+        self.inner.release_for(lock, holder, token, release).await
     }
 }
 
@@ -970,6 +1067,14 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn the_reserved_pod_acquires_inside_the_window() {
             suite::the_reserved_pod_acquires_inside_the_window(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn a_release_records_why_its_term_ended() {
+            suite::a_release_records_why_its_term_ended(&$make.await).await;
+        }
+        #[tokio::test]
+        async fn an_acquire_records_an_expiry_and_a_takeover_a_restart() {
+            suite::an_acquire_records_an_expiry_and_a_takeover_a_restart(&$make.await).await;
         }
         #[tokio::test]
         async fn tokens_strictly_increase_over_100_terms() {

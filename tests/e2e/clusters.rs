@@ -655,6 +655,7 @@ fn the_cross_cluster_watcher_catches_planted_histories() {
         lease_duration: D,
         version: None,
         reservation: None,
+        ended: None,
     };
     let judged = |rows: Vec<LeaseRecord>, claims: (&[&str], &[&str])| {
         let mut state = AcrossState::default();

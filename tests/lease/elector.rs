@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::lease::{
-    Change, Claim, Elector, ElectorHandle, FencingToken, Grant, Handoff, Identity, LeaderState, LeaseStore,
-    Observation, StoreError, Timing,
+    Change, Claim, Elector, ElectorControl, ElectorHandle, EndReason, Ended, FencingToken, Grant, Handoff, Identity,
+    LeaderState, LeaseStore, Observation, Release, StoreError, Timing,
 };
 use leasehold::store::{Faults, MemoryStore};
 use tokio::time::Instant;
@@ -193,9 +193,9 @@ impl LeaseStore for LateAcquireReplies {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        self.0.release_for(lock, holder, token, handoff).await
+        self.0.release_for(lock, holder, token, release).await
     }
 }
 
@@ -418,7 +418,7 @@ async fn a_leader_handing_over_reserves_the_lease_for_its_target() {
     let (target, other) = (in_pod("target", "uid-target"), in_pod("other", "uid-other"));
     tokio::time::sleep(timing().retry_period * 2).await;
     let handoff = Handoff::new("uid-target", timing().lease_duration).unwrap();
-    old.control().hand_over(Some(handoff));
+    old.control().hand_over(Some(Release::handing_over(handoff, false)));
     other.nudge();
     // Not the `Released` change itself: a watch keeps only the latest
     // state, and the follower round that starts right after the release
@@ -434,6 +434,12 @@ async fn a_leader_handing_over_reserves_the_lease_for_its_target() {
     other.nudge();
     let took = until(&target, |s| s.leader).await;
     assert!(took.term > led.term && took.token > led.token, "{took:?} after {led:?}");
+    let row = store.observe(LOCK).await.unwrap().record.unwrap();
+    let transferred = Ended {
+        term: led.term,
+        reason: EndReason::Transferred,
+    };
+    assert_eq!(row.ended, Some(transferred), "the release recorded why");
     tokio::time::sleep(timing().lease_duration * 2).await;
     assert!(!other.state().leader && !old.state().leader);
     let holders: Vec<String> = store.acquisitions().iter().map(|a| a.holder.clone()).collect();
@@ -441,6 +447,70 @@ async fn a_leader_handing_over_reserves_the_lease_for_its_target() {
     assert!(holders[1].starts_with("target#"), "{holders:?}");
     old.control().hand_over(None);
     until(&old, |s| s.campaigning).await;
+}
+
+/// Issue 35: a leader that stops claiming records why in its release, as
+/// the store keeps it and as its state (the metric's label) says: the
+/// reason the host gave, a stand-aside, a handover's, or a shutdown's.
+#[tokio::test(start_paused = true)]
+async fn a_leader_records_why_it_stopped_in_its_release() {
+    type Stop = fn(&ElectorControl);
+    let steps: [(EndReason, Stop); 6] = [
+        (EndReason::AppUnhealthy, |c| {
+            c.campaign_unless(Some(EndReason::AppUnhealthy))
+        }),
+        (EndReason::PodTerminating, |c| {
+            c.campaign_unless(Some(EndReason::PodTerminating))
+        }),
+        (EndReason::Released, |c| c.set_campaigning(false)),
+        (EndReason::Preempted, |c| c.stand_aside(Some("a newer version".into()))),
+        (EndReason::Preempted, |c| {
+            let handoff = Handoff::new("uid-target", timing().lease_duration).unwrap();
+            c.hand_over(Some(Release::handing_over(handoff, true)));
+        }),
+        (EndReason::Transferred, |c| {
+            let handoff = Handoff::new("uid-target", timing().lease_duration).unwrap();
+            c.hand_over(Some(Release::handing_over(handoff, false)));
+        }),
+    ];
+    for (n, (reason, stop)) in steps.into_iter().enumerate() {
+        let store = MemoryStore::new(n as u64);
+        let shutdown = CancellationToken::new();
+        let leader = candidate("a", &store, &shutdown);
+        let led = until(&leader, |s| s.leader).await;
+        stop(&leader.control());
+        // Not the `Released` change: a watch keeps only the latest state,
+        // and a look at the row after the release may replace it. The
+        // reason stays until the next acquisition.
+        let stopped = until(&leader, |s| s.ending.is_some()).await;
+        assert_eq!(stopped.ending, Some(reason), "step {n}");
+        let row = tokio::time::timeout(timing().renew_deadline, async {
+            loop {
+                let row = store.observe(LOCK).await.unwrap().record.unwrap();
+                if row.holder.is_none() {
+                    return row;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("released within the renew deadline");
+        let ended = Ended { term: led.term, reason };
+        assert_eq!(row.ended, Some(ended), "step {n}");
+    }
+    // A shutdown without another cause: released.
+    let store = MemoryStore::new(9);
+    let shutdown = CancellationToken::new();
+    let leader = candidate("a", &store, &shutdown);
+    let led = until(&leader, |s| s.leader).await;
+    shutdown.cancel();
+    leader.join().await;
+    let row = store.observe(LOCK).await.unwrap().record.unwrap();
+    let ended = Ended {
+        term: led.term,
+        reason: EndReason::Released,
+    };
+    assert_eq!((row.holder, row.ended), (None, Some(ended)));
 }
 
 /// Issue 16: a stand-aside handover is as fast as a release. The old
@@ -519,9 +589,9 @@ impl LeaseStore for Watched {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
-        let released = self.0.release_for(lock, holder, token, handoff).await;
+        let released = self.0.release_for(lock, holder, token, release).await;
         self.1.notify_waiters();
         released
     }

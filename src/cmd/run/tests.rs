@@ -20,7 +20,7 @@ use super::launch::{Launcher, Supervised};
 use super::watchdog::{Heartbeat, ProcessGroup, supervise};
 use super::*;
 use crate::lease::{
-    Claim, ElectorHandle, FencingToken, Grant, Handoff, Identity, LeaseStore, Observation, StoreError, Timing,
+    Claim, ElectorHandle, FencingToken, Grant, Identity, LeaseStore, Observation, Release, StoreError, Timing,
 };
 use crate::store::MemoryStore;
 
@@ -221,10 +221,10 @@ impl LeaseStore for Cuttable {
         lock: &str,
         holder: &str,
         token: FencingToken,
-        handoff: Option<&Handoff>,
+        release: &Release,
     ) -> Result<(), StoreError> {
         self.check()?;
-        self.store.release_for(lock, holder, token, handoff).await
+        self.store.release_for(lock, holder, token, release).await
     }
 }
 

@@ -68,8 +68,8 @@ use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, shard_of, term_from_row, tls, version_columns, version_from_row};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
-    StoreTime,
+    Claim, Ended, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Release,
+    Reservation, StoreError, StoreTime,
 };
 
 /// Where the lease table lives.
@@ -167,8 +167,13 @@ struct Queries {
 
 /// The lease row's columns both reads select (as `t`), in one place so that
 /// a new column reaches both: `read_observation` decodes them by name.
-const ROW_COLUMNS: &str =
-    "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, t.reserved_until";
+const ROW_COLUMNS: &str = "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, t.reserved_until, \
+     t.ended_term, t.ended";
+
+/// What an acquire records as ended (`LeaseRecord::ended_by_acquire`): the
+/// end written for the row's term, else `expired` for it.
+const ENDED_BY_ACQUIRE: &str = "ended_term = t.term, \
+     ended = CASE WHEN t.ended_term IS NOT DISTINCT FROM t.term THEN t.ended ELSE 'expired' END";
 
 impl Queries {
     fn new(table: &str) -> Self {
@@ -199,18 +204,20 @@ impl Queries {
                  VALUES ($1, $2, $3, 1, nextval('{sequence}'), clock_timestamp(), $4, $6, $7) \
                  ON CONFLICT (shard, name) DO UPDATE SET holder = excluded.holder, term = t.term + 1, \
                  token = nextval('{sequence}'), renewed_at = clock_timestamp(), lease_ms = excluded.lease_ms, \
-                 revision = excluded.revision, version = excluded.version, reserved_for = NULL, reserved_until = NULL \
+                 revision = excluded.revision, version = excluded.version, reserved_for = NULL, reserved_until = NULL, \
+                 {ENDED_BY_ACQUIRE} \
                  WHERE (t.holder IS NULL OR t.renewed_at + t.lease_ms * INTERVAL '1 millisecond' < clock_timestamp()) \
                  AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
                  AND (t.reserved_for IS NULL OR t.reserved_until <= clock_timestamp() OR t.reserved_for = $8) \
                  RETURNING t.term, t.token, t.renewed_at"
             ),
             // Only from exactly the holder and token named ($8, $9), live or
-            // expired; the fence as in acquire.
+            // expired; the fence as in acquire. The term it replaces ended
+            // by a restart of its sidecar.
             take_over: format!(
                 "UPDATE {table} AS t SET holder = $3, term = t.term + 1, token = nextval('{sequence}'), \
                  renewed_at = clock_timestamp(), lease_ms = $4, revision = $6, version = $7, reserved_for = NULL, \
-                 reserved_until = NULL \
+                 reserved_until = NULL, ended_term = t.term, ended = 'restarted' \
                  WHERE t.shard = $1 AND t.name = $2 AND t.holder = $8 AND t.token = $9 \
                  AND (NOT $5 OR t.revision IS NULL OR t.revision <= $6) \
                  RETURNING t.term, t.token, t.renewed_at"
@@ -236,23 +243,25 @@ impl Queries {
                 "CREATE TABLE IF NOT EXISTS {table} (\n  shard BIGINT NOT NULL,\n  name TEXT NOT NULL,\n  \
                  holder TEXT,\n  term BIGINT NOT NULL,\n  token BIGINT NOT NULL,\n  \
                  renewed_at TIMESTAMPTZ NOT NULL,\n  lease_ms BIGINT NOT NULL,\n  revision BIGINT,\n  version TEXT,\n  \
-                 reserved_for TEXT,\n  reserved_until TIMESTAMPTZ,\n  PRIMARY KEY (shard, name)\n)"
+                 reserved_for TEXT,\n  reserved_until TIMESTAMPTZ,\n  ended_term BIGINT,\n  ended TEXT,\n  PRIMARY KEY (shard, name)\n)"
             ),
-            // Nullable: existing rows read as "no version recorded" and
-            // "not reserved".
+            // Nullable: existing rows read as "no version recorded", "not
+            // reserved" and "no end recorded".
             upgrade_table: format!(
                 "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS revision BIGINT, ADD COLUMN IF NOT EXISTS version TEXT, \
-                 ADD COLUMN IF NOT EXISTS reserved_for TEXT, ADD COLUMN IF NOT EXISTS reserved_until TIMESTAMPTZ"
+                 ADD COLUMN IF NOT EXISTS reserved_for TEXT, ADD COLUMN IF NOT EXISTS reserved_until TIMESTAMPTZ, \
+                 ADD COLUMN IF NOT EXISTS ended_term BIGINT, ADD COLUMN IF NOT EXISTS ended TEXT"
             ),
         }
     }
 }
 
-/// What a release sets: no holder, and the reservation of `$5` (a pod UID)
+/// What a release sets: no holder, the reservation of `$5` (a pod UID)
 /// for `$6` ms capped at the row's lease duration (`Handoff::reservation`),
-/// or none when `$5` is NULL.
+/// or none when `$5` is NULL, and `$7` as the end of its term.
 const RELEASED: &str = "holder = NULL, reserved_for = $5::TEXT, reserved_until = CASE WHEN $5::TEXT IS NULL THEN NULL \
-     ELSE clock_timestamp() + LEAST($6::BIGINT, lease_ms) * INTERVAL '1 millisecond' END";
+     ELSE clock_timestamp() + LEAST($6::BIGINT, lease_ms) * INTERVAL '1 millisecond' END, ended_term = term, \
+     ended = $7::TEXT";
 
 /// The channel a release of a lock in `table` is announced on (`NOTIFY`),
 /// the lock as the payload. At most 57 bytes (the table at most 48), below
@@ -506,6 +515,9 @@ impl PostgresStore {
                 let version: Option<String> = row.try_get("version").map_err(get)?;
                 let reserved_for: Option<String> = row.try_get("reserved_for").map_err(get)?;
                 let reserved_until: Option<SystemTime> = row.try_get("reserved_until").map_err(get)?;
+                let ended_term: Option<i64> = row.try_get("ended_term").map_err(get)?;
+                let ended: Option<String> = row.try_get("ended").map_err(get)?;
+                let ended_term = ended_term.map(|t| term_from_row(lock, t)).transpose()?;
                 Some(LeaseRecord {
                     name: lock.to_string(),
                     holder: row.try_get("holder").map_err(get)?,
@@ -518,6 +530,7 @@ impl PostgresStore {
                         pod_uid,
                         until: store_time(until),
                     }),
+                    ended: Ended::from_columns(ended_term, ended.as_deref()),
                 })
             }
         };
@@ -777,17 +790,20 @@ impl LeaseStore for PostgresStore {
         })
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
         let what = format!("release {lock}");
+        let handoff = release.handoff.as_ref();
         let (reserved_for, window_ms) = (handoff.map(Handoff::pod_uid), handoff.map(Handoff::window_ms));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&shard_of(lock), &lock, &holder, &token.0, &reserved_for, &window_ms];
+        let ended = release.reason.as_str();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+            &shard_of(lock),
+            &lock,
+            &holder,
+            &token.0,
+            &reserved_for,
+            &window_ms,
+            &ended,
+        ];
         let announced = self.announces.load(Ordering::Relaxed);
         let sql = match announced {
             true => &self.queries.release,

@@ -80,8 +80,8 @@ use super::push::Releases;
 use super::{Effect, StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Reservation, StoreError,
-    StoreTime, Version,
+    Claim, Ended, FencingToken, Grant, Held, Identity, LeaseRecord, LeaseStore, Observation, Release, Reservation,
+    StoreError, StoreTime, Version,
 };
 
 /// Where the leases live.
@@ -107,6 +107,7 @@ const NOW_US: &str = "local clock = redis.call('TIME')\n\
 const ACQUIRE_IF_FREE: &str = "
 local current = redis.call('HGET', KEYS[1], 'holder')
 if current then return {0, current} end
+local restarted = false
 ";
 
 /// The acquire script's second check: KEYS: lease, fence. ARGV[6]: the
@@ -126,6 +127,7 @@ end
 const TAKE_OVER_IF_HELD: &str = "
 local current = redis.call('HMGET', KEYS[1], 'holder', 'token')
 if current[1] ~= ARGV[6] or current[2] ~= ARGV[7] then return {0, current[1] or ''} end
+local restarted = true
 ";
 
 /// After [`ACQUIRE_IF_FREE`] or [`TAKE_OVER_IF_HELD`]: KEYS: lease, fence.
@@ -133,7 +135,9 @@ if current[1] ~= ARGV[6] or current[2] ~= ARGV[7] then return {0, current[1] or 
 /// version name. Returns {2, revision, version} when the version fence
 /// refuses (`Claim::fenced_by`: a missing or lower revision once one is
 /// recorded), {1, term, token, now_us} when taken. The fence key keeps the
-/// taker's revision and version, so they outlive the lease key.
+/// taker's revision and version, so they outlive the lease key, and the end
+/// of the term taken: `restarted` for a takeover, else the end written for
+/// it or `expired` (`LeaseRecord::ended_by_acquire`).
 const TAKE: &str = "
 local recorded = redis.call('HMGET', KEYS[2], 'revision', 'version')
 if ARGV[3] == '1' and recorded[1] and (ARGV[4] == '' or tonumber(ARGV[4]) < tonumber(recorded[1])) then
@@ -145,6 +149,10 @@ else
   redis.call('HSET', KEYS[2], 'revision', ARGV[4], 'version', ARGV[5])
 end
 redis.call('HDEL', KEYS[2], 'reserved_for', 'reserved_until_us')
+local ended = redis.call('HMGET', KEYS[2], 'term', 'ended_term')
+if ended[1] and (restarted or ended[2] ~= ended[1]) then
+  redis.call('HSET', KEYS[2], 'ended_term', ended[1], 'ended', restarted and 'restarted' or 'expired')
+end
 local term = redis.call('HINCRBY', KEYS[2], 'term', 1)
 local last = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
 local token = math.max(last + 1, now_us)
@@ -167,9 +175,10 @@ return {1, tonumber(row[3]), now_us}
 ";
 
 /// KEYS: lease, fence. ARGV: holder, token, channel, lock, reserved pod UID
-/// ("" for none), reservation window in ms. Returns 1 when released, 0 when
-/// not ours. The fence key keeps term and token, and the reservation until
-/// now + the window capped at the lease (`Handoff::reservation`), or none.
+/// ("" for none), reservation window in ms, the end's reason. Returns 1
+/// when released, 0 when not ours. The fence key keeps term and token, the
+/// reservation until now + the window capped at the lease
+/// (`Handoff::reservation`) or none, and the reason as the term's end.
 /// Publishes the lock on the release channel, so followers learn at once
 /// ([`LeaseStore::changed`]).
 const RELEASE: &str = "
@@ -183,6 +192,7 @@ else
   redis.call('HSET', KEYS[2], 'reserved_for', ARGV[5],
              'reserved_until_us', string.format('%.0f', now_us + window_ms * 1000))
 end
+redis.call('HSET', KEYS[2], 'ended_term', redis.call('HGET', KEYS[2], 'term'), 'ended', ARGV[7])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ";
@@ -190,16 +200,16 @@ return 1
 /// KEYS: lease, fence of each lock in turn. Returns {now_us, row, row, …},
 /// one row per lock in the order given, each {holder, token, term,
 /// renewed_us, lease_ms, fence_term, fence_token, fence_lease_ms, revision,
-/// version, reserved_for, reserved_until_us}, absent fields nil: every lock
+/// version, reserved_for, reserved_until_us, ended_term, ended}, absent fields nil: every lock
 /// at one reading of the clock.
 const OBSERVE: &str = "
 local rows = {now_us}
 for i = 1, #KEYS, 2 do
   local lease = redis.call('HMGET', KEYS[i], 'holder', 'token', 'term', 'renewed_us', 'lease_ms')
   local fence = redis.call('HMGET', KEYS[i + 1], 'term', 'token', 'lease_ms', 'revision', 'version', 'reserved_for',
-                           'reserved_until_us')
+                           'reserved_until_us', 'ended_term', 'ended')
   rows[#rows + 1] = {lease[1], lease[2], lease[3], lease[4], lease[5], fence[1], fence[2], fence[3], fence[4], fence[5],
-                     fence[6], fence[7]}
+                     fence[6], fence[7], fence[8], fence[9]}
 end
 return rows
 ";
@@ -350,6 +360,8 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
         }),
         _ => None,
     };
+    let ended_term = int(field(12)).map(|t| term_from_row(lock, t)).transpose()?;
+    let ended = Ended::from_columns(ended_term, text(field(13)).as_deref());
     Ok(match (text(field(0)), int(field(5))) {
         // A live lease: the lease key still exists.
         (Some(holder), _) => Some(LeaseRecord {
@@ -361,6 +373,7 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
             lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(4))?)?,
             version: version.clone(),
             reservation: reservation.clone(),
+            ended,
         }),
         // Released or expired: the fence keeps the last term and token.
         (None, Some(term)) => Some(LeaseRecord {
@@ -372,6 +385,7 @@ fn record_of(what: &str, lock: &str, reply: &[Value]) -> Result<Option<LeaseReco
             lease_duration: lease_from_millis("lease_ms", lock, stored_int(lock, "lease_ms", field(7))?)?,
             version,
             reservation,
+            ended,
         }),
         (None, None) => None,
     })
@@ -733,14 +747,9 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
         let what = format!("release {lock}");
+        let handoff = release.handoff.as_ref();
         let args = [
             holder.to_string(),
             token.0.to_string(),
@@ -748,6 +757,7 @@ impl LeaseStore for RedisStore {
             lock.to_string(),
             handoff.map_or_else(String::new, |h| h.pod_uid().to_string()),
             handoff.map_or_else(String::new, |h| h.window_ms().to_string()),
+            release.reason.as_str().to_string(),
         ];
         let reply = self
             .invoke(&what, &self.scripts.release, &self.keys(lock), &args, Effect::Write)

@@ -68,7 +68,7 @@ use self::row::{RawRow, lease_to_millis, returned_term, timestamp_to_store, toke
 use super::{lease_from_millis, term_from_row, version_columns};
 use crate::lease::store::Result;
 use crate::lease::{
-    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseStore, Observation, StoreError, StoreTime,
+    Claim, FencingToken, Grant, Handoff, Held, Identity, LeaseStore, Observation, Release, StoreError, StoreTime,
 };
 
 /// How to reach Spanner. Production uses the defaults (Google's endpoints and
@@ -693,20 +693,17 @@ impl LeaseStore for SpannerStore {
         })
     }
 
-    async fn release_for(
-        &self,
-        lock: &str,
-        holder: &str,
-        token: FencingToken,
-        handoff: Option<&Handoff>,
-    ) -> Result<()> {
+    async fn release_for(&self, lock: &str, holder: &str, token: FencingToken, release: &Release) -> Result<()> {
         check_lock(lock)?;
+        let handoff = release.handoff.as_ref();
         let reserved_for = handoff.map(|h| h.pod_uid().to_string());
         let window_ms = handoff.map(Handoff::window_ms);
+        let ended = release.reason.as_str();
         let body = check_and_set(&self.queries.release, lock, holder, token, move |statement| {
             statement
                 .add_typed_param("reserved_for", reserved_for.clone(), types::string())
                 .add_typed_param("window_ms", window_ms, types::int64())
+                .add_param("ended", ended)
         });
         self.transact("release", lock, body).await.map(|_| ())
     }

@@ -36,6 +36,13 @@ pub(super) const RESERVATION_ALLOWS: &str = "(reserved_for IS NULL OR reserved_u
 /// What a taking write does to a reservation: clears it.
 const UNRESERVED: &str = "reserved_for = NULL, reserved_until = NULL";
 
+/// What an acquire records as ended
+/// ([`LeaseRecord::ended_by_acquire`](crate::lease::LeaseRecord::ended_by_acquire)):
+/// the end written for the row's term, else `expired` for it (SET reads the
+/// row as it was before the update).
+const ENDED_BY_ACQUIRE: &str =
+    "ended_term = term, ended = IF(ended_term IS NOT NULL AND ended_term = term, ended, 'expired')";
+
 /// [`Claim::fenced_by`](crate::lease::Claim::fenced_by) in SQL, judged under the row lock: no fence, no
 /// version recorded, or the claim's revision at least the recorded one. A
 /// claim without a revision (`@revision` NULL) compares as NULL, so it is
@@ -44,8 +51,8 @@ pub(super) const FENCE_ALLOWS: &str = "(NOT @fence OR revision IS NULL OR revisi
 
 /// The lease row's columns every read selects (as `t`), in one place so that
 /// a new column reaches every read: `RawRow` decodes them by name.
-const ROW_COLUMNS: &str =
-    "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, t.reserved_until";
+const ROW_COLUMNS: &str = "t.holder, t.term, t.token, t.renewed_at, t.lease_ms, t.revision, t.version, t.reserved_for, \
+     t.reserved_until, t.ended_term, t.ended";
 
 impl Queries {
     pub(super) fn new(table: &str) -> Self {
@@ -75,14 +82,15 @@ impl Queries {
             take: format!(
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
                  renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version, {UNRESERVED} \
+                 version = @version, {UNRESERVED}, {ENDED_BY_ACQUIRE} \
                  WHERE {key} AND {FREE_OR_EXPIRED} AND {FENCE_ALLOWS} AND {RESERVATION_ALLOWS} THEN RETURN term"
             ),
-            // Only from exactly the holder and token named, live or expired.
+            // Only from exactly the holder and token named, live or expired;
+            // the term it replaces ended by a restart of its sidecar.
             take_over: format!(
                 "UPDATE {table} SET holder = @holder, term = term + 1, token = PENDING_COMMIT_TIMESTAMP(), \
                  renewed_at = PENDING_COMMIT_TIMESTAMP(), lease_ms = @lease_ms, revision = @revision, \
-                 version = @version, {UNRESERVED} WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
+                 version = @version, {UNRESERVED}, ended_term = term, ended = 'restarted' WHERE {key} AND holder = @from_holder AND token = @from_token AND {FENCE_ALLOWS} \
                  THEN RETURN term"
             ),
             insert: format!(
@@ -95,11 +103,13 @@ impl Queries {
                  WHERE {key} AND {ours} THEN RETURN term"
             ),
             // The reservation of `@reserved_for` for `@window_ms` capped at
-            // the row's lease (`Handoff::reservation`), or none when NULL.
+            // the row's lease (`Handoff::reservation`), or none when NULL;
+            // `@ended` as the end of the term.
             release: format!(
                 "UPDATE {table} SET holder = NULL, reserved_for = @reserved_for, \
                  reserved_until = IF(@reserved_for IS NULL, NULL, \
-                 TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL LEAST(@window_ms, lease_ms) MILLISECOND)) \
+                 TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL LEAST(@window_ms, lease_ms) MILLISECOND)), \
+                 ended_term = term, ended = @ended \
                  WHERE {key} AND {ours} THEN RETURN term"
             ),
         }

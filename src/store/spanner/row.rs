@@ -9,7 +9,7 @@ use google_cloud_wkt::Timestamp;
 
 use super::super::{lease_from_millis, term_from_row, version_from_row};
 use crate::lease::store::Result;
-use crate::lease::{FencingToken, LeaseRecord, Observation, Reservation, StoreError, StoreTime};
+use crate::lease::{Ended, FencingToken, LeaseRecord, Observation, Reservation, StoreError, StoreTime};
 
 /// A lease duration into the row's milliseconds, by the core's one checked
 /// conversion.
@@ -44,6 +44,8 @@ pub(super) struct RawRow {
     pub(super) version: Option<String>,
     pub(super) reserved_for: Option<String>,
     pub(super) reserved_until: Option<Timestamp>,
+    pub(super) ended_term: Option<i64>,
+    pub(super) ended: Option<String>,
     /// The term floor, when the query reads it.
     pub(super) floor: Option<i64>,
     pub(super) now: Timestamp,
@@ -89,6 +91,8 @@ impl RawRow {
             version: row.get("version")?,
             reserved_for: row.get("reserved_for")?,
             reserved_until: row.get("reserved_until")?,
+            ended_term: row.get("ended_term")?,
+            ended: row.get("ended")?,
             floor: if with_floor { row.get("floor")? } else { None },
             now: row.get("now")?,
         })
@@ -96,6 +100,7 @@ impl RawRow {
 
     /// The observation, every stored value converted with a check.
     pub(super) fn decode(&self, lock: &str) -> Result<Observation> {
+        let ended_term = self.ended_term.map(|t| term_from_row(lock, t)).transpose()?;
         let record = match self.term {
             None => None,
             Some(term) => Some(LeaseRecord {
@@ -114,6 +119,7 @@ impl RawRow {
                         pod_uid,
                         until: timestamp_to_store(until),
                     }),
+                ended: Ended::from_columns(ended_term, self.ended.as_deref()),
             }),
         };
         Ok(Observation {

@@ -14,7 +14,7 @@ enum CommitTimestamp {
 
 /// Every column the store reads or writes: name, type (a `STRING` of any
 /// length will do) and whether it holds commit timestamps.
-const COLUMNS: [(&str, &str, CommitTimestamp); 11] = [
+const COLUMNS: [(&str, &str, CommitTimestamp); 13] = [
     ("shard", "INT64", CommitTimestamp::No),
     ("name", "STRING", CommitTimestamp::No),
     ("holder", "STRING", CommitTimestamp::No),
@@ -26,18 +26,22 @@ const COLUMNS: [(&str, &str, CommitTimestamp); 11] = [
     ("version", "STRING", CommitTimestamp::No),
     ("reserved_for", "STRING", CommitTimestamp::No),
     ("reserved_until", "TIMESTAMP", CommitTimestamp::No),
+    ("ended_term", "INT64", CommitTimestamp::No),
+    ("ended", "STRING", CommitTimestamp::No),
 ];
 
 /// The columns leasehold added after the table's first release (the
-/// version of the last holder, issue 16; a transfer's reservation, issue
-/// 35), with the DDL type `ensure_schema` adds them with to a table created
-/// before: nullable, so existing rows read as "no version recorded" and
-/// "not reserved".
-const ADDED_COLUMNS: [(&str, &str); 4] = [
+/// version of the last holder, issue 16; a transfer's reservation and the
+/// recorded end of a term, issue 35), with the DDL type `ensure_schema`
+/// adds them with to a table created before: nullable, so existing rows
+/// read as "no version recorded", "not reserved" and "no end recorded".
+const ADDED_COLUMNS: [(&str, &str); 6] = [
     ("revision", "INT64"),
     ("version", "STRING(MAX)"),
     ("reserved_for", "STRING(MAX)"),
     ("reserved_until", "TIMESTAMP"),
+    ("ended_term", "INT64"),
+    ("ended", "STRING(MAX)"),
 ];
 
 /// The `ALTER TABLE` statements that bring a table created by an older
@@ -57,7 +61,8 @@ pub(super) fn create_table(table: &str) -> String {
         "CREATE TABLE {table} (\n  shard INT64 NOT NULL,\n  name STRING(MAX) NOT NULL,\n  holder STRING(MAX),\n  \
          term INT64 NOT NULL,\n  token TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  \
          renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true),\n  lease_ms INT64 NOT NULL,\n  \
-         revision INT64,\n  version STRING(MAX),\n  reserved_for STRING(MAX),\n  reserved_until TIMESTAMP,\n) \
+         revision INT64,\n  version STRING(MAX),\n  reserved_for STRING(MAX),\n  reserved_until TIMESTAMP,\n  \
+         ended_term INT64,\n  ended STRING(MAX),\n) \
          PRIMARY KEY (shard, name)"
     )
 }
@@ -177,7 +182,15 @@ mod tests {
     #[test]
     fn a_table_from_before_versions_is_refused_until_upgraded_once() {
         let mut old = good();
-        old.retain(|c| !["revision", "version", "reserved_for", "reserved_until"].contains(&c.name.as_str()));
+        let added = [
+            "revision",
+            "version",
+            "reserved_for",
+            "reserved_until",
+            "ended_term",
+            "ended",
+        ];
+        old.retain(|c| !added.contains(&c.name.as_str()));
         assert!(
             check("t", &old)
                 .unwrap_err()
@@ -191,7 +204,9 @@ mod tests {
                 "ALTER TABLE t ADD COLUMN revision INT64",
                 "ALTER TABLE t ADD COLUMN version STRING(MAX)",
                 "ALTER TABLE t ADD COLUMN reserved_for STRING(MAX)",
-                "ALTER TABLE t ADD COLUMN reserved_until TIMESTAMP"
+                "ALTER TABLE t ADD COLUMN reserved_until TIMESTAMP",
+                "ALTER TABLE t ADD COLUMN ended_term INT64",
+                "ALTER TABLE t ADD COLUMN ended STRING(MAX)"
             ]
         );
         assert!(upgrades("t", &good()).is_empty(), "idempotent: nothing left to add");

@@ -173,6 +173,7 @@ fn an_expired_lease_clears_every_true_label_and_counts_transitions() {
         lease_duration: Duration::from_millis(10),
         version: None,
         reservation: None,
+        ended: None,
     };
     let expired = Observation {
         now: record.expires_at().unwrap().saturating_add(Duration::from_millis(2)),
@@ -561,6 +562,7 @@ fn history_after(status: Option<Value>, observed: Observation) -> (Value, Vec<Hi
 #[tokio::test]
 async fn terms_that_passed_while_the_operator_was_down_are_a_gap_and_a_release_is_recorded() {
     use crate::api::history::TermEnd;
+    use crate::lease::{EndReason, Release};
     let store = MemoryStore::new(7);
     let lock = "prod/web";
     let (status, history) = history_after(None, held(&store, lock, "prod/web-0#n1").await);
@@ -570,11 +572,20 @@ async fn terms_that_passed_while_the_operator_was_down_are_a_gap_and_a_release_i
         (1, Some("prod/web-0#n1"))
     );
 
-    // The operator is down: web-0 hands over, web-1 leads and releases, web-2 acquires.
+    // The operator is down: web-0 and web-1 lead and release, each for its
+    // own reason, web-2 leads and releases, web-3 acquires.
     let mut observed = store.observe(lock).await.unwrap();
-    for (holder, next) in [("prod/web-0#n1", "prod/web-1#n1"), ("prod/web-1#n1", "prod/web-2#n1")] {
+    let steps = [
+        ("prod/web-0#n1", EndReason::PodTerminating, "prod/web-1#n1"),
+        ("prod/web-1#n1", EndReason::Released, "prod/web-2#n1"),
+        ("prod/web-2#n1", EndReason::AppUnhealthy, "prod/web-3#n1"),
+    ];
+    for (holder, reason, next) in steps {
         let token = observed.record.as_ref().unwrap().token.unwrap();
-        store.release(lock, holder, token).await.unwrap();
+        store
+            .release_for(lock, holder, token, &Release::because(reason))
+            .await
+            .unwrap();
         observed = held(&store, lock, next).await;
     }
     let token = observed.record.as_ref().unwrap().token.unwrap();
@@ -582,16 +593,30 @@ async fn terms_that_passed_while_the_operator_was_down_are_a_gap_and_a_release_i
     let shown: Vec<(u64, Option<u64>)> = history.iter().map(|e| (e.term, e.missing_through)).collect();
     assert_eq!(
         shown,
-        [(1, None), (2, Some(2)), (3, None)],
-        "term 2 is a gap, not invented"
+        [(1, None), (2, Some(2)), (3, None), (4, None)],
+        "term 2 is a gap, not invented; term 3's end is in the record"
     );
-    assert_eq!(history[2].token, Some(token.to_string()));
+    assert_eq!(history[0].ended, None, "term 1's end was overwritten before any read");
+    assert_eq!(
+        (history[2].ended, &history[2].holder),
+        (Some(TermEnd::AppUnhealthy), &None),
+        "why term 3 ended, though no read saw it"
+    );
+    assert_eq!(history[3].token, Some(token.to_string()));
 
-    // web-2 releases: the store says so, and history keeps who held it.
-    store.release(lock, "prod/web-2#n1", token).await.unwrap();
+    // web-3 is deleted: the store says so, and history keeps who held it.
+    store
+        .release_for(
+            lock,
+            "prod/web-3#n1",
+            token,
+            &Release::because(EndReason::PodTerminating),
+        )
+        .await
+        .unwrap();
     let (status, history) = history_after(Some(status), store.observe(lock).await.unwrap());
-    assert_eq!(history.len(), 3, "term 3 once, not again");
-    assert_eq!(history[2].ended, Some(TermEnd::Released));
-    assert_eq!(history[2].holder.as_deref(), Some("prod/web-2#n1"));
-    assert_eq!(status["history"][2]["ended"], json!("Released"));
+    assert_eq!(history.len(), 4, "term 4 once, not again");
+    assert_eq!(history[3].ended, Some(TermEnd::PodTerminating));
+    assert_eq!(history[3].holder.as_deref(), Some("prod/web-3#n1"));
+    assert_eq!(status["history"][3]["ended"], json!("PodTerminating"));
 }
