@@ -64,6 +64,7 @@
 
 mod checker;
 mod clusters;
+mod history;
 mod kubernetes;
 mod link;
 mod mutants;

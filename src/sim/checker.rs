@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::mutants::Mutant;
 use super::report::{Report, Violation};
+use crate::api::history::HistoryEntry;
 use crate::lease::FencingToken;
 use crate::store::memory::Acquisition;
 
@@ -89,6 +90,8 @@ pub(super) struct Finished {
     pub(super) term_resets: Vec<Instant>,
     /// The version fence was on.
     pub(super) fence: bool,
+    /// The operator's folded history of the lock, if the schedule kept one.
+    pub(super) history: Option<Vec<HistoryEntry>>,
     /// Counts so far; the checker adds its own.
     pub(super) report: Report,
 }
@@ -239,6 +242,12 @@ impl Finished {
         }
         if beliefs.is_empty() {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));
+        }
+        // 4. The operator's history: each term once, none invented.
+        if let Some(history) = &self.history {
+            super::history::check(history, &acquisitions).map_err(fail)?;
+            self.report.counts.history_gaps = history.iter().filter(|e| e.is_gap()).count() as u64;
+            self.report.counts.history_terms = history.len() as u64 - self.report.counts.history_gaps;
         }
         self.report.counts.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
         self.report.counts.accepted = register.accepted.len() as u64;

@@ -26,10 +26,11 @@ pub enum Mutant {
     TokenFromLeaseTransitions,
     CreateTokenFromList,
     ReleaseAcrossClusters,
+    HistoryRecordsATermTwice,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -49,6 +50,7 @@ impl Mutant {
         Mutant::TokenFromLeaseTransitions,
         Mutant::CreateTokenFromList,
         Mutant::ReleaseAcrossClusters,
+        Mutant::HistoryRecordsATermTwice,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +74,7 @@ impl Mutant {
             Mutant::TokenFromLeaseTransitions => "token-from-leaseTransitions",
             Mutant::CreateTokenFromList => "create-token-from-list",
             Mutant::ReleaseAcrossClusters => "release-across-clusters",
+            Mutant::HistoryRecordsATermTwice => "history-records-a-term-twice",
         }
     }
 
@@ -122,6 +125,10 @@ impl Mutant {
                 "two clusters: the operator takes a holder without a cluster name for its own (is_local before \
                  issue 37) and releases another cluster's live leader when it deletes its own pod of that name"
             }
+            Mutant::HistoryRecordsATermTwice => {
+                "the operator folds status.history by whole entry instead of by term, so a term read again after \
+                 a renewal is recorded again"
+            }
         }
     }
 
@@ -146,7 +153,8 @@ impl Mutant {
             | Mutant::WriteWithoutResourceVersion
             | Mutant::TokenFromLeaseTransitions
             | Mutant::CreateTokenFromList
-            | Mutant::ReleaseAcrossClusters => None,
+            | Mutant::ReleaseAcrossClusters
+            | Mutant::HistoryRecordsATermTwice => None,
         }
     }
 

@@ -92,6 +92,10 @@ pub struct Counts {
     /// Live holders of the other cluster an operator left alone after
     /// deleting its own pod of the same name.
     pub left_to_other_cluster: u64,
+    /// Terms in the operator's folded history (elector schedules).
+    pub history_terms: u64,
+    /// Gap entries in it: terms no read of the operator saw.
+    pub history_gaps: u64,
 }
 
 impl Counts {
@@ -123,6 +127,8 @@ impl Counts {
         self.two_cluster_schedules += r.two_cluster_schedules;
         self.operator_releases += r.operator_releases;
         self.left_to_other_cluster += r.left_to_other_cluster;
+        self.history_terms += r.history_terms;
+        self.history_gaps += r.history_gaps;
     }
 }
 
@@ -139,7 +145,7 @@ impl fmt::Display for Counts {
              {} schedules on the Kubernetes store's semantics ({} writes refused as judged on a stale version, \
              {} Leases recreated), {} session schedules on PostgreSQL's semantics ({} serialization failures \
              retried) and {} on Redis's, {} schedules in two clusters ({} rows released by an operator, \
-             {} other clusters' holders left alone)",
+             {} other clusters' holders left alone), {} terms in the operator's history with {} gaps",
             self.terms,
             self.accepted,
             self.fenced,
@@ -166,7 +172,9 @@ impl fmt::Display for Counts {
             self.redis_schedules,
             self.two_cluster_schedules,
             self.operator_releases,
-            self.left_to_other_cluster
+            self.left_to_other_cluster,
+            self.history_terms,
+            self.history_gaps
         )
     }
 }

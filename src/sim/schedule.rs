@@ -119,6 +119,9 @@ pub(super) struct Schedule {
     /// The newest revision so far: a rollout raises it; candidates start
     /// under it or one below (an old pod still around).
     pub(super) revision: u64,
+    /// The operator's folded `status.history` of the lock, where a schedule
+    /// keeps one (elector schedules on the memory store).
+    pub(super) history: Option<super::history::History>,
     pub(super) report: Report,
 }
 
@@ -182,6 +185,7 @@ impl Schedule {
             clusters: two_clusters.then_some((seed / 2).is_multiple_of(2)),
             pod_uids: HashMap::new(),
             revision: 2,
+            history: None,
             report: Report {
                 seed,
                 counts: Counts {
@@ -388,6 +392,14 @@ impl Schedule {
             self.fence,
             self.mutant
         ));
+        if self.kube.is_none() {
+            self.history = Some(super::history::observe(
+                self.store.clone(),
+                LOCK,
+                self.seed,
+                self.mutant,
+            ));
+        }
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
         while Instant::now() < end {
@@ -649,6 +661,7 @@ impl Schedule {
             deleted_tokens: self.deleted_tokens,
             term_resets: self.term_resets,
             fence: self.fence,
+            history: self.history.map(|h| std::mem::take(&mut *h.lock().unwrap())),
             report: self.report,
         }
         .check()

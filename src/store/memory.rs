@@ -220,6 +220,17 @@ impl MemoryStore {
         Observation { record, now }
     }
 
+    /// The row as a strongly consistent read would see it now, without the
+    /// injected faults (the simulation's operator reads through it, so the
+    /// schedule's fault draws stay what they were without it).
+    pub fn peek(&self, lock: &str) -> Observation {
+        let state = self.lock();
+        Observation {
+            record: state.rows.get(lock).cloned(),
+            now: self.clock(&state),
+        }
+    }
+
     /// Writes a row outright, as a person with SQL access could (tests of
     /// what the store does with a row it would never write itself).
     pub fn put_row(&self, row: LeaseRecord) {

@@ -104,6 +104,69 @@ async fn ensure_schema_creates_the_table_once_and_is_idempotent() {
     );
 }
 
+/// Two candidates creating the table at once: the later `CREATE TABLE IF NOT
+/// EXISTS` cannot see the earlier one's uncommitted table, waits on the
+/// catalog's unique index, and fails with SQLSTATE 23505 once it commits.
+/// Played deterministically: another connection creates the table in an
+/// open transaction, the store's statement is seen waiting on it, then the
+/// transaction commits. `ensure_schema` must still succeed.
+#[tokio::test]
+async fn ensure_schema_succeeds_when_another_candidate_creates_the_table_at_the_same_time() {
+    let server = PostgresServer::start();
+    let (other, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    other
+        .batch_execute(
+            "BEGIN; CREATE TABLE racing_leases (shard BIGINT NOT NULL, name TEXT NOT NULL, holder TEXT, \
+             term BIGINT NOT NULL, token BIGINT NOT NULL, renewed_at TIMESTAMPTZ NOT NULL, lease_ms BIGINT NOT NULL, \
+             PRIMARY KEY (shard, name))",
+        )
+        .await
+        .unwrap();
+    let store = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(server.url()),
+        table: "racing_leases".into(),
+    })
+    .unwrap();
+    let creating = tokio::spawn(async move { store.ensure_schema().await.map(|()| store) });
+    // Until the store's CREATE TABLE waits on the open transaction's row
+    // (seen from a third connection: inside a transaction pg_stat_activity
+    // keeps the snapshot of its first read).
+    let (watcher, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    loop {
+        let waiting = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'CREATE TABLE IF NOT EXISTS racing_leases%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if waiting.get::<_, i64>(0) == 1 {
+            break;
+        }
+        if creating.is_finished() {
+            panic!(
+                "the store's CREATE TABLE never waited: {:?}",
+                creating.await.unwrap().map(drop)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    other.batch_execute("COMMIT").await.unwrap();
+    let store = creating
+        .await
+        .unwrap()
+        .expect("ensure_schema succeeds beside a concurrent creation");
+    let grant = store.acquire("x", "a", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(grant.term, 1);
+}
+
 /// The sequence is the token source: dropping and recreating the table and
 /// the sequence still hands out tokens above the earlier ones.
 #[tokio::test]

@@ -468,6 +468,36 @@ impl PostgresStore {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
         effect: Effect,
     ) -> Result<Vec<Row>> {
+        self.run_retrying(what, sql, params, effect, is_contention).await
+    }
+
+    /// One idempotent DDL statement (`IF NOT EXISTS`). Two processes
+    /// creating the same table at once can both find it absent, and the
+    /// later then fails on the catalog's unique index (SQLSTATE 23505 on
+    /// `pg_type`, or 42P07): the object exists by then, so the statement is
+    /// run again and finds it.
+    async fn run_ddl(&self, what: &str, sql: &str) -> Result<()> {
+        let concurrent = |e: &tokio_postgres::Error| {
+            is_contention(e)
+                || matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION
+                    || *c == SqlState::DUPLICATE_TABLE
+                    || *c == SqlState::DUPLICATE_OBJECT)
+        };
+        self.run_retrying(what, sql, &[], Effect::Read, concurrent)
+            .await
+            .map(drop)
+    }
+
+    /// [`run`](Self::run), trying again with backoff within the call
+    /// timeout while `retry` says the statement lost a race and did nothing.
+    async fn run_retrying(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        effect: Effect,
+        retry: impl Fn(&tokio_postgres::Error) -> bool,
+    ) -> Result<Vec<Row>> {
         let deadline = tokio::time::Instant::now() + self.call_timeout;
         let mut backoff = contention_backoff();
         loop {
@@ -487,7 +517,7 @@ impl PostgresStore {
                 }
             };
             let (error, effect) = failed;
-            if is_contention(&error)
+            if retry(&error)
                 && let Some(pause) = backoff.next()
                 && tokio::time::Instant::now() + pause < deadline
             {
@@ -652,7 +682,7 @@ impl LeaseStore for PostgresStore {
         ];
         for sql in sql {
             // DDL is idempotent (IF NOT EXISTS); a lost reply is retried by the next call.
-            self.run(&what, sql, &[], Effect::Read).await?;
+            self.run_ddl(&what, sql).await?;
         }
         info!(table = %self.config.table, "lease table ready");
         Ok(())

@@ -412,7 +412,7 @@ impl SessionStore for PostgresStore {
         let what = format!("creating tables {} and {}", tables.sessions, tables.locks);
         for sql in tables.create() {
             // Idempotent (IF NOT EXISTS); a lost reply is retried by the next call.
-            self.run(&what, &sql, &[], Effect::Read).await?;
+            self.run_ddl(&what, &sql).await?;
         }
         info!(sessions = %tables.sessions, locks = %tables.locks, "session tables ready");
         Ok(())
