@@ -176,7 +176,9 @@ impl Session {
 
     /// Takes every lock of `names` that is free, without waiting: one store
     /// transaction per [`MAX_LOCKS_PER_CALL`] names. A lock this session
-    /// already holds is reported taken with its token. A batch whose
+    /// already holds is reported taken with its token, except one whose
+    /// release is not yet confirmed: that is busy until the release is,
+    /// since the unlock may still arrive and free it. A batch whose
     /// outcome is unknown may have taken its locks: asking again tells.
     pub async fn try_lock_many<S: AsRef<str>>(&self, names: &[S]) -> Result<TryLocked> {
         let names: Vec<String> = names.iter().map(|n| n.as_ref().to_string()).collect();
