@@ -74,6 +74,7 @@ mod rollout;
 mod schedule;
 mod session_stores;
 mod sessions;
+mod signal;
 
 pub use mutants::Mutant;
 pub use report::{Counts, Report, Summary, Violation};

@@ -32,13 +32,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::link::Link;
 use super::mutants::Mutant;
 use super::pause::Pause;
+use super::signal::Signal;
 use crate::lease::{
     Claim, Ended, FencingToken, Grant, LeaseRecord, LeaseStore, Observation, Release, Reservation, StoreError,
     StoreTime, Version,
@@ -148,7 +148,7 @@ struct ServerState {
 pub(super) struct ApiServer {
     state: Arc<Mutex<ServerState>>,
     /// The length of the history: watches wait on it.
-    changes: watch::Sender<usize>,
+    changes: Arc<Signal<usize>>,
 }
 
 /// What a deletion by hand removed.
@@ -175,7 +175,7 @@ impl ApiServer {
                 recreated: 0,
                 deleted: false,
             })),
-            changes: watch::channel(0).0,
+            changes: Arc::new(Signal::new(0)),
         }
     }
 
@@ -221,7 +221,7 @@ impl ApiServer {
             .and_then(|r| Some((r.term, FencingToken(r.token?))));
         let len = state.history.len();
         drop(state);
-        self.changes.send_replace(len);
+        self.changes.set(len);
         Some(Deleted { live })
     }
 
@@ -301,7 +301,7 @@ impl ApiServer {
             object: Some(body.clone()),
             at: Instant::now(),
         });
-        self.changes.send_replace(state.history.len());
+        self.changes.set(state.history.len());
         Reply::Written(body)
     }
 }
@@ -373,7 +373,7 @@ impl Seen {
 /// The candidate's view of the Lease, shared by its calls and its watch.
 struct View {
     seen: Mutex<Seen>,
-    changes: watch::Sender<u64>,
+    changes: Signal<u64>,
 }
 
 impl View {
@@ -399,7 +399,7 @@ impl View {
         };
         *seen = next.clone();
         drop(seen);
-        self.changes.send_modify(|n| *n += 1);
+        self.changes.modify(|n| *n += 1);
         next
     }
 
@@ -408,7 +408,7 @@ impl View {
         if seen.version().is_none_or(|k| k < version) {
             *seen = Seen::Absent { after: version };
             drop(seen);
-            self.changes.send_modify(|n| *n += 1);
+            self.changes.modify(|n| *n += 1);
         }
     }
 
@@ -448,7 +448,7 @@ impl KubeClient {
             link,
             view: Arc::new(View {
                 seen: Mutex::new(Seen::Unknown),
-                changes: watch::channel(0).0,
+                changes: Signal::new(0),
             }),
             clock,
             call_timeout,
@@ -544,7 +544,6 @@ impl KubeClient {
             self.link.faults(),
         );
         let task = async move {
-            let mut changes = server.changes.subscribe();
             let mut next = {
                 let state = server.lock();
                 if let Some(view) = view.upgrade() {
@@ -554,9 +553,7 @@ impl KubeClient {
             };
             let mut delivered = Instant::now();
             loop {
-                if changes.wait_for(|len| *len > next).await.is_err() {
-                    return;
-                }
+                server.changes.wait_for(|len| *len > next).await;
                 let (change, lag) = {
                     let state = server.lock();
                     (state.history[next].clone(), state.watch_lag)
@@ -721,11 +718,13 @@ impl LeaseStore for KubeClient {
 
     async fn changed(&self, lock: &str, seen: &Observation) {
         self.follow();
-        let mut changes = self.view.changes.subscribe();
         loop {
-            if self.record(lock, &self.view.current()) != seen.record || changes.changed().await.is_err() {
+            // The count before the look, so a change after it ends the wait.
+            let count = self.view.changes.get();
+            if self.record(lock, &self.view.current()) != seen.record {
                 return;
             }
+            self.view.changes.wait_for(|n| *n != count).await;
         }
     }
 

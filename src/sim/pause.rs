@@ -6,10 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use tokio::sync::Notify;
-
+use super::signal::Signal;
 use crate::lease::sim_hooks::TaskWrapper;
 
 /// A current-thread runtime on paused time: schedules replay exactly.
@@ -22,20 +19,9 @@ pub(super) fn paused_runtime() -> tokio::runtime::Runtime {
 }
 
 /// A process-pause switch: while on, none of the process's tasks run.
-///
-/// A flag and a [`Notify`], not a `watch` channel: tokio's `watch` spreads
-/// its receivers over eight `Notify`s picked at random per runtime
-/// (`BigNotify` in tokio/src/sync/watch.rs), so the tasks of one process
-/// would wake in a different order on every run and a seed would not
-/// replay. `Notify::notify_waiters` wakes in the order the waiters came.
+/// A [`Signal`], not a `watch`, so the tasks wake in a replayable order.
 #[derive(Clone, Default)]
-pub(super) struct Pause(Arc<PauseState>);
-
-#[derive(Default)]
-struct PauseState {
-    paused: AtomicBool,
-    changed: Notify,
-}
+pub(super) struct Pause(Arc<Signal<bool>>);
 
 impl Pause {
     pub(super) fn new() -> Self {
@@ -44,22 +30,12 @@ impl Pause {
 
     /// Pauses (SIGSTOP) or resumes (SIGCONT) the process.
     pub(super) fn set(&self, paused: bool) {
-        self.0.paused.store(paused, Ordering::SeqCst);
-        self.0.changed.notify_waiters();
+        self.0.set(paused);
     }
 
     /// Returns once the switch is `paused`.
     async fn until(&self, paused: bool) {
-        loop {
-            let changed = self.0.changed.notified();
-            let mut changed = std::pin::pin!(changed);
-            // Registered before the check, so a change in between still wakes us.
-            changed.as_mut().enable();
-            if self.0.paused.load(Ordering::SeqCst) == paused {
-                return;
-            }
-            changed.await;
-        }
+        self.0.wait_for(|p| *p == paused).await;
     }
 
     /// `task`, polled only while the process is not paused: its timers fire

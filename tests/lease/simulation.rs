@@ -384,7 +384,7 @@ fn every_schedule_replays_its_seed_exactly() {
         ("sessions", simulate_sessions, 112..121),
         ("elector", simulate, 0..6),
         ("rollouts", simulate_rollouts, 0..4),
-        ("kubernetes", simulate_kubernetes, 0..4),
+        ("kubernetes", simulate_kubernetes, 0..12),
         ("two clusters", simulate_two_clusters, 0..4),
     ];
     for (kind, schedule, seeds) in kinds {
