@@ -86,8 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(violation) => {
                 if args.verbose {
                     // The whole log; the violation's own text ends with its last lines.
-                    let shown = violation.events.len().saturating_sub(40);
-                    for e in &violation.events[..shown] {
+                    for e in violation.earlier_events() {
                         println!("  {e}");
                     }
                 }

@@ -188,10 +188,20 @@ pub struct Violation {
     pub events: Vec<String>,
 }
 
+impl Violation {
+    /// How many of the last events the violation's text shows.
+    const SHOWN: usize = 40;
+
+    /// The events before those the violation's text shows (`--verbose`
+    /// prints them too).
+    pub fn earlier_events(&self) -> &[String] {
+        &self.events[..self.events.len().saturating_sub(Self::SHOWN)]
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tail = self.events.len().saturating_sub(40);
-        for e in &self.events[tail..] {
+        for e in &self.events[self.earlier_events().len()..] {
             writeln!(f, "  {e}")?;
         }
         let mutant = self
