@@ -4,6 +4,10 @@
 //! The fold is keyed by term, so a term seen on many reads is one entry; a
 //! term the operator never saw (it was down, or the term was shorter than a
 //! requeue) is a gap entry naming the missing terms, never an invented term.
+//! A store that counts terms again (a deleted Kubernetes Lease) starts a new
+//! run of terms, told apart by its tokens, which never go back.
+
+use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -90,6 +94,12 @@ impl HistoryEntry {
         self.missing_through.is_some()
     }
 
+    /// The token as a number, for comparing (every store's token is an
+    /// `i64`; `status` writes it as a decimal string).
+    fn token_value(&self) -> Option<i64> {
+        self.token.as_deref()?.parse().ok()
+    }
+
     /// What one read of the store says: its current (or last) term, and
     /// the end the record keeps for an earlier term (written by the release
     /// or the acquire that ended it, so known even when no read saw that
@@ -149,31 +159,93 @@ impl HistoryEntry {
 /// `previous` with `seen` folded in: one entry per term in term order, a gap
 /// entry where terms between two known ones are missing, at most `limit`
 /// entries (the newest).
+///
+/// Terms count up from 1 per record, so a store whose record is deleted and
+/// written again (a Kubernetes Lease deleted by hand) counts them again,
+/// while its tokens keep increasing. The history is therefore a list of
+/// runs, each counting up: a read whose term goes back, or repeats, under a
+/// newer token starts a new run, instead of merging into the older terms of
+/// those numbers. A read older
+/// than the newest run (its token below one of a term it does not exceed)
+/// adds nothing.
 pub fn fold(previous: &[HistoryEntry], seen: Vec<HistoryEntry>, limit: u32) -> Vec<HistoryEntry> {
-    let mut terms = std::collections::BTreeMap::<u64, HistoryEntry>::new();
-    for entry in previous.iter().filter(|e| !e.is_gap()).cloned().chain(seen) {
-        match terms.get_mut(&entry.term) {
-            Some(known) => known.merge(entry),
-            None => {
-                terms.insert(entry.term, entry);
+    let mut runs: Vec<BTreeMap<u64, HistoryEntry>> = Vec::new();
+    for entry in previous.iter().filter(|e| !e.is_gap()) {
+        match runs.last_mut() {
+            Some(run) if run.last_key_value().is_some_and(|(&last, _)| entry.term > last) => {
+                run.insert(entry.term, entry.clone());
             }
+            _ => runs.push(BTreeMap::from([(entry.term, entry.clone())])),
         }
     }
-    let mut history = Vec::with_capacity(terms.len());
-    let mut next = None;
-    for (term, entry) in terms {
-        if let Some(first) = next.filter(|&first| first < term) {
-            history.push(HistoryEntry {
-                term: first,
-                missing_through: Some(term - 1),
-                ..HistoryEntry::default()
-            });
+    match runs.last().map_or(Placement::Newest, |run| placement(run, &seen)) {
+        Placement::Newest => {
+            if runs.is_empty() {
+                runs.push(BTreeMap::new());
+            }
+            let run = runs.last_mut().expect("a run");
+            for entry in seen {
+                match run.get_mut(&entry.term) {
+                    Some(known) => known.merge(entry),
+                    None => {
+                        run.insert(entry.term, entry);
+                    }
+                }
+            }
         }
-        next = Some(term + 1);
-        history.push(entry);
+        Placement::Restarted => runs.push(seen.into_iter().map(|e| (e.term, e)).collect()),
+        Placement::Older => {}
+    }
+    let mut history = Vec::new();
+    for run in runs {
+        // A run begins at the first term a read saw: what came before it in
+        // a new count is not known to be a term (a created Lease's first
+        // write may never have granted one).
+        let mut next = None;
+        for (term, entry) in run {
+            if let Some(first) = next.filter(|&first| first < term) {
+                history.push(HistoryEntry {
+                    term: first,
+                    missing_through: Some(term - 1),
+                    ..HistoryEntry::default()
+                });
+            }
+            next = Some(term + 1);
+            history.push(entry);
+        }
     }
     let keep = usize::try_from(limit).unwrap_or(usize::MAX);
     history.split_off(history.len().saturating_sub(keep))
+}
+
+/// Where one read's entries belong relative to the newest run.
+enum Placement {
+    /// In the newest run: its terms continue or repeat that run's.
+    Newest,
+    /// After it: the store counts terms again (a term that goes back or
+    /// repeats under a newer token).
+    Restarted,
+    /// Before it: a read of the record as it was before the newest run.
+    Older,
+}
+
+/// Judged by the read's current term (its last entry, the one with a token)
+/// against the run's terms with tokens; within one run a later term always
+/// has a higher token.
+fn placement(run: &BTreeMap<u64, HistoryEntry>, seen: &[HistoryEntry]) -> Placement {
+    let Some((term, token)) = seen.last().and_then(|e| Some((e.term, e.token_value()?))) else {
+        return Placement::Newest;
+    };
+    let known = run.values().filter_map(|e| Some((e.term, e.token_value()?)));
+    for (known_term, known_token) in known {
+        if known_term >= term && known_token < token {
+            return Placement::Restarted;
+        }
+        if known_term <= term && known_token > token {
+            return Placement::Older;
+        }
+    }
+    Placement::Newest
 }
 
 #[cfg(test)]
@@ -237,6 +309,65 @@ mod tests {
         assert_eq!(history.first().map(|e| e.term), Some(3));
         assert_eq!(history.last().map(|e| e.term), Some(12));
         assert!(fold(&history, vec![term(13, "a", None)], 0).is_empty());
+    }
+
+    /// Term `n` of a record counting terms again: held by `holder` with
+    /// token `token` (above every earlier one, as on the Kubernetes store
+    /// after its Lease was deleted and created again).
+    fn again(n: u64, holder: &str, token: u64) -> HistoryEntry {
+        HistoryEntry {
+            token: Some(token.to_string()),
+            ..term(n, holder, None)
+        }
+    }
+
+    #[test]
+    fn a_term_counted_again_under_a_newer_token_starts_a_new_run() {
+        let mut history = Vec::new();
+        for n in 5..=7 {
+            history = fold(&history, vec![term(n, "a", None)], 10);
+        }
+        // The record was deleted; terms 1 and 2 of the new one.
+        history = fold(&history, vec![again(1, "b", 9_000)], 10);
+        history = fold(&history, vec![again(1, "b", 9_000)], 10);
+        history = fold(&history, vec![again(2, "c", 9_100)], 10);
+        assert_eq!(terms(&history), [(5, None), (6, None), (7, None), (1, None), (2, None)]);
+        assert_eq!(
+            history[3].holder.as_deref(),
+            Some("b"),
+            "not merged into an older term 1"
+        );
+        assert_eq!(history[0].holder.as_deref(), Some("a"));
+        // Folding the history again, and the same read again, keeps it.
+        assert_eq!(fold(&history, vec![again(2, "c", 9_100)], 10), history);
+        assert_eq!(fold(&history, vec![], 10), history);
+    }
+
+    #[test]
+    fn the_same_term_number_under_a_newer_token_is_a_new_term() {
+        let history = fold(&[term(1, "a", None)], vec![again(1, "b", 9_000)], 10);
+        assert_eq!(terms(&history), [(1, None), (1, None)]);
+        assert_eq!(history[1].holder.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_new_run_begins_at_the_first_term_a_read_saw() {
+        let history = fold(&[term(6, "a", None)], vec![again(3, "b", 9_000)], 10);
+        assert_eq!(terms(&history), [(6, None), (3, None)]);
+        let history = fold(&history, vec![again(5, "c", 9_200)], 10);
+        assert_eq!(terms(&history), [(6, None), (3, None), (4, Some(4)), (5, None)]);
+        assert_eq!(
+            fold(&history, vec![], 10),
+            history,
+            "the gap is recomputed, not doubled"
+        );
+    }
+
+    #[test]
+    fn a_read_from_before_the_newest_run_adds_nothing() {
+        let history = fold(&[term(6, "a", None)], vec![again(1, "b", 9_000)], 10);
+        let stale = fold(&history, vec![term(7, "a", None)], 10);
+        assert_eq!(stale, history);
     }
 
     /// A read of a row at term `term` (held by `holder` until the read's

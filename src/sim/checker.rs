@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::history::Folded;
 use super::mutants::Mutant;
 use super::report::{Report, Violation};
-use crate::api::history::HistoryEntry;
 use crate::lease::FencingToken;
 use crate::store::memory::Acquisition;
 
@@ -80,6 +80,10 @@ pub(super) struct Finished {
     pub(super) log: Log,
     /// In commit order.
     pub(super) acquisitions: Vec<Acquisition>,
+    /// Every write that began a term: the acquisitions, and on the
+    /// Kubernetes model the creates, which grant none until the write after
+    /// them (a read may see the created term meanwhile).
+    pub(super) claims: Vec<Acquisition>,
     pub(super) register: FencedRegister,
     /// Local time from a leader's deadline to the earliest commit of the
     /// next term: what stale writes must beat.
@@ -91,7 +95,7 @@ pub(super) struct Finished {
     /// The version fence was on.
     pub(super) fence: bool,
     /// The operator's folded history of the lock, if the schedule kept one.
-    pub(super) history: Option<Vec<HistoryEntry>>,
+    pub(super) history: Option<Folded>,
     /// Counts so far; the checker adds its own.
     pub(super) report: Report,
 }
@@ -244,10 +248,13 @@ impl Finished {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));
         }
         // 4. The operator's history: each term once, none invented.
-        if let Some(history) = &self.history {
-            super::history::check(history, &acquisitions).map_err(fail)?;
-            self.report.counts.history_gaps = history.iter().filter(|e| e.is_gap()).count() as u64;
-            self.report.counts.history_terms = history.len() as u64 - self.report.counts.history_gaps;
+        if let Some(folded) = &self.history {
+            super::history::check(folded, &self.claims).map_err(fail)?;
+            let history = &folded.history;
+            let counts = &mut self.report.counts;
+            counts.history_gaps = history.iter().filter(|e| e.is_gap()).count() as u64;
+            counts.history_terms = history.len() as u64 - counts.history_gaps;
+            counts.history_runs = history.windows(2).filter(|p| p[1].term <= p[0].term).count() as u64;
         }
         self.report.counts.terms = beliefs.iter().map(|b| b.term).collect::<HashSet<_>>().len() as u64;
         self.report.counts.accepted = register.accepted.len() as u64;

@@ -138,6 +138,10 @@ struct ServerState {
     watch_lag: Duration,
     rng: StdRng,
     acquisitions: Vec<Acquisition>,
+    /// Every write that began a term, in commit order: the acquisitions,
+    /// and creates, whose term is granted only by the check-and-set after
+    /// them (a created Lease shows its holder and term meanwhile).
+    claims: Vec<Acquisition>,
     stale_conflicts: u64,
     recreated: u64,
     deleted: bool,
@@ -171,6 +175,7 @@ impl ApiServer {
                 watch_lag: Duration::ZERO,
                 rng: StdRng::seed_from_u64(seed),
                 acquisitions: Vec::new(),
+                claims: Vec::new(),
                 stale_conflicts: 0,
                 recreated: 0,
                 deleted: false,
@@ -195,11 +200,37 @@ impl ApiServer {
         self.lock().acquisitions.clone()
     }
 
+    /// Every write that began a term (see [`ServerState::claims`]).
+    pub(super) fn claims(&self) -> Vec<Acquisition> {
+        self.lock().claims.clone()
+    }
+
     /// Writes refused (409) because the writer judged on a version that was
     /// no longer current, and Leases created again after a deletion.
     pub(super) fn stats(&self) -> (u64, u64) {
         let state = self.lock();
         (state.stale_conflicts, state.recreated)
+    }
+
+    /// The Lease as stored, read as the operator reads it (a consistent GET),
+    /// without the injected faults or a link, so the schedule's own draws
+    /// are as without the reader; its times judged on `clock` from the last
+    /// write.
+    pub(super) fn peek(&self, lock: &str, clock: &CandidateClock) -> Observation {
+        let state = self.lock();
+        let seen = match (&state.object, state.written_at) {
+            (Some(object), Some(at)) => Seen::Present {
+                object: Box::new(object.clone()),
+                version: object.resource_version,
+                at,
+            },
+            _ => Seen::Absent { after: state.revision },
+        };
+        drop(state);
+        Observation {
+            record: record_of(lock, &seen, clock, None),
+            now: clock.store_time(Instant::now()),
+        }
     }
 
     /// Deletes the Lease, as `kubectl delete lease` would; `lease` is D.
@@ -257,7 +288,7 @@ impl ApiServer {
                     state.deleted = false;
                     state.recreated += 1;
                 }
-                self.commit(&mut state, body, acquisition)
+                self.commit(&mut state, body, acquisition, true)
             }
             Request::Replace {
                 body,
@@ -269,7 +300,7 @@ impl ApiServer {
                     state.stale_conflicts += 1;
                     Reply::Conflict
                 }
-                Some(_) => self.commit(&mut state, body, acquisition),
+                Some(_) => self.commit(&mut state, body, acquisition, false),
             },
         };
         if drop_reply && matches!(reply, Reply::Written(_)) {
@@ -280,19 +311,26 @@ impl ApiServer {
         Ok(reply)
     }
 
-    /// Stores `body` at the next revision; records an acquisition.
-    fn commit(&self, state: &mut ServerState, mut body: LeaseObject, acquisition: bool) -> Reply {
+    /// Stores `body` at the next revision; records an acquisition, and a
+    /// create's claim.
+    fn commit(&self, state: &mut ServerState, mut body: LeaseObject, acquisition: bool, create: bool) -> Reply {
         state.revision += 1;
         body.resource_version = state.revision;
-        if acquisition && let Some(record) = &body.record {
-            state.acquisitions.push(Acquisition {
+        if (acquisition || create)
+            && let Some(record) = &body.record
+        {
+            let claim = Acquisition {
                 lock: state.lock.clone(),
                 term: record.term,
                 holder: record.holder.clone().unwrap_or_default(),
-                token: record.token.map(FencingToken),
+                token: record.token.map(FencingToken).filter(|_| acquisition),
                 revision: record.version.as_ref().map(|v| v.revision),
                 at: Instant::now(),
-            });
+            };
+            if acquisition {
+                state.acquisitions.push(claim.clone());
+            }
+            state.claims.push(claim);
         }
         state.object = Some(body.clone());
         state.written_at = Some(Instant::now());
@@ -417,6 +455,43 @@ impl View {
     }
 }
 
+/// The record a [`Seen`] stands for, its times judged on `clock`.
+fn record_of(lock: &str, seen: &Seen, clock: &CandidateClock, mutant: Option<Mutant>) -> Option<LeaseRecord> {
+    let Seen::Present { object, at, .. } = seen else {
+        return None;
+    };
+    let holder = object.holder_identity.clone();
+    let record = object.record.as_ref();
+    let ours = record.filter(|r| r.holder == holder);
+    let lease_duration = match (ours, &holder) {
+        (Some(r), _) => r.lease,
+        (None, Some(_)) => Duration::from_secs(object.lease_duration_seconds),
+        (None, None) => record.map_or(Duration::ZERO, |r| r.lease),
+    };
+    // The mutant reads renewTime, the holder's wall clock at its write.
+    let renewed_at = match mutant {
+        Some(Mutant::ExpiryFromRenewTime) => object.renew_time,
+        _ => clock.store_time(*at),
+    };
+    let reservation = ours
+        .and_then(|r| r.reserved.clone())
+        .map(|(pod_uid, window)| Reservation {
+            pod_uid,
+            until: clock.store_time(*at).saturating_add(window),
+        });
+    Some(LeaseRecord {
+        name: lock.to_string(),
+        reservation,
+        ended: record.and_then(|r| r.ended),
+        renewed_at: holder.as_ref().map(|_| renewed_at),
+        token: ours.and_then(|r| r.token).map(FencingToken),
+        version: ours.and_then(|r| r.version.clone()),
+        holder,
+        term: record.map_or(object.lease_transitions, |r| r.term),
+        lease_duration,
+    })
+}
+
 /// One candidate's `KubernetesStore`, over its faulty link.
 pub(super) struct KubeClient {
     link: Link<ApiServer>,
@@ -485,39 +560,7 @@ impl KubeClient {
 
     /// The record a [`Seen`] stands for.
     fn record(&self, lock: &str, seen: &Seen) -> Option<LeaseRecord> {
-        let Seen::Present { object, at, .. } = seen else {
-            return None;
-        };
-        let holder = object.holder_identity.clone();
-        let record = object.record.as_ref();
-        let ours = record.filter(|r| r.holder == holder);
-        let lease_duration = match (ours, &holder) {
-            (Some(r), _) => r.lease,
-            (None, Some(_)) => Duration::from_secs(object.lease_duration_seconds),
-            (None, None) => record.map_or(Duration::ZERO, |r| r.lease),
-        };
-        // The mutant reads renewTime, the holder's wall clock at its write.
-        let renewed_at = match self.mutant {
-            Some(Mutant::ExpiryFromRenewTime) => object.renew_time,
-            _ => self.clock.store_time(*at),
-        };
-        let reservation = ours
-            .and_then(|r| r.reserved.clone())
-            .map(|(pod_uid, window)| Reservation {
-                pod_uid,
-                until: self.clock.store_time(*at).saturating_add(window),
-            });
-        Some(LeaseRecord {
-            name: lock.to_string(),
-            reservation,
-            ended: record.and_then(|r| r.ended),
-            renewed_at: holder.as_ref().map(|_| renewed_at),
-            token: ours.and_then(|r| r.token).map(FencingToken),
-            version: ours.and_then(|r| r.version.clone()),
-            holder,
-            term: record.map_or(object.lease_transitions, |r| r.term),
-            lease_duration,
-        })
+        record_of(lock, seen, &self.clock, self.mutant)
     }
 
     fn observation(&self, lock: &str, seen: &Seen) -> Observation {

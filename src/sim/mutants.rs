@@ -27,10 +27,11 @@ pub enum Mutant {
     CreateTokenFromList,
     ReleaseAcrossClusters,
     HistoryRecordsATermTwice,
+    HistoryMergesRecountedTerms,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 20] = [
+    pub const ALL: [Mutant; 21] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -51,6 +52,7 @@ impl Mutant {
         Mutant::CreateTokenFromList,
         Mutant::ReleaseAcrossClusters,
         Mutant::HistoryRecordsATermTwice,
+        Mutant::HistoryMergesRecountedTerms,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +77,7 @@ impl Mutant {
             Mutant::CreateTokenFromList => "create-token-from-list",
             Mutant::ReleaseAcrossClusters => "release-across-clusters",
             Mutant::HistoryRecordsATermTwice => "history-records-a-term-twice",
+            Mutant::HistoryMergesRecountedTerms => "history-merges-recounted-terms",
         }
     }
 
@@ -129,6 +132,10 @@ impl Mutant {
                 "the operator folds status.history by whole entry instead of by term, so a term read again after \
                  a renewal is recorded again"
             }
+            Mutant::HistoryMergesRecountedTerms => {
+                "Kubernetes: the operator folds status.history by term alone, so the terms of a Lease created \
+                 again, counted from 1, land on the old entries of those numbers"
+            }
         }
     }
 
@@ -154,7 +161,8 @@ impl Mutant {
             | Mutant::TokenFromLeaseTransitions
             | Mutant::CreateTokenFromList
             | Mutant::ReleaseAcrossClusters
-            | Mutant::HistoryRecordsATermTwice => None,
+            | Mutant::HistoryRecordsATermTwice
+            | Mutant::HistoryMergesRecountedTerms => None,
         }
     }
 
@@ -166,6 +174,7 @@ impl Mutant {
                 | Mutant::WriteWithoutResourceVersion
                 | Mutant::TokenFromLeaseTransitions
                 | Mutant::CreateTokenFromList
+                | Mutant::HistoryMergesRecountedTerms
         )
     }
 }

@@ -96,6 +96,9 @@ pub struct Counts {
     pub history_terms: u64,
     /// Gap entries in it: terms no read of the operator saw.
     pub history_gaps: u64,
+    /// Runs of terms in it after the first: the store counted terms again
+    /// (a Lease created again).
+    pub history_runs: u64,
 }
 
 impl Counts {
@@ -129,6 +132,7 @@ impl Counts {
         self.left_to_other_cluster += r.left_to_other_cluster;
         self.history_terms += r.history_terms;
         self.history_gaps += r.history_gaps;
+        self.history_runs += r.history_runs;
     }
 }
 
@@ -145,7 +149,7 @@ impl fmt::Display for Counts {
              {} schedules on the Kubernetes store's semantics ({} writes refused as judged on a stale version, \
              {} Leases recreated), {} session schedules on PostgreSQL's semantics ({} serialization failures \
              retried) and {} on Redis's, {} schedules in two clusters ({} rows released by an operator, \
-             {} other clusters' holders left alone), {} terms in the operator's history with {} gaps",
+             {} other clusters' holders left alone), {} terms in the operator's history with {} gaps and {} restarts of the term count",
             self.terms,
             self.accepted,
             self.fenced,
@@ -174,7 +178,8 @@ impl fmt::Display for Counts {
             self.operator_releases,
             self.left_to_other_cluster,
             self.history_terms,
-            self.history_gaps
+            self.history_gaps,
+            self.history_runs
         )
     }
 }

@@ -119,9 +119,9 @@ pub(super) struct Schedule {
     /// The newest revision so far: a rollout raises it; candidates start
     /// under it or one below (an old pod still around).
     pub(super) revision: u64,
-    /// The operator's folded `status.history` of the lock, where a schedule
-    /// keeps one (elector schedules on the memory store).
-    pub(super) history: Option<super::history::History>,
+    /// The operator reading the lock and folding `status.history`, from the
+    /// schedule's start.
+    pub(super) history: Option<super::history::Observer>,
     pub(super) report: Report,
 }
 
@@ -392,14 +392,17 @@ impl Schedule {
             self.fence,
             self.mutant
         ));
-        if self.kube.is_none() {
-            self.history = Some(super::history::observe(
-                self.store.clone(),
-                LOCK,
-                self.seed,
-                self.mutant,
-            ));
-        }
+        let read: super::history::Read = match &self.kube {
+            Some(server) => {
+                let (server, clock) = (server.clone(), CandidateClock::new(1.0, self.start, 0));
+                Arc::new(move || server.peek(LOCK, &clock))
+            }
+            None => {
+                let store = self.store.clone();
+                Arc::new(move || store.peek(LOCK))
+            }
+        };
+        self.history = Some(super::history::Observer::start(read, self.seed, self.mutant));
         let mut candidates: Vec<Candidate> = (0..slots).map(|i| self.start_candidate(i)).collect();
         let end = self.start + length;
         while Instant::now() < end {
@@ -637,9 +640,9 @@ impl Schedule {
 impl Schedule {
     /// Hands what the run left behind to the checker.
     pub(super) fn check(mut self) -> Result<Report, Violation> {
-        let acquisitions = match &self.kube {
-            Some(server) => server.acquisitions(),
-            None => self.store.acquisitions(),
+        let (acquisitions, claims) = match &self.kube {
+            Some(server) => (server.acquisitions(), server.claims()),
+            None => (self.store.acquisitions(), self.store.acquisitions()),
         };
         let counts = &mut self.report.counts;
         let stats = self.stats.lock().unwrap();
@@ -656,12 +659,13 @@ impl Schedule {
             start: self.start,
             log: std::mem::take(&mut *self.log.lock().unwrap()),
             acquisitions,
+            claims,
             register: std::mem::take(&mut *self.register.lock().unwrap()),
             margin: self.margin,
             deleted_tokens: self.deleted_tokens,
             term_resets: self.term_resets,
             fence: self.fence,
-            history: self.history.map(|h| std::mem::take(&mut *h.lock().unwrap())),
+            history: self.history.map(|h| h.finish()),
             report: self.report,
         }
         .check()

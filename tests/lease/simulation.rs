@@ -294,6 +294,12 @@ fn run_kubernetes_shard(shard: u64) -> Summary {
         summary.counts.recreated > 0 && summary.counts.deleted_live > 0,
         "Leases were deleted under a live lease and created again: {summary:?}"
     );
+    // The operator's history was folded and checked across those
+    // recreations: terms counted again began new runs.
+    assert!(
+        summary.counts.history_terms > summary.counts.terms / 2 && summary.counts.history_runs > 0,
+        "{summary:?}"
+    );
     assert!(
         summary.counts.crashes > 0 && summary.counts.long_pauses > 0 && summary.counts.fenced > 0,
         "{summary:?}"
