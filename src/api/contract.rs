@@ -54,6 +54,18 @@ pub const ENV_VERSION: &str = "LEASEHOLD_VERSION";
 /// `--revision`: the number versions are ordered by.
 pub const ENV_REVISION: &str = "LEASEHOLD_REVISION";
 
+/// A literal env value any container of the pod sets (`ENV_REVISION` and
+/// `ENV_VERSION` are read so, for the pod itself and by its peers; a value
+/// from a reference is not known outside the container).
+pub fn literal_env<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()))
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == key)
+        .and_then(|e| e.value.as_deref())
+}
+
 /// The local HTTP API's port (on 127.0.0.1).
 pub const DEFAULT_HTTP_PORT: u16 = 4040;
 /// The metrics port (on 0.0.0.0, so Prometheus can scrape it). Every

@@ -41,10 +41,10 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 
 use super::installed::{self, Operator};
 use super::{ClusterArgs, Output};
-use crate::api::contract::DEFAULT_IMAGE;
+use crate::api::contract::{self, DEFAULT_IMAGE};
 use crate::api::preference;
 use crate::api::{DistributedLease, ValidStore, validate};
-use crate::lease::Identity;
+use crate::lease::{Identity, Prefer};
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
@@ -761,8 +761,10 @@ async fn check_lease(
 /// one leader per cluster, not one in all); a lock meant to be shared from
 /// a cluster without a name (its holders cannot be told from another
 /// cluster's, so the operator never releases them and status cannot say
-/// where the leader runs); and a holder that carries this cluster's name
-/// but is none of its candidates (another cluster uses the same name).
+/// where the leader runs); a lock that may be shared ordered by revisions
+/// that count per cluster (a ReplicaSet's); and a holder that carries this
+/// cluster's name but is none of its candidates (another cluster uses the
+/// same name).
 fn sharing_warnings(
     lease: &DistributedLease,
     store: &ValidStore,
@@ -782,6 +784,29 @@ fn sharing_warnings(
                 "spec.lockName {lock:?} may be shared with other clusters, but this cluster has no name: \
                  set the chart's clusterName (a name unique among the clusters sharing the store) so \
                  holders say where they run"
+            ));
+        }
+        let leadership = &lease.spec.leadership;
+        let by_replica_set: Vec<&str> = candidates
+            .iter()
+            .filter(|pod| contract::literal_env(pod, contract::ENV_REVISION).is_none())
+            .filter_map(|pod| pod.metadata.name.as_deref())
+            .collect();
+        if !matches!(store, ValidStore::Kubernetes)
+            && (leadership.prefer != Prefer::None || leadership.version_fence)
+            && !by_replica_set.is_empty()
+        {
+            warnings.push(format!(
+                "spec.lockName {lock:?} may be shared with other clusters, and the lease orders candidates \
+                 by revision (prefer {:?}, versionFence {}), but {} take theirs from their ReplicaSet, whose \
+                 number counts in this cluster only: another cluster's candidates of the same code have \
+                 unrelated numbers (behind the fence they may never lead). Set {} (and {}) in the pod \
+                 template from your release number, the same in every cluster (docs/multi-cluster.md)",
+                leadership.prefer,
+                leadership.version_fence,
+                by_replica_set.join(", "),
+                contract::ENV_REVISION,
+                contract::ENV_VERSION
             ));
         }
     }

@@ -15,13 +15,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::api::contract::{ENV_REVISION, ENV_VERSION};
+use crate::api::contract::{ENV_REVISION, ENV_VERSION, literal_env};
 use crate::lease::version::PeerWatch;
 use crate::lease::{ElectorControl, LeaderState, Prefer, Version};
 
@@ -32,20 +32,6 @@ pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
 /// The label the Deployment controller puts on its ReplicaSets' pods
 /// (`apps/v1` `DefaultDeploymentUniqueLabelKey`).
 pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
-
-fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    pod.spec
-        .iter()
-        .flat_map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()))
-}
-
-/// A literal env value any container of the pod sets.
-fn env_value<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    containers(pod)
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == key)
-        .and_then(|e| e.value.as_deref())
-}
 
 /// The ReplicaSet that controls the pod, if one does.
 pub fn owning_replica_set(pod: &Pod) -> Option<&str> {
@@ -82,9 +68,9 @@ pub fn pod_version(
     app_container: Option<&str>,
     revision_of: impl FnOnce(&str) -> Option<u64>,
 ) -> Option<Version> {
-    let explicit = env_value(pod, ENV_REVISION).and_then(|r| r.trim().parse().ok());
+    let explicit = literal_env(pod, ENV_REVISION).and_then(|r| r.trim().parse().ok());
     let revision = explicit.or_else(|| owning_replica_set(pod).and_then(revision_of))?;
-    let name = env_value(pod, ENV_VERSION)
+    let name = literal_env(pod, ENV_VERSION)
         .map(str::to_string)
         .unwrap_or_else(|| default_name(pod, app_container));
     Some(Version { revision, name })
@@ -163,7 +149,7 @@ impl Revisions {
     /// [`pod_version`], looking the revision up.
     pub async fn version_of(&mut self, pod: &Pod, app_container: Option<&str>) -> Option<Version> {
         let revision = match owning_replica_set(pod) {
-            Some(rs) if env_value(pod, ENV_REVISION).is_none() => {
+            Some(rs) if literal_env(pod, ENV_REVISION).is_none() => {
                 if self.pods.insert(pod.metadata.name.clone().unwrap_or_default()) {
                     self.known.remove(rs);
                 }

@@ -190,6 +190,80 @@ fn a_killed_ones_partitions_move_within_the_failover_bound_on_redis() {
     a_killed_ones_shares_move(&sidecars, failover_bound());
 }
 
+/// Issue 37 item 4: a partitioned lock shared by two clusters spreads over
+/// the members of both (membership is in the store, so a candidate's
+/// cluster makes no difference), even where the pod names are the same in
+/// each (StatefulSets): four sidecars on one PostgreSQL server, `pod-0` and
+/// `pod-1` in cluster `west` and in cluster `east`, two partitions each,
+/// every session naming its cluster. Then all of `west` goes: `east` holds
+/// all eight within the failover bound, the moved ones under higher tokens.
+#[test]
+fn partitions_spread_over_the_members_of_both_clusters_and_move_across_when_one_goes() {
+    let server = PostgresServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sidecars: Vec<Sidecar> = ["west", "east"]
+        .into_iter()
+        .flat_map(|cluster| (0..2).map(move |i| (cluster, format!("pod-{i}"))))
+        .map(|(cluster, pod)| {
+            let proxy = runtime.block_on(TcpProxy::start(server.addr()));
+            let store = [
+                "--store".into(),
+                "postgres".into(),
+                "--store-url".into(),
+                server.url_at(proxy.addr),
+            ];
+            let extra = [
+                "--partitions".into(),
+                N.to_string(),
+                "--create-table".into(),
+                "--cluster-name".into(),
+                cluster.into(),
+            ];
+            Sidecar::launch(&pod, proxy, "parts-clusters", &store, &[], &extra)
+        })
+        .collect();
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let before = wait_for_balance(&all, Duration::from_secs(60)).expect("8 partitions shared by 4");
+    assert_eq!(before.iter().map(BTreeMap::len).collect::<Vec<_>>(), [2, 2, 2, 2]);
+    for (sidecar, cluster) in sidecars.iter().zip(["west", "west", "east", "east"]) {
+        let (_, view) = get(sidecar.http, "/partitions").unwrap();
+        assert_eq!(
+            view["members"].as_u64(),
+            Some(4),
+            "members of both clusters count: {view}"
+        );
+        let session = view["session"].as_str().unwrap_or_default();
+        assert!(
+            session.starts_with(&format!("{cluster}/")),
+            "{}'s session names its cluster: {view}",
+            sidecar.name
+        );
+    }
+    for west in &sidecars[..2] {
+        west.signal("KILL");
+    }
+    let east: Vec<&Sidecar> = sidecars[2..].iter().collect();
+    let after = wait_for_balance(&east, failover_bound())
+        .unwrap_or_else(|| panic!("west's partitions had no owners in east within {:?}", failover_bound()));
+    assert_eq!(after.iter().map(BTreeMap::len).collect::<Vec<_>>(), [4, 4]);
+    for (share, kept) in after.iter().zip(&before[2..]) {
+        for (index, token) in share {
+            let old = before.iter().find_map(|b| b.get(index)).unwrap();
+            match kept.get(index) {
+                Some(kept) => assert_eq!(token, kept, "partition {index} stayed where it was"),
+                None => assert!(
+                    token > old,
+                    "partition {index} moved with a higher token: {old} -> {token}"
+                ),
+            }
+        }
+    }
+}
+
 /// SIGTERM: the sidecar stops publishing its partitions at once, nobody
 /// else publishes them during the drain (the release comes after it), the
 /// others hold all of them before the session could have expired (so the

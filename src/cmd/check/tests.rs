@@ -9,7 +9,7 @@ use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::api::contract::ENV_CLUSTER_NAME;
+use crate::api::contract::{ENV_CLUSTER_NAME, ENV_REVISION};
 use crate::cmd::{Cli, Command};
 use crate::rbac::RequestAttributes;
 use crate::testing::api::{self, mock_client};
@@ -796,6 +796,45 @@ async fn sharing_a_lock_across_clusters_warns_where_it_cannot_work() {
     );
     let seen = warnings(Some("west"), vec![shared()]).await;
     assert_eq!(seen, "", "a named cluster sharing a lock is how it is meant to work");
+
+    // Ordered by revision: web-0 has none of its own (its ReplicaSet's
+    // counts in this cluster only); with LEASEHOLD_REVISION set, no warning.
+    let newest = || {
+        lease(
+            "web",
+            json!({"lockName": "shared/web", "leadership": {"prefer": "Newest"}}),
+            None,
+        )
+    };
+    let seen = warnings(Some("west"), vec![newest()]).await;
+    assert!(
+        seen.contains("orders candidates by revision (prefer Newest, versionFence false), but web-0 take theirs from their ReplicaSet"),
+        "{seen}"
+    );
+    let fenced = lease(
+        "web",
+        json!({"lockName": "shared/web", "leadership": {"versionFence": true}}),
+        None,
+    );
+    assert!(warnings(Some("west"), vec![fenced]).await.contains("versionFence true"));
+    let explicit = Cluster {
+        operators: vec![named(Some("west"))],
+        leases: vec![newest()],
+        pods: pods()
+            .into_iter()
+            .map(|mut pod| {
+                pod["spec"]["containers"][0]["env"] = json!([{"name": ENV_REVISION, "value": "12"}]);
+                pod
+            })
+            .collect(),
+        ..healthy()
+    };
+    let (report, _) = check_against(explicit).await;
+    assert_eq!(
+        messages(&report, Severity::Warning),
+        Vec::<String>::new(),
+        "explicit revisions"
+    );
 
     let held_by = |holder: &str| lease("web", json!({}), with_holder(holder));
     let seen = warnings(Some("west"), vec![held_by("west/prod/web-9#0a1b2c3d@uid-9")]).await;
