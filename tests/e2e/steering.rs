@@ -1,0 +1,319 @@
+//! Steering leadership on the real cluster (issue 35), each with the
+//! leadership watcher on: `leasehold transfer` to a named pod, refused, and
+//! with its target deleted mid-flight.
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use leasehold::api::contract::containers_ready_since;
+use leasehold::api::history::{HistoryEntry, TermEnd};
+use leasehold::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
+use serde_json::{Value, json};
+
+use crate::cluster::{Scenario, scenario, wait_for};
+use crate::faults::{converges, converges_past, lease_timing, token};
+use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+
+/// How long `leasehold transfer --wait` waits for the leader's answer: the
+/// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
+const ANSWER_WITHIN: &str = "90s";
+/// The operator writes what it reads into the status: a reconcile follows
+/// each change of the lease or its pods (and requeues within P).
+const STATUS_WITHIN: Duration = Duration::from_secs(60);
+
+/// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
+/// the cluster's kubeconfig: (exit code, stdout, stderr).
+async fn transfer(s: &Scenario, to: &str) -> (i32, String, String) {
+    let mut command = tokio::process::Command::from(s.env.leasehold());
+    command.args([
+        "transfer",
+        LEASE,
+        "--to",
+        to,
+        "-n",
+        &s.ns,
+        "--wait",
+        "--timeout",
+        ANSWER_WITHIN,
+    ]);
+    let out = command.output().await.expect("running leasehold transfer");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let code = out
+        .status
+        .code()
+        .expect("leasehold transfer exited, not killed by a signal");
+    (code, text(&out.stdout), text(&out.stderr))
+}
+
+/// The LeaseTransfer the command said it created (`leasetransfer/NAME created: ...`).
+async fn created_request(s: &Scenario, stdout: &str) -> LeaseTransfer {
+    let name = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("leasetransfer/")?.split_once(" created"))
+        .map(|(name, _)| name.to_string())
+        .unwrap_or_else(|| panic!("leasehold transfer names the request it created: {stdout:?}"));
+    s.api::<LeaseTransfer>()
+        .get(&name)
+        .await
+        .unwrap_or_else(|e| panic!("LeaseTransfer {name}: {e}"))
+}
+
+/// Waits until `pod`'s containers are ready (a transfer's target must be).
+async fn containers_ready(s: &Scenario, pod: &str) {
+    let pods = s.api::<Pod>();
+    wait_for(&format!("{pod}'s containers ready"), FIRST_LEADER, || async {
+        let pod = pods.get(pod).await.ok()?;
+        containers_ready_since(&pod).map(|_| ())
+    })
+    .await;
+}
+
+/// `leasehold status --history LEASE -o json`: the lease's history as a user reads it.
+fn history(s: &Scenario) -> Vec<HistoryEntry> {
+    let out = s
+        .env
+        .leasehold()
+        .args(["status", "-n", &s.ns, "--history", LEASE, "-o", "json"])
+        .output()
+        .expect("running leasehold status --history");
+    assert!(
+        out.status.success(),
+        "leasehold status --history: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("leasehold status --history -o json prints the entries")
+}
+
+/// Waits until the history holds an entry for `term` that `done` accepts.
+async fn history_entry(s: &Scenario, term: u64, what: &str, done: impl Fn(&HistoryEntry) -> bool) -> Vec<HistoryEntry> {
+    wait_for(
+        &format!("status.history: term {term} {what}"),
+        STATUS_WITHIN,
+        || async {
+            let history = history(s);
+            history
+                .iter()
+                .any(|e| e.term == term && !e.is_gap() && done(e))
+                .then_some(history)
+        },
+    )
+    .await
+}
+
+/// The example's candidate pod template as a bare pod named `name`, with
+/// `labels` added: a candidate that joins beside the Deployment's (no
+/// `pod-template-hash`, so its ReplicaSet does not adopt it).
+fn candidate_pod(s: &Scenario, name: &str, labels: Value) -> Value {
+    let deployment = s
+        .example("leader-only-service.yaml")
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the example's Deployment");
+    let template = &deployment["spec"]["template"];
+    let mut metadata = template["metadata"].clone();
+    metadata["name"] = json!(name);
+    let all = metadata["labels"].as_object_mut().expect("the template's labels");
+    all.extend(labels.as_object().cloned().unwrap_or_default());
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+}
+
+/// The LeaseTransfers of the scenario's lease.
+async fn requests(s: &Scenario) -> Vec<LeaseTransfer> {
+    let list = s.api::<LeaseTransfer>().list(&ListParams::default()).await;
+    let list = list.expect("listing LeaseTransfers");
+    list.items.into_iter().filter(|t| t.spec.lease == LEASE).collect()
+}
+
+/// A pod's UID.
+async fn uid_of(s: &Scenario, pod: &str) -> String {
+    let pod_object = s
+        .api::<Pod>()
+        .get(pod)
+        .await
+        .unwrap_or_else(|e| panic!("pod {pod}: {e}"));
+    pod_object.metadata.uid.expect("a pod has a UID")
+}
+
+/// Item 1: the leader hands over to the named follower; the command's
+/// `--wait` exits 0, leadership moves once, to it, with the next term and a
+/// higher token, the request says Transferred and the history records the
+/// old term as transferred (the release wrote it in the store).
+#[tokio::test]
+async fn a_transfer_to_a_named_pod_moves_leadership_once_to_it() {
+    scenario("e2e-transfer", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let target = a_follower(&s, &leader).await;
+        containers_ready(&s, &target).await;
+        let moves = watcher.moves();
+
+        let (code, out, err) = transfer(&s, &target).await;
+        assert_eq!(
+            code, 0,
+            "leasehold transfer --wait exits 0 once the target leads: {out}{err}"
+        );
+        let (now, is) = converges_past(&s, &watcher, Some(&leader), Some(&was), SUCCESSOR).await;
+        assert_eq!(now, target, "the named pod leads");
+        assert_eq!(is.term, was.term + 1, "the next term: {was:?} then {is:?}");
+        assert!(token(&is) > token(&was), "a higher token: {was:?} then {is:?}");
+
+        let request = created_request(&s, &out).await;
+        let status = request.status.clone().expect("the leader answered");
+        assert_eq!(status.phase, Some(TransferPhase::Transferred), "{status:?}");
+        assert_eq!(status.reason.as_deref(), Some("TargetLeads"), "{status:?}");
+        assert_eq!(status.target_uid, Some(uid_of(&s, &target).await), "reserved by UID");
+        assert_eq!(status.from_holder.as_deref(), Some(was.holder.as_str()));
+        assert_eq!((status.from_term, status.term), (Some(was.term), Some(is.term)));
+        assert_eq!(request.spec.origin, Some(TransferOrigin::Manual));
+
+        let history = history_entry(&s, was.term, "ended", |e| e.ended.is_some()).await;
+        let ended = history.iter().find(|e| e.term == was.term).expect("the entry");
+        assert_eq!(ended.ended, Some(TermEnd::Transferred), "{history:?}");
+        assert_eq!(ended.holder.as_deref(), Some(was.holder.as_str()), "{history:?}");
+        assert_eq!(watcher.moves() - moves, 1, "leadership moved exactly once");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// Item 2: a transfer to a pod that is not a candidate (no sidecar), to a
+/// pod that does not exist and to the leader itself: each exits 1 with one
+/// line naming the reason and the pod, the request says TransferFailed
+/// with that reason (and a Warning Event), and leadership never moves: the
+/// same term throughout and the leader Service never without its endpoint.
+#[tokio::test]
+async fn a_refused_transfer_names_its_reason_and_leadership_stays() {
+    scenario("e2e-transfer-refused", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        // Selected by the lease (app=scheduler) but without the lease
+        // annotation, so the webhook adds no sidecar: it never campaigns.
+        let mut plain = candidate_pod(&s, "plain", json!({}));
+        plain["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("annotations");
+        s.apply(vec![plain]).await;
+        containers_ready(&s, "plain").await;
+        let (moves, since) = (watcher.moves(), Instant::now());
+
+        for (to, reason) in [
+            ("plain", "NotACandidate"),
+            ("nobody", "TargetNotFound"),
+            (leader.as_str(), "AlreadyLeads"),
+        ] {
+            let (code, out, err) = transfer(&s, to).await;
+            assert_eq!(code, 1, "to {to}: exit 1 when refused: {out}{err}");
+            let lines: Vec<&str> = err.lines().collect();
+            assert!(
+                matches!(lines.as_slice(), [line] if line.starts_with(&format!("transfer failed: {reason}: ")) && line.contains(to)),
+                "to {to}: one line naming {reason} and the pod: {err:?}"
+            );
+            let request = created_request(&s, &out).await;
+            let status = request.status.clone().expect("the leader answered");
+            assert_eq!(status.phase, Some(TransferPhase::TransferFailed), "to {to}: {status:?}");
+            assert_eq!(status.reason.as_deref(), Some(reason), "to {to}: {status:?}");
+            let name = kube::ResourceExt::name_any(&request);
+            let events = s.api::<Event>();
+            wait_for(&format!("a Warning Event {reason} on {name}"), STATUS_WITHIN, || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                            && e.reason.as_deref() == Some(reason)
+                            && e.type_.as_deref() == Some("Warning")
+                    })
+                    .then_some(())
+            })
+            .await;
+        }
+
+        let now = watcher.one_leader(None, SUCCESSOR).await;
+        assert_eq!(now, leader, "the leader stays");
+        let claim = watcher.claim_of(&leader).expect("the leader's claim");
+        assert_eq!((claim.term, &claim.token), (was.term, &was.token), "the same term throughout");
+        assert_eq!(watcher.moves(), moves, "leadership never moved");
+        let idle = watcher.leaderless_between(since, Instant::now());
+        assert_eq!(idle, Duration::ZERO, "the leader Service lost its endpoint for {idle:?}");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// Item 3: the target is deleted at once while the transfer is in flight
+/// (the leader accepted it and drains). What docs/design.md ("The target
+/// dies mid-transfer") and docs/transfer.md promise: nobody acquires until
+/// the reservation's window (D after the release) ends, then anyone may;
+/// the request ends TransferFailed (`TargetDidNotAcquire`). Asserted: that
+/// reason (exit 1), one leader again that is not the deleted pod, with a
+/// later term and a higher token, and its first claim at least D after the
+/// old leader's last certain claim (the release came after that).
+#[tokio::test]
+async fn a_transfer_whose_target_is_deleted_fails_and_the_reservation_lapses() {
+    scenario("e2e-transfer-target-gone", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, json!({})).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let target = a_follower(&s, &leader).await;
+        containers_ready(&s, &target).await;
+
+        let delete_when_accepted = async {
+            wait_for(
+                "the leader accepting the transfer (Transferring)",
+                SUCCESSOR,
+                || async {
+                    let open = requests(&s).await;
+                    open.iter()
+                        .any(|t| t.status.as_ref().and_then(|st| st.phase) == Some(TransferPhase::Transferring))
+                        .then_some(())
+                },
+            )
+            .await;
+            delete_now(&s, &target).await;
+        };
+        let ((code, out, err), ()) = tokio::join!(transfer(&s, &target), delete_when_accepted);
+        assert_eq!(code, 1, "the transfer failed: {out}{err}");
+        assert!(
+            err.starts_with("transfer failed: TargetDidNotAcquire: "),
+            "the reservation lapsed: {err:?}"
+        );
+        let request = created_request(&s, &out).await;
+        let status = request.status.clone().expect("the leader answered");
+        assert_eq!(status.phase, Some(TransferPhase::TransferFailed), "{status:?}");
+        assert_eq!(status.from_term, Some(was.term), "{status:?}");
+
+        let (now, is) = converges_past(&s, &watcher, None, Some(&was), SUCCESSOR).await;
+        assert_ne!(now, target, "the deleted target never leads");
+        assert!(is.term > was.term && token(&is) > token(&was), "{was:?} then {is:?}");
+        assert!(
+            !watcher.claimants().contains(&target),
+            "the deleted target never claimed: {:?}",
+            watcher.claimants()
+        );
+        // Whoever leads next (the old leader too) answers the request no
+        // more: it keeps the reason the handover ended with.
+        let request = s
+            .api::<LeaseTransfer>()
+            .get(&kube::ResourceExt::name_any(&request))
+            .await;
+        let status = request.expect("the request").status.expect("its status");
+        assert_eq!(status.reason.as_deref(), Some("TargetDidNotAcquire"), "{status:?}");
+        // The store refuses everyone but the target until the release + D
+        // on its clock; the release came after the old leader's last
+        // certain claim, the acquire before the new leader's first. The
+        // store (PostgreSQL) and the watcher share this machine's clock:
+        // the margin covers its rate (slewing) only.
+        let (duration, _, _) = lease_timing(&s).await;
+        let (_, stopped) = watcher.claim_span(&leader, &was.token).expect("the old leader's claim");
+        let (claimed, _) = watcher.claim_span(&now, &is.token).expect("the new leader's claim");
+        let waited = claimed.saturating_duration_since(stopped);
+        assert!(
+            waited + Duration::from_millis(50) >= duration,
+            "{now} claimed {waited:?} after the old leader last claimed: inside the reservation's window ({duration:?})"
+        );
+        eprintln!("target deleted mid-transfer: {now} led {waited:?} after the old leader stopped (D {duration:?})");
+        watcher.finish();
+    })
+    .await;
+}
