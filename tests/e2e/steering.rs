@@ -1,6 +1,8 @@
 //! Steering leadership on the real cluster (issue 35), each with the
 //! leadership watcher on: `leasehold transfer` to a named pod, refused, and
-//! with its target deleted mid-flight.
+//! with its target deleted mid-flight; a higher-priority pod joining (and an
+//! equal one that does not move leadership); a zone preference once the
+//! node carries a zone.
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -8,12 +10,14 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use leasehold::api::contract::containers_ready_since;
 use leasehold::api::history::{HistoryEntry, TermEnd};
+use leasehold::api::preference::{PRIORITY_KEY, ZONE_LABEL};
 use leasehold::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, scenario, wait_for};
+use crate::cluster::{Env, Scenario, scenario, wait_for};
 use crate::faults::{converges, converges_past, lease_timing, token};
 use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+use crate::watcher::{CLAIM_PERIOD, LeadershipWatcher};
 
 /// How long `leasehold transfer --wait` waits for the leader's answer: the
 /// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
@@ -21,6 +25,9 @@ const ANSWER_WITHIN: &str = "90s";
 /// The operator writes what it reads into the status: a reconcile follows
 /// each change of the lease or its pods (and requeues within P).
 const STATUS_WITHIN: Duration = Duration::from_secs(60);
+/// The stabilisation period of the preference scenarios: short, so a move
+/// is quick, and above P (2 s) as validation requires.
+const STABILIZATION: Duration = Duration::from_secs(5);
 
 /// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
 /// the cluster's kubeconfig: (exit code, stdout, stderr).
@@ -313,6 +320,172 @@ async fn a_transfer_whose_target_is_deleted_fails_and_the_reservation_lapses() {
             "{now} claimed {waited:?} after the old leader last claimed: inside the reservation's window ({duration:?})"
         );
         eprintln!("target deleted mid-transfer: {now} led {waited:?} after the old leader stopped (D {duration:?})");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The preference scenarios' lease: the example's, stabilising for
+/// [`STABILIZATION`], with `spec` merged over it.
+fn preferring(spec: Value) -> Value {
+    let mut lease = json!({"preferenceStabilization": format!("{}s", STABILIZATION.as_secs())});
+    if let (Some(target), Some(extra)) = (lease.as_object_mut(), spec.as_object()) {
+        target.extend(extra.clone());
+    }
+    lease
+}
+
+/// Waits until `pod` leads by a transfer the operator asked for (origin
+/// Preference, Transferred), the one open or finished request of the
+/// lease; returns it.
+async fn moved_by_preference(s: &Scenario, watcher: &LeadershipWatcher, old: &str, pod: &str) -> LeaseTransfer {
+    let now = watcher.one_leader(Some(old), SUCCESSOR + STABILIZATION).await;
+    assert_eq!(now, pod, "leadership moved to the preferred candidate");
+    let done = wait_for("the operator's transfer Transferred", STATUS_WITHIN, || async {
+        let all = requests(s).await;
+        let [request] = all.as_slice() else {
+            panic!("one transfer, the operator's: {all:?}")
+        };
+        let phase = request.status.as_ref().and_then(|st| st.phase);
+        (phase == Some(TransferPhase::Transferred)).then(|| request.clone())
+    })
+    .await;
+    assert_eq!(done.spec.origin, Some(TransferOrigin::Preference), "{done:?}");
+    assert_eq!(done.spec.to, pod, "{done:?}");
+    done
+}
+
+/// Item 4: a candidate with a higher `leasehold.dev/priority` joins:
+/// leadership moves to it once, by the operator's transfer (origin
+/// Preference), and the old term ends `Preempted`; then a candidate of the
+/// same priority joins, and over a whole stabilisation period plus two P
+/// after it is ready (the operator looks again within P) no transfer is
+/// asked for and leadership stays: equal ranks never move it.
+#[tokio::test]
+async fn a_higher_priority_pod_joining_takes_over_once_and_an_equal_one_does_not() {
+    scenario("e2e-prefer-priority", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, preferring(json!({}))).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let moves = watcher.moves();
+
+        s.apply(vec![candidate_pod(&s, "senior", json!({PRIORITY_KEY: "10"}))])
+            .await;
+        moved_by_preference(&s, &watcher, &leader, "senior").await;
+        let (_, is) = converges_past(&s, &watcher, None, Some(&was), SUCCESSOR).await;
+        assert_eq!(is.term, was.term + 1, "{was:?} then {is:?}");
+        assert_eq!(watcher.moves() - moves, 1, "leadership moved exactly once");
+        let history = history_entry(&s, was.term, "ended", |e| e.ended.is_some()).await;
+        let ended = history.iter().find(|e| e.term == was.term).expect("the entry");
+        assert_eq!(ended.ended, Some(TermEnd::Preempted), "{history:?}");
+
+        s.apply(vec![candidate_pod(&s, "peer", json!({PRIORITY_KEY: "10"}))])
+            .await;
+        containers_ready(&s, "peer").await;
+        let (_, _, retry) = lease_timing(&s).await;
+        let window = STABILIZATION + 2 * retry;
+        let until = Instant::now() + window;
+        while Instant::now() < until {
+            let all = requests(&s).await;
+            assert_eq!(all.len(), 1, "no transfer to an equal-rank candidate: {all:?}");
+            tokio::time::sleep(CLAIM_PERIOD).await;
+        }
+        assert_eq!(watcher.one_leader(None, SUCCESSOR).await, "senior");
+        let claim = watcher.claim_of("senior").expect("senior's claim");
+        assert_eq!(claim.term, is.term, "the same term over {window:?}");
+        assert_eq!(watcher.moves() - moves, 1, "no move to an equal rank");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// The zone label on a node until [`remove`](Self::remove) or, when the
+/// test fails first, until dropped: every scenario shares the one node.
+struct ZoneOnNode {
+    env: Env,
+    node: String,
+    removed: bool,
+}
+
+impl ZoneOnNode {
+    fn set(env: &Env, node: &str, zone: &str) -> ZoneOnNode {
+        env.kubectl_ok(&["label", "node", node, &format!("{ZONE_LABEL}={zone}"), "--overwrite"]);
+        ZoneOnNode {
+            env: env.clone(),
+            node: node.to_string(),
+            removed: false,
+        }
+    }
+
+    fn remove(mut self) {
+        self.removed = true;
+        self.env
+            .kubectl_ok(&["label", "node", &self.node, &format!("{ZONE_LABEL}-")]);
+    }
+}
+
+impl Drop for ZoneOnNode {
+    fn drop(&mut self) {
+        if !self.removed {
+            let removed = self
+                .env
+                .kubectl()
+                .args(["label", "node", &self.node, &format!("{ZONE_LABEL}-")])
+                .status();
+            eprintln!(
+                "the zone label taken off node {} after a failure: {removed:?}",
+                self.node
+            );
+        }
+    }
+}
+
+/// Item 5: `preferZones: [zone-a]`; the candidates start on a node without
+/// a zone (none ranks above another), then the node is labelled zone-a and
+/// one more candidate starts: the API server copies the zone onto it at
+/// binding (the PodTopologyLabels admission plugin, KEP-4742, beta and on
+/// by default since Kubernetes 1.35: kubernetes
+/// plugin/pkg/admission/podtopologylabels copies the node's
+/// topology.kubernetes.io/{zone,region} labels onto the pod through its
+/// `pods/binding` request), it outranks the leader, and leadership moves to
+/// it by the operator's transfer. The pods bound earlier keep no zone (the
+/// plugin acts at binding only).
+#[tokio::test]
+async fn a_candidate_in_a_preferred_zone_takes_over() {
+    scenario("e2e-prefer-zone", |s| async move {
+        let (_store, watcher) = leader_only_service(&s, preferring(json!({"preferZones": ["zone-a"]}))).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let pods = s.api::<Pod>();
+        let leader_pod = pods.get(&leader).await.expect("the leader's pod");
+        let node = leader_pod
+            .spec
+            .and_then(|spec| spec.node_name)
+            .expect("the leader is bound");
+        let moves = watcher.moves();
+
+        let zone = ZoneOnNode::set(&s.env, &node, "zone-a");
+        s.apply(vec![candidate_pod(&s, "zoned", json!({}))]).await;
+        let zoned = wait_for("the new candidate bound", FIRST_LEADER, || async {
+            let pod = pods.get("zoned").await.ok()?;
+            pod.spec.as_ref()?.node_name.as_ref()?;
+            Some(pod)
+        })
+        .await;
+        let zone_of = |pod: &Pod| leasehold::api::preference::zone_of(pod).map(String::from);
+        assert_eq!(
+            zone_of(&zoned).as_deref(),
+            Some("zone-a"),
+            "the API server copied the node's zone onto the pod at binding (PodTopologyLabels)"
+        );
+        let earlier = pods.get(&leader).await.expect("the leader's pod");
+        assert_eq!(zone_of(&earlier), None, "a pod bound before keeps no zone");
+
+        moved_by_preference(&s, &watcher, &leader, "zoned").await;
+        let (_, is) = converges_past(&s, &watcher, None, Some(&was), SUCCESSOR).await;
+        assert_eq!(is.term, was.term + 1, "{was:?} then {is:?}");
+        assert_eq!(watcher.moves() - moves, 1, "leadership moved exactly once");
+        zone.remove();
+        let labels = s.env.kubectl_ok(&["get", "node", &node, "--show-labels"]);
+        assert!(!labels.contains(ZONE_LABEL), "the node's zone label removed: {labels}");
         watcher.finish();
     })
     .await;
