@@ -2,12 +2,13 @@
 //! leadership watcher on: `leasehold transfer` to a named pod, refused, and
 //! with its target deleted mid-flight; a higher-priority pod joining (and an
 //! equal one that does not move leadership); a zone preference once the
-//! node carries a zone.
+//! node carries a zone; and `status.history` across an operator downtime.
+
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams};
 use leasehold::api::contract::containers_ready_since;
 use leasehold::api::history::{HistoryEntry, TermEnd};
 use leasehold::api::preference::{PRIORITY_KEY, ZONE_LABEL};
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 use crate::cluster::{Env, Scenario, scenario, wait_for};
 use crate::faults::{converges, converges_past, lease_timing, token};
 use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
-use crate::watcher::{CLAIM_PERIOD, LeadershipWatcher};
+use crate::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 
 /// How long `leasehold transfer --wait` waits for the leader's answer: the
 /// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
@@ -489,4 +490,112 @@ async fn a_candidate_in_a_preferred_zone_takes_over() {
         watcher.finish();
     })
     .await;
+}
+
+/// The operator scaled to 0: only where no other test needs its webhook.
+mod disruptive {
+    use super::*;
+    use crate::cluster::OperatorScaledDown;
+
+    /// Item 6: with the operator down, two leadership changes (the leader
+    /// pod deleted gracefully, twice); then it starts again. What
+    /// docs/design.md ("Leadership history") promises: the store keeps the
+    /// end its last releasing write recorded, so the term that came and
+    /// went unseen is an entry with its term and end (`PodTerminating`)
+    /// and nothing invented (no holder); the term before the downtime
+    /// keeps its holder, the current one names the leader the watcher
+    /// sees; the terms are in order, with no gap (none was skipped).
+    /// One leader other than `old` whose claim is of a term after `term`,
+    /// as the watcher sees it (the lease's status waits for the operator).
+    async fn claims_after(watcher: &LeadershipWatcher, old: &str, term: u64, within: Duration) -> (String, Claim) {
+        let started = Instant::now();
+        loop {
+            let leader = watcher.one_leader(Some(old), within).await;
+            if let Some(claim) = watcher.claim_of(&leader).filter(|c| c.term > term) {
+                return (leader, claim);
+            }
+            assert!(
+                started.elapsed() < within,
+                "a claim of a term after {term}: not within {within:?}"
+            );
+            tokio::time::sleep(CLAIM_PERIOD).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_history_keeps_the_terms_that_ended_while_the_operator_was_down() {
+        scenario("e2e-history-restart", |s| async move {
+            let (_store, watcher) = leader_only_service(&s, json!({})).await;
+            let (first, a) = converges(&s, &watcher, None, FIRST_LEADER).await;
+            history_entry(&s, a.term, "held by the first leader", |e| {
+                e.holder.as_deref() == Some(a.holder.as_str())
+            })
+            .await;
+
+            let operator = OperatorScaledDown::start(&s).await;
+            let mut seen = vec![a.clone()];
+            let mut gone = first.clone();
+            for _ in 0..2 {
+                // Graceful: the sidecar releases writing PodTerminating;
+                // the app ignores SIGTERM, so the pod takes its 30 s grace.
+                s.api::<Pod>()
+                    .delete(&gone, &DeleteParams::default())
+                    .await
+                    .expect("graceful delete");
+                let past = seen.last().expect("the first claim").term;
+                let (next, claim) = claims_after(&watcher, &gone, past, SUCCESSOR + Duration::from_secs(30)).await;
+                seen.push(claim);
+                gone = next;
+            }
+            operator.restore().await;
+
+            let [a, b, c] = &seen[..] else {
+                panic!("three terms: {seen:?}")
+            };
+            assert_eq!(
+                (b.term, c.term),
+                (a.term + 1, a.term + 2),
+                "one term per change: {seen:?}"
+            );
+            let history = history_entry(&s, c.term, "held by the current leader", |e| {
+                e.holder.as_deref() == Some(c.holder.as_str())
+            })
+            .await;
+            let terms: Vec<u64> = history.iter().map(|e| e.term).collect();
+            assert!(terms.windows(2).all(|w| w[0] < w[1]), "terms in order: {history:?}");
+            assert!(history.iter().all(|e| !e.is_gap()), "no term skipped: {history:?}");
+            let entry = |term: u64| history.iter().find(|e| e.term == term).cloned().unwrap_or_default();
+            for e in &history {
+                let claimed: Vec<&str> = seen
+                    .iter()
+                    .filter(|c| c.term == e.term)
+                    .map(|c| c.holder.as_str())
+                    .collect();
+                assert!(
+                    e.holder.is_none() || claimed == [e.holder.as_deref().unwrap()],
+                    "term {}'s holder is the one that claimed it: {e:?}, claims {seen:?}",
+                    e.term
+                );
+            }
+            assert_eq!(entry(a.term).holder.as_deref(), Some(a.holder.as_str()), "{history:?}");
+            assert!(
+                matches!(entry(a.term).ended, None | Some(TermEnd::PodTerminating)),
+                "the term before the downtime ends as last seen or as written: {history:?}"
+            );
+            let unseen = entry(b.term);
+            assert_eq!(unseen.term, b.term, "the unseen term is listed: {history:?}");
+            assert_eq!(
+                unseen.ended,
+                Some(TermEnd::PodTerminating),
+                "its end, from the store: {history:?}"
+            );
+            assert_eq!(unseen.holder, None, "no invented holder: {history:?}");
+            assert_eq!(entry(c.term).holder.as_deref(), Some(c.holder.as_str()), "{history:?}");
+            assert_eq!(watcher.one_leader(None, SUCCESSOR).await, gone);
+            let shown = serde_json::to_string_pretty(&history).expect("JSON");
+            eprintln!("claims {seen:?}\nthe history after the restart: {shown}");
+            watcher.finish();
+        })
+        .await;
+    }
 }
