@@ -65,7 +65,8 @@ pub struct Input<'a> {
     pub prefer: Prefer,
     pub stabilization: Duration,
     /// A transfer of this lease is still open (not Transferred or
-    /// TransferFailed), whoever asked for it.
+    /// TransferFailed), whoever asked for it, or one already handed over
+    /// the term the read shows (the read predates the handover).
     pub transfer_open: bool,
 }
 

@@ -79,6 +79,13 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-timing-risk",
     // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
     "e2e-clusters",
+    // Steering leadership (steering.rs).
+    "e2e-transfer",
+    "e2e-transfer-refused",
+    "e2e-transfer-target-gone",
+    "e2e-prefer-priority",
+    "e2e-prefer-zone",
+    "e2e-history-restart",
 ];
 
 /// Test namespaces that are not opted in to injection: the injection

@@ -22,7 +22,7 @@ use crate::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 /// lease on `/leader`, and the DistributedLease status naming that claim's
 /// full identity (pod, nonce, pod UID) and token; returns the leader and
 /// its claim.
-async fn converges(
+pub async fn converges(
     s: &Scenario,
     watcher: &LeadershipWatcher,
     other_than: Option<&str>,
@@ -32,7 +32,7 @@ async fn converges(
 }
 
 /// [`converges`] to a claim other than `past` (another holder or term).
-async fn converges_past(
+pub async fn converges_past(
     s: &Scenario,
     watcher: &LeadershipWatcher,
     other_than: Option<&str>,
@@ -66,7 +66,7 @@ async fn converges_past(
 
 /// The lease's D (leaseDuration), R (renewDeadline) and P (retryPeriod),
 /// as its spec has them.
-async fn lease_timing(s: &Scenario) -> (Duration, Duration, Duration) {
+pub async fn lease_timing(s: &Scenario) -> (Duration, Duration, Duration) {
     let lease = s
         .api::<leasehold::api::DistributedLease>()
         .get(LEASE)
@@ -82,7 +82,7 @@ async fn lease_timing(s: &Scenario) -> (Duration, Duration, Duration) {
     )
 }
 
-fn token(claim: &Claim) -> u128 {
+pub fn token(claim: &Claim) -> u128 {
     claim
         .token
         .parse()

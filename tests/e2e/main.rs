@@ -31,6 +31,7 @@ mod privilege;
 mod publishing;
 mod run_wrapped;
 mod spread;
+mod steering;
 mod store_change;
 mod stores;
 mod stores_in_pods;

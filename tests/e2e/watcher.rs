@@ -157,6 +157,15 @@ impl LeadershipWatcher {
         spans.map(|(_, span)| span.from).filter(|from| *from >= after).min()
     }
 
+    /// `pod`'s claim of the term with `token`: the arrival of the first
+    /// answer saying it leads (it claimed before that instant) and the
+    /// sending of the last request it answered leading (it stopped after).
+    pub fn claim_span(&self, pod: &str, token: &str) -> Option<(Instant, Instant)> {
+        let state = self.state.lock().unwrap();
+        let span = state.claims.spans.get(&(pod.to_string(), token.to_string()));
+        span.map(|span| (span.from, span.to))
+    }
+
     /// The pods whose sidecar claimed a term on `/leader` so far.
     pub fn claimants(&self) -> BTreeSet<String> {
         let state = self.state.lock().unwrap();

@@ -14,7 +14,7 @@ use tracing::info;
 use super::plan::{Found, Read};
 use super::{Context, MIN_REQUEUE, Result};
 use crate::api::DistributedLease;
-use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin};
+use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin, TransferPhase};
 use crate::lease::holder::HolderPod;
 use crate::operator::preferred::{self, Candidate, Input, Step};
 
@@ -61,10 +61,13 @@ pub(super) async fn act(
         // Only now is the open-transfer test worth an API call: a manual
         // transfer in flight wins, and one handover runs at a time.
         let name = lease.name_any();
-        input.transfer_open =
-            transfers.list(&Default::default()).await?.items.iter().any(|t| {
-                t.spec.lease == name && !t.status.as_ref().and_then(|s| s.phase).is_some_and(|p| p.is_final())
-            });
+        let term = input.term;
+        input.transfer_open = transfers
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .any(|t| t.spec.lease == name && holds_off(t, term));
         decision = preferred::decide(&input, previous.as_ref(), now);
     }
     ctx.remember_preference(&key, decision.pending.clone());
@@ -87,6 +90,21 @@ pub(super) async fn act(
             ctx.remember_preference(&key, None);
             Ok(Some(MIN_REQUEUE))
         }
+    }
+}
+
+/// Whether `request` holds a preference move off, given the read's `term`:
+/// it is still open, or it already handed that term over. The read comes
+/// from the observer's cache, up to P old: right after a handover it can
+/// still show the old leader, and asking again then only earns a refusal
+/// (`AlreadyLeads`) and its Warning (seen on the real cluster:
+/// tests/e2e/steering.rs).
+fn holds_off(request: &LeaseTransfer, term: u64) -> bool {
+    let status = request.status.as_ref();
+    match status.and_then(|s| s.phase) {
+        Some(TransferPhase::Transferred) => status.and_then(|s| s.from_term).is_some_and(|from| from >= term),
+        Some(TransferPhase::TransferFailed) => false,
+        Some(TransferPhase::Transferring) | None => true,
     }
 }
 

@@ -764,29 +764,53 @@ async fn after_the_period_the_operator_asks_the_leader_to_hand_over() {
     assert_eq!(result.unwrap(), Action::requeue(MIN_REQUEUE));
 }
 
-/// An open transfer of the lease (a manual one here) wins: nothing is
-/// created (that the pending step is forgotten: `preferred::tests`).
-#[tokio::test]
-async fn an_open_transfer_holds_the_preference_off() {
+/// After the period, the operator lists the namespace's transfers and
+/// finds `listed(term)` (`term`: the one its read shows): nothing is created.
+async fn a_listed_transfer_holds_the_preference_off(listed: impl FnOnce(u64) -> Value) {
     let (fixture, resource, pods) = preferred_fixture(Some(Duration::from_secs(31))).await;
+    let term = fixture.store.observe("prod/web").await.unwrap().record.unwrap().term;
+    let listed = listed(term);
     let echo = resource.clone();
     let (result, _, _) = run(fixture, resource, async move |server| {
         expect_pod_list(server, pods).await;
         let seen = next(server).await;
         seen.assert("GET", TRANSFERS, None);
-        let open = json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
-            "metadata": {"name": "web-to-web-2-a", "namespace": "prod"},
-            "spec": {"lease": "web", "to": "web-2", "origin": "Manual"}, "status": {"phase": "Transferring"}});
         seen.respond(
             200,
             &json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransferList",
-                    "metadata": {"resourceVersion": "60"}, "items": [open]}),
+                    "metadata": {"resourceVersion": "60"}, "items": [listed]}),
         );
         expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
         expect_status_apply(server, echo).await;
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(OBSERVED_REQUEUE));
+}
+
+/// An open transfer of the lease (a manual one here) wins: nothing is
+/// created (that the pending step is forgotten: `preferred::tests`).
+#[tokio::test]
+async fn an_open_transfer_holds_the_preference_off() {
+    a_listed_transfer_holds_the_preference_off(|_| {
+        json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "web-to-web-2-a", "namespace": "prod"},
+            "spec": {"lease": "web", "to": "web-2", "origin": "Manual"}, "status": {"phase": "Transferring"}})
+    })
+    .await;
+}
+
+/// A transfer that already handed over the term the read shows holds the
+/// preference off too: the read (the observer's cache) predates the
+/// handover, and asking again would only be refused (`AlreadyLeads`).
+#[tokio::test]
+async fn a_transfer_of_the_term_read_holds_the_preference_off() {
+    a_listed_transfer_holds_the_preference_off(|term| {
+        json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "web-preferred-a", "namespace": "prod"},
+            "spec": {"lease": "web", "to": "web-1", "origin": "Preference"},
+            "status": {"phase": "Transferred", "fromTerm": term, "term": term + 1}})
+    })
+    .await;
 }
 
 /// A priority that is not an integer is a Warning Event naming the pod and
