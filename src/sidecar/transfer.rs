@@ -20,7 +20,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Resource, ResourceExt};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
 use crate::api::contract::{SIDECAR_CONTAINER, containers_ready_since};
@@ -56,8 +56,17 @@ struct Target {
 
 impl Transfers {
     /// Watches the namespace's LeaseTransfers and acts on this lease's for
-    /// as long as the sidecar runs.
-    pub async fn follow(self, control: ElectorControl, mut state: watch::Receiver<LeaderState>) {
+    /// as long as the sidecar runs. `transitions` is the elector's stream of
+    /// every change (`ElectorHandle::transitions`), which says how a
+    /// release ended: `state` keeps only the latest value, and the next
+    /// observation replaces `Released` at once on a store that answers
+    /// from a watch (the Kubernetes store).
+    pub async fn follow(
+        self,
+        control: ElectorControl,
+        mut state: watch::Receiver<LeaderState>,
+        transitions: broadcast::Receiver<LeaderState>,
+    ) {
         let (reader, writer) = reflector::store();
         let stream = reflector(writer, watcher(self.transfers.clone(), watcher::Config::default()))
             .default_backoff()
@@ -84,7 +93,7 @@ impl Transfers {
                 .collect();
             pending.sort_by_key(|t| (t.metadata.creation_timestamp.clone().map(|t| t.0), t.name_any()));
             if let Some(request) = pending.first() {
-                self.act_on(request, &control, &mut state).await;
+                self.act_on(request, &control, &mut state, &transitions).await;
             }
         }
     }
@@ -95,6 +104,7 @@ impl Transfers {
         request: &LeaseTransfer,
         control: &ElectorControl,
         state: &mut watch::Receiver<LeaderState>,
+        transitions: &broadcast::Receiver<LeaderState>,
     ) {
         let led = state.borrow().clone();
         let status = request.status.clone().unwrap_or_default();
@@ -143,8 +153,10 @@ impl Transfers {
         }
         info!(transfer = %request.name_any(), to = %request.spec.to, uid = %target.uid, "handing over");
         let preempted = request.spec.origin == Some(TransferOrigin::Preference);
+        // Subscribed before the hand-over starts: it sees every change after.
+        let mut changes = transitions.resubscribe();
         control.hand_over(Some(Release::handing_over(handoff, preempted)));
-        let outcome = self.hand_over(&target.uid, led.term, state).await;
+        let outcome = self.hand_over(&target.uid, led.term, state, &mut changes).await;
         control.hand_over(None);
         match outcome {
             Ok(state) => self.finish(request, started, &state).await,
@@ -159,25 +171,34 @@ impl Transfers {
         target_uid: &str,
         term: u64,
         state: &mut watch::Receiver<LeaderState>,
+        changes: &mut broadcast::Receiver<LeaderState>,
     ) -> Result<LeaderState, (TransferRefusal, String)> {
         // The release follows the drain and is bounded by the renew
         // deadline (< window), so this bound is never the usual end.
         let released = tokio::time::timeout(self.drain + self.window, async {
-            state
-                .wait_for(|s| {
-                    !s.leader
-                        && matches!(
-                            s.change,
-                            Change::Released | Change::ReleaseFailed(_) | Change::Lost(_) | Change::DeadlineMissed
-                        )
-                })
-                .await
-                .map(|s| s.change.clone())
+            loop {
+                match changes.recv().await {
+                    Ok(s)
+                        if !s.leader
+                            && matches!(
+                                s.change,
+                                Change::Released | Change::ReleaseFailed(_) | Change::Lost(_) | Change::DeadlineMissed
+                            ) =>
+                    {
+                        return Some(s.change);
+                    }
+                    // A hand-over is a handful of changes in a channel of
+                    // 64: a lag is not expected, and then the bound ends
+                    // the wait as a failed release (never taken as success).
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
         })
         .await;
         let change = match released {
-            Ok(Ok(change)) => change,
-            Ok(Err(_)) => return Err((TransferRefusal::LeadershipLost, "the elector stopped".into())),
+            Ok(Some(change)) => change,
+            Ok(None) => return Err((TransferRefusal::LeadershipLost, "the elector stopped".into())),
             Err(_) => return Err((TransferRefusal::ReleaseFailed, "the release did not end in time".into())),
         };
         let leads = |s: &LeaderState| {
@@ -446,7 +467,7 @@ mod tests {
                     recorder: crate::sidecar::pod::pod_recorder(client, &me).0,
                     me,
                 };
-                tokio::spawn(transfers.follow(handle.control(), handle.subscribe()));
+                tokio::spawn(transfers.follow(handle.control(), handle.subscribe(), handle.transitions()));
                 let (mut state, claims) = (handle.subscribe(), lease.claims.clone());
                 tokio::spawn(async move {
                     loop {
