@@ -12,6 +12,13 @@
 //!   watched through the API, from the event until one leader has held for
 //!   [`SETTLED`]), how often the leader label moved, and the moments with
 //!   two leader labels or two ready endpoints (must be 0).
+//! * **Transfers** (issue 35), in the same way: `leasehold transfer
+//!   scheduler --to <a follower> --wait` run on the host, with the example's
+//!   app ignoring the request (the leader releases after the 5 s drain),
+//!   and with an app that acknowledges its drain ([`ACKNOWLEDGING_SCRIPT`]:
+//!   it polls the sidecar's `/leader` every 50 ms and, once it turns 503,
+//!   POSTs `/drained` with the token it worked under); also how long the
+//!   command took to return.
 //! * **Elections** (issue 26): three `leasehold sidecar --store kubernetes`
 //!   processes on the host against three `kube-scheduler --leader-elect`
 //!   (client-go, LEASEHOLD_E2E_KUBE_SCHEDULER), each on a Lease of its own,
@@ -40,7 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::cluster::{Env, Scenario, scenario, wait_for};
 use crate::counting_proxy::{CountingProxy, Counts};
-use crate::fixtures::{APP, FIRST_LEADER, lease_on, watch_example};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, a_follower, lease_on, watch_example};
 use crate::node::{kill_and_await_restart, signal_container};
 use crate::watcher::LeadershipWatcher;
 use crate::{env_or, median, millis, summary};
@@ -70,10 +77,14 @@ enum Event {
     PodKilled,
     /// The readiness-gated example, the leader's sidecar frozen (SIGSTOP) for [`FREEZE`].
     GatedFrozen,
+    /// `leasehold transfer --wait` to a follower, the app ignoring it.
+    Transfer,
+    /// The same with an app that acknowledges its drain.
+    TransferAcknowledged,
 }
 
 impl Event {
-    const ALL: [Event; 8] = [
+    const ALL: [Event; 10] = [
         Event::GracefulDelete,
         Event::GracefulDeleteAppExits,
         Event::RolloutRestart,
@@ -82,6 +93,8 @@ impl Event {
         Event::AppKilled,
         Event::PodKilled,
         Event::GatedFrozen,
+        Event::Transfer,
+        Event::TransferAcknowledged,
     ];
 
     /// The name LEASEHOLD_BENCH_K8S_PARTS takes.
@@ -95,13 +108,31 @@ impl Event {
             Event::AppKilled => "app-killed",
             Event::PodKilled => "pod-killed",
             Event::GatedFrozen => "gated-frozen",
+            Event::Transfer => "transfer",
+            Event::TransferAcknowledged => "transfer-acknowledged",
         }
     }
 }
 
+/// The app container's command for a script below.
+const APP_SHELL: [&str; 3] = ["/bin/busybox", "sh", "-c"];
 /// An app that exits on SIGTERM: a shell that traps it, as most servers do.
-const EXITING_APP: [&str; 3] = ["/bin/busybox", "sh", "-c"];
 const EXITING_SCRIPT: &str = "trap 'exit 0' TERM; /bin/busybox httpd -f -p 8080 & wait";
+/// An app that acknowledges its drain (docs/transfer.md): it keeps the
+/// token while `/leader` answers 200 and, once it does not, POSTs
+/// `/drained` naming it (refused, harmlessly, when the term was lost
+/// rather than stood aside from).
+const ACKNOWLEDGING_SCRIPT: &str = r#"/bin/busybox httpd -f -p 8080 &
+token=
+while :; do
+  if view=$(/bin/busybox wget -q -O - http://127.0.0.1:4040/leader 2>/dev/null); then
+    token=$(echo "$view" | /bin/busybox sed -n 's/.*"token":"\([0-9]*\)".*/\1/p')
+  elif [ -n "$token" ]; then
+    /bin/busybox wget -q -O /dev/null --post-data= "http://127.0.0.1:4040/drained?token=$token" 2>/dev/null
+    token=
+  fi
+  /bin/busybox sleep 0.05
+done"#;
 
 pub fn kubernetes() -> Vec<String> {
     let reps = env_or("LEASEHOLD_BENCH_K8S_REPS", 3) as usize;
@@ -129,8 +160,8 @@ pub fn kubernetes() -> Vec<String> {
 
 async fn measure(event: Event, reps: usize, store: &str) -> String {
     let on = store.to_string();
-    let (mut gaps, moves, doubles, unready) = scenario("e2e-bench", |s| async move {
-        let (mut gaps, mut moves, mut unready) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut gaps, moves, doubles, unready, waits) = scenario("e2e-bench", |s| async move {
+        let (mut gaps, mut moves, mut unready, mut waits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let spec = match event {
             Event::RolloutRestartNewest => json!({"leadership": {"prefer": "Newest"}}),
             Event::GatedFrozen => json!({"publishing": {"readinessGate": true}}),
@@ -151,20 +182,44 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
             s.apply(s.example("leader-only-service.yaml")).await;
         }
         let watcher = watch_example(&s, true);
-        if event == Event::GracefulDeleteAppExits {
-            let command: Vec<&str> = EXITING_APP.iter().copied().chain([EXITING_SCRIPT]).collect();
+        let script = match event {
+            Event::GracefulDeleteAppExits => Some(EXITING_SCRIPT),
+            Event::TransferAcknowledged => Some(ACKNOWLEDGING_SCRIPT),
+            _ => None,
+        };
+        if let Some(script) = script {
+            let command: Vec<&str> = APP_SHELL.iter().copied().chain([script]).collect();
             let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "command": command}]}}}});
             s.api::<Deployment>()
                 .patch("scheduler", &PatchParams::default(), &Patch::Strategic(patch))
                 .await
-                .expect("an app that exits on SIGTERM");
+                .expect("the app's command");
         }
         for rep in 0..reps {
             let leader = settled_leader(&s, &watcher).await;
             let moves_before = watcher.moves();
             let started = Instant::now();
             let mut frozen_unready = None;
+            let mut command_returned = None;
             match event {
+                Event::Transfer | Event::TransferAcknowledged => {
+                    let to = a_follower(&s, &leader).await;
+                    let ns = s.ns.clone();
+                    let output = tokio::task::block_in_place(|| {
+                        s.env
+                            .leasehold()
+                            .args(["transfer", LEASE, "--to", &to, "-n", &ns, "--wait", "--timeout", "2m"])
+                            .output()
+                            .expect("leasehold transfer runs")
+                    });
+                    command_returned = Some(started.elapsed());
+                    assert!(
+                        output.status.success(),
+                        "leasehold transfer --wait to {to}: {}{}",
+                        String::from_utf8_lossy(&output.stdout),
+                        String::from_utf8_lossy(&output.stderr)
+                    );
+                }
                 Event::GracefulDelete | Event::GracefulDeleteAppExits => {
                     s.api::<Pod>()
                         .delete(&leader, &DeleteParams::default())
@@ -207,6 +262,13 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
                 event.name(),
                 gap.as_secs_f64()
             );
+            if let Some(returned) = command_returned {
+                line.push_str(&format!(
+                    "; leasehold transfer --wait returned after {:.2} s",
+                    returned.as_secs_f64()
+                ));
+                waits.push(returned);
+            }
             if let Some(after) = frozen_unready {
                 line.push_str(&format!(
                     "; the frozen leader unready after {:.2} s, the new leader Ready after {:.2} s",
@@ -224,7 +286,7 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
             println!("{}: {violation}", event.name());
         }
         watcher.stop();
-        (gaps, moves, doubles.len(), unready)
+        (gaps, moves, doubles.len(), unready, waits)
     })
     .await;
     let mut line = format!(
@@ -236,6 +298,13 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
     if !unready.is_empty() {
         let mut unready = unready;
         line.push_str(&format!("; the frozen leader unready after {}", summary(&mut unready)));
+    }
+    if !waits.is_empty() {
+        let mut waits = waits;
+        line.push_str(&format!(
+            "; leasehold transfer --wait returned after {}",
+            summary(&mut waits)
+        ));
     }
     line
 }

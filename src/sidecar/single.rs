@@ -130,7 +130,7 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
             recorder: pod::pod_recorder(client, &pod).0,
             me: pod,
         };
-        tokio::spawn(transfers.follow(handle.control(), handle.subscribe()));
+        tokio::spawn(transfers.follow(handle.control(), handle.subscribe(), handle.transitions()));
     }
     let publisher = kube.clone().zip(settings.pod.clone()).map(|(client, pod)| {
         let publisher = publish::Publisher::new(client, pod, settings.publishing.clone());

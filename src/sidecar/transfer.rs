@@ -9,7 +9,9 @@
 //! in the request's status and, for a failure, in an Event. Any other
 //! target is refused with one reason. Level-triggered: every look compares
 //! the requests with what the leader knows; a request the previous leader
-//! left `Transferring` is finished by whoever leads now.
+//! left `Transferring` is finished by whoever leads now: `Transferred` by
+//! the target, `TargetDidNotAcquire` by anyone else (never handed over
+//! again).
 
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Resource, ResourceExt};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
 use crate::api::contract::{SIDECAR_CONTAINER, containers_ready_since};
@@ -56,8 +58,17 @@ struct Target {
 
 impl Transfers {
     /// Watches the namespace's LeaseTransfers and acts on this lease's for
-    /// as long as the sidecar runs.
-    pub async fn follow(self, control: ElectorControl, mut state: watch::Receiver<LeaderState>) {
+    /// as long as the sidecar runs. `transitions` is the elector's stream of
+    /// every change (`ElectorHandle::transitions`), which says how a
+    /// release ended: `state` keeps only the latest value, and the next
+    /// observation replaces `Released` at once on a store that answers
+    /// from a watch (the Kubernetes store).
+    pub async fn follow(
+        self,
+        control: ElectorControl,
+        mut state: watch::Receiver<LeaderState>,
+        transitions: broadcast::Receiver<LeaderState>,
+    ) {
         let (reader, writer) = reflector::store();
         let stream = reflector(writer, watcher(self.transfers.clone(), watcher::Config::default()))
             .default_backoff()
@@ -84,7 +95,7 @@ impl Transfers {
                 .collect();
             pending.sort_by_key(|t| (t.metadata.creation_timestamp.clone().map(|t| t.0), t.name_any()));
             if let Some(request) = pending.first() {
-                self.act_on(request, &control, &mut state).await;
+                self.act_on(request, &control, &mut state, &transitions).await;
             }
         }
     }
@@ -95,6 +106,7 @@ impl Transfers {
         request: &LeaseTransfer,
         control: &ElectorControl,
         state: &mut watch::Receiver<LeaderState>,
+        transitions: &broadcast::Receiver<LeaderState>,
     ) {
         // The watch may not show the latest answer yet (this sidecar's own
         // of a moment ago, when it leads again right after a handover that
@@ -118,6 +130,21 @@ impl Transfers {
         {
             // Handed to us (the previous leader may be gone before it saw it).
             self.finish(request, status, &led).await;
+            return;
+        }
+        if status.phase == Some(TransferPhase::Transferring)
+            && let Some(from) = status.from_term.filter(|&from| from < led.term)
+        {
+            // An earlier term's handover, and the term after it is not the
+            // target's: it is over. Judging it again would hand over once
+            // more to a target that may never acquire, and a leader after
+            // that again (while the answer of the one before is on its way).
+            let message = format!(
+                "term {from} handed over to pod {}, which did not lead the term after it; term {} is {}'s",
+                request.spec.to, led.term, self.me.name
+            );
+            self.fail(request, status, TransferRefusal::TargetDidNotAcquire, message)
+                .await;
             return;
         }
         let target = match self.judge(&request.spec.to, &led).await {
@@ -156,8 +183,10 @@ impl Transfers {
         }
         info!(transfer = %request.name_any(), to = %request.spec.to, uid = %target.uid, "handing over");
         let preempted = request.spec.origin == Some(TransferOrigin::Preference);
+        // Subscribed before the hand-over starts: it sees every change after.
+        let mut changes = transitions.resubscribe();
         control.hand_over(Some(Release::handing_over(handoff, preempted)));
-        let outcome = self.hand_over(&target.uid, led.term, state).await;
+        let outcome = self.hand_over(&target.uid, led.term, state, &mut changes).await;
         control.hand_over(None);
         match outcome {
             Ok(state) => self.finish(request, started, &state).await,
@@ -172,25 +201,34 @@ impl Transfers {
         target_uid: &str,
         term: u64,
         state: &mut watch::Receiver<LeaderState>,
+        changes: &mut broadcast::Receiver<LeaderState>,
     ) -> Result<LeaderState, (TransferRefusal, String)> {
         // The release follows the drain and is bounded by the renew
         // deadline (< window), so this bound is never the usual end.
         let released = tokio::time::timeout(self.drain + self.window, async {
-            state
-                .wait_for(|s| {
-                    !s.leader
-                        && matches!(
-                            s.change,
-                            Change::Released | Change::ReleaseFailed(_) | Change::Lost(_) | Change::DeadlineMissed
-                        )
-                })
-                .await
-                .map(|s| s.change.clone())
+            loop {
+                match changes.recv().await {
+                    Ok(s)
+                        if !s.leader
+                            && matches!(
+                                s.change,
+                                Change::Released | Change::ReleaseFailed(_) | Change::Lost(_) | Change::DeadlineMissed
+                            ) =>
+                    {
+                        return Some(s.change);
+                    }
+                    // A hand-over is a handful of changes in a channel of
+                    // 64: a lag is not expected, and then the bound ends
+                    // the wait as a failed release (never taken as success).
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
         })
         .await;
         let change = match released {
-            Ok(Ok(change)) => change,
-            Ok(Err(_)) => return Err((TransferRefusal::LeadershipLost, "the elector stopped".into())),
+            Ok(Some(change)) => change,
+            Ok(None) => return Err((TransferRefusal::LeadershipLost, "the elector stopped".into())),
             Err(_) => return Err((TransferRefusal::ReleaseFailed, "the release did not end in time".into())),
         };
         let leads = |s: &LeaderState| {
@@ -444,7 +482,7 @@ mod tests {
                     handle.subscribe().wait_for(|s| s.leader).await.unwrap();
                 }
                 let transfers = lease.transfers_of(name);
-                tokio::spawn(transfers.follow(handle.control(), handle.subscribe()));
+                tokio::spawn(transfers.follow(handle.control(), handle.subscribe(), handle.transitions()));
                 let (mut state, claims) = (handle.subscribe(), lease.claims.clone());
                 tokio::spawn(async move {
                     loop {
@@ -578,12 +616,44 @@ mod tests {
                 .count()
         };
         let before = writes();
-        let (control, mut state) = (lease.electors[0].1.control(), lease.electors[0].1.subscribe());
-        lease.transfers_of("web-0").act_on(&stale, &control, &mut state).await;
+        let web_0 = &lease.electors[0].1;
+        let (control, mut state, transitions) = (web_0.control(), web_0.subscribe(), web_0.transitions());
+        lease
+            .transfers_of("web-0")
+            .act_on(&stale, &control, &mut state, &transitions)
+            .await;
         assert_eq!(writes(), before, "no answer written over the answer");
         let api: Api<LeaseTransfer> = Api::namespaced(lease.api.client("prod"), "prod");
         let kept = api.get("gone").await.unwrap().status.unwrap();
         assert_eq!(kept.reason.as_deref(), Some("TargetDidNotAcquire"), "{kept:?}");
+    }
+
+    /// A request an earlier term's leader left `Transferring` to another
+    /// pod is over once someone else leads: the leader now answers
+    /// TargetDidNotAcquire and hands over no second time (a target that is
+    /// ready but cannot acquire would pass leadership round).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_left_transferring_by_an_earlier_term_is_answered_not_handed_over_again() {
+        let lease = Lease::start(true).await;
+        lease.request("move", "web-1");
+        assert_eq!(lease.answer("move").await.phase, Some(TransferPhase::Transferred));
+        let term = lease.electors[1].1.state().term;
+        let mut left = json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "left", "namespace": "prod", "creationTimestamp": "2026-11-26T10:01:00Z"},
+            "spec": {"lease": "web", "to": "web-2"}});
+        left["status"] = json!({"phase": "Transferring", "reason": "StandingAside", "targetUid": "uid-web-2",
+                                "fromTerm": term - 1});
+        lease.api.insert(TRANSFERS, left);
+        let status = lease.answer("left").await;
+        assert_eq!(status.phase, Some(TransferPhase::TransferFailed), "{status:?}");
+        assert_eq!(status.reason.as_deref(), Some("TargetDidNotAcquire"), "{status:?}");
+        tokio::time::sleep(timing().lease_duration * 2).await;
+        let state = lease.electors[1].1.state();
+        assert!(
+            state.leader && state.term == term,
+            "web-1 still leads its term: {state:?}"
+        );
+        assert_eq!(lease.store.acquisitions().len(), 2, "no second handover");
     }
 
     /// Each refusal: TransferFailed with its reason, an Event, and the

@@ -1,4 +1,4 @@
-//! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts, partitions and the candidate build.
+//! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts, partitions, transfers and the candidate build.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -13,3 +13,4 @@ mod rollout;
 mod run;
 mod sidecar;
 mod stores;
+mod transfer;

@@ -49,6 +49,16 @@ pub fn get(port: u16, path: &str) -> Result<(u16, Value), String> {
 
 /// A plain HTTP/1.1 GET: (status, body text), or why nothing answered.
 pub fn get_text(port: u16, path: &str) -> Result<(u16, String), String> {
+    request(port, "GET", path)
+}
+
+/// A plain HTTP/1.1 POST without a body: (status, body text), or why
+/// nothing answered.
+pub fn post(port: u16, path: &str) -> Result<(u16, String), String> {
+    request(port, "POST", path)
+}
+
+fn request(port: u16, method: &str, path: &str) -> Result<(u16, String), String> {
     let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
         .map_err(|e| format!("connect: {e}"))?;
     stream
@@ -56,7 +66,7 @@ pub fn get_text(port: u16, path: &str) -> Result<(u16, String), String> {
         .map_err(|e| format!("read timeout: {e}"))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| format!("send: {e}"))?;
     let mut response = String::new();
@@ -164,24 +174,49 @@ impl Sidecar {
         env: &[(String, String)],
         extra: &[String],
     ) -> Sidecar {
+        let mut command = Command::new(binary);
+        command
+            .args(["sidecar", "--lock", lock])
+            .args(store)
+            // Defaults as environment, so flags in `extra` and `env` override them.
+            .env("LEASEHOLD_LEASE_DURATION", "2s")
+            .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
+            .env("LEASEHOLD_RETRY_PERIOD", "300ms")
+            .env("LEASEHOLD_KUBERNETES", "false");
+        Sidecar::spawn(command, name, proxy, env, extra)
+    }
+
+    /// A sidecar bound to the DistributedLease `lease` (`--lease`), which
+    /// gives it the store and D/R/P; `env` names the API server (a
+    /// kubeconfig), the pod and the store's address.
+    pub fn launch_on_lease(
+        name: &str,
+        proxy: TcpProxy,
+        lease: &str,
+        env: &[(String, String)],
+        extra: &[String],
+    ) -> Sidecar {
+        let mut command = Command::new(binary());
+        command
+            .args(["sidecar", "--lease", lease])
+            .env("LEASEHOLD_KUBERNETES", "true");
+        Sidecar::spawn(command, name, proxy, env, extra)
+    }
+
+    /// Starts `command` (`leasehold sidecar` and its election flags) as
+    /// candidate `name` and waits until it serves.
+    fn spawn(mut command: Command, name: &str, proxy: TcpProxy, env: &[(String, String)], extra: &[String]) -> Sidecar {
         // The sidecar binds port 0 itself and says which ports it got in
         // its ready file: no port is chosen here and freed for another
         // test to take before the sidecar binds it.
         let ready_file = std::env::temp_dir().join(format!("leasehold-ready-{:016x}.json", rand::random::<u64>()));
-        let mut child = Command::new(binary)
-            .args(["sidecar", "--lock", lock])
-            .args(store)
+        let mut child = command
             .args(["--pod-name", name])
             .args(["--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
             .arg("--ready-file")
             .arg(&ready_file)
             .args(extra)
-            // Defaults as environment, so flags in `extra` and `env` override them.
-            .env("LEASEHOLD_LEASE_DURATION", "2s")
-            .env("LEASEHOLD_RENEW_DEADLINE", "1500ms")
-            .env("LEASEHOLD_RETRY_PERIOD", "300ms")
             .env("LEASEHOLD_DRAIN", "200ms")
-            .env("LEASEHOLD_KUBERNETES", "false")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env("LEASEHOLD_LOG", "warn")
             .stdin(Stdio::null())
