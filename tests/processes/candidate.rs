@@ -105,11 +105,7 @@ fn the_candidate_binary_lists_only_its_commands_and_refuses_the_others() {
 fn candidate_sidecars_on_postgres_elect_one_leader() {
     let candidate = candidate_binary();
     let server = PostgresServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let sidecars: Vec<Sidecar> = (0..2)
         .map(|i| {
             let proxy = runtime.block_on(TcpProxy::start(server.addr()));

@@ -47,11 +47,7 @@ fn start_app(runtime: &tokio::runtime::Runtime) -> App {
 
 #[test]
 fn leadership_follows_the_apps_health() {
-    let apps_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let apps_runtime = proxy_runtime();
     let apps: Vec<App> = (0..3).map(|_| start_app(&apps_runtime)).collect();
     let ports: Vec<u16> = apps.iter().map(|a| a.port).collect();
     let cluster = cluster_with("health", |i| {

@@ -142,11 +142,7 @@ fn partitioned_sidecars(
     store: impl Fn(SocketAddr) -> Vec<String>,
 ) -> (tokio::runtime::Runtime, Vec<Sidecar>) {
     // The proxies' tasks run on it: a worker thread of its own.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let extra = ["--partitions".to_string(), N.to_string(), "--create-table".into()];
     let sidecars = (0..3)
         .map(|i| {
@@ -200,11 +196,7 @@ fn a_killed_ones_partitions_move_within_the_failover_bound_on_redis() {
 #[test]
 fn partitions_spread_over_the_members_of_both_clusters_and_move_across_when_one_goes() {
     let server = PostgresServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let sidecars: Vec<Sidecar> = ["west", "east"]
         .into_iter()
         .flat_map(|cluster| (0..2).map(move |i| (cluster, format!("pod-{i}"))))

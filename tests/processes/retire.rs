@@ -14,7 +14,7 @@ use leasehold::store::kubernetes::lease_name;
 use leasehold::testing::api::{ApiServer, pods};
 use serde_json::{Value, json};
 
-use crate::support::{get, model_kubeconfig, wait_for_ready_file};
+use crate::support::{get, model_kubeconfig, proxy_runtime, wait_for_ready_file};
 
 const NAMESPACE: &str = "prod";
 const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
@@ -61,11 +61,7 @@ impl Drop for Running {
 
 #[test]
 fn a_sidecar_whose_lease_is_deleted_stops_claiming_releases_marks_its_pod_and_reexecs_onto_the_new_one() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let api = ApiServer::new(Some(leasehold::sidecar::rbac::allows_request));
     api.insert(LEASES, lease("u-1", "prod/web"));
     api.insert(

@@ -158,11 +158,7 @@ fn sidecar_on_a_fresh_database(
     leasehold::store::spanner::SpannerConfig,
     Sidecar,
 ) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let emulator = leasehold::testing::Emulator::start_or_connect();
     let (config, proxy) = runtime.block_on(async {
         let config = emulator.create_database("leasehold_leases").await;
@@ -258,11 +254,7 @@ fn a_missing_table_at_start_is_retried_and_reported_with_the_fix() {
 /// on a loaded machine); a revision 2 candidate then leads.
 #[test]
 fn behind_the_version_fence_an_older_revision_stays_a_follower() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let emulator = leasehold::testing::Emulator::start_or_connect();
     let (config, _) = runtime.block_on(lease_database(&emulator));
     let lock = "fence";

@@ -21,11 +21,7 @@ fn sidecars(
     lock: &str,
     store: impl Fn(usize, SocketAddr) -> (Vec<String>, Vec<(String, String)>),
 ) -> (tokio::runtime::Runtime, Vec<Sidecar>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let proxies: Vec<TcpProxy> = runtime.block_on(async {
         let mut proxies = Vec::new();
         for _ in 0..3 {
@@ -195,11 +191,7 @@ fn redis_sigterm_releases_and_a_follower_leads_before_expiry() {
 #[test]
 fn redis_a_restarted_sidecar_resumes_its_own_pods_lease_at_once() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = proxy_runtime();
     let proxy = runtime.block_on(TcpProxy::start(server.addr()));
     let store = vec!["--store".to_string(), "redis".to_string()];
     let env = vec![("LEASEHOLD_STORE_URL".to_string(), server.url_at(proxy.addr))];

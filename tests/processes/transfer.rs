@@ -188,11 +188,7 @@ struct Lease {
 
 impl Lease {
     fn start(store: Store, shape: Shape) -> Lease {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = proxy_runtime();
         let api = ApiServer::new(Some(sidecar_or_requester));
         let (api_addr, spanner) = runtime.block_on(async {
             let spanner = match &store {

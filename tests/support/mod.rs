@@ -372,13 +372,19 @@ pub fn cluster(lock: &str) -> Cluster {
     cluster_with(lock, |_| Vec::new())
 }
 
-/// Three sidecars; `extra(i)` adds flags for sidecar i.
-pub fn cluster_with(lock: &str, extra: impl Fn(usize) -> Vec<String>) -> Cluster {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The runtime a test's proxies (and other helpers) run on: one worker
+/// thread of its own, beside the test's thread.
+pub fn proxy_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// Three sidecars; `extra(i)` adds flags for sidecar i.
+pub fn cluster_with(lock: &str, extra: impl Fn(usize) -> Vec<String>) -> Cluster {
+    let runtime = proxy_runtime();
     let emulator = Emulator::start_or_connect();
     let (config, proxies) = runtime.block_on(async {
         let (config, _) = lease_database(&emulator).await;

@@ -62,11 +62,7 @@ struct Rollout<'a> {
 
 impl<'a> Rollout<'a> {
     fn new(emulator: &'a Emulator, setting: Setting) -> Rollout<'a> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = proxy_runtime();
         let api = ApiServer::new(Some(leasehold::sidecar::rbac::allows_request));
         insert_replica_sets(&api);
         let (config, store, addr) = runtime.block_on(async {
