@@ -11,6 +11,8 @@
 //! the binary (default), `candidate` the binary with only a candidate pod's
 //! commands, `simulate` the safety simulation.
 
+#![warn(unreachable_pub)]
+
 #[cfg(feature = "kubernetes")]
 pub mod api;
 #[cfg(feature = "candidate")]

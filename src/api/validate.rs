@@ -135,7 +135,7 @@ pub enum ValidationError {
     Field { field: String, message: String },
 }
 
-pub type Result<T, E = ValidationError> = std::result::Result<T, E>;
+pub(super) type Result<T, E = ValidationError> = std::result::Result<T, E>;
 
 impl From<TimingError> for ValidationError {
     fn from(e: TimingError) -> Self {

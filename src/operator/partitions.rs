@@ -11,7 +11,7 @@ use crate::lease::session::session_owner;
 
 /// The status of `view`: members, unowned partitions, the balance over
 /// members and, per live session holding a slot or a partition, what it holds.
-pub fn partitions_status(view: &PartitionView) -> PartitionsStatus {
+pub(super) fn partitions_status(view: &PartitionView) -> PartitionsStatus {
     // Members first (holding none is worth seeing), then any other live
     // owner (one that lost or gave up its slot while still holding).
     let mut by_session: BTreeMap<&str, Vec<u32>> = view.members.iter().map(|m| (m.as_str(), Vec::new())).collect();
@@ -39,7 +39,7 @@ pub fn partitions_status(view: &PartitionView) -> PartitionsStatus {
 }
 
 /// Sorted indexes as ranges: `[0, 1, 2, 3, 7]` is `0-3,7`.
-pub fn index_ranges(indexes: &[u32]) -> String {
+pub(super) fn index_ranges(indexes: &[u32]) -> String {
     let mut text = String::new();
     let mut rest = indexes.iter().copied().peekable();
     while let Some(start) = rest.next() {
@@ -62,7 +62,7 @@ pub fn index_ranges(indexes: &[u32]) -> String {
 /// The note of the Event published when the members or the balance of a
 /// partitioned lease changed since the last status, or `None`. The first
 /// sighting is no change.
-pub fn assignment_change(old: Option<&PartitionsStatus>, new: &PartitionsStatus, lock: &str) -> Option<String> {
+pub(super) fn assignment_change(old: Option<&PartitionsStatus>, new: &PartitionsStatus, lock: &str) -> Option<String> {
     let old = old?;
     if (old.members, old.balance) == (new.members, new.balance) {
         return None;

@@ -91,7 +91,7 @@ struct State {
 
 /// A PostgreSQL or Redis session store. Cheap to clone; clones share it.
 #[derive(Clone)]
-pub struct SessionServer {
+pub(super) struct SessionServer {
     semantics: SessionSemantics,
     state: Arc<Mutex<State>>,
     epoch: i64,
@@ -102,7 +102,13 @@ pub struct SessionServer {
 }
 
 impl SessionServer {
-    pub fn new(semantics: SessionSemantics, seed: u64, epoch: StoreTime, rate: f64, call_timeout: Duration) -> Self {
+    pub(super) fn new(
+        semantics: SessionSemantics,
+        seed: u64,
+        epoch: StoreTime,
+        rate: f64,
+        call_timeout: Duration,
+    ) -> Self {
         SessionServer {
             semantics,
             state: Arc::new(Mutex::new(State {
@@ -128,7 +134,7 @@ impl SessionServer {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn semantics(&self) -> SessionSemantics {
+    pub(super) fn semantics(&self) -> SessionSemantics {
         self.semantics
     }
 
@@ -136,25 +142,25 @@ impl SessionServer {
         self.lock().flaw = flaw;
     }
 
-    pub fn set_faults(&self, faults: Faults) {
+    pub(super) fn set_faults(&self, faults: Faults) {
         self.lock().faults = faults;
     }
 
     /// The share of PostgreSQL write transactions that abort with 40001.
-    pub fn set_contention(&self, share: f64) {
+    pub(super) fn set_contention(&self, share: f64) {
         self.lock().contention = share;
     }
 
-    pub fn jump_clock(&self, nanos: i64) {
+    pub(super) fn jump_clock(&self, nanos: i64) {
         self.lock().clock_jumps += nanos;
     }
 
-    pub fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
+    pub(super) fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
         self.lock().acquisitions.clone()
     }
 
     /// Transactions aborted with a serialization failure and retried (PostgreSQL).
-    pub fn serialization_failures(&self) -> u64 {
+    pub(super) fn serialization_failures(&self) -> u64 {
         self.lock().serialization_failures
     }
 

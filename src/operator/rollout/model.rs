@@ -19,7 +19,7 @@ struct ReplicaSet {
 }
 
 #[derive(Debug)]
-pub struct Rollout {
+pub(super) struct Rollout {
     replicas: i32,
     strategy: Strategy,
     leader_moves_to_new: bool,
@@ -33,7 +33,7 @@ pub struct Rollout {
 impl Rollout {
     /// A Deployment at `replicas` on the old template, one old pod leading,
     /// whose template just changed.
-    pub fn new(replicas: i32, strategy: Strategy, leader_moves_to_new: bool) -> Self {
+    pub(super) fn new(replicas: i32, strategy: Strategy, leader_moves_to_new: bool) -> Self {
         let mut rollout = Rollout {
             replicas,
             strategy,
@@ -53,7 +53,7 @@ impl Rollout {
     }
 
     /// Runs the controllers until nothing changes (a fixed point: done or stalled).
-    pub fn run(mut self) -> Self {
+    pub(super) fn run(mut self) -> Self {
         loop {
             self.rounds += 1;
             assert!(self.rounds < 1000, "no fixed point: {self:?}");
@@ -81,14 +81,14 @@ impl Rollout {
         }
     }
 
-    pub fn completed(&self) -> bool {
+    pub(super) fn completed(&self) -> bool {
         self.old.spec == 0
             && self.old.pods.is_empty()
             && self.new.spec == self.replicas
             && self.new.pods.len() as i32 == self.replicas
     }
 
-    pub fn old_pods(&self) -> usize {
+    pub(super) fn old_pods(&self) -> usize {
         self.old.pods.len()
     }
 

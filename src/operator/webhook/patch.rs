@@ -330,7 +330,7 @@ fn choices<'a>(pod: &'a Pod, spec: &'a PodSpec, config: &InjectionConfig) -> Res
     })
 }
 
-pub fn has_annotation(pod: &Pod, key: &str) -> bool {
+pub(super) fn has_annotation(pod: &Pod, key: &str) -> bool {
     pod.metadata.annotations.iter().flatten().any(|(k, _)| k == key)
 }
 
