@@ -124,10 +124,9 @@ fn fold_by_term(previous: &[HistoryEntry], seen: Vec<HistoryEntry>) -> Vec<Histo
 /// the run of the next entry that has one.
 pub(super) fn check(folded: &Folded, claims: &[Acquisition]) -> Result<(), String> {
     let history = &folded.history;
-    let acquisitions = claims;
-    let mut runs = Vec::with_capacity(acquisitions.len());
-    for (i, a) in acquisitions.iter().enumerate() {
-        let run = match i.checked_sub(1).map(|p| (runs[p], &acquisitions[p])) {
+    let mut runs = Vec::with_capacity(claims.len());
+    for (i, a) in claims.iter().enumerate() {
+        let run = match i.checked_sub(1).map(|p| (runs[p], &claims[p])) {
             Some((run, before)) if a.term < before.term || a.term == before.term && before.token.is_some() => run + 1,
             Some((run, _)) => run,
             None => 0,
@@ -139,13 +138,13 @@ pub(super) fn check(folded: &Folded, claims: &[Acquisition]) -> Result<(), Strin
     let mut next_run = runs.last().copied().unwrap_or(0);
     for entry in history.iter().rev() {
         if let Some(token) = &entry.token {
-            let Some(i) = acquisitions.iter().position(|a| token_of(a).as_ref() == Some(token)) else {
+            let Some(i) = claims.iter().position(|a| token_of(a).as_ref() == Some(token)) else {
                 return Err(format!(
                     "the history records term {} with token {token}, which the store never granted",
                     entry.term
                 ));
             };
-            let granted = &acquisitions[i];
+            let granted = &claims[i];
             if granted.term != entry.term || entry.holder.as_ref().is_some_and(|h| *h != granted.holder) {
                 return Err(format!(
                     "the history records term {} as {:?} with token {token}; the store granted that token to {} in term {}",
@@ -169,7 +168,7 @@ pub(super) fn check(folded: &Folded, claims: &[Acquisition]) -> Result<(), Strin
     }
     for &(run, entry) in &placed {
         let through = entry.missing_through.unwrap_or(entry.term);
-        let granted = |term| (0..acquisitions.len()).any(|i| runs[i] == run && acquisitions[i].term == term);
+        let granted = |term| (0..claims.len()).any(|i| runs[i] == run && claims[i].term == term);
         if let Some(term) = (entry.term..=through).find(|&term| !granted(term)) {
             return Err(match entry.is_gap() {
                 true => format!(

@@ -137,10 +137,10 @@ struct ServerState {
     /// How far the watch cache lags behind etcd.
     watch_lag: Duration,
     rng: StdRng,
-    acquisitions: Vec<Acquisition>,
-    /// Every write that began a term, in commit order: the acquisitions,
-    /// and creates, whose term is granted only by the check-and-set after
-    /// them (a created Lease shows its holder and term meanwhile).
+    /// Every write that began a term, in commit order: the acquisitions
+    /// (with their token), and creates, whose term is granted only by the
+    /// check-and-set after them (no token; a created Lease shows its holder
+    /// and term meanwhile).
     claims: Vec<Acquisition>,
     stale_conflicts: u64,
     recreated: u64,
@@ -174,7 +174,6 @@ impl ApiServer {
                 faults: Faults::default(),
                 watch_lag: Duration::ZERO,
                 rng: StdRng::seed_from_u64(seed),
-                acquisitions: Vec::new(),
                 claims: Vec::new(),
                 stale_conflicts: 0,
                 recreated: 0,
@@ -197,7 +196,8 @@ impl ApiServer {
     }
 
     pub(super) fn acquisitions(&self) -> Vec<Acquisition> {
-        self.lock().acquisitions.clone()
+        let state = self.lock();
+        state.claims.iter().filter(|c| c.token.is_some()).cloned().collect()
     }
 
     /// Every write that began a term (see [`ServerState::claims`]).
@@ -319,18 +319,14 @@ impl ApiServer {
         if (acquisition || create)
             && let Some(record) = &body.record
         {
-            let claim = Acquisition {
+            state.claims.push(Acquisition {
                 lock: state.lock.clone(),
                 term: record.term,
                 holder: record.holder.clone().unwrap_or_default(),
                 token: record.token.map(FencingToken).filter(|_| acquisition),
                 revision: record.version.as_ref().map(|v| v.revision),
                 at: Instant::now(),
-            };
-            if acquisition {
-                state.acquisitions.push(claim.clone());
-            }
-            state.claims.push(claim);
+            });
         }
         state.object = Some(body.clone());
         state.written_at = Some(Instant::now());

@@ -642,7 +642,10 @@ impl Schedule {
     pub(super) fn check(mut self) -> Result<Report, Violation> {
         let (acquisitions, claims) = match &self.kube {
             Some(server) => (server.acquisitions(), server.claims()),
-            None => (self.store.acquisitions(), self.store.acquisitions()),
+            None => {
+                let acquisitions = self.store.acquisitions();
+                (acquisitions.clone(), acquisitions)
+            }
         };
         let counts = &mut self.report.counts;
         let stats = self.stats.lock().unwrap();
