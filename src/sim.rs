@@ -43,7 +43,10 @@
 //!    names in both, with or without cluster names in their identities),
 //!    each cluster's operator releases the lock when it deletes one of its
 //!    pods, judging the holder as the real operator does
-//!    (`lease::holder`): checks 1–3 catch a release that reaches across.
+//!    (`lease::holder`): checks 1–3 catch a release that reaches across;
+//!    and its label repairs never take the leader label of the pod whose
+//!    process holds the lock, nor keep one on a pod of the cluster that
+//!    certainly does not lead ([`clusters`]).
 //!
 //! The only excuse besides that pause: a term whose row was deleted under
 //! its live lease (an operator overriding the store) is exempt from 2 and 3.

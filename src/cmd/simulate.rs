@@ -33,7 +33,8 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_SIM_KUBERNETES", conflicts_with_all = ["sessions", "rollouts"])]
     pub kubernetes: bool,
     /// Run the elector's schedule with candidates in two clusters sharing
-    /// the store, each cluster's operator releasing on pod deletion.
+    /// the store, each cluster's operator releasing on pod deletion and
+    /// repairing its pods' leader labels.
     #[arg(long, env = "LEASEHOLD_SIM_TWO_CLUSTERS", conflicts_with_all = ["sessions", "rollouts", "kubernetes"])]
     pub two_clusters: bool,
     /// Run a deliberately broken elector or store instead, stopping at the

@@ -63,6 +63,28 @@ impl HolderPod {
         })
     }
 
+    /// Whether a pod named `pod` in `namespace` of this cluster keeps its
+    /// leader label for this holder (label repairs): the holder's pod by
+    /// name that [may be local](Self::may_be_local). Cautious both ways: a
+    /// holder not proven elsewhere keeps its label (taking a live leader's
+    /// label moves its traffic away), and a pod of the same name in a
+    /// cluster the holder certainly is not in loses one. `flaw` is the
+    /// simulation's mutant, `None` everywhere else.
+    pub(crate) fn keeps_label(
+        &self,
+        pod: &str,
+        cluster: Option<&str>,
+        namespace: &str,
+        flaw: Option<LocalityFlaw>,
+    ) -> bool {
+        self.pod() == Some(pod)
+            && match flaw {
+                Some(LocalityFlaw::LabelByNameAlone) => true,
+                Some(LocalityFlaw::LabelNeedsProof) => self.is_local(cluster, namespace, None),
+                _ => self.may_be_local(cluster, namespace),
+            }
+    }
+
     /// What the operator of `cluster` may do about this live holder of a
     /// deleted lease's lock in `namespace` (release-on-delete), where
     /// `runs_here` says whether a pod of the holder's name runs in this
@@ -121,4 +143,12 @@ pub(crate) enum LocalityFlaw {
     /// `is_local` before issue 37): a same-named pod in another cluster is
     /// "ours".
     UnnamedClustersMatch,
+    /// A label repair judges the holder by its pod name alone, whatever
+    /// cluster it names: a same-named pod of the cluster that does not lead
+    /// keeps a stale leader label.
+    LabelByNameAlone,
+    /// A label repair keeps a label only for a holder proven local (both
+    /// sides named, as a release needs): without cluster names it takes the
+    /// live leader's own label.
+    LabelNeedsProof,
 }

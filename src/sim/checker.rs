@@ -59,6 +59,8 @@ pub(super) struct Belief {
 pub(super) struct Log {
     pub(super) events: Vec<String>,
     pub(super) beliefs: Vec<Belief>,
+    /// Two clusters: label repairs that broke property 5, as they happened.
+    pub(super) label_faults: Vec<String>,
 }
 
 impl Log {
@@ -243,6 +245,11 @@ impl Finished {
                 at(w.checked),
                 self.margin
             )));
+        }
+        // 5. Two clusters: no label repair took the holder's label or kept
+        //    one for a holder in the other cluster.
+        if let Some(fault) = log.label_faults.first() {
+            return Err(fail(fault.clone()));
         }
         if beliefs.is_empty() {
             return Err(fail("nobody ever led: the schedule tested nothing".into()));

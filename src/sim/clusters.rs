@@ -10,12 +10,22 @@
 //! A crashed candidate restarts in the same pod (same UID) and takes its
 //! earlier process's lease over ([`Identity::succeeds`]); a deleted pod's
 //! successor is a new pod of the same name, with a new UID.
+//!
+//! Each pod shows a leader label: its sidecar publishes what its elector
+//! believes, a killed process leaves the label as it was, and labels are
+//! also set by hand (or by an earlier sidecar) on pods that do not lead.
+//! Each cluster's operator repairs its own pods' labels with the real
+//! operator's judgement ([`HolderPod::keeps_label`]); property 5 of the
+//! checker: a repair never takes the label of the pod whose process holds
+//! the lock, and never keeps one on a pod that is certainly not the
+//! holder's because the holder names the other cluster.
 
 use rand::RngExt;
+use tokio::sync::watch;
 
 use super::schedule::{Candidate, LOCK, Schedule};
-use crate::lease::holder::{HolderPod, LiveHolder, LocalityFlaw};
-use crate::lease::{Identity, LeaseStore};
+use crate::lease::holder::{HolderPod, LiveHolder};
+use crate::lease::{Identity, LeaderState, LeaseStore};
 use crate::sim::Mutant;
 
 const CLUSTERS: [&str; 2] = ["west", "east"];
@@ -77,8 +87,7 @@ impl Schedule {
                 .filter(|&other| other != slot && cluster_of(other) == cluster)
                 .map(pod_of)
                 .collect();
-            let flaw =
-                (self.mutant == Some(Mutant::ReleaseAcrossClusters)).then_some(LocalityFlaw::UnnamedClustersMatch);
+            let flaw = self.mutant.and_then(Mutant::locality_flaw);
             let ours = named.then_some(cluster);
             let judged =
                 HolderPod::parse(&holder).judge_live(ours, NAMESPACE, |name| running.iter().any(|r| r == name), flaw);
@@ -100,5 +109,95 @@ impl Schedule {
         let restart = self.timing.retry_period.mul_f64(self.rng.random_range(0.0..5.0));
         tokio::time::sleep(restart).await;
         candidates[slot] = self.start_candidate(slot);
+    }
+
+    /// The leader label of `slot`'s current pod follows what its process
+    /// publishes (`rx`), as the sidecar labels its own pod; when the process
+    /// is killed the label stays as it was, and when the pod is deleted its
+    /// label goes with it.
+    pub(super) fn follow_label(&self, slot: usize, mut rx: watch::Receiver<LeaderState>) {
+        let Some(uid) = self.pod_uids.get(&slot).cloned() else {
+            return;
+        };
+        let labels = self.labels.clone();
+        labels.lock().unwrap().entry(uid.clone()).or_insert(false);
+        tokio::spawn(async move {
+            loop {
+                let leader = rx.borrow_and_update().leader;
+                if let Some(shown) = labels.lock().unwrap().get_mut(&uid) {
+                    *shown = leader;
+                }
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// A label step in `slot`'s cluster: a leader label set by hand on
+    /// `slot`'s pod, or that cluster's operator repairing its pods' labels
+    /// against the live holder it reads from the store.
+    pub(super) async fn label_step(&mut self, candidates: &[Candidate], slot: usize) {
+        let named = self.clusters.expect("a two-cluster schedule");
+        let cluster = cluster_of(slot);
+        if self.rng.random_bool(0.3) {
+            if let Some(uid) = self.pod_uids.get(&slot) {
+                self.labels.lock().unwrap().insert(uid.clone(), true);
+                self.report.counts.labels_set_by_hand += 1;
+                self.note(format!("{cluster}/{} labelled leader by hand", pod_of(slot)));
+            }
+            return;
+        }
+        // A store fault fails the read: the operator repairs at its next reconcile.
+        let Ok(observed) = self.store.observe(LOCK).await else {
+            return;
+        };
+        let holder = observed.live_holder().map(str::to_string);
+        let judged = holder.as_deref().map(HolderPod::parse);
+        let ours = named.then_some(cluster);
+        let flaw = self.mutant.and_then(Mutant::locality_flaw);
+        let labels = self.labels.clone();
+        let mut labels = labels.lock().unwrap();
+        for other in (0..candidates.len()).filter(|&other| cluster_of(other) == cluster) {
+            let Some(uid) = self.pod_uids.get(&other) else { continue };
+            if labels.get(uid) != Some(&true) {
+                continue;
+            }
+            let pod = pod_of(other);
+            // The holder is this pod's process, or an earlier process of this pod.
+            let holds = holder.as_deref().is_some_and(|holder| {
+                let who = &candidates[other].who;
+                holder == who || who.parse::<Identity>().is_ok_and(|process| process.succeeds(holder))
+            });
+            let holder = holder.as_deref().unwrap_or("nobody");
+            match judged
+                .as_ref()
+                .is_some_and(|h| h.keeps_label(&pod, ours, NAMESPACE, flaw))
+            {
+                true => {
+                    if let Some(elsewhere) = judged.as_ref().and_then(|h| h.cluster_elsewhere(ours))
+                        && !holds
+                    {
+                        self.log.lock().unwrap().label_faults.push(format!(
+                            "{cluster}'s operator kept the leader label of {cluster}/{pod} for {holder}, which \
+                             runs in {elsewhere}"
+                        ));
+                    }
+                }
+                false => {
+                    if holds {
+                        self.log.lock().unwrap().label_faults.push(format!(
+                            "{cluster}'s operator took the leader label off {cluster}/{pod}, whose process holds \
+                             the lock ({holder})"
+                        ));
+                    }
+                    labels.insert(uid.clone(), false);
+                    self.report.counts.label_repairs += 1;
+                    self.note(format!(
+                        "{cluster}'s operator takes the leader label off {cluster}/{pod} (holder {holder})"
+                    ));
+                }
+            }
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The mutants: deliberately broken electors and stores, each breaking
 //! one safety rule, that the checker must catch.
 
+use crate::lease::holder::LocalityFlaw;
 use crate::lease::sim_hooks::Flaw;
 
 /// A deliberately broken elector or store: each breaks one safety rule,
@@ -28,10 +29,12 @@ pub enum Mutant {
     ReleaseAcrossClusters,
     HistoryRecordsATermTwice,
     HistoryMergesRecountedTerms,
+    LabelRepairByNameAlone,
+    LabelRepairNeedsProof,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 21] = [
+    pub const ALL: [Mutant; 23] = [
         Mutant::DeadlineFromReply,
         Mutant::DeadlineDInsteadOfR,
         Mutant::RenewWithoutCas,
@@ -53,6 +56,8 @@ impl Mutant {
         Mutant::ReleaseAcrossClusters,
         Mutant::HistoryRecordsATermTwice,
         Mutant::HistoryMergesRecountedTerms,
+        Mutant::LabelRepairByNameAlone,
+        Mutant::LabelRepairNeedsProof,
     ];
 
     pub fn name(self) -> &'static str {
@@ -78,6 +83,8 @@ impl Mutant {
             Mutant::ReleaseAcrossClusters => "release-across-clusters",
             Mutant::HistoryRecordsATermTwice => "history-records-a-term-twice",
             Mutant::HistoryMergesRecountedTerms => "history-merges-recounted-terms",
+            Mutant::LabelRepairByNameAlone => "label-repair-by-name-alone",
+            Mutant::LabelRepairNeedsProof => "label-repair-needs-proof",
         }
     }
 
@@ -136,6 +143,14 @@ impl Mutant {
                 "Kubernetes: the operator folds status.history by term alone, so the terms of a Lease created \
                  again, counted from 1, land on the old entries of those numbers"
             }
+            Mutant::LabelRepairByNameAlone => {
+                "two clusters: the operator's label repair judges the holder by its pod name alone, so a pod of \
+                 that name in the cluster that does not lead keeps a stale leader label"
+            }
+            Mutant::LabelRepairNeedsProof => {
+                "two clusters: the operator's label repair keeps a label only for a holder proven local, as a \
+                 release does, so without cluster names it takes the leader's own label"
+            }
         }
     }
 
@@ -162,7 +177,20 @@ impl Mutant {
             | Mutant::CreateTokenFromList
             | Mutant::ReleaseAcrossClusters
             | Mutant::HistoryRecordsATermTwice
-            | Mutant::HistoryMergesRecountedTerms => None,
+            | Mutant::HistoryMergesRecountedTerms
+            | Mutant::LabelRepairByNameAlone
+            | Mutant::LabelRepairNeedsProof => None,
+        }
+    }
+
+    /// The operator's locality bug, when the mutant is one: caught in
+    /// schedules with two clusters sharing the store.
+    pub(super) fn locality_flaw(self) -> Option<LocalityFlaw> {
+        match self {
+            Mutant::ReleaseAcrossClusters => Some(LocalityFlaw::UnnamedClustersMatch),
+            Mutant::LabelRepairByNameAlone => Some(LocalityFlaw::LabelByNameAlone),
+            Mutant::LabelRepairNeedsProof => Some(LocalityFlaw::LabelNeedsProof),
+            _ => None,
         }
     }
 

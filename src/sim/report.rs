@@ -92,6 +92,10 @@ pub struct Counts {
     /// Live holders of the other cluster an operator left alone after
     /// deleting its own pod of the same name.
     pub left_to_other_cluster: u64,
+    /// Leader labels an operator took off a pod of its own cluster.
+    pub label_repairs: u64,
+    /// Leader labels set by hand on a pod (two clusters).
+    pub labels_set_by_hand: u64,
     /// Terms in the operator's folded history (elector schedules).
     pub history_terms: u64,
     /// Gap entries in it: terms no read of the operator saw.
@@ -130,6 +134,8 @@ impl Counts {
         self.two_cluster_schedules += r.two_cluster_schedules;
         self.operator_releases += r.operator_releases;
         self.left_to_other_cluster += r.left_to_other_cluster;
+        self.label_repairs += r.label_repairs;
+        self.labels_set_by_hand += r.labels_set_by_hand;
         self.history_terms += r.history_terms;
         self.history_gaps += r.history_gaps;
         self.history_runs += r.history_runs;
@@ -149,7 +155,7 @@ impl fmt::Display for Counts {
              {} schedules on the Kubernetes store's semantics ({} writes refused as judged on a stale version, \
              {} Leases recreated), {} session schedules on PostgreSQL's semantics ({} serialization failures \
              retried) and {} on Redis's, {} schedules in two clusters ({} rows released by an operator, \
-             {} other clusters' holders left alone), {} terms in the operator's history with {} gaps and {} restarts of the term count",
+             {} other clusters' holders left alone, {} leader labels set by hand, {} taken off by an operator), {} terms in the operator's history with {} gaps and {} restarts of the term count",
             self.terms,
             self.accepted,
             self.fenced,
@@ -177,6 +183,8 @@ impl fmt::Display for Counts {
             self.two_cluster_schedules,
             self.operator_releases,
             self.left_to_other_cluster,
+            self.labels_set_by_hand,
+            self.label_repairs,
             self.history_terms,
             self.history_gaps,
             self.history_runs

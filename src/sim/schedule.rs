@@ -116,6 +116,8 @@ pub(super) struct Schedule {
     /// Two clusters: each slot's pod UID, kept across its process's
     /// restarts and replaced when its pod is deleted.
     pub(super) pod_uids: HashMap<usize, String>,
+    /// Two clusters: whether each pod (by UID) shows the leader label.
+    pub(super) labels: Arc<Mutex<HashMap<String, bool>>>,
     /// The newest revision so far: a rollout raises it; candidates start
     /// under it or one below (an old pod still around).
     pub(super) revision: u64,
@@ -144,7 +146,7 @@ impl Schedule {
         let mut max_jump = Duration::from_secs_f64(left / 2.0);
         let mut margin = Duration::from_secs_f64(left / 2.0 / clock_rate);
         let kubernetes = setup.kubernetes || setup.mutant.is_some_and(Mutant::is_kubernetes);
-        let two_clusters = setup.two_clusters || setup.mutant == Some(Mutant::ReleaseAcrossClusters);
+        let two_clusters = setup.two_clusters || setup.mutant.and_then(Mutant::locality_flaw).is_some();
         if kubernetes {
             // No store clock: a follower takes over no earlier than D by its
             // own clock after it saw the last renewal commit; the leader
@@ -184,6 +186,7 @@ impl Schedule {
             // not in step with the TTL seeds).
             clusters: two_clusters.then_some((seed / 2).is_multiple_of(2)),
             pod_uids: HashMap::new(),
+            labels: Arc::default(),
             revision: 2,
             history: None,
             report: Report {
@@ -316,6 +319,9 @@ impl Schedule {
                 }
             });
         self.watch_beliefs(who.clone(), handle.subscribe());
+        if self.clusters.is_some() {
+            self.follow_label(slot, handle.subscribe());
+        }
         self.note(format!("start {who} at revision {revision}"));
         Candidate {
             clock,
@@ -460,6 +466,7 @@ impl Schedule {
                 self.revision += 1;
                 self.note(format!("rollout to revision {}", self.revision));
             }
+            12 if self.clusters.is_some() => self.label_step(candidates, i).await,
             13 if self.clusters.is_some() => self.delete_pod(candidates, i).await,
             // Rare: it exempts the term it cuts short from the checker.
             10 if self.rng.random_bool(0.25) => {

@@ -348,7 +348,8 @@ fn the_simulate_command_runs_the_kubernetes_schedule() {
 
 /// Two clusters sharing the store, pods of the same names in both, named
 /// and unnamed: each cluster's operator released its own dead holders and
-/// left the other cluster's live ones alone, and no seed broke safety.
+/// left the other cluster's live ones alone, repaired its own pods' leader
+/// labels without taking the holder's, and no seed broke safety.
 #[test]
 fn two_cluster_seeds_0_to_199() {
     let summary = run_seeds(0..200, simulate_two_clusters);
@@ -358,6 +359,25 @@ fn two_cluster_seeds_0_to_199() {
         "operators released their own cluster's dead holders and left the other's alone, and processes restarted: \
          {summary:?}"
     );
+    assert!(
+        summary.counts.labels_set_by_hand > 0 && summary.counts.label_repairs > 0,
+        "labels were set by hand and operators took stale ones off: {summary:?}"
+    );
+}
+
+/// The label repairs that judge a holder's locality wrongly (by its pod
+/// name alone; only when proven local) are each caught within 1,000 seeds,
+/// and the correct operator passes every two-cluster seed up to the one
+/// that caught them.
+#[test]
+fn label_repairs_that_misjudge_the_holders_cluster_are_caught_where_the_correct_operator_passes() {
+    let mut last = 0;
+    for mutant in [Mutant::LabelRepairByNameAlone, Mutant::LabelRepairNeedsProof] {
+        let seed = caught("", mutant, hunt(mutant, 0..1000, Duration::from_secs(60)))
+            .unwrap_or_else(|| panic!("mutant {} survived 1,000 seeds", mutant.name()));
+        last = last.max(seed);
+    }
+    run_seeds(0..last + 1, simulate_two_clusters);
 }
 
 /// The operator that takes an unnamed holder for its own (issue 37's

@@ -302,7 +302,7 @@ fn repairs(
             let name = pod.name_any();
             !holders
                 .iter()
-                .any(|holder| holder.pod() == Some(name.as_str()) && holder.may_be_local(cluster, namespace))
+                .any(|holder| holder.keeps_label(&name, cluster, namespace, None))
         })
         .map(|pod| Repair {
             pod: pod.name_any(),
