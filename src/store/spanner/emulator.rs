@@ -14,7 +14,7 @@ use crate::lease::store::Result;
 /// Creates (when missing) an instance and a database on the Cloud Spanner
 /// emulator, for the demo and the tests; production databases are made by
 /// their owners. Returns the database path.
-pub async fn create_emulator_database(
+pub(crate) async fn create_emulator_database(
     endpoints: &Endpoints,
     project: &str,
     instance: &str,
