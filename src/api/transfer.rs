@@ -72,7 +72,7 @@ pub enum TransferPhase {
 
 impl TransferPhase {
     /// Nothing more happens to a transfer in this phase.
-    pub fn is_final(self) -> bool {
+    pub(crate) fn is_final(self) -> bool {
         matches!(self, TransferPhase::Transferred | TransferPhase::TransferFailed)
     }
 }
@@ -114,7 +114,7 @@ pub struct LeaseTransferStatus {
 
 /// Why a transfer is refused or fails: the `reason` word and the Event's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransferRefusal {
+pub(crate) enum TransferRefusal {
     /// No pod of that name in the namespace.
     TargetNotFound,
     /// The pod is not selected by the lease, or runs no leasehold sidecar.
