@@ -18,16 +18,18 @@ pub(crate) mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
 pub(crate) use partitions::validate_partitions;
 pub use partitions::{Assigned, Partitioner, PartitionsError};
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
+pub(crate) use record::parse_cluster_name;
 pub use record::{
     EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidHandoff, InvalidIdentity, InvalidPodUid,
     LeaseRecord, LockNameError, Observation, Release, Reservation, StoreTime,
 };
-pub(crate) use record::{fnv1a_64, parse_cluster_name, validate_lock_name};
+pub(crate) use record::{fnv1a_64, validate_lock_name};
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};
-pub use timing::LeaseDurationError;
-pub use timing::{Timing, TimingError};
+pub use timing::{LeaseDurationError, Timing, TimingError};
 pub(crate) use timing::{lease_from_millis, lease_to_millis};
 pub use version::{Claim, InvalidPrefer, Prefer, Version, VersionPolicy};

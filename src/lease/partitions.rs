@@ -82,6 +82,7 @@ pub enum PartitionsError {
 /// The one check of a partitioned lock, wherever its settings enter: the
 /// sidecar's flags, the resource's spec, the library. `fields` name the
 /// lock's and the count's field or flag.
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 pub(crate) fn validate_partitions(
     (lock_field, count_field): (&'static str, &'static str),
     lock: &str,
@@ -130,6 +131,7 @@ pub(crate) struct PartitionView {
 
 impl PartitionView {
     /// Reads the N slots and N partitions of `lock` in one store call.
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
     pub(crate) async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
         let observed = store.observe_locks(&Self::names(lock, partitions)).await?;
         Ok(Self::from_observation(partitions, observed))
@@ -139,6 +141,7 @@ impl PartitionView {
     /// store call ([`SessionStore::observe_lock_sets`]): their slots and
     /// partitions together are at most [`super::session::MAX_LOCKS_PER_CALL`]
     /// names (see [`Self::names_read`]).
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
     pub(crate) async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
         let sets: Vec<Vec<String>> = locks.iter().map(|(lock, n)| Self::names(lock, *n)).collect();
         let observed = store.observe_lock_sets(&sets).await?;
@@ -150,6 +153,7 @@ impl PartitionView {
     }
 
     /// How many names a read of a lock with `partitions` covers.
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
     pub(crate) fn names_read(partitions: u32) -> usize {
         2 * partitions as usize
     }
@@ -196,6 +200,7 @@ impl PartitionView {
     }
 
     /// The most partitions a member holds minus the fewest; 0 without members.
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
     pub(crate) fn balance(&self) -> usize {
         let held = self.held_by_member();
         match (held.values().max(), held.values().min()) {
@@ -205,6 +210,7 @@ impl PartitionView {
     }
 
     /// Partitions no live session holds.
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
     pub(crate) fn unowned(&self) -> usize {
         self.owners.iter().filter(|o| o.is_none()).count()
     }
@@ -285,6 +291,7 @@ pub struct Assigned {
 
 impl Assigned {
     /// The token of partition `index` if it may be worked on at `at`.
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
     pub(crate) fn token_at(&self, index: u32, at: Instant) -> Option<FencingToken> {
         self.deadline
             .filter(|d| at < *d)

@@ -59,6 +59,7 @@ pub(crate) fn validate_lock_name(field: &'static str, name: &str) -> Result<(), 
 
 /// The longest cluster name, in characters: a DNS label's length, which
 /// fits every cloud's cluster names and keeps holder identities short.
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 pub(crate) const MAX_CLUSTER_NAME_CHARS: usize = 63;
 
 /// A cluster name that cannot be part of a holder identity.
@@ -67,6 +68,7 @@ pub(crate) const MAX_CLUSTER_NAME_CHARS: usize = 63;
     "cluster name {0:?} must be 1 to {MAX_CLUSTER_NAME_CHARS} characters without whitespace, control \
      characters, '/', '#' or '@' (they separate the parts of a holder identity cluster/namespace/pod#nonce@uid)"
 )]
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 pub(crate) struct InvalidClusterName(pub String);
 
 /// The one check of a cluster name, wherever one enters: the sidecar's, the
@@ -75,6 +77,7 @@ pub(crate) struct InvalidClusterName(pub String);
 /// name becomes the first part of every holder identity, so it may not
 /// contain the identity's separators: `a/b` would read back as cluster `a`,
 /// namespace `b`.
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 pub(crate) fn parse_cluster_name(name: &str) -> Result<String, InvalidClusterName> {
     match identity_part(name) && name.chars().count() <= MAX_CLUSTER_NAME_CHARS {
         true => Ok(name.to_string()),
@@ -399,6 +402,10 @@ pub struct Ended {
 impl Ended {
     /// The store's columns (`ended_term`, `ended`) as read: a term without
     /// a reason this version knows is no end.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "redis", feature = "spanner", feature = "kubernetes")),
+        allow(dead_code)
+    )]
     pub(crate) fn from_columns(term: Option<u64>, reason: Option<&str>) -> Option<Ended> {
         Some(Ended {
             term: term?,
@@ -470,6 +477,10 @@ impl Handoff {
 
     /// The window asked for, in milliseconds; the store writes at most the
     /// row's lease duration of it.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+        allow(dead_code)
+    )]
     pub(crate) fn window_ms(&self) -> i64 {
         self.window_ms
     }

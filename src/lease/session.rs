@@ -51,6 +51,10 @@ pub(crate) const MAX_LOCKS_PER_CALL: usize = 5_000;
 /// `collect_garbage` runs as many transactions as it takes, so that none
 /// locks an unbounded number of rows (or, on Spanner, passes the mutation
 /// limit).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+    allow(dead_code)
+)]
 pub(crate) const GARBAGE_BATCH: usize = 1_000;
 
 /// A new session id for `owner`: the owner's identity (unique per process
@@ -148,10 +152,12 @@ pub struct Collected {
 impl Collected {
     /// Whether one batch deleted a full [`GARBAGE_BATCH`] of either table,
     /// so that more may be left.
+    #[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
     pub(crate) fn is_full_batch(&self) -> bool {
         self.sessions >= GARBAGE_BATCH as u64 || self.locks >= GARBAGE_BATCH as u64
     }
 
+    #[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
     fn add(&mut self, batch: Collected) {
         self.sessions += batch.sessions;
         self.locks += batch.locks;
@@ -160,6 +166,7 @@ impl Collected {
 
 /// Runs `batch` (one bounded garbage-collection transaction) until one
 /// comes back short of a full batch; the total of all.
+#[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
 pub(crate) async fn collect_in_batches<Fut>(mut batch: impl FnMut() -> Fut) -> Result<Collected>
 where
     Fut: Future<Output = Result<Collected>>,

@@ -58,6 +58,7 @@ impl Prefer {
     /// healthy candidate of version `other`: with `Newest` for a newer one,
     /// with `Oldest` for an older one. A candidate without a version yields
     /// to every versioned one, and nobody yields to it.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) fn yields_to(self, mine: Option<&Version>, other: Option<&Version>) -> bool {
         let Some(other) = other else { return false };
         let Some(mine) = mine else {
@@ -94,6 +95,7 @@ impl Prefer {
     /// Why a candidate of version `mine` should stand aside, given the
     /// other live, healthy candidates `(name, version)`: the first one it
     /// [yields to](Self::yields_to), named. `None`: campaign.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) fn stand_aside_for<'a>(
         self,
         mine: Option<&Version>,
@@ -133,6 +135,7 @@ impl Prefer {
 /// has led would otherwise hold every newer candidate back while itself
 /// fenced out, and the lease would have no leader until that pod went.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 pub(crate) struct PeerWatch {
     prefer: Prefer,
     mine: Option<Version>,
@@ -149,6 +152,7 @@ pub(crate) struct PeerWatch {
     flawed: bool,
 }
 
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 impl PeerWatch {
     pub(crate) fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
         PeerWatch {
@@ -171,6 +175,7 @@ impl PeerWatch {
     }
 
     /// Why the elector was last told to stand aside; `None`: campaigning.
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
     pub(crate) fn standing(&self) -> Option<&str> {
         self.standing.as_deref()
     }
