@@ -68,6 +68,7 @@ pub(crate) fn version_columns(claim: &Claim<'_>) -> Result<(Option<i64>, Option<
 
 /// The one rule for table names in SQL text (they cannot be parameters): a
 /// letter, then letters, digits or `_`, at most `max_len` characters.
+#[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
 pub(crate) fn is_sql_identifier(name: &str, max_len: usize) -> bool {
     let mut chars = name.chars();
     name.len() <= max_len
@@ -77,6 +78,7 @@ pub(crate) fn is_sql_identifier(name: &str, max_len: usize) -> bool {
 
 /// A table name usable in SQL text: a letter, then letters, digits or `_`,
 /// at most `max_len` characters. `dialect` names the store in the error.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> {
     if is_sql_identifier(table, max_len) {
         Ok(())
@@ -90,6 +92,10 @@ pub(crate) fn validate_table(table: &str, dialect: &str, max_len: usize) -> Resu
 /// A stored lease duration back from milliseconds. A row whose duration is
 /// out of range is refused, never clamped: a lease read as 0 ms would look
 /// expired to everyone while its holder still claims it.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+    allow(dead_code)
+)]
 pub(crate) fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
     crate::lease::lease_from_millis(field, millis).map_err(|e| {
         StoreError::invalid(format!(
@@ -100,6 +106,10 @@ pub(crate) fn lease_from_millis(field: &'static str, lock: &str, millis: i64) ->
 }
 
 /// A stored term back as the core's unsigned term; a negative one is refused.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+    allow(dead_code)
+)]
 pub(crate) fn term_from_row(lock: &str, term: i64) -> Result<u64> {
     u64::try_from(term).map_err(|_| {
         StoreError::invalid(format!(
@@ -119,6 +129,7 @@ impl StoreUrl {
     }
 
     /// The URL itself, for the driver only.
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn expose(&self) -> &str {
         &self.0
     }

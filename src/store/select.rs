@@ -42,6 +42,7 @@ impl StoreKind {
     }
 
     /// Whether the store keeps sessions, through which partitions are held.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) fn keeps_sessions(self) -> bool {
         matches!(
             self,
@@ -115,6 +116,7 @@ pub fn store_url(url: Option<&str>, file: Option<&Path>) -> Result<Option<StoreU
 
 /// The flags that choose a store and say where it is.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 pub(crate) struct StoreFlags<'a> {
     pub kind: Option<StoreKind>,
     pub database: Option<&'a str>,
@@ -128,6 +130,7 @@ pub(crate) struct StoreFlags<'a> {
 impl StoreFlags<'_> {
     /// The store the flags name; every contradiction named by its flags.
     /// `--database` alone means Spanner.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) fn choose(self) -> Result<StoreConfig, SelectError> {
         let kind = match (self.kind, self.database) {
             (Some(kind), _) => kind,
@@ -269,6 +272,7 @@ impl StoreConfig {
     }
 
     /// Opens the store for sessions: only the stores that keep them.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) async fn connect_sessions(&self) -> Result<Arc<dyn SessionStore>, StoreError> {
         if !self.kind().keeps_sessions() {
             return Err(no_sessions(self.kind()));

@@ -63,6 +63,7 @@ pub(crate) fn take_params(url: &StoreUrl, names: &[&str]) -> Result<UrlParams> {
 
 /// Where the server's certificate is checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Roots {
     /// The system's CA certificates.
     System,
@@ -71,6 +72,7 @@ pub(crate) enum Roots {
 }
 
 impl Roots {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn from_param(ca_file: Option<String>) -> Roots {
         ca_file.map_or(Roots::System, |path| Roots::File(path.into()))
     }
@@ -93,6 +95,7 @@ pub(crate) fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>
 }
 
 /// A client configuration that checks the server's certificate against `roots`.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn client_config(roots: &Roots) -> Result<rustls::ClientConfig> {
     let mut store = rustls::RootCertStore::empty();
     match roots {

@@ -89,6 +89,7 @@ impl Tables {
 
 impl MemoryStore {
     /// Every lock acquisition committed so far, in commit order.
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
     pub(crate) fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
         self.lock().sessions.acquisitions.clone()
     }
