@@ -4,6 +4,12 @@
 //! sidecar's flags, the operator, its webhook and `leasehold inject` all
 //! read these, so they cannot drift.
 
+// Each role reads its part of the contract: with one role alone, the other's part is unused.
+#![cfg_attr(
+    not(all(feature = "sidecar", feature = "operator")),
+    allow(dead_code, unused_imports)
+)]
+
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 

@@ -4,6 +4,9 @@
 //! would keep failing. With the resource, so that each of them has it
 //! whichever roles are built in.
 
+// The sidecar serves the probe and the operator's injection declares it: with one role alone, part is unused.
+#![cfg_attr(not(all(feature = "sidecar", feature = "operator")), allow(dead_code))]
+
 /// The sidecar's readiness probe on readiness-gated pods (on the metrics
 /// port): 200 only while this candidate leads with more than
 /// [`GATE_PROBE_HOLD`] left before its deadline. A native sidecar's

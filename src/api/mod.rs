@@ -30,6 +30,7 @@ use crate::lease::timing;
 
 pub use validate::Preference;
 pub use validate::ValidationError;
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
 pub(crate) use validate::{ValidLease, ValidStore, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
@@ -392,6 +393,7 @@ pub struct PartitionHolder {
 
 impl DistributedLease {
     /// The lock name in the store: `spec.lockName`, else `<namespace>/<name>`.
+    #[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
     pub(crate) fn lock_name(&self) -> String {
         match &self.spec.lock_name {
             Some(lock) => lock.clone(),
@@ -434,6 +436,7 @@ pub fn crds() -> [(
 }
 
 /// Every CustomResourceDefinition as YAML documents, as `leasehold crd` prints them.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn crd_yaml() -> Result<String, serde_yaml::Error> {
     let documents = crds()
         .iter()

@@ -25,10 +25,12 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// How long a candidate must outrank the leader, ready all the time, before
 /// leadership moves to it, unless `spec.preferenceStabilization` says otherwise.
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 pub(crate) const DEFAULT_STABILIZATION: Duration = Duration::from_secs(30);
 
 /// A priority that is not an integer, or a label and an annotation that disagree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
 pub(crate) enum PriorityError {
     #[error("pod {pod}: {PRIORITY_KEY} {place} {value:?} is not an integer")]
     NotAnInteger {
@@ -48,6 +50,7 @@ pub(crate) enum PriorityError {
 /// explicit wish), then the position of its zone in `preferZones` (earlier
 /// is better; no zone or one not listed ranks after every listed zone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
 pub(crate) struct Rank {
     pub priority: i64,
     /// Index into `preferZones`; its length when not in a preferred zone.
@@ -70,6 +73,7 @@ impl PartialOrd for Rank {
 
 /// The pod's priority: its label or annotation (equal if both are set), 0
 /// when neither is.
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
 pub(crate) fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let read = |map: &Option<BTreeMap<String, String>>| map.as_ref().and_then(|m| m.get(PRIORITY_KEY)).cloned();
@@ -104,6 +108,7 @@ pub fn zone_of(pod: &Pod) -> Option<&str> {
 }
 
 /// The pod's rank under `prefer_zones`.
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
 pub(crate) fn rank_of(pod: &Pod, prefer_zones: &[String]) -> Result<Rank, PriorityError> {
     let zone_place = zone_of(pod)
         .and_then(|zone| prefer_zones.iter().position(|z| z == zone))

@@ -72,6 +72,7 @@ pub enum TransferPhase {
 
 impl TransferPhase {
     /// Nothing more happens to a transfer in this phase.
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub(crate) fn is_final(self) -> bool {
         matches!(self, TransferPhase::Transferred | TransferPhase::TransferFailed)
     }
@@ -114,6 +115,7 @@ pub struct LeaseTransferStatus {
 
 /// Why a transfer is refused or fails: the `reason` word and the Event's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 pub(crate) enum TransferRefusal {
     /// No pod of that name in the namespace.
     TargetNotFound,
@@ -134,6 +136,7 @@ pub(crate) enum TransferRefusal {
 }
 
 impl TransferRefusal {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub fn reason(self) -> &'static str {
         match self {
             TransferRefusal::TargetNotFound => "TargetNotFound",

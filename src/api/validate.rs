@@ -1,6 +1,9 @@
 //! Checks a `DistributedLease` spec and turns it into what the operator and
 //! the sidecar work with. Every error names the field it is about.
 
+// The roles validate a resource; the resource alone (`kubernetes`) does not.
+#![cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+
 use kube::core::Selector;
 
 use super::gate::GATE_PROBE_HOLD;
@@ -72,6 +75,7 @@ impl ValidStore {
 
 impl ValidStore {
     /// The Secret key a PostgreSQL or Redis lease reads its URL from.
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
     pub(crate) fn url_secret(&self) -> Option<&SecretKeyRef> {
         match self {
             ValidStore::Spanner(_) | ValidStore::Kubernetes => None,
