@@ -16,7 +16,7 @@ use std::error::Error;
 /// Kubernetes allows 32 KiB in a condition message and 1 KiB in an Event's
 /// note (events.k8s.io/v1 `note`, "must be no longer than 1kB"); a person
 /// reading `kubectl describe` wants the cause, not a dump.
-pub const MESSAGE_MAX_CHARS: usize = 600;
+pub(crate) const MESSAGE_MAX_CHARS: usize = 600;
 
 /// The error and its causes, each said once, on one line.
 pub fn chain(error: &(dyn Error + 'static)) -> String {
@@ -47,7 +47,7 @@ pub fn message(error: &(dyn Error + 'static)) -> String {
 }
 
 /// `text` cut to [`MESSAGE_MAX_CHARS`] characters, ending in `…` when cut.
-pub fn bounded(text: &str) -> String {
+pub(crate) fn bounded(text: &str) -> String {
     match text.char_indices().nth(MESSAGE_MAX_CHARS - 1) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),

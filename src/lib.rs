@@ -25,7 +25,7 @@ pub mod operator;
 #[cfg(feature = "kubernetes")]
 pub mod rbac;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
-pub mod shutdown;
+pub(crate) mod shutdown;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "simulate")]

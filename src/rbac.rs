@@ -44,7 +44,7 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
 /// Every `rules:` list in the YAML code blocks of a document, as written,
 /// so a test can compare a doc with the code for equality, not containment.
 #[cfg(test)]
-pub fn rules_lists_in(doc: &str) -> Vec<String> {
+pub(crate) fn rules_lists_in(doc: &str) -> Vec<String> {
     let mut lists = Vec::new();
     for block in doc.split("```yaml\n").skip(1) {
         let block = block.split("```").next().unwrap_or_default();

@@ -5,13 +5,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 /// SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.
-pub fn exit_on_signals(shutdown: CancellationToken) -> std::io::Result<()> {
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
+pub(crate) fn exit_on_signals(shutdown: CancellationToken) -> std::io::Result<()> {
     exit_on_signals_noting(shutdown, |_| {})
 }
 
 /// As [`exit_on_signals`], telling `first` which signal (its number) started
 /// the shutdown before the token is cancelled, so it can be passed on.
-pub fn exit_on_signals_noting(
+pub(crate) fn exit_on_signals_noting(
     shutdown: CancellationToken,
     first: impl FnOnce(i32) + Send + 'static,
 ) -> std::io::Result<()> {

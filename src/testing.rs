@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::store::spanner::{Endpoints, SpannerConfig, create_emulator_database};
 
 /// How to get an emulator, printed when none is found.
-pub const HOW_TO_GET_THE_EMULATOR: &str = "no Cloud Spanner emulator found. Either run one and set \
+pub(crate) const HOW_TO_GET_THE_EMULATOR: &str = "no Cloud Spanner emulator found. Either run one and set \
 SPANNER_EMULATOR_HOST=host:port (and SPANNER_EMULATOR_REST=http://host:port for its admin gateway \
 unless it is the gRPC port + 10), or set SPANNER_EMULATOR_DIR to a folder holding gateway_main and \
 emulator_main, or `gcloud components install cloud-spanner-emulator`, or put both binaries on PATH";
@@ -60,7 +60,7 @@ impl Emulator {
         }
     }
 
-    pub fn try_start_or_connect() -> Result<Emulator, String> {
+    pub(crate) fn try_start_or_connect() -> Result<Emulator, String> {
         if let Ok(host) = std::env::var("SPANNER_EMULATOR_HOST")
             && !host.is_empty()
         {

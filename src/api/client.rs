@@ -84,11 +84,12 @@ pub async fn connect(kubeconfig: Option<&str>, context: Option<&str>) -> Result<
 }
 
 /// The client of one kubeconfig's current context, or of `context`.
-pub async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<Client, ClientError> {
+#[cfg(test)]
+pub(crate) async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<Client, ClientError> {
     Ok(connect_to(kubeconfig, context).await?.0)
 }
 
-/// [`client_for`], and the URL of its API server.
+/// The client of one kubeconfig's current context (or of `context`), and the URL of its API server.
 async fn connect_to(kubeconfig: Kubeconfig, context: Option<&str>) -> Result<(Client, String), ClientError> {
     if let Some(context) = context
         && !kubeconfig.contexts.iter().any(|c| c.name == context)

@@ -4,6 +4,12 @@
 //! sidecar's flags, the operator, its webhook and `leasehold inject` all
 //! read these, so they cannot drift.
 
+// Each role reads its part of the contract: with one role alone, the other's part is unused.
+#![cfg_attr(
+    not(all(feature = "sidecar", feature = "operator")),
+    allow(dead_code, unused_imports)
+)]
+
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 
@@ -14,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 pub const SIDECAR_CONTAINER: &str = "leasehold";
 
 /// The DistributedLease to follow (`--lease`).
-pub const ENV_LEASE: &str = "LEASEHOLD_LEASE";
+pub(crate) const ENV_LEASE: &str = "LEASEHOLD_LEASE";
 /// The pod's name, namespace and UID, from the downward API.
 pub const ENV_POD_NAME: &str = "POD_NAME";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
@@ -22,18 +28,18 @@ pub const ENV_POD_UID: &str = "POD_UID";
 /// `--cluster-name`: this cluster's name, the first part of every holder
 /// identity. The operator, every sidecar it injects and `leasehold inject`
 /// read it; the chart sets it from its `clusterName` value.
-pub const ENV_CLUSTER_NAME: &str = "LEASEHOLD_CLUSTER_NAME";
+pub(crate) const ENV_CLUSTER_NAME: &str = "LEASEHOLD_CLUSTER_NAME";
 /// `--http-addr`: the local HTTP API.
-pub const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
+pub(crate) const ENV_HTTP_ADDR: &str = "LEASEHOLD_HTTP_ADDR";
 /// `--metrics-addr`: the Prometheus listener.
-pub const ENV_METRICS_ADDR: &str = "LEASEHOLD_METRICS_ADDR";
+pub(crate) const ENV_METRICS_ADDR: &str = "LEASEHOLD_METRICS_ADDR";
 /// `--token-file`.
-pub const ENV_TOKEN_FILE: &str = "LEASEHOLD_TOKEN_FILE";
+pub(crate) const ENV_TOKEN_FILE: &str = "LEASEHOLD_TOKEN_FILE";
 /// `--store-url-file`: the file holding the PostgreSQL or Redis URL (the
 /// lease's Secret, mounted by the injection).
 pub const ENV_STORE_URL_FILE: &str = "LEASEHOLD_STORE_URL_FILE";
 /// `--app-container`: the container whose readiness leadership follows.
-pub const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
+pub(crate) const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 
 /// The pod condition the sidecar sets on its own pod while its renewals use
 /// more than [`AT_RISK_SHARE`](crate::lease::budget::AT_RISK_SHARE) of
@@ -50,14 +56,14 @@ pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 pub const RETIRED_FROM_ANNOTATION: &str = "leasehold.dev/retired-from";
 
 /// `--version`: this candidate's version, for people.
-pub const ENV_VERSION: &str = "LEASEHOLD_VERSION";
+pub(crate) const ENV_VERSION: &str = "LEASEHOLD_VERSION";
 /// `--revision`: the number versions are ordered by.
-pub const ENV_REVISION: &str = "LEASEHOLD_REVISION";
+pub(crate) const ENV_REVISION: &str = "LEASEHOLD_REVISION";
 
 /// A literal env value any container of the pod sets (`ENV_REVISION` and
 /// `ENV_VERSION` are read so, for the pod itself and by its peers; a value
 /// from a reference is not known outside the container).
-pub fn literal_env<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+pub(crate) fn literal_env<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.spec
         .iter()
         .flat_map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()))
@@ -67,7 +73,7 @@ pub fn literal_env<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 }
 
 /// The local HTTP API's port (on 127.0.0.1).
-pub const DEFAULT_HTTP_PORT: u16 = 4040;
+pub(crate) const DEFAULT_HTTP_PORT: u16 = 4040;
 /// The metrics port (on 0.0.0.0, so Prometheus can scrape it). Every
 /// container of a pod shares one network namespace, so this port must not be
 /// one the app is likely to use: 9090 is Prometheus' own, 9091-9999 are the
@@ -75,51 +81,47 @@ pub const DEFAULT_HTTP_PORT: u16 = 4040;
 /// exporter's default. leasehold keeps its pair together: 4040 API, 4041 metrics.
 pub const DEFAULT_METRICS_PORT: u16 = 4041;
 
-pub fn default_http_addr() -> std::net::SocketAddr {
+pub(crate) fn default_http_addr() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT))
 }
 
-pub fn default_metrics_addr() -> std::net::SocketAddr {
+pub(crate) fn default_metrics_addr() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([0, 0, 0, 0], DEFAULT_METRICS_PORT))
 }
 
 /// The readiness probe of gated pods' sidecars; the resource's validation
 /// reads it too, so it lives with the resource.
-pub use crate::api::gate::{
+pub(crate) use crate::api::gate::{
     GATE_PROBE_FAILURE_THRESHOLD, GATE_PROBE_HOLD, GATE_PROBE_PATH, GATE_PROBE_PERIOD_SECONDS,
     GATE_PROBE_TIMEOUT_SECONDS,
 };
 
 /// The annotation that asks for injection and names the DistributedLease.
-pub const LEASE_ANNOTATION: &str = "leasehold.dev/lease";
+pub(crate) const LEASE_ANNOTATION: &str = "leasehold.dev/lease";
 /// Chooses the container whose readiness leadership follows (default: the
 /// `kubectl.kubernetes.io/default-container`, else the first container).
-pub const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
+pub(crate) const APP_CONTAINER_ANNOTATION: &str = "leasehold.dev/app-container";
 /// The sidecar's (or the wrapped `leasehold run`'s) metrics port for this pod.
-pub const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
+pub(crate) const METRICS_PORT_ANNOTATION: &str = "leasehold.dev/metrics-port";
 /// The metrics port's name on the sidecar or the wrapped container: the
 /// chart's PodMonitor scrapes the port by this name.
-pub const METRICS_PORT_NAME: &str = "lh-metrics";
+pub(crate) const METRICS_PORT_NAME: &str = "lh-metrics";
 /// `native` (an init container with `restartPolicy: Always`) or `container`.
-pub const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
+pub(crate) const SIDECAR_MODE_ANNOTATION: &str = "leasehold.dev/sidecar-mode";
 /// Names the container whose command `leasehold run` wraps: that container
 /// runs only while the pod leads, and no sidecar is added (the runner
 /// campaigns and publishes itself). Needs `leasehold.dev/lease` too.
-pub const RUN_ANNOTATION: &str = "leasehold.dev/run";
-/// The label that opts a namespace or a pod into the webhook (`enabled`), or a
-/// pod out of its namespace's opt-in (`disabled`); read by the API server
-/// through the webhook's selectors, see the chart's webhook.yaml.
-pub const INJECT_LABEL: &str = "leasehold.dev/inject";
+pub(crate) const RUN_ANNOTATION: &str = "leasehold.dev/run";
 /// The readiness-gate condition type the sidecar sets.
 pub const LEADER_CONDITION: &str = "leasehold.dev/leader";
 /// The image's numeric user and group (Dockerfile `USER 65532:65532`): the
 /// kubelet can check `runAsNonRoot` only against a numeric user.
 pub const SIDECAR_USER: i64 = 65532;
 /// The image `leasehold inject` uses unless told otherwise.
-pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/leasehold/leasehold:", env!("CARGO_PKG_VERSION"));
+pub(crate) const DEFAULT_IMAGE: &str = concat!("ghcr.io/leasehold/leasehold:", env!("CARGO_PKG_VERSION"));
 /// The init container that copies the binary for a wrapped container (the
 /// app's image does not have it): `leasehold __install-self BIN_DIR`.
-pub const INSTALLER_NAME: &str = "leasehold-install";
+pub(crate) const INSTALLER_NAME: &str = "leasehold-install";
 /// Where the installer's emptyDir is mounted, in the installer (leasehold's
 /// image) and in the wrapped container (the app's image).
 pub const BIN_DIR: &str = "/leasehold/bin";
@@ -135,10 +137,10 @@ pub const RUNNER_FILE_NAME: &str = "leasehold";
 /// would be hidden by the mount).
 pub const IMAGE_BINARY: &str = "/usr/local/bin/leasehold";
 /// The binary as the wrapped container sees it.
-pub const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
+pub(crate) const RUNNER_PATH: &str = "/leasehold/bin/leasehold";
 /// Extra environment of one pod's sidecar, one `NAME=VALUE` per line; a name
 /// also in the operator's `--sidecar-env` takes the pod's value.
-pub const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
+pub(crate) const SIDECAR_ENV_ANNOTATION: &str = "leasehold.dev/sidecar-env";
 
 /// The container through which a pod campaigns, if it has one: the
 /// injected sidecar, or the installer of a container wrapped with

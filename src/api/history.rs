@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 use crate::lease::{EndReason, Observation};
 
 /// Entries `status.history` keeps unless `spec.historyLimit` says otherwise.
-pub const DEFAULT_HISTORY_LIMIT: u32 = 10;
+pub(crate) const DEFAULT_HISTORY_LIMIT: u32 = 10;
 /// The most `spec.historyLimit` may ask for: the status stays small.
-pub const MAX_HISTORY_LIMIT: u32 = 100;
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+pub(crate) const MAX_HISTORY_LIMIT: u32 = 100;
 
 /// Why a term ended, as the store shows it: the reason the ending write
 /// recorded (`lease::EndReason`, one variant each), or for a record without one

@@ -15,7 +15,7 @@
 
 pub mod client;
 pub mod contract;
-pub mod gate;
+pub(crate) mod gate;
 pub mod history;
 pub mod preference;
 pub mod transfer;
@@ -28,7 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::lease::timing;
 
-pub use validate::{Preference, ValidLease, ValidStore, ValidationError, validate};
+pub use validate::Preference;
+pub use validate::ValidationError;
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
+pub(crate) use validate::{ValidLease, ValidStore, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
@@ -390,7 +393,8 @@ pub struct PartitionHolder {
 
 impl DistributedLease {
     /// The lock name in the store: `spec.lockName`, else `<namespace>/<name>`.
-    pub fn lock_name(&self) -> String {
+    #[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+    pub(crate) fn lock_name(&self) -> String {
         match &self.spec.lock_name {
             Some(lock) => lock.clone(),
             None => format!(
@@ -432,7 +436,8 @@ pub fn crds() -> [(
 }
 
 /// Every CustomResourceDefinition as YAML documents, as `leasehold crd` prints them.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) fn crd_yaml() -> Result<String, serde_yaml::Error> {
     let documents = crds()
         .iter()
         .map(|(_, crd)| serde_yaml::to_string(crd))

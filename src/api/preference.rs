@@ -25,11 +25,13 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// How long a candidate must outrank the leader, ready all the time, before
 /// leadership moves to it, unless `spec.preferenceStabilization` says otherwise.
-pub const DEFAULT_STABILIZATION: Duration = Duration::from_secs(30);
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+pub(crate) const DEFAULT_STABILIZATION: Duration = Duration::from_secs(30);
 
 /// A priority that is not an integer, or a label and an annotation that disagree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PriorityError {
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
+pub(crate) enum PriorityError {
     #[error("pod {pod}: {PRIORITY_KEY} {place} {value:?} is not an integer")]
     NotAnInteger {
         pod: String,
@@ -48,7 +50,8 @@ pub enum PriorityError {
 /// explicit wish), then the position of its zone in `preferZones` (earlier
 /// is better; no zone or one not listed ranks after every listed zone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rank {
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
+pub(crate) struct Rank {
     pub priority: i64,
     /// Index into `preferZones`; its length when not in a preferred zone.
     pub zone_place: usize,
@@ -70,7 +73,8 @@ impl PartialOrd for Rank {
 
 /// The pod's priority: its label or annotation (equal if both are set), 0
 /// when neither is.
-pub fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
+pub(crate) fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let read = |map: &Option<BTreeMap<String, String>>| map.as_ref().and_then(|m| m.get(PRIORITY_KEY)).cloned();
     let parse = |place: &'static str, value: &str| {
@@ -104,7 +108,8 @@ pub fn zone_of(pod: &Pod) -> Option<&str> {
 }
 
 /// The pod's rank under `prefer_zones`.
-pub fn rank_of(pod: &Pod, prefer_zones: &[String]) -> Result<Rank, PriorityError> {
+#[cfg_attr(not(feature = "operator"), allow(dead_code))]
+pub(crate) fn rank_of(pod: &Pod, prefer_zones: &[String]) -> Result<Rank, PriorityError> {
     let zone_place = zone_of(pod)
         .and_then(|zone| prefer_zones.iter().position(|z| z == zone))
         .unwrap_or(prefer_zones.len());

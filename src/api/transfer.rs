@@ -72,7 +72,8 @@ pub enum TransferPhase {
 
 impl TransferPhase {
     /// Nothing more happens to a transfer in this phase.
-    pub fn is_final(self) -> bool {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn is_final(self) -> bool {
         matches!(self, TransferPhase::Transferred | TransferPhase::TransferFailed)
     }
 }
@@ -114,7 +115,8 @@ pub struct LeaseTransferStatus {
 
 /// Why a transfer is refused or fails: the `reason` word and the Event's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransferRefusal {
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+pub(crate) enum TransferRefusal {
     /// No pod of that name in the namespace.
     TargetNotFound,
     /// The pod is not selected by the lease, or runs no leasehold sidecar.
@@ -134,6 +136,7 @@ pub enum TransferRefusal {
 }
 
 impl TransferRefusal {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub fn reason(self) -> &'static str {
         match self {
             TransferRefusal::TargetNotFound => "TargetNotFound",

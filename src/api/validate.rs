@@ -1,6 +1,9 @@
 //! Checks a `DistributedLease` spec and turns it into what the operator and
 //! the sidecar work with. Every error names the field it is about.
 
+// The roles validate a resource; the resource alone (`kubernetes`) does not.
+#![cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+
 use kube::core::Selector;
 
 use super::gate::GATE_PROBE_HOLD;
@@ -13,7 +16,7 @@ use crate::store::spanner_names::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ValidStore {
+pub(crate) enum ValidStore {
     Spanner(SpannerConfig),
     /// The URL is in the Secret, mounted into the sidecar.
     Postgres {
@@ -68,24 +71,12 @@ impl ValidStore {
             ))),
         })
     }
-
-    /// Whether `config` is still the store this names (the URL behind a
-    /// Secret is not compared: it is read once at start).
-    pub fn names(&self, config: &crate::store::select::StoreConfig) -> bool {
-        use crate::store::select::StoreConfig;
-        match (self, config) {
-            (ValidStore::Spanner(a), StoreConfig::Spanner(b)) => a == b,
-            (ValidStore::Postgres { table, .. }, StoreConfig::Postgres(b)) => *table == b.table,
-            (ValidStore::Redis { .. }, StoreConfig::Redis(_))
-            | (ValidStore::Kubernetes, StoreConfig::Kubernetes(_)) => true,
-            _ => false,
-        }
-    }
 }
 
 impl ValidStore {
     /// The Secret key a PostgreSQL or Redis lease reads its URL from.
-    pub fn url_secret(&self) -> Option<&SecretKeyRef> {
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
+    pub(crate) fn url_secret(&self) -> Option<&SecretKeyRef> {
         match self {
             ValidStore::Spanner(_) | ValidStore::Kubernetes => None,
             ValidStore::Postgres { url_secret, .. } | ValidStore::Redis { url_secret } => Some(url_secret),
@@ -95,7 +86,7 @@ impl ValidStore {
 
 /// A spec that passed [`validate`], with the values parsed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ValidLease {
+pub(crate) struct ValidLease {
     pub lock: String,
     pub store: ValidStore,
     pub timing: Timing,
@@ -152,7 +143,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ValidationError {
 
 /// Validates the spec, field by field in the order they appear, and reports
 /// the first problem.
-pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
+pub(crate) fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let spec = &lease.spec;
     if let Some(lock) = &spec.lock_name {
         validate_lock_name("spec.lockName", lock)?;

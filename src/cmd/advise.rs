@@ -21,7 +21,7 @@ use crate::lease::{Identity, LeaseStore, Timing, TimingError};
 use crate::store::select::{StoreFlags, StoreKind, store_url};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The store to measure.
     #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
     pub store: StoreKind,
@@ -49,7 +49,7 @@ pub struct Args {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error(transparent)]
     Config(#[from] crate::store::select::SelectError),
     #[error("cannot measure the store")]
@@ -65,7 +65,7 @@ fn ceil_to(d: Duration, step: Duration) -> Duration {
 }
 
 /// D/R/P from measured renewal latencies, and why.
-pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingError> {
+pub(crate) fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingError> {
     const STEP: Duration = Duration::from_millis(50);
     let (p99, max) = (renewals.quantile(0.99), renewals.max());
     let p = ceil_to((p99 * 20).max(Duration::from_millis(250)), STEP);
@@ -98,7 +98,7 @@ pub fn suggest(renewals: &Latencies) -> Result<(Timing, Vec<String>), TimingErro
     Ok((timing, reasons))
 }
 
-pub async fn run(args: Args) -> Result<(), Error> {
+pub(crate) async fn run(args: Args) -> Result<(), Error> {
     let url = store_url(args.store_url.as_deref(), args.store_url_file.as_deref())?;
     let choice = StoreFlags {
         kind: Some(args.store),

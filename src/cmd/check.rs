@@ -51,10 +51,10 @@ use crate::rbac::Rule;
 
 /// The webhook Secret unless `--webhook-secret` says otherwise (the
 /// operator's own default).
-pub const DEFAULT_WEBHOOK_SECRET: &str = "leasehold-webhook-tls";
+pub(crate) const DEFAULT_WEBHOOK_SECRET: &str = "leasehold-webhook-tls";
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Check DistributedLeases in this namespace only (default: all namespaces).
     #[arg(short, long, alias = "lease-namespace", env = "LEASEHOLD_CHECK_LEASE_NAMESPACE")]
     pub namespace: Option<String>,
@@ -87,14 +87,14 @@ pub struct Args {
 /// operator Deployment (found by its labels, whatever the release is
 /// called), else the defaults of a release called `leasehold`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Install {
+pub(crate) struct Install {
     pub namespace: String,
     pub webhook_configuration: String,
     pub webhook_secret: String,
 }
 
 impl Install {
-    pub fn of(args: &Args, operator: Option<&Operator>) -> Self {
+    pub(crate) fn of(args: &Args, operator: Option<&Operator>) -> Self {
         let setting = |flag: &Option<String>, id: &str, default: &str| {
             flag.clone()
                 .or_else(|| operator.and_then(|o| operator_setting(o, id)))
@@ -117,7 +117,7 @@ impl Install {
 }
 
 /// Where the chart installs by default (README).
-pub const DEFAULT_OPERATOR_NAMESPACE: &str = "leasehold-system";
+pub(crate) const DEFAULT_OPERATOR_NAMESPACE: &str = "leasehold-system";
 
 /// The value the operator Deployment sets for the operator flag `id`, read
 /// from its container's environment under that flag's variable (the
@@ -251,7 +251,7 @@ fn image_pull_failures(pod: &Pod) -> Vec<String> {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error(transparent)]
     Client(#[from] crate::api::client::ClientError),
     #[error("{0} problem(s) found")]
@@ -260,7 +260,7 @@ pub enum Error {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(crate) enum Severity {
     Ok,
     Warning,
     Error,
@@ -268,7 +268,7 @@ pub enum Severity {
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub severity: Severity,
     pub message: String,
 }
@@ -286,7 +286,7 @@ impl fmt::Display for Finding {
 
 /// The findings, in the order of the checks.
 #[derive(Debug, Default)]
-pub struct Report(pub Vec<Finding>);
+pub(crate) struct Report(pub Vec<Finding>);
 
 impl Report {
     fn ok(&mut self, message: impl Into<String>) {
@@ -305,12 +305,12 @@ impl Report {
         });
     }
 
-    pub fn errors(&self) -> usize {
+    pub(crate) fn errors(&self) -> usize {
         self.0.iter().filter(|f| f.severity == Severity::Error).count()
     }
 }
 
-pub async fn run(args: Args) -> Result<(), Error> {
+pub(crate) async fn run(args: Args) -> Result<(), Error> {
     let client = args.cluster.client().await?;
     let report = check(client, &args).await;
     match args.output {
@@ -328,7 +328,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 }
 
 /// Runs every check against the cluster `client` talks to.
-pub async fn check(client: Client, args: &Args) -> Report {
+pub(crate) async fn check(client: Client, args: &Args) -> Report {
     let mut report = Report::default();
     let crd_installed = check_crd(&client, &mut report).await;
     let operator = find_operator(&client, args, &mut report).await;

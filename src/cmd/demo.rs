@@ -16,7 +16,7 @@ use crate::store::select::{StoreFlags, StoreKind};
 use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore, create_emulator_database};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Number of candidates.
     #[arg(long, env = "LEASEHOLD_DEMO_CANDIDATES", default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=50))]
     pub candidates: u16,
@@ -44,7 +44,7 @@ pub struct Args {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error(transparent)]
     Timing(#[from] crate::lease::TimingError),
     #[error("store")]
@@ -57,7 +57,7 @@ pub enum Error {
     NoLeader(Duration),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 struct Candidate {
     name: String,
@@ -99,7 +99,7 @@ impl Timeline {
     }
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub(crate) async fn run(args: Args) -> Result<()> {
     let timing = demo_timing().with_given(args.lease_duration, args.renew_deadline, args.retry_period)?;
     let store = connect(args.store, args.store_url.as_deref()).await?;
     store.ensure_schema().await?;

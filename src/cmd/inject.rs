@@ -16,7 +16,7 @@ use crate::lease::parse_cluster_name;
 use crate::operator::webhook::{InjectionConfig, LeaseInjection, NotInjected, SidecarArgs, injection_patch};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// YAML files to read; none or "-": standard input.
     pub files: Vec<PathBuf>,
     /// This cluster's name, which every injected sidecar puts first in its
@@ -28,14 +28,14 @@ pub struct Args {
 }
 
 impl Args {
-    pub fn injection(&self) -> InjectionConfig {
+    pub(crate) fn injection(&self) -> InjectionConfig {
         self.sidecar
             .injection(DEFAULT_IMAGE.to_string(), self.cluster_name.clone())
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("document {index}: not YAML")]
     Parse {
         index: usize,
@@ -62,7 +62,7 @@ pub enum Error {
 
 /// The YAML out and one line per document about what happened to it.
 #[derive(Debug, Default)]
-pub struct Injected {
+pub(crate) struct Injected {
     pub yaml: String,
     pub notes: Vec<String>,
     /// Templates that ask for injection but cannot have it (a bad annotation).
@@ -82,7 +82,7 @@ fn template_pointer(kind: &str) -> Option<&'static str> {
 }
 
 /// Injects every annotated pod template in `input` (YAML, several documents).
-pub fn inject(input: &str, config: &InjectionConfig) -> Result<Injected, Error> {
+pub(crate) fn inject(input: &str, config: &InjectionConfig) -> Result<Injected, Error> {
     use serde::Deserialize;
     let mut docs = Vec::new();
     for (index, document) in serde_yaml::Deserializer::from_str(input).enumerate() {

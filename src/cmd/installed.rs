@@ -10,14 +10,14 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
 /// The chart's `leasehold.selectorLabels` of the operator (charts/leasehold/templates/_helpers.tpl).
-pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "leasehold");
-pub const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "operator");
+pub(crate) const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "leasehold");
+pub(crate) const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "operator");
 /// The Helm release, `app.kubernetes.io/instance`.
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+pub(crate) const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 
 /// One operator Deployment and what its container is configured with.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Operator {
+pub(crate) struct Operator {
     pub namespace: String,
     pub name: String,
     /// The Helm release (`app.kubernetes.io/instance`).
@@ -52,7 +52,7 @@ impl Operator {
     }
 
     /// The tag (or digest) of its image: the version it runs.
-    pub fn version(&self) -> Option<&str> {
+    pub(crate) fn version(&self) -> Option<&str> {
         let image = self.image.as_deref()?;
         if let Some((_, digest)) = image.split_once('@') {
             return Some(digest);
@@ -61,13 +61,13 @@ impl Operator {
         last.split_once(':').map(|(_, tag)| tag)
     }
 
-    pub fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         format!("Deployment {}/{}", self.namespace, self.name)
     }
 }
 
 /// The label selector of the operator Deployments, of one release when `instance` is given.
-pub fn selector(instance: Option<&str>) -> String {
+pub(crate) fn selector(instance: Option<&str>) -> String {
     let mut terms = vec![
         format!("{}={}", NAME_LABEL.0, NAME_LABEL.1),
         format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1),
@@ -78,7 +78,7 @@ pub fn selector(instance: Option<&str>) -> String {
 
 /// The operator Deployments in `namespace` (default: every namespace), of
 /// release `instance` when given, sorted by namespace and name.
-pub async fn operators(
+pub(crate) async fn operators(
     client: &Client,
     namespace: Option<&str>,
     instance: Option<&str>,

@@ -9,23 +9,23 @@
 //! clap refuses it there as any unknown subcommand.
 
 #[cfg(feature = "cli")]
-pub mod advise;
+pub(crate) mod advise;
 #[cfg(feature = "cli")]
-pub mod check;
+pub(crate) mod check;
 #[cfg(feature = "cli")]
-pub mod demo;
+pub(crate) mod demo;
 #[cfg(feature = "cli")]
-pub mod inject;
+pub(crate) mod inject;
 pub mod install_self;
-pub mod installed;
+pub(crate) mod installed;
 pub mod run;
 #[cfg(all(feature = "cli", feature = "simulate"))]
 pub mod simulate;
 #[cfg(feature = "cli")]
-pub mod status;
+pub(crate) mod status;
 #[cfg(feature = "cli")]
 pub mod transfer;
-pub mod version;
+pub(crate) mod version;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -48,15 +48,15 @@ use crate::sidecar;
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// Log filter (tracing-subscriber EnvFilter syntax); default "info", or
     /// "warn" for the one-shot commands (without kube's client's own
     /// request errors, which they print themselves) and "error" for
     /// simulate, whose own output tells the story.
     #[arg(long, global = true, env = "LEASEHOLD_LOG")]
-    pub log: Option<String>,
+    pub(crate) log: Option<String>,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Which cluster a command talks to, for every command that reads one.
@@ -93,7 +93,7 @@ pub enum Output {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -101,7 +101,7 @@ pub enum LogFormat {
 // Parsed once at startup: boxing the larger argument structs buys nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Several candidates in one process: a leader, a crash, a failover, a handover.
     #[cfg(feature = "cli")]
     Demo(demo::Args),
@@ -159,7 +159,7 @@ pub enum Command {
 
 #[cfg(feature = "cli")]
 #[derive(Debug, clap::Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell to complete in.
     #[arg(value_enum)]
     pub shell: clap_complete::Shell,

@@ -21,7 +21,7 @@ use crate::api::history::HistoryEntry;
 use crate::lease::Prefer;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Show the DistributedLeases of this namespace only (default: all namespaces).
     #[arg(short, long, env = "LEASEHOLD_STATUS_NAMESPACE")]
     pub namespace: Option<String>,
@@ -48,7 +48,7 @@ pub struct Args {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error(transparent)]
     Client(#[from] crate::api::client::ClientError),
     #[error("cannot list DistributedLeases")]
@@ -73,7 +73,7 @@ pub enum Error {
 
 /// A condition as the status line shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConditionState {
+pub(crate) struct ConditionState {
     #[serde(rename = "type")]
     pub type_: String,
     pub status: String,
@@ -82,7 +82,7 @@ pub struct ConditionState {
 
 /// A partitioned lease's assignment, in brief.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PartitionsSummary {
+pub(crate) struct PartitionsSummary {
     pub count: u32,
     pub members: u32,
     pub unowned: u32,
@@ -91,7 +91,7 @@ pub struct PartitionsSummary {
 /// One DistributedLease's line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LeaseStatus {
+pub(crate) struct LeaseStatus {
     pub namespace: String,
     pub name: String,
     /// The identity holding a valid lease; `None` when free or expired.
@@ -123,7 +123,7 @@ pub struct LeaseStatus {
 
 impl LeaseStatus {
     /// The line of `lease` as of `now`.
-    pub fn of(lease: &DistributedLease, now: Timestamp) -> LeaseStatus {
+    pub(crate) fn of(lease: &DistributedLease, now: Timestamp) -> LeaseStatus {
         let status = lease.status.clone().unwrap_or_default();
         let acquired = status
             .token
@@ -237,14 +237,14 @@ fn age(seconds: Option<f64>) -> String {
 }
 
 /// The table: a header and one aligned line per lease.
-pub fn table(leases: &[LeaseStatus]) -> String {
+pub(crate) fn table(leases: &[LeaseStatus]) -> String {
     aligned(HEADER, leases.iter().map(LeaseStatus::cells))
 }
 
 const HISTORY_HEADER: [&str; 6] = ["TERM", "HOLDER", "TOKEN", "ACQUIRED AT", "ENDED AT", "ENDED"];
 
 /// `--history`: one aligned line per term or gap, oldest first.
-pub fn history_table(history: &[HistoryEntry]) -> String {
+pub(crate) fn history_table(history: &[HistoryEntry]) -> String {
     let cell = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
     let rows = history.iter().map(|entry| match entry.missing_through {
         Some(last) => [
@@ -282,7 +282,7 @@ fn aligned<const N: usize>(header: [&str; N], lines: impl Iterator<Item = [Strin
 }
 
 /// The leases' lines, ordered by namespace and name.
-pub async fn list(api: &Api<DistributedLease>) -> Result<Vec<LeaseStatus>, Error> {
+pub(crate) async fn list(api: &Api<DistributedLease>) -> Result<Vec<LeaseStatus>, Error> {
     let now = Timestamp::now();
     let mut lines: Vec<LeaseStatus> = api
         .list(&Default::default())
@@ -298,7 +298,7 @@ pub async fn list(api: &Api<DistributedLease>) -> Result<Vec<LeaseStatus>, Error
 /// Follows the leases and hands `emit` each lease whose state differs from
 /// what it last emitted for it (each lease once at the start), and each
 /// deletion. Ends only on `emit`'s error; the watcher retries with backoff.
-pub async fn watch(
+pub(crate) async fn watch(
     api: Api<DistributedLease>,
     mut emit: impl FnMut(&LeaseStatus) -> std::io::Result<()>,
 ) -> Result<(), Error> {
@@ -331,7 +331,7 @@ pub async fn watch(
 
 /// `--history LEASE`: the lease's `status.history` in `output`'s form
 /// (JSON and YAML: the list of entries, as the status holds them).
-pub async fn history(api: &Api<DistributedLease>, name: &str, output: Output) -> Result<String, Error> {
+pub(crate) async fn history(api: &Api<DistributedLease>, name: &str, output: Output) -> Result<String, Error> {
     let lease = api.get(name).await.map_err(|e| Error::Get(name.to_string(), e))?;
     let history = lease.status.unwrap_or_default().history;
     Ok(match output {
@@ -346,7 +346,7 @@ fn json_line(line: &LeaseStatus) -> String {
 }
 
 /// `leasehold status`.
-pub async fn run(args: Args) -> Result<(), Error> {
+pub(crate) async fn run(args: Args) -> Result<(), Error> {
     use std::io::Write;
     let (client, server) = args.cluster.connect().await?;
     // A failure to reach the server names it; an answer that refuses

@@ -27,9 +27,9 @@ pub const RULES: &[Rule] = &[Rule {
 }];
 
 /// Exit code: the transfer failed (refused, or the target did not take over).
-pub const EXIT_FAILED: i32 = 1;
+pub(crate) const EXIT_FAILED: i32 = 1;
 /// Exit code: no answer within `--timeout`.
-pub const EXIT_NO_ANSWER: i32 = 2;
+pub(crate) const EXIT_NO_ANSWER: i32 = 2;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

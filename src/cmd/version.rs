@@ -7,7 +7,7 @@ use super::ClusterArgs;
 use super::installed::{self, Operator};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Print this binary's version only, without reading the cluster.
     #[arg(long, env = "LEASEHOLD_VERSION_CLIENT_ONLY")]
     pub client_only: bool,
@@ -16,9 +16,9 @@ pub struct Args {
 }
 
 /// This binary's version.
-pub const CLIENT: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const CLIENT: &str = env!("CARGO_PKG_VERSION");
 
-pub async fn run(args: Args) {
+pub(crate) async fn run(args: Args) {
     let operators = match args.client_only {
         true => None,
         false => Some(look(&args.cluster).await),
@@ -35,7 +35,7 @@ async fn look(cluster: &ClusterArgs) -> Result<Vec<Operator>, String> {
 
 /// The lines printed: the client's version, then one line per operator
 /// found, or one saying why its version is unknown.
-pub fn render(operators: Option<&Result<Vec<Operator>, String>>) -> String {
+pub(crate) fn render(operators: Option<&Result<Vec<Operator>, String>>) -> String {
     let mut text = format!("client: {CLIENT}\n");
     match operators {
         None => {}

@@ -50,7 +50,7 @@ use crate::lease::{FencingToken, LockNameError, validate_lock_name};
 
 /// The lease stores that issue tokens, as `--store` names them: a fence
 /// record belongs to one of them.
-pub const ISSUERS: [&str; 5] = ["spanner", "postgres", "redis", "kubernetes", "memory"];
+pub(crate) const ISSUERS: [&str; 5] = ["spanner", "postgres", "redis", "kubernetes", "memory"];
 
 /// One guarded write's claim: the token a leader holds for a lock, from the
 /// lease store that issued it. Built by [`Fence::new`], which checks it.
@@ -79,7 +79,8 @@ impl Fence {
         })
     }
 
-    pub fn issuer(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn issuer(&self) -> &str {
         &self.issuer
     }
 

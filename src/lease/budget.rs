@@ -10,16 +10,19 @@ pub const AT_RISK_SHARE: f64 = 0.25;
 
 /// Latencies of one kind of call, sorted.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Latencies(Vec<Duration>);
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+pub(crate) struct Latencies(Vec<Duration>);
 
 impl Latencies {
-    pub fn new(mut samples: Vec<Duration>) -> Self {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn new(mut samples: Vec<Duration>) -> Self {
         samples.sort();
         Latencies(samples)
     }
 
     /// The `q` quantile (nearest rank), zero without samples.
-    pub fn quantile(&self, q: f64) -> Duration {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn quantile(&self, q: f64) -> Duration {
         if self.0.is_empty() {
             return Duration::ZERO;
         }
@@ -27,16 +30,14 @@ impl Latencies {
         self.0[rank - 1]
     }
 
-    pub fn max(&self) -> Duration {
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn max(&self) -> Duration {
         self.0.last().copied().unwrap_or_default()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 

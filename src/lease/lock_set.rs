@@ -56,7 +56,7 @@ pub struct HeldSet {
 impl HeldSet {
     /// The token of `name` if it is held and the deadline has not passed at
     /// `at`: what leader work checks before each write.
-    pub fn token_at(&self, name: &str, at: Instant) -> Option<FencingToken> {
+    pub(crate) fn token_at(&self, name: &str, at: Instant) -> Option<FencingToken> {
         self.deadline
             .filter(|deadline| at < *deadline)
             .and(self.locks.get(name).copied())
@@ -277,12 +277,6 @@ impl Session {
         };
         self.shared.publish();
         self.shared.unlock(&session, locks).await
-    }
-
-    /// Releases every held lock; see [`Session::release`].
-    pub async fn release_all(&self) -> Result<Vec<String>> {
-        let names: Vec<String> = self.shared.known().locks.keys().cloned().collect();
-        self.release(&names).await
     }
 
     /// Stops claiming everything, stops renewing and deletes the session

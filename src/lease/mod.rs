@@ -4,29 +4,32 @@
 //! so the arrows point inward.
 
 pub mod budget;
-pub mod clock;
-pub mod elector;
+pub(crate) mod clock;
+pub(crate) mod elector;
 pub(crate) mod holder;
-pub mod lock_set;
+pub(crate) mod lock_set;
 pub mod partitions;
-pub mod record;
+pub(crate) mod record;
 pub mod session;
 pub(crate) mod sim_hooks;
 pub mod store;
 pub mod timing;
-pub mod version;
+pub(crate) mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
-pub use partitions::{Assigned, MAX_PARTITIONS, Partitioner, PartitionsError, validate_partitions};
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
+pub(crate) use partitions::validate_partitions;
+pub use partitions::{Assigned, Partitioner, PartitionsError};
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
+pub(crate) use record::parse_cluster_name;
 pub use record::{
-    EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidClusterName, InvalidHandoff,
-    InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError, MAX_CLUSTER_NAME_CHARS, MAX_LOCK_NAME_BYTES,
-    Observation, Release, Reservation, StoreTime, fnv1a_64, parse_cluster_name, validate_lock_name,
+    EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidHandoff, InvalidIdentity, InvalidPodUid,
+    LeaseRecord, LockNameError, Observation, Release, Reservation, StoreTime,
 };
+pub(crate) use record::{fnv1a_64, validate_lock_name};
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError};
-pub use timing::{
-    LeaseDurationError, MAX_LEASE_DURATION, MIN_RETRY_PERIOD, Timing, TimingError, lease_from_millis, lease_to_millis,
-};
-pub use version::{Claim, Prefer, Version, VersionPolicy};
+pub use timing::{LeaseDurationError, Timing, TimingError};
+pub(crate) use timing::{lease_from_millis, lease_to_millis};
+pub use version::{Claim, InvalidPrefer, Prefer, Version, VersionPolicy};

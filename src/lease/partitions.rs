@@ -43,13 +43,13 @@ use super::store::Result;
 
 /// The most partitions one lock may have: slots and partitions together
 /// (2N names) fit one store call ([`super::session::MAX_LOCKS_PER_CALL`]).
-pub const MAX_PARTITIONS: u32 = 1024;
+pub(crate) const MAX_PARTITIONS: u32 = 1024;
 
 /// The longest suffix a partition or slot adds to the lock's name.
 const MAX_SUFFIX_BYTES: usize = "/p/1023".len();
 
 /// The lock of partition `index`.
-pub fn partition_lock(lock: &str, index: u32) -> String {
+pub(crate) fn partition_lock(lock: &str, index: u32) -> String {
     format!("{lock}/p/{index}")
 }
 
@@ -82,7 +82,8 @@ pub enum PartitionsError {
 /// The one check of a partitioned lock, wherever its settings enter: the
 /// sidecar's flags, the resource's spec, the library. `fields` name the
 /// lock's and the count's field or flag.
-pub fn validate_partitions(
+#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
+pub(crate) fn validate_partitions(
     (lock_field, count_field): (&'static str, &'static str),
     lock: &str,
     count: u32,
@@ -117,7 +118,7 @@ fn score(index: u32, member: &str) -> u64 {
 
 /// One consistent read of a partitioned lock, by the store's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionView {
+pub(crate) struct PartitionView {
     /// Live sessions holding a member slot, sorted.
     pub members: Vec<String>,
     /// Which slots are free.
@@ -130,7 +131,8 @@ pub struct PartitionView {
 
 impl PartitionView {
     /// Reads the N slots and N partitions of `lock` in one store call.
-    pub async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+    pub(crate) async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
         let observed = store.observe_locks(&Self::names(lock, partitions)).await?;
         Ok(Self::from_observation(partitions, observed))
     }
@@ -139,7 +141,8 @@ impl PartitionView {
     /// store call ([`SessionStore::observe_lock_sets`]): their slots and
     /// partitions together are at most [`super::session::MAX_LOCKS_PER_CALL`]
     /// names (see [`Self::names_read`]).
-    pub async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
+    pub(crate) async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
         let sets: Vec<Vec<String>> = locks.iter().map(|(lock, n)| Self::names(lock, *n)).collect();
         let observed = store.observe_lock_sets(&sets).await?;
         Ok(locks
@@ -150,7 +153,8 @@ impl PartitionView {
     }
 
     /// How many names a read of a lock with `partitions` covers.
-    pub fn names_read(partitions: u32) -> usize {
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
+    pub(crate) fn names_read(partitions: u32) -> usize {
         2 * partitions as usize
     }
 
@@ -176,7 +180,7 @@ impl PartitionView {
     }
 
     /// The quota of `member`: 0 unless it is a member.
-    pub fn quota(&self, member: &str) -> usize {
+    pub(crate) fn quota(&self, member: &str) -> usize {
         let Some(rank) = self.members.iter().position(|m| m == member) else {
             return 0;
         };
@@ -185,7 +189,7 @@ impl PartitionView {
     }
 
     /// How many partitions each member holds (members holding none too).
-    pub fn held_by_member(&self) -> BTreeMap<&str, usize> {
+    pub(crate) fn held_by_member(&self) -> BTreeMap<&str, usize> {
         let mut held: BTreeMap<&str, usize> = self.members.iter().map(|m| (m.as_str(), 0)).collect();
         for owner in self.owners.iter().flatten() {
             if let Some(count) = held.get_mut(owner.as_str()) {
@@ -196,7 +200,8 @@ impl PartitionView {
     }
 
     /// The most partitions a member holds minus the fewest; 0 without members.
-    pub fn balance(&self) -> usize {
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
+    pub(crate) fn balance(&self) -> usize {
         let held = self.held_by_member();
         match (held.values().max(), held.values().min()) {
             (Some(max), Some(min)) => max - min,
@@ -205,14 +210,15 @@ impl PartitionView {
     }
 
     /// Partitions no live session holds.
-    pub fn unowned(&self) -> usize {
+    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
+    pub(crate) fn unowned(&self) -> usize {
         self.owners.iter().filter(|o| o.is_none()).count()
     }
 }
 
 /// What one member should do after a read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Free partitions the plan gives this member.
     pub take: Vec<u32>,
     /// Partitions above its quota, to drain and release.
@@ -220,7 +226,7 @@ pub struct Plan {
 }
 
 /// This member's share of the plan every member computes from `view`.
-pub fn plan(view: &PartitionView, me: &str) -> Plan {
+pub(crate) fn plan(view: &PartitionView, me: &str) -> Plan {
     let owned_by = |member: &str| -> Vec<u32> {
         (0..view.owners.len() as u32)
             .filter(|i| view.owners[*i as usize].as_deref() == Some(member))
@@ -285,7 +291,8 @@ pub struct Assigned {
 
 impl Assigned {
     /// The token of partition `index` if it may be worked on at `at`.
-    pub fn token_at(&self, index: u32, at: Instant) -> Option<FencingToken> {
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+    pub(crate) fn token_at(&self, index: u32, at: Instant) -> Option<FencingToken> {
         self.deadline
             .filter(|d| at < *d)
             .and(self.partitions.get(&index).copied())

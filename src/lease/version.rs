@@ -58,7 +58,8 @@ impl Prefer {
     /// healthy candidate of version `other`: with `Newest` for a newer one,
     /// with `Oldest` for an older one. A candidate without a version yields
     /// to every versioned one, and nobody yields to it.
-    pub fn yields_to(self, mine: Option<&Version>, other: Option<&Version>) -> bool {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn yields_to(self, mine: Option<&Version>, other: Option<&Version>) -> bool {
         let Some(other) = other else { return false };
         let Some(mine) = mine else {
             return self != Prefer::None;
@@ -94,7 +95,8 @@ impl Prefer {
     /// Why a candidate of version `mine` should stand aside, given the
     /// other live, healthy candidates `(name, version)`: the first one it
     /// [yields to](Self::yields_to), named. `None`: campaign.
-    pub fn stand_aside_for<'a>(
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn stand_aside_for<'a>(
         self,
         mine: Option<&Version>,
         peers: impl IntoIterator<Item = (&'a str, Option<&'a Version>)>,
@@ -133,7 +135,8 @@ impl Prefer {
 /// has led would otherwise hold every newer candidate back while itself
 /// fenced out, and the lease would have no leader until that pod went.
 #[derive(Debug)]
-pub struct PeerWatch {
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+pub(crate) struct PeerWatch {
     prefer: Prefer,
     mine: Option<Version>,
     fence: bool,
@@ -149,8 +152,9 @@ pub struct PeerWatch {
     flawed: bool,
 }
 
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 impl PeerWatch {
-    pub fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
+    pub(crate) fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
         PeerWatch {
             prefer,
             mine,
@@ -171,20 +175,21 @@ impl PeerWatch {
     }
 
     /// Why the elector was last told to stand aside; `None`: campaigning.
-    pub fn standing(&self) -> Option<&str> {
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+    pub(crate) fn standing(&self) -> Option<&str> {
         self.standing.as_deref()
     }
 
     /// The live, healthy peers now (this candidate not among them). True
     /// when the decision changed.
-    pub fn peers(&mut self, live: Vec<(String, Option<Version>)>) -> bool {
+    pub(crate) fn peers(&mut self, live: Vec<(String, Option<Version>)>) -> bool {
         self.live = live;
         self.decide()
     }
 
     /// The version the lease row records, from the elector's latest read
     /// (`LeaderState::holder_version`). True when the decision changed.
-    pub fn recorded(&mut self, recorded: Option<&Version>) -> bool {
+    pub(crate) fn recorded(&mut self, recorded: Option<&Version>) -> bool {
         if self.recorded.as_ref() == recorded {
             return false;
         }
@@ -243,7 +248,7 @@ pub struct Claim<'a> {
 impl<'a> Claim<'a> {
     /// A claim that records no version and ignores the fence: leasehold
     /// before versions.
-    pub fn unversioned(holder: &'a str) -> Self {
+    pub(crate) fn unversioned(holder: &'a str) -> Self {
         Claim {
             holder,
             version: None,
@@ -259,7 +264,7 @@ impl<'a> Claim<'a> {
     /// calls it to explain why it stays a follower. A candidate without a
     /// version cannot show it is not older, so it is refused once a
     /// versioned candidate has led.
-    pub fn fenced_by(&self, recorded: Option<&Version>) -> Option<String> {
+    pub(crate) fn fenced_by(&self, recorded: Option<&Version>) -> Option<String> {
         if !self.fence {
             return None;
         }

@@ -59,13 +59,13 @@ pub enum Error {
 }
 
 /// The operator's election, validated from the flags.
-pub enum Election {
+pub(crate) enum Election {
     Lease(LeaseElection),
     Spanner(SpannerElection),
 }
 
 impl Election {
-    pub fn retry_period(&self) -> Duration {
+    pub(crate) fn retry_period(&self) -> Duration {
         match self {
             Election::Lease(e) => e.timing.retry_period,
             Election::Spanner(e) => e.timing.retry_period,
@@ -74,7 +74,7 @@ impl Election {
 
     /// Campaigns and reconciles while this replica leads, until `shutdown`;
     /// then leadership is released.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         client: Client,
         stores: Arc<dyn StoreProvider>,
@@ -104,7 +104,7 @@ fn set_role(role: &watch::Sender<Role>, now: Role) {
 }
 
 /// Election on a `coordination.k8s.io/v1` Lease.
-pub struct LeaseElection {
+pub(crate) struct LeaseElection {
     pub name: String,
     pub namespace: String,
     pub identity: Identity,
@@ -113,7 +113,7 @@ pub struct LeaseElection {
 
 impl LeaseElection {
     /// Checks what a Lease can store: `leaseDurationSeconds` is whole seconds.
-    pub fn new(name: String, namespace: String, identity: Identity, timing: Timing) -> Result<Self, Error> {
+    pub(crate) fn new(name: String, namespace: String, identity: Identity, timing: Timing) -> Result<Self, Error> {
         if timing.lease_duration.subsec_nanos() != 0 {
             return Err(Error::FractionalLeaseDuration(timing.lease_duration));
         }
@@ -175,7 +175,7 @@ async fn elect(
 }
 
 /// Election on a lock row in Cloud Spanner.
-pub struct SpannerElection {
+pub(crate) struct SpannerElection {
     pub config: SpannerConfig,
     pub timing: Timing,
     pub lock: String,

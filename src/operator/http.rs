@@ -43,7 +43,7 @@ struct Shared {
     role: watch::Receiver<Role>,
 }
 
-pub fn router(registry: Registry, role: watch::Receiver<Role>) -> Router {
+pub(crate) fn router(registry: Registry, role: watch::Receiver<Role>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))

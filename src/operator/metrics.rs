@@ -118,7 +118,7 @@ impl Metrics {
             .get()
     }
 
-    pub fn label_repaired(&self) {
+    pub(crate) fn label_repaired(&self) {
         self.label_repairs.inc();
     }
 
@@ -141,11 +141,12 @@ impl Metrics {
         self.collected.get_or_create(&RowLabels { rows }).get()
     }
 
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
     }
 
-    pub fn is_leader(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_leader(&self) -> bool {
         self.leader.get() == 1
     }
 }

@@ -18,14 +18,14 @@
 pub mod election;
 pub mod http;
 pub mod metrics;
-pub mod observer;
+pub(crate) mod observer;
 mod partitions;
-pub mod preferred;
+pub(crate) mod preferred;
 pub mod rbac;
 pub mod reconcile;
 pub mod rollout;
 pub mod stores;
-pub mod webhook;
+pub(crate) mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -295,7 +295,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 }
 
 /// The DistributedLease controller, run until `stop` fires.
-pub struct ControllerRun {
+pub(crate) struct ControllerRun {
     ctx: Arc<Context>,
     namespace: Option<String>,
     concurrency: u16,

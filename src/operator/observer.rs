@@ -45,18 +45,18 @@ use crate::lease::{FencingToken, LeaseStore, Observation, SessionStore, StoreErr
 
 /// Locks per batched read: one statement's array (PostgreSQL, Spanner) or
 /// one script's keys (Redis) stays small.
-pub const BATCH: usize = 1000;
+pub(crate) const BATCH: usize = 1000;
 /// A lease the observer watches is reconciled when its lock changes; this
 /// requeue is only the net for a lost trigger, so 10,000 leases at rest cost
 /// 33 reconciles a second (each from caches: no store read, no API request).
-pub const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
+pub(crate) const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
 /// A lease no reconcile asked about for this long is no longer observed:
 /// every live lease is reconciled at least every [`OBSERVED_REQUEUE`].
-pub const FORGET_AFTER: Duration = OBSERVED_REQUEUE.saturating_mul(3);
+pub(crate) const FORGET_AFTER: Duration = OBSERVED_REQUEUE.saturating_mul(3);
 
 /// One answer, and when the read that gave it started.
 #[derive(Debug, Clone)]
-pub struct Stamped<A> {
+pub(crate) struct Stamped<A> {
     pub observation: Result<A, StoreError>,
     pub read_at: Instant,
 }
@@ -65,7 +65,7 @@ type LeaseRef = ObjectRef<DistributedLease>;
 
 /// What one observer reads, in batches.
 #[async_trait]
-pub trait Source: Send + Sync + 'static {
+pub(crate) trait Source: Send + Sync + 'static {
     /// What a lease asks about.
     type Key: Clone + Eq + Hash + Send + Sync + 'static;
     /// What a read answers about one key.
@@ -82,7 +82,7 @@ pub trait Source: Send + Sync + 'static {
 }
 
 /// The lock rows of plain leases.
-pub struct Locks(pub Arc<dyn LeaseStore>);
+pub(crate) struct Locks(pub Arc<dyn LeaseStore>);
 
 #[async_trait]
 impl Source for Locks {
@@ -111,7 +111,7 @@ impl Source for Locks {
 
 /// The assignments of partitioned leases, each `(lock, partitions)`. No
 /// store announces a change of sessions: they are read per P.
-pub struct Partitioned(pub Arc<dyn SessionStore>);
+pub(crate) struct Partitioned(pub Arc<dyn SessionStore>);
 
 #[async_trait]
 impl Source for Partitioned {
@@ -157,7 +157,7 @@ impl Source for Partitioned {
 
 /// Every store's observers, and the controllers told of changes.
 #[derive(Default)]
-pub struct Observers {
+pub(crate) struct Observers {
     locks: Registry<Locks>,
     partitions: Registry<Partitioned>,
     triggers: Arc<Triggers>,
@@ -187,7 +187,7 @@ impl Triggers {
 }
 
 /// What a reconcile asks of the observer.
-pub struct Ask<S: Source> {
+pub(crate) struct Ask<S: Source> {
     /// The store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key)).
     pub store_key: String,
     /// What reads the table, used when its observer starts.
@@ -204,18 +204,18 @@ pub struct Ask<S: Source> {
 impl Observers {
     /// A plain lease's lock, as [`Ask::read_after`] says: from the last
     /// read, or from the next one, which every waiting reconcile shares.
-    pub async fn observe(&self, ask: Ask<Locks>) -> Stamped<Observation> {
+    pub(crate) async fn observe(&self, ask: Ask<Locks>) -> Stamped<Observation> {
         self.locks.observe(ask, &self.triggers).await
     }
 
     /// A partitioned lease's assignment, as [`Observers::observe`] reads a lock.
-    pub async fn observe_partitions(&self, ask: Ask<Partitioned>) -> Stamped<PartitionView> {
+    pub(crate) async fn observe_partitions(&self, ask: Ask<Partitioned>) -> Stamped<PartitionView> {
         self.partitions.observe(ask, &self.triggers).await
     }
 
     /// The resources whose lock changed, for the controller to reconcile
     /// (`Controller::reconcile_on`); one stream per controller run.
-    pub fn triggers(&self) -> BoxStream<'static, LeaseRef> {
+    pub(crate) fn triggers(&self) -> BoxStream<'static, LeaseRef> {
         let (sender, receiver) = mpsc::unbounded_channel();
         self.triggers.0.lock().unwrap_or_else(|e| e.into_inner()).push(sender);
         futures::stream::unfold(receiver, |mut receiver| async move {

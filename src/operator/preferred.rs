@@ -20,7 +20,7 @@ use crate::lease::Prefer;
 
 /// What one candidate looks like to the decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub name: String,
     pub uid: String,
     pub rank: Result<Rank, PriorityError>,
@@ -36,7 +36,7 @@ pub struct Candidate {
 
 impl Candidate {
     /// The candidate as the decision sees `pod` under `prefer_zones`.
-    pub fn of(pod: &Pod, prefer_zones: &[String]) -> Self {
+    pub(crate) fn of(pod: &Pod, prefer_zones: &[String]) -> Self {
         let labels = pod.labels();
         Candidate {
             name: pod.name_any(),
@@ -54,7 +54,7 @@ impl Candidate {
 
 /// What the decision looks at.
 #[derive(Debug, Clone)]
-pub struct Input<'a> {
+pub(crate) struct Input<'a> {
     pub candidates: &'a [Candidate],
     /// The live holder's identity and its pod, when that pod is one of the
     /// candidates in this cluster; `None` otherwise (no leader, or one this
@@ -72,7 +72,7 @@ pub struct Input<'a> {
 
 /// A candidate that outranks the leader, and since when without a break.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pending {
+pub(crate) struct Pending {
     pub leader: String,
     pub term: u64,
     pub target_uid: String,
@@ -81,7 +81,7 @@ pub struct Pending {
 
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Nothing outranks the leader, or the decision holds off (reason in
     /// the [`Decision`]).
     Stay,
@@ -93,7 +93,7 @@ pub enum Step {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     pub step: Step,
     /// What to remember until the next look.
     pub pending: Option<Pending>,
@@ -120,7 +120,7 @@ impl Decision {
 /// handover runs at a time) and, with `prefer: Newest|Oldest`, while the
 /// candidates run more than one template: during a rollout, the version
 /// decides who leads.
-pub fn decide(input: &Input<'_>, previous: Option<&Pending>, now: Timestamp) -> Decision {
+pub(crate) fn decide(input: &Input<'_>, previous: Option<&Pending>, now: Timestamp) -> Decision {
     let Some((holder, leader_pod)) = input.leader else {
         return Decision::stay();
     };

@@ -4,7 +4,8 @@
 //! rules, and `docs/rbac-operator.md` carries them as a ClusterRole, so the
 //! chart's RBAC cannot drift from the code silently.
 
-pub use crate::rbac::{RequestAttributes, Rule, request_attributes, rules_yaml};
+pub use crate::rbac::{RequestAttributes, Rule};
+pub use crate::rbac::{request_attributes, rules_yaml};
 
 use super::election::DEFAULT_LEASE_NAME;
 
@@ -124,7 +125,7 @@ pub const STORE_RULES: &[Rule] = &[
 
 /// Whether the operator's rules allow `request` (the stores' Role taken as
 /// bound in the namespace asked about).
-pub fn allows(request: &RequestAttributes) -> bool {
+pub(crate) fn allows(request: &RequestAttributes) -> bool {
     [RULES, NAMESPACED_RULES, STORE_RULES]
         .iter()
         .any(|rules| crate::rbac::grants(rules, request))

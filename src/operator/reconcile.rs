@@ -44,26 +44,27 @@ use crate::lease::StoreError;
 mod apply;
 mod context;
 mod delete;
-pub mod plan;
+pub(crate) mod plan;
 mod prefer;
 
 pub use context::Context;
-pub use plan::without_sidecar;
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use plan::without_sidecar;
 
 /// The field manager of every status write.
-pub const FIELD_MANAGER: &str = "leasehold-operator";
+pub(crate) const FIELD_MANAGER: &str = "leasehold-operator";
 /// Held on every resource until its lock row is released.
 pub const FINALIZER: &str = "leasehold.dev/release";
 
 /// An invalid spec only changes when someone edits it, which triggers a
 /// reconcile anyway; this slow requeue just re-checks now and then.
-pub const INVALID_REQUEUE: Duration = Duration::from_secs(300);
+pub(crate) const INVALID_REQUEUE: Duration = Duration::from_secs(300);
 /// The observer owns it (the reconcile reads the observer, not back).
-pub use super::observer::OBSERVED_REQUEUE;
+pub(crate) use super::observer::OBSERVED_REQUEUE;
 /// After a store error: soon enough to notice recovery, slow enough not to hammer.
-pub const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
+pub(crate) const STORE_ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// After a failed Kubernetes call (error policy).
-pub const ERROR_REQUEUE: Duration = Duration::from_secs(30);
+pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(30);
 /// After a write conflict.
 const CONFLICT_REQUEUE: Duration = Duration::from_secs(1);
 /// The fastest healthy requeue, whatever retryPeriod says.
@@ -71,16 +72,16 @@ pub(crate) const MIN_REQUEUE: Duration = Duration::from_secs(1);
 /// How long a store URL read from a Secret is used before it is read again
 /// (sooner after a failed store call): a rotated credential is picked up
 /// within this, and a steady lease costs one Secret read per this.
-pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
+pub(crate) const SECRET_REFRESH: Duration = Duration::from_secs(300);
 /// How often the dead sessions of one store are collected: often enough that
 /// rows of crashed candidates do not pile up, rarely enough to cost nothing
 /// (one transaction per store per interval, whatever the number of leases).
-pub const GC_INTERVAL: Duration = Duration::from_secs(300);
+pub(crate) const GC_INTERVAL: Duration = Duration::from_secs(300);
 /// While a delete waits for its candidates to retire or its holder to
 /// release: pod changes (the retirement annotations) reconcile sooner.
 const DELETE_REQUEUE: Duration = Duration::from_secs(2);
 /// The condition a deleted resource carries while its finalizer waits.
-pub const RELEASED: &str = "Released";
+pub(crate) const RELEASED: &str = "Released";
 /// How long a reconcile waits for the pod watch's first list.
 const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 /// How long a delete waits for an unreachable store before it drops the
@@ -89,7 +90,7 @@ const POD_CACHE_WAIT: Duration = Duration::from_secs(30);
 /// successors the wait: an unreleased row expires by the store's clock
 /// after D, so nothing unsafe is left, and deleting a namespace (whose
 /// Secret, and often whose store, go with it) does not hang on the finalizer.
-pub const RELEASE_PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const RELEASE_PATIENCE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -153,7 +154,7 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
 
 /// The controller's error policy: a lost write race retries at once, other
 /// failures at a steady pace.
-pub fn error_policy(_lease: Arc<DistributedLease>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(_lease: Arc<DistributedLease>, error: &Error, _ctx: Arc<Context>) -> Action {
     if error.is_conflict() {
         Action::requeue(CONFLICT_REQUEUE)
     } else {
@@ -207,7 +208,7 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
 
 /// The condition type that says a readiness-gated lease's candidates have
 /// rolled out: `kubectl wait dlease/NAME --for=condition=RolledOut`.
-pub const ROLLED_OUT: &str = "RolledOut";
+pub(crate) const ROLLED_OUT: &str = "RolledOut";
 
 #[cfg(test)]
 mod tests;

@@ -29,7 +29,7 @@ use kube::{Api, ResourceExt};
 
 /// The Deployments owning `pods`, by the ReplicaSet naming convention
 /// (`<deployment>-<pod-template-hash>`), so no ReplicaSet need be read.
-pub fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
+pub(crate) fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
             let hash = pod.labels().get("pod-template-hash")?;
@@ -44,7 +44,7 @@ pub fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
 
 /// A Deployment's strategy with its budgets resolved for its replica count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     Recreate,
     RollingUpdate { max_surge: i32, max_unavailable: i32 },
 }
@@ -54,7 +54,7 @@ impl Strategy {
     /// (`deploymentutil.ResolveFenceposts` and `MaxUnavailable`): surge
     /// rounds up, unavailability rounds down, both default to 25%; both zero
     /// becomes one unavailable; unavailability is capped at the replicas.
-    pub fn of(spec: &DeploymentSpec) -> Strategy {
+    pub(crate) fn of(spec: &DeploymentSpec) -> Strategy {
         let replicas = spec.replicas.unwrap_or(1);
         let strategy = spec.strategy.as_ref();
         if strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate") {
@@ -79,7 +79,7 @@ impl Strategy {
 /// `leader_moves_to_new`: leadership moves to a pod of the new ReplicaSet as
 /// soon as one runs (a lease that prefers the newest version); otherwise it
 /// stays on old pods while any is left. See the module docs for the rule.
-pub fn rollout_completes(strategy: Strategy, replicas: i32, leader_moves_to_new: bool) -> bool {
+pub(crate) fn rollout_completes(strategy: Strategy, replicas: i32, leader_moves_to_new: bool) -> bool {
     match strategy {
         Strategy::Recreate => true,
         _ if replicas <= 0 => true,
@@ -94,7 +94,7 @@ pub fn rollout_completes(strategy: Strategy, replicas: i32, leader_moves_to_new:
 /// gate, or `None` when it would not. `leader_moves_to_new`: the lease
 /// prefers the newest version, so leadership (and readiness) moves to the
 /// new ReplicaSet's first pod.
-pub fn stall_reason(deployment: &Deployment, leader_moves_to_new: bool) -> Option<String> {
+pub(crate) fn stall_reason(deployment: &Deployment, leader_moves_to_new: bool) -> Option<String> {
     let spec = &deployment.spec;
     let replicas = spec.replicas.unwrap_or(1);
     let strategy = Strategy::of(spec);
@@ -139,13 +139,13 @@ fn resolve(value: Option<&IntOrString>, replicas: i32, round_up: bool) -> i32 {
 /// Whether a lease moves leadership to the new ReplicaSet's first pod during
 /// a rollout: a lease that prefers the newest version does, once that pod's
 /// app is ready (the old leader stands aside for it).
-pub fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
+pub(crate) fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
     valid.versions.prefer == crate::lease::Prefer::Newest
 }
 
 /// The Deployments owning `pods` in `namespace`, from the operator's
 /// Deployment watch (no request per reconcile).
-pub fn cached_owners(deployments: &Store<Deployment>, namespace: &str, pods: &[Arc<Pod>]) -> Vec<Deployment> {
+pub(crate) fn cached_owners(deployments: &Store<Deployment>, namespace: &str, pods: &[Arc<Pod>]) -> Vec<Deployment> {
     owning_deployments(pods)
         .into_iter()
         .filter_map(|name| deployments.get(&ObjectRef::new(&name).within(namespace)))
@@ -158,7 +158,7 @@ pub fn cached_owners(deployments: &Store<Deployment>, namespace: &str, pods: &[A
 /// name, generation, replicas, strategy, progress deadline and status; the
 /// pod template's labels stay so that a Deployment's change can be mapped to
 /// the leases selecting its pods.
-pub fn keep_what_rollout_checks_read(deployment: &mut Deployment) {
+pub(crate) fn keep_what_rollout_checks_read(deployment: &mut Deployment) {
     deployment.metadata.managed_fields = None;
     deployment.metadata.annotations = None;
     let labels = deployment.spec.template.metadata.as_mut().and_then(|m| m.labels.take());
@@ -183,7 +183,7 @@ pub async fn owners(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<
 }
 
 /// The stall reasons of `owners`' rolling updates.
-pub fn stall_reasons(owners: &[Deployment], leader_moves_to_new: bool) -> Vec<String> {
+pub(crate) fn stall_reasons(owners: &[Deployment], leader_moves_to_new: bool) -> Vec<String> {
     owners
         .iter()
         .filter_map(|d| stall_reason(d, leader_moves_to_new))
@@ -197,7 +197,8 @@ pub fn stall_reasons(owners: &[Deployment], leader_moves_to_new: bool) -> Vec<St
 /// (`ProgressDeadlineExceeded`) after `progressDeadlineSeconds` (default
 /// 600; the controller's `HasProgressDeadline` treats 2147483647 as none),
 /// which `kubectl rollout status`, `helm --wait` and Argo CD report as failed.
-pub fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> {
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> {
     let replicas = deployment.spec.replicas.unwrap_or(1);
     let deadline = deployment.spec.progress_deadline_seconds.unwrap_or(600);
     (replicas > 1 && deadline != i32::MAX).then(|| {
@@ -217,7 +218,7 @@ pub fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> 
 /// (`updatedReplicas`) and no pod of an older one is left (`replicas` counts
 /// every non-terminated pod). This is what `kubectl rollout status` waits
 /// for, without its `availableReplicas`, which a readiness gate keeps at one.
-pub fn pending_rollout(deployment: &Deployment) -> Option<String> {
+pub(crate) fn pending_rollout(deployment: &Deployment) -> Option<String> {
     let name = deployment.name_any();
     let wanted = deployment.spec.replicas.unwrap_or(1);
     let status = deployment.status.clone().unwrap_or_default();

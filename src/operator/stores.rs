@@ -23,7 +23,7 @@ use crate::store::select::{StoreConfig, no_sessions};
 
 /// The store of `valid` in `namespace`; `url` is the one its Secret holds
 /// (PostgreSQL, Redis), read by [`read_url`].
-pub fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> Result<StoreConfig, StoreError> {
+pub(crate) fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> Result<StoreConfig, StoreError> {
     valid.store.resolve(namespace, || {
         url.ok_or_else(|| StoreError::invalid("the store's URL was not read"))
     })
@@ -31,7 +31,7 @@ pub fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> 
 
 /// The store URL in `secret` of `namespace`, read through the API (RBAC:
 /// `get secrets` in that namespace, see `operator::rbac::STORE_RULES`).
-pub async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -> Result<StoreUrl, StoreError> {
+pub(crate) async fn read_url(client: &Client, namespace: &str, secret: &SecretKeyRef) -> Result<StoreUrl, StoreError> {
     let name = &secret.name;
     let place = format!("Secret {namespace}/{name}");
     let found = Api::<Secret>::namespaced(client.clone(), namespace)
@@ -118,7 +118,7 @@ struct Opened {
 /// Store connections, opened on first use and kept per [`StoreConfig::key`].
 /// A failed connect is not cached, so the next reconcile tries again.
 #[derive(Default)]
-pub struct OpenStores {
+pub(crate) struct OpenStores {
     open: Mutex<HashMap<String, Opened>>,
 }
 

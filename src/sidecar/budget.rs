@@ -33,7 +33,7 @@ const MIN_SAMPLES: usize = 20;
 
 /// Where the renewals stand against the budget, as of the last crossing.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BudgetVerdict {
+pub(crate) struct BudgetVerdict {
     /// p99 above [`AT_RISK_SHARE`] of the budget.
     pub at_risk: bool,
     /// The share of the budget the p99 renewal used.
@@ -44,7 +44,7 @@ pub struct BudgetVerdict {
 
 impl BudgetVerdict {
     /// One line for a condition, an Event and a log.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let share = format!("{:.0} %", self.used * 100.0);
         match self.at_risk {
             true => format!(
@@ -95,7 +95,7 @@ impl RenewBudget {
     }
 
     /// `store` with its renewals (of a lease, or of a session) timed against this budget.
-    pub fn time<S: ?Sized>(&self, store: Arc<S>) -> Timed<S> {
+    pub(crate) fn time<S: ?Sized>(&self, store: Arc<S>) -> Timed<S> {
         Timed {
             store,
             budget: self.clone(),
@@ -104,12 +104,12 @@ impl RenewBudget {
 
     /// The verdict on each crossing of [`AT_RISK_SHARE`] (the first one
     /// included); `None` until enough renewals were seen.
-    pub fn verdicts(&self) -> watch::Receiver<Option<BudgetVerdict>> {
+    pub(crate) fn verdicts(&self) -> watch::Receiver<Option<BudgetVerdict>> {
         self.shared.verdict.subscribe()
     }
 
     /// The share of the budget the p99 renewal uses, once there are enough renewals.
-    pub fn used(&self) -> Option<f64> {
+    pub(crate) fn used(&self) -> Option<f64> {
         let shared = &self.shared;
         let samples = shared.samples.lock().unwrap_or_else(|e| e.into_inner());
         if samples.len() < MIN_SAMPLES || shared.budget.is_zero() {
@@ -160,7 +160,7 @@ impl RenewBudget {
 
 /// A store decorator that times renewals against a [`RenewBudget`]: a lease
 /// store's `renew` or, partitioned, a session store's `renew_session`.
-pub struct Timed<S: ?Sized> {
+pub(crate) struct Timed<S: ?Sized> {
     store: Arc<S>,
     budget: RenewBudget,
 }

@@ -26,25 +26,25 @@ use tokio::sync::watch;
 use crate::lease::{Change, FencingToken, LeaderState};
 
 /// The path of the acknowledgement.
-pub const PATH: &str = "/drained";
+pub(crate) const PATH: &str = "/drained";
 
 /// What the route reads and writes.
 #[derive(Clone)]
-pub struct Acks {
+pub(crate) struct Acks {
     pub leader: watch::Receiver<LeaderState>,
     /// The token of the last accepted acknowledgement.
     pub drained: watch::Sender<Option<FencingToken>>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Ack {
+pub(crate) struct Ack {
     /// The fencing token the app stopped working under, as `/leader` and
     /// the token file give it.
     token: String,
 }
 
 /// The route, to merge into the local API's router (never the metrics one).
-pub fn router(acks: Acks) -> Router {
+pub(crate) fn router(acks: Acks) -> Router {
     Router::new().route(PATH, post(acknowledge)).with_state(acks)
 }
 
@@ -100,7 +100,7 @@ fn judge(state: &LeaderState, peer: SocketAddr, token: &str) -> Result<FencingTo
 }
 
 /// Waits until the app acknowledged the drain of the term with `token`.
-pub async fn acknowledged(mut drained: watch::Receiver<Option<FencingToken>>, token: FencingToken) {
+pub(crate) async fn acknowledged(mut drained: watch::Receiver<Option<FencingToken>>, token: FencingToken) {
     if drained.wait_for(|t| *t == Some(token)).await.is_err() {
         // No acknowledgements any more: the drain runs its course.
         std::future::pending::<()>().await;

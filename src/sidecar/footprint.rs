@@ -18,7 +18,7 @@ use crate::lease::{Change, LeaderState};
 
 /// Waits until the elector has heard from the store (start-up is over),
 /// then `settle` more, then pages out the executable's read-only pages.
-pub async fn release_start_up_pages(mut state: watch::Receiver<LeaderState>, settle: Duration) {
+pub(crate) async fn release_start_up_pages(mut state: watch::Receiver<LeaderState>, settle: Duration) {
     let heard = state
         .wait_for(|s| matches!(s.change, Change::Observed | Change::Acquired | Change::Renewed))
         .await

@@ -41,7 +41,7 @@ pub struct AppHealth {
 
 impl AppHealth {
     /// Any source unhealthy → unhealthy; else any healthy → healthy; else unknown.
-    pub fn combine(verdicts: &[(&str, &Verdict)]) -> AppHealth {
+    pub(crate) fn combine(verdicts: &[(&str, &Verdict)]) -> AppHealth {
         let said = |wanted: fn(&Verdict) -> Option<&str>| {
             verdicts
                 .iter()
@@ -84,7 +84,7 @@ impl AppHealth {
 
 /// Reads `--app-health-url`: a plain-HTTP URL with a host (the app's own
 /// endpoint on the pod's network; TLS is not offered there).
-pub fn parse_health_url(text: &str) -> Result<Uri, String> {
+pub(crate) fn parse_health_url(text: &str) -> Result<Uri, String> {
     let url: Uri = text.trim().parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     if url.scheme_str() != Some("http") {
         return Err(format!(
@@ -99,7 +99,13 @@ pub fn parse_health_url(text: &str) -> Result<Uri, String> {
 
 /// Polls `url` (http://127.0.0.1:port/path) every `interval`; `failures`
 /// failed polls in a row make it unhealthy, one success healthy again.
-pub async fn poll_url(url: Uri, interval: Duration, timeout: Duration, failures: u32, verdict: watch::Sender<Verdict>) {
+pub(crate) async fn poll_url(
+    url: Uri,
+    interval: Duration,
+    timeout: Duration,
+    failures: u32,
+    verdict: watch::Sender<Verdict>,
+) {
     // A new connection per poll: an app that stopped accepting must fail
     // the check, not pass on a kept-alive connection.
     let client = Client::builder(TokioExecutor::new())
@@ -136,7 +142,7 @@ pub async fn poll_url(url: Uri, interval: Duration, timeout: Duration, failures:
 }
 
 /// The named container's readiness in our own pod.
-pub fn container_verdict(pod: &Pod, container: &str) -> Verdict {
+pub(crate) fn container_verdict(pod: &Pod, container: &str) -> Verdict {
     let status = pod
         .status
         .as_ref()

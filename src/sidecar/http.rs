@@ -26,7 +26,7 @@ use crate::sidecar::health::AppHealth;
 /// The `/leader` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LeaderView {
+pub(crate) struct LeaderView {
     /// This pod leads now (within its deadline).
     pub leader: bool,
     pub holder: Option<String>,
@@ -60,7 +60,7 @@ pub struct LeaderView {
 }
 
 impl LeaderView {
-    pub fn of(state: &LeaderState, now: Instant) -> Self {
+    pub(crate) fn of(state: &LeaderState, now: Instant) -> Self {
         let leader = state.is_leader_at(now);
         LeaderView {
             leader,
@@ -89,7 +89,7 @@ impl LeaderView {
         }
     }
 
-    pub fn with_health(self, health: &AppHealth) -> Self {
+    pub(crate) fn with_health(self, health: &AppHealth) -> Self {
         let reason = (!health.reason.is_empty()).then(|| health.reason.clone());
         LeaderView {
             app_healthy: health.healthy,
@@ -100,7 +100,7 @@ impl LeaderView {
 
     /// What a watcher is told about: a new leader, holder, term or token,
     /// and each renewal (it extends `validUntil`).
-    pub fn key(&self) -> (bool, Option<String>, u64, Option<String>, Option<String>) {
+    pub(crate) fn key(&self) -> (bool, Option<String>, u64, Option<String>, Option<String>) {
         (
             self.leader,
             self.holder.clone(),
@@ -131,14 +131,14 @@ fn valid_until_of(deadline: Instant, window: Duration, now: Instant) -> Option<S
 
 /// What the handlers read.
 #[derive(Clone)]
-pub struct ApiState {
+pub(crate) struct ApiState {
     pub leader: watch::Receiver<LeaderState>,
     pub app: watch::Receiver<AppHealth>,
     /// Why the sidecar cannot work yet (the store not reached since start), if so.
     pub starting: watch::Receiver<Option<String>>,
 }
 
-pub fn router(state: ApiState) -> Router {
+pub(crate) fn router(state: ApiState) -> Router {
     Router::new()
         .route("/leader", get(leader))
         .route("/", get(name))
@@ -156,7 +156,7 @@ pub fn router(state: ApiState) -> Router {
 /// cannot be cleared. Followers fail it too: their gate keeps them unready
 /// anyway, and a resumed old leader whose condition is still True must not
 /// turn Ready again.
-pub async fn gate(State(state): State<ApiState>) -> (StatusCode, &'static str) {
+pub(crate) async fn gate(State(state): State<ApiState>) -> (StatusCode, &'static str) {
     let now = Instant::now();
     let leader = state.leader.borrow();
     if leader.is_leader_at(now + GATE_PROBE_HOLD) {
@@ -173,7 +173,7 @@ pub async fn gate(State(state): State<ApiState>) -> (StatusCode, &'static str) {
 
 /// 200 `ok`, or 503 saying why the sidecar cannot do its job: its elector
 /// has stopped, or the store has not been reached since start.
-pub async fn healthz(State(state): State<ApiState>) -> (StatusCode, String) {
+pub(crate) async fn healthz(State(state): State<ApiState>) -> (StatusCode, String) {
     // The elector owns the state's sender: closed means it has ended.
     if state.leader.has_changed().is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, "the elector has stopped".into());
@@ -228,7 +228,7 @@ pub fn changes(state: watch::Receiver<LeaderState>) -> impl Stream<Item = Result
 
 /// One held partition in the `/partitions` document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HeldPartition {
+pub(crate) struct HeldPartition {
     pub index: u32,
     /// Its fencing token, as a decimal string (it exceeds 2^53).
     pub token: String,
@@ -236,7 +236,7 @@ pub struct HeldPartition {
 
 /// What a partitioned sidecar's views are made of besides its assignment.
 #[derive(Debug, Clone)]
-pub struct PartitionsSetup {
+pub(crate) struct PartitionsSetup {
     /// N, the lock's partitions.
     pub count: u32,
     pub identity: String,
@@ -248,7 +248,7 @@ pub struct PartitionsSetup {
 /// event of a partitioned sidecar).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PartitionsView {
+pub(crate) struct PartitionsView {
     /// This candidate holds at least one partition now (within its deadline).
     pub holds: bool,
     /// The partitions it may work on now, by index, each with its token;
@@ -272,7 +272,7 @@ pub struct PartitionsView {
 }
 
 impl PartitionsView {
-    pub fn of(assigned: &Assigned, setup: &PartitionsSetup, now: Instant) -> Self {
+    pub(crate) fn of(assigned: &Assigned, setup: &PartitionsSetup, now: Instant) -> Self {
         // The deadline is checked here too: a stalled publisher must not
         // let a view outlive it.
         let live = assigned.deadline.filter(|d| now < *d);
@@ -302,7 +302,7 @@ impl PartitionsView {
         }
     }
 
-    pub fn with_health(self, health: &AppHealth) -> Self {
+    pub(crate) fn with_health(self, health: &AppHealth) -> Self {
         PartitionsView {
             app_healthy: health.healthy,
             app_health: (!health.reason.is_empty()).then(|| health.reason.clone()),
@@ -313,7 +313,7 @@ impl PartitionsView {
     /// What a watcher is told about: a partition gained or lost, a new
     /// token, member count or session, and each renewal (it extends
     /// `validUntil`).
-    pub fn key(&self) -> (Vec<HeldPartition>, usize, Option<String>, Option<String>) {
+    pub(crate) fn key(&self) -> (Vec<HeldPartition>, usize, Option<String>, Option<String>) {
         (
             self.partitions.clone(),
             self.members,
@@ -325,7 +325,7 @@ impl PartitionsView {
 
 /// What the handlers of a partitioned sidecar read.
 #[derive(Clone)]
-pub struct PartitionsApi {
+pub(crate) struct PartitionsApi {
     pub assigned: watch::Receiver<Assigned>,
     pub setup: PartitionsSetup,
     pub app: watch::Receiver<AppHealth>,
@@ -343,7 +343,7 @@ impl PartitionsApi {
 
 /// The API of a partitioned lock: `/partitions` instead of `/leader`, which
 /// (like `/`) answers 409 saying so rather than name a leader there is not.
-pub fn partitions_router(state: PartitionsApi) -> Router {
+pub(crate) fn partitions_router(state: PartitionsApi) -> Router {
     Router::new()
         .route("/partitions", get(partitions))
         .route("/leader", get(not_elected))
@@ -376,7 +376,7 @@ async fn not_elected(State(state): State<PartitionsApi>) -> impl IntoResponse {
 
 /// 200 `ok`, or 503 saying why not: the partitioned run has ended, or the
 /// store has not been reached since start.
-pub async fn partitions_healthz(State(state): State<PartitionsApi>) -> (StatusCode, String) {
+pub(crate) async fn partitions_healthz(State(state): State<PartitionsApi>) -> (StatusCode, String) {
     if state.assigned.has_changed().is_err() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -395,7 +395,7 @@ async fn watch_partitions(State(state): State<PartitionsApi>) -> Sse<impl Stream
 
 /// One `partitions` event per change of the held set, members or session
 /// and per renewal, starting with the current state.
-pub fn partition_changes(
+pub(crate) fn partition_changes(
     assigned: watch::Receiver<Assigned>,
     setup: PartitionsSetup,
 ) -> impl Stream<Item = Result<Event, Infallible>> {

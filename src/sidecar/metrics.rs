@@ -65,7 +65,7 @@ impl ChangeLabels {
 
 /// client-go's leader-election metric labels: the lock's name.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ElectionLabels {
+pub(crate) struct ElectionLabels {
     pub name: String,
 }
 
@@ -81,7 +81,7 @@ pub struct Metrics {
     /// lock's name, the metric client-go
     /// (k8s.io/client-go/tools/leaderelection/metrics.go) and
     /// controller-runtime export, which existing dashboards already use.
-    pub master_status: Family<ElectionLabels, Gauge>,
+    pub(crate) master_status: Family<ElectionLabels, Gauge>,
     /// 1 healthy, 0 unhealthy, -1 cannot tell.
     pub app_healthy: Gauge,
     pub transitions: Counter,
@@ -176,7 +176,7 @@ impl Metrics {
     }
 
     /// Partitioned: follows what this candidate may work on.
-    pub async fn follow_partitions(self, mut assigned: tokio::sync::watch::Receiver<Assigned>) {
+    pub(crate) async fn follow_partitions(self, mut assigned: tokio::sync::watch::Receiver<Assigned>) {
         loop {
             {
                 let current = assigned.borrow_and_update();
@@ -234,7 +234,10 @@ fn holder_elsewhere(me: &str, holder: Option<&str>) -> bool {
 
 impl Metrics {
     /// Follows the app's health as the sidecar acts on it.
-    pub async fn follow_app_health(self, mut health: tokio::sync::watch::Receiver<crate::sidecar::health::AppHealth>) {
+    pub(crate) async fn follow_app_health(
+        self,
+        mut health: tokio::sync::watch::Receiver<crate::sidecar::health::AppHealth>,
+    ) {
         loop {
             let value = match health.borrow_and_update().healthy {
                 Some(true) => 1,

@@ -19,21 +19,21 @@
 pub mod budget;
 mod campaign;
 pub mod config;
-pub mod drained;
-pub mod footprint;
+pub(crate) mod drained;
+pub(crate) mod footprint;
 pub mod health;
 pub mod http;
 pub mod metrics;
-pub mod own_pod;
+pub(crate) mod own_pod;
 pub mod partitions;
 pub mod pod;
 pub mod publish;
 pub mod rbac;
-pub mod retire;
+pub(crate) mod retire;
 mod single;
-pub mod starting;
-pub mod timing_risk;
-pub mod token_file;
+pub(crate) mod starting;
+pub(crate) mod timing_risk;
+pub(crate) mod token_file;
 pub mod transfer;
 pub mod versions;
 
@@ -311,10 +311,10 @@ pub(crate) fn metrics_router(registry: Registry, healthz: axum::Router) -> axum:
 /// The longest wait between two attempts at anything the sidecar retries
 /// against the Kubernetes API or, at start, the store (before jitter, which
 /// adds up to as much again): a write, a watch, a connection.
-pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 /// Exponential from 100 ms to [`BACKOFF_CAP`], jittered, never giving up.
-pub fn capped_backoff() -> backon::ExponentialBuilder {
+pub(crate) fn capped_backoff() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(BACKOFF_CAP)

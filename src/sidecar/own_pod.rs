@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What the pod watch last showed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OwnPod {
+pub(crate) struct OwnPod {
     /// Set once the pod is being deleted.
     pub terminating: Option<Termination>,
     /// The app container (`--app-container`) as the pod's status lists it.
@@ -54,7 +54,7 @@ impl Default for OwnPod {
 
 /// A pod being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Termination {
+pub(crate) struct Termination {
     /// The earliest moment the kubelet may kill us: the deletion's grace
     /// period counted from when we saw it, or the `deletionTimestamp` read
     /// on our wall clock, whichever is sooner.
@@ -63,7 +63,7 @@ pub struct Termination {
 
 /// One run of the app container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppProcess {
+pub(crate) struct AppProcess {
     /// `state.running` is set: the run counted by `restarts` is alive.
     pub running: bool,
     pub restarts: i32,
@@ -72,7 +72,7 @@ pub struct AppProcess {
 impl AppProcess {
     /// Whether the run seen as `before` has ended: the container stopped,
     /// or the kubelet started another run since.
-    pub fn ended_since(now: Option<AppProcess>, before: Option<AppProcess>) -> bool {
+    pub(crate) fn ended_since(now: Option<AppProcess>, before: Option<AppProcess>) -> bool {
         match (now, before) {
             (Some(now), Some(before)) => !now.running || now.restarts != before.restarts,
             (Some(now), None) => !now.running,
@@ -85,7 +85,7 @@ impl OwnPod {
     /// What `pod` shows, keeping the earliest grace end seen so far
     /// (`earlier`): a later look must never push it back, and a second
     /// deletion with a shorter grace period brings it forward.
-    pub fn read(pod: &Pod, app_container: Option<&str>, earlier: Option<Termination>, at: Instant) -> OwnPod {
+    pub(crate) fn read(pod: &Pod, app_container: Option<&str>, earlier: Option<Termination>, at: Instant) -> OwnPod {
         let terminating = termination(pod, at).map(|t| match earlier {
             Some(e) if e.grace_ends <= t.grace_ends => e,
             _ => t,
@@ -141,7 +141,7 @@ fn termination(pod: &Pod, at: Instant) -> Option<Termination> {
 
 /// Watches our own pod and publishes what it shows; `app_container` is the
 /// container leadership follows, if any.
-pub async fn watch(pods: Api<Pod>, pod: String, app_container: Option<String>, own: watch::Sender<OwnPod>) {
+pub(crate) async fn watch(pods: Api<Pod>, pod: String, app_container: Option<String>, own: watch::Sender<OwnPod>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
     let events = watcher(pods, config).backoff(super::pod::watch_backoff());
     let mut events = std::pin::pin!(events);
@@ -162,7 +162,7 @@ pub async fn watch(pods: Api<Pod>, pod: String, app_container: Option<String>, o
 }
 
 /// The app container's verdict, as a health source of its own.
-pub async fn follow_app_verdict(mut own: watch::Receiver<OwnPod>, verdict: watch::Sender<Verdict>) {
+pub(crate) async fn follow_app_verdict(mut own: watch::Receiver<OwnPod>, verdict: watch::Sender<Verdict>) {
     loop {
         let next = own.borrow_and_update().app_verdict.clone();
         verdict.send_if_modified(|v| std::mem::replace(v, next.clone()) != next);
@@ -178,7 +178,7 @@ pub async fn follow_app_verdict(mut own: watch::Receiver<OwnPod>, verdict: watch
 /// While no health source can tell, the campaign stays as it is.
 /// `campaign_unless` gets `None` to campaign, or why not: the reason a
 /// leader's release records.
-pub async fn steer_campaign(
+pub(crate) async fn steer_campaign(
     mut health: watch::Receiver<AppHealth>,
     mut own: Option<watch::Receiver<OwnPod>>,
     campaign_unless: impl Fn(Option<EndReason>),
@@ -228,7 +228,7 @@ pub async fn steer_campaign(
 /// release is one store call, and the timing rules already ask that a store
 /// call fit well within the retry period (`leasehold advise` suggests
 /// P ≥ 20 × the renewal p99).
-pub fn release_reserve(timing: &crate::lease::Timing) -> Duration {
+pub(crate) fn release_reserve(timing: &crate::lease::Timing) -> Duration {
     timing.retry_period
 }
 
@@ -240,7 +240,7 @@ pub fn release_reserve(timing: &crate::lease::Timing) -> Duration {
 /// cluster: the sidecar's SIGTERM follows the app's exit by under a
 /// second, while the pod's status shows the app terminated only after the
 /// whole pod has stopped, too late to wait for).
-pub async fn drain(
+pub(crate) async fn drain(
     drain: Duration,
     reserve: Duration,
     own: Option<watch::Receiver<OwnPod>>,

@@ -22,7 +22,7 @@ const FIELD_MANAGER: &str = "leasehold-sidecar";
 
 /// An Event recorder reporting as this pod's sidecar, and the reference to
 /// the pod its Events are about.
-pub fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectReference) {
+pub(crate) fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectReference) {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(pod.name.clone()),
@@ -40,7 +40,7 @@ pub fn pod_recorder(client: kube::Client, pod: &PodRef) -> (Recorder, ObjectRefe
 
 /// The backoff of the sidecar's watches: capped at [`BACKOFF_CAP`](super::BACKOFF_CAP), so a
 /// watch is back within that after the API server returns.
-pub fn watch_backoff() -> watcher::ExponentialBackoff {
+pub(crate) fn watch_backoff() -> watcher::ExponentialBackoff {
     super::capped_backoff().into()
 }
 

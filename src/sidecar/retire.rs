@@ -35,7 +35,7 @@ use crate::api::contract::RETIRED_FROM_ANNOTATION;
 
 /// Steps 2 and 3 above, once nothing is claimed or held any more. Returns
 /// (for a normal exit) when a signal ends the wait; re-executes otherwise.
-pub async fn retire(
+pub(crate) async fn retire(
     client: kube::Client,
     pod: &PodRef,
     lease: &str,

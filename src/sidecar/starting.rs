@@ -21,11 +21,11 @@ use tracing::{info, warn};
 use crate::lease::{Claim, FencingToken, Grant, Held, LeaseStore, Observation, Release, StoreError};
 
 /// How often a start-up problem that persists is logged again.
-pub const REPORT_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(30);
 /// How long one connection attempt may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct StartingStore {
+pub(crate) struct StartingStore {
     store: watch::Receiver<Option<Arc<dyn LeaseStore>>>,
     reached: AtomicBool,
     report: Arc<Report>,
@@ -33,14 +33,14 @@ pub struct StartingStore {
 
 /// The start-up problem, as `/healthz` shows it and the log says it; the
 /// partitioned sidecar ([`super::partitions`]) reports through it too.
-pub struct Report {
+pub(crate) struct Report {
     fix: &'static str,
     problem: watch::Sender<Option<String>>,
     throttle: Mutex<Throttle>,
 }
 
 impl Report {
-    pub fn new(create_table: bool, problem: watch::Sender<Option<String>>) -> Self {
+    pub(crate) fn new(create_table: bool, problem: watch::Sender<Option<String>>) -> Self {
         let fix = if create_table {
             "check the database name, the credentials and the network to the store"
         } else {
@@ -56,7 +56,7 @@ impl Report {
 
     /// A failure before the store first answered: nothing was written, so it
     /// is reported as unavailable, with the fix, and logged at a bounded rate.
-    pub fn failed(&self, error: &StoreError) -> StoreError {
+    pub(crate) fn failed(&self, error: &StoreError) -> StoreError {
         let problem = format!(
             "the store has not answered since start: {}; fix: {}",
             error.chain(),
@@ -75,7 +75,7 @@ impl Report {
     }
 
     /// The store answered: the start-up problem, if any, is over.
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         if self.problem.send_replace(None).is_some() {
             info!("the store answers now");
         }
@@ -84,7 +84,7 @@ impl Report {
 
 impl StartingStore {
     /// Starts connecting with `connect`; `problem` carries the start-up problem.
-    pub fn spawn(
+    pub(crate) fn spawn(
         connect: impl Fn() -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> + Send + Sync + 'static,
         create_table: bool,
         problem: watch::Sender<Option<String>>,
@@ -211,14 +211,14 @@ impl LeaseStore for StartingStore {
 /// Says when a repeated condition is due to be logged again: at the first
 /// occurrence, then at most once per `every`, with the count since.
 #[derive(Debug)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     every: Duration,
     last: Option<Instant>,
     suppressed: u64,
 }
 
 impl Throttle {
-    pub fn new(every: Duration) -> Self {
+    pub(crate) fn new(every: Duration) -> Self {
         Throttle {
             every,
             last: None,
@@ -227,7 +227,7 @@ impl Throttle {
     }
 
     /// `Some(occurrences since the last report, this one included)` when due.
-    pub fn due(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn due(&mut self, now: Instant) -> Option<u64> {
         self.suppressed += 1;
         if self.last.is_some_and(|last| now < last + self.every) {
             return None;
@@ -237,7 +237,7 @@ impl Throttle {
     }
 
     /// Starts over: the next occurrence is reported at once.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.last = None;
         self.suppressed = 0;
     }

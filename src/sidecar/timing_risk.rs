@@ -28,12 +28,12 @@ use super::starting::Throttle;
 use crate::api::contract::TIMING_CONDITION;
 
 /// At most one timing Event per this, whatever the verdicts do.
-pub const EVENT_EVERY: Duration = Duration::from_secs(600);
+pub(crate) const EVENT_EVERY: Duration = Duration::from_secs(600);
 /// How long a failed condition write waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Publishes each verdict until the budget is gone.
-pub async fn publish(client: kube::Client, pod: PodRef, mut verdicts: watch::Receiver<Option<BudgetVerdict>>) {
+pub(crate) async fn publish(client: kube::Client, pod: PodRef, mut verdicts: watch::Receiver<Option<BudgetVerdict>>) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
     let (recorder, reference) = pod_recorder(client, &pod);
     let mut events = Throttle::new(EVENT_EVERY);

@@ -18,7 +18,7 @@ use crate::lease::{Assigned, LeaderState};
 use crate::sidecar::http::{LeaderView, PartitionsSetup, PartitionsView};
 
 /// Writes `view` to `path` atomically.
-pub async fn write(path: &Path, view: &impl serde::Serialize) -> std::io::Result<()> {
+pub(crate) async fn write(path: &Path, view: &impl serde::Serialize) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(view).map_err(std::io::Error::other)?;
     let temporary = path.with_extension("tmp");
     tokio::fs::write(&temporary, json).await?;
@@ -27,7 +27,7 @@ pub async fn write(path: &Path, view: &impl serde::Serialize) -> std::io::Result
 
 /// Rewrites the file on every change of leader, holder, term or token, and
 /// on every renewal.
-pub async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
+pub(crate) async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
     let mut last = None;
     loop {
         let view = LeaderView::of(&state.borrow_and_update(), Instant::now());
@@ -47,7 +47,7 @@ pub async fn follow(path: PathBuf, mut state: watch::Receiver<LeaderState>) {
 /// Partitioned: rewrites the file on every change of the held partitions,
 /// their tokens, the members or the session, on every renewal, and when
 /// the session's deadline passes (whether or not anything publishes then).
-pub async fn follow_partitions(path: PathBuf, mut assigned: watch::Receiver<Assigned>, setup: PartitionsSetup) {
+pub(crate) async fn follow_partitions(path: PathBuf, mut assigned: watch::Receiver<Assigned>, setup: PartitionsSetup) {
     let mut last = None;
     loop {
         let (view, deadline) = {

@@ -35,7 +35,7 @@ use super::pod::PodRef;
 const FIELD_MANAGER: &str = "leasehold-sidecar";
 
 /// What the leader's sidecar needs to judge and carry out transfers.
-pub struct Transfers {
+pub(crate) struct Transfers {
     pub transfers: Api<LeaseTransfer>,
     pub pods: Api<Pod>,
     /// The DistributedLease this sidecar campaigns for.
@@ -63,7 +63,7 @@ impl Transfers {
     /// release ended: `state` keeps only the latest value, and the next
     /// observation replaces `Released` at once on a store that answers
     /// from a watch (the Kubernetes store).
-    pub async fn follow(
+    pub(crate) async fn follow(
         self,
         control: ElectorControl,
         mut state: watch::Receiver<LeaderState>,

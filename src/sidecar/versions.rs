@@ -31,10 +31,10 @@ use crate::lease::{ElectorControl, LeaderState, Prefer, Version};
 pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
 /// The label the Deployment controller puts on its ReplicaSets' pods
 /// (`apps/v1` `DefaultDeploymentUniqueLabelKey`).
-pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+pub(crate) const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
 
 /// The ReplicaSet that controls the pod, if one does.
-pub fn owning_replica_set(pod: &Pod) -> Option<&str> {
+pub(crate) fn owning_replica_set(pod: &Pod) -> Option<&str> {
     pod.metadata
         .owner_references
         .iter()
@@ -63,7 +63,7 @@ fn default_name(pod: &Pod, app_container: Option<&str>) -> String {
 /// The version `pod` runs: the explicit env values when set, else its
 /// ReplicaSet's revision (`revision_of` looks it up) and its default name.
 /// `None` when no revision can be found: such a candidate is unversioned.
-pub fn pod_version(
+pub(crate) fn pod_version(
     pod: &Pod,
     app_container: Option<&str>,
     revision_of: impl FnOnce(&str) -> Option<u64>,
@@ -147,7 +147,7 @@ impl Revisions {
     }
 
     /// [`pod_version`], looking the revision up.
-    pub async fn version_of(&mut self, pod: &Pod, app_container: Option<&str>) -> Option<Version> {
+    pub(crate) async fn version_of(&mut self, pod: &Pod, app_container: Option<&str>) -> Option<Version> {
         let revision = match owning_replica_set(pod) {
             Some(rs) if literal_env(pod, ENV_REVISION).is_none() => {
                 if self.pods.insert(pod.metadata.name.clone().unwrap_or_default()) {
@@ -165,7 +165,7 @@ impl Revisions {
 /// completed from its own pod (the revision from its ReplicaSet, the name
 /// from its hash and image). Unversioned, with a warning, when no revision
 /// can be found after a few tries.
-pub async fn own_version(
+pub(crate) async fn own_version(
     pods: &Api<Pod>,
     revisions: &mut Revisions,
     me: &str,

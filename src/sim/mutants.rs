@@ -88,7 +88,7 @@ impl Mutant {
         }
     }
 
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Mutant::DeadlineFromReply => "the leader's deadline is reply + R, not send + R",
             Mutant::DeadlineDInsteadOfR => "the leader's deadline is send + D, not send + R",

@@ -207,7 +207,7 @@ impl Violation {
 
     /// The events before those the violation's text shows (`--verbose`
     /// prints them too).
-    pub fn earlier_events(&self) -> &[String] {
+    pub(crate) fn earlier_events(&self) -> &[String] {
         &self.events[..self.events.len().saturating_sub(Self::SHOWN)]
     }
 }

@@ -56,7 +56,7 @@ pub enum SessionSemantics {
 
 impl SessionSemantics {
     /// Seeds take turns, in threes, so partition seeds (every third) run on each.
-    pub fn of_seed(seed: u64) -> Self {
+    pub(crate) fn of_seed(seed: u64) -> Self {
         match (seed / 3) % 3 {
             0 => SessionSemantics::Spanner,
             1 => SessionSemantics::Postgres,

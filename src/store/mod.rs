@@ -3,7 +3,7 @@
 
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
-pub mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -15,9 +15,9 @@ pub mod select;
 #[cfg(feature = "spanner")]
 pub mod spanner;
 #[cfg(any(feature = "spanner", feature = "kubernetes"))]
-pub mod spanner_names;
+pub(crate) mod spanner_names;
 #[cfg(any(feature = "postgres", feature = "redis"))]
-pub mod tls;
+pub(crate) mod tls;
 
 use std::time::Duration;
 
@@ -68,7 +68,8 @@ pub(crate) fn version_columns(claim: &Claim<'_>) -> Result<(Option<i64>, Option<
 
 /// The one rule for table names in SQL text (they cannot be parameters): a
 /// letter, then letters, digits or `_`, at most `max_len` characters.
-pub fn is_sql_identifier(name: &str, max_len: usize) -> bool {
+#[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
+pub(crate) fn is_sql_identifier(name: &str, max_len: usize) -> bool {
     let mut chars = name.chars();
     name.len() <= max_len
         && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -77,7 +78,8 @@ pub fn is_sql_identifier(name: &str, max_len: usize) -> bool {
 
 /// A table name usable in SQL text: a letter, then letters, digits or `_`,
 /// at most `max_len` characters. `dialect` names the store in the error.
-pub fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> {
     if is_sql_identifier(table, max_len) {
         Ok(())
     } else {
@@ -90,7 +92,11 @@ pub fn validate_table(table: &str, dialect: &str, max_len: usize) -> Result<()> 
 /// A stored lease duration back from milliseconds. A row whose duration is
 /// out of range is refused, never clamped: a lease read as 0 ms would look
 /// expired to everyone while its holder still claims it.
-pub fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+    allow(dead_code)
+)]
+pub(crate) fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result<Duration> {
     crate::lease::lease_from_millis(field, millis).map_err(|e| {
         StoreError::invalid(format!(
             "row {lock:?} holds {field} = {millis}: delete the row, or correct it"
@@ -100,7 +106,11 @@ pub fn lease_from_millis(field: &'static str, lock: &str, millis: i64) -> Result
 }
 
 /// A stored term back as the core's unsigned term; a negative one is refused.
-pub fn term_from_row(lock: &str, term: i64) -> Result<u64> {
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
+    allow(dead_code)
+)]
+pub(crate) fn term_from_row(lock: &str, term: i64) -> Result<u64> {
     u64::try_from(term).map_err(|_| {
         StoreError::invalid(format!(
             "row {lock:?} holds term = {term}; terms are never negative: delete the row, or correct it"
@@ -119,13 +129,14 @@ impl StoreUrl {
     }
 
     /// The URL itself, for the driver only.
-    pub fn expose(&self) -> &str {
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 
     /// `scheme://user:***@host/...`: the password (between the first `:` after
     /// `//` and the last `@` before the path) replaced.
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         let url = &self.0;
         let Some(start) = url.find("://").map(|i| i + 3) else {
             return "<not a URL>".into();

@@ -42,7 +42,8 @@ impl StoreKind {
     }
 
     /// Whether the store keeps sessions, through which partitions are held.
-    pub fn keeps_sessions(self) -> bool {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn keeps_sessions(self) -> bool {
         matches!(
             self,
             StoreKind::Memory | StoreKind::Spanner | StoreKind::Postgres | StoreKind::Redis
@@ -115,7 +116,8 @@ pub fn store_url(url: Option<&str>, file: Option<&Path>) -> Result<Option<StoreU
 
 /// The flags that choose a store and say where it is.
 #[derive(Debug, Clone, Default)]
-pub struct StoreFlags<'a> {
+#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+pub(crate) struct StoreFlags<'a> {
     pub kind: Option<StoreKind>,
     pub database: Option<&'a str>,
     pub table: Option<&'a str>,
@@ -128,7 +130,8 @@ pub struct StoreFlags<'a> {
 impl StoreFlags<'_> {
     /// The store the flags name; every contradiction named by its flags.
     /// `--database` alone means Spanner.
-    pub fn choose(self) -> Result<StoreConfig, SelectError> {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) fn choose(self) -> Result<StoreConfig, SelectError> {
         let kind = match (self.kind, self.database) {
             (Some(kind), _) => kind,
             (None, Some(_)) => StoreKind::Spanner,
@@ -244,7 +247,9 @@ impl StoreConfig {
 
     /// Opens the store as lease rows and, where it keeps them, sessions, on
     /// one connection.
-    pub async fn connect_both(&self) -> Result<(Arc<dyn LeaseStore>, Option<Arc<dyn SessionStore>>), StoreError> {
+    pub(crate) async fn connect_both(
+        &self,
+    ) -> Result<(Arc<dyn LeaseStore>, Option<Arc<dyn SessionStore>>), StoreError> {
         Ok(match self {
             StoreConfig::Memory => {
                 let store = Arc::new(MemoryStore::default());
@@ -267,7 +272,8 @@ impl StoreConfig {
     }
 
     /// Opens the store for sessions: only the stores that keep them.
-    pub async fn connect_sessions(&self) -> Result<Arc<dyn SessionStore>, StoreError> {
+    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
+    pub(crate) async fn connect_sessions(&self) -> Result<Arc<dyn SessionStore>, StoreError> {
         if !self.kind().keeps_sessions() {
             return Err(no_sessions(self.kind()));
         }
@@ -277,7 +283,7 @@ impl StoreConfig {
 }
 
 /// The `Invalid` answer for sessions on a store that keeps none.
-pub fn no_sessions(kind: StoreKind) -> StoreError {
+pub(crate) fn no_sessions(kind: StoreKind) -> StoreError {
     StoreError::invalid(format!(
         "the {} store keeps no sessions: partitions need memory, spanner, postgres or redis",
         kind.flag()

@@ -4,6 +4,10 @@
 //! the field. Plain data, compiled without the Spanner client: the
 //! `DistributedLease` names a Spanner table whichever stores are built in.
 
+// Without the Spanner store only the roles' validation reads it, and the
+// store's re-export of `SpannerConfig` is not there.
+#![cfg_attr(not(feature = "spanner"), allow(dead_code, unreachable_pub))]
+
 /// Where the lease table lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpannerConfig {
@@ -15,7 +19,7 @@ pub struct SpannerConfig {
 
 /// A database path or table name Spanner (or our SQL text) cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
+pub(crate) enum NameError {
     #[error("must look like projects/<project>/instances/<instance>/databases/<database>, got {0:?}")]
     Database(String),
     /// The table name is part of the SQL text (it cannot be a parameter),
@@ -28,7 +32,7 @@ pub enum NameError {
 const MAX_TABLE_NAME: usize = 128;
 
 /// `projects/P/instances/I/databases/D`, each part non-empty.
-pub fn check_database(database: &str) -> Result<(), NameError> {
+pub(crate) fn check_database(database: &str) -> Result<(), NameError> {
     let parts: Vec<&str> = database.split('/').collect();
     match parts.as_slice() {
         ["projects", p, "instances", i, "databases", d] if [p, i, d].iter().all(|s| !s.is_empty()) => Ok(()),
@@ -37,7 +41,7 @@ pub fn check_database(database: &str) -> Result<(), NameError> {
 }
 
 /// A letter, then letters, digits or `_`, at most 128 in all.
-pub fn check_table(table: &str) -> Result<(), NameError> {
+pub(crate) fn check_table(table: &str) -> Result<(), NameError> {
     if crate::store::is_sql_identifier(table, MAX_TABLE_NAME) {
         Ok(())
     } else {

@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle, SendResponse};
 
-pub use server::{ApiServer, Authorizer, Recorded, Snapshot, pods};
+pub use server::{ApiServer, pods};
+pub use server::{Recorded, Snapshot};
 
 /// A request as the API server received it.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +68,13 @@ impl ApiRequest {
     }
 
     /// The query as sent, still percent-encoded.
-    pub fn raw_query(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn raw_query(&self) -> &str {
         self.uri.split_once('?').map_or("", |(_, query)| query)
     }
 
     /// A watch (`watch=true`), as opposed to a get or a list.
-    pub fn is_watch(&self) -> bool {
+    pub(crate) fn is_watch(&self) -> bool {
         self.query.get("watch").is_some_and(|w| w == "true" || w == "1")
     }
 }
@@ -93,7 +95,7 @@ impl Deref for Call {
 
 impl Call {
     /// Answers with `status` and `body` as JSON.
-    pub fn respond(self, status: u16, body: &Value) {
+    pub(crate) fn respond(self, status: u16, body: &Value) {
         self.reply.send_response(json_response(status, body));
     }
 }
@@ -107,7 +109,7 @@ fn json_response(status: u16, body: &Value) -> Response<Body> {
 
 /// A client (defaulting to `namespace`) whose every request goes to the
 /// returned verifier.
-pub fn mock_client(namespace: &str) -> (kube::Client, ApiServerVerifier) {
+pub(crate) fn mock_client(namespace: &str) -> (kube::Client, ApiServerVerifier) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (kube::Client::new(service, namespace), ApiServerVerifier(handle))
 }

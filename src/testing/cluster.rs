@@ -17,7 +17,7 @@ use kube::{Api, Client, Config};
 use crate::store::kubernetes::KubernetesStore;
 
 /// The variable naming the kubeconfig of the test cluster.
-pub const KUBECONFIG_ENV: &str = "LEASEHOLD_E2E_KUBECONFIG";
+pub(crate) const KUBECONFIG_ENV: &str = "LEASEHOLD_E2E_KUBECONFIG";
 
 /// The client configuration of the test cluster.
 pub async fn config() -> Config {
@@ -40,7 +40,7 @@ pub async fn config() -> Config {
 
 /// The variable giving the test namespaces a prefix (default `leasehold-e2e`),
 /// so that people sharing a cluster can tell theirs apart.
-pub const NAMESPACE_PREFIX_ENV: &str = "LEASEHOLD_E2E_NAMESPACE_PREFIX";
+pub(crate) const NAMESPACE_PREFIX_ENV: &str = "LEASEHOLD_E2E_NAMESPACE_PREFIX";
 
 /// A namespace of its own, `<prefix>-<what>-<random>`, deleted on drop.
 pub struct TestNamespace {

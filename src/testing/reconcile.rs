@@ -35,14 +35,18 @@ pub struct ApiServer {
 }
 
 pub const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
-pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
-pub const MERGE: &str = "application/merge-patch+json";
-pub const APPLY: &str = "application/apply-patch+yaml";
+pub(crate) const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
+pub(crate) const MERGE: &str = "application/merge-patch+json";
+pub(crate) const APPLY: &str = "application/apply-patch+yaml";
 
 /// A context whose Kubernetes client talks to a scripted mock API server and
 /// whose store provider hands out `store` (its lease rows and sessions) for
 /// every resource.
-pub fn context_on<S: LeaseStore + SessionStore>(store: Arc<S>, metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+#[cfg(test)]
+pub(crate) fn context_on<S: LeaseStore + SessionStore>(
+    store: Arc<S>,
+    metrics: Arc<Metrics>,
+) -> (Arc<Context>, ApiServer) {
     context_with(Arc::new(SingleStore::with_sessions(store)), metrics)
 }
 
@@ -54,7 +58,7 @@ pub fn context_with(stores: Arc<dyn StoreProvider>, metrics: Arc<Metrics>) -> (A
 
 /// `context` as the operator of the cluster named `cluster` sees it
 /// (`--cluster-name`).
-pub fn in_cluster((ctx, server): (Arc<Context>, ApiServer), cluster: &str) -> (Arc<Context>, ApiServer) {
+pub(crate) fn in_cluster((ctx, server): (Arc<Context>, ApiServer), cluster: &str) -> (Arc<Context>, ApiServer) {
     let ctx = Arc::into_inner(ctx).expect("a fresh context");
     (Arc::new(ctx.with_cluster(Some(cluster.into()))), server)
 }
@@ -62,7 +66,8 @@ pub fn in_cluster((ctx, server): (Arc<Context>, ApiServer), cluster: &str) -> (A
 /// A context whose store is the Kubernetes store on the same scripted API
 /// server: its Lease reads are requests the script answers and the RBAC
 /// check below judges, like the reconcile's own.
-pub fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
+#[cfg(test)]
+pub(crate) fn context_on_kubernetes_store(metrics: Arc<Metrics>) -> (Arc<Context>, ApiServer) {
     let (client, verifier) = mock_client("default");
     let store = crate::store::kubernetes::KubernetesStore::new(client.clone(), Some("prod"));
     context_over(client, verifier, Arc::new(SingleStore::new(Arc::new(store))), metrics)
@@ -89,7 +94,7 @@ fn context_over(
 }
 
 /// The checks every request of a reconcile passes.
-pub trait Expected {
+pub(crate) trait Expected {
     fn assert(&self, method: &str, path: &str, content_type: Option<&str>);
 }
 
@@ -174,7 +179,8 @@ pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
 
 /// A candidate pod whose sidecar container (the native sidecar) is running;
 /// `retired_from`: the uid its sidecar has retired from, if any.
-pub fn running_candidate(name: &str, retired_from: Option<&str>) -> Value {
+#[cfg(test)]
+pub(crate) fn running_candidate(name: &str, retired_from: Option<&str>) -> Value {
     let mut pod = pod(name, Some("false"), true);
     pod["status"]["initContainerStatuses"] = json!([{
         "name": "leasehold", "image": "leasehold:dev", "imageID": "", "ready": true, "restartCount": 0,
@@ -187,7 +193,7 @@ pub fn running_candidate(name: &str, retired_from: Option<&str>) -> Value {
 }
 
 /// A delete lists the candidates from the API server, not from the cache.
-pub async fn expect_fresh_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
+pub(crate) async fn expect_fresh_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
     let seen = next(server).await;
     seen.assert("GET", "/api/v1/namespaces/prod/pods", None);
     assert_eq!(seen.query.get("labelSelector").map(String::as_str), Some("app=web"));
@@ -216,7 +222,7 @@ pub fn conditions(status: &Value) -> BTreeMap<String, (String, String, String)> 
         .collect()
 }
 
-pub async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_contains: &str) {
+pub(crate) async fn expect_event(server: &mut ApiServer, kind: &str, reason: &str, note_contains: &str) {
     let seen = next(server).await;
     seen.assert("POST", EVENTS, Some("application/json"));
     let body = &seen.body;
@@ -266,7 +272,7 @@ pub async fn expect_status_apply(server: &mut ApiServer, lease_echo: Value) -> V
 }
 
 /// Asserts the merge patch that drops our finalizer (a delete's last request).
-pub async fn expect_finalizer_dropped(server: &mut ApiServer, lease_echo: &Value) {
+pub(crate) async fn expect_finalizer_dropped(server: &mut ApiServer, lease_echo: &Value) {
     let seen = next(server).await;
     seen.assert("PATCH", &format!("{LEASES}/web"), Some(MERGE));
     assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
@@ -299,7 +305,8 @@ impl StoreSide {
 
     /// A PostgreSQL or Redis store (`kind`) whose URL the resource names by a
     /// Secret; the reconciles connect to it themselves.
-    pub fn by_secret(kind: &str, store: Arc<dyn LeaseStore>, url: String) -> StoreSide {
+    #[cfg(test)]
+    pub(crate) fn by_secret(kind: &str, store: Arc<dyn LeaseStore>, url: String) -> StoreSide {
         StoreSide {
             provider: Arc::new(crate::operator::stores::OpenStores::default()),
             store,
@@ -310,7 +317,7 @@ impl StoreSide {
 }
 
 /// The operator reads a Secret holding `url` under key `url`.
-pub async fn expect_secret_get(server: &mut ApiServer, name: &str, url: &str) {
+pub(crate) async fn expect_secret_get(server: &mut ApiServer, name: &str, url: &str) {
     let seen = next(server).await;
     seen.assert("GET", &format!("/api/v1/namespaces/prod/secrets/{name}"), None);
     let encoded = k8s_openapi::ByteString(url.as_bytes().to_vec());

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use super::{LOOPBACK, ReservedPort, port_open, reserve_port};
 
 /// How to get PostgreSQL, printed when it is missing.
-pub const HOW_TO_GET_POSTGRES: &str = "no PostgreSQL server binaries (initdb, postgres, pg_isready) found. \
+pub(crate) const HOW_TO_GET_POSTGRES: &str = "no PostgreSQL server binaries (initdb, postgres, pg_isready) found. \
 Install them (Debian: `apt-get install -y postgresql`, which puts them in /usr/lib/postgresql/<version>/bin), \
 then put that folder on PATH or set LEASEHOLD_PG_BIN to it";
 
 /// How to get Redis, printed when it is missing.
-pub const HOW_TO_GET_REDIS: &str = "no redis-server found. Install it (Debian: `apt-get install -y redis-server`; \
+pub(crate) const HOW_TO_GET_REDIS: &str = "no redis-server found. Install it (Debian: `apt-get install -y redis-server`; \
 `.ci/run` does), put it on PATH or set LEASEHOLD_REDIS_SERVER to its path";
 
 const STARTUP: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ impl TestCertificates {
     }
 
     /// Writes them with a server certificate for `names` only.
-    pub fn write_for(dir: &Path, names: &[&str]) -> TestCertificates {
+    pub(crate) fn write_for(dir: &Path, names: &[&str]) -> TestCertificates {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");

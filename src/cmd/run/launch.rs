@@ -15,20 +15,20 @@ use tracing::debug;
 use super::watchdog::{HEARTBEAT_FD, Heartbeat, exit_code};
 
 /// A started command: where its deadlines and stop go, and its exit code.
-pub struct Supervised {
+pub(crate) struct Supervised {
     pub heartbeats: mpsc::UnboundedSender<Heartbeat>,
     pub exit: JoinHandle<i32>,
 }
 
 /// Starts the command for one leader; tests substitute an in-process one.
-pub trait Launcher: Send + Sync + 'static {
+pub(crate) trait Launcher: Send + Sync + 'static {
     /// Starts the command with `env` added; it is stopped by `deadline`
     /// unless a later deadline is sent.
     fn start(&self, env: Vec<(&'static str, String)>, deadline: Instant) -> std::io::Result<Supervised>;
 }
 
 /// Re-executes this binary as `leasehold __watchdog -- COMMAND…`.
-pub struct WatchdogLauncher {
+pub(crate) struct WatchdogLauncher {
     pub exe: PathBuf,
     pub command: Vec<String>,
     pub grace: Duration,

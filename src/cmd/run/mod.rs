@@ -20,7 +20,7 @@
 //! chart's PodMonitor, alerts and dashboard see run-wrapped locks too.
 
 pub mod launch;
-pub mod watchdog;
+pub(crate) mod watchdog;
 
 #[cfg(test)]
 mod tests;

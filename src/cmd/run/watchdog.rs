@@ -29,11 +29,11 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 /// The pipe from the runner, as the watchdog sees it.
-pub const HEARTBEAT_FD: i32 = 3;
+pub(crate) const HEARTBEAT_FD: i32 = 3;
 
 /// What the runner tells the watchdog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Heartbeat {
+pub(crate) enum Heartbeat {
     /// The leader's new deadline: stop the command by then unless a later one arrives.
     Deadline(Instant),
     /// Stop the command now, starting with this signal.
@@ -42,7 +42,7 @@ pub enum Heartbeat {
 
 impl Heartbeat {
     /// One line of the pipe protocol.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         match self {
             Heartbeat::Deadline(at) => format!("deadline {}\n", to_monotonic_nanos(*at)),
             Heartbeat::Stop(signal) => format!("stop {signal}\n"),
@@ -51,7 +51,7 @@ impl Heartbeat {
 
     /// Parses one line; anything unreadable is `None`, which the watchdog
     /// treats as a stop (fail safe).
-    pub fn decode(line: &str) -> Option<Heartbeat> {
+    pub(crate) fn decode(line: &str) -> Option<Heartbeat> {
         match line.trim().split_once(' ')? {
             ("deadline", nanos) => Some(Heartbeat::Deadline(from_monotonic_nanos(nanos.parse().ok()?))),
             ("stop", signal) => Some(Heartbeat::Stop(signal.parse().ok()?)),
@@ -89,7 +89,7 @@ fn from_monotonic_nanos(nanos: i128) -> Instant {
 }
 
 /// The command's process group, as the supervisor drives it.
-pub trait ProcessGroup: Send {
+pub(crate) trait ProcessGroup: Send {
     /// Sends `signal` to every process in the group.
     fn signal(&mut self, signal: i32);
     /// Resolves with the command's exit code (128 + signal when killed);
@@ -102,7 +102,7 @@ pub trait ProcessGroup: Send {
 /// The stop sequence starts at the deadline, on `Stop`, or when the runner
 /// is gone (the channel closed), and SIGKILL follows `grace` after the
 /// earlier of that moment and the deadline: never later than `deadline + grace`.
-pub async fn supervise(
+pub(crate) async fn supervise(
     mut group: impl ProcessGroup,
     mut heartbeats: mpsc::UnboundedReceiver<Heartbeat>,
     mut deadline: Instant,
@@ -179,14 +179,14 @@ impl ProcessGroup for OsGroup {
 }
 
 /// A shell's convention: the exit code, or 128 + the signal that ended it.
-pub fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
 /// `leasehold __watchdog`: started by the runner, never by hand.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Time between SIGTERM and SIGKILL.
     #[arg(long, env = "LEASEHOLD_GRACE_PERIOD", value_parser = crate::lease::timing::parse_duration_flag)]
     pub grace_period: Duration,
@@ -197,7 +197,7 @@ pub struct Args {
 
 /// The watchdog process: returns the command's exit code (126/127 when it
 /// cannot start, as a shell does).
-pub async fn run(args: Args) -> std::io::Result<i32> {
+pub(crate) async fn run(args: Args) -> std::io::Result<i32> {
     // Signals to our process group are the runner's to act on: listening
     // keeps them from killing us, and a handled signal (unlike an ignored
     // one) is back to its default in the command.

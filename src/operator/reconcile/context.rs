@@ -86,7 +86,7 @@ impl Context {
 
     /// This context reading candidates from `pods` and their Deployments
     /// from `deployments`, the caches of one run's watches.
-    pub fn with_caches(&self, pods: Store<Pod>, deployments: Store<Deployment>) -> Context {
+    pub(crate) fn with_caches(&self, pods: Store<Pod>, deployments: Store<Deployment>) -> Context {
         Context {
             deployments,
             client: self.client.clone(),
@@ -177,7 +177,7 @@ impl Context {
     }
 
     /// Names this cluster (see the sidecar's cluster name).
-    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+    pub(crate) fn with_cluster(mut self, cluster: Option<String>) -> Self {
         self.cluster = cluster;
         self
     }

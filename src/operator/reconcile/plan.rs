@@ -25,7 +25,7 @@ use crate::operator::{partitions, rollout};
 
 /// What a reconcile of a live resource found, in the order it looked.
 #[derive(Debug)]
-pub enum Found {
+pub(crate) enum Found {
     /// The spec failed validation (the message names the field): nothing
     /// else was read.
     Invalid(String),
@@ -34,7 +34,7 @@ pub enum Found {
 
 /// What a reconcile of a valid resource found.
 #[derive(Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub valid: ValidLease,
     /// The candidate pods, taken from the pod watch before the store read
     /// (see the module's order of work).
@@ -47,14 +47,14 @@ pub struct Seen {
 
 /// What a reconcile read from the store.
 #[derive(Debug)]
-pub enum Read {
+pub(crate) enum Read {
     Lease(Observation),
     Partitions(PartitionView),
 }
 
 /// What to do about one observation.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The status to apply; `None` when nothing users see changed:
     /// `renewedAt` alone moves on every renewal and is refreshed only with
     /// another change, so a steady lease costs no writes (and no watch
@@ -70,7 +70,7 @@ pub struct Plan {
 
 /// One Event about the resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Note {
+pub(crate) struct Note {
     pub kind: EventType,
     pub reason: &'static str,
     pub action: &'static str,
@@ -82,7 +82,7 @@ pub struct Note {
 /// `resource_version`: a pod that changed since the list conflicts, and the
 /// next reconcile decides again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Repair {
+pub(crate) struct Repair {
     pub pod: String,
     pub resource_version: Option<String>,
     pub label_key: String,
@@ -90,7 +90,7 @@ pub struct Repair {
 
 /// The plan for `lease`, which `found` describes, at `now`; `cluster` is
 /// this cluster's name (see the sidecar's cluster name).
-pub fn plan(lease: &DistributedLease, cluster: Option<&str>, now: &Time, found: Found) -> Plan {
+pub(crate) fn plan(lease: &DistributedLease, cluster: Option<&str>, now: &Time, found: Found) -> Plan {
     let old = lease.status.clone().unwrap_or_default();
     let at = Conditions {
         old: &old,
@@ -375,7 +375,7 @@ fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, Strin
 }
 
 /// The names of the candidates that cannot campaign, sorted.
-pub fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
+pub(crate) fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
     let mut names: Vec<String> = candidates
         .iter()
         .filter(|pod| pod.spec.as_ref().and_then(injected_container).is_none())

@@ -15,7 +15,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 /// Looks up the lease a pod names, in the pod's namespace.
-pub trait LeaseLookup: Send + Sync + 'static {
+pub(crate) trait LeaseLookup: Send + Sync + 'static {
     /// `Ok(None)`: no such lease.
     fn lookup(
         &self,
@@ -26,7 +26,7 @@ pub trait LeaseLookup: Send + Sync + 'static {
 
 /// Reads `DistributedLease`s from the API server.
 #[derive(Clone)]
-pub struct KubeLeaseLookup(pub kube::Client);
+pub(crate) struct KubeLeaseLookup(pub kube::Client);
 
 impl LeaseLookup for KubeLeaseLookup {
     async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
@@ -39,7 +39,7 @@ impl LeaseLookup for KubeLeaseLookup {
 /// Answers one admission request. Denies only a pod whose
 /// `leasehold.dev/run` container cannot be wrapped; on any other doubt it
 /// admits, with a warning the user sees in `kubectl`.
-pub async fn admit<L: LeaseLookup>(
+pub(crate) async fn admit<L: LeaseLookup>(
     lookup: &L,
     config: &InjectionConfig,
     request: AdmissionRequest<Pod>,
@@ -108,7 +108,7 @@ pub async fn admit<L: LeaseLookup>(
 }
 
 /// The webhook's HTTP routes (served over TLS by [`serve`]).
-pub fn router<L: LeaseLookup>(lookup: Arc<L>, config: Arc<InjectionConfig>) -> Router {
+pub(crate) fn router<L: LeaseLookup>(lookup: Arc<L>, config: Arc<InjectionConfig>) -> Router {
     Router::new().route(
         "/mutate",
         post(move |Json(review): Json<AdmissionReview<Pod>>| {

@@ -16,7 +16,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 #[derive(Debug, Clone)]
-pub struct CertificateBundle {
+pub(crate) struct CertificateBundle {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
@@ -24,7 +24,7 @@ pub struct CertificateBundle {
 
 impl CertificateBundle {
     /// A fresh self-signed CA and a certificate it signs for `service.namespace.svc`.
-    pub fn self_signed(service: &str, namespace: &str) -> Result<Self> {
+    pub(crate) fn self_signed(service: &str, namespace: &str) -> Result<Self> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
@@ -65,7 +65,7 @@ impl CertificateBundle {
     }
 
     /// The certificate chain and key as rustls serves them.
-    pub fn certified_key(&self) -> Result<Arc<CertifiedKey>> {
+    pub(crate) fn certified_key(&self) -> Result<Arc<CertifiedKey>> {
         certified_key(self.cert_pem.as_bytes(), self.key_pem.as_bytes())
     }
 }
@@ -100,7 +100,7 @@ pub(super) fn server_config(certificates: Arc<dyn ResolvesServerCert>) -> Result
 }
 
 /// One certificate for the server's lifetime (the self-signed one).
-pub fn fixed(bundle: &CertificateBundle) -> Result<Arc<dyn ResolvesServerCert>> {
+pub(crate) fn fixed(bundle: &CertificateBundle) -> Result<Arc<dyn ResolvesServerCert>> {
     Ok(Arc::new(rustls::sign::SingleCertAndKey::from(bundle.certified_key()?)))
 }
 
@@ -110,7 +110,7 @@ pub fn fixed(bundle: &CertificateBundle) -> Result<Arc<dyn ResolvesServerCert>> 
 /// Secret by swapping a symlink to a new folder, so the files' identity
 /// (inode and mtime, following the link) changes with every update.
 #[derive(Debug)]
-pub struct CertDir {
+pub(crate) struct CertDir {
     dir: PathBuf,
     current: Mutex<(FileStamps, Arc<CertifiedKey>)>,
 }
@@ -121,7 +121,7 @@ impl CertDir {
     const FILES: [&str; 2] = ["tls.crt", "tls.key"];
 
     /// Reads the certificate now; a folder without a usable one is an error.
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path) -> Result<Self> {
         let stamps = Self::stamps(dir)?;
         let key = Self::load(dir)?;
         Ok(CertDir {
@@ -187,7 +187,7 @@ impl ResolvesServerCert for CertDir {
 /// The self-signed bundle every operator replica serves: the first replica
 /// to start creates it in a Secret, the others read it (a replica that loses
 /// the creation race reads the winner's), so all present one CA.
-pub async fn shared_self_signed(
+pub(crate) async fn shared_self_signed(
     client: kube::Client,
     namespace: &str,
     secret: &str,
@@ -236,7 +236,7 @@ pub async fn shared_self_signed(
 
 /// Gives every webhook of the configuration our CA bundle: a GET, then a
 /// JSON patch whose `test` ops make it fail if the list changed in between.
-pub async fn patch_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<()> {
+pub(crate) async fn patch_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<()> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
     let wrap = |source| Error::Configuration {
         name: name.to_string(),

@@ -23,10 +23,12 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-pub use admission::{KubeLeaseLookup, LeaseLookup, admit, router};
-pub use certs::{CertDir, CertificateBundle, fixed, patch_ca_bundle, shared_self_signed};
-pub use patch::{ExtraEnv, InjectionConfig, LeaseInjection, NotInjected, SidecarArgs, SidecarMode, injection_patch};
-pub use server::{Timeouts, bind, serve};
+pub(crate) use admission::{KubeLeaseLookup, router};
+pub(crate) use certs::{CertDir, fixed, patch_ca_bundle, shared_self_signed};
+pub(crate) use patch::{InjectionConfig, SidecarArgs};
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use patch::{LeaseInjection, NotInjected, injection_patch};
+pub(crate) use server::{Timeouts, bind, serve};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -58,7 +60,7 @@ pub enum Error {
     NoWebhooks(String),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The webhook's flags, part of `leasehold operator`.
 #[derive(Debug, Clone, clap::Args)]
@@ -112,7 +114,7 @@ impl WebhookArgs {
 }
 
 /// Prepares the certificate and serves the webhook until `shutdown`.
-pub async fn run(
+pub(crate) async fn run(
     args: &WebhookArgs,
     injection: InjectionConfig,
     namespace: &str,

@@ -186,7 +186,7 @@ impl SidecarArgs {
 
 /// What the lease says about injection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseInjection {
+pub(crate) struct LeaseInjection {
     pub readiness_gate: bool,
     /// PostgreSQL and Redis: the Secret key holding the store URL.
     pub url_secret: Option<SecretKeyRef>,
@@ -195,7 +195,7 @@ pub struct LeaseInjection {
 impl LeaseInjection {
     /// What a lease asks of the pods that name it: its readiness gate, and
     /// the URL Secret of its store (when it has read as one).
-    pub fn new(readiness_gate: bool, store: Option<&LeaseStoreSpec>) -> LeaseInjection {
+    pub(crate) fn new(readiness_gate: bool, store: Option<&LeaseStoreSpec>) -> LeaseInjection {
         let url_secret = store.and_then(|store| {
             (store.postgres.as_ref().map(|p| &p.url_secret_ref))
                 .or(store.redis.as_ref().map(|r| &r.url_secret_ref))
@@ -207,14 +207,14 @@ impl LeaseInjection {
         }
     }
 
-    pub fn of(lease: &DistributedLease) -> LeaseInjection {
+    pub(crate) fn of(lease: &DistributedLease) -> LeaseInjection {
         LeaseInjection::new(lease.spec.publishing.readiness_gate, Some(&lease.spec.store))
     }
 }
 
 /// Why a pod was not injected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NotInjected {
+pub(crate) enum NotInjected {
     #[error("no {LEASE_ANNOTATION} annotation")]
     NotAnnotated,
     #[error("it already has a container named {0}")]
@@ -227,7 +227,7 @@ pub enum NotInjected {
 
 impl NotInjected {
     /// Whether the user asked for injection and did not get it (worth a warning).
-    pub fn is_user_error(&self) -> bool {
+    pub(crate) fn is_user_error(&self) -> bool {
         matches!(self, NotInjected::BadAnnotation { .. })
     }
 }
@@ -379,7 +379,7 @@ fn runnable(spec: &PodSpec, name: &str) -> Result<usize, NotInjected> {
 /// `leasehold.dev/run`, wraps the named container's command with `leasehold
 /// run`), or why not (webhooks can be called again, so an injected pod is
 /// left alone).
-pub fn injection_patch(
+pub(crate) fn injection_patch(
     pod: &Pod,
     lease: Option<LeaseInjection>,
     config: &InjectionConfig,

@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 /// the API server; without these a client that connects and stays silent
 /// holds a task and a socket forever.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     pub handshake: Duration,
     pub header_read: Duration,
 }
@@ -37,7 +37,7 @@ impl Default for Timeouts {
 
 /// Serves `app` over TLS on `listener` until `shutdown`; then stops accepting,
 /// lets requests in flight finish and closes idle connections.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     certificates: Arc<dyn ResolvesServerCert>,
     app: Router,
@@ -90,7 +90,7 @@ pub async fn serve(
 }
 
 /// Binds `addr` for [`serve`].
-pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Listen { addr, source })

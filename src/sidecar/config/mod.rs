@@ -7,9 +7,11 @@ mod flags;
 mod settings;
 mod watch;
 
-pub use flags::{Args, ElectionArgs};
-pub use settings::{LeaseBinding, Publishing, Settings, flag_version, resolve};
-pub use watch::{Retirement, watch_lease};
+pub use flags::Args;
+pub use flags::ElectionArgs;
+pub use settings::{LeaseBinding, Settings};
+pub use settings::{Publishing, resolve};
+pub(crate) use watch::{Retirement, watch_lease};
 
 use crate::api::ValidationError;
 use crate::lease::{LockNameError, PartitionsError, StoreError, TimingError};

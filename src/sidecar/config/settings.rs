@@ -84,7 +84,7 @@ pub struct Settings {
 /// The version the flags give: `--revision` orders it, `--version-name` names it.
 /// A name without a revision cannot be ordered: outside Kubernetes, where
 /// no ReplicaSet can supply one, that is an error naming the flags.
-pub fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
+pub(crate) fn flag_version(args: &ElectionArgs) -> Result<Option<Version>> {
     match (args.revision, &args.version_name) {
         (Some(revision), name) => Ok(Some(Version {
             revision,

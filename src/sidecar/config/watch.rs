@@ -12,7 +12,7 @@ use crate::sidecar::pod::watch_backoff;
 
 /// Why a sidecar stops campaigning on the lease it is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Retirement {
+pub(crate) struct Retirement {
     /// The `metadata.uid` of the lease it retires from.
     pub uid: String,
     pub why: String,
@@ -26,7 +26,7 @@ pub struct Retirement {
 /// campaign on two stores at once (issue 40), so the caller stops claiming,
 /// releases and re-executes onto the new resource (`sidecar::retire`).
 /// New timing applies from the next term; a new label key is logged.
-pub async fn watch_lease(
+pub(crate) async fn watch_lease(
     client: kube::Client,
     namespace: &str,
     bound: LeaseBinding,

@@ -47,7 +47,7 @@ use crate::api::contract::{GATE_PROBE_PATH, LEADER_CONDITION, SIDECAR_CONTAINER}
 use crate::lease::{Change, ElectorControl, LeaderState};
 use announce::Announcer;
 
-pub use super::BACKOFF_CAP;
+pub(crate) use super::BACKOFF_CAP;
 /// How long a sidecar whose elector has ended keeps trying to leave its pod
 /// labelled "false" and not ready.
 const FINAL_WRITES_WITHIN: Duration = Duration::from_secs(5);

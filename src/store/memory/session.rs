@@ -44,7 +44,7 @@ struct LockRow {
 /// One lock acquisition as the store committed it, with the instant on the
 /// candidates' (tokio) clock, for the simulation's checker.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockAcquisition {
+pub(crate) struct LockAcquisition {
     pub lock: String,
     pub session: String,
     pub token: FencingToken,
@@ -89,7 +89,8 @@ impl Tables {
 
 impl MemoryStore {
     /// Every lock acquisition committed so far, in commit order.
-    pub fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
+    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+    pub(crate) fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
         self.lock().sessions.acquisitions.clone()
     }
 

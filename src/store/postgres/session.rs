@@ -76,7 +76,7 @@ pub enum Stage {
 }
 
 /// What a test runs at each [`Stage`] of every attempt.
-pub type Interleave = dyn Fn(Stage) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+pub(crate) type Interleave = dyn Fn(Stage) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
 
 async fn interleave(hook: Option<&Interleave>, stage: Stage) {
     if let Some(hook) = hook {

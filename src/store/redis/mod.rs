@@ -260,7 +260,7 @@ impl std::fmt::Debug for RedisStore {
 /// `rediss://` connects over TLS, checking the certificate's chain and host
 /// name against the CA file named by `sslrootcert=` in the query, or else
 /// the system's roots.
-pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
+pub(crate) fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
     let split = tls::take_params(url, &[tls::CA_FILE_PARAM])?;
     let ca_file = split.taken.into_iter().next().flatten();
     let not_redis = |e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e);
@@ -287,7 +287,7 @@ pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
 }
 
 /// A key prefix: printable, no braces (they would move the hash tag).
-pub fn validate_prefix(prefix: &str) -> Result<()> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     if prefix.len() <= 64 && !prefix.contains(['{', '}']) && !prefix.chars().any(char::is_control) {
         Ok(())
     } else {

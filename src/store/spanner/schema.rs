@@ -86,7 +86,7 @@ pub(super) struct Column {
 
 /// Why an existing lease table cannot work, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SchemaError {
+pub(crate) enum SchemaError {
     #[error(
         "table {table} has no column {column} {want}: add it (ALTER TABLE {table} ADD COLUMN {column} {want}), \
          or let --create-table or the operator (ensure-schema) upgrade the table"

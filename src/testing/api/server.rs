@@ -50,7 +50,7 @@ use super::status as status_json;
 type Body = BoxBody<Bytes, Infallible>;
 
 /// Whether a request is allowed: (method, path, is a watch).
-pub type Authorizer = fn(&str, &str, bool) -> bool;
+pub(crate) type Authorizer = fn(&str, &str, bool) -> bool;
 
 /// One request as the server received it.
 #[derive(Debug, Clone, PartialEq)]
@@ -209,7 +209,8 @@ impl ApiServer {
 
     /// Requests for which `fails(method, path)` holds answer 500, as an
     /// API server that is up but cannot serve them; `None` heals.
-    pub fn fail_when(&self, fails: Option<fn(&str, &str) -> bool>) {
+    #[cfg(test)]
+    pub(crate) fn fail_when(&self, fails: Option<fn(&str, &str) -> bool>) {
         self.lock().failing = fails.map(|f| Box::new(f) as Failing);
     }
 
@@ -226,7 +227,8 @@ impl ApiServer {
     }
 
     /// Waits until `count` requests have arrived in total.
-    pub async fn wait_for_requests(&self, count: usize) -> Vec<Recorded> {
+    #[cfg(test)]
+    pub(crate) async fn wait_for_requests(&self, count: usize) -> Vec<Recorded> {
         loop {
             let seen = self.request_seen.notified();
             let requests = self.requests();
