@@ -6,7 +6,8 @@
 //! scale it down for a quick look; LEASEHOLD_BENCH_ONLY (comma-separated part
 //! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
-//! partitions-postgres, partitions-redis, fencing, fencing-kubernetes, kubernetes, operator-scale) runs a share of it. `postgres` and `redis` start
+//! partitions-postgres, partitions-redis, clusters, clusters-postgres, clusters-redis, fencing, fencing-kubernetes,
+//! kubernetes, operator-scale) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -21,6 +22,8 @@ mod support;
 #[path = "leasehold/sessions.rs"]
 mod sessions;
 
+#[path = "leasehold/clusters.rs"]
+mod clusters;
 #[path = "leasehold/fencing.rs"]
 mod fencing;
 #[path = "leasehold/partitions.rs"]
@@ -880,6 +883,24 @@ fn main() {
             partitions::partitions(backend, reps)
                 .into_iter()
                 .map(|l| format!("partitions ({backend:?}): {l}")),
+        );
+    }
+    for (part, backend) in [
+        ("clusters", sessions::Backend::Spanner),
+        ("clusters-postgres", sessions::Backend::Postgres),
+        ("clusters-redis", sessions::Backend::Redis),
+    ] {
+        if !run(part) {
+            continue;
+        }
+        println!(
+            "== failover across clusters on {backend:?}: 2 + 2 sidecar processes named west and east, one lock, \
+             D/R/P 15/10/2 s, {reps} repetitions per scenario"
+        );
+        summary_lines.extend(
+            clusters::failover_across_clusters(backend, reps)
+                .into_iter()
+                .map(|l| format!("clusters ({backend:?}): {l}")),
         );
     }
     // Needs a disposable cluster (docs/e2e.md): named, or with the suite's variables set.

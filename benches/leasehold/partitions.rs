@@ -60,8 +60,9 @@ fn until(
     None
 }
 
-/// The store the sidecars share, and a runtime for their proxies.
-struct Place {
+/// The store the sidecars share, and a runtime for their proxies (the
+/// clusters part starts its sidecars here too).
+pub(super) struct Place {
     runtime: tokio::runtime::Runtime,
     store: Store,
 }
@@ -73,7 +74,7 @@ enum Store {
 }
 
 impl Place {
-    fn new(backend: Backend) -> Place {
+    pub(super) fn new(backend: Backend) -> Place {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -92,7 +93,7 @@ impl Place {
     }
 
     /// A sidecar reaching the store through a proxy of its own.
-    fn launch(&self, name: &str, lock: &str, extra: &[String]) -> Sidecar {
+    pub(super) fn launch(&self, name: &str, lock: &str, extra: &[String]) -> Sidecar {
         let target = match &self.store {
             Store::Spanner(emulator, _) => emulator.host.parse().unwrap(),
             Store::Postgres(server) => server.addr(),

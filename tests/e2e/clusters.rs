@@ -1,4 +1,5 @@
-//! One leader across two clusters sharing one PostgreSQL lock (issue 37).
+//! One leader across two clusters sharing one lock, on every shared store:
+//! PostgreSQL, Redis and the Cloud Spanner emulator (issue 37).
 //!
 //! "west" is the suite's cluster: its candidates are the leader-only-service
 //! example's pods, injected by its operator, installed with
@@ -9,7 +10,9 @@
 //! `leasehold sidecar` processes on the host, each publishing to a pod object
 //! created in east that stays Pending behind a scheduling gate. Both
 //! clusters' DistributedLeases name the same lock (same namespace and name)
-//! in the same table of one private PostgreSQL the test starts.
+//! in one private store the test starts on this machine's address: a
+//! PostgreSQL or Redis server, or a Spanner emulator (each scenario runs
+//! once per store, `<scenario>::<store>`).
 //!
 //! East leads first in every scenario; its candidates reach the store
 //! through proxies the test controls. The cross-cluster watcher follows the
@@ -26,16 +29,17 @@ use kube::Api;
 use kube::api::ListParams;
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
 use leasehold::lease::{LeaseRecord, LeaseStore};
-use leasehold::store::StoreUrl;
-use leasehold::store::postgres::{PostgresConfig, PostgresStore};
-use leasehold::testing::servers::PostgresServer;
+use leasehold::store::select::{StoreConfig, StoreKind};
+use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
+use leasehold::store::{DEFAULT_TABLE, StoreUrl};
+use leasehold::testing::servers::{PostgresServer, RedisServer};
 use leasehold::testing::{ProxyMode, TcpProxy};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::cluster::{DeleteOnDrop, Scenario, apply, crds, install_chart_with, namespace_object, scenario, wait_for};
 use crate::fixtures::{APP, LEASE};
-use crate::stores::{lease, secret};
+use crate::stores::{SpannerForPods, lease, secret};
 use crate::support::{Sidecar, get};
 use crate::watcher::{ClaimsNow, LeadershipWatcher, Watched};
 
@@ -61,18 +65,18 @@ const HOW_TO_GET_EAST: &str = "LEASEHOLD_E2E_EAST_KUBECONFIG is not set: the two
      `scripts/e2e-cluster.sh east up` only the second, and each prints the variable (docs/e2e.md)";
 
 /// The scenarios install the chart on the suite's cluster with
-/// `clusterName=west`, which every pod injected meanwhile would carry:
-/// nextest runs them one at a time where no other test uses the cluster
-/// (`.config/nextest.toml`, scripts/test.sh).
+/// `clusterName=west` (and, on Spanner, the emulator's address), which every
+/// pod injected meanwhile would carry: nextest runs them one at a time where
+/// no other test uses the cluster (`.config/nextest.toml`, scripts/test.sh).
+/// One test per scenario and store: `disruptive::<scenario>::<store>`.
 mod disruptive {
     use super::*;
 
     /// All candidates of the leading cluster killed: a candidate of the other
     /// cluster leads within D + P of the last kill.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_leading_clusters_candidates_killed() {
+    async fn the_leading_clusters_candidates_killed(kind: StoreKind) {
         scenario(NS, |s| async move {
-            let mut two = TwoClusters::start(&s).await;
+            let mut two = TwoClusters::start(&s, kind).await;
             two.east_leads().await;
             two.west_follows(&s).await;
             let killed = Instant::now();
@@ -101,10 +105,9 @@ mod disruptive {
     /// The leading cluster cut off from the store: its leader stops claiming
     /// within R of the cut (its last renewal was sent before it), and a
     /// candidate of the other cluster leads once the lease has expired.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_leading_cluster_cut_off_from_the_store() {
+    async fn the_leading_cluster_cut_off_from_the_store(kind: StoreKind) {
         scenario(NS, |s| async move {
-            let two = TwoClusters::start(&s).await;
+            let two = TwoClusters::start(&s, kind).await;
             let east_leader = two.east_leads().await;
             two.west_follows(&s).await;
             let cut = Instant::now();
@@ -137,10 +140,9 @@ mod disruptive {
 
     /// The leading cluster's API server down: the store decides, so the same
     /// term of the same holder goes on; its labels and status converge after.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_leading_clusters_api_server_down() {
+    async fn the_leading_clusters_api_server_down(kind: StoreKind) {
         scenario(NS, |s| async move {
-            let two = TwoClusters::start(&s).await;
+            let two = TwoClusters::start(&s, kind).await;
             let east_leader = two.east_leads().await;
             two.west_follows(&s).await;
             let before = two.store_record().await;
@@ -179,6 +181,160 @@ mod disruptive {
         })
         .await;
     }
+
+    macro_rules! on_every_shared_store {
+        ($($scenario:ident),* $(,)?) => {$(
+            mod $scenario {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$scenario(StoreKind::Postgres).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis() {
+                    super::$scenario(StoreKind::Redis).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn spanner() {
+                    super::$scenario(StoreKind::Spanner).await;
+                }
+            }
+        )*};
+    }
+
+    on_every_shared_store!(
+        the_leading_clusters_candidates_killed,
+        the_leading_cluster_cut_off_from_the_store,
+        the_leading_clusters_api_server_down,
+    );
+}
+
+/// The store both clusters share, started on this machine's address so
+/// west's pods reach it; east's candidates reach it through proxies.
+enum SharedStore {
+    Postgres(PostgresServer),
+    Redis(RedisServer),
+    Spanner(SpannerForPods),
+}
+
+impl SharedStore {
+    async fn start(kind: StoreKind, west: &Scenario) -> SharedStore {
+        match kind {
+            StoreKind::Postgres => SharedStore::Postgres(PostgresServer::start_on(west.env.host_ip)),
+            StoreKind::Redis => SharedStore::Redis(RedisServer::start_on(west.env.host_ip)),
+            StoreKind::Spanner => SharedStore::Spanner(SpannerForPods::start_without_chart(west).await),
+            other => panic!("the {} store is not shared across clusters", other.flag()),
+        }
+    }
+
+    fn kind(&self) -> StoreKind {
+        match self {
+            SharedStore::Postgres(_) => StoreKind::Postgres,
+            SharedStore::Redis(_) => StoreKind::Redis,
+            SharedStore::Spanner(_) => StoreKind::Spanner,
+        }
+    }
+
+    /// The URL a pod uses (`None`: Spanner, reached through the
+    /// environment), at this machine's address.
+    fn pod_url(&self, host: std::net::IpAddr) -> Option<String> {
+        match self {
+            SharedStore::Postgres(server) => Some(server.url_at((host, server.port).into())),
+            SharedStore::Redis(server) => Some(server.url_at((host, server.port).into())),
+            SharedStore::Spanner(_) => None,
+        }
+    }
+
+    /// The DistributedLease's `spec.store`.
+    fn spec(&self) -> Value {
+        let url = json!({"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}});
+        match self {
+            SharedStore::Postgres(_) => json!({ "postgres": url }),
+            SharedStore::Redis(_) => json!({ "redis": url }),
+            SharedStore::Spanner(spanner) => spanner.store.clone(),
+        }
+    }
+
+    /// A cluster's DistributedLease on this store, with its URL Secret.
+    fn objects(&self, s: &Scenario, timing: &Value) -> Vec<Value> {
+        let mut objects: Vec<Value> = self
+            .pod_url(s.env.host_ip)
+            .map(|url| secret(s, &url))
+            .into_iter()
+            .collect();
+        objects.push(lease(s, LEASE, self.spec(), timing.clone()));
+        objects
+    }
+
+    /// The environment that points a process at the emulator (its data
+    /// connection at `data`); nothing for the URL stores, whose URL is in
+    /// the Secret or a flag.
+    fn env(&self, data: std::net::SocketAddr) -> Vec<(String, String)> {
+        match self {
+            SharedStore::Spanner(spanner) => spanner
+                .env()
+                .map(|(k, v)| match k {
+                    "SPANNER_EMULATOR_HOST" => (k.to_string(), data.to_string()),
+                    _ => (k.to_string(), v),
+                })
+                .collect(),
+            SharedStore::Postgres(_) | SharedStore::Redis(_) => Vec::new(),
+        }
+    }
+
+    /// West's chart values and pod annotations that point its operator and
+    /// sidecars at the emulator.
+    fn west_values(&self) -> (Vec<String>, Value) {
+        match self {
+            SharedStore::Spanner(spanner) => (spanner.chart_values(), spanner.pod_annotations()),
+            SharedStore::Postgres(_) | SharedStore::Redis(_) => (Vec::new(), json!({})),
+        }
+    }
+
+    /// Where the store listens (what east's proxies forward to).
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            SharedStore::Postgres(server) => server.addr(),
+            SharedStore::Redis(server) => server.addr(),
+            SharedStore::Spanner(spanner) => spanner.emulator.host.parse().expect("the emulator's address"),
+        }
+    }
+
+    /// An east candidate's store flags, reaching the store through `proxy`.
+    fn candidate_flags(&self, proxy: std::net::SocketAddr) -> Vec<String> {
+        let mut flags = vec!["--store".to_string(), self.kind().flag().to_string()];
+        match self {
+            SharedStore::Postgres(server) => flags.extend(["--store-url".into(), server.url_at(proxy)]),
+            SharedStore::Redis(server) => flags.extend(["--store-url".into(), server.url_at(proxy)]),
+            SharedStore::Spanner(spanner) => flags.extend(["--database".into(), spanner.config.database.clone()]),
+        }
+        flags
+    }
+
+    /// The store's own view, through no proxy, by the library's store
+    /// selection; the emulator's endpoints are given, not read from this
+    /// process's environment.
+    async fn connect(&self) -> Arc<dyn LeaseStore> {
+        let config = match self {
+            SharedStore::Postgres(server) => StoreConfig::postgres(StoreUrl::new(server.url()), DEFAULT_TABLE.into()),
+            SharedStore::Redis(server) => StoreConfig::redis(StoreUrl::new(server.url())),
+            SharedStore::Spanner(spanner) => {
+                let store = SpannerStore::connect_to(
+                    spanner.config.clone(),
+                    spanner.emulator.endpoints(),
+                    DEFAULT_CALL_TIMEOUT,
+                )
+                .await
+                .expect("connecting to the test's emulator");
+                return Arc::new(store);
+            }
+        };
+        let config = config.expect("the test's store URL");
+        config.connect(false).await.expect("connecting to the test's store")
+    }
 }
 
 /// The two clusters, their candidates and watchers, east leading first.
@@ -188,7 +344,9 @@ struct TwoClusters {
     /// drop in order), so its finalizer is removed as in production and
     /// the next scenario finds east's namespace gone.
     east_lease: DeleteOnDrop,
-    server: PostgresServer,
+    store: SharedStore,
+    /// The store's own view (through no proxy).
+    direct: Arc<dyn LeaseStore>,
     operator: HostProcess,
     east_sidecars: Vec<Sidecar>,
     west_watcher: LeadershipWatcher,
@@ -197,7 +355,7 @@ struct TwoClusters {
 }
 
 impl TwoClusters {
-    async fn start(west: &Scenario) -> TwoClusters {
+    async fn start(west: &Scenario, kind: StoreKind) -> TwoClusters {
         let east_kubeconfig = std::env::var("LEASEHOLD_E2E_EAST_KUBECONFIG")
             .ok()
             .filter(|v| !v.is_empty())
@@ -213,14 +371,15 @@ impl TwoClusters {
             env: east_env,
             ns: NS.into(),
         };
+        let store = SharedStore::start(kind, west).await;
+        let direct = store.connect().await;
         // West names itself (the suite installs without a name; each
-        // scenario's start installs that again).
-        install_chart_with(&west.env, &west.client, &[format!("clusterName={WEST}")]).await;
+        // scenario's finish installs that again).
+        let (mut values, west_annotations) = store.west_values();
+        values.push(format!("clusterName={WEST}"));
+        install_chart_with(&west.env, &west.client, &values).await;
 
-        let server = PostgresServer::start_on(west.env.host_ip);
-        let url = server.url_at((west.env.host_ip, server.port).into());
         let timing = json!({"leaseDuration": secs(D), "renewDeadline": secs(R), "retryPeriod": secs(P)});
-        let store = json!({"postgres": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
 
         // East: what a previous run left goes, then the resource, its
         // operator and its candidates.
@@ -247,17 +406,13 @@ impl TwoClusters {
         .await;
         apply(&east.client, &crds()).await;
         apply(&east.client, &[namespace_object(NS)]).await;
-        east.apply(vec![
-            secret(&east, &url),
-            lease(&east, LEASE, store.clone(), timing.clone()),
-        ])
-        .await;
+        east.apply(store.objects(&east, &timing)).await;
         let east_lease = DeleteOnDrop {
             env: east.env.clone(),
             namespace: Some(NS.into()),
             objects: vec![("distributedlease", LEASE.into())],
         };
-        let operator = HostProcess::operator(&east);
+        let operator = HostProcess::operator(&east, &store.env(store.addr()));
         let east_watcher = LeadershipWatcher::start(
             &east.client,
             Watched {
@@ -270,32 +425,32 @@ impl TwoClusters {
         let mut east_sidecars = Vec::new();
         for name in EAST_PODS {
             let uid = gated_pod(&east, name).await;
-            let proxy = TcpProxy::start(server.addr()).await;
-            let store_url = server.url_at(proxy.addr);
-            let flags: Vec<String> = [
-                "--store",
-                "postgres",
-                "--store-url",
-                &store_url,
-                "--create-table",
-                "--pod-namespace",
-                NS,
-                "--pod-uid",
-                &uid,
-                "--cluster-name",
-                EAST,
-                "--kubernetes",
-                "true",
-            ]
-            .map(String::from)
-            .to_vec();
-            let env = [
-                ("KUBECONFIG", east.env.kubeconfig.display().to_string()),
-                ("LEASEHOLD_LEASE_DURATION", secs(D)),
-                ("LEASEHOLD_RENEW_DEADLINE", secs(R)),
-                ("LEASEHOLD_RETRY_PERIOD", secs(P)),
-            ]
-            .map(|(k, v)| (k.to_string(), v));
+            let proxy = TcpProxy::start(store.addr()).await;
+            let mut flags = store.candidate_flags(proxy.addr);
+            flags.extend(
+                [
+                    "--create-table",
+                    "--pod-namespace",
+                    NS,
+                    "--pod-uid",
+                    &uid,
+                    "--cluster-name",
+                    EAST,
+                    "--kubernetes",
+                    "true",
+                ]
+                .map(String::from),
+            );
+            let mut env = store.env(proxy.addr);
+            env.extend(
+                [
+                    ("KUBECONFIG", east.env.kubeconfig.display().to_string()),
+                    ("LEASEHOLD_LEASE_DURATION", secs(D)),
+                    ("LEASEHOLD_RENEW_DEADLINE", secs(R)),
+                    ("LEASEHOLD_RETRY_PERIOD", secs(P)),
+                ]
+                .map(|(k, v)| (k.to_string(), v)),
+            );
             let lock = format!("{NS}/{LEASE}");
             let sidecar = tokio::task::block_in_place(|| Sidecar::launch(name, proxy, &lock, &[], &env, &flags));
             east_sidecars.push(sidecar);
@@ -304,11 +459,12 @@ impl TwoClusters {
         // West: the example's lease (same namespace and name, so the same
         // lock) and its candidates, once east leads.
         let west_watcher = crate::fixtures::watch_example(west, true);
-        let across = AcrossClusters::start(&server, &west_watcher, &east_sidecars);
+        let across = AcrossClusters::start(direct.clone(), &west_watcher, &east_sidecars);
         let two = TwoClusters {
             east,
             east_lease,
-            server,
+            store,
+            direct,
             operator,
             east_sidecars,
             west_watcher,
@@ -316,9 +472,8 @@ impl TwoClusters {
             across,
         };
         two.east_leads().await;
-        west.apply(vec![secret(west, &url), lease(west, LEASE, store, timing)])
-            .await;
-        let mut example = west.example("leader-only-service.yaml");
+        west.apply(two.store.objects(west, &timing)).await;
+        let mut example = crate::fixtures::example_with_pod_annotations(west, west_annotations);
         for object in &mut example {
             if object["kind"] == "Deployment" {
                 object["spec"]["replicas"] = json!(2);
@@ -439,7 +594,7 @@ impl TwoClusters {
     }
 
     async fn store_record(&self) -> LeaseRecord {
-        read_row(&store_of(&self.server)).await.expect("the store's row")
+        read_row(self.direct.as_ref()).await.expect("the store's row")
     }
 
     /// Stops the watchers and the host processes and fails on any
@@ -470,15 +625,7 @@ fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
-fn store_of(server: &PostgresServer) -> PostgresStore {
-    let config = PostgresConfig {
-        url: StoreUrl::new(server.url()),
-        table: leasehold::store::DEFAULT_TABLE.to_string(),
-    };
-    PostgresStore::connect(config).expect("connecting to the test's PostgreSQL")
-}
-
-async fn read_row(store: &PostgresStore) -> Option<LeaseRecord> {
+async fn read_row(store: &dyn LeaseStore) -> Option<LeaseRecord> {
     store.observe(&format!("{NS}/{LEASE}")).await.ok()?.record
 }
 
@@ -510,8 +657,9 @@ struct HostProcess {
 }
 
 impl HostProcess {
-    /// East's operator: a host process with east's kubeconfig and its name.
-    fn operator(east: &Scenario) -> HostProcess {
+    /// East's operator: a host process with east's kubeconfig and its
+    /// name, and `env` (the emulator's address on Spanner).
+    fn operator(east: &Scenario, env: &[(String, String)]) -> HostProcess {
         let log = std::fs::File::create(std::env::temp_dir().join("leasehold-e2e-east-operator.log"))
             .expect("the east operator's log file");
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
@@ -519,6 +667,7 @@ impl HostProcess {
             .args(["--cluster-name", EAST, "--watch-namespace", NS])
             .env("KUBECONFIG", &east.env.kubeconfig)
             .env("LEASEHOLD_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -554,15 +703,14 @@ struct AcrossState {
 }
 
 impl AcrossClusters {
-    fn start(server: &PostgresServer, west: &LeadershipWatcher, east: &[Sidecar]) -> AcrossClusters {
-        let store = store_of(server);
+    fn start(store: Arc<dyn LeaseStore>, west: &LeadershipWatcher, east: &[Sidecar]) -> AcrossClusters {
         let west_claims: ClaimsNow = west.claims_now();
         let east_ports: Vec<(String, u16)> = east.iter().map(|s| (s.name.clone(), s.http)).collect();
         let state = Arc::new(Mutex::new(AcrossState::default()));
         let shared = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let row = read_row(&store).await;
+                let row = read_row(store.as_ref()).await;
                 let ports = east_ports.clone();
                 let east_claims = tokio::task::spawn_blocking(move || {
                     ports

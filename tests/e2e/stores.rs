@@ -1,6 +1,7 @@
 //! Stores the candidate pods reach on this machine's address, and the
 //! DistributedLease of manifests/examples/lease.yaml pointed at them.
 
+use leasehold::store::spanner::SpannerConfig;
 use leasehold::testing::Emulator;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
@@ -49,36 +50,51 @@ pub fn lease(scenario: &Scenario, name: &str, store: Value, spec: Value) -> Valu
 /// --set operator.env.SPANNER_EMULATOR_HOST=...`), each candidate's sidecar
 /// through the pod annotation `leasehold.dev/sidecar-env`.
 pub struct SpannerForPods {
-    emulator: Emulator,
+    pub emulator: Emulator,
+    /// The database the lease names (its table is the default one).
+    pub config: SpannerConfig,
     /// The DistributedLease's `spec.store`.
     pub store: Value,
 }
 
 impl SpannerForPods {
+    /// The emulator and a database, and the chart installed with the
+    /// operator pointed at it.
     pub async fn start(s: &Scenario) -> SpannerForPods {
+        let spanner = Self::start_without_chart(s).await;
+        install_chart_with(&s.env, &s.client, &spanner.chart_values()).await;
+        spanner
+    }
+
+    /// The emulator and a database; the caller installs the chart with
+    /// [`SpannerForPods::chart_values`] among its own values.
+    pub async fn start_without_chart(s: &Scenario) -> SpannerForPods {
         let emulator = Emulator::start_on(s.env.host_ip).unwrap_or_else(|e| panic!("{e}"));
-        let database = emulator.create_database("leasehold_leases").await.database;
-        let sets: Vec<String> = Self::env(&emulator)
-            .map(|(k, v)| format!("operator.env.{k}={v}"))
-            .collect();
-        install_chart_with(&s.env, &s.client, &sets).await;
+        let config = emulator.create_database("leasehold_leases").await;
         SpannerForPods {
-            store: json!({"spanner": {"database": database}}),
+            store: json!({"spanner": {"database": config.database}}),
+            config,
             emulator,
         }
     }
 
-    fn env(emulator: &Emulator) -> impl Iterator<Item = (&'static str, String)> {
+    /// The chart values that point the operator at the emulator.
+    pub fn chart_values(&self) -> Vec<String> {
+        self.env().map(|(k, v)| format!("operator.env.{k}={v}")).collect()
+    }
+
+    /// The emulator's address as a process's environment names it.
+    pub fn env(&self) -> impl Iterator<Item = (&'static str, String)> {
         [
-            ("SPANNER_EMULATOR_HOST", emulator.host.clone()),
-            ("SPANNER_EMULATOR_REST", emulator.rest.clone()),
+            ("SPANNER_EMULATOR_HOST", self.emulator.host.clone()),
+            ("SPANNER_EMULATOR_REST", self.emulator.rest.clone()),
         ]
         .into_iter()
     }
 
     /// The candidates' pod annotations that point their sidecars at it.
     pub fn pod_annotations(&self) -> Value {
-        let lines: Vec<String> = Self::env(&self.emulator).map(|(k, v)| format!("{k}={v}")).collect();
+        let lines: Vec<String> = self.env().map(|(k, v)| format!("{k}={v}")).collect();
         json!({"leasehold.dev/sidecar-env": lines.join("\n")})
     }
 
