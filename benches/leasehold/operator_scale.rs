@@ -48,8 +48,10 @@ use crate::millis;
 const P: Duration = Duration::from_secs(2);
 /// Objects created at once.
 const IN_FLIGHT: usize = 16;
-/// Locks whose holder the bench changes.
+/// Locks whose holder the bench changes, per pattern (back to back, spaced).
 const SAMPLE: usize = 200;
+/// Between two holder changes of the spaced pattern: 10 a second.
+const SPACING: Duration = Duration::from_millis(100);
 
 struct Build {
     name: &'static str,
@@ -330,22 +332,46 @@ async fn one(
     port.ensure_schema()
         .await
         .unwrap_or_else(|e| panic!("the bench's table: {}", e.chain()));
-    let sample: Vec<usize> = (0..n).step_by((n / SAMPLE).max(1)).take(SAMPLE).collect();
+    // Two samples of the leases, interleaved: one changed back to back (a
+    // burst: every status write queues behind the others), one with
+    // [`SPACING`] between changes (how holders change in a fleet).
+    let step = (n / (2 * SAMPLE)).max(1);
+    let every = |offset: usize| -> Vec<usize> { (offset..n).step_by(2 * step).take(SAMPLE).collect() };
+    let burst = holder_changes(&*port, &ns, &statuses, &every(0), Duration::ZERO).await;
+    let spaced = holder_changes(&*port, &ns, &statuses, &every(step), SPACING).await;
+    drop(operator);
+    format!(
+        "{store}, {n} leases, {} ({}): every status {:.1} s after the first object (creating them took {:.1} s); {rest}; \
+         status after a holder change: {burst} back to back; {spaced} {} ms apart",
+        build.name,
+        build.binary.display(),
+        all_status.as_secs_f64(),
+        creation.as_secs_f64(),
+        SPACING.as_millis(),
+    )
+}
+
+/// Acquires, then releases, each lock of `sample` through the store port,
+/// `spacing` apart, and measures how long each change takes to show in the
+/// lease's status: "after an acquire p50 … p99 …, after a release …".
+async fn holder_changes(
+    port: &dyn LeaseStore,
+    ns: &str,
+    statuses: &Statuses,
+    sample: &[usize],
+    spacing: Duration,
+) -> String {
     // Each identity once: a new one carries a new nonce.
     let holders: HashMap<usize, String> = sample
         .iter()
-        .map(|&i| (i, Identity::new(None, Some(ns.clone()), format!("c-{i}-0")).to_string()))
+        .map(|&i| {
+            (
+                i,
+                Identity::new(None, Some(ns.to_string()), format!("c-{i}-0")).to_string(),
+            )
+        })
         .collect();
     let holder = |i: usize| holders[&i].clone();
-    let mut acquired = HashMap::new();
-    for &i in &sample {
-        let grant = port
-            // Long enough not to expire before the release below.
-            .acquire(&format!("{ns}/l-{i}"), &holder(i), Duration::from_secs(600))
-            .await
-            .unwrap_or_else(|e| panic!("acquiring l-{i}: {}", e.chain()));
-        acquired.insert(i, (Instant::now(), grant.token));
-    }
     let shown = |i: usize, want: Option<String>| {
         let statuses = statuses.shown.clone();
         move || {
@@ -356,24 +382,29 @@ async fn one(
                 .is_some_and(|s| s.0 == want)
         }
     };
-    let mut taken = latencies(&statuses, &sample, &acquired, |i| shown(i, Some(holder(i)))).await;
-    let mut released_at = HashMap::new();
-    for &i in &sample {
+    let mut acquired = HashMap::new();
+    for &i in sample {
+        let grant = port
+            // Long enough not to expire before the release below.
+            .acquire(&format!("{ns}/l-{i}"), &holder(i), Duration::from_secs(600))
+            .await
+            .unwrap_or_else(|e| panic!("acquiring l-{i}: {}", e.chain()));
+        acquired.insert(i, (Instant::now(), grant.token));
+        tokio::time::sleep(spacing).await;
+    }
+    let mut taken = latencies(statuses, sample, &acquired, |i| shown(i, Some(holder(i)))).await;
+    let mut released = HashMap::new();
+    for &i in sample {
         let token: FencingToken = acquired[&i].1;
         port.release(&format!("{ns}/l-{i}"), &holder(i), token)
             .await
             .unwrap_or_else(|e| panic!("releasing l-{i}: {}", e.chain()));
-        released_at.insert(i, (Instant::now(), token));
+        released.insert(i, (Instant::now(), token));
+        tokio::time::sleep(spacing).await;
     }
-    let mut freed = latencies(&statuses, &sample, &released_at, |i| shown(i, None)).await;
-    drop(operator);
+    let mut freed = latencies(statuses, sample, &released, |i| shown(i, None)).await;
     format!(
-        "{store}, {n} leases, {} ({}): every status {:.1} s after the first object (creating them took {:.1} s); {rest}; \
-         status after an acquire p50 {:.0} ms p99 {:.0} ms, after a release p50 {:.0} ms p99 {:.0} ms ({} locks)",
-        build.name,
-        build.binary.display(),
-        all_status.as_secs_f64(),
-        creation.as_secs_f64(),
+        "after an acquire p50 {:.0} ms p99 {:.0} ms, after a release p50 {:.0} ms p99 {:.0} ms ({} locks)",
         millis(quantile(&mut taken, 0.5)),
         millis(quantile(&mut taken, 0.99)),
         millis(quantile(&mut freed, 0.5)),

@@ -27,14 +27,15 @@ pub mod rollout;
 pub mod stores;
 pub(crate) mod webhook;
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kube::core::SelectorExt as _;
+use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -145,7 +146,11 @@ pub struct Args {
     #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
     /// Reconciles running at once.
-    #[arg(long, env = "LEASEHOLD_OPERATOR_CONCURRENCY", default_value_t = 4)]
+    // A node failure changes many holders at once, and each change costs an
+    // Event and a status write: 16 keeps the API server busy where 4 queued
+    // them (BENCHMARKS.md, the operator at many leases: a burst of 200
+    // changes showed in status at p99 4.8 s instead of 6.1 s).
+    #[arg(long, env = "LEASEHOLD_OPERATOR_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
     #[command(flatten)]
     pub webhook: webhook::WebhookArgs,
@@ -340,10 +345,14 @@ impl ControllerRun {
         let controller = Controller::new(leases, watcher::Config::default().any_semantic());
         let known_leases = controller.store();
         let gated_leases = known_leases.clone();
+        let selectors = Arc::new(Selectors::default());
+        let gated_selectors = selectors.clone();
         let controller = controller
-            .watches_stream(pod_events, move |pod| leases_selecting(&known_leases.state(), &pod))
+            .watches_stream(pod_events, move |pod| {
+                selectors.leases_selecting(&known_leases.state(), &pod)
+            })
             .watches_stream(deployment_events, move |deployment| {
-                gated_leases_of(&gated_leases.state(), &deployment)
+                gated_selectors.gated_leases_of(&gated_leases.state(), &deployment)
             })
             // The leases whose lock changed, from the batched store reads.
             .reconcile_on(ctx.observers.triggers())
@@ -400,39 +409,92 @@ fn keep_what_reconciles_read(pod: &mut Pod) {
     }
 }
 
-/// The leases in the pod's namespace whose selector matches the pod.
-fn leases_selecting(leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
-    leases_matching(leases, pod.namespace(), pod.labels(), false)
-}
+/// Each lease's validated selector and readiness gate, by UID, for the
+/// generation it was validated at. Every pod event is matched against every
+/// lease: validating each spec again there cost O(leases) validations per
+/// pod event, and at 10,000 leases the operator spent its cores on that
+/// (BENCHMARKS.md, the operator at many leases). A spec change bumps
+/// `metadata.generation` (the resource has a status subresource:
+/// <https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#status-subresource>;
+/// checked on the 1.36.2 test cluster: a label patch kept generation 1, a
+/// selector patch made it 2), which validates it again.
+#[derive(Default)]
+struct Selectors(Mutex<Known>);
 
-/// The readiness-gated leases in the Deployment's namespace whose selector
-/// matches its pod template's labels (the labels its pods get).
-fn gated_leases_of(leases: &[Arc<DistributedLease>], deployment: &Deployment) -> Vec<ObjectRef<DistributedLease>> {
-    let labels = deployment
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.clone());
-    leases_matching(leases, deployment.namespace(), &labels.unwrap_or_default(), true)
-}
+/// By lease UID: the generation validated, and its selector if valid.
+type Known = HashMap<String, (i64, Option<SelectorOf>)>;
 
-/// The leases in `namespace` selecting pods labelled `labels` (only the
-/// readiness-gated ones when `gated_only`).
-fn leases_matching(
-    leases: &[Arc<DistributedLease>],
-    namespace: Option<String>,
-    labels: &std::collections::BTreeMap<String, String>,
-    gated_only: bool,
-) -> Vec<ObjectRef<DistributedLease>> {
-    leases
-        .iter()
-        .filter(|lease| lease.namespace() == namespace)
-        .filter(|lease| {
-            validate(lease).is_ok_and(|valid| (valid.readiness_gate || !gated_only) && valid.selector.matches(labels))
-        })
-        .map(|lease| ObjectRef::from_obj(lease.as_ref()))
-        .collect()
+/// A valid spec's selector, and whether the lease is readiness-gated.
+type SelectorOf = (Selector, bool);
+
+impl Selectors {
+    /// The leases in the pod's namespace whose selector matches the pod.
+    fn leases_selecting(&self, leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
+        self.matching(leases, pod.metadata.namespace.as_deref(), pod.labels(), false)
+    }
+
+    /// The readiness-gated leases in the Deployment's namespace whose selector
+    /// matches its pod template's labels (the labels its pods get).
+    fn gated_leases_of(
+        &self,
+        leases: &[Arc<DistributedLease>],
+        deployment: &Deployment,
+    ) -> Vec<ObjectRef<DistributedLease>> {
+        let labels = deployment
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone());
+        self.matching(
+            leases,
+            deployment.metadata.namespace.as_deref(),
+            &labels.unwrap_or_default(),
+            true,
+        )
+    }
+
+    /// The leases in `namespace` selecting pods labelled `labels` (only the
+    /// readiness-gated ones when `gated_only`); an invalid spec selects nothing.
+    fn matching(
+        &self,
+        leases: &[Arc<DistributedLease>],
+        namespace: Option<&str>,
+        labels: &BTreeMap<String, String>,
+        gated_only: bool,
+    ) -> Vec<ObjectRef<DistributedLease>> {
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let selects = |lease: &DistributedLease, known: &mut Known| -> bool {
+            let checked = |(selector, gated): &SelectorOf| (*gated || !gated_only) && selector.matches(labels);
+            let valid = || validate(lease).ok().map(|valid| (valid.selector, valid.readiness_gate));
+            // Without a UID and generation (never from the API server) there
+            // is nothing to key on: validate each time.
+            let (Some(uid), Some(generation)) = (&lease.metadata.uid, lease.metadata.generation) else {
+                return valid().as_ref().is_some_and(checked);
+            };
+            match known.get(uid) {
+                Some((at, entry)) if *at == generation => entry.as_ref().is_some_and(checked),
+                _ => {
+                    let entry = valid();
+                    let selects = entry.as_ref().is_some_and(checked);
+                    known.insert(uid.clone(), (generation, entry));
+                    selects
+                }
+            }
+        };
+        let matching = leases
+            .iter()
+            .filter(|lease| lease.metadata.namespace.as_deref() == namespace)
+            .filter(|lease| selects(lease, &mut known))
+            .map(|lease| ObjectRef::from_obj(lease.as_ref()))
+            .collect();
+        // Deleted leases' entries go once they are as many as the live ones.
+        if known.len() > 2 * leases.len() {
+            let live: HashSet<&str> = leases.iter().filter_map(|l| l.metadata.uid.as_deref()).collect();
+            known.retain(|uid, _| live.contains(uid.as_str()));
+        }
+        matching
+    }
 }
 
 #[cfg(test)]
