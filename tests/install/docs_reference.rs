@@ -433,6 +433,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--test",
     "--tests",
     "--timeout",
+    "--timings",
     "--type",
     "--wait",
 ];
