@@ -17,6 +17,7 @@
 
 pub mod election;
 pub mod http;
+pub mod index;
 pub mod metrics;
 pub(crate) mod observer;
 mod partitions;
@@ -27,20 +28,18 @@ pub mod rollout;
 pub mod stores;
 pub(crate) mod webhook;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kube::core::{Selector, SelectorExt as _};
+use kube::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, ResourceExt as _};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -49,11 +48,12 @@ use tracing::{debug, error, info, warn};
 
 use self::election::{Backend, DEFAULT_LEASE_NAME, Election, LeaseElection, SpannerElection};
 use self::http::Role;
+use self::index::Selectors;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{OpenStores, StoreProvider};
 use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE};
-use crate::api::{DEFAULT_TABLE, DistributedLease, validate};
+use crate::api::{DEFAULT_TABLE, DistributedLease};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing, parse_cluster_name};
 use crate::store::spanner::SpannerConfig;
@@ -325,11 +325,11 @@ impl ControllerRun {
             ),
             None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
         };
-        let (pod_cache, pod_writer) = reflector::store();
+        let (pod_cache, mut pod_writer) = index::pod_cache();
         let pod_events = watcher(pods, watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(keep_what_reconciles_read)
-            .reflect(pod_writer)
+            .inspect_ok(move |event| pod_writer.apply_watcher_event(event))
             .touched_objects();
         // Readiness-gated leases check their candidates' Deployments: one
         // watch keeps them (a GET per reconcile would grow with the leases),
@@ -342,17 +342,25 @@ impl ControllerRun {
             .reflect(deployment_writer)
             .touched_objects();
         let ctx = Arc::new(self.ctx.with_caches(pod_cache, deployment_cache));
-        let controller = Controller::new(leases, watcher::Config::default().any_semantic());
-        let known_leases = controller.store();
-        let gated_leases = known_leases.clone();
+        // The resources' managed fields are half of each object's size and no
+        // reconcile reads them (status goes out by server-side apply, which
+        // the API server merges): at 10,000 leases the cache would hold them
+        // for nothing. `Controller::new` is this stream without `modify`.
+        let (lease_cache, lease_writer) = reflector::store();
         let selectors = Arc::new(Selectors::default());
-        let gated_selectors = selectors.clone();
-        let controller = controller
-            .watches_stream(pod_events, move |pod| {
-                selectors.leases_selecting(&known_leases.state(), &pod)
+        let lease_events = watcher(leases, watcher::Config::default().any_semantic())
+            .modify(|lease: &mut DistributedLease| lease.metadata.managed_fields = None)
+            .reflect(lease_writer)
+            .inspect_ok({
+                let selectors = selectors.clone();
+                move |event| selectors.follow(event)
             })
+            .applied_objects();
+        let gated_selectors = selectors.clone();
+        let controller = Controller::for_stream(lease_events, lease_cache)
+            .watches_stream(pod_events, move |pod| selectors.leases_selecting(&pod))
             .watches_stream(deployment_events, move |deployment| {
-                gated_selectors.gated_leases_of(&gated_leases.state(), &deployment)
+                gated_selectors.gated_leases_of(&deployment)
             })
             // The leases whose lock changed, from the batched store reads.
             .reconcile_on(ctx.observers.triggers())
@@ -406,94 +414,6 @@ fn keep_what_reconciles_read(pod: &mut Pod) {
             phase: status.phase.take(),
             ..PodStatus::default()
         };
-    }
-}
-
-/// Each lease's validated selector and readiness gate, by UID, for the
-/// generation it was validated at. Every pod event is matched against every
-/// lease: validating each spec again there cost O(leases) validations per
-/// pod event, and at 10,000 leases the operator spent its cores on that
-/// (BENCHMARKS.md, the operator at many leases). A spec change bumps
-/// `metadata.generation` (the resource has a status subresource:
-/// <https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#status-subresource>;
-/// checked on the 1.36.2 test cluster: a label patch kept generation 1, a
-/// selector patch made it 2), which validates it again.
-#[derive(Default)]
-struct Selectors(Mutex<Known>);
-
-/// By lease UID: the generation validated, and its selector if valid.
-type Known = HashMap<String, (i64, Option<SelectorOf>)>;
-
-/// A valid spec's selector, and whether the lease is readiness-gated.
-type SelectorOf = (Selector, bool);
-
-impl Selectors {
-    /// The leases in the pod's namespace whose selector matches the pod.
-    fn leases_selecting(&self, leases: &[Arc<DistributedLease>], pod: &Pod) -> Vec<ObjectRef<DistributedLease>> {
-        self.matching(leases, pod.metadata.namespace.as_deref(), pod.labels(), false)
-    }
-
-    /// The readiness-gated leases in the Deployment's namespace whose selector
-    /// matches its pod template's labels (the labels its pods get).
-    fn gated_leases_of(
-        &self,
-        leases: &[Arc<DistributedLease>],
-        deployment: &Deployment,
-    ) -> Vec<ObjectRef<DistributedLease>> {
-        let labels = deployment
-            .spec
-            .template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.clone());
-        self.matching(
-            leases,
-            deployment.metadata.namespace.as_deref(),
-            &labels.unwrap_or_default(),
-            true,
-        )
-    }
-
-    /// The leases in `namespace` selecting pods labelled `labels` (only the
-    /// readiness-gated ones when `gated_only`); an invalid spec selects nothing.
-    fn matching(
-        &self,
-        leases: &[Arc<DistributedLease>],
-        namespace: Option<&str>,
-        labels: &BTreeMap<String, String>,
-        gated_only: bool,
-    ) -> Vec<ObjectRef<DistributedLease>> {
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let selects = |lease: &DistributedLease, known: &mut Known| -> bool {
-            let checked = |(selector, gated): &SelectorOf| (*gated || !gated_only) && selector.matches(labels);
-            let valid = || validate(lease).ok().map(|valid| (valid.selector, valid.readiness_gate));
-            // Without a UID and generation (never from the API server) there
-            // is nothing to key on: validate each time.
-            let (Some(uid), Some(generation)) = (&lease.metadata.uid, lease.metadata.generation) else {
-                return valid().as_ref().is_some_and(checked);
-            };
-            match known.get(uid) {
-                Some((at, entry)) if *at == generation => entry.as_ref().is_some_and(checked),
-                _ => {
-                    let entry = valid();
-                    let selects = entry.as_ref().is_some_and(checked);
-                    known.insert(uid.clone(), (generation, entry));
-                    selects
-                }
-            }
-        };
-        let matching = leases
-            .iter()
-            .filter(|lease| lease.metadata.namespace.as_deref() == namespace)
-            .filter(|lease| selects(lease, &mut known))
-            .map(|lease| ObjectRef::from_obj(lease.as_ref()))
-            .collect();
-        // Deleted leases' entries go once they are as many as the live ones.
-        if known.len() > 2 * leases.len() {
-            let live: HashSet<&str> = leases.iter().filter_map(|l| l.metadata.uid.as_deref()).collect();
-            known.retain(|uid, _| live.contains(uid.as_str()));
-        }
-        matching
     }
 }
 

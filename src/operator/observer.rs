@@ -3,8 +3,8 @@
 //!
 //! An [`Observer`] per store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key))
 //! keeps what reconciles asked about and reads it all in batched reads: the
-//! locks of plain leases with [`LeaseStore::observe_many`] (at most [`BATCH`]
-//! a call), the slots and partitions of partitioned leases with
+//! locks of plain leases with one [`LeaseStore::observe_many`] for all of
+//! them (one statement or script, whatever their number), the slots and partitions of partitioned leases with
 //! [`SessionStore::observe_lock_sets`] (at most
 //! [`MAX_LOCKS_PER_CALL`] names a call: 312 leases of 8 partitions):
 //! * **per P**: every `P` of the smallest retry period among the leases on
@@ -43,9 +43,6 @@ use crate::lease::partitions::PartitionView;
 use crate::lease::session::MAX_LOCKS_PER_CALL;
 use crate::lease::{FencingToken, LeaseStore, Observation, SessionStore, StoreError, Version};
 
-/// Locks per batched read: one statement's array (PostgreSQL, Spanner) or
-/// one script's keys (Redis) stays small.
-pub(crate) const BATCH: usize = 1000;
 /// A lease the observer watches is reconciled when its lock changes; this
 /// requeue is only the net for a lost trigger, so 10,000 leases at rest cost
 /// 33 reconciles a second (each from caches: no store read, no API request).
@@ -89,15 +86,15 @@ impl Source for Locks {
     type Key = String;
     type Answer = Observation;
 
+    /// One call for every lock: reads per P stay one per table whatever the
+    /// number of leases (10,000 locks are one array of names on PostgreSQL
+    /// and Spanner, one script of 20,000 `HMGET`s on Redis; BENCHMARKS.md,
+    /// "The operator at many leases").
     async fn read(&self, locks: &[String]) -> Vec<Result<Observation, StoreError>> {
-        let mut answers = Vec::with_capacity(locks.len());
-        for batch in locks.chunks(BATCH) {
-            match self.0.observe_many(batch).await {
-                Ok(observed) => answers.extend(observed.into_iter().map(Ok)),
-                Err(e) => answers.extend(batch.iter().map(|_| Err(e.clone()))),
-            }
+        match self.0.observe_many(locks).await {
+            Ok(observed) => observed.into_iter().map(Ok).collect(),
+            Err(e) => locks.iter().map(|_| Err(e.clone())).collect(),
         }
-        answers
     }
 
     async fn changed_any(&self) {
@@ -562,7 +559,7 @@ mod tests {
         })
     }
 
-    /// 2,500 leases asking at once share one read (in batches of [`BATCH`]);
+    /// 2,500 leases asking at once share one read (one `observe_many`);
     /// at rest the table is read once per P whatever the number of leases,
     /// reconciles answer from the last read, and only the lease whose lock
     /// changed is triggered. Planted: reading lock by lock in `reads`
@@ -586,19 +583,15 @@ mod tests {
         .await;
         // The first read may start before every ask is in; all that came
         // during it share the next one: at most two reads in all.
-        let batches = LEASES.div_ceil(BATCH);
         let started = store.batched.load(Ordering::SeqCst);
-        assert!(
-            started <= 2 * batches,
-            "{started} reads for {LEASES} leases asking at once"
-        );
+        assert!(started <= 2, "{started} reads for {LEASES} leases asking at once");
         let reads: HashSet<Instant> = first.iter().map(|s| s.read_at).collect();
         assert!(reads.len() <= 2, "{} reads answered", reads.len());
         assert_eq!(first[7].observation.as_ref().unwrap().live_holder(), Some("pod-a"));
 
         // At rest: one read per P, and reconciles answer from it.
         tokio::time::sleep(P * 10 + P / 2).await;
-        assert_eq!(store.batched.load(Ordering::SeqCst), started + batches * 10);
+        assert_eq!(store.batched.load(Ordering::SeqCst), started + 10);
         for (i, lock) in locks.iter().enumerate() {
             observers
                 .observe(ask(&store, i, lock, P, None))
@@ -606,7 +599,7 @@ mod tests {
                 .observation
                 .unwrap();
         }
-        assert_eq!(store.batched.load(Ordering::SeqCst), started + batches * 10);
+        assert_eq!(store.batched.load(Ordering::SeqCst), started + 10);
         assert_eq!(store.single.load(Ordering::SeqCst), 0, "no lock was read on its own");
 
         // A change reconciles its lease, and only it, at the next read.

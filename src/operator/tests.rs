@@ -252,85 +252,6 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert!(!metrics.is_leader());
 }
 
-/// A pod event reconciles exactly the leases in its namespace whose
-/// selector matches it.
-#[test]
-fn pod_events_map_to_the_leases_selecting_the_pod() {
-    let lease = |name: &str, namespace: &str, labels: serde_json::Value| -> Arc<DistributedLease> {
-        Arc::new(
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
-                         "selector": {"matchLabels": labels}},
-            }))
-            .unwrap(),
-        )
-    };
-    let leases = [
-        lease("web", "prod", serde_json::json!({"app": "web"})),
-        lease(
-            "web-canary",
-            "prod",
-            serde_json::json!({"app": "web", "track": "canary"}),
-        ),
-        lease("web", "staging", serde_json::json!({"app": "web"})),
-        lease("empty", "prod", serde_json::json!({})),
-    ];
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "web-0", "namespace": "prod", "labels": {"app": "web"}},
-    }))
-    .unwrap();
-    let names: Vec<String> = Selectors::default()
-        .leases_selecting(&leases, &pod)
-        .into_iter()
-        .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
-        .collect();
-    assert_eq!(names, ["prod/web"], "an empty selector is invalid and selects nothing");
-}
-
-/// A lease's spec is validated once per generation for pod events, not once
-/// per pod event: a new generation's selector is used at once, and the same
-/// generation's is not read again.
-#[test]
-fn pod_events_validate_each_leases_spec_once_per_generation() {
-    let lease = |generation: i64, app: &str| -> Arc<DistributedLease> {
-        Arc::new(
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
-                "metadata": {"name": "web", "namespace": "prod", "uid": "u-1", "generation": generation},
-                "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
-                         "selector": {"matchLabels": {"app": app}}},
-            }))
-            .unwrap(),
-        )
-    };
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "web-0", "namespace": "prod", "labels": {"app": "web"}},
-    }))
-    .unwrap();
-    let selectors = Selectors::default();
-    let selected = |leases: &[Arc<DistributedLease>]| selectors.leases_selecting(leases, &pod).len();
-    assert_eq!(selected(&[lease(1, "web")]), 1);
-    assert_eq!(
-        selected(&[lease(2, "api")]),
-        0,
-        "a new generation's selector applies at once"
-    );
-    assert_eq!(
-        selected(&[lease(2, "web")]),
-        0,
-        "the same generation is not validated again (the API server bumps it on every spec change)"
-    );
-    assert_eq!(selected(&[lease(3, "web")]), 1);
-    // A deleted lease's entry goes once the cache outgrows the live leases.
-    assert_eq!(selected(&[]), 0);
-    assert!(
-        selectors.0.lock().unwrap().is_empty(),
-        "the deleted lease's entry was dropped"
-    );
-}
-
 /// The pod cache keeps what reconciles read and drops the rest.
 #[test]
 fn the_pod_cache_keeps_labels_owners_container_names_conditions_and_phase_only() {
@@ -585,15 +506,17 @@ async fn gated_leases_read_their_deployments_from_the_watch_not_per_reconcile() 
         if l["metadata"]["name"] == json!("other") {
             l["spec"]["selector"]["matchLabels"]["app"] = json!("db");
         }
-        Arc::new(serde_json::from_value::<DistributedLease>(l).unwrap())
+        serde_json::from_value::<DistributedLease>(l).unwrap()
     });
     let mut cached: Deployment = serde_json::from_value(deployment).unwrap();
     rollout::keep_what_rollout_checks_read(&mut cached);
     assert_eq!(cached.spec.template.spec, None, "the pod template's spec is not cached");
-    let names: Vec<String> = Selectors::default()
-        .gated_leases_of(&known, &cached)
-        .into_iter()
-        .map(|r| r.name)
-        .collect();
+    let selectors = Selectors::default();
+    selectors.follow(&watcher::Event::Init);
+    for lease in known {
+        selectors.follow(&watcher::Event::InitApply(lease));
+    }
+    selectors.follow(&watcher::Event::InitDone);
+    let names: Vec<String> = selectors.gated_leases_of(&cached).into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["web"]);
 }

@@ -1038,6 +1038,30 @@ pub async fn observe_many_answers_each_lock_as_observe(target: &dyn Target) {
     assert!(store.observe_many(&[]).await.unwrap().is_empty());
 }
 
+/// The operator reads every lock of a table in one `observe_many` whatever
+/// their number (`operator/observer.rs`): 10,000 locks, every 1,000th held,
+/// are one call the store accepts and answers lock by lock. Not in
+/// [`conformance_tests!`]: the Kubernetes store without its namespace watch
+/// reads lock by lock, and its watched read has its own test.
+pub async fn observe_many_reads_ten_thousand_locks_in_one_call(target: &dyn Target) {
+    let store = target.store();
+    let locks: Vec<String> = (0..10_000).map(|i| format!("ten-thousand-{i}")).collect();
+    for (i, lock) in locks.iter().enumerate().step_by(1000) {
+        store.acquire(lock, &format!("holder-{i}"), LEASE).await.unwrap();
+    }
+    let answered = store.observe_many(&locks).await.unwrap();
+    assert_eq!(answered.len(), locks.len());
+    for (i, observed) in answered.iter().enumerate() {
+        let expected = i.is_multiple_of(1000).then(|| format!("holder-{i}"));
+        assert_eq!(
+            observed.live_holder(),
+            expected.as_deref(),
+            "{}: {observed:?}",
+            locks[i]
+        );
+    }
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a backend.
 /// `$make` is an async expression yielding a `Target`.
 #[macro_export]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector;
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -20,6 +20,7 @@ use kube::runtime::events::Reporter;
 use super::api::{ApiServerVerifier, Call, mock_client};
 use crate::api::DistributedLease;
 use crate::lease::{LeaseStore, SessionStore};
+use crate::operator::index::{PodWriter, pod_cache};
 use crate::operator::metrics::Metrics;
 use crate::operator::rbac;
 use crate::operator::reconcile::*;
@@ -31,7 +32,7 @@ use crate::operator::stores::StoreProvider;
 /// lists the pods ([`expect_pod_list`]).
 pub struct ApiServer {
     pub verifier: ApiServerVerifier,
-    pub pods: Writer<Pod>,
+    pub pods: PodWriter,
 }
 
 pub const LEASES: &str = "/apis/leasehold.dev/v1alpha1/namespaces/prod/distributedleases";
@@ -83,7 +84,7 @@ fn context_over(
         controller: FIELD_MANAGER.into(),
         instance: Some("operator-0".into()),
     };
-    let (cache, pods) = reflector::store();
+    let (cache, pods) = pod_cache();
     // No scripted reconcile reads Deployments: their watch has listed none.
     let (deployment_cache, mut deployments) = reflector::store();
     for event in [watcher::Event::Init, watcher::Event::InitDone] {

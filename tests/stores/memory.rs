@@ -44,6 +44,11 @@ async fn memory() -> Memory {
 
 leasehold::conformance_tests!(memory());
 
+#[tokio::test]
+async fn observe_many_reads_ten_thousand_locks_in_one_call() {
+    leasehold::testing::conformance::observe_many_reads_ten_thousand_locks_in_one_call(&memory().await).await;
+}
+
 impl leasehold::testing::conformance::sessions::SessionTarget for Memory {
     fn sessions(&self) -> Arc<dyn SessionStore> {
         Arc::new(self.0.clone())

@@ -74,6 +74,11 @@ impl Target for Postgres {
 leasehold::conformance_tests!(postgres());
 
 #[tokio::test]
+async fn observe_many_reads_ten_thousand_locks_in_one_call() {
+    leasehold::testing::conformance::observe_many_reads_ten_thousand_locks_in_one_call(&postgres().await).await;
+}
+
+#[tokio::test]
 async fn ensure_schema_creates_the_table_once_and_is_idempotent() {
     let server = PostgresServer::start();
     let store = PostgresStore::connect(PostgresConfig {

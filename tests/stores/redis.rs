@@ -77,6 +77,11 @@ impl Target for Redis {
 
 leasehold::conformance_tests!(redis());
 
+#[tokio::test]
+async fn observe_many_reads_ten_thousand_locks_in_one_call() {
+    leasehold::testing::conformance::observe_many_reads_ten_thousand_locks_in_one_call(&redis().await).await;
+}
+
 /// Redis judges expiry: the lease key carries a TTL of the lease in ms, and
 /// the fence key, holding the counter, has none.
 #[tokio::test]

@@ -111,6 +111,11 @@ async fn leasehold_test_sql(emulator: &Emulator, config: &SpannerConfig, sql: &s
 
 leasehold::conformance_tests!(spanner());
 
+#[tokio::test]
+async fn observe_many_reads_ten_thousand_locks_in_one_call() {
+    leasehold::testing::conformance::observe_many_reads_ten_thousand_locks_in_one_call(&spanner().await).await;
+}
+
 impl leasehold::testing::conformance::sessions::SessionTarget for Spanner {
     fn sessions(&self) -> Arc<dyn leasehold::lease::SessionStore> {
         Arc::new(self.store.clone())

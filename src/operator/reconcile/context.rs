@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::{Selector, SelectorExt as _};
+use kube::Client;
+use kube::core::Selector;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -20,6 +20,7 @@ use crate::api::{DistributedLease, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::operator::index::{PodCache, pod_cache};
 use crate::operator::metrics::Metrics;
 use crate::operator::observer::{Ask, Locks, Observers, Partitioned};
 use crate::operator::preferred::Pending;
@@ -40,8 +41,8 @@ pub struct Context {
     /// This cluster's name, as the sidecars put it in their identities; tells
     /// a holder in another cluster from a local pod of the same name.
     pub(super) cluster: Option<String>,
-    /// The pod watch's cache: the candidates of every lease.
-    pods: Store<Pod>,
+    /// The pod watch's cache, indexed by label: the candidates of every lease.
+    pods: PodCache,
     /// The Deployment watch's cache: the readiness-gated candidates' owners.
     deployments: Store<Deployment>,
     /// The stores (by [`StoreConfig::key`]) whose table is known to exist.
@@ -74,7 +75,7 @@ impl Context {
             stores,
             metrics,
             cluster: None,
-            pods: kube::runtime::reflector::store().0,
+            pods: pod_cache().0,
             deployments: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
             urls: Arc::default(),
@@ -86,7 +87,7 @@ impl Context {
 
     /// This context reading candidates from `pods` and their Deployments
     /// from `deployments`, the caches of one run's watches.
-    pub(crate) fn with_caches(&self, pods: Store<Pod>, deployments: Store<Deployment>) -> Context {
+    pub(crate) fn with_caches(&self, pods: PodCache, deployments: Store<Deployment>) -> Context {
         Context {
             deployments,
             client: self.client.clone(),
@@ -105,7 +106,7 @@ impl Context {
 
     /// Waits until the pod watch has listed the pods once.
     async fn pods_listed(&self) -> Result<()> {
-        tokio::time::timeout(POD_CACHE_WAIT, self.pods.wait_until_ready())
+        tokio::time::timeout(POD_CACHE_WAIT, self.pods.store().wait_until_ready())
             .await
             .map_err(|_| Error::PodsNotListed)?
             .map_err(|_| Error::PodsNotListed)
@@ -125,7 +126,7 @@ impl Context {
     /// finished), from the pod watch's cache.
     pub(super) async fn pod_runs(&self, namespace: &str, name: &str) -> Result<bool> {
         self.pods_listed().await?;
-        let pod = self.pods.get(&ObjectRef::new(name).within(namespace));
+        let pod = self.pods.store().get(&ObjectRef::new(name).within(namespace));
         Ok(pod.is_some_and(|pod| {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             !matches!(phase, Some("Succeeded" | "Failed"))
@@ -136,12 +137,7 @@ impl Context {
     /// has listed the pods.
     async fn candidates(&self, namespace: &str, selector: &Selector) -> Result<Vec<Arc<Pod>>> {
         self.pods_listed().await?;
-        Ok(self
-            .pods
-            .state()
-            .into_iter()
-            .filter(|pod| pod.namespace().as_deref() == Some(namespace) && selector.matches(pod.labels()))
-            .collect())
+        Ok(self.pods.selected(namespace, selector))
     }
 
     fn preferences(&self) -> std::sync::MutexGuard<'_, Preferences> {
