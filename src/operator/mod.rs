@@ -52,7 +52,7 @@ use self::index::Selectors;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{OpenStores, StoreProvider};
-use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE};
+use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE, injected_container};
 use crate::api::{DEFAULT_TABLE, DistributedLease};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing, parse_cluster_name};
@@ -385,25 +385,24 @@ impl ControllerRun {
 }
 
 /// Drops what no reconcile reads (managed fields, annotations, the spec but
-/// its containers' names), so the cache of every pod in the watched
+/// the injected container's name), so the cache of every pod in the watched
 /// namespaces stays small: candidates are found by labels, counted by
 /// conditions and phase, repaired by name and resourceVersion, mapped to
 /// Deployments by owner references, and told apart from pods without the
-/// sidecar by their (init) containers' names
-/// ([`reconcile::without_sidecar`]).
+/// sidecar by the injected (init) container's name
+/// ([`reconcile::without_sidecar`]). Only that name stays, as a container:
+/// each `Container` takes 2.3 KiB however little it holds, and at 30,000
+/// pods every other name cost the operator tens of MiB (BENCHMARKS.md,
+/// "The operator at many leases").
 fn keep_what_reconciles_read(pod: &mut Pod) {
-    let names = |containers: Vec<Container>| -> Vec<Container> {
-        containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        containers: injected_container(&spec)
+            .map(|name| Container {
+                name: name.to_string(),
                 ..Container::default()
             })
-            .collect()
-    };
-    pod.spec = pod.spec.take().map(|spec| PodSpec {
-        containers: names(spec.containers),
-        init_containers: spec.init_containers.map(names),
+            .into_iter()
+            .collect(),
         ..PodSpec::default()
     });
     pod.metadata.managed_fields = None;

@@ -254,7 +254,7 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
 
 /// The pod cache keeps what reconciles read and drops the rest.
 #[test]
-fn the_pod_cache_keeps_labels_owners_container_names_conditions_and_phase_only() {
+fn the_pod_cache_keeps_labels_owners_the_injected_containers_name_conditions_and_phase_only() {
     let mut pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7",
                      "labels": {"app": "web"}, "annotations": {"big": "x"},
@@ -274,7 +274,7 @@ fn the_pod_cache_keeps_labels_owners_container_names_conditions_and_phase_only()
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7", "labels": {"app": "web"},
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
-            "spec": {"containers": [{"name": "app"}], "initContainers": [{"name": "leasehold"}]},
+            "spec": {"containers": [{"name": "leasehold"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
         })
     );
