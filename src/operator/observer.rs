@@ -4,7 +4,8 @@
 //! An [`Observer`] per store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key))
 //! keeps what reconciles asked about and reads it all in batched reads: the
 //! locks of plain leases with one [`LeaseStore::observe_many`] for all of
-//! them (one statement or script, whatever their number), the slots and partitions of partitioned leases with
+//! them (one statement or script, whatever their number), the slots and
+//! partitions of partitioned leases with
 //! [`SessionStore::observe_lock_sets`] (at most
 //! [`MAX_LOCKS_PER_CALL`] names a call: 312 leases of 8 partitions):
 //! * **per P**: every `P` of the smallest retry period among the leases on
