@@ -102,27 +102,25 @@ pub(crate) fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
     }
 }
 
-/// The pod's zone label, if it has one.
-pub fn zone_of(pod: &Pod) -> Option<&str> {
-    pod.metadata.labels.as_ref()?.get(ZONE_LABEL).map(String::as_str)
+/// The zone of a pod with these labels, if it has one.
+pub fn zone_of(labels: &BTreeMap<String, String>) -> Option<&str> {
+    labels.get(ZONE_LABEL).map(String::as_str)
 }
 
-/// The pod's rank under `prefer_zones`.
+/// The rank of a pod of `priority` in `zone` under `prefer_zones`.
 #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) fn rank_of(pod: &Pod, prefer_zones: &[String]) -> Result<Rank, PriorityError> {
-    let zone_place = zone_of(pod)
+pub(crate) fn rank(priority: i64, zone: Option<&str>, prefer_zones: &[String]) -> Rank {
+    let zone_place = zone
         .and_then(|zone| prefer_zones.iter().position(|z| z == zone))
         .unwrap_or(prefer_zones.len());
-    Ok(Rank {
-        priority: priority_of(pod)?,
-        zone_place,
-    })
+    Rank { priority, zone_place }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::ResourceExt as _;
 
     fn pod(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Pod {
         let map = |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
@@ -154,13 +152,16 @@ mod tests {
         );
         let error = priority_of(&pod(&[(PRIORITY_KEY, "1")], &[(PRIORITY_KEY, "2")])).unwrap_err();
         assert!(matches!(error, PriorityError::Disagree { .. }), "{error}");
-        assert!(rank_of(&pod(&[], &[(PRIORITY_KEY, "1.5")]), &[]).is_err());
+        assert!(priority_of(&pod(&[], &[(PRIORITY_KEY, "1.5")])).is_err());
     }
 
     #[test]
     fn priority_outranks_zone_and_earlier_zones_outrank_later() {
         let zones = vec!["a".to_string(), "b".to_string()];
-        let rank = |labels: &[(&str, &str)]| rank_of(&pod(labels, &[]), &zones).unwrap();
+        let rank = |labels: &[(&str, &str)]| {
+            let pod = pod(labels, &[]);
+            rank(priority_of(&pod).unwrap(), zone_of(pod.labels()), &zones)
+        };
         let in_a = rank(&[(ZONE_LABEL, "a")]);
         let in_b = rank(&[(ZONE_LABEL, "b")]);
         let nowhere = rank(&[]);

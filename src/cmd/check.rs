@@ -45,6 +45,7 @@ use crate::api::contract::{self, DEFAULT_IMAGE};
 use crate::api::preference;
 use crate::api::{DistributedLease, ValidStore, validate};
 use crate::lease::{Identity, Prefer};
+use crate::operator::candidate::CandidatePod;
 use crate::operator::rbac::{NAMESPACED_RULES, RULES, WEBHOOK_CONFIGURATION};
 use crate::operator::{reconcile, rollout};
 use crate::rbac::Rule;
@@ -684,7 +685,7 @@ async fn check_lease(
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let selector = valid.selector.to_string();
-    let candidates = match pods.list(&ListParams::default().labels(&selector)).await {
+    let pods = match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
             report.error(format!("{id}: cannot list its pods: {}", crate::errors::chain(&e)));
@@ -692,7 +693,9 @@ async fn check_lease(
         }
     };
     let mut healthy = true;
-    for warning in sharing_warnings(lease, &valid.store, cluster, &candidates) {
+    // What the operator reads of each pod, for the checks it shares.
+    let candidates: Vec<Arc<CandidatePod>> = pods.iter().map(|pod| Arc::new(CandidatePod::from(&**pod))).collect();
+    for warning in sharing_warnings(lease, &valid.store, cluster, &pods) {
         healthy = false;
         report.warn(format!("{id}: {warning}"));
     }
@@ -718,7 +721,7 @@ async fn check_lease(
     }
     if valid.readiness_gate {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-        match rollout::owners(&deployments, &candidates).await {
+        match owners(&deployments, &candidates).await {
             Ok(owners) => {
                 for reason in rollout::stall_reasons(&owners, rollout::leader_moves_to_new(&valid)) {
                     healthy = false;
@@ -753,7 +756,7 @@ async fn check_lease(
     if healthy {
         report.ok(format!("{id}: {} candidate(s)", candidates.len()));
     }
-    candidates
+    pods
 }
 
 /// What can go wrong when clusters share a lock (docs/multi-cluster.md):
@@ -765,6 +768,16 @@ async fn check_lease(
 /// that count per cluster (a ReplicaSet's); and a holder that carries this
 /// cluster's name but is none of its candidates (another cluster uses the
 /// same name).
+/// The Deployments owning `pods`, as they are now (one GET each); the
+/// operator reads them from its watch ([`rollout::cached_owners`]).
+async fn owners(deployments: &Api<Deployment>, pods: &[Arc<CandidatePod>]) -> Result<Vec<Deployment>, kube::Error> {
+    let mut found = Vec::new();
+    for name in rollout::owning_deployments(pods) {
+        found.extend(deployments.get_opt(&name).await?);
+    }
+    Ok(found)
+}
+
 fn sharing_warnings(
     lease: &DistributedLease,
     store: &ValidStore,
@@ -838,19 +851,15 @@ fn sharing_warnings(
 /// candidates"): a priority that does not parse (that pod is never a
 /// target, and as leader is never moved), and `preferZones` with no
 /// candidate in any of them.
-fn preference_warnings(zones: &[String], candidates: &[Arc<Pod>]) -> Vec<String> {
+fn preference_warnings(zones: &[String], candidates: &[Arc<CandidatePod>]) -> Vec<String> {
     let mut warnings: Vec<String> = candidates
         .iter()
-        .filter_map(|pod| preference::priority_of(pod).err())
+        .filter_map(|pod| pod.priority.clone().err())
         .map(|e| format!("{e}: such a candidate is never preferred; set an integer"))
         .collect();
-    let in_preferred_zone =
-        |pod: &Arc<Pod>| preference::zone_of(pod).is_some_and(|zone| zones.iter().any(|z| z == zone));
+    let in_preferred_zone = |pod: &Arc<CandidatePod>| pod.zone().is_some_and(|zone| zones.iter().any(|z| z == zone));
     if !zones.is_empty() && !candidates.is_empty() && !candidates.iter().any(in_preferred_zone) {
-        let seen: BTreeSet<&str> = candidates
-            .iter()
-            .map(|pod| preference::zone_of(pod).unwrap_or("none"))
-            .collect();
+        let seen: BTreeSet<&str> = candidates.iter().map(|pod| pod.zone().unwrap_or("none")).collect();
         warnings.push(format!(
             "spec.preferZones ({}) matches no candidate: their {} labels are {}; without the \
              PodTopologyLabels admission plugin (Kubernetes 1.35+, on by default) pods carry no zone: \

@@ -16,10 +16,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::core::{Expression, Selector, SelectorExt as _};
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 
 use crate::api::{DistributedLease, validate};
+use crate::operator::candidate::CandidatePod;
 
 /// A label: key and value.
 type Label = (String, String);
@@ -62,7 +63,7 @@ impl<E> Default for LabelIndex<E> {
 impl<E> LabelIndex<E> {
     /// Follows one watch event; `entry` gives an object's entry and the
     /// labels to file it under, or `None` to leave it out.
-    fn apply<K: kube::Resource>(&mut self, event: &watcher::Event<K>, entry: impl Fn(&K) -> Option<(E, Vec<Label>)>) {
+    fn apply<K: Lookup>(&mut self, event: &watcher::Event<K>, entry: impl Fn(&K) -> Option<(E, Vec<Label>)>) {
         match event {
             watcher::Event::Apply(object) => {
                 remove(&mut self.live, object);
@@ -112,13 +113,15 @@ impl<E> LabelIndex<E> {
     }
 }
 
-fn insert<K: kube::Resource, E>(
-    index: &mut HashMap<String, Namespace<E>>,
-    object: &K,
-    (entry, labels): (E, Vec<Label>),
-) {
-    let name = object.name_any();
-    let namespace = index.entry(object.namespace().unwrap_or_default()).or_default();
+/// The object's namespace and name.
+fn key_of<K: Lookup>(object: &K) -> (String, String) {
+    let text = |field: Option<std::borrow::Cow<'_, str>>| field.unwrap_or_default().into_owned();
+    (text(Lookup::namespace(object)), text(Lookup::name(object)))
+}
+
+fn insert<K: Lookup, E>(index: &mut HashMap<String, Namespace<E>>, object: &K, (entry, labels): (E, Vec<Label>)) {
+    let (namespace, name) = key_of(object);
+    let namespace = index.entry(namespace).or_default();
     if labels.is_empty() {
         namespace.unfiled.insert(name.clone());
     }
@@ -134,12 +137,11 @@ fn insert<K: kube::Resource, E>(
     namespace.objects.insert(name, (entry, labels));
 }
 
-fn remove<K: kube::Resource, E>(index: &mut HashMap<String, Namespace<E>>, object: &K) {
-    let namespace_name = object.namespace().unwrap_or_default();
+fn remove<K: Lookup, E>(index: &mut HashMap<String, Namespace<E>>, object: &K) {
+    let (namespace_name, name) = key_of(object);
     let Some(namespace) = index.get_mut(&namespace_name) else {
         return;
     };
-    let name = object.name_any();
     let Some((_, labels)) = namespace.objects.remove(&name) else {
         return;
     };
@@ -241,18 +243,19 @@ impl Selectors {
     }
 }
 
-/// The pod watch's cache with its pods filed under every label they carry:
-/// a lease's candidates are the pods under the label its selector requires,
+/// The pod watch's cache, of what reconciles read of each pod
+/// ([`CandidatePod`]), with the pods filed under every label they carry: a
+/// lease's candidates are the pods under the label its selector requires,
 /// not a scan of every pod.
 #[derive(Clone)]
 pub struct PodCache {
-    store: Store<Pod>,
+    store: Store<CandidatePod>,
     index: Arc<Mutex<LabelIndex<()>>>,
 }
 
 /// Fills a [`PodCache`] from the pod watch's events.
 pub struct PodWriter {
-    writer: Writer<Pod>,
+    writer: Writer<CandidatePod>,
     index: Arc<Mutex<LabelIndex<()>>>,
 }
 
@@ -272,9 +275,17 @@ pub fn pod_cache() -> (PodCache, PodWriter) {
 impl PodWriter {
     /// Applies one pod watch event to the store and its index.
     pub fn apply_watcher_event(&mut self, event: &watcher::Event<Pod>) {
-        self.writer.apply_watcher_event(event);
-        lock(&self.index).apply(event, |pod| {
-            let labels = pod.labels().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let candidate = |pod: &Pod| CandidatePod::from(pod);
+        let event = match event {
+            watcher::Event::Apply(pod) => watcher::Event::Apply(candidate(pod)),
+            watcher::Event::Delete(pod) => watcher::Event::Delete(candidate(pod)),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitApply(pod) => watcher::Event::InitApply(candidate(pod)),
+            watcher::Event::InitDone => watcher::Event::InitDone,
+        };
+        self.writer.apply_watcher_event(&event);
+        lock(&self.index).apply(&event, |pod| {
+            let labels = pod.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             Some(((), labels))
         });
     }
@@ -282,12 +293,12 @@ impl PodWriter {
 
 impl PodCache {
     /// The pod watch's store.
-    pub(crate) fn store(&self) -> &Store<Pod> {
+    pub(crate) fn store(&self) -> &Store<CandidatePod> {
         &self.store
     }
 
     /// The pods of `namespace` that `selector` selects.
-    pub(crate) fn selected(&self, namespace: &str, selector: &Selector) -> Vec<Arc<Pod>> {
+    pub(crate) fn selected(&self, namespace: &str, selector: &Selector) -> Vec<Arc<CandidatePod>> {
         let names: Vec<String> = {
             let index = lock(&self.index);
             match required_label(selector) {
@@ -301,7 +312,7 @@ impl PodCache {
         names
             .iter()
             .filter_map(|name| self.store.get(&ObjectRef::new(name).within(namespace)))
-            .filter(|pod| selector.matches(pod.labels()))
+            .filter(|pod| selector.matches(&pod.labels))
             .collect()
     }
 }

@@ -15,6 +15,7 @@
 //! controller finishes the reconciles in flight, the election releases the
 //! operator's lock, the HTTP server drains; a second signal exits at once.
 
+pub(crate) mod candidate;
 pub mod election;
 pub mod http;
 pub mod index;
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
@@ -52,7 +53,7 @@ use self::index::Selectors;
 use self::metrics::Metrics;
 use self::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use self::stores::{OpenStores, StoreProvider};
-use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE, injected_container};
+use crate::api::contract::{ENV_CLUSTER_NAME, ENV_POD_NAME, ENV_POD_NAMESPACE};
 use crate::api::{DEFAULT_TABLE, DistributedLease};
 use crate::lease::timing::parse_duration_flag;
 use crate::lease::{Identity, Timing, parse_cluster_name};
@@ -328,7 +329,6 @@ impl ControllerRun {
         let (pod_cache, mut pod_writer) = index::pod_cache();
         let pod_events = watcher(pods, watcher::Config::default().any_semantic())
             .default_backoff()
-            .modify(keep_what_reconciles_read)
             .inspect_ok(move |event| pod_writer.apply_watcher_event(event))
             .touched_objects();
         // Readiness-gated leases check their candidates' Deployments: one
@@ -381,38 +381,6 @@ impl ControllerRun {
             () = controller => {}
             () = grace_over => warn!(grace = ?self.grace, "reconciles still running after the grace period; dropped"),
         }
-    }
-}
-
-/// Drops what no reconcile reads (managed fields, annotations, the spec but
-/// the injected container's name), so the cache of every pod in the watched
-/// namespaces stays small: candidates are found by labels, counted by
-/// conditions and phase, repaired by name and resourceVersion, mapped to
-/// Deployments by owner references, and told apart from pods without the
-/// sidecar by the injected (init) container's name
-/// ([`reconcile::without_sidecar`]). Only that name stays, as a container:
-/// each `Container` takes 2.3 KiB however little it holds, and at 30,000
-/// pods every other name cost the operator tens of MiB (BENCHMARKS.md,
-/// "The operator at many leases").
-fn keep_what_reconciles_read(pod: &mut Pod) {
-    pod.spec = pod.spec.take().map(|spec| PodSpec {
-        containers: injected_container(&spec)
-            .map(|name| Container {
-                name: name.to_string(),
-                ..Container::default()
-            })
-            .into_iter()
-            .collect(),
-        ..PodSpec::default()
-    });
-    pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
-    if let Some(status) = pod.status.as_mut() {
-        *status = PodStatus {
-            conditions: status.conditions.take(),
-            phase: status.phase.take(),
-            ..PodStatus::default()
-        };
     }
 }
 

@@ -10,13 +10,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 
-use crate::api::contract::containers_ready_since;
-use crate::api::preference::{PriorityError, Rank, rank_of};
+use crate::api::preference::{PriorityError, Rank, rank};
 use crate::lease::Prefer;
+use crate::operator::candidate::CandidatePod;
 
 /// What one candidate looks like to the decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +23,8 @@ pub(crate) struct Candidate {
     pub uid: String,
     pub rank: Result<Rank, PriorityError>,
     /// Since when the pod's containers are ready
-    /// ([`containers_ready_since`]); `None` when they are not.
+    /// ([`containers_ready_since`](crate::api::contract::containers_ready_since));
+    /// `None` when they are not.
     pub ready_since: Option<Timestamp>,
     pub terminating: bool,
     /// The pod's template (`pod-template-hash`, or a StatefulSet's
@@ -36,17 +35,20 @@ pub(crate) struct Candidate {
 
 impl Candidate {
     /// The candidate as the decision sees `pod` under `prefer_zones`.
-    pub(crate) fn of(pod: &Pod, prefer_zones: &[String]) -> Self {
-        let labels = pod.labels();
+    pub(crate) fn of(pod: &CandidatePod, prefer_zones: &[String]) -> Self {
         Candidate {
-            name: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            rank: rank_of(pod, prefer_zones),
-            ready_since: containers_ready_since(pod),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            template: labels
+            name: pod.name.clone(),
+            uid: pod.uid.clone().unwrap_or_default(),
+            rank: pod
+                .priority
+                .clone()
+                .map(|priority| rank(priority, pod.zone(), prefer_zones)),
+            ready_since: pod.containers_ready_since,
+            terminating: pod.terminating,
+            template: pod
+                .labels
                 .get("pod-template-hash")
-                .or_else(|| labels.get("controller-revision-hash"))
+                .or_else(|| pod.labels.get("controller-revision-hash"))
                 .cloned(),
         }
     }

@@ -21,23 +21,22 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
+
+use crate::operator::candidate::CandidatePod;
 
 /// The Deployments owning `pods`, by the ReplicaSet naming convention
 /// (`<deployment>-<pod-template-hash>`), so no ReplicaSet need be read.
-pub(crate) fn owning_deployments(pods: &[Arc<Pod>]) -> BTreeSet<String> {
+pub(crate) fn owning_deployments(pods: &[Arc<CandidatePod>]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
-            let hash = pod.labels().get("pod-template-hash")?;
-            let owner = pod
-                .owner_references()
-                .iter()
-                .find(|o| o.kind == "ReplicaSet" && o.controller == Some(true))?;
-            owner.name.strip_suffix(&format!("-{hash}")).map(str::to_string)
+            let hash = pod.labels.get("pod-template-hash")?;
+            let replica_set = pod.replica_set.as_ref()?;
+            replica_set.strip_suffix(&format!("-{hash}")).map(str::to_string)
         })
         .collect()
 }
@@ -145,7 +144,11 @@ pub(crate) fn leader_moves_to_new(valid: &crate::api::ValidLease) -> bool {
 
 /// The Deployments owning `pods` in `namespace`, from the operator's
 /// Deployment watch (no request per reconcile).
-pub(crate) fn cached_owners(deployments: &Store<Deployment>, namespace: &str, pods: &[Arc<Pod>]) -> Vec<Deployment> {
+pub(crate) fn cached_owners(
+    deployments: &Store<Deployment>,
+    namespace: &str,
+    pods: &[Arc<CandidatePod>],
+) -> Vec<Deployment> {
     owning_deployments(pods)
         .into_iter()
         .filter_map(|name| deployments.get(&ObjectRef::new(&name).within(namespace)))
@@ -170,16 +173,6 @@ pub(crate) fn keep_what_rollout_checks_read(deployment: &mut Deployment) {
         spec: None,
     };
     deployment.spec.selector = LabelSelector::default();
-}
-
-/// The Deployments owning `pods`, as they are now (one GET each): for the
-/// one-shot `leasehold check`; the operator reads [`cached_owners`].
-pub async fn owners(deployments: &Api<Deployment>, pods: &[Arc<Pod>]) -> Result<Vec<Deployment>, kube::Error> {
-    let mut found = Vec::new();
-    for name in owning_deployments(pods) {
-        found.extend(deployments.get_opt(&name).await?);
-    }
-    Ok(found)
 }
 
 /// The stall reasons of `owners`' rolling updates.
@@ -436,15 +429,14 @@ mod tests {
 
     #[test]
     fn deployments_are_found_from_the_replica_set_owner_and_template_hash() {
-        let pod = |name: &str, owner: &str, hash: &str| -> Arc<Pod> {
-            Arc::new(
-                serde_json::from_value(json!({"metadata": {
-                    "name": name, "labels": {"pod-template-hash": hash},
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
-                                         "controller": true}],
-                }}))
-                .unwrap(),
-            )
+        let pod = |name: &str, owner: &str, hash: &str| {
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({"metadata": {
+                "name": name, "labels": {"pod-template-hash": hash},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
+                                     "controller": true}],
+            }}))
+            .unwrap();
+            Arc::new(CandidatePod::from(&pod))
         };
         let pods = [
             pod("a", "web-7d9f", "7d9f"),

@@ -252,58 +252,6 @@ async fn the_controller_runs_only_while_this_replica_holds_the_operator_lock() {
     assert!(!metrics.is_leader());
 }
 
-/// The pod cache keeps what reconciles read and drops the rest.
-#[test]
-fn the_pod_cache_keeps_labels_owners_the_injected_containers_name_conditions_and_phase_only() {
-    let mut pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7",
-                     "labels": {"app": "web"}, "annotations": {"big": "x"},
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
-        "spec": {"containers": [{"name": "app", "image": "i", "env": [{"name": "A", "value": "b"}]}],
-                 "initContainers": [{"name": "leasehold", "image": "s", "restartPolicy": "Always"}],
-                 "nodeName": "n", "volumes": [{"name": "v", "emptyDir": {}}]},
-        "status": {"phase": "Running", "podIP": "10.0.0.1",
-                   "conditions": [{"type": "Ready", "status": "True"}]},
-    }))
-    .unwrap();
-    keep_what_reconciles_read(&mut pod);
-    let kept = serde_json::to_value(&pod).unwrap();
-    assert_eq!(
-        kept,
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-0", "namespace": "prod", "resourceVersion": "7", "labels": {"app": "web"},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u"}]},
-            "spec": {"containers": [{"name": "leasehold"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-        })
-    );
-}
-
-/// `status.candidatesWithoutSidecar` reads the cached pods: an injected
-/// candidate (the webhook's native sidecar) is not
-/// listed after the cache trimmed it; one without either is.
-#[test]
-fn a_cached_injected_candidate_is_not_listed_as_without_the_sidecar() {
-    let cached = |name: &str, init_containers: serde_json::Value| {
-        let mut pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "prod", "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "app", "image": "i"}], "initContainers": init_containers},
-        }))
-        .unwrap();
-        keep_what_reconciles_read(&mut pod);
-        Arc::new(pod)
-    };
-    let candidates = [
-        cached(
-            "injected",
-            serde_json::json!([{"name": crate::api::contract::SIDECAR_CONTAINER, "restartPolicy": "Always"}]),
-        ),
-        cached("plain", serde_json::json!([{"name": "migrate"}])),
-    ];
-    assert_eq!(reconcile::without_sidecar(&candidates), ["plain"]);
-}
-
 /// The running controller: the pod watch's first list fills the cache the
 /// reconcile reads its candidates from (no pod list per lease), and the
 /// status it writes counts them.

@@ -471,7 +471,7 @@ async fn a_candidate_in_a_preferred_zone_takes_over() {
             Some(pod)
         })
         .await;
-        let zone_of = |pod: &Pod| leasehold::api::preference::zone_of(pod).map(String::from);
+        let zone_of = |pod: &Pod| leasehold::api::preference::zone_of(kube::ResourceExt::labels(pod)).map(String::from);
         assert_eq!(
             zone_of(&zoned).as_deref(),
             Some("zone-a"),

@@ -147,11 +147,15 @@ fn candidates_from_the_index_are_the_pods_a_selector_matches() {
     .collect();
     let check = |when: &str, pods: &[Pod]| {
         for selector in &selectors {
-            let mut found: Vec<String> = cache.selected("prod", selector).iter().map(|p| p.name_any()).collect();
+            let mut found: Vec<String> = cache
+                .selected("prod", selector)
+                .iter()
+                .map(|p| p.name.clone())
+                .collect();
             found.sort();
             let mut scanned: Vec<String> = pods
                 .iter()
-                .filter(|p| p.namespace().as_deref() == Some("prod") && selector.matches(p.labels()))
+                .filter(|p| p.metadata.namespace.as_deref() == Some("prod") && selector.matches(p.labels()))
                 .map(|p| p.name_any())
                 .collect();
             scanned.sort();

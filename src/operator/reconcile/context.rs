@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::core::Selector;
 use kube::runtime::events::{Recorder, Reporter};
@@ -20,6 +19,7 @@ use crate::api::{DistributedLease, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::operator::candidate::CandidatePod;
 use crate::operator::index::{PodCache, pod_cache};
 use crate::operator::metrics::Metrics;
 use crate::operator::observer::{Ask, Locks, Observers, Partitioned};
@@ -114,7 +114,7 @@ impl Context {
 
     /// The Deployments owning `candidates`, from the Deployment watch's
     /// cache once it has listed them: no request per reconcile.
-    async fn owners(&self, namespace: &str, candidates: &[Arc<Pod>]) -> Result<Vec<Deployment>> {
+    async fn owners(&self, namespace: &str, candidates: &[Arc<CandidatePod>]) -> Result<Vec<Deployment>> {
         tokio::time::timeout(POD_CACHE_WAIT, self.deployments.wait_until_ready())
             .await
             .map_err(|_| Error::DeploymentsNotListed)?
@@ -127,15 +127,12 @@ impl Context {
     pub(super) async fn pod_runs(&self, namespace: &str, name: &str) -> Result<bool> {
         self.pods_listed().await?;
         let pod = self.pods.store().get(&ObjectRef::new(name).within(namespace));
-        Ok(pod.is_some_and(|pod| {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed"))
-        }))
+        Ok(pod.is_some_and(|pod| !pod.finished))
     }
 
     /// The candidate pods of a lease, from the pod watch's cache, once it
     /// has listed the pods.
-    async fn candidates(&self, namespace: &str, selector: &Selector) -> Result<Vec<Arc<Pod>>> {
+    async fn candidates(&self, namespace: &str, selector: &Selector) -> Result<Vec<Arc<CandidatePod>>> {
         self.pods_listed().await?;
         Ok(self.pods.selected(namespace, selector))
     }

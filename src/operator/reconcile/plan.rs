@@ -6,20 +6,18 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 
 use super::{INVALID_REQUEUE, OBSERVED_REQUEUE, ROLLED_OUT, STORE_ERROR_REQUEUE};
-use crate::api::contract::TIMING_CONDITION;
-use crate::api::contract::injected_container;
 use crate::api::history::{self, HistoryEntry};
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
 use crate::lease::holder::HolderPod;
 use crate::lease::partitions::PartitionView;
 use crate::lease::{Observation, StoreError};
+use crate::operator::candidate::CandidatePod;
 use crate::operator::metrics::Outcome;
 use crate::operator::{partitions, rollout};
 
@@ -38,7 +36,7 @@ pub(crate) struct Seen {
     pub valid: ValidLease,
     /// The candidate pods, taken from the pod watch before the store read
     /// (see the module's order of work).
-    pub candidates: Vec<Arc<Pod>>,
+    pub candidates: Vec<Arc<CandidatePod>>,
     /// Readiness-gated leases only: the candidates' Deployments.
     pub owners: Option<Result<Vec<Deployment>, kube::Error>>,
     /// The store's answer.
@@ -141,7 +139,7 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         read,
     } = seen;
     let mut events = Vec::new();
-    let ready = candidates.iter().filter(|pod| pod_ready(pod)).count();
+    let ready = candidates.iter().filter(|pod| pod.ready).count();
     let rollout = owners.as_ref().map(|owners| {
         let (condition, stall) = rollout_condition(at, owners, rollout::leader_moves_to_new(&valid));
         events.extend(stall);
@@ -291,22 +289,21 @@ impl Note {
 fn repairs(
     cluster: Option<&str>,
     namespace: &str,
-    candidates: &[Arc<Pod>],
+    candidates: &[Arc<CandidatePod>],
     label_key: &str,
     holders: &[HolderPod],
 ) -> Vec<Repair> {
     candidates
         .iter()
-        .filter(|pod| pod.labels().get(label_key).is_some_and(|v| v == "true"))
+        .filter(|pod| pod.labels.get(label_key).is_some_and(|v| v == "true"))
         .filter(|pod| {
-            let name = pod.name_any();
             !holders
                 .iter()
-                .any(|holder| holder.keeps_label(&name, cluster, namespace, None))
+                .any(|holder| holder.keeps_label(&pod.name, cluster, namespace, None))
         })
         .map(|pod| Repair {
-            pod: pod.name_any(),
-            resource_version: pod.resource_version(),
+            pod: pod.name.clone(),
+            resource_version: pod.resource_version.clone(),
             label_key: label_key.to_string(),
         })
         .collect()
@@ -375,38 +372,25 @@ fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, Strin
 }
 
 /// The names of the candidates that cannot campaign, sorted.
-pub(crate) fn without_sidecar(candidates: &[Arc<Pod>]) -> Vec<String> {
+pub(crate) fn without_sidecar(candidates: &[Arc<CandidatePod>]) -> Vec<String> {
     let mut names: Vec<String> = candidates
         .iter()
-        .filter(|pod| pod.spec.as_ref().and_then(injected_container).is_none())
-        .map(|pod| pod.name_any())
+        .filter(|pod| !pod.has_sidecar)
+        .map(|pod| pod.name.clone())
         .collect();
     names.sort();
     names
 }
 
 /// `TimingAtRisk`: True while a candidate's sidecar reports (in its pod
-/// condition [`TIMING_CONDITION`]) that its renewals use more than their
+/// condition [`TIMING_CONDITION`](crate::api::contract::TIMING_CONDITION)) that its renewals use more than their
 /// share of R − P, naming the pods and what they measured. The sidecar
 /// changes that condition only when the verdict crosses the threshold, so
 /// this costs no status writes while it holds.
-fn timing_condition(at: &Conditions<'_>, candidates: &[Arc<Pod>]) -> Condition {
+fn timing_condition(at: &Conditions<'_>, candidates: &[Arc<CandidatePod>]) -> Condition {
     let at_risk: Vec<String> = candidates
         .iter()
-        .filter_map(|pod| {
-            let reported = pod
-                .status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .find(|c| c.type_ == TIMING_CONDITION && c.status == "True")?;
-            Some(format!(
-                "{}: {}",
-                pod.name_any(),
-                reported.message.as_deref().unwrap_or_default()
-            ))
-        })
+        .filter_map(|pod| Some(format!("{}: {}", pod.name, pod.timing_at_risk.as_ref()?)))
         .collect();
     match at_risk.is_empty() {
         true => at.condition(
@@ -417,13 +401,6 @@ fn timing_condition(at: &Conditions<'_>, candidates: &[Arc<Pod>]) -> Condition {
         ),
         false => at.condition("TimingAtRisk", "True", "RenewalsSlow", &at_risk.join("; ")),
     }
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The status after a successful read of the row.
@@ -586,7 +563,7 @@ fn version_move(old: &DistributedLeaseStatus, new: &DistributedLeaseStatus, lock
 fn rolled_out_condition(
     at: &Conditions<'_>,
     owners: &Result<Vec<Deployment>, kube::Error>,
-    candidates: &[Arc<Pod>],
+    candidates: &[Arc<CandidatePod>],
     leader: Option<&str>,
 ) -> Condition {
     let owners = match owners {
@@ -603,22 +580,22 @@ fn rolled_out_condition(
     if !pending.is_empty() {
         return at.condition(ROLLED_OUT, "False", "RolloutInProgress", &pending.join("; "));
     }
-    let leader_pod = leader.and_then(|name| candidates.iter().find(|p| p.meta().name.as_deref() == Some(name)));
+    let leader_pod = leader.and_then(|name| candidates.iter().find(|p| p.name == name));
     match leader_pod {
-        Some(pod) if pod_ready(pod) => at.condition(
+        Some(pod) if pod.ready => at.condition(
             ROLLED_OUT,
             "True",
             "RolloutComplete",
             &format!(
                 "every candidate runs its Deployment's current revision and {} leads, Ready",
-                pod.name_any()
+                pod.name
             ),
         ),
         Some(pod) => at.condition(
             ROLLED_OUT,
             "False",
             "LeaderNotReady",
-            &format!("{} leads but is not Ready yet", pod.name_any()),
+            &format!("{} leads but is not Ready yet", pod.name),
         ),
         None => at.condition(ROLLED_OUT, "False", "NoLeader", "no candidate pod holds the lease"),
     }

@@ -4,13 +4,16 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::super::{FINALIZER, INVALID_REQUEUE, STORE_ERROR_REQUEUE};
 use super::*;
+use crate::api::contract::TIMING_CONDITION;
 use crate::api::validate;
 use crate::lease::holder::LiveHolder;
 use crate::lease::{FencingToken, LeaseRecord, LeaseStore, StoreTime};
+use crate::operator::candidate::CandidatePod;
 use crate::store::{Faults, MemoryStore};
 use crate::testing::reconcile::{conditions, lease, pod};
 
@@ -20,9 +23,10 @@ fn resource(spec: Value, status: Option<Value>) -> DistributedLease {
     serde_json::from_value(lease(spec, &[FINALIZER], status)).unwrap()
 }
 
-fn pods(pods: Vec<Value>) -> Vec<Arc<Pod>> {
+/// The candidates as the pod cache keeps them.
+fn pods(pods: Vec<Value>) -> Vec<Arc<CandidatePod>> {
     pods.into_iter()
-        .map(|pod| Arc::new(serde_json::from_value(pod).unwrap()))
+        .map(|pod| Arc::new(CandidatePod::from(&serde_json::from_value::<Pod>(pod).unwrap())))
         .collect()
 }
 
