@@ -759,15 +759,6 @@ async fn check_lease(
     pods
 }
 
-/// What can go wrong when clusters share a lock (docs/multi-cluster.md):
-/// a lock name on the Kubernetes store (each cluster has its own Lease, so
-/// one leader per cluster, not one in all); a lock meant to be shared from
-/// a cluster without a name (its holders cannot be told from another
-/// cluster's, so the operator never releases them and status cannot say
-/// where the leader runs); a lock that may be shared ordered by revisions
-/// that count per cluster (a ReplicaSet's); and a holder that carries this
-/// cluster's name but is none of its candidates (another cluster uses the
-/// same name).
 /// The Deployments owning `pods`, as they are now (one GET each); the
 /// operator reads them from its watch ([`rollout::cached_owners`]).
 async fn owners(deployments: &Api<Deployment>, pods: &[Arc<CandidatePod>]) -> Result<Vec<Deployment>, kube::Error> {
@@ -778,6 +769,15 @@ async fn owners(deployments: &Api<Deployment>, pods: &[Arc<CandidatePod>]) -> Re
     Ok(found)
 }
 
+/// What can go wrong when clusters share a lock (docs/multi-cluster.md):
+/// a lock name on the Kubernetes store (each cluster has its own Lease, so
+/// one leader per cluster, not one in all); a lock meant to be shared from
+/// a cluster without a name (its holders cannot be told from another
+/// cluster's, so the operator never releases them and status cannot say
+/// where the leader runs); a lock that may be shared ordered by revisions
+/// that count per cluster (a ReplicaSet's); and a holder that carries this
+/// cluster's name but is none of its candidates (another cluster uses the
+/// same name).
 fn sharing_warnings(
     lease: &DistributedLease,
     store: &ValidStore,

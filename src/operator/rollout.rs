@@ -24,8 +24,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::operator::candidate::CandidatePod;
 
