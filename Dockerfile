@@ -10,7 +10,8 @@
 # copies exactly the files the COPY lines name and runs the RUN line's
 # command, so a file the build needs and these lines leave out fails the
 # test suite. The sidecar build stage shares those COPY lines (FROM source)
-# and its RUN line is the full one with the feature flags (checked there).
+# and its RUN line is the full one's cargo command with the feature flags,
+# statically linked (checked there).
 FROM rust:1-bookworm AS source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -20,17 +21,24 @@ COPY examples ./examples
 # building the binary alone.
 COPY benches ./benches
 
+# Linked statically (scripts/candidate-binary.sh builds the suite's the same
+# way): the image needs no libc, and an idle sidecar maps no shared library
+# (BENCHMARKS.md, the candidate build). glibc resolves names from files and
+# DNS without loading a module since 2.34; `--target` keeps the flag off
+# build scripts and proc-macros.
 FROM source AS build-sidecar
-RUN cargo build --no-default-features --features candidate --release --locked --bin leasehold \
- && strip target/release/leasehold
+RUN host="$(rustc -vV | sed -n 's/^host: //p')" \
+ && RUSTFLAGS="-C target-feature=+crt-static" cargo build --target "$host" --no-default-features --features candidate --release --locked --bin leasehold \
+ && mkdir -p target/release && strip -o target/release/leasehold "target/$host/release/leasehold"
 
 FROM source AS build
 RUN cargo build --release --locked --bin leasehold \
  && strip target/release/leasehold
 
-# The candidate image: the same base, path, user and entrypoint as the full
-# image below (the injected containers and the installer rely on them).
-FROM gcr.io/distroless/cc-debian12:nonroot AS sidecar
+# The candidate image: the same path, user and entrypoint as the full image
+# below (the injected containers and the installer rely on them), on the
+# same distroless base without glibc and libgcc, which it does not load.
+FROM gcr.io/distroless/static-debian12:nonroot AS sidecar
 COPY --from=build-sidecar /src/target/release/leasehold /usr/local/bin/leasehold
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/leasehold"]

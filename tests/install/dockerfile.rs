@@ -38,14 +38,16 @@ fn the_image_builds_from_the_dockerfile() {
 
 /// The `sidecar` image (the candidate build, Cargo feature `candidate`) is
 /// checked without building it (the full build above takes minutes of its
-/// own): its build stage copies what the full one copies, its RUN line is
-/// the full one with the features scripts/candidate-binary.sh builds with
-/// (so tests/processes/candidate.rs tests what the image holds), and the
-/// image puts the binary where the full image does, with the same base,
-/// user and entrypoint.
+/// own): its build stage copies what the full one copies, its RUN line runs
+/// the full one's cargo command with the features and the static link
+/// scripts/candidate-binary.sh builds with (so tests/processes/candidate.rs
+/// tests what the image holds) and puts the binary where the full build
+/// does, and the image copies it where the full image does, with the same
+/// user and entrypoint, on the same distroless base without libc.
 #[test]
-fn the_sidecar_image_is_the_full_build_with_the_candidate_feature() {
+fn the_sidecar_image_is_the_full_build_with_the_candidate_feature_linked_statically() {
     const FEATURES: &str = "--no-default-features --features candidate";
+    const STATIC: &str = "RUSTFLAGS=\"-C target-feature=+crt-static\"";
     let stages = stages();
     let (full, full_build, full_copy) = image_and_build_stage(&stages, None).unwrap();
     let (sidecar, sidecar_build, sidecar_copy) = image_and_build_stage(&stages, Some("sidecar")).unwrap();
@@ -55,14 +57,26 @@ fn the_sidecar_image_is_the_full_build_with_the_candidate_feature() {
     assert_eq!(sidecar_build.from, full_build.from);
     let [full_run] = all(&full_build, "RUN").try_into().unwrap();
     let [sidecar_run] = all(&sidecar_build, "RUN").try_into().unwrap();
-    let expected = full_run.replacen("cargo build ", &format!("cargo build {FEATURES} "), 1);
-    assert_ne!(expected, full_run, "the full RUN line runs no `cargo build`");
-    assert_eq!(sidecar_run, expected, "the sidecar stage's RUN line");
-    let script = std::fs::read_to_string(root().join("scripts/candidate-binary.sh")).unwrap();
+    let full_cargo = full_run.split(" && ").next().unwrap();
+    let flags = full_cargo
+        .strip_prefix("cargo build ")
+        .expect("the full RUN line starts with `cargo build`");
+    let expected = format!("{STATIC} cargo build --target \"$host\" {FEATURES} {flags}");
     assert!(
-        script.contains(FEATURES),
-        "scripts/candidate-binary.sh builds other features"
+        sidecar_run.split(" && ").any(|command| command == expected),
+        "the sidecar stage's RUN line runs no `{expected}`: {sidecar_run}"
     );
+    assert!(
+        sidecar_run.contains("strip -o target/release/leasehold \"target/$host/release/leasehold\""),
+        "the sidecar stage leaves its binary elsewhere than the full build: {sidecar_run}"
+    );
+    let script = std::fs::read_to_string(root().join("scripts/candidate-binary.sh")).unwrap();
+    for flag in [FEATURES, STATIC, "--target \"$host\""] {
+        assert!(
+            script.contains(flag),
+            "scripts/candidate-binary.sh builds without {flag}"
+        );
+    }
     assert_eq!(
         (sidecar_copy.sources, sidecar_copy.destination),
         (full_copy.sources, full_copy.destination)
@@ -70,7 +84,7 @@ fn the_sidecar_image_is_the_full_build_with_the_candidate_feature() {
     for keyword in ["USER", "ENTRYPOINT"] {
         assert_eq!(all(sidecar, keyword), all(full, keyword), "{keyword}");
     }
-    assert_eq!(sidecar.from, full.from);
+    assert_eq!(sidecar.from, full.from.replacen("/cc-", "/static-", 1));
 }
 
 /// Every COPY line of the build stage is needed: without any one of them the

@@ -2,9 +2,11 @@
 //! `sidecar` image): a binary with only what a candidate pod runs. It
 //! refuses the operator's and the tools' commands as clap refuses any
 //! unknown one, its help lists only its own, and it serves as a candidate:
-//! sidecars on a private PostgreSQL elect one leader, and the runner it
+//! sidecars on a private PostgreSQL elect one leader (one reaching it by
+//! host name), and the runner it
 //! installs (as the webhook's init container does for `leasehold.dev/run`
-//! pods) runs a command while it leads.
+//! pods) runs a command while it leads. It is linked statically, as the
+//! image's, which has no libc.
 //!
 //! The binary is built once, outside the suite (scripts/test.sh does):
 //! `export LEASEHOLD_CANDIDATE_BINARY=$(scripts/candidate-binary.sh)`.
@@ -101,6 +103,38 @@ fn the_candidate_binary_lists_only_its_commands_and_refuses_the_others() {
     );
 }
 
+/// The candidate binary is linked statically, as the `sidecar` image's
+/// (which has no libc): it names no program interpreter (ELF `PT_INTERP`),
+/// so the kernel loads no dynamic loader and no shared library.
+#[test]
+fn the_candidate_binary_needs_no_dynamic_loader() {
+    let candidate = candidate_binary();
+    let elf = std::fs::read(&candidate).unwrap();
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "{candidate:?} is not a 64-bit ELF file");
+    assert!(!program_header_types(&elf).is_empty(), "no program headers read");
+    assert!(
+        !program_header_types(&elf).contains(&PT_INTERP),
+        "{candidate:?} asks for a dynamic loader: build it with scripts/candidate-binary.sh \
+         (RUSTFLAGS=\"-C target-feature=+crt-static\")"
+    );
+}
+
+const PT_INTERP: u32 = 3;
+
+/// The types of a little-endian ELF64 file's program headers.
+fn program_header_types(elf: &[u8]) -> Vec<u32> {
+    let read = |at: usize, width: usize| {
+        elf[at..at + width]
+            .iter()
+            .rev()
+            .fold(0usize, |value, byte| value << 8 | usize::from(*byte))
+    };
+    let (offset, size, count) = (read(0x20, 8), read(0x36, 2), read(0x38, 2));
+    (0..count)
+        .map(|i| u32::try_from(read(offset + i * size, 4)).unwrap())
+        .collect()
+}
+
 #[test]
 fn candidate_sidecars_on_postgres_elect_one_leader() {
     let candidate = candidate_binary();
@@ -113,7 +147,15 @@ fn candidate_sidecars_on_postgres_elect_one_leader() {
             if i == 0 {
                 flags.push("--create-table".into());
             }
-            let env = [("LEASEHOLD_STORE_URL".to_string(), server.url_at(proxy.addr))];
+            // The first, which creates the table the other needs, names its
+            // store by host name: the statically linked resolver reads
+            // /etc/hosts with no library to load.
+            let url = server.url_at(proxy.addr);
+            let url = match i {
+                0 => url.replacen(&proxy.addr.ip().to_string(), "localhost", 1),
+                _ => url,
+            };
+            let env = [("LEASEHOLD_STORE_URL".to_string(), url)];
             Sidecar::launch_binary(
                 &candidate,
                 &format!("pod-{i}"),
