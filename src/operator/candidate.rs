@@ -63,7 +63,7 @@ impl From<&Pod> for CandidatePod {
                 .iter()
                 .find(|o| o.kind == "ReplicaSet" && o.controller == Some(true))
                 .map(|o| o.name.clone()),
-            finished: matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")),
+            finished: finished(pod),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             ready: condition("Ready").is_some(),
             containers_ready_since: containers_ready_since(pod),
@@ -72,6 +72,13 @@ impl From<&Pod> for CandidatePod {
             priority: preference::priority_of(pod),
         }
     }
+}
+
+/// Whether the pod has finished (phase Succeeded or Failed): it exists but
+/// no longer runs.
+pub(crate) fn finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 impl CandidatePod {

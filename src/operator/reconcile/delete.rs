@@ -36,6 +36,7 @@ use crate::api::contract::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 use crate::api::{DistributedLease, ValidLease, ValidStore, validate};
 use crate::lease::StoreError;
 use crate::lease::holder::{HolderPod, LiveHolder};
+use crate::operator::candidate;
 
 /// What a deleted resource's finalizer waits for.
 #[derive(Debug, PartialEq, Eq)]
@@ -127,10 +128,9 @@ fn retired_from(pod: &Pod, uid: &str) -> bool {
 /// Whether the pod `name` exists and has not finished: in the fresh list,
 /// or in the pod watch's cache (a holder's pod may carry other labels by now).
 async fn runs(candidates: &[Pod], namespace: &str, name: &str, ctx: &Context) -> Result<bool> {
-    let listed = candidates.iter().any(|pod| {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        pod.name_any() == name && !matches!(phase, Some("Succeeded" | "Failed"))
-    });
+    let listed = candidates
+        .iter()
+        .any(|pod| pod.name_any() == name && !candidate::finished(pod));
     Ok(listed || ctx.pod_runs(namespace, name).await?)
 }
 
