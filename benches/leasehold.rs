@@ -54,6 +54,10 @@ mod stores;
 #[allow(dead_code)]
 #[path = "../tests/e2e/watcher.rs"]
 mod watcher;
+/// Where the harness's files name each other: the suite's `e2e` module.
+mod e2e {
+    pub(crate) use super::{cluster, node, stores, watcher};
+}
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -95,14 +95,14 @@ fi
 # 2. the other end-to-end scenarios and the Kubernetes store's tests, each in
 #    a namespace of its own, two at a time (group cluster).
 # The second runs even when the first failed; the script fails if either did.
-disruptive='binary(e2e) & test(/::disruptive::/)'
-cluster="binary(e2e) | (binary(stores) & test(/^kubernetes::/))"
+disruptive='test(/^e2e::/) & test(/::disruptive::/)'
+cluster="test(/^e2e::/) | test(/^stores::kubernetes::/)"
 status=0
 phase "nextest (build; every test off the cluster, beside the disruptive e2e scenarios one at a time)"
 cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
   -E "not ($cluster) | ($disruptive)" || status=$?
 phase "nextest (the other e2e scenarios and the Kubernetes store, two at a time)"
-cargo nextest run --test e2e --test stores --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
+cargo nextest run --test suite --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
   -E "($cluster) & not ($disruptive)" || status=$?
 phase ""
 exit "$status"

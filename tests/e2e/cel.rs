@@ -13,7 +13,7 @@ use kube::discovery::ApiResource;
 use leasehold::api::{DistributedLease, PARTITIONS_IMMUTABLE, STORE_IMMUTABLE};
 use serde_json::{Value, json};
 
-use crate::cluster::{Env, apply, crds, namespace_object, wait_for};
+use crate::e2e::cluster::{Env, apply, crds, namespace_object, wait_for};
 
 /// This test's namespace, made and removed here.
 const NAMESPACE: &str = "e2e-cel";

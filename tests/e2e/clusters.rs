@@ -37,11 +37,13 @@ use leasehold::testing::{ProxyMode, TcpProxy};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{DeleteOnDrop, Scenario, apply, crds, install_chart_with, namespace_object, scenario, wait_for};
-use crate::fixtures::{APP, LEASE};
-use crate::stores::{SpannerForPods, lease, secret};
+use crate::e2e::cluster::{
+    DeleteOnDrop, Scenario, apply, crds, install_chart_with, namespace_object, scenario, wait_for,
+};
+use crate::e2e::fixtures::{APP, LEASE};
+use crate::e2e::stores::{SpannerForPods, lease, secret};
+use crate::e2e::watcher::{ClaimsNow, LeadershipWatcher, Watched};
 use crate::support::{Sidecar, get};
-use crate::watcher::{ClaimsNow, LeadershipWatcher, Watched};
 
 const NS: &str = "e2e-clusters";
 const WEST: &str = "west";
@@ -250,7 +252,7 @@ impl SharedStore {
 
     /// The DistributedLease's `spec.store`.
     fn spec(&self) -> Value {
-        let url = json!({"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}});
+        let url = json!({"urlSecretRef": {"name": crate::e2e::stores::URL_SECRET, "key": "url"}});
         match self {
             SharedStore::Postgres(_) => json!({ "postgres": url }),
             SharedStore::Redis(_) => json!({ "redis": url }),
@@ -458,7 +460,7 @@ impl TwoClusters {
 
         // West: the example's lease (same namespace and name, so the same
         // lock) and its candidates, once east leads.
-        let west_watcher = crate::fixtures::watch_example(west, true);
+        let west_watcher = crate::e2e::fixtures::watch_example(west, true);
         let across = AcrossClusters::start(direct.clone(), &west_watcher, &east_sidecars);
         let two = TwoClusters {
             east,
@@ -473,7 +475,7 @@ impl TwoClusters {
         };
         two.east_leads().await;
         west.apply(two.store.objects(west, &timing)).await;
-        let mut example = crate::fixtures::example_with_pod_annotations(west, west_annotations);
+        let mut example = crate::e2e::fixtures::example_with_pod_annotations(west, west_annotations);
         for object in &mut example {
             if object["kind"] == "Deployment" {
                 object["spec"]["replicas"] = json!(2);

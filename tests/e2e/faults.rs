@@ -11,12 +11,12 @@ use leasehold::store::postgres::{PostgresConfig, PostgresStore};
 use leasehold::testing::servers::PostgresServer;
 use serde_json::json;
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{
     FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, exec_app, leader_only_service, leader_only_service_on,
 };
-use crate::node::{Partition, kill_and_await_restart, signal_container};
-use crate::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
+use crate::e2e::node::{Partition, kill_and_await_restart, signal_container};
+use crate::e2e::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 
 /// After a fault: one leader, the one endpoint, its sidecar claiming the
 /// lease on `/leader`, and the DistributedLease status naming that claim's
@@ -236,7 +236,7 @@ async fn kubelet_stopped(s: Scenario) {
     let (_store, watcher) = leader_only_service(&s, json!({})).await;
     converges(&s, &watcher, None, FIRST_LEADER).await;
     let pods = |list: Vec<Pod>| list.into_iter().filter_map(|p| p.metadata.uid).collect::<Vec<_>>();
-    let before = pods(s.pods(crate::fixtures::APP).await);
+    let before = pods(s.pods(crate::e2e::fixtures::APP).await);
     let stopped = s.env.stop_component("kubelet");
     // The fault took effect: `kubectl exec` goes through the kubelet.
     let leader = watcher.leaders().pop().expect("a leader");
@@ -251,7 +251,7 @@ async fn kubelet_stopped(s: Scenario) {
     stopped.start();
     converges(&s, &watcher, None, Duration::from_secs(120)).await;
     assert_eq!(
-        pods(s.pods(crate::fixtures::APP).await),
+        pods(s.pods(crate::e2e::fixtures::APP).await),
         before,
         "the same pods ran throughout"
     );
@@ -282,7 +282,7 @@ async fn api_server_stopped(s: Scenario) {
     // behind for the scenarios after it (seen in CI), so that combination
     // is not run here.
     let (_, is) = converges(&s, &watcher, None, Duration::from_secs(120)).await;
-    crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
+    crate::e2e::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
     let after = store_record(&s, &store).await;
     let gaps = watcher.finish_across_gaps();
     assert!(!gaps.is_empty(), "the watches saw the API server stop");

@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, wait_for};
+use crate::e2e::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, wait_for};
 
 /// This test's namespace, made here and removed by [`Cleanup`].
 const NAMESPACE: &str = "e2e-fencing";
@@ -362,7 +362,7 @@ async fn subresources_and_recreation(admin: &Client, deposed: &Client, leader: &
 /// The example checks that outcome itself (and `b`'s write staying); this
 /// test checks it ran and said so.
 fn the_example_is_refused_by_the_api_server(env: &Env) {
-    let output = std::process::Command::new(crate::example::built_example("fenced-write"))
+    let output = std::process::Command::new(crate::support::example::built_example("fenced-write"))
         .arg("kubernetes")
         .env("KUBECONFIG", &env.kubeconfig)
         .env("FENCING_NAMESPACE", NAMESPACE)

@@ -8,9 +8,9 @@ use kube::api::{DeleteParams, ListParams};
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 
-use crate::cluster::Scenario;
-use crate::stores::{lease, postgres_lease};
-use crate::watcher::{LeadershipWatcher, Watched};
+use crate::e2e::cluster::Scenario;
+use crate::e2e::stores::{lease, postgres_lease};
+use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
 pub const APP: &str = "app=scheduler";
 pub const LEASE: &str = "scheduler";

@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{RELEASE_NAMESPACE, Scenario, scenario, yaml_objects};
-use crate::fixtures::{FIRST_LEADER, LEASE, watch_example};
-use crate::stores::postgres_lease;
+use crate::e2e::cluster::{RELEASE_NAMESPACE, Scenario, scenario, yaml_objects};
+use crate::e2e::fixtures::{FIRST_LEADER, LEASE, watch_example};
+use crate::e2e::stores::postgres_lease;
 
 /// The sidecar's container name.
 const SIDECAR: &str = "leasehold";
@@ -68,7 +68,7 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
             "leasehold.dev/inject=enabled",
             "--overwrite",
         ]);
-        crate::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
+        crate::e2e::cluster::injection_reaches(&s.env, &s.client, &s.ns).await;
         // The lease the probe's sidecar joins: without it the sidecar exits
         // (DistributedLease not found) and restarts, and a restart's start
         // time is later than the app's (CI saw exactly that).
@@ -97,7 +97,7 @@ async fn an_opted_in_namespace_gets_native_sidecars_others_and_the_release_names
 
         // The sidecar starts before the app (the kubelet runs init containers first).
         let pods: Api<Pod> = s.api();
-        let started = crate::cluster::wait_for("the injected pod running", FIRST_LEADER, || async {
+        let started = crate::e2e::cluster::wait_for("the injected pod running", FIRST_LEADER, || async {
             let status = pods.get("probe").await.ok()?.status?;
             // A restart's start time says nothing of the order: the sidecar
             // must still be on its first run.
@@ -175,7 +175,7 @@ async fn leasehold_inject_output_applied_without_the_webhook_elects_one_leader()
 /// nextest runs them alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
-    use crate::cluster::OperatorScaledDown;
+    use crate::e2e::cluster::OperatorScaledDown;
 
     /// The webhook's failurePolicy lets pods through while it is down: they are
     /// created without a sidecar, and both `leasehold check` and the
@@ -202,7 +202,7 @@ mod disruptive {
                 ..Default::default()
             };
             let in_a_row = std::cell::Cell::new(0);
-            crate::cluster::wait_for(
+            crate::e2e::cluster::wait_for(
                 "the API server no longer calling the webhook (5 uninjected dry runs in a row)",
                 std::time::Duration::from_secs(60),
                 || async {
@@ -226,7 +226,7 @@ mod disruptive {
                 "leasehold check: {text}"
             );
             let leases: Api<leasehold::api::DistributedLease> = s.api();
-            crate::cluster::wait_for(
+            crate::e2e::cluster::wait_for(
                 "the status counting both candidates and naming only the one without a sidecar",
                 std::time::Duration::from_secs(60),
                 || async {

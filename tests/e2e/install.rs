@@ -9,7 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
-use crate::cluster::{
+use crate::e2e::cluster::{
     CrdsRestored, OperatorScaledDown, RELEASE_NAMESPACE, Scenario, crds, scenario, wait_for, wait_operator_available,
 };
 
@@ -37,12 +37,12 @@ async fn operator_pods(s: &Scenario) -> Vec<Pod> {
 /// then the pod), with the `--flag value` pairs of `more` set in the pod's
 /// `args`: whether the pod succeeded, and its log.
 async fn run_helm_test_pod(s: &Scenario, name: &str, more: &[&str]) -> (bool, String) {
-    let chart = crate::cluster::rendered_chart(&s.env);
+    let chart = crate::e2e::cluster::rendered_chart(&s.env);
     let (mut pods, rbac): (Vec<_>, Vec<_>) = (chart.into_iter())
         .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test")
         .partition(|o| o["kind"] == "Pod");
     assert_eq!(pods.len(), 1, "the chart has one `helm.sh/hook: test` pod: {pods:?}");
-    crate::cluster::apply(&s.client, &rbac).await;
+    crate::e2e::cluster::apply(&s.client, &rbac).await;
     let mut pod = pods.remove(0);
     pod["metadata"]["name"] = json!(name);
     let args = pod["spec"]["containers"][0]["args"]
@@ -62,7 +62,7 @@ async fn run_helm_test_pod(s: &Scenario, name: &str, more: &[&str]) -> (bool, St
         pods.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
-    crate::cluster::apply(&s.client, &[pod]).await;
+    crate::e2e::cluster::apply(&s.client, &[pod]).await;
     let phase = wait_for("the helm test pod to finish", Duration::from_secs(120), || async {
         let phase = pods.get_opt(name).await.ok()??.status?.phase?;
         ["Succeeded", "Failed"].contains(&phase.as_str()).then_some(phase)
@@ -225,7 +225,7 @@ mod disruptive {
                     .then_some(())
             })
             .await;
-            crate::cluster::apply(&s.client, &crds()).await;
+            crate::e2e::cluster::apply(&s.client, &crds()).await;
             let (ok, text) = wait_for("leasehold check clean again", Duration::from_secs(90), || async {
                 let (ok, text) = s.check();
                 ok.then_some((ok, text))
@@ -259,12 +259,12 @@ mod disruptive {
                 "git show {EARLIER_CRD_COMMIT}: {} (run the suite from a clone with its history)",
                 String::from_utf8_lossy(&earlier.stderr)
             );
-            let earlier = crate::cluster::yaml_objects(&String::from_utf8_lossy(&earlier.stdout));
+            let earlier = crate::e2e::cluster::yaml_objects(&String::from_utf8_lossy(&earlier.stdout));
             assert!(
                 !serde_json::to_string(&earlier).unwrap().contains("store is immutable"),
                 "the earlier CRD has no store rule yet"
             );
-            crate::cluster::apply(&s.client, &earlier).await;
+            crate::e2e::cluster::apply(&s.client, &earlier).await;
             s.apply(vec![json!({
                 "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
                 "metadata": {"name": "upgraded"},

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, repo, scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, leader_only_service};
+use crate::e2e::cluster::{Scenario, repo, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, leader_only_service};
 
 /// The sidecar's metrics port (the chart's sidecar.metricsPort).
 const METRICS_PORT: u16 = 4041;
@@ -457,7 +457,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
     use leasehold::testing::servers::PostgresServer;
     use leasehold::testing::{ProxyMode, TcpProxy};
 
-    use crate::stores::{lease, secret};
+    use crate::e2e::stores::{lease, secret};
 
     scenario("e2e-timing-risk", |s| async move {
         let server = PostgresServer::start_on(s.env.host_ip);
@@ -468,8 +468,8 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
             .map(|(field, value)| (field.to_string(), json!(format!("{}s", value.as_secs()))))
             .collect();
         let [_, (_, r), (_, p)] = TIMING;
-        let store = json!({"postgres": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
-        let watcher = crate::fixtures::watch_example(&s, true);
+        let store = json!({"postgres": {"urlSecretRef": {"name": crate::e2e::stores::URL_SECRET, "key": "url"}}});
+        let watcher = crate::e2e::fixtures::watch_example(&s, true);
         s.apply(vec![secret(&s, &url), lease(&s, LEASE, store, Value::Object(timing))])
             .await;
         s.apply(s.example("leader-only-service.yaml")).await;

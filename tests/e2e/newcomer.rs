@@ -16,9 +16,9 @@ use kube::api::ListParams;
 use leasehold::api::DistributedLease;
 use serde_json::json;
 
-use crate::cluster::{RELEASE_NAMESPACE, Scenario, repo, wait_for, walkthrough};
-use crate::fixtures::APP;
-use crate::walkthrough::{bash, readme};
+use crate::e2e::cluster::{RELEASE_NAMESPACE, Scenario, repo, wait_for, walkthrough};
+use crate::e2e::fixtures::APP;
+use crate::e2e::walkthrough::{bash, readme};
 
 /// The README's namespace.
 const NAMESPACE: &str = "my-app";

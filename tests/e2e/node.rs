@@ -7,7 +7,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cluster::Scenario;
+use crate::e2e::cluster::Scenario;
 
 /// Sends SIG`signal` (KILL, STOP, CONT, TERM) to the main process of
 /// `container` (an app or init container) in `pod`.
@@ -71,7 +71,7 @@ pub async fn kill_and_await_restart(s: &Scenario, pod: &str, container: &str) {
         .await
         .unwrap_or_else(|| panic!("{pod} has no container {container}"));
     signal_container(s, pod, container, "KILL").await;
-    crate::cluster::wait_for(
+    crate::e2e::cluster::wait_for(
         &format!("the kubelet restarting {pod}/{container}"),
         std::time::Duration::from_secs(60),
         || async { restarts(s, pod, container).await.filter(|n| *n > before).map(|_| ()) },

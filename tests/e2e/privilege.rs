@@ -9,9 +9,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, scenario};
-use crate::fixtures::{APP, FIRST_LEADER, SIDECAR, leader_only_service};
-use crate::node::signal_container;
+use crate::e2e::cluster::{Scenario, scenario};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, SIDECAR, leader_only_service};
+use crate::e2e::node::signal_container;
 use leasehold::api::contract::RETIRED_FROM_ANNOTATION;
 
 /// A client that authenticates as `pod`'s ServiceAccount with a token bound

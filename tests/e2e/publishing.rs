@@ -9,14 +9,14 @@ use serde_json::{Value, json};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{
     APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, exec_app, leader_only_service, ready_pods,
     watch_example,
 };
-use crate::node::signal_container;
-use crate::stores::postgres_lease;
-use crate::watcher::LeadershipWatcher;
+use crate::e2e::node::signal_container;
+use crate::e2e::stores::postgres_lease;
+use crate::e2e::watcher::LeadershipWatcher;
 
 #[tokio::test]
 async fn one_leader_label_and_one_endpoint_that_follows_the_leader() {

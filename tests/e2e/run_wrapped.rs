@@ -6,9 +6,9 @@ use std::time::Duration;
 use leasehold::api::DistributedLease;
 use serde_json::json;
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{FIRST_LEADER, SUCCESSOR, delete_now};
-use crate::stores::{URL_SECRET, secret};
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{FIRST_LEADER, SUCCESSOR, delete_now};
+use crate::e2e::stores::{URL_SECRET, secret};
 
 /// The wrapped command: it serves, as the example's consumer would work.
 const WRAPPED: &str = "exec /bin/busybox httpd -f -p 8080";

@@ -7,9 +7,9 @@ use std::time::Duration;
 use leasehold::api::{DistributedLease, PartitionsStatus};
 use serde_json::json;
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, delete_now, example_with_pod_annotations, leader_only_service};
-use crate::stores::{SpannerForPods, lease};
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, delete_now, example_with_pod_annotations, leader_only_service};
+use crate::e2e::stores::{SpannerForPods, lease};
 
 const PARTITIONS: u32 = 12;
 

@@ -15,10 +15,10 @@ use leasehold::api::preference::{PRIORITY_KEY, ZONE_LABEL};
 use leasehold::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
 use serde_json::{Value, json};
 
-use crate::cluster::{Env, Scenario, scenario, wait_for};
-use crate::faults::{converges, converges_past, lease_timing, token};
-use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
-use crate::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
+use crate::e2e::cluster::{Env, Scenario, scenario, wait_for};
+use crate::e2e::faults::{converges, converges_past, lease_timing, token};
+use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+use crate::e2e::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 
 /// How long `leasehold transfer --wait` waits for the leader's answer: the
 /// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
@@ -495,7 +495,7 @@ async fn a_candidate_in_a_preferred_zone_takes_over() {
 /// The operator scaled to 0: only where no other test needs its webhook.
 mod disruptive {
     use super::*;
-    use crate::cluster::OperatorScaledDown;
+    use crate::e2e::cluster::OperatorScaledDown;
 
     /// Item 6: with the operator down, two leadership changes (the leader
     /// pod deleted gracefully, twice); then it starts again. What

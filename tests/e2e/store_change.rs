@@ -26,10 +26,10 @@ use leasehold::store::kubernetes::lease_name;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE};
-use crate::stores::{lease, postgres_lease};
-use crate::watcher::{LeadershipWatcher, Watched};
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE};
+use crate::e2e::stores::{lease, postgres_lease};
+use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
 const METRICS_PORT: u16 = 4041;
 const POLL_EVERY: Duration = Duration::from_millis(100);

@@ -6,7 +6,7 @@ use leasehold::testing::Emulator;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, install_chart_with, repo, yaml_objects};
+use crate::e2e::cluster::{Scenario, install_chart_with, repo, yaml_objects};
 
 /// The Secret key holding the store URL, as the README's PostgreSQL example names it.
 pub const URL_SECRET: &str = "leases-db";

@@ -6,9 +6,9 @@
 use leasehold::testing::servers::RedisServer;
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, scenario};
-use crate::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, delete_now, example_with_pod_annotations, watch_example};
-use crate::stores::{SpannerForPods, lease, secret};
+use crate::e2e::cluster::{Scenario, scenario};
+use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, delete_now, example_with_pod_annotations, watch_example};
+use crate::e2e::stores::{SpannerForPods, lease, secret};
 
 /// Runs the leader-only-service example with `annotations` on its pods,
 /// then deletes the leader: one leader before and after.
@@ -48,7 +48,7 @@ async fn redis_on_the_host() {
         let server = RedisServer::start_on(s.env.host_ip);
         let url = server.url_at((s.env.host_ip, server.port).into());
         s.apply(vec![secret(&s, &url)]).await;
-        let store = json!({"redis": {"urlSecretRef": {"name": crate::stores::URL_SECRET, "key": "url"}}});
+        let store = json!({"redis": {"urlSecretRef": {"name": crate::e2e::stores::URL_SECRET, "key": "url"}}});
         elects_and_hands_over(&s, lease(&s, LEASE, store, json!({})), json!({})).await;
     })
     .await;

@@ -15,12 +15,11 @@ use kube::Api;
 use leasehold::api::DistributedLease;
 use leasehold::store::kubernetes::{RECORD_ANNOTATION, lease_name};
 
-use crate::cluster::{repo, wait_for, walkthrough};
-use crate::fixtures::{APP, ready_pods};
-use crate::watcher::{LeadershipWatcher, Watched};
+use crate::e2e::cluster::{repo, wait_for, walkthrough};
+use crate::e2e::fixtures::{APP, ready_pods};
+use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
-#[path = "../support/readme.rs"]
-pub mod readme;
+pub use crate::support::readme;
 
 /// The walkthrough's namespace, as the README names it.
 const NAMESPACE: &str = "my-app";
@@ -54,7 +53,7 @@ helm() {
 
 /// A bash running `script` from the repository root with the suite's
 /// `helm`, kubectl on PATH and the cluster's kubeconfig.
-pub fn bash(s: &crate::cluster::Scenario, script: &str) -> Command {
+pub fn bash(s: &crate::e2e::cluster::Scenario, script: &str) -> Command {
     let kubectl_dir = repo().join(".venv/bin");
     let mut bash = Command::new("bash");
     bash.arg("-c")

@@ -28,7 +28,7 @@ use kube::{Api, Client, ResourceExt};
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
 use tokio::task::JoinHandle;
 
-use crate::cluster::wait_for;
+use crate::e2e::cluster::wait_for;
 
 /// What the watcher is told to follow.
 pub struct Watched<'a> {
@@ -559,7 +559,7 @@ fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBo
 /// Enters the pod's network namespace (this thread only) and reads its
 /// sidecar's `/leader` until the watcher stops or the pod is gone.
 fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, started: Instant, stopped: &AtomicBool) {
-    let Some(pid) = crate::node::container_main_pid(container) else {
+    let Some(pid) = crate::e2e::node::container_main_pid(container) else {
         // The container ended before it was found: a later one of the pod is read.
         state.lock().unwrap().containers.remove(pod);
         return;

@@ -15,10 +15,10 @@ use leasehold::api::DistributedLease;
 use leasehold::testing::{ProxyMode, TcpProxy};
 use serde_json::{Value, json};
 
-use crate::cluster::{Scenario, scenario, wait_for};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, watch_example};
-use crate::stores::lease;
-use crate::watcher::{LeadershipWatcher, Watched};
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, watch_example};
+use crate::e2e::stores::lease;
+use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
 /// A stand-in candidate: an app that serves (so the pod is a ready
 /// endpoint once labelled) and, in place of the sidecar, busybox httpd on

@@ -3,7 +3,7 @@
 //! every metric, every Event reason, every command's flags and environment
 //! variables) and must equal what the code generates now; the hand-written
 //! docs must name every Event reason, every metric and every spec and status
-//! field. Regenerate with `LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference`.
+//! field. Regenerate with `LEASEHOLD_BLESS=1 cargo nextest run --test suite install::docs_reference`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -250,7 +250,7 @@ fn flags() -> Vec<(String, String, String, String, String)> {
 fn generate() -> String {
     let mut doc = String::from(
         "# Reference (generated)\n\n<!-- Generated from the code by tests/install/docs_reference.rs; do not edit.\n     \
-         Regenerate: LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference -->\n\n\
+         Regenerate: LEASEHOLD_BLESS=1 cargo nextest run --test suite install::docs_reference -->\n\n\
          What each part means and how they work together: [operator.md](operator.md) (the resource),\n\
          the [README](../README.md) (the sidecar), [run.md](run.md), [versions.md](versions.md),\n\
          [partitions.md](partitions.md).\n\n## DistributedLease fields\n\n| field | type | description |\n|---|---|---|\n",
@@ -296,7 +296,7 @@ fn the_reference_is_generated_from_the_code() {
     assert!(
         written == generated,
         "{REFERENCE} is not what the code generates: regenerate it with \
-         LEASEHOLD_BLESS=1 cargo nextest run --test install docs_reference"
+         LEASEHOLD_BLESS=1 cargo nextest run --test suite install::docs_reference"
     );
 }
 

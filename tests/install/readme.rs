@@ -3,8 +3,7 @@
 //! suite provides and agree with the example manifests and the chart; the
 //! one-machine trial (`sh local`) runs here against a private PostgreSQL.
 
-#[path = "../support/readme.rs"]
-mod readme_blocks;
+use crate::support::readme as readme_blocks;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

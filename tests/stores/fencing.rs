@@ -227,7 +227,7 @@ async fn spanner_refuses_a_deposed_leaders_write() {
 /// The example checks its own outcome: it fails unless the deposed leader's
 /// write is refused and the new one stays.
 fn the_example_runs(store: &str, env: &[(&str, &str)]) {
-    let example = crate::example::built_example("fenced-write");
+    let example = crate::support::example::built_example("fenced-write");
     let output = std::process::Command::new(&example)
         .arg(store)
         .envs(env.iter().copied())

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses its own share of these
 
+pub mod example;
+pub mod readme;
 pub mod rollout;
 pub mod rollout_process;
 

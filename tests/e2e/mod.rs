@@ -17,8 +17,6 @@
 mod cel;
 mod cluster;
 mod clusters;
-#[path = "../support/example.rs"]
-mod example;
 mod faults;
 mod fencing;
 mod fixtures;
@@ -35,8 +33,6 @@ mod steering;
 mod store_change;
 mod stores;
 mod stores_in_pods;
-#[path = "../support/mod.rs"]
-mod support;
 mod walkthrough;
 mod watcher;
 mod watcher_catches;

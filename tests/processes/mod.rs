@@ -1,8 +1,5 @@
 //! Whole `leasehold` processes against real stores, each behind a TCP proxy the test controls: failover, handover, health, publishing, `leasehold run`, rollouts, partitions, transfers and the candidate build.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod candidate;
 mod health;
 mod panic;

@@ -1,8 +1,5 @@
 //! The lease core on the memory store and paused time: the elector, sessions, the rollout rule, an exhaustive model check and the safety simulation.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod elector;
 mod lock_set;
 mod model;

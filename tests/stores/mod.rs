@@ -1,7 +1,5 @@
 //! The store conformance suite on every backend, each on a real server (memory, PostgreSQL, Redis, the Spanner emulator, a Kubernetes API server), plus each store's own behaviour.
 
-#[path = "../support/example.rs"]
-mod example;
 mod fencing;
 mod kubernetes;
 mod memory;
