@@ -18,7 +18,8 @@ use serde_json::json;
 
 use crate::e2e::cluster::{RELEASE_NAMESPACE, Scenario, repo, wait_for, walkthrough};
 use crate::e2e::fixtures::APP;
-use crate::e2e::walkthrough::{bash, readme};
+use crate::e2e::walkthrough::bash;
+use crate::support::readme;
 
 /// The README's namespace.
 const NAMESPACE: &str = "my-app";

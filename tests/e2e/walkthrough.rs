@@ -19,7 +19,7 @@ use crate::e2e::cluster::{repo, wait_for, walkthrough};
 use crate::e2e::fixtures::{APP, ready_pods};
 use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
-pub use crate::support::readme;
+use crate::support::readme;
 
 /// The walkthrough's namespace, as the README names it.
 const NAMESPACE: &str = "my-app";
