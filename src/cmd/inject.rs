@@ -167,7 +167,7 @@ impl Context<'_> {
         };
         let mut pod =
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]});
-        let typed: Pod = serde_json::from_value(pod.clone()).map_err(|source| Error::Template {
+        let typed: Pod = crate::api::client::object_from_value(&pod).map_err(|source| Error::Template {
             index: self.index,
             what: what.clone(),
             source,
@@ -481,5 +481,19 @@ spec:
     fn bad_yaml_names_the_document() {
         let err = inject("kind: Pod\n---\nkind: [unclosed\n", &config()).unwrap_err();
         assert!(err.to_string().starts_with("document 1: not YAML"), "{err}");
+    }
+
+    /// A template that is not a pod says so and what is wrong, once, with
+    /// no position in a rendering the user never wrote.
+    #[test]
+    fn a_template_that_is_not_a_pod_names_the_document_and_the_fault() {
+        let input = "kind: Pod\nmetadata: {name: a, namespace: shop, annotations: {leasehold.dev/lease: web}}\n\
+                     spec: {containers: app}\n";
+        let err = inject(input, &config()).unwrap_err();
+        assert_eq!(
+            crate::errors::message(&err),
+            "document 0 (Pod shop/a): the pod template does not read as a Pod: invalid type: string \"app\", \
+             expected a sequence"
+        );
     }
 }

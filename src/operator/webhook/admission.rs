@@ -6,7 +6,11 @@ use std::sync::Arc;
 use super::Result;
 use super::certs::base64_encode;
 use super::patch::*;
+use crate::api::client::read_object;
 use crate::api::contract::{LEASE_ANNOTATION, RUN_ANNOTATION};
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::{Json, Router, routing::post};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -111,18 +115,34 @@ pub(crate) async fn admit<L: LeaseLookup>(
 pub(crate) fn router<L: LeaseLookup>(lookup: Arc<L>, config: Arc<InjectionConfig>) -> Router {
     Router::new().route(
         "/mutate",
-        post(move |Json(review): Json<AdmissionReview<Pod>>| {
+        post(move |body: Bytes| {
             let (lookup, config) = (lookup.clone(), config.clone());
             async move {
+                let review = match parse_review(&body) {
+                    Ok(review) => review,
+                    Err(e) => {
+                        warn!(error = %e, "an admission request that is not an AdmissionReview");
+                        return (StatusCode::BAD_REQUEST, e).into_response();
+                    }
+                };
                 let request: Result<AdmissionRequest<Pod>, _> = review.try_into();
                 let response = match request {
                     Ok(request) => admit(lookup.as_ref(), &config, request).await,
                     Err(e) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
                 };
-                Json(review_json(response))
+                Json(review_json(response)).into_response()
             }
         }),
     )
+}
+
+/// The request body as an `AdmissionReview`, read as kube-client reads
+/// objects: axum's `Json` extractor would compile the pod's deserializer
+/// again, over `serde_path_to_error`, a tenth of the crate's monomorphised
+/// functions.
+fn parse_review(body: &[u8]) -> Result<AdmissionReview<Pod>, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("the AdmissionReview is not UTF-8: {e}"))?;
+    read_object(text).map_err(|e| format!("not an AdmissionReview of a pod: {e}"))
 }
 
 /// The review as the API server reads it. kube-core serializes the patch

@@ -205,12 +205,24 @@ pub(crate) async fn shared_self_signed(
             .ok_or_else(|| Error::IncompleteSecret(format!("{namespace}/{secret}")));
     }
     let bundle = CertificateBundle::self_signed(service, namespace)?;
-    let created: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-        "metadata": {"name": secret, "namespace": namespace, "labels": {"app.kubernetes.io/name": "leasehold"}},
-        "stringData": {"ca.crt": bundle.ca_pem, "tls.crt": bundle.cert_pem, "tls.key": bundle.key_pem},
-    }))
-    .expect("a well-formed Secret");
+    let created = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(secret.into()),
+            namespace: Some(namespace.into()),
+            labels: Some([("app.kubernetes.io/name".into(), "leasehold".into())].into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        string_data: Some(
+            [
+                ("ca.crt".into(), bundle.ca_pem.clone()),
+                ("tls.crt".into(), bundle.cert_pem.clone()),
+                ("tls.key".into(), bundle.key_pem.clone()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
     match api
         .create(
             &PostParams {

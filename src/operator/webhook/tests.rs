@@ -493,17 +493,45 @@ fn review(pod: &Pod) -> Value {
     })
 }
 
-async fn post(lookup: Leases, body: Value) -> Value {
+async fn post_raw(lookup: Leases, body: String) -> (http::StatusCode, Vec<u8>) {
     use tower::ServiceExt;
     let app = router(Arc::new(lookup), Arc::new(config()));
     let request = Request::post("/mutate")
         .header("content-type", "application/json")
-        .body(body.to_string())
+        .body(body)
         .unwrap();
     let response = app.oneshot(request.map(axum::body::Body::from)).await.unwrap();
-    assert_eq!(response.status(), 200);
+    let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    (status, bytes.to_vec())
+}
+
+async fn post(lookup: Leases, body: Value) -> Value {
+    let (status, bytes) = post_raw(lookup, body.to_string()).await;
+    assert_eq!(status, 200);
     serde_json::from_slice(&bytes).unwrap()
+}
+
+/// The API server only ever sends well-formed reviews; anything else is a
+/// 400 naming what is wrong (the API server then applies the webhook's
+/// failure policy), never an admission.
+#[tokio::test]
+async fn a_body_that_is_not_an_admission_review_is_a_bad_request_naming_the_fault() {
+    let mut wrong_type = review(&pod(json!({}), true));
+    wrong_type["request"]["object"]["spec"]["containers"] = json!("app");
+    for (body, names) in [
+        ("{\"kind\": ".to_string(), "EOF while parsing"),
+        (
+            wrong_type.to_string(),
+            "invalid type: string \"app\", expected a sequence",
+        ),
+    ] {
+        let (status, answer) = post_raw(Leases(Ok(GATED)), body).await;
+        let answer = String::from_utf8(answer).unwrap();
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.starts_with("not an AdmissionReview of a pod: "), "{answer}");
+        assert!(answer.contains(names), "{answer}");
+    }
 }
 
 fn decoded_patch(response: &Value) -> Patch {
