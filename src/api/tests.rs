@@ -9,7 +9,7 @@ use super::*;
 const CRD_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/");
 
 fn lease(spec: Value) -> DistributedLease {
-    serde_json::from_value(json!({
+    client::object_from_value(&json!({
         "apiVersion": "leasehold.dev/v1alpha1",
         "kind": "DistributedLease",
         "metadata": {"name": "web", "namespace": "prod"},
@@ -583,7 +583,7 @@ fn the_crd_uses_only_formats_the_api_server_knows() {
 #[test]
 fn leadership_defaults_to_version_blind_and_is_parsed() {
     use crate::lease::{Prefer, VersionPolicy};
-    let mut lease: DistributedLease = serde_json::from_value(serde_json::json!({
+    let mut lease: DistributedLease = client::object_from_value(&serde_json::json!({
         "apiVersion": "leasehold.dev/v1alpha1",
         "kind": "DistributedLease",
         "metadata": {"name": "web", "namespace": "prod"},
@@ -596,7 +596,7 @@ fn leadership_defaults_to_version_blind_and_is_parsed() {
     assert_eq!(validate(&lease).unwrap().versions, VersionPolicy::default());
     assert_eq!(VersionPolicy::default().prefer, Prefer::None);
     lease.spec.leadership =
-        serde_json::from_value(serde_json::json!({"prefer": "Newest", "versionFence": true})).unwrap();
+        client::object_from_value(&serde_json::json!({"prefer": "Newest", "versionFence": true})).unwrap();
     assert_eq!(
         validate(&lease).unwrap().versions,
         VersionPolicy {
@@ -604,7 +604,7 @@ fn leadership_defaults_to_version_blind_and_is_parsed() {
             fence: true
         }
     );
-    assert!(serde_json::from_value::<LeadershipSpec>(serde_json::json!({"prefer": "Latest"})).is_err());
+    assert!(client::object_from_value::<LeadershipSpec>(&serde_json::json!({"prefer": "Latest"})).is_err());
 }
 
 #[test]

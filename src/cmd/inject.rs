@@ -340,7 +340,7 @@ spec:
 
     #[test]
     fn the_same_patch_as_the_webhook() {
-        let pod: Pod = serde_json::from_value(json!({
+        let pod: Pod = crate::api::client::object_from_value(&json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "default", "annotations": {LEASE_ANNOTATION: "l"}},
             "spec": {"containers": [{"name": "app", "image": "a"}]},

@@ -243,7 +243,7 @@ mod tests {
     use super::*;
 
     fn deployment(replicas: i32, strategy: serde_json::Value) -> Deployment {
-        serde_json::from_value(json!({
+        crate::api::client::object_from_value(&json!({
             "metadata": {"name": "web"},
             "spec": {"replicas": replicas, "strategy": strategy, "selector": {}, "template": {}},
         }))
@@ -413,7 +413,7 @@ mod tests {
         );
         assert!(!Rollout::new(3, Strategy::of(&surge_only.spec), true).run().completed());
         let lease = |prefer: &str| -> crate::api::DistributedLease {
-            serde_json::from_value(json!({
+            crate::api::client::object_from_value(&json!({
                 "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
                 "metadata": {"name": "web", "namespace": "prod"},
                 "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn deployments_are_found_from_the_replica_set_owner_and_template_hash() {
         let pod = |name: &str, owner: &str, hash: &str| {
-            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({"metadata": {
+            let pod: k8s_openapi::api::core::v1::Pod = crate::api::client::object_from_value(&json!({"metadata": {
                 "name": name, "labels": {"pod-template-hash": hash},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": "u",
                                      "controller": true}],

@@ -454,9 +454,9 @@ async fn gated_leases_read_their_deployments_from_the_watch_not_per_reconcile() 
         if l["metadata"]["name"] == json!("other") {
             l["spec"]["selector"]["matchLabels"]["app"] = json!("db");
         }
-        serde_json::from_value::<DistributedLease>(l).unwrap()
+        crate::api::client::object_from_value::<DistributedLease>(&l).unwrap()
     });
-    let mut cached: Deployment = serde_json::from_value(deployment).unwrap();
+    let mut cached: Deployment = crate::api::client::object_from_value(&deployment).unwrap();
     rollout::keep_what_rollout_checks_read(&mut cached);
     assert_eq!(cached.spec.template.spec, None, "the pod template's spec is not cached");
     let selectors = Selectors::default();

@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn the_main_containers_readiness_is_read_from_container_statuses() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
+        let pod: Pod = crate::api::client::object_from_value(&serde_json::json!({
             "metadata": {"name": "web-0"},
             "status": {"containerStatuses": [
                 {"name": "app", "ready": false, "restartCount": 2, "image": "app", "imageID": ""},

@@ -293,7 +293,7 @@ mod tests {
     use super::*;
 
     fn pod(value: serde_json::Value) -> Pod {
-        serde_json::from_value(value).unwrap()
+        crate::api::client::object_from_value(&value).unwrap()
     }
 
     #[test]

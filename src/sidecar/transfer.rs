@@ -603,7 +603,8 @@ mod tests {
     async fn a_stale_copy_of_an_answered_request_is_not_answered_again() {
         let lease = Lease::start(true).await;
         lease.request("gone", "web-9");
-        let stale: LeaseTransfer = serde_json::from_value(lease.api.get(TRANSFERS, "gone").unwrap()).unwrap();
+        let stale: LeaseTransfer =
+            crate::api::client::object_from_value(&lease.api.get(TRANSFERS, "gone").unwrap()).unwrap();
         let answered = lease.answer("gone").await;
         assert_eq!(answered.reason.as_deref(), Some("TargetNotFound"), "{answered:?}");
         let mut object = lease.api.get(TRANSFERS, "gone").unwrap();

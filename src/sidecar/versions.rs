@@ -296,7 +296,7 @@ mod tests {
     use serde_json::json;
 
     fn pod(env: serde_json::Value, ready: bool) -> Pod {
-        serde_json::from_value(json!({
+        crate::api::client::object_from_value(&json!({
             "metadata": {
                 "name": "web-7d9f-abcde",
                 "labels": {"pod-template-hash": "7d9f"},

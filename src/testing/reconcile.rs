@@ -126,7 +126,7 @@ pub async fn run_on<F>(ctx: Arc<Context>, mut server: ApiServer, lease: Value, s
 where
     F: AsyncFnOnce(&mut ApiServer),
 {
-    let lease: Arc<DistributedLease> = Arc::new(serde_json::from_value(lease).unwrap());
+    let lease: Arc<DistributedLease> = Arc::new(crate::api::client::object_from_value(&lease).unwrap());
     // The reconcile owns the only client: when it finishes, the mock server
     // sees the connection close, so a missing request fails the script and
     // an extra one fails the check below.
@@ -248,7 +248,7 @@ pub(crate) async fn expect_event(server: &mut ApiServer, kind: &str, reason: &st
 pub async fn expect_pod_list(server: &mut ApiServer, pods: Vec<Value>) {
     server.pods.apply_watcher_event(&watcher::Event::Init);
     for pod in pods {
-        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let pod: Pod = crate::api::client::object_from_value(&pod).unwrap();
         server.pods.apply_watcher_event(&watcher::Event::InitApply(pod));
     }
     server.pods.apply_watcher_event(&watcher::Event::InitDone);

@@ -11,7 +11,7 @@ use crate::operator::preferred::Candidate;
 use crate::operator::reconcile;
 
 fn pod(value: serde_json::Value) -> Pod {
-    serde_json::from_value(value).unwrap()
+    crate::api::client::object_from_value(&value).unwrap()
 }
 
 /// A full pod becomes what reconciles read of it, annotations' priority

@@ -4,7 +4,7 @@ use serde_json::json;
 use super::*;
 
 fn lease(name: &str, namespace: &str, selector: serde_json::Value) -> DistributedLease {
-    serde_json::from_value(json!({
+    crate::api::client::object_from_value(&json!({
         "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLease",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"store": {"spanner": {"database": "projects/p/instances/i/databases/d"}},
@@ -14,7 +14,10 @@ fn lease(name: &str, namespace: &str, selector: serde_json::Value) -> Distribute
 }
 
 fn pod(name: &str, namespace: &str, labels: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace, "labels": labels}})).unwrap()
+    crate::api::client::object_from_value(
+        &json!({"metadata": {"name": name, "namespace": namespace, "labels": labels}}),
+    )
+    .unwrap()
 }
 
 fn names(refs: Vec<ObjectRef<DistributedLease>>) -> Vec<String> {
@@ -143,7 +146,7 @@ fn candidates_from_the_index_are_the_pods_a_selector_matches() {
         json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}),
     ]
     .into_iter()
-    .map(|s| Selector::try_from(serde_json::from_value::<LabelSelector>(s).unwrap()).unwrap())
+    .map(|s| Selector::try_from(crate::api::client::object_from_value::<LabelSelector>(&s).unwrap()).unwrap())
     .collect();
     let check = |when: &str, pods: &[Pod]| {
         for selector in &selectors {

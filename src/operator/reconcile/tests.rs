@@ -548,7 +548,7 @@ async fn a_finalizer_race_retries_soon_without_a_warning_event() {
     assert!(error.is_conflict(), "{error:?}");
     assert_eq!(metrics.reconciles(Outcome::Error), 1);
     let (ctx, _server) = context_on(Arc::new(MemoryStore::new(1)), metrics);
-    let lease = Arc::new(serde_json::from_value(lease(json!({}), &[], None)).unwrap());
+    let lease = Arc::new(crate::api::client::object_from_value(&lease(json!({}), &[], None)).unwrap());
     assert_eq!(error_policy(lease, &error, ctx), Action::requeue(CONFLICT_REQUEUE));
 }
 

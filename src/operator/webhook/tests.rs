@@ -36,7 +36,7 @@ fn pod(extra_spec: Value, annotated: bool) -> Pod {
     } else {
         json!({})
     };
-    serde_json::from_value(json!({
+    crate::api::client::object_from_value(&json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "app-0", "namespace": "prod", "annotations": annotations},
         "spec": spec,
@@ -61,7 +61,9 @@ const GATED: Option<LeaseInjection> = Some(LeaseInjection {
 
 /// A lease on PostgreSQL whose URL is in Secret `pg`, key `dsn`.
 fn on_postgres() -> Option<LeaseInjection> {
-    let store = serde_json::from_value(json!({"postgres": {"urlSecretRef": {"name": "pg", "key": "dsn"}}})).unwrap();
+    let store =
+        crate::api::client::object_from_value(&json!({"postgres": {"urlSecretRef": {"name": "pg", "key": "dsn"}}}))
+            .unwrap();
     Some(LeaseInjection::new(false, Some(&store)))
 }
 
@@ -289,7 +291,8 @@ fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
 
 fn annotated(annotations: Value, spec: Value) -> Pod {
     let mut pod = pod(spec, true);
-    let extra: std::collections::BTreeMap<String, String> = serde_json::from_value(annotations).unwrap();
+    let extra: std::collections::BTreeMap<String, String> =
+        crate::api::client::object_from_value(&annotations).unwrap();
     pod.metadata.annotations.as_mut().unwrap().extend(extra);
     pod
 }
@@ -536,7 +539,7 @@ async fn a_body_that_is_not_an_admission_review_is_a_bad_request_naming_the_faul
 
 fn decoded_patch(response: &Value) -> Patch {
     let encoded = response["response"]["patch"].as_str().expect("a patch");
-    let bytes: k8s_openapi::ByteString = serde_json::from_value(json!(encoded)).unwrap();
+    let bytes: k8s_openapi::ByteString = crate::api::client::object_from_value(&json!(encoded)).unwrap();
     serde_json::from_slice(&bytes.0).unwrap()
 }
 
@@ -1160,7 +1163,8 @@ fn a_run_container_keeps_its_own_identical_env_and_is_refused_a_different_one() 
 #[test]
 fn a_wrapped_pod_is_left_alone() {
     let pod = run_pod(json!({"name": "report", "command": ["/app/report"], "args": ["-v"]}));
-    let wrapped: Pod = serde_json::from_value(apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap())).unwrap();
+    let wrapped: Pod =
+        crate::api::client::object_from_value(&apply(&pod, &injection_patch(&pod, GATED, &config()).unwrap())).unwrap();
     assert_eq!(
         injection_patch(&wrapped, GATED, &config()),
         Err(NotInjected::AlreadyInjected(INSTALLER_NAME))

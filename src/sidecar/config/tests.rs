@@ -574,7 +574,7 @@ fn binding(uid: &str) -> LeaseBinding {
     LeaseBinding {
         name: "web".into(),
         uid: uid.into(),
-        store: serde_json::from_value(spanner_lease(uid)["spec"]["store"].clone()).unwrap(),
+        store: crate::api::client::object_from_value(&spanner_lease(uid)["spec"]["store"].clone()).unwrap(),
         deleting: false,
     }
 }
@@ -595,7 +595,7 @@ async fn a_recreated_deleting_or_moved_lease_is_one_to_retire_from() {
     let moved_by = |section: &str, field: &str, value: serde_json::Value| {
         let mut lease = spanner_lease("u-1");
         lease[section][field] = value;
-        let lease: crate::api::DistributedLease = serde_json::from_value(lease).unwrap();
+        let lease: crate::api::DistributedLease = crate::api::client::object_from_value(&lease).unwrap();
         watch::moved(&bound, &started, &lease, crate::api::validate(&lease).ok().as_ref())
     };
     assert_eq!(moved_by("metadata", "uid", "u-1".into()), None);

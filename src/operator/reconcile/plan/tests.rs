@@ -20,13 +20,17 @@ use crate::testing::reconcile::{conditions, lease, pod};
 /// The resource of the fixtures, with `spec` over the defaults and `status` as
 /// the last status.
 fn resource(spec: Value, status: Option<Value>) -> DistributedLease {
-    serde_json::from_value(lease(spec, &[FINALIZER], status)).unwrap()
+    crate::api::client::object_from_value(&lease(spec, &[FINALIZER], status)).unwrap()
 }
 
 /// The candidates as the pod cache keeps them.
 fn pods(pods: Vec<Value>) -> Vec<Arc<CandidatePod>> {
     pods.into_iter()
-        .map(|pod| Arc::new(CandidatePod::from(&serde_json::from_value::<Pod>(pod).unwrap())))
+        .map(|pod| {
+            Arc::new(CandidatePod::from(
+                &crate::api::client::object_from_value::<Pod>(&pod).unwrap(),
+            ))
+        })
         .collect()
 }
 
@@ -232,7 +236,7 @@ async fn gated_plan(deployment: Value, leader_ready: bool) -> Plan {
     let store = MemoryStore::new(7);
     let observed = held(&store, "prod/web", "prod/web-7d9f-a#n").await;
     let resource = resource(json!({"publishing": {"readinessGate": true}}), None);
-    let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+    let deployment: Deployment = crate::api::client::object_from_value(&deployment).unwrap();
     let found = gated(
         &resource,
         vec![gated_leader(leader_ready)],
@@ -559,7 +563,7 @@ fn history_after(status: Option<Value>, observed: Observation) -> (Value, Vec<Hi
     let status = plan
         .status
         .map_or_else(|| status.unwrap(), |s| serde_json::to_value(s).unwrap());
-    let history = serde_json::from_value(status["history"].clone()).unwrap();
+    let history = crate::api::client::object_from_value(&status["history"].clone()).unwrap();
     (status, history)
 }
 
