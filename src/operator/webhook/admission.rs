@@ -120,6 +120,10 @@ pub(crate) fn router<L: LeaseLookup>(lookup: Arc<L>, config: Arc<InjectionConfig
             async move {
                 let review = match parse_review(&body) {
                     Ok(review) => review,
+                    // kube-apiserver takes any non-2xx answer as a failed
+                    // call and applies the hook's failurePolicy (apiserver's
+                    // admission/plugin/webhook/mutating/dispatcher.go,
+                    // callAttrMutatingHook: ErrCallingWebhook).
                     Err(e) => {
                         warn!(error = %e, "an admission request that is not an AdmissionReview");
                         return (StatusCode::BAD_REQUEST, e).into_response();
