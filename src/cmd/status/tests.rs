@@ -66,7 +66,7 @@ fn leases() -> [Value; 3] {
 }
 
 fn line(lease: &Value) -> LeaseStatus {
-    LeaseStatus::of(&crate::api::client::object_from_value(&lease.clone()).unwrap(), now())
+    LeaseStatus::of(&crate::api::client::object_from_value(lease).unwrap(), now())
 }
 
 #[test]

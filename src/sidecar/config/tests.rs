@@ -574,7 +574,7 @@ fn binding(uid: &str) -> LeaseBinding {
     LeaseBinding {
         name: "web".into(),
         uid: uid.into(),
-        store: crate::api::client::object_from_value(&spanner_lease(uid)["spec"]["store"].clone()).unwrap(),
+        store: crate::api::client::object_from_value(&spanner_lease(uid)["spec"]["store"]).unwrap(),
         deleting: false,
     }
 }

@@ -563,7 +563,7 @@ fn history_after(status: Option<Value>, observed: Observation) -> (Value, Vec<Hi
     let status = plan
         .status
         .map_or_else(|| status.unwrap(), |s| serde_json::to_value(s).unwrap());
-    let history = crate::api::client::object_from_value(&status["history"].clone()).unwrap();
+    let history = crate::api::client::object_from_value(&status["history"]).unwrap();
     (status, history)
 }
 
