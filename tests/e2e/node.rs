@@ -10,19 +10,23 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::e2e::cluster::Scenario;
 
 /// Sends SIG`signal` (KILL, STOP, CONT, TERM) to the main process of
-/// `container` (an app or init container) in `pod`.
+/// `container` (an app or init container) in `pod`, once it runs: a
+/// follower's containers may still be starting when its leader already
+/// leads.
 pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
-    let pod_object: Pod = s.api().get(pod).await.unwrap_or_else(|e| panic!("pod {pod}: {e}"));
-    let status = pod_object.status.unwrap_or_default();
-    let statuses = status
-        .container_statuses
-        .into_iter()
-        .flatten()
-        .chain(status.init_container_statuses.into_iter().flatten());
-    let id = statuses
-        .filter(|c| c.name == container)
-        .find_map(|c| c.container_id)
-        .unwrap_or_else(|| panic!("pod {pod} has no running container {container}"));
+    let what = format!("pod {pod}'s container {container} running, to send it SIG{signal}");
+    let id = crate::e2e::cluster::wait_for(&what, std::time::Duration::from_secs(60), || async {
+        let status = s.api::<Pod>().get(pod).await.ok()?.status?;
+        let statuses = status
+            .container_statuses
+            .into_iter()
+            .flatten()
+            .chain(status.init_container_statuses.into_iter().flatten());
+        statuses
+            .filter(|c| c.name == container && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .find_map(|c| c.container_id)
+    })
+    .await;
     let id = id.rsplit("://").next().unwrap_or(&id).to_string();
     let pid = container_main_pid(&id).unwrap_or_else(|| {
         panic!("no process of container {id} in /proc: the fault scenarios run on the node's machine, as root")

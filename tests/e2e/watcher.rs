@@ -28,8 +28,6 @@ use kube::{Api, Client, ResourceExt};
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
 use tokio::task::JoinHandle;
 
-use crate::e2e::cluster::wait_for;
-
 /// What the watcher is told to follow.
 pub struct Watched<'a> {
     pub ns: &'a str,
@@ -45,8 +43,8 @@ pub struct Watched<'a> {
 struct State {
     /// Pod name -> labelled leader.
     labels: BTreeMap<String, bool>,
-    /// Pod name -> (UID, a running container's ID), for the claim readers.
-    containers: BTreeMap<String, (String, String)>,
+    /// Pod name -> (UID, its running containers' IDs), for the claim readers.
+    containers: BTreeMap<String, (String, BTreeSet<String>)>,
     /// Slice name -> its endpoints' pod names: (ready, serving while terminating).
     endpoints: BTreeMap<String, (Vec<String>, Vec<String>)>,
     /// Each watch that failed or relisted, when and why.
@@ -185,16 +183,25 @@ impl LeadershipWatcher {
             Some(old) => format!("one leader other than {old}, the leader Service's one endpoint"),
             None => "one leader, the leader Service's one endpoint".to_string(),
         };
-        wait_for(&what, within, || async {
+        let started = Instant::now();
+        loop {
             let leaders = self.leaders();
-            let [leader] = leaders.as_slice() else { return None };
-            if other_than == Some(leader.as_str()) {
-                return None;
+            if let [leader] = leaders.as_slice()
+                && other_than != Some(leader.as_str())
+            {
+                let claims = self.state.lock().unwrap().claims.latest.contains_key(leader);
+                if claims && (!self.follows_service || self.ready_endpoints() == [leader.clone()]) {
+                    return leader.clone();
+                }
             }
-            let claims = self.state.lock().unwrap().claims.latest.contains_key(leader);
-            (claims && (!self.follows_service || self.ready_endpoints() == [leader.clone()])).then(|| leader.clone())
-        })
-        .await
+            // Which of the three was missing is what a failed run needs.
+            assert!(
+                started.elapsed() < within,
+                "{what}: not within {within:?}; the watcher saw {}",
+                self.state.lock().unwrap().describe()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// How many times the leader label moved to another pod.
@@ -300,6 +307,23 @@ impl Drop for LeadershipWatcher {
 }
 
 impl State {
+    /// What the watcher holds now, for a failure's message.
+    fn describe(&self) -> String {
+        let labelled: Vec<&String> = self.labels.iter().filter(|(_, l)| **l).map(|(p, _)| p).collect();
+        let claiming: Vec<&String> = self.claims.latest.keys().collect();
+        let read: Vec<String> = (self.containers.iter())
+            .map(|(pod, (_, running))| format!("{pod} ({} running containers)", running.len()))
+            .collect();
+        format!(
+            "pods {:?}, labelled leader {labelled:?}, claiming on /leader {claiming:?} ({} answers in all), \
+             ready leader endpoints {:?}, pods whose claims are read {read:?}, gaps {:?}",
+            self.labels.keys().collect::<Vec<_>>(),
+            self.claims.answers,
+            self.served(),
+            self.gaps,
+        )
+    }
+
     /// The endpoints that get traffic: the ready ones, or, while there is
     /// none, the terminating ones still serving (kube-proxy falls back to
     /// those: KEP-1669, "Proxy Terminating Endpoints").
@@ -380,13 +404,13 @@ fn apply_pod(state: &mut State, change: Change<Pod>, at: Duration) {
             state.labels = pods.iter().map(|p| (p.name_any(), labelled(p))).collect();
             state.containers = pods
                 .iter()
-                .filter_map(|p| Some((p.name_any(), running_container(p)?)))
+                .filter_map(|p| Some((p.name_any(), running_containers(p)?)))
                 .collect();
         }
         Change::Applied(pod) => {
             state.labels.insert(pod.name_any(), labelled(&pod));
-            if let Some(container) = running_container(&pod) {
-                state.containers.insert(pod.name_any(), container);
+            if let Some(running) = running_containers(&pod) {
+                state.containers.insert(pod.name_any(), running);
             }
         }
         Change::Deleted(pod) => {
@@ -487,9 +511,9 @@ fn apply_lease(state: &mut State, change: Change<DistributedLease>, at: Duration
     }
 }
 
-/// A pod UID and the ID of one of its running containers (any one: they
-/// share the pod's network namespace).
-fn running_container(pod: &Pod) -> Option<(String, String)> {
+/// A pod's UID and the IDs of its running containers (any one leads into
+/// the pod's network namespace), if one runs.
+fn running_containers(pod: &Pod) -> Option<(String, BTreeSet<String>)> {
     let uid = pod.metadata.uid.clone()?;
     let status = pod.status.as_ref()?;
     let statuses = status
@@ -497,10 +521,12 @@ fn running_container(pod: &Pod) -> Option<(String, String)> {
         .iter()
         .flatten()
         .chain(status.init_container_statuses.iter().flatten());
-    let id = statuses
+    let running: BTreeSet<String> = statuses
         .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-        .find_map(|c| c.container_id.clone())?;
-    Some((uid, id.rsplit("://").next().unwrap_or(&id).to_string()))
+        .filter_map(|c| c.container_id.as_deref())
+        .map(|id| id.rsplit("://").next().unwrap_or(id).to_string())
+        .collect();
+    (!running.is_empty()).then_some((uid, running))
 }
 
 /// What a leading candidate's `/leader` said.
@@ -540,15 +566,18 @@ pub const CLAIM_PERIOD: Duration = Duration::from_millis(250);
 /// Starts a claim reader for each candidate pod as it appears.
 fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        // (pod UID, container ID): a reader whose container ended before it
-        // entered the namespace lets the pod's next container be read.
+        // (pod UID, container ID): one reader per container that ran, so
+        // a container that ended before its reader entered the namespace
+        // leaves the pod to its other and later containers' readers.
         let mut reading: BTreeSet<(String, String)> = BTreeSet::new();
         while !stopped.load(Ordering::Relaxed) {
             let containers = state.lock().unwrap().containers.clone();
-            for (pod, (uid, container)) in containers {
-                if reading.insert((uid.clone(), container.clone())) {
-                    let (state, stopped) = (state.clone(), stopped.clone());
-                    std::thread::spawn(move || read_claim(&pod, &uid, &container, &state, started, &stopped));
+            for (pod, (uid, running)) in containers {
+                for container in running {
+                    if reading.insert((uid.clone(), container.clone())) {
+                        let (pod, uid, state, stopped) = (pod.clone(), uid.clone(), state.clone(), stopped.clone());
+                        std::thread::spawn(move || read_claim(&pod, &uid, &container, &state, started, &stopped));
+                    }
                 }
             }
             tokio::time::sleep(CLAIM_PERIOD).await;
@@ -559,13 +588,18 @@ fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBo
 /// Enters the pod's network namespace (this thread only) and reads its
 /// sidecar's `/leader` until the watcher stops or the pod is gone.
 fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, started: Instant, stopped: &AtomicBool) {
+    // A container that ended before it was found leaves the pod to its
+    // other containers' readers and must not stop theirs: removing the
+    // pod's entry here once could end a later container's reader for good.
     let Some(pid) = crate::e2e::node::container_main_pid(container) else {
-        // The container ended before it was found: a later one of the pod is read.
-        state.lock().unwrap().containers.remove(pod);
         return;
     };
-    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .unwrap_or_else(|e| panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"));
+    let netns = match std::fs::File::open(format!("/proc/{pid}/ns/net")) {
+        Ok(netns) => netns,
+        // It ended between the two looks.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"),
+    };
     // setns(2) moves only this thread.
     rustix::thread::move_into_link_name_space(
         std::os::fd::AsFd::as_fd(&netns),
