@@ -13,6 +13,12 @@
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 
+/// The label the chart puts on everything it installs (its
+/// `leasehold.selectorLabels`, charts/leasehold/templates/_helpers.tpl) and
+/// the operator on what it creates (the webhook's certificate Secret):
+/// `check` and `version` find an install by it.
+pub(crate) const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "leasehold");
+
 /// The injected sidecar container's name. The sidecar finds itself by it
 /// in its pod's spec: as a native sidecar (an init container with
 /// `restartPolicy: Always`) it gets SIGTERM only once every app container

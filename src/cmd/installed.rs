@@ -9,8 +9,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-/// The chart's `leasehold.selectorLabels` of the operator (charts/leasehold/templates/_helpers.tpl).
-pub(crate) const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "leasehold");
+use crate::api::contract::NAME_LABEL;
+
+/// With [`NAME_LABEL`], the chart's selector labels of the operator.
 pub(crate) const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "operator");
 /// The Helm release, `app.kubernetes.io/instance`.
 pub(crate) const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::{Error, Result};
+use crate::api::contract::NAME_LABEL;
 use json_patch::Patch;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, Patch as KubePatch, PatchParams};
@@ -209,7 +210,7 @@ pub(crate) async fn shared_self_signed(
         metadata: kube::api::ObjectMeta {
             name: Some(secret.into()),
             namespace: Some(namespace.into()),
-            labels: Some([("app.kubernetes.io/name".into(), "leasehold".into())].into()),
+            labels: Some([(NAME_LABEL.0.into(), NAME_LABEL.1.into())].into()),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),
