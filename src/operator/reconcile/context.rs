@@ -302,7 +302,11 @@ impl Context {
         self.forgetting_url(valid, namespace, read).await
     }
 
-    /// `read`, after `ensure` created the tables the first time for `key`.
+    /// `read`, after `ensure` created the tables the first time for `key`,
+    /// and again whenever the read finds them invalid: a table the
+    /// operator created once may be gone since (the database re-created,
+    /// or the URL now naming another server at the same address), and
+    /// what was done once is no proof of what the store holds now.
     /// Without the rights to create them (a role that may only read and
     /// write rows) the tables may exist already: the read says whether they do.
     async fn with_schema<T, R>(
@@ -316,22 +320,28 @@ impl Context {
         R: Future<Output = Result<T, StoreError>>,
     {
         let known = self.schemas.lock().unwrap_or_else(|e| e.into_inner()).contains(&key);
-        if !known {
-            match ensure.await {
-                Ok(()) => info!(store = %valid.store, "tables ready"),
-                Err(created @ StoreError::Invalid { .. }) => {
-                    let observed = read().await.map_err(|e| {
-                        StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
-                            .caused_by(e)
-                    })?;
-                    info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
-                    self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-                    return Ok(observed);
+        if known {
+            match read().await {
+                Err(StoreError::Invalid { .. }) => {
+                    self.schemas.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 }
-                Err(e) => return Err(e),
+                read => return read,
             }
-            self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
         }
+        match ensure.await {
+            Ok(()) => info!(store = %valid.store, "tables ready"),
+            Err(created @ StoreError::Invalid { .. }) => {
+                let observed = read().await.map_err(|e| {
+                    StoreError::invalid(format!("cannot create the table ({}), nor read it", created.chain()))
+                        .caused_by(e)
+                })?;
+                info!(store = %valid.store, error = %created.chain(), "the table exists; the operator may not create tables");
+                self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                return Ok(observed);
+            }
+            Err(e) => return Err(e),
+        }
+        self.schemas.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
         read().await
     }
 
@@ -461,3 +471,6 @@ pub(super) async fn look(
     }));
     Ok((found, was))
 }
+
+#[cfg(test)]
+mod tests;
