@@ -6,7 +6,8 @@
 //! Our own errors never format their source into their message (checked by
 //! tests/install/error_sources.rs), but some dependencies' errors do (kube's
 //! `Error::InferConfig` is "Failed to infer configuration: {0}" over the
-//! same cause), so a cause whose text its parent already said is skipped.
+//! same cause), so a parent ending in its cause's text says only its own
+//! part, and a cause whose text its parent already said is skipped.
 //! kube's `Error::Api` prints the API server's `Status` twice, once as
 //! Rust `Debug`; it is printed here as the Status message and HTTP code.
 
@@ -32,7 +33,16 @@ pub fn causes(error: &(dyn Error + 'static)) -> Vec<String> {
             said.push(status);
             break;
         }
-        let text = level.to_string();
+        let mut text = level.to_string();
+        // A parent that ends with its cause's text (kube's watcher errors
+        // over an `Error::Api`) says only its own part: the cause follows,
+        // printed its own way.
+        if let Some(cause) = level.source().map(ToString::to_string)
+            && !cause.is_empty()
+            && let Some(own) = text.strip_suffix(&cause)
+        {
+            text = own.trim_end().trim_end_matches(':').to_string();
+        }
         if !text.is_empty() && !said.last().is_some_and(|parent| parent.contains(&text)) {
             said.push(text);
         }
@@ -119,6 +129,18 @@ mod tests {
         assert_eq!(
             text,
             "cannot list DistributedLeases: secrets \"s\" is forbidden: no (HTTP 403)"
+        );
+    }
+
+    /// kube's watcher errors format their `Error::Api` into their own
+    /// text: the Status is said once, as its message and code, never as
+    /// Rust `Debug`. Planted: without the suffix cut the dump is back.
+    #[test]
+    fn a_watch_error_over_an_api_error_says_its_part_then_the_status() {
+        let text = chain(&kube::runtime::watcher::Error::InitialListFailed(forbidden()));
+        assert_eq!(
+            text,
+            "failed to perform initial object list: secrets \"s\" is forbidden: no (HTTP 403)"
         );
     }
 

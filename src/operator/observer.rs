@@ -24,7 +24,8 @@
 //! token, version, the assignment of partitions, or whether the read failed)
 //! are sent to the controller ([`Observers::triggers`]), so leases at rest
 //! are not reconciled per P. A lock no reconcile asked about for
-//! [`FORGET_AFTER`] (its resource deleted or pointed elsewhere) is no longer read.
+//! [`FORGET_AFTER`] (its resource deleted or pointed elsewhere) is no longer
+//! read, and an observer with no lock left ends with its store.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -227,6 +228,11 @@ impl<S: Source> Registry<S> {
     async fn observe(&self, ask: Ask<S>, triggers: &Arc<Triggers>) -> Stamped<S::Answer> {
         let observer = {
             let mut by_store = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            // An observer left with nothing to read ends, and its store
+            // with it (a deleted namespace's Lease watch, a dropped
+            // database's pool): a store asked about again is observed
+            // afresh, through the connection its reconcile opened.
+            by_store.retain(|_, observer| !observer.shared.idle());
             by_store
                 .entry(ask.store_key)
                 .or_insert_with(|| Arc::new(Observer::start(ask.source, triggers.clone())))
@@ -382,6 +388,13 @@ async fn reads<S: Source>(shared: Arc<Shared<S>>) {
 }
 
 impl<S: Source> Shared<S> {
+    /// No lease is observed (each was forgotten after [`FORGET_AFTER`]) and
+    /// no reconcile waits.
+    fn idle(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.keys.is_empty() && state.waiting.is_empty()
+    }
+
     /// The smallest retry period among the leases observed; `None` with none.
     fn period(&self) -> Option<Duration> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -616,6 +629,31 @@ mod tests {
         tokio::time::sleep(P * 3).await;
         let quiet = tokio::time::timeout(P, triggers.next()).await;
         assert!(quiet.is_err(), "nothing changed, yet {quiet:?} was triggered");
+    }
+
+    /// A store no lease asks about any more is let go: once its only lease
+    /// is forgotten ([`FORGET_AFTER`] without an ask), the next ask for any
+    /// store ends its observer, and the observer's hold on the store (a
+    /// namespace's Lease watch, a pool) with it. Planted: keeping idle
+    /// observers fails the count.
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_with_nothing_left_to_read_lets_its_store_go() {
+        let (gone, kept) = (counted(), counted());
+        let observers = Observers::default();
+        observers
+            .observe(ask(&gone, 0, "lock-0", P, None))
+            .await
+            .observation
+            .unwrap();
+        assert!(Arc::strong_count(&gone) > 1, "observed: the observer holds the store");
+        tokio::time::sleep(FORGET_AFTER + P * 2).await;
+        let mut elsewhere = ask(&kept, 1, "lock-1", P, None);
+        elsewhere.store_key = "another table".into();
+        observers.observe(elsewhere).await.observation.unwrap();
+        // The ended observer's tasks are dropped at their next poll.
+        tokio::time::sleep(P).await;
+        assert_eq!(Arc::strong_count(&gone), 1, "the idle observer let its store go");
+        assert!(Arc::strong_count(&kept) > 1, "the store in use is still observed");
     }
 
     /// With different P on one table the smallest is the period; a read

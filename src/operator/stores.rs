@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
@@ -17,6 +18,7 @@ use kube::{Api, Client};
 
 use crate::api::{SecretKeyRef, ValidLease};
 use crate::lease::{LeaseStore, SessionStore, StoreError};
+use crate::operator::observer::FORGET_AFTER;
 use crate::store::StoreUrl;
 use crate::store::kubernetes::KubernetesStore;
 use crate::store::select::{StoreConfig, no_sessions};
@@ -115,18 +117,31 @@ struct Opened {
     sessions: Option<Arc<dyn SessionStore>>,
 }
 
-/// Store connections, opened on first use and kept per [`StoreConfig::key`].
-/// A failed connect is not cached, so the next reconcile tries again.
+/// Store connections, opened on first use and kept per [`StoreConfig::key`]
+/// while some reconcile asks for them: one no reconcile asked for in
+/// [`FORGET_AFTER`] (its leases deleted or pointed elsewhere) is closed,
+/// so a deleted namespace's Lease watch and a dropped database's pool do
+/// not live on. A failed connect is not cached, so the next reconcile
+/// tries again.
 #[derive(Default)]
 pub(crate) struct OpenStores {
-    open: Mutex<HashMap<String, Opened>>,
+    open: Mutex<HashMap<String, (Opened, Instant)>>,
 }
 
 impl OpenStores {
     async fn open(&self, target: &StoreConfig) -> Result<Opened, StoreError> {
+        self.open_at(target, Instant::now()).await
+    }
+
+    async fn open_at(&self, target: &StoreConfig, now: Instant) -> Result<Opened, StoreError> {
         let key = target.key();
-        if let Some(opened) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(opened.clone());
+        {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            open.retain(|_, (_, asked)| now.saturating_duration_since(*asked) < FORGET_AFTER);
+            if let Some((opened, asked)) = open.get_mut(&key) {
+                *asked = now;
+                return Ok(opened.clone());
+            }
         }
         let (leases, sessions) = match target {
             // Every Lease of the namespace through one watch, not a read per
@@ -137,13 +152,15 @@ impl OpenStores {
             }
             _ => target.connect_both().await?,
         };
-        Ok(self
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key)
-            .or_insert(Opened { leases, sessions })
-            .clone())
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (opened, _) = open.entry(key).or_insert((Opened { leases, sessions }, now));
+        Ok(opened.clone())
+    }
+
+    /// How many stores are open.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -158,5 +175,54 @@ impl StoreProvider for OpenStores {
             .await?
             .sessions
             .ok_or_else(|| no_sessions(target.kind()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::operator::reconcile::OBSERVED_REQUEUE;
+    use crate::store::postgres::PostgresConfig;
+
+    /// A PostgreSQL store at `port` (its pool connects lazily: nothing is
+    /// dialled here).
+    fn postgres(port: u16) -> StoreConfig {
+        StoreConfig::Postgres(PostgresConfig {
+            url: StoreUrl::new(format!("postgres://leasehold@127.0.0.1:{port}/postgres")),
+            table: "leasehold_leases".into(),
+        })
+    }
+
+    /// A store some reconcile keeps asking for stays one connection; one
+    /// no reconcile asked for in FORGET_AFTER is closed, and asking again
+    /// opens it afresh.
+    #[tokio::test]
+    async fn a_store_no_reconcile_asks_for_is_closed_and_one_in_use_is_kept() {
+        let stores = OpenStores::default();
+        let (kept, dropped) = (postgres(1), postgres(2));
+        let start = Instant::now();
+        let first = stores.open_at(&kept, start).await.unwrap().leases;
+        let gone = stores.open_at(&dropped, start).await.unwrap().leases;
+        assert_eq!(stores.len(), 2);
+
+        let mut at = start;
+        while at < start + FORGET_AFTER * 2 {
+            at += OBSERVED_REQUEUE;
+            let again = stores.open_at(&kept, at).await.unwrap().leases;
+            assert!(
+                Arc::ptr_eq(&first, &again),
+                "asked for every requeue: the same connection"
+            );
+        }
+        assert_eq!(stores.len(), 1, "the store nobody asked for is closed");
+        let reopened = stores
+            .open_at(&dropped, at + Duration::from_secs(1))
+            .await
+            .unwrap()
+            .leases;
+        assert!(!Arc::ptr_eq(&gone, &reopened), "asked for again: opened afresh");
+        assert_eq!(stores.len(), 2);
     }
 }

@@ -307,6 +307,9 @@ struct NamespaceWatch {
     /// False from a watch error until the next event: a store the operator
     /// cannot watch is unavailable, not frozen at its last state.
     healthy: Arc<AtomicBool>,
+    /// Why the watch last failed, for the error that says it is unavailable
+    /// (e.g. the API server's 403 when the operator's Role is missing).
+    failure: Arc<Mutex<Option<String>>>,
     /// Bumped when a watched Lease's holder changes or it is deleted.
     holders: watch::Sender<u64>,
     _task: AbortOnDropHandle<()>,
@@ -364,8 +367,10 @@ impl KubernetesStore {
     pub fn watching_namespace(mut self) -> Self {
         let (leases, writer) = reflector::store();
         let healthy = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(Mutex::new(None));
         let holders = watch::channel(0).0;
         let (api, views, up, announce) = (self.api.clone(), self.by_name.clone(), healthy.clone(), holders.clone());
+        let failed = failure.clone();
         let (listed, namespace) = (leases.clone(), self.namespace.clone());
         let task = async move {
             let events = watcher(api, watcher::Config::default())
@@ -419,7 +424,10 @@ impl KubernetesStore {
                         Ok(())
                     }
                     Ok(watcher::Event::Init) => Ok(()),
-                    Err(e) => Err(StoreError::unavailable("watching the namespace's Leases").caused_by(e)),
+                    Err(e) => {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::errors::message(&e));
+                        Err(StoreError::unavailable("watching the namespace's Leases").caused_by(e))
+                    }
                 };
                 if let Err(e) = learned {
                     debug!(error = %e.chain(), "Lease watch; the watcher retries");
@@ -429,6 +437,7 @@ impl KubernetesStore {
         self.namespace_watch = Some(NamespaceWatch {
             leases,
             healthy,
+            failure,
             holders,
             _task: AbortOnDropHandle::new(tokio::spawn(task)),
         });
@@ -480,7 +489,11 @@ impl KubernetesStore {
     /// `locks` from the namespace watch: a lock first asked about is seeded
     /// from the watch's cache, later ones follow its events.
     async fn observe_watched(&self, watching: &NamespaceWatch, locks: &[String]) -> Result<Vec<Observation>> {
-        let unavailable = || StoreError::unavailable(format!("watching the Leases of namespace {}", self.namespace));
+        let unavailable = || {
+            let failure = watching.failure.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let why = failure.map_or_else(|| "not listed yet".to_string(), |e| format!("it failed: {e}"));
+            StoreError::unavailable(format!("watching the Leases of namespace {}: {why}", self.namespace))
+        };
         tokio::time::timeout(self.call_timeout, watching.leases.wait_until_ready())
             .await
             .map_err(|_| unavailable())?
@@ -1164,6 +1177,49 @@ mod tests {
             .expect("observed within 10 s")
             .unwrap();
         assert_eq!(gone[0].record, None, "the deleted Lease is absent after the relist");
+    }
+
+    /// A namespace watch the API server refuses (the operator's Role there
+    /// deleted with its namespace, or never granted) makes the store
+    /// unavailable with the refusal named, not a bare "watching". Planted:
+    /// dropping the recorded failure from the message fails it.
+    #[tokio::test]
+    async fn a_refused_namespace_watch_is_unavailable_naming_the_refusal() {
+        use crate::testing::api::{mock_client, status};
+
+        let (client, mut server) = mock_client("default");
+        let store = KubernetesStore::new(client, Some("prod"))
+            .with_call_timeout(Duration::from_secs(2))
+            .watching_namespace();
+        let refused = server.expect("the watch lists first").await;
+        refused.respond(
+            403,
+            &status(
+                403,
+                "Forbidden",
+                "leases.coordination.k8s.io is forbidden: User \"system:serviceaccount:leasehold-system:leasehold\" \
+                 cannot list resource \"leases\" in the namespace \"prod\"",
+            ),
+        );
+        // Once the watch has taken the refusal in (no race with the read's timeout).
+        let watching = store.namespace_watch.as_ref().unwrap();
+        let recorded = async {
+            while watching.failure.lock().unwrap().is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), recorded)
+            .await
+            .expect("the refusal recorded within 30 s");
+        let error = store.observe_many(&["web".to_string()]).await.unwrap_err();
+        let text = error.chain();
+        assert!(matches!(error, StoreError::Unavailable { .. }), "{error:?}");
+        assert!(
+            text.starts_with("store unavailable: watching the Leases of namespace prod: it failed: ")
+                && text.ends_with("cannot list resource \"leases\" in the namespace \"prod\" (HTTP 403)")
+                && !text.contains("Status {"),
+            "{text}"
+        );
     }
 
     #[test]
