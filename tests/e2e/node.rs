@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 use crate::e2e::cluster::Scenario;
 
@@ -16,15 +16,9 @@ use crate::e2e::cluster::Scenario;
 pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
     let what = format!("pod {pod}'s container {container} running, to send it SIG{signal}");
     let id = crate::e2e::cluster::wait_for(&what, std::time::Duration::from_secs(60), || async {
-        let status = s.api::<Pod>().get(pod).await.ok()?.status?;
-        let statuses = status
-            .container_statuses
-            .into_iter()
-            .flatten()
-            .chain(status.init_container_statuses.into_iter().flatten());
-        statuses
-            .filter(|c| c.name == container && c.state.as_ref().is_some_and(|s| s.running.is_some()))
-            .find_map(|c| c.container_id)
+        let status = container_status(s, pod, container).await?;
+        status.state?.running?;
+        status.container_id
     })
     .await;
     let id = id.rsplit("://").next().unwrap_or(&id).to_string();
@@ -57,15 +51,20 @@ pub fn container_main_pid(container_id: &str) -> Option<u32> {
         .find(|pid| parent(*pid).is_some_and(|ppid| !in_container(ppid)))
 }
 
-/// How many times the kubelet restarted `container` of `pod`.
-pub async fn restarts(s: &Scenario, pod: &str, container: &str) -> Option<i32> {
+/// The status of `container` (an app or init container) of `pod`.
+async fn container_status(s: &Scenario, pod: &str, container: &str) -> Option<ContainerStatus> {
     let status = s.api::<Pod>().get(pod).await.ok()?.status?;
-    let statuses = status
+    let mut statuses = status
         .container_statuses
         .into_iter()
         .flatten()
         .chain(status.init_container_statuses.into_iter().flatten());
-    statuses.filter(|c| c.name == container).map(|c| c.restart_count).next()
+    statuses.find(|c| c.name == container)
+}
+
+/// How many times the kubelet restarted `container` of `pod`.
+pub async fn restarts(s: &Scenario, pod: &str, container: &str) -> Option<i32> {
+    container_status(s, pod, container).await.map(|c| c.restart_count)
 }
 
 /// Kills `container` of `pod` and waits until the kubelet has restarted it:
