@@ -6,8 +6,9 @@
 //! Our own errors never format their source into their message (checked by
 //! tests/install/error_sources.rs), but some dependencies' errors do (kube's
 //! `Error::InferConfig` is "Failed to infer configuration: {0}" over the
-//! same cause), so a parent ending in its cause's text says only its own
-//! part, and a cause whose text its parent already said is skipped.
+//! same cause), so a cause whose text its parent already said is skipped,
+//! and a parent ending in the text of an API error it wraps says only its
+//! own part.
 //! kube's `Error::Api` prints the API server's `Status` twice, once as
 //! Rust `Debug`; it is printed here as the Status message and HTTP code.
 
@@ -34,12 +35,11 @@ pub fn causes(error: &(dyn Error + 'static)) -> Vec<String> {
             break;
         }
         let mut text = level.to_string();
-        // A parent that ends with its cause's text (kube's watcher errors
-        // over an `Error::Api`) says only its own part: the cause follows,
-        // printed its own way.
-        if let Some(cause) = level.source().map(ToString::to_string)
-            && !cause.is_empty()
-            && let Some(own) = text.strip_suffix(&cause)
+        // A parent that ends with the text of an API error it wraps (kube's
+        // watcher errors) says only its own part: the API error follows,
+        // printed as the Status message and code instead of `Debug`.
+        if let Some(cause) = level.source().filter(|cause| api_status(*cause).is_some())
+            && let Some(own) = text.strip_suffix(&cause.to_string())
         {
             text = own.trim_end().trim_end_matches(':').to_string();
         }
