@@ -53,6 +53,13 @@ pub(crate) const OBSERVED_REQUEUE: Duration = Duration::from_secs(300);
 /// every live lease is reconciled at least every [`OBSERVED_REQUEUE`].
 pub(crate) const FORGET_AFTER: Duration = OBSERVED_REQUEUE.saturating_mul(3);
 
+/// Whether something last asked about at `asked` is still in use at `now`
+/// (asked within [`FORGET_AFTER`]): a lease by the observer, a store by
+/// the operator's open connections.
+pub(crate) fn still_asked(asked: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(asked) < FORGET_AFTER
+}
+
 /// One answer, and when the read that gave it started.
 #[derive(Debug, Clone)]
 pub(crate) struct Stamped<A> {
@@ -410,9 +417,7 @@ impl<S: Source> Shared<S> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let State { keys, waiting } = &mut *state;
         for watched in keys.values_mut() {
-            watched
-                .leases
-                .retain(|_, (_, asked)| now.saturating_duration_since(*asked) < FORGET_AFTER);
+            watched.leases.retain(|_, (_, asked)| still_asked(*asked, now));
         }
         keys.retain(|key, watched| !watched.leases.is_empty() || waiting.iter().any(|(w, _, _)| w == key));
         keys.keys().cloned().collect()

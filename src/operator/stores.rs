@@ -10,15 +10,15 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
+use tokio::time::Instant;
 
 use crate::api::{SecretKeyRef, ValidLease};
 use crate::lease::{LeaseStore, SessionStore, StoreError};
-use crate::operator::observer::FORGET_AFTER;
+use crate::operator::observer::still_asked;
 use crate::store::StoreUrl;
 use crate::store::kubernetes::KubernetesStore;
 use crate::store::select::{StoreConfig, no_sessions};
@@ -119,7 +119,7 @@ struct Opened {
 
 /// Store connections, opened on first use and kept per [`StoreConfig::key`]
 /// while some reconcile asks for them: one no reconcile asked for in
-/// [`FORGET_AFTER`] (its leases deleted or pointed elsewhere) is closed,
+/// [`FORGET_AFTER`](crate::operator::observer::FORGET_AFTER) (its leases deleted or pointed elsewhere) is closed,
 /// so a deleted namespace's Lease watch and a dropped database's pool do
 /// not live on. A failed connect is not cached, so the next reconcile
 /// tries again.
@@ -137,7 +137,7 @@ impl OpenStores {
         let key = target.key();
         {
             let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-            open.retain(|_, (_, asked)| now.saturating_duration_since(*asked) < FORGET_AFTER);
+            open.retain(|_, (_, asked)| still_asked(*asked, now));
             if let Some((opened, asked)) = open.get_mut(&key) {
                 *asked = now;
                 return Ok(opened.clone());
@@ -183,6 +183,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::operator::observer::FORGET_AFTER;
     use crate::operator::reconcile::OBSERVED_REQUEUE;
     use crate::store::postgres::PostgresConfig;
 
