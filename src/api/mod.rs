@@ -44,6 +44,9 @@ pub const STORE_IMMUTABLE: &str = "store is immutable: to move the lease to anot
 pub const PARTITIONS_IMMUTABLE: &str = "partitions is immutable: to change it, delete the DistributedLease, wait \
      until it is gone (its candidates stop claiming and release first), then create it with the new partitions; \
      see docs/migrating-stores.md";
+/// The CEL message refusing a change of `status.storeIdentity`.
+pub const STORE_IDENTITY_IMMUTABLE: &str = "storeIdentity is recorded once: the candidates campaign only on that \
+     store; to move the lease, delete and re-create it (docs/migrating-stores.md)";
 pub use crate::store::DEFAULT_TABLE;
 
 /// Go-style durations that both the API server's CEL `duration()` and
@@ -297,11 +300,27 @@ fn default_label_key() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = unsigned_as_int64)]
+// Recorded once: the candidates campaign only on the store it names, so
+// changing it would let a candidate on another store lead beside them.
+#[x_kube(
+    validation = Rule::new("!has(oldSelf.storeIdentity) || (has(self.storeIdentity) && self.storeIdentity == oldSelf.storeIdentity)")
+        .message(STORE_IDENTITY_IMMUTABLE)
+        .field_path(".storeIdentity"),
+)]
 pub struct DistributedLeaseStatus {
     /// `Valid`, `StoreReady`, `Ready`, `TimingAtRisk`, `RolloutSafe` and `RolledOut` (docs/operator.md).
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+    /// The store the candidates campaign on, as the store itself names it
+    /// (`postgres:<system identifier>/<database>/<schema>`, `redis:<marker>`,
+    /// `spanner:<database>`, `kubernetes:<namespace>`): recorded by the
+    /// operator at its first read of the store and never changed. A sidecar
+    /// campaigns only when the store its URL reaches has this identity, so a
+    /// Secret edited to reach another store elects nobody there
+    /// (docs/migrating-stores.md, "The store's identity").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_identity: Option<String>,
     /// The identity (`[cluster/]namespace/pod#nonce@uid`) holding a valid lease; absent when free or expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,

@@ -29,7 +29,7 @@ pub use record::{
 };
 pub(crate) use record::{fnv1a_64, validate_lock_name};
 pub use session::SessionStore;
-pub use store::{LeaseStore, StoreError};
+pub use store::{LeaseStore, StoreError, StoreIdentity};
 pub use timing::{LeaseDurationError, Timing, TimingError};
 pub(crate) use timing::{lease_from_millis, lease_to_millis};
 pub use version::{Claim, InvalidPrefer, Prefer, Version, VersionPolicy};

@@ -87,6 +87,32 @@ impl StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// Which store a lease lives in, as the store itself says, not as an
+/// address reaches it: `postgres:<system identifier>/<database>/<schema>`,
+/// `redis:<marker>`, `spanner:<database>`, `kubernetes:<namespace>`. Two
+/// URLs that reach the same store (a rotated password, another host name)
+/// give the same identity; a URL edited to reach another store gives
+/// another, and candidates never campaign on a store whose identity is not
+/// the one their lease recorded (docs/migrating-stores.md).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoreIdentity(String);
+
+impl StoreIdentity {
+    pub fn new(identity: impl Into<String>) -> Self {
+        StoreIdentity(identity.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StoreIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// One lock row per name; every write is a single atomic transaction.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {

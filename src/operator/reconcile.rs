@@ -172,7 +172,10 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
         ctx.forget_preference(&format!("{namespace}/{}", lease.name_any()));
         if has_finalizer {
             match delete::release_on_delete(lease, &namespace, ctx).await? {
-                delete::Gate::Open => apply::remove_finalizer(&leases, lease).await?,
+                delete::Gate::Open => {
+                    apply::remove_finalizer(&leases, lease).await?;
+                    ctx.forget_store(lease);
+                }
                 delete::Gate::Waiting(why) => {
                     apply::deletion_waits(&leases, lease, ctx, &why).await?;
                     return Ok((Action::requeue(DELETE_REQUEUE), Outcome::Ok));

@@ -17,7 +17,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 
 use crate::api::{SecretKeyRef, ValidLease};
-use crate::lease::{LeaseStore, SessionStore, StoreError};
+use crate::lease::{LeaseStore, SessionStore, StoreError, StoreIdentity};
 use crate::operator::observer::still_asked;
 use crate::store::StoreUrl;
 use crate::store::kubernetes::KubernetesStore;
@@ -75,6 +75,9 @@ pub trait StoreProvider: Send + Sync + 'static {
     /// The sessions of `target`, on the same connection; `Invalid` for a
     /// store that keeps none.
     async fn sessions(&self, target: &StoreConfig) -> Result<Arc<dyn SessionStore>, StoreError>;
+
+    /// Which store `target` reaches ([`StoreConfig::identity`]).
+    async fn identity(&self, target: &StoreConfig) -> Result<StoreIdentity, StoreError>;
 }
 
 /// One store for every resource, whatever it names: for tests and for
@@ -82,12 +85,19 @@ pub trait StoreProvider: Send + Sync + 'static {
 pub struct SingleStore {
     leases: Arc<dyn LeaseStore>,
     sessions: Option<Arc<dyn SessionStore>>,
+    /// What every target is said to reach: one store, so one identity,
+    /// until a test points "the Secret" elsewhere ([`SingleStore::reach`]).
+    identity: Mutex<StoreIdentity>,
 }
 
 impl SingleStore {
     /// A store of lease rows only.
     pub fn new(leases: Arc<dyn LeaseStore>) -> Self {
-        SingleStore { leases, sessions: None }
+        SingleStore {
+            leases,
+            sessions: None,
+            identity: Mutex::new(StoreIdentity::new(SINGLE_STORE)),
+        }
     }
 
     /// A store of lease rows and sessions.
@@ -95,7 +105,15 @@ impl SingleStore {
         SingleStore {
             leases: store.clone(),
             sessions: Some(store),
+            identity: Mutex::new(StoreIdentity::new(SINGLE_STORE)),
         }
+    }
+
+    /// From now on every target reaches the store named `identity`, as a
+    /// Secret edited to another store would (the rows stay this store's:
+    /// what is read through the other identity is a test's business).
+    pub fn reach(&self, identity: &str) {
+        *self.identity.lock().unwrap_or_else(|e| e.into_inner()) = StoreIdentity::new(identity);
     }
 }
 
@@ -108,7 +126,14 @@ impl StoreProvider for SingleStore {
     async fn sessions(&self, target: &StoreConfig) -> Result<Arc<dyn SessionStore>, StoreError> {
         self.sessions.clone().ok_or_else(|| no_sessions(target.kind()))
     }
+
+    async fn identity(&self, _target: &StoreConfig) -> Result<StoreIdentity, StoreError> {
+        Ok(self.identity.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
 }
+
+/// The identity a [`SingleStore`] reports until told otherwise.
+pub const SINGLE_STORE: &str = "memory:single";
 
 /// One open store: its lease rows, and its sessions where it keeps them.
 #[derive(Clone)]
@@ -175,6 +200,10 @@ impl StoreProvider for OpenStores {
             .await?
             .sessions
             .ok_or_else(|| no_sessions(target.kind()))
+    }
+
+    async fn identity(&self, target: &StoreConfig) -> Result<StoreIdentity, StoreError> {
+        target.identity().await
     }
 }
 

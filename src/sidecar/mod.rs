@@ -23,6 +23,7 @@ pub(crate) mod drained;
 pub(crate) mod footprint;
 pub mod health;
 pub mod http;
+pub(crate) mod lease_store;
 pub mod metrics;
 pub(crate) mod own_pod;
 pub mod partitions;
@@ -109,6 +110,12 @@ pub async fn run(args: Args) -> Result<()> {
     let (starting_tx, starting) = tokio::sync::watch::channel(None);
     let (http, metrics_listener) = bind_listeners(&args).await?;
     let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());
+    // Bound to a lease: campaign only on the store it recorded (issue 54).
+    let (recorded_tx, recorded) = tokio::sync::watch::channel(
+        bound
+            .as_ref()
+            .and_then(|(_, lease)| lease.store_identity.clone()),
+    );
     let start = Start {
         args: &args,
         settings: &settings,
@@ -123,6 +130,7 @@ pub async fn run(args: Args) -> Result<()> {
         signalled: &signalled,
         shutdown: &shutdown,
         bound: &bound,
+        recorded: bound.is_some().then_some(recorded),
     };
     let mode = match settings.partitions {
         None => single::start(start).await?,
@@ -135,7 +143,7 @@ pub async fn run(args: Args) -> Result<()> {
         metrics_router(registry, mode.healthz),
         servers.clone(),
     ));
-    let retired = follow_lease(bound.clone(), &settings, &shutdown, mode.set_timing);
+    let retired = follow_lease(bound.clone(), &settings, &shutdown, mode.set_timing, recorded_tx);
     if let (Some(client), Some(pod)) = (kube, settings.pod.clone()) {
         tokio::spawn(timing_risk::publish(client, pod, budget.verdicts()));
     }
@@ -167,6 +175,8 @@ struct Start<'a> {
     shutdown: &'a CancellationToken,
     /// The bound lease, whose LeaseTransfers a single-lease leader follows.
     bound: &'a Bound,
+    /// The store the bound lease recorded, which alone is campaigned on.
+    recorded: Option<lease_store::Recorded>,
 }
 
 /// A problem reaching the store at start, for `/healthz` (`None`: none).
@@ -198,12 +208,13 @@ fn follow_lease(
     settings: &config::Settings,
     shutdown: &CancellationToken,
     set_timing: impl Fn(crate::lease::Timing) + Send + 'static,
+    recorded: tokio::sync::watch::Sender<Option<String>>,
 ) -> Arc<std::sync::OnceLock<config::Retirement>> {
     let retired = Arc::new(std::sync::OnceLock::new());
     if let Some(((client, pod), lease)) = bound {
         let (noted, shutdown, started) = (retired.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {
-            let retirement = config::watch_lease(client, &pod.namespace, lease, started, set_timing).await;
+            let retirement = config::watch_lease(client, &pod.namespace, lease, started, set_timing, recorded).await;
             warn!(why = %retirement.why, "retiring from the lease: stopping to claim, then releasing");
             let _ = noted.set(retirement);
             shutdown.cancel();

@@ -49,6 +49,7 @@ pub(super) fn start(start: Start<'_>, count: u32) -> Mode {
         signalled: _,
         shutdown,
         bound: _,
+        recorded,
     } = start;
     let report = Report::new(args.election.create_table, starting.sender);
     let (assigned_tx, assigned) = watch::channel(Assigned::default());
@@ -88,7 +89,7 @@ pub(super) fn start(start: Start<'_>, count: u32) -> Mode {
     };
     let running = async move {
         // The renewal budget watches the session's renewals, once connected.
-        let connecting = connect(&choice, create_table, metrics, &report);
+        let connecting = connect(&choice, recorded.as_ref(), create_table, metrics, &report);
         let store = tokio::select! {
             store = connecting => Some(budget.time(store)),
             _ = shutdown.cancelled() => None,
@@ -235,11 +236,22 @@ async fn close_again(store: &dyn SessionStore, session: &str, lease: Duration, f
 
 /// Connects to the store (and, with `create_table`, creates the session
 /// tables), retrying with capped backoff and reporting until it answers.
-async fn connect(choice: &StoreConfig, create_table: bool, metrics: Metrics, report: &Report) -> Arc<dyn SessionStore> {
+async fn connect(
+    choice: &StoreConfig,
+    recorded: Option<&super::lease_store::Recorded>,
+    create_table: bool,
+    metrics: Metrics,
+    report: &Report,
+) -> Arc<dyn SessionStore> {
     let mut backoff = capped_backoff().build();
     loop {
         let attempt = async {
             let timed_out = || StoreError::unavailable(format!("no answer within {CONNECT_TIMEOUT:?}"));
+            if let Some(recorded) = recorded {
+                tokio::time::timeout(CONNECT_TIMEOUT, super::lease_store::admit(choice, recorded))
+                    .await
+                    .map_err(|_| timed_out())??;
+            }
             let store = tokio::time::timeout(CONNECT_TIMEOUT, choice.connect_sessions())
                 .await
                 .map_err(|_| timed_out())??;

@@ -34,14 +34,18 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
         signalled,
         shutdown,
         bound,
+        recorded,
     } = start;
     let (starting_tx, starting) = (starting.sender, starting.problem);
     let (choice, metered) = (settings.store.clone(), metrics.clone());
     let create_table = args.election.create_table;
     let starting_store: Arc<dyn LeaseStore> = Arc::new(starting::StartingStore::spawn(
         move || {
-            let (choice, metrics) = (choice.clone(), metered.clone());
+            let (choice, metrics, recorded) = (choice.clone(), metered.clone(), recorded.clone());
             Box::pin(async move {
+                if let Some(recorded) = &recorded {
+                    super::lease_store::admit(&choice, recorded).await?;
+                }
                 let store: Arc<dyn LeaseStore> =
                     Arc::new(MeteredStore::new(choice.connect(create_table).await?, metrics));
                 Ok(store)

@@ -12,7 +12,7 @@ use super::postgres::{PostgresConfig, PostgresStore};
 use super::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
 use super::spanner::{SpannerConfig, SpannerStore};
 use super::{DEFAULT_TABLE, MemoryStore, StoreUrl};
-use crate::lease::{LeaseStore, SessionStore, StoreError};
+use crate::lease::{LeaseStore, SessionStore, StoreError, StoreIdentity};
 
 /// The backends, as `--store` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -242,6 +242,24 @@ impl StoreConfig {
             StoreConfig::Postgres(config) => Arc::new(PostgresStore::connect(config.clone())?),
             StoreConfig::Redis(config) => Arc::new(RedisStore::connect(config.clone())?),
             StoreConfig::Kubernetes(config) => Arc::new(KubernetesStore::connect(config.clone()).await?),
+        })
+    }
+
+    /// The identity of the store this configuration reaches
+    /// ([`StoreIdentity`]), read from the store itself where an address
+    /// could reach another one (PostgreSQL, Redis: on a connection of its
+    /// own, closed after the read); where the configuration names the
+    /// store (Spanner's database, the Kubernetes namespace), that name.
+    pub async fn identity(&self) -> Result<StoreIdentity, StoreError> {
+        Ok(match self {
+            StoreConfig::Memory => StoreIdentity::new("memory"),
+            StoreConfig::Spanner(config) => StoreIdentity::new(format!("spanner:{}", config.database)),
+            StoreConfig::Postgres(config) => PostgresStore::connect(config.clone())?.identity().await?,
+            StoreConfig::Redis(config) => RedisStore::connect(config.clone())?.identity().await?,
+            StoreConfig::Kubernetes(config) => StoreIdentity::new(format!(
+                "kubernetes:{}",
+                config.namespace.as_deref().unwrap_or("(the client's namespace)")
+            )),
         })
     }
 

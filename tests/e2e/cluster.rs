@@ -69,6 +69,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-store-spanner",
     "e2e-store-redis",
     "e2e-store-change",
+    "e2e-store-identity",
     "e2e-run",
     "e2e-partitions",
     "e2e-versions",

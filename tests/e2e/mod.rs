@@ -31,6 +31,7 @@ mod run_wrapped;
 mod spread;
 mod steering;
 mod store_change;
+mod store_identity;
 mod stores;
 mod stores_in_pods;
 mod walkthrough;

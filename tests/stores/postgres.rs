@@ -414,3 +414,31 @@ async fn a_release_wakes_a_waiting_follower_by_notify() {
     let follower = PostgresStore::connect(config(fixture.server.url())).unwrap();
     suite::a_release_wakes_a_waiting_follower(Arc::new(fixture.store.clone()), Arc::new(follower)).await;
 }
+
+/// Issue 54: a store is known by what it is, not by its URL. Another role
+/// with its own password on the same database, and the same server through
+/// another address (localhost for 127.0.0.1), read the same identity;
+/// another database of the same server reads another. The documented limit
+/// (docs/migrating-stores.md): a server started from a physical copy of
+/// another's data directory (as these test servers are, from one template)
+/// shares its system identifier, so the same database there reads the same
+/// identity.
+#[tokio::test]
+async fn the_identity_names_the_server_and_database_not_the_url() {
+    let pg = postgres().await;
+    let identity = |url: String| async move { PostgresStore::connect(config(url)).unwrap().identity().await.unwrap() };
+    let ours = identity(pg.server.url()).await;
+    assert!(ours.as_str().starts_with("postgres:") && ours.as_str().ends_with("/postgres/public"), "{ours}");
+
+    sql(&pg.server, "CREATE ROLE rotated LOGIN PASSWORD 'new-secret'").await;
+    let rotated = pg.server.url().replace("leasehold@", "rotated:new-secret@");
+    assert_eq!(identity(rotated).await, ours, "another credential, same store");
+    let by_name = pg.server.url().replace("127.0.0.1", "localhost");
+    assert_eq!(identity(by_name).await, ours, "another address, same store");
+
+    sql(&pg.server, "CREATE DATABASE other").await;
+    let other = identity(pg.server.url().replace("/postgres?", "/other?")).await;
+    assert_ne!(other, ours, "another database is another store");
+    let copy = PostgresServer::start();
+    assert_eq!(identity(copy.url()).await, ours, "a copy of the data directory shares the identifier");
+}

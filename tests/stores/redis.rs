@@ -311,3 +311,19 @@ async fn a_release_wakes_a_waiting_follower_by_publish() {
     let follower = RedisStore::connect(config(fixture.server.url())).unwrap();
     suite::a_release_wakes_a_waiting_follower(Arc::new(fixture.store.clone()), Arc::new(follower)).await;
 }
+
+/// Issue 54: a store is known by what it is, not by its URL: the marker
+/// the first reader sets stays, so every later reader through any address
+/// reads the same identity; another database of the server reads another.
+#[tokio::test]
+async fn the_identity_is_the_marker_of_the_servers_database() {
+    let redis = redis().await;
+    let identity = |url: String| async move { RedisStore::connect(config(url)).unwrap().identity().await.unwrap() };
+    let ours = identity(redis.server.url()).await;
+    assert!(ours.as_str().starts_with("redis:"), "{ours}");
+    assert_eq!(redis.store.identity().await.unwrap(), ours, "read again, the same");
+    let by_name = redis.server.url().replace("127.0.0.1", "localhost");
+    assert_eq!(identity(by_name).await, ours, "another address, same store");
+    let other = identity(redis.server.url().replace("/0", "/1")).await;
+    assert_ne!(other, ours, "another database is another store");
+}

@@ -13,12 +13,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::plan::{Found, Read, Seen};
+use super::plan::{Found, Read, Seen, StoreSeen};
 use super::{Error, GC_INTERVAL, MIN_REQUEUE, POD_CACHE_WAIT, Result, SECRET_REFRESH};
 use crate::api::{DistributedLease, ValidLease, validate};
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
-use crate::lease::{LeaseStore, Observation, StoreError};
+use crate::lease::{LeaseStore, Observation, StoreError, StoreIdentity};
 use crate::operator::candidate::CandidatePod;
 use crate::operator::index::{PodCache, pod_cache};
 use crate::operator::metrics::Metrics;
@@ -49,6 +49,12 @@ pub struct Context {
     schemas: Arc<Mutex<HashSet<String>>>,
     /// Store URLs read from Secrets, with when.
     urls: Arc<Mutex<HashMap<SecretKey, (StoreUrl, Instant)>>>,
+    /// What each store (by [`StoreConfig::key`]) said it is, with when:
+    /// read again with the URL, every [`SECRET_REFRESH`] or after a failure.
+    identities: Arc<Mutex<HashMap<String, (StoreIdentity, Instant)>>>,
+    /// Per lease uid, the store its recorded identity was last read through:
+    /// what status keeps reading while its Secret reaches another store.
+    recorded: Arc<Mutex<HashMap<String, StoreConfig>>>,
     /// When each store's dead sessions were last collected.
     gc: Arc<GcSchedule>,
     /// The batched reads of every store's locks.
@@ -79,6 +85,8 @@ impl Context {
             deployments: kube::runtime::reflector::store().0,
             schemas: Arc::default(),
             urls: Arc::default(),
+            identities: Arc::default(),
+            recorded: Arc::default(),
             gc: Arc::default(),
             observers: Arc::default(),
             preferences: Arc::default(),
@@ -98,6 +106,8 @@ impl Context {
             pods,
             schemas: self.schemas.clone(),
             urls: self.urls.clone(),
+            identities: self.identities.clone(),
+            recorded: self.recorded.clone(),
             gc: self.gc.clone(),
             observers: self.observers.clone(),
             preferences: self.preferences.clone(),
@@ -175,21 +185,98 @@ impl Context {
         self
     }
 
-    /// The store a valid lease names. A PostgreSQL or Redis URL is read
-    /// from the resource's Secret and kept for [`SECRET_REFRESH`], or until
-    /// a store call fails, so a rotated credential is picked up.
+    /// The store of a valid lease and its connection ([`Context::target`]).
     pub(super) async fn store_of(
         &self,
+        lease: &DistributedLease,
         valid: &ValidLease,
         namespace: &str,
-    ) -> Result<(StoreConfig, Arc<dyn LeaseStore>), StoreError> {
-        let target = self.target_of(valid, namespace).await?;
-        let store = self.stores.store(&target).await?;
+    ) -> Result<(Target, Arc<dyn LeaseStore>), StoreError> {
+        let target = self.target(lease, valid, namespace).await?;
+        let store = self.stores.store(&target.config).await?;
         Ok((target, store))
     }
 
-    /// Where a valid lease's store is, its URL read as [`Context::store_of`] says.
-    async fn target_of(&self, valid: &ValidLease, namespace: &str) -> Result<StoreConfig, StoreError> {
+    /// The store the lease's candidates campaign on. A PostgreSQL or Redis
+    /// URL is read from the resource's Secret and kept for
+    /// [`SECRET_REFRESH`], or until a store call fails, so a rotated
+    /// credential is picked up; the store it reaches must be the one
+    /// `status.storeIdentity` recorded (none recorded yet: this one, which
+    /// the plan records). A Secret reaching another store is not followed:
+    /// the recorded store is read through the last configuration that
+    /// reached it, and without one the lease's store cannot be read
+    /// (docs/migrating-stores.md, "The store's identity").
+    pub(super) async fn target(
+        &self,
+        lease: &DistributedLease,
+        valid: &ValidLease,
+        namespace: &str,
+    ) -> Result<Target, StoreError> {
+        let configured = self.configured(valid, namespace).await?;
+        let reached = match self.identity_of(&configured).await {
+            Ok(reached) => reached,
+            Err(e) => {
+                self.forget_url(valid, namespace, &configured);
+                return Err(e);
+            }
+        };
+        let uid = lease.metadata.uid.clone().unwrap_or_default();
+        let recorded = lease.status.as_ref().and_then(|s| s.store_identity.as_deref());
+        let mut known = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        match recorded {
+            Some(recorded) if recorded != reached.as_str() => {
+                let elsewhere = format!(
+                    "the store's Secret now reaches store {reached}, not {recorded}, which the candidates campaign \
+                     on (status.storeIdentity): no candidate campaigns there; set the Secret back, or move the \
+                     lease by deleting and re-creating it (docs/migrating-stores.md)"
+                );
+                match known.get(&uid) {
+                    Some(config) => Ok(Target {
+                        config: config.clone(),
+                        identity: StoreIdentity::new(recorded),
+                        elsewhere: Some(elsewhere),
+                    }),
+                    None => Err(StoreError::invalid(format!(
+                        "{elsewhere}; the operator has no way to the recorded store until then"
+                    ))),
+                }
+            }
+            _ => {
+                known.insert(uid, configured.clone());
+                Ok(Target {
+                    config: configured,
+                    identity: reached,
+                    elsewhere: None,
+                })
+            }
+        }
+    }
+
+    /// Forgets what was known of a deleted lease's store.
+    pub(super) fn forget_store(&self, lease: &DistributedLease) {
+        let uid = lease.metadata.uid.as_deref().unwrap_or_default();
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+
+    /// Which store `target` reaches, read at most once per [`SECRET_REFRESH`].
+    async fn identity_of(&self, target: &StoreConfig) -> Result<StoreIdentity, StoreError> {
+        let key = target.key();
+        let cached = self.identities.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        match cached {
+            Some((identity, read)) if read.elapsed() < SECRET_REFRESH => Ok(identity),
+            _ => {
+                let identity = self.stores.identity(target).await?;
+                self.identities
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, (identity.clone(), Instant::now()));
+                Ok(identity)
+            }
+        }
+    }
+
+    /// Where a valid lease's Secret (or spec) says its store is.
+    async fn configured(&self, valid: &ValidLease, namespace: &str) -> Result<StoreConfig, StoreError> {
         let url = match valid.store.url_secret() {
             None => None,
             Some(secret) => {
@@ -211,27 +298,34 @@ impl Context {
         target_of(valid, namespace, url)
     }
 
-    /// `read`; when it fails, the URL read for `valid` is forgotten (a
-    /// rotated credential is read again at the next reconcile).
+    /// `read` of `target`; when it fails, the URL read for `valid` and the
+    /// store's identity are forgotten (a rotated credential is read again
+    /// at the next reconcile).
     async fn forgetting_url<T>(
         &self,
         valid: &ValidLease,
         namespace: &str,
+        target: &StoreConfig,
         read: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let observed = read.await;
         if observed.is_err() {
-            self.forget_url(valid, namespace);
+            self.forget_url(valid, namespace, target);
         }
         observed
     }
 
-    /// Forgets the URL read for `valid`, so the next reconcile reads its Secret again.
-    fn forget_url(&self, valid: &ValidLease, namespace: &str) {
+    /// Forgets the URL read for `valid` and what its store said it is, so
+    /// the next reconcile reads its Secret and the store's identity again.
+    fn forget_url(&self, valid: &ValidLease, namespace: &str, target: &StoreConfig) {
         if let Some(secret) = valid.store.url_secret() {
             let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
             self.urls.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         }
+        self.identities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&target.key());
     }
 
     /// The lease row from its store's observer ([`crate::operator::observer`]),
@@ -242,10 +336,11 @@ impl Context {
         lease: &DistributedLease,
         valid: &ValidLease,
         namespace: &str,
+        target: &StoreConfig,
         read_after: Option<Instant>,
     ) -> Result<(Observation, Instant), StoreError> {
         let read = async {
-            let (target, store) = self.store_of(valid, namespace).await?;
+            let store = self.stores.store(target).await?;
             let key = target.key();
             let ask = || {
                 let ask = Ask {
@@ -263,7 +358,7 @@ impl Context {
             };
             self.with_schema(key.clone(), valid, store.ensure_schema(), ask).await
         };
-        self.forgetting_url(valid, namespace, read).await
+        self.forgetting_url(valid, namespace, target, read).await
     }
 
     /// The assignment of a partitioned lease from its session tables'
@@ -275,12 +370,12 @@ impl Context {
         lease: &DistributedLease,
         valid: &ValidLease,
         namespace: &str,
+        target: &StoreConfig,
         partitions: u32,
         read_after: Option<Instant>,
     ) -> Result<(PartitionView, Instant), StoreError> {
         let read = async {
-            let target = self.target_of(valid, namespace).await?;
-            let sessions = self.stores.sessions(&target).await?;
+            let sessions = self.stores.sessions(target).await?;
             let key = format!("{}\nsessions", target.key());
             let ask = || {
                 let ask = Ask {
@@ -299,7 +394,7 @@ impl Context {
             self.with_schema(key.clone(), valid, sessions.ensure_session_schema(), ask)
                 .await
         };
-        self.forgetting_url(valid, namespace, read).await
+        self.forgetting_url(valid, namespace, target, read).await
     }
 
     /// `read`, after `ensure` created the tables the first time for `key`,
@@ -350,14 +445,11 @@ impl Context {
     /// its leases comes first), for stores that keep sessions. The store
     /// judges death by its own clock in the deleting transaction, so a
     /// live session is never touched. A failure waits for the next turn.
-    async fn collect_garbage(&self, valid: &ValidLease, namespace: &str) {
-        let Ok(target) = self.target_of(valid, namespace).await else {
-            return;
-        };
+    async fn collect_garbage(&self, valid: &ValidLease, target: &StoreConfig) {
         if !self.gc.due(target.key(), Instant::now()) {
             return;
         }
-        let collected = match self.stores.sessions(&target).await {
+        let collected = match self.stores.sessions(target).await {
             Ok(sessions) => sessions.collect_garbage().await,
             Err(_) => return,
         };
@@ -440,36 +532,56 @@ pub(super) async fn look(
     };
     let mut was = ReadWas::AfterCandidates;
     let read_after = (need == Need::AfterCandidates).then_some(taken);
-    let read = match valid.partitions {
-        None => ctx
-            .observe(lease, &valid, namespace, read_after)
-            .await
-            .map(|(observed, read_at)| {
-                if read_at < taken {
-                    was = ReadWas::BeforeCandidates;
-                }
-                Read::Lease(observed)
-            }),
-        Some(n) => ctx
-            .observe_partitions(lease, &valid, namespace, n, read_after)
-            .await
-            .map(|(view, read_at)| {
-                if read_at < taken {
-                    was = ReadWas::BeforeCandidates;
-                }
-                Read::Partitions(view)
-            }),
+    let target = ctx.target(lease, &valid, namespace).await;
+    let read = match &target {
+        Err(e) => Err(e.clone()),
+        Ok(target) => match valid.partitions {
+            None => ctx
+                .observe(lease, &valid, namespace, &target.config, read_after)
+                .await
+                .map(|(observed, read_at)| {
+                    if read_at < taken {
+                        was = ReadWas::BeforeCandidates;
+                    }
+                    Read::Lease(observed)
+                }),
+            Some(n) => ctx
+                .observe_partitions(lease, &valid, namespace, &target.config, n, read_after)
+                .await
+                .map(|(view, read_at)| {
+                    if read_at < taken {
+                        was = ReadWas::BeforeCandidates;
+                    }
+                    Read::Partitions(view)
+                }),
+        },
     };
-    if read.is_ok() {
-        ctx.collect_garbage(&valid, namespace).await;
+    let store = target.ok();
+    if let (Ok(_), Some(store)) = (&read, &store) {
+        ctx.collect_garbage(&valid, &store.config).await;
     }
     let found = Found::Valid(Box::new(Seen {
         valid,
         candidates,
         owners,
+        store: store.map(|target| StoreSeen {
+            identity: target.identity,
+            elsewhere: target.elsewhere,
+        }),
         read,
     }));
     Ok((found, was))
+}
+
+/// The store a lease's candidates campaign on ([`Context::target`]).
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    /// How to reach it.
+    pub config: StoreConfig,
+    /// Its identity: the recorded one, or (none recorded yet) the one to record.
+    pub identity: StoreIdentity,
+    /// Why the Secret no longer leads there, when it reaches another store.
+    pub elsewhere: Option<String>,
 }
 
 #[cfg(test)]

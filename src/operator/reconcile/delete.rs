@@ -148,10 +148,12 @@ async fn holders(
     };
     if let Some(n) = valid.partitions {
         // A read started now: the finalizer goes on what the store holds.
-        let view = match ctx
-            .observe_partitions(lease, valid, namespace, n, Some(Instant::now()))
-            .await
-        {
+        let read = async {
+            let target = ctx.target(lease, valid, namespace).await?;
+            ctx.observe_partitions(lease, valid, namespace, &target.config, n, Some(Instant::now()))
+                .await
+        };
+        let view = match read.await {
             Ok((view, _)) => view,
             Err(e @ StoreError::Invalid { .. }) => {
                 warn!(error = %e.chain(), "store cannot hold the partitions; nothing to wait for");
@@ -180,7 +182,7 @@ async fn holders(
         )));
     }
     let observed = async {
-        let (_, store) = ctx.store_of(valid, namespace).await?;
+        let (_, store) = ctx.store_of(lease, valid, namespace).await?;
         let observed = store.observe(&valid.lock).await?;
         Ok((store, observed))
     }

@@ -16,7 +16,7 @@ use crate::api::history::{self, HistoryEntry};
 use crate::api::{DistributedLease, DistributedLeaseStatus, PartitionsStatus, ValidLease};
 use crate::lease::holder::HolderPod;
 use crate::lease::partitions::PartitionView;
-use crate::lease::{Observation, StoreError};
+use crate::lease::{Observation, StoreError, StoreIdentity};
 use crate::operator::candidate::CandidatePod;
 use crate::operator::metrics::Outcome;
 use crate::operator::{partitions, rollout};
@@ -39,8 +39,21 @@ pub(crate) struct Seen {
     pub candidates: Vec<Arc<CandidatePod>>,
     /// Readiness-gated leases only: the candidates' Deployments.
     pub owners: Option<Result<Vec<Deployment>, kube::Error>>,
+    /// The store the read went to, when it could be told
+    /// ([`super::context::Target`]).
+    pub store: Option<StoreSeen>,
     /// The store's answer.
     pub read: Result<Read, StoreError>,
+}
+
+/// Which store a reconcile read.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSeen {
+    /// Recorded as `status.storeIdentity` when none is yet.
+    pub identity: StoreIdentity,
+    /// The Secret reaches another store (the read went to the recorded
+    /// one): `StoreReady` says so.
+    pub elsewhere: Option<String>,
 }
 
 /// What a reconcile read from the store.
@@ -136,6 +149,7 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         valid,
         candidates,
         owners,
+        store,
         read,
     } = seen;
     let mut events = Vec::new();
@@ -152,8 +166,21 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         ready_candidates: u32::try_from(ready).unwrap_or(u32::MAX),
         candidates_without_sidecar: without_sidecar(&candidates),
         observed_generation: at.generation,
+        // Recorded once (the CRD refuses a change): a Secret reaching
+        // another store later is not followed (`StoreSeen::elsewhere`).
+        store_identity: at
+            .old
+            .store_identity
+            .clone()
+            .or_else(|| store.as_ref().map(|s| s.identity.to_string())),
         ..at.old.clone()
     };
+    let elsewhere = store.and_then(|s| s.elsewhere);
+    if let Some(message) = &elsewhere
+        && at.changed_message("StoreReady", "False", message)
+    {
+        events.push(Note::warning("SecretPointsElsewhere", "ReadLease", message.clone()));
+    }
     // The store observer reconciles a lease when its lock (or a partitioned
     // lease's assignment) changes, and the pod and Deployment watches when
     // its candidates or their Deployments do.
@@ -206,6 +233,7 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
                 events.push(Note::normal("PartitionsChanged", "ReadPartitions", note));
             }
             let mut status = partitioned_status(at, &valid, shown, valid_condition, counts);
+            store_elsewhere(at, &mut status, elsewhere.as_deref());
             status.conditions.extend(rollout);
             status.conditions.push(timing);
             return Plan {
@@ -221,6 +249,7 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
     let repairs = repairs(cluster, namespace, &candidates, &valid.label_key, &holder);
 
     let mut status = observed_status(at, cluster, &valid, &observed, valid_condition, counts);
+    store_elsewhere(at, &mut status, elsewhere.as_deref());
     status.conditions.extend(rollout);
     if let Some(owners) = &owners {
         let leader = holder
@@ -472,6 +501,18 @@ fn read_conditions(
 ) -> Vec<Condition> {
     let store_ready = at.condition("StoreReady", "True", "TableReady", &tables_ready(valid));
     vec![valid_condition, store_ready, ready]
+}
+
+/// `StoreReady` False while the lease's Secret reaches another store than
+/// the recorded one, which the read came from (the rest of the status is
+/// that store's: the candidates campaign there).
+fn store_elsewhere(at: &Conditions<'_>, status: &mut DistributedLeaseStatus, elsewhere: Option<&str>) {
+    let Some(message) = elsewhere else { return };
+    for condition in &mut status.conditions {
+        if condition.type_ == "StoreReady" {
+            *condition = at.condition("StoreReady", "False", "SecretPointsElsewhere", message);
+        }
+    }
 }
 
 /// The status after a read of a partitioned lease: the assignment `shown`,

@@ -61,6 +61,9 @@ pub struct LeaseBinding {
     /// It carried a deletionTimestamp when read: the sidecar does not
     /// campaign on it, it retires at once.
     pub deleting: bool,
+    /// `status.storeIdentity` when read: the store the candidates campaign
+    /// on, if the operator has recorded it yet (`sidecar::lease_store`).
+    pub store_identity: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +178,7 @@ pub async fn resolve(args: &ElectionArgs, client: Option<kube::Client>) -> Resul
                     uid: resource.metadata.uid.clone().unwrap_or_default(),
                     store: resource.spec.store.clone(),
                     deleting: resource.metadata.deletion_timestamp.is_some(),
+                    store_identity: resource.status.as_ref().and_then(|s| s.store_identity.clone()),
                 }),
             })
         }

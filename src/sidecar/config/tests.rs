@@ -525,15 +525,20 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
         .await
         .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (identity_tx, mut recorded) = tokio::sync::watch::channel(None);
     let _watching = tokio::spawn(watch_lease(
         api.client("prod"),
         "prod",
         binding("u-1"),
         started,
         move |t| tx.send(t).unwrap(),
+        identity_tx,
     ));
     api.wait_for_requests(2).await;
-    api.insert(LEASES, lease("30s", "20s"));
+    assert_eq!(*recorded.borrow_and_update(), None, "nothing recorded yet");
+    let mut changed = lease("30s", "20s");
+    changed["status"] = serde_json::json!({"storeIdentity": "spanner:projects/p/instances/i/databases/d"});
+    api.insert(LEASES, changed);
     let changed = async {
         while let Some(timing) = rx.recv().await {
             if timing.renew_deadline == Duration::from_secs(20) {
@@ -546,6 +551,15 @@ async fn a_timing_change_of_the_lease_reaches_the_elector() {
         .await
         .expect("the new timing");
     assert_eq!(timing.lease_duration, Duration::from_secs(30));
+    // The store the operator recorded reaches the sidecar's store check.
+    tokio::time::timeout(Duration::from_secs(5), recorded.changed())
+        .await
+        .expect("the recorded store")
+        .unwrap();
+    assert_eq!(
+        recorded.borrow().as_deref(),
+        Some("spanner:projects/p/instances/i/databases/d")
+    );
     let watch = api
         .requests()
         .into_iter()
@@ -576,6 +590,7 @@ fn binding(uid: &str) -> LeaseBinding {
         uid: uid.into(),
         store: crate::api::client::object_from_value(&spanner_lease(uid)["spec"]["store"]).unwrap(),
         deleting: false,
+        store_identity: None,
     }
 }
 
@@ -639,6 +654,7 @@ async fn the_lease_watch_retires_the_sidecar_when_its_lease_is_deleted() {
         binding("u-1"),
         spanner_settings().await,
         |_| {},
+        tokio::sync::watch::channel(None).0,
     ));
     api.wait_for_requests(2).await;
     assert!(!watch.is_finished(), "nothing moved yet");
@@ -657,6 +673,7 @@ async fn the_lease_watch_retires_the_sidecar_when_its_lease_is_deleted() {
         binding("u-1"),
         spanner_settings().await,
         |_| {},
+        tokio::sync::watch::channel(None).0,
     );
     let retired = tokio::time::timeout(Duration::from_secs(5), watch)
         .await

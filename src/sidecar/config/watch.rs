@@ -25,13 +25,15 @@ pub(crate) struct Retirement {
 /// elector cannot move its lease, and candidates of one resource must not
 /// campaign on two stores at once (issue 40), so the caller stops claiming,
 /// releases and re-executes onto the new resource (`sidecar::retire`).
-/// New timing applies from the next term; a new label key is logged.
+/// New timing applies from the next term; a new label key is logged; the
+/// recorded store (`status.storeIdentity`) goes to `store_identity`.
 pub(crate) async fn watch_lease(
     client: kube::Client,
     namespace: &str,
     bound: LeaseBinding,
     started: Settings,
     set_timing: impl Fn(Timing),
+    store_identity: tokio::sync::watch::Sender<Option<String>>,
 ) -> Retirement {
     let api: Api<DistributedLease> = Api::namespaced(client, namespace);
     let lease = bound.name.clone();
@@ -62,6 +64,12 @@ pub(crate) async fn watch_lease(
             }
         };
         listed = true;
+        let recorded = resource.status.as_ref().and_then(|s| s.store_identity.clone());
+        store_identity.send_if_modified(|known| {
+            let changed = *known != recorded;
+            *known = recorded;
+            changed
+        });
         let valid = validate(&resource);
         if let Some(why) = moved(&bound, &started, &resource, valid.as_ref().ok()) {
             return retire(why);

@@ -69,7 +69,7 @@ use super::{Effect, StoreUrl, lease_from_millis, shard_of, term_from_row, tls, v
 use crate::lease::store::Result;
 use crate::lease::{
     Claim, Ended, FencingToken, Grant, Handoff, Held, Identity, LeaseRecord, LeaseStore, Observation, Release,
-    Reservation, StoreError, StoreTime,
+    Reservation, StoreError, StoreIdentity, StoreTime,
 };
 
 /// Where the lease table lives.
@@ -267,6 +267,10 @@ const RELEASED: &str = "holder = NULL, reserved_for = $5::TEXT, reserved_until =
 /// the lock as the payload. At most 57 bytes (the table at most 48), below
 /// PostgreSQL's 63; quoted where it is an identifier, so its case is kept.
 /// `host:port` of each server the driver config names (5432 when no port is given).
+/// The store's identity ([`PostgresStore::identity`]).
+const IDENTITY: &str = "SELECT (SELECT system_identifier::text FROM pg_catalog.pg_control_system()) AS system, \
+                        current_database()::text AS database, current_schema()::text AS schema";
+
 fn address_of(config: &tokio_postgres::Config) -> String {
     let ports = config.get_ports();
     config
@@ -448,6 +452,39 @@ impl PostgresStore {
 
     pub fn config(&self) -> &PostgresConfig {
         &self.config
+    }
+
+    /// Which store this is, whatever the URL says: the server's cluster
+    /// (its system identifier, which physical replicas share, so a promoted
+    /// replica is the same store), the database and the schema the URL's
+    /// search path puts first. A rotated password or a new host name for
+    /// the same server reads the same identity; another database or server
+    /// reads another (docs/migrating-stores.md, "The store's identity").
+    pub async fn identity(&self) -> Result<StoreIdentity> {
+        let what = "read the store's identity";
+        let rows = self
+            .run(what, IDENTITY, &[], Effect::Read)
+            .await
+            .map_err(|e| match &e {
+                _ if refused_with(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => {
+                    StoreError::invalid(
+                        "the URL's user may not call pg_control_system(), which names the server: grant it \
+                         (GRANT EXECUTE ON FUNCTION pg_catalog.pg_control_system() TO <user>)",
+                    )
+                    .caused_by(e)
+                }
+                _ => e,
+            })?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::invalid(format!("{what}: the query returned no row")))?;
+        let get = |column: &str| -> Result<String> { row.try_get(column).map_err(|e| bad_reply(what, e)) };
+        Ok(StoreIdentity::new(format!(
+            "postgres:{}/{}/{}",
+            get("system")?,
+            get("database")?,
+            get("schema")?
+        )))
     }
 
     /// What an unreachable server looks like to a person: where, and how long we waited.

@@ -81,7 +81,7 @@ use super::{Effect, StoreUrl, lease_from_millis, term_from_row, tls};
 use crate::lease::store::Result;
 use crate::lease::{
     Claim, Ended, FencingToken, Grant, Held, Identity, LeaseRecord, LeaseStore, Observation, Release, Reservation,
-    StoreError, StoreTime, Version,
+    StoreError, StoreIdentity, StoreTime, Version,
 };
 
 /// Where the leases live.
@@ -214,7 +214,19 @@ end
 return rows
 ";
 
+/// KEYS: the marker. ARGV: a new random marker. Returns the marker,
+/// setting it first when absent: the first caller names the store.
+const MARK: &str = "
+local marker = redis.call('GET', KEYS[1])
+if not marker then
+  redis.call('SET', KEYS[1], ARGV[1])
+  marker = ARGV[1]
+end
+return marker
+";
+
 struct Scripts {
+    mark: Script,
     acquire: Script,
     take_over: Script,
     renew: Script,
@@ -226,6 +238,7 @@ impl Scripts {
     fn new() -> Self {
         let with_clock = |body: &str| Script::new(&format!("{NOW_US}{body}"));
         Scripts {
+            mark: Script::new(MARK),
             acquire: with_clock(&format!("{ACQUIRE_IF_FREE}{ACQUIRE_IF_NOT_RESERVED}{TAKE}")),
             take_over: with_clock(&format!("{TAKE_OVER_IF_HELD}{TAKE}")),
             renew: with_clock(RENEW),
@@ -422,6 +435,21 @@ impl RedisStore {
 
     pub fn config(&self) -> &RedisConfig {
         &self.config
+    }
+
+    /// Which store this is, whatever the URL says: a random marker kept in
+    /// the key `<prefix>store-identity` of the URL's database, set by the
+    /// first caller. A rotated password or another host name for the same
+    /// server reads the same marker; another server or database, or this
+    /// one emptied (restarted without persistence), reads another
+    /// (docs/migrating-stores.md, "The store's identity").
+    pub async fn identity(&self) -> Result<StoreIdentity> {
+        let what = "read the store's identity";
+        let fresh = format!("{:032x}", rand::random::<u128>());
+        let key = format!("{}store-identity", self.config.prefix);
+        let reply = self.invoke(what, &self.scripts.mark, &[key], &[fresh], Effect::Write).await?;
+        let marker = text(&reply).ok_or_else(|| bad_reply(what, &[reply]))?;
+        Ok(StoreIdentity::new(format!("redis:{marker}")))
     }
 
     /// What an unreachable server looks like to a person: where, and how long we waited.

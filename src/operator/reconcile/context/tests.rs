@@ -92,3 +92,54 @@ async fn a_known_table_is_ensured_only_after_a_read_finds_it_invalid() {
     ctx.with_schema(key, &valid, ensure(), fine).await.unwrap();
     assert_eq!(ensures(), 2, "and then it is known again");
 }
+
+/// The lease "web" on Spanner with `status.storeIdentity` = `recorded`.
+fn resource_recording(recorded: Option<&str>) -> DistributedLease {
+    let status = recorded.map(|identity| json!({"storeIdentity": identity}));
+    object_from_value(&lease(json!({}), &[], status)).unwrap()
+}
+
+/// Issue 54: the operator reads the store the lease recorded, never the one
+/// an edited Secret reaches. Nothing recorded: the store reached is the one
+/// to record. Recorded and reached: that store. Reached elsewhere: the
+/// recorded store again, through the configuration that last reached it,
+/// saying so; and an operator that never reached it (restarted since)
+/// reads nothing rather than the other store.
+#[tokio::test(start_paused = true)]
+async fn the_operator_reads_the_recorded_store_whatever_the_secret_reaches() {
+    let metrics = Arc::new(Metrics::new(&mut Registry::default()));
+    let stores = Arc::new(SingleStore::new(Arc::new(MemoryStore::default())));
+    let ctx = context_with(stores.clone(), metrics.clone()).0;
+    let valid = valid_lease();
+    let ours = crate::operator::stores::SINGLE_STORE;
+
+    let first = ctx.target(&resource_recording(None), &valid, "prod").await.unwrap();
+    assert_eq!((first.identity.as_str(), first.elsewhere), (ours, None));
+    let recorded = resource_recording(Some(ours));
+    let again = ctx.target(&recorded, &valid, "prod").await.unwrap();
+    assert_eq!((again.identity.as_str(), again.elsewhere), (ours, None));
+
+    // The Secret now reaches another store; the operator learns it when it
+    // reads the store's identity again.
+    stores.reach("memory:other");
+    tokio::time::advance(SECRET_REFRESH).await;
+    let moved = ctx.target(&recorded, &valid, "prod").await.unwrap();
+    assert_eq!(moved.identity.as_str(), ours, "the recorded store is read");
+    assert_eq!(moved.config, first.config);
+    let says = moved.elsewhere.expect("StoreReady says the Secret reaches another store");
+    assert!(
+        says.contains("memory:other") && says.contains(ours) && says.contains("set the Secret back"),
+        "{says}"
+    );
+
+    let restarted = context_with(stores.clone(), metrics).0;
+    let refused = restarted.target(&recorded, &valid, "prod").await.unwrap_err();
+    assert!(matches!(refused, StoreError::Invalid { .. }), "{refused:?}");
+    assert!(refused.to_string().contains("no way to the recorded store"), "{refused}");
+
+    // Set back: the recorded store, nothing to say.
+    stores.reach(ours);
+    tokio::time::advance(SECRET_REFRESH).await;
+    let back = restarted.target(&recorded, &valid, "prod").await.unwrap();
+    assert_eq!((back.identity.as_str(), back.elsewhere), (ours, None));
+}

@@ -14,6 +14,7 @@ use crate::api::validate;
 use crate::lease::holder::LiveHolder;
 use crate::lease::{FencingToken, LeaseRecord, LeaseStore, StoreTime};
 use crate::operator::candidate::CandidatePod;
+use crate::operator::stores::SINGLE_STORE;
 use crate::store::{Faults, MemoryStore};
 use crate::testing::reconcile::{conditions, lease, pod};
 
@@ -50,6 +51,10 @@ fn gated(
         valid: validate(resource).unwrap(),
         candidates: pods(candidates),
         owners,
+        store: Some(StoreSeen {
+            identity: StoreIdentity::new(SINGLE_STORE),
+            elsewhere: None,
+        }),
         read,
     }))
 }
@@ -627,4 +632,51 @@ async fn terms_that_passed_while_the_operator_was_down_are_a_gap_and_a_release_i
     assert_eq!(history[3].ended, Some(TermEnd::PodTerminating));
     assert_eq!(history[3].holder.as_deref(), Some("prod/web-3#n1"));
     assert_eq!(status["history"][3]["ended"], json!("PodTerminating"));
+}
+
+/// `seen`, the read having gone to the store `identity`, with the Secret
+/// reaching another store when `elsewhere` says so.
+fn seen_at(resource: &DistributedLease, read: Observation, identity: &str, elsewhere: Option<&str>) -> Found {
+    let Found::Valid(mut seen) = seen(resource, vec![pod("web-0", Some("true"), true)], Ok(Read::Lease(read))) else {
+        unreachable!("a valid resource")
+    };
+    seen.store = Some(StoreSeen {
+        identity: StoreIdentity::new(identity),
+        elsewhere: elsewhere.map(str::to_string),
+    });
+    Found::Valid(seen)
+}
+
+/// Issue 54: the first read records the store's identity; later reads keep
+/// it whatever the store seen says; a Secret that reaches another store is
+/// `StoreReady=False` with one Warning, while the rest of the status is the
+/// recorded store's (its holder leads).
+#[tokio::test]
+async fn the_store_is_recorded_once_and_a_secret_reaching_elsewhere_is_shown() {
+    let store = MemoryStore::new(7);
+    let read = held(&store, "prod/web", "prod/web-0#n1").await;
+    let fresh = resource(json!({}), None);
+    let plan = plan_of(&fresh, seen_at(&fresh, read.clone(), "postgres:1/ours/public", None));
+    let status = written(&plan);
+    assert_eq!(status["storeIdentity"], json!("postgres:1/ours/public"));
+
+    let recorded = resource(json!({}), Some(status));
+    let plan = plan_of(&recorded, seen_at(&recorded, read.clone(), "postgres:1/other/public", None));
+    assert!(plan.status.is_none(), "the identity recorded never changes: {:?}", plan.status);
+
+    let says = "the store's Secret now reaches store postgres:1/other/public";
+    let plan = plan_of(
+        &recorded,
+        seen_at(&recorded, read, "postgres:1/ours/public", Some(says)),
+    );
+    let status = written(&plan);
+    assert_eq!(status["storeIdentity"], json!("postgres:1/ours/public"));
+    assert_eq!(status["holder"], json!("prod/web-0#n1"));
+    let conditions = conditions(&status);
+    assert_eq!(
+        conditions["StoreReady"],
+        ("False".into(), "SecretPointsElsewhere".into(), says.into())
+    );
+    assert_eq!(conditions["Ready"].1, "LeaderElected");
+    assert_eq!(events(&plan), [(EventType::Warning, "SecretPointsElsewhere", says.to_string())]);
 }
