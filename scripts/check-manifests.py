@@ -704,6 +704,8 @@ POLICY_CASES = [
      changed(set_condition("leasehold.dev/leader", "True"), "web-1"), False),
     ("the sidecar adds its own timing-at-risk condition", sidecar_request(subresource="status"), base_pod(),
      changed(lambda p: p["status"]["conditions"].append({"type": "leasehold.dev/timing-at-risk", "status": "True"})), True),
+    ("the sidecar adds its own store-reachable condition", sidecar_request(subresource="status"), base_pod(),
+     changed(lambda p: p["status"]["conditions"].append({"type": "leasehold.dev/store-reachable", "status": "True"})), True),
     ("the sidecar sets another pod's timing-at-risk condition", sidecar_request(subresource="status"), base_pod("web-1"),
      changed(lambda p: p["status"]["conditions"].append({"type": "leasehold.dev/timing-at-risk", "status": "True"}), "web-1"),
      False),

@@ -52,6 +52,25 @@ pub(crate) const ENV_APP_CONTAINER: &str = "LEASEHOLD_APP_CONTAINER";
 /// R − P; the operator gathers it into the lease's `TimingAtRisk`.
 pub const TIMING_CONDITION: &str = "leasehold.dev/timing-at-risk";
 
+/// The pod condition the sidecar sets on its own pod: True while its last
+/// store call answered, False while its store cannot be reached (or before
+/// it first was). Only a candidate that shows it True is offered
+/// leadership by a transfer or a preference (issue 54): readiness says the
+/// app is up, not that the sidecar could acquire.
+pub const STORE_CONDITION: &str = "leasehold.dev/store-reachable";
+
+/// Whether the pod's sidecar reports reaching its store ([`STORE_CONDITION`] True).
+pub fn store_reachable(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == STORE_CONDITION && c.status == "True")
+        })
+}
+
 /// The annotation a sidecar writes on its own pod once it has retired from
 /// a `DistributedLease` (deleted, recreated, or changed in what it campaigns
 /// on): its value is the `metadata.uid` of the lease it retired from. It has

@@ -125,6 +125,9 @@ pub(crate) enum TransferRefusal {
     TargetTerminating,
     /// The pod's containers are not all ready.
     TargetNotReady,
+    /// The pod's sidecar does not report reaching the store, so it could
+    /// not acquire the lease reserved for it.
+    TargetCannotReachStore,
     /// The target already holds the lease.
     AlreadyLeads,
     /// The leader lost its lease before it could hand over.
@@ -143,6 +146,7 @@ impl TransferRefusal {
             TransferRefusal::NotACandidate => "NotACandidate",
             TransferRefusal::TargetTerminating => "TargetTerminating",
             TransferRefusal::TargetNotReady => "TargetNotReady",
+            TransferRefusal::TargetCannotReachStore => "TargetCannotReachStore",
             TransferRefusal::AlreadyLeads => "AlreadyLeads",
             TransferRefusal::LeadershipLost => "LeadershipLost",
             TransferRefusal::ReleaseFailed => "ReleaseFailed",

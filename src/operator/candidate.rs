@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::Lookup;
 
-use crate::api::contract::{TIMING_CONDITION, containers_ready_since, injected_container};
+use crate::api::contract::{TIMING_CONDITION, containers_ready_since, injected_container, store_reachable};
 use crate::api::preference::{self, PriorityError};
 
 /// A candidate pod as reconciles see it: found by labels, counted by
@@ -38,6 +38,8 @@ pub(crate) struct CandidatePod {
     pub(crate) containers_ready_since: Option<Timestamp>,
     /// The message of its sidecar's [`TIMING_CONDITION`] while True.
     pub(crate) timing_at_risk: Option<String>,
+    /// Its sidecar reports reaching its store ([`store_reachable`]).
+    pub(crate) store_reachable: bool,
     /// Carries the injected sidecar or `leasehold run`'s installer.
     pub(crate) has_sidecar: bool,
     /// From its `leasehold.dev/priority` label or annotation.
@@ -68,6 +70,7 @@ impl From<&Pod> for CandidatePod {
             ready: condition("Ready").is_some(),
             containers_ready_since: containers_ready_since(pod),
             timing_at_risk: condition(TIMING_CONDITION).map(|c| c.message.clone().unwrap_or_default()),
+            store_reachable: store_reachable(pod),
             has_sidecar: pod.spec.as_ref().and_then(injected_container).is_some(),
             priority: preference::priority_of(pod),
         }

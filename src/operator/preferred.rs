@@ -27,6 +27,9 @@ pub(crate) struct Candidate {
     /// `None` when they are not.
     pub ready_since: Option<Timestamp>,
     pub terminating: bool,
+    /// Its sidecar reports reaching the store: a candidate that cannot
+    /// would not acquire the lease handed to it (issue 54).
+    pub store_reachable: bool,
     /// The pod's template (`pod-template-hash`, or a StatefulSet's
     /// `controller-revision-hash`): more than one among the candidates
     /// means a rollout is under way.
@@ -45,6 +48,7 @@ impl Candidate {
                 .map(|priority| rank(priority, pod.zone(), prefer_zones)),
             ready_since: pod.containers_ready_since,
             terminating: pod.terminating,
+            store_reachable: pod.store_reachable,
             template: pod
                 .labels
                 .get("pod-template-hash")
@@ -113,7 +117,8 @@ impl Decision {
 /// Whether to move leadership, given what was pending at the last look.
 ///
 /// A candidate moves leadership only when it strictly outranks the leader
-/// (equal ranks stay), has its containers ready and is not terminating, and has been so, and
+/// (equal ranks stay), has its containers ready, reports reaching the store
+/// and is not terminating, and has been so, and
 /// the best such candidate, at every look for a whole `stabilization`
 /// period under the same leader and term. Any break (not ready, outranked
 /// no more, another target, a new leader or term) forgets the pending step,
@@ -140,7 +145,7 @@ pub(crate) fn decide(input: &Input<'_>, previous: Option<&Pending>, now: Timesta
     let best = input
         .candidates
         .iter()
-        .filter(|c| c.name != leader_pod && !c.terminating && c.ready_since.is_some())
+        .filter(|c| c.name != leader_pod && !c.terminating && c.ready_since.is_some() && c.store_reachable)
         .filter_map(|c| Some((*c.rank.as_ref().ok()?, c)))
         .filter(|(rank, _)| *rank > leader_rank)
         // The best rank; among equals the first name, so the choice is stable.

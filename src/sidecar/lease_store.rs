@@ -11,24 +11,38 @@
 //! another URL (a new password, another host name) has the same identity
 //! and campaigns as before.
 //!
-//! Until the operator has recorded one, the sidecar waits (a lease is new,
-//! or the operator is down); on a mismatch it never campaigns. Both are the
+//! Only a store reached by a URL is checked: Spanner's database and the
+//! Kubernetes namespace come from the immutable spec. Until the operator
+//! has recorded one, the sidecar waits (a lease is new, or the operator is
+//! down); on a mismatch it never campaigns. Both are the
 //! sidecar's start-up problem: retried with capped backoff, `/healthz`
 //! answers 503 naming it, and a kubelet restart (the liveness probe)
 //! re-reads the mounted Secret, so a Secret set back heals on its own.
 
 use tokio::sync::watch;
 
-use crate::lease::StoreError;
+use crate::lease::{StoreError, StoreIdentity};
 use crate::store::select::StoreConfig;
 
 /// `status.storeIdentity` of the bound lease, as its watch last saw it.
 pub(crate) type Recorded = watch::Receiver<Option<String>>;
 
-/// Ok when the store `choice` reaches is the one `recorded` names.
+/// Ok when the store `choice` reaches is the one `recorded` names. A store
+/// the immutable spec names (Spanner's database, the Kubernetes namespace)
+/// is the lease's by construction: no URL could lead elsewhere, so it
+/// campaigns without waiting for the operator.
 pub(crate) async fn admit(choice: &StoreConfig, recorded: &Recorded) -> Result<(), StoreError> {
+    if !choice.reached_by_url() {
+        return Ok(());
+    }
     let reached = choice.identity().await?;
     let recorded = recorded.borrow().clone();
+    judge(&reached, recorded.as_deref())
+}
+
+/// Whether a candidate whose URL reaches `reached` may campaign on a lease
+/// that `recorded` the store it campaigns on.
+fn judge(reached: &StoreIdentity, recorded: Option<&str>) -> Result<(), StoreError> {
     match recorded {
         None => Err(StoreError::unavailable(format!(
             "waiting for the operator to record the lease's store (status.storeIdentity) before campaigning on \
@@ -48,30 +62,34 @@ pub(crate) async fn admit(choice: &StoreConfig, recorded: &Recorded) -> Result<(
 mod tests {
     use super::*;
 
-    fn recorded(identity: Option<&str>) -> Recorded {
-        watch::channel(identity.map(str::to_string)).1
-    }
+    #[test]
+    fn only_the_recorded_store_is_admitted() {
+        let ours = StoreIdentity::new("postgres:1/app/public");
+        judge(&ours, Some("postgres:1/app/public")).unwrap();
 
-    #[tokio::test]
-    async fn only_the_recorded_store_is_admitted() {
-        let spanner = |database: &str| {
-            StoreConfig::Spanner(crate::store::spanner_names::SpannerConfig {
-                database: database.into(),
-                table: "leasehold_leases".into(),
-            })
-        };
-        let ours = "projects/p/instances/i/databases/ours";
-        let recorded_ours = recorded(Some(&format!("spanner:{ours}")));
-        admit(&spanner(ours), &recorded_ours).await.unwrap();
-
-        let other = admit(&spanner("projects/p/instances/i/databases/other"), &recorded_ours)
-            .await
-            .unwrap_err();
+        let other = judge(&StoreIdentity::new("postgres:1/other/public"), Some(ours.as_str())).unwrap_err();
         assert!(matches!(other, StoreError::Invalid { .. }), "{other:?}");
-        assert!(other.to_string().contains("will not campaign"), "{other}");
+        let says = other.to_string();
+        assert!(
+            says.contains("will not campaign")
+                && says.contains("postgres:1/other/public")
+                && says.contains(ours.as_str()),
+            "{says}"
+        );
 
-        let waiting = admit(&spanner(ours), &recorded(None)).await.unwrap_err();
+        let waiting = judge(&ours, None).unwrap_err();
         assert!(matches!(waiting, StoreError::Unavailable { .. }), "{waiting:?}");
         assert!(waiting.to_string().contains("status.storeIdentity"), "{waiting}");
+    }
+
+    /// The spec names a Spanner database: nothing to wait for, nothing a
+    /// Secret could move.
+    #[tokio::test]
+    async fn a_store_the_spec_names_campaigns_without_a_recorded_identity() {
+        let spanner = StoreConfig::Spanner(crate::store::spanner::SpannerConfig {
+            database: "projects/p/instances/i/databases/ours".into(),
+            table: "leasehold_leases".into(),
+        });
+        admit(&spanner, &watch::channel(None).1).await.unwrap();
     }
 }

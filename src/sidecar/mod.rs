@@ -33,6 +33,7 @@ pub mod rbac;
 pub(crate) mod retire;
 mod single;
 pub(crate) mod starting;
+pub(crate) mod store_reach;
 pub(crate) mod timing_risk;
 pub(crate) mod token_file;
 pub mod transfer;
@@ -111,11 +112,8 @@ pub async fn run(args: Args) -> Result<()> {
     let (http, metrics_listener) = bind_listeners(&args).await?;
     let own = watch_own_pod(kube.clone(), settings.pod.as_ref(), args.app_container.clone());
     // Bound to a lease: campaign only on the store it recorded (issue 54).
-    let (recorded_tx, recorded) = tokio::sync::watch::channel(
-        bound
-            .as_ref()
-            .and_then(|(_, lease)| lease.store_identity.clone()),
-    );
+    let (recorded_tx, recorded) =
+        tokio::sync::watch::channel(bound.as_ref().and_then(|(_, lease)| lease.store_identity.clone()));
     let start = Start {
         args: &args,
         settings: &settings,

@@ -6,6 +6,36 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 
+/// The condition a sidecar keeps on its own pod ([`set_own_condition`]).
+pub(crate) struct OwnCondition<'a> {
+    pub kind: &'a str,
+    /// `"True"` or `"False"`.
+    pub status: &'a str,
+    pub reason: &'a str,
+    pub message: String,
+}
+
+/// Sets `condition` on pod `name`, by strategic merge (conditions merge by
+/// type), its transition time now: the caller writes only on a flip.
+pub(crate) async fn set_own_condition(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    condition: OwnCondition<'_>,
+) -> Result<k8s_openapi::api::core::v1::Pod, kube::Error> {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let patch = kube::api::Patch::Strategic(serde_json::json!({
+        "status": {"conditions": [{
+            "type": condition.kind,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastTransitionTime": now,
+        }]}
+    }));
+    pods.patch_status(name, &kube::api::PatchParams::default(), &patch)
+        .await
+}
+
 /// The pod this sidecar runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {

@@ -16,8 +16,8 @@ use tracing::info;
 
 use super::metrics::MeteredStore;
 use super::{
-    Mode, Start, campaign, config, drained, footprint, http, own_pod, pod, publish, starting, token_file, transfer,
-    versions,
+    Mode, Start, campaign, config, drained, footprint, http, own_pod, pod, publish, starting, store_reach, token_file,
+    transfer, versions,
 };
 use crate::lease::{Change, Elector, LeaderContext, LeaseStore};
 
@@ -102,6 +102,9 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
         .route(crate::api::contract::GATE_PROBE_PATH, axum::routing::get(http::gate))
         .with_state(api.clone());
     tokio::spawn(metrics.follow(settings.lock.clone(), state.clone()));
+    if let (Some(client), Some(pod)) = (kube.clone(), settings.pod.clone()) {
+        tokio::spawn(store_reach::publish(client, pod, state.clone()));
+    }
     if let Some(path) = args.election.token_file.clone() {
         tokio::spawn(token_file::follow(path, state.clone()));
     }

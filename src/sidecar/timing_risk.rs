@@ -15,15 +15,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::budget::BudgetVerdict;
-use super::pod::{PodRef, pod_recorder};
+use super::pod::{OwnCondition, PodRef, pod_recorder, set_own_condition};
 use super::starting::Throttle;
 use crate::api::contract::TIMING_CONDITION;
 
@@ -78,17 +76,13 @@ async fn set_condition(pods: &Api<Pod>, name: &str, verdict: &BudgetVerdict) -> 
         true => ("True", "RenewalsSlow"),
         false => ("False", "RenewalsWithinBudget"),
     };
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let patch = Patch::Strategic(json!({
-        "status": {"conditions": [{
-            "type": TIMING_CONDITION,
-            "status": status,
-            "reason": reason,
-            "message": verdict.describe(),
-            "lastTransitionTime": now,
-        }]}
-    }));
-    pods.patch_status(name, &PatchParams::default(), &patch).await
+    let condition = OwnCondition {
+        kind: TIMING_CONDITION,
+        status,
+        reason,
+        message: verdict.describe(),
+    };
+    set_own_condition(pods, name, condition).await
 }
 
 async fn announce(recorder: &Recorder, pod: &ObjectReference, verdict: &BudgetVerdict) {
@@ -110,6 +104,8 @@ async fn announce(recorder: &Recorder, pod: &ObjectReference, verdict: &BudgetVe
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::testing::api::{ApiServer, pods};
 

@@ -25,7 +25,7 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
-use crate::api::contract::{SIDECAR_CONTAINER, containers_ready_since};
+use crate::api::contract::{SIDECAR_CONTAINER, STORE_CONDITION, containers_ready_since, store_reachable};
 use crate::api::transfer::{LeaseTransfer, LeaseTransferStatus, TransferOrigin, TransferPhase, TransferRefusal};
 use crate::lease::{Change, ElectorControl, Handoff, Identity, LeaderState, Release};
 
@@ -389,6 +389,18 @@ fn judge_pod(to: &str, pod: &Pod) -> Result<(), (TransferRefusal, String)> {
             format!("pod {to} is not ready (ContainersReady is not True)"),
         ));
     }
+    // Standing aside for a target that cannot acquire leaves the lease
+    // leaderless for the whole reservation (issue 54): only one whose
+    // sidecar proves it reaches the store is handed the lease.
+    if !store_reachable(pod) {
+        return Err((
+            TransferRefusal::TargetCannotReachStore,
+            format!(
+                "pod {to}'s sidecar does not report reaching the store (pod condition {STORE_CONDITION} is not \
+                 True), so it could not acquire the lease reserved for it"
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -433,13 +445,18 @@ mod tests {
         .unwrap()
     }
 
-    /// A candidate pod of lease `web` (label app=web) running the sidecar.
-    fn candidate(name: &str, ready: bool) -> Value {
+    /// A candidate pod of lease `web` (label app=web) running the sidecar,
+    /// its containers `ready`, its sidecar reporting reaching the store
+    /// when it `reaches`.
+    fn candidate(name: &str, ready: bool, reaches: bool) -> Value {
         let mut pod = pods::pod(name, "prod", json!({"app": "web"}), None);
         pod["metadata"]["uid"] = json!(format!("uid-{name}"));
         pod["spec"]["initContainers"] = json!([{"name": SIDECAR_CONTAINER, "restartPolicy": "Always"}]);
-        let status = if ready { "True" } else { "False" };
-        pod["status"]["conditions"] = json!([{"type": "ContainersReady", "status": status}]);
+        let word = |on: bool| if on { "True" } else { "False" };
+        pod["status"]["conditions"] = json!([
+            {"type": "ContainersReady", "status": word(ready)},
+            {"type": STORE_CONDITION, "status": word(reaches)},
+        ]);
         pod
     }
 
@@ -458,8 +475,10 @@ mod tests {
         async fn start(ready_target: bool) -> Lease {
             let api = ApiServer::new(Some(rbac::allows_request));
             for (name, ready) in [("web-0", true), ("web-1", ready_target), ("web-2", true)] {
-                api.insert(&pods::collection("prod"), candidate(name, ready));
+                api.insert(&pods::collection("prod"), candidate(name, ready, true));
             }
+            // Ready, but its sidecar cannot reach the store: no elector.
+            api.insert(&pods::collection("prod"), candidate("web-3", true, false));
             let mut db = pods::pod("db-0", "prod", json!({"app": "db"}), None);
             db["metadata"]["uid"] = json!("uid-db-0");
             api.insert(&pods::collection("prod"), db);
@@ -665,6 +684,7 @@ mod tests {
         let term = lease.electors[0].1.state().term;
         for (name, to, reason) in [
             ("unready", "web-1", "TargetNotReady"),
+            ("cut-off", "web-3", "TargetCannotReachStore"),
             ("elsewhere", "db-0", "NotACandidate"),
             ("self", "web-0", "AlreadyLeads"),
             ("missing", "web-9", "TargetNotFound"),
@@ -684,7 +704,7 @@ mod tests {
             .into_iter()
             .filter(|r| r.method == "POST" && r.path().ends_with("/events"))
             .collect();
-        assert_eq!(events.len(), 4, "one Event per refusal: {events:?}");
+        assert_eq!(events.len(), 5, "one Event per refusal: {events:?}");
         let state = lease.electors[0].1.state();
         assert!(state.leader && state.term == term, "{state:?}");
         assert_eq!(lease.store.acquisitions().len(), 1);

@@ -245,6 +245,13 @@ impl StoreConfig {
         })
     }
 
+    /// Whether a URL (a Secret's, which users may edit) says where the
+    /// store is, rather than the immutable spec: then only the store's
+    /// identity tells which one the URL reaches.
+    pub fn reached_by_url(&self) -> bool {
+        matches!(self, StoreConfig::Postgres(_) | StoreConfig::Redis(_))
+    }
+
     /// The identity of the store this configuration reaches
     /// ([`StoreIdentity`]), read from the store itself where an address
     /// could reach another one (PostgreSQL, Redis: on a connection of its

@@ -174,7 +174,10 @@ pub fn pod(name: &str, leader: Option<&str>, ready: bool) -> Value {
         "spec": {"containers": [{"name": "app"}],
                  "initContainers": [{"name": "leasehold", "restartPolicy": "Always"}]},
         "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }},
-                                  {"type": "ContainersReady", "status": if ready { "True" } else { "False" }}]},
+                                  {"type": "ContainersReady", "status": if ready { "True" } else { "False" }},
+                                  // A ready candidate's sidecar reaches its store.
+                                  {"type": crate::api::contract::STORE_CONDITION,
+                                   "status": if ready { "True" } else { "False" }}]},
     })
 }
 

@@ -428,7 +428,10 @@ async fn the_identity_names_the_server_and_database_not_the_url() {
     let pg = postgres().await;
     let identity = |url: String| async move { PostgresStore::connect(config(url)).unwrap().identity().await.unwrap() };
     let ours = identity(pg.server.url()).await;
-    assert!(ours.as_str().starts_with("postgres:") && ours.as_str().ends_with("/postgres/public"), "{ours}");
+    assert!(
+        ours.as_str().starts_with("postgres:") && ours.as_str().ends_with("/postgres/public"),
+        "{ours}"
+    );
 
     sql(&pg.server, "CREATE ROLE rotated LOGIN PASSWORD 'new-secret'").await;
     let rotated = pg.server.url().replace("leasehold@", "rotated:new-secret@");
@@ -440,5 +443,9 @@ async fn the_identity_names_the_server_and_database_not_the_url() {
     let other = identity(pg.server.url().replace("/postgres?", "/other?")).await;
     assert_ne!(other, ours, "another database is another store");
     let copy = PostgresServer::start();
-    assert_eq!(identity(copy.url()).await, ours, "a copy of the data directory shares the identifier");
+    assert_eq!(
+        identity(copy.url()).await,
+        ours,
+        "a copy of the data directory shares the identifier"
+    );
 }

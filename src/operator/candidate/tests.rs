@@ -5,7 +5,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::*;
-use crate::api::contract::SIDECAR_CONTAINER;
+use crate::api::contract::{SIDECAR_CONTAINER, STORE_CONDITION};
 use crate::api::preference::{PRIORITY_KEY, ZONE_LABEL};
 use crate::operator::preferred::Candidate;
 use crate::operator::reconcile;
@@ -35,7 +35,8 @@ fn a_pod_becomes_its_names_labels_owner_conditions_sidecar_and_priority() {
                    "conditions": [
                        {"type": "Ready", "status": "True"},
                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-11-27T09:00:00Z"},
-                       {"type": TIMING_CONDITION, "status": "True", "message": "renewal p99 uses 80 %"}]},
+                       {"type": TIMING_CONDITION, "status": "True", "message": "renewal p99 uses 80 %"},
+                       {"type": STORE_CONDITION, "status": "True"}]},
     }));
     let expected = CandidatePod {
         name: "web-0".into(),
@@ -51,6 +52,7 @@ fn a_pod_becomes_its_names_labels_owner_conditions_sidecar_and_priority() {
         ready: true,
         containers_ready_since: Some("2026-11-27T09:00:00Z".parse::<Timestamp>().unwrap()),
         timing_at_risk: Some("renewal p99 uses 80 %".into()),
+        store_reachable: true,
         has_sidecar: true,
         priority: Ok(-3),
     };

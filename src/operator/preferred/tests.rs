@@ -17,6 +17,7 @@ fn candidate(name: &str, priority: i64, ready_since: Option<i64>) -> Candidate {
         }),
         ready_since: ready_since.map(at),
         terminating: false,
+        store_reachable: true,
         template: Some("t1".into()),
     }
 }
@@ -228,4 +229,22 @@ fn an_unparsable_leader_priority_keeps_the_leader() {
     });
     let candidates = [leader, candidate("web-1", 5, Some(-100))];
     assert_eq!(look(&input(&candidates), &mut None, 1000), Step::Stay);
+}
+
+/// Issue 54: a candidate whose sidecar cannot reach the store is never
+/// offered leadership, however it ranks: handing it the lease would leave
+/// the lease leaderless for the reservation. Its reaching the store again
+/// starts the period anew.
+#[test]
+fn a_candidate_that_cannot_reach_the_store_is_never_the_target() {
+    let mut cut_off = candidate("web-1", 5, Some(-100));
+    cut_off.store_reachable = false;
+    let candidates = [candidate("web-0", 0, Some(-100)), cut_off.clone()];
+    let mut memory = None;
+    for now in [0, 30, 3600] {
+        assert_eq!(look(&input(&candidates), &mut memory, now), Step::Stay, "at {now}s");
+    }
+    let reachable = [candidate("web-0", 0, Some(-100)), candidate("web-1", 5, Some(-100))];
+    assert!(matches!(look(&input(&reachable), &mut memory, 3600), Step::Wait { .. }));
+    assert_eq!(look(&input(&reachable), &mut memory, 3630), transfer_to("web-1"));
 }

@@ -261,7 +261,12 @@ impl Context {
     /// Which store `target` reaches, read at most once per [`SECRET_REFRESH`].
     async fn identity_of(&self, target: &StoreConfig) -> Result<StoreIdentity, StoreError> {
         let key = target.key();
-        let cached = self.identities.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let cached = self
+            .identities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
         match cached {
             Some((identity, read)) if read.elapsed() < SECRET_REFRESH => Ok(identity),
             _ => {

@@ -694,6 +694,7 @@ async fn preferred_fixture(pending_since: Option<Duration>) -> (Fixture, Value, 
     web_1["status"]["conditions"] = json!([
         {"type": "Ready", "status": "False"},
         {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": crate::api::contract::STORE_CONDITION, "status": "True"},
     ]);
     if let Some(ago) = pending_since {
         fixture.ctx.remember_preference(

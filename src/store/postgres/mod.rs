@@ -466,13 +466,11 @@ impl PostgresStore {
             .run(what, IDENTITY, &[], Effect::Read)
             .await
             .map_err(|e| match &e {
-                _ if refused_with(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => {
-                    StoreError::invalid(
-                        "the URL's user may not call pg_control_system(), which names the server: grant it \
+                _ if refused_with(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => StoreError::invalid(
+                    "the URL's user may not call pg_control_system(), which names the server: grant it \
                          (GRANT EXECUTE ON FUNCTION pg_catalog.pg_control_system() TO <user>)",
-                    )
-                    .caused_by(e)
-                }
+                )
+                .caused_by(e),
                 _ => e,
             })?;
         let row = rows

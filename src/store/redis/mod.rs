@@ -447,7 +447,9 @@ impl RedisStore {
         let what = "read the store's identity";
         let fresh = format!("{:032x}", rand::random::<u128>());
         let key = format!("{}store-identity", self.config.prefix);
-        let reply = self.invoke(what, &self.scripts.mark, &[key], &[fresh], Effect::Write).await?;
+        let reply = self
+            .invoke(what, &self.scripts.mark, &[key], &[fresh], Effect::Write)
+            .await?;
         let marker = text(&reply).ok_or_else(|| bad_reply(what, &[reply]))?;
         Ok(StoreIdentity::new(format!("redis:{marker}")))
     }

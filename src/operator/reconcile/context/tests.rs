@@ -126,7 +126,9 @@ async fn the_operator_reads_the_recorded_store_whatever_the_secret_reaches() {
     let moved = ctx.target(&recorded, &valid, "prod").await.unwrap();
     assert_eq!(moved.identity.as_str(), ours, "the recorded store is read");
     assert_eq!(moved.config, first.config);
-    let says = moved.elsewhere.expect("StoreReady says the Secret reaches another store");
+    let says = moved
+        .elsewhere
+        .expect("StoreReady says the Secret reaches another store");
     assert!(
         says.contains("memory:other") && says.contains(ours) && says.contains("set the Secret back"),
         "{says}"
@@ -135,7 +137,10 @@ async fn the_operator_reads_the_recorded_store_whatever_the_secret_reaches() {
     let restarted = context_with(stores.clone(), metrics).0;
     let refused = restarted.target(&recorded, &valid, "prod").await.unwrap_err();
     assert!(matches!(refused, StoreError::Invalid { .. }), "{refused:?}");
-    assert!(refused.to_string().contains("no way to the recorded store"), "{refused}");
+    assert!(
+        refused.to_string().contains("no way to the recorded store"),
+        "{refused}"
+    );
 
     // Set back: the recorded store, nothing to say.
     stores.reach(ours);

@@ -661,8 +661,15 @@ async fn the_store_is_recorded_once_and_a_secret_reaching_elsewhere_is_shown() {
     assert_eq!(status["storeIdentity"], json!("postgres:1/ours/public"));
 
     let recorded = resource(json!({}), Some(status));
-    let plan = plan_of(&recorded, seen_at(&recorded, read.clone(), "postgres:1/other/public", None));
-    assert!(plan.status.is_none(), "the identity recorded never changes: {:?}", plan.status);
+    let plan = plan_of(
+        &recorded,
+        seen_at(&recorded, read.clone(), "postgres:1/other/public", None),
+    );
+    assert!(
+        plan.status.is_none(),
+        "the identity recorded never changes: {:?}",
+        plan.status
+    );
 
     let says = "the store's Secret now reaches store postgres:1/other/public";
     let plan = plan_of(
@@ -678,5 +685,8 @@ async fn the_store_is_recorded_once_and_a_secret_reaching_elsewhere_is_shown() {
         ("False".into(), "SecretPointsElsewhere".into(), says.into())
     );
     assert_eq!(conditions["Ready"].1, "LeaderElected");
-    assert_eq!(events(&plan), [(EventType::Warning, "SecretPointsElsewhere", says.to_string())]);
+    assert_eq!(
+        events(&plan),
+        [(EventType::Warning, "SecretPointsElsewhere", says.to_string())]
+    );
 }
