@@ -13,6 +13,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::preference::{PriorityError, Rank, rank};
+use crate::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
 use crate::lease::Prefer;
 use crate::operator::candidate::CandidatePod;
 
@@ -177,6 +178,78 @@ pub(crate) fn decide(input: &Input<'_>, previous: Option<&Pending>, now: Timesta
     Decision {
         step,
         pending: Some(pending),
+    }
+}
+
+/// The longest a target whose preference transfers failed waits before it
+/// is offered leadership again.
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// Preference transfers to one target that failed since the lease last
+/// handed over (issue 54): each may have left the lease reserved for a
+/// target that did not acquire, leaderless for up to D, so the next offer
+/// to it waits longer each time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    pub failures: u32,
+    /// When the last of them ended.
+    pub last: Timestamp,
+    /// Its reason word (`TargetDidNotAcquire`, `TargetCannotReachStore`, …).
+    pub reason: String,
+}
+
+impl Backoff {
+    /// When the target may be offered leadership again: the stabilization
+    /// period after the first failure, doubling with each failure after
+    /// it, at most [`BACKOFF_MAX`].
+    pub(crate) fn until(&self, stabilization: Duration) -> Timestamp {
+        let doublings = self.failures.saturating_sub(1).min(16);
+        let wait = stabilization.saturating_mul(1 << doublings).min(BACKOFF_MAX);
+        self.last.checked_add(wait).unwrap_or(Timestamp::MAX)
+    }
+}
+
+/// The failed preference transfers of `lease` to the pod `target` (by UID
+/// where the leader recorded it, else by name) since the lease's last
+/// completed handover, from the `LeaseTransfer` objects themselves, so an
+/// operator that restarts backs off just the same.
+pub(crate) fn backoff(transfers: &[LeaseTransfer], lease: &str, target: &Candidate) -> Option<Backoff> {
+    let mut ended: Vec<(&LeaseTransfer, Timestamp)> = transfers
+        .iter()
+        .filter(|t| t.spec.lease == lease)
+        .filter_map(|t| Some((t, t.status.as_ref()?.completed_at.as_ref()?.0)))
+        .collect();
+    ended.sort_by_key(|(_, at)| *at);
+    let since_handover = ended
+        .iter()
+        .rposition(|(t, _)| phase(t) == Some(TransferPhase::Transferred))
+        .map_or(0, |i| i + 1);
+    let failed: Vec<&(&LeaseTransfer, Timestamp)> = ended[since_handover..]
+        .iter()
+        .filter(|(t, _)| {
+            t.spec.origin == Some(TransferOrigin::Preference)
+                && phase(t) == Some(TransferPhase::TransferFailed)
+                && aimed_at(t, target)
+        })
+        .collect();
+    let (last, at) = failed.last()?;
+    Some(Backoff {
+        failures: u32::try_from(failed.len()).unwrap_or(u32::MAX),
+        last: *at,
+        reason: last.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default(),
+    })
+}
+
+fn phase(transfer: &LeaseTransfer) -> Option<TransferPhase> {
+    transfer.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Whether `transfer` named `target`: its recorded UID, or its name where
+/// the leader refused before recording one.
+fn aimed_at(transfer: &LeaseTransfer, target: &Candidate) -> bool {
+    match transfer.status.as_ref().and_then(|s| s.target_uid.as_deref()) {
+        Some(uid) => uid == target.uid,
+        None => transfer.spec.to == target.name,
     }
 }
 

@@ -187,23 +187,25 @@ async fn reconcile_once(lease: &DistributedLease, ctx: &Context) -> Result<(Acti
     if !has_finalizer {
         apply::add_finalizer(&leases, lease).await?;
     }
-    let (found, read) = context::look(lease, &namespace, ctx, context::Need::Cached).await?;
+    let (mut found, read) = context::look(lease, &namespace, ctx, context::Need::Cached).await?;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     // Preferred candidates decide on the same look, before the plan takes it.
-    let wake = prefer::act(lease, ctx, &found, now.0).await?;
+    let preferred = prefer::act(lease, ctx, &found, now.0).await?;
+    found.held_off(preferred.held_off.clone());
     let mut plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
     if read == context::ReadWas::BeforeCandidates && !plan.repairs.is_empty() {
         // A label the cached read does not back may be newer than that read:
         // repair only on a read made after the candidates were taken (the
         // order of work above), which every reconcile waiting shares.
-        let (found, _) = context::look(lease, &namespace, ctx, context::Need::AfterCandidates).await?;
+        let (mut found, _) = context::look(lease, &namespace, ctx, context::Need::AfterCandidates).await?;
+        found.held_off(preferred.held_off);
         plan = plan::plan(lease, ctx.cluster.as_deref(), &now, found);
     }
     let (action, outcome) = apply::apply(lease, ctx, plan).await?;
     // The plan requeues after P at most or after the observer's net; a
     // pending move must be looked at again when its period ends, and no
     // watch event marks that moment.
-    Ok(match wake {
+    Ok(match preferred.wake {
         Some(after) => (Action::requeue(after), outcome),
         None => (action, outcome),
     })

@@ -248,3 +248,65 @@ fn a_candidate_that_cannot_reach_the_store_is_never_the_target() {
     assert!(matches!(look(&input(&reachable), &mut memory, 3600), Step::Wait { .. }));
     assert_eq!(look(&input(&reachable), &mut memory, 3630), transfer_to("web-1"));
 }
+
+/// A LeaseTransfer of lease `web` to `to`, ended `phase` (`reason`) `at`
+/// seconds, asked by `origin`.
+fn ended(to: &str, origin: TransferOrigin, phase: TransferPhase, reason: &str, at_s: i64) -> LeaseTransfer {
+    use crate::api::transfer::{LeaseTransferSpec, LeaseTransferStatus};
+    let mut transfer = LeaseTransfer::new(
+        &format!("web-{at_s}"),
+        LeaseTransferSpec {
+            lease: "web".into(),
+            to: to.into(),
+            origin: Some(origin),
+        },
+    );
+    transfer.status = Some(LeaseTransferStatus {
+        phase: Some(phase),
+        reason: Some(reason.into()),
+        target_uid: (reason != "TargetCannotReachStore").then(|| format!("uid-{to}")),
+        completed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(at_s))),
+        ..Default::default()
+    });
+    transfer
+}
+
+/// Issue 54: failed preference transfers to a target back it off, counted
+/// from the transfers themselves since the lease last handed over, by
+/// target (UID, or name where none was recorded); the wait doubles from
+/// the stabilization period and stops growing at BACKOFF_MAX.
+#[test]
+fn failed_preference_transfers_back_their_target_off_growing_and_bounded() {
+    use TransferOrigin::{Manual, Preference};
+    use TransferPhase::{TransferFailed, Transferred};
+    let target = candidate("web-1", 5, Some(-100));
+    assert_eq!(backoff(&[], "web", &target), None);
+    let failed = |at_s| ended("web-1", Preference, TransferFailed, "TargetDidNotAcquire", at_s);
+    let history = vec![
+        failed(10),
+        // A handover since: what failed before it no longer counts.
+        ended("web-2", Manual, Transferred, "TargetLeads", 20),
+        failed(30),
+        ended("web-1", Preference, TransferFailed, "TargetCannotReachStore", 40),
+        // Another target's failure, and a manual one to this target, do not count.
+        ended("web-2", Preference, TransferFailed, "TargetDidNotAcquire", 50),
+        ended("web-1", Manual, TransferFailed, "TargetNotReady", 60),
+    ];
+    let found = backoff(&history, "web", &target).expect("a backoff");
+    assert_eq!(
+        (found.failures, found.last, found.reason.as_str()),
+        (2, at(40), "TargetCannotReachStore")
+    );
+    assert_eq!(found.until(PERIOD), at(40 + 60), "two failures: twice the period");
+    let many = Backoff {
+        failures: 40,
+        last: at(0),
+        reason: String::new(),
+    };
+    assert_eq!(many.until(PERIOD), at(600), "bounded by BACKOFF_MAX");
+    assert_eq!(
+        Backoff { failures: 1, ..many }.until(PERIOD),
+        at(30),
+        "the first failure waits one period"
+    );
+}

@@ -574,6 +574,7 @@ pub(super) async fn look(
             elsewhere: target.elsewhere,
         }),
         read,
+        held_off: None,
     }));
     Ok((found, was))
 }

@@ -44,6 +44,18 @@ pub(crate) struct Seen {
     pub store: Option<StoreSeen>,
     /// The store's answer.
     pub read: Result<Read, StoreError>,
+    /// Why the preferred candidate waits after failed transfers to it
+    /// (`PreferenceHeldOff`), from [`super::prefer`].
+    pub held_off: Option<String>,
+}
+
+impl Found {
+    /// Notes why the preferred candidate waits, if it does.
+    pub(crate) fn held_off(&mut self, why: Option<String>) {
+        if let Found::Valid(seen) = self {
+            seen.held_off = why;
+        }
+    }
 }
 
 /// Which store a reconcile read.
@@ -62,6 +74,10 @@ pub(crate) enum Read {
     Lease(Observation),
     Partitions(PartitionView),
 }
+
+/// The condition shown while a preferred candidate waits out the backoff
+/// after failed transfers to it (issue 54).
+pub(crate) const PREFERENCE_HELD_OFF: &str = "PreferenceHeldOff";
 
 /// What to do about one observation.
 #[derive(Debug)]
@@ -151,6 +167,7 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
         owners,
         store,
         read,
+        held_off,
     } = seen;
     let mut events = Vec::new();
     let ready = candidates.iter().filter(|pod| pod.ready).count();
@@ -251,6 +268,12 @@ fn observed(at: &Conditions<'_>, cluster: Option<&str>, namespace: &str, seen: S
     let mut status = observed_status(at, cluster, &valid, &observed, valid_condition, counts);
     store_elsewhere(at, &mut status, elsewhere.as_deref());
     status.conditions.extend(rollout);
+    if let Some(why) = &held_off {
+        // Present only while a preferred target waits out its backoff.
+        status
+            .conditions
+            .push(at.condition(PREFERENCE_HELD_OFF, "True", "TransfersFailed", why));
+    }
     if let Some(owners) = &owners {
         let leader = holder
             .first()

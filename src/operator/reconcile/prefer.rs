@@ -18,23 +18,27 @@ use crate::api::transfer::{LeaseTransfer, LeaseTransferSpec, TransferOrigin, Tra
 use crate::lease::holder::HolderPod;
 use crate::operator::preferred::{self, Candidate, Input, Step};
 
-/// What the reconcile does about preference: `Some(after)` when a move is
-/// pending or was asked for and the look must come again by then (no sooner
-/// than the plan's own requeue would be needed: at most P).
-pub(super) async fn act(
-    lease: &DistributedLease,
-    ctx: &Context,
-    found: &Found,
-    now: Timestamp,
-) -> Result<Option<Duration>> {
+/// What the reconcile does about preference.
+#[derive(Debug, Default)]
+pub(super) struct Preferred {
+    /// `Some(after)` when a move is pending or was asked for and the look
+    /// must come again by then (no sooner than the plan's own requeue would
+    /// be needed: at most P).
+    pub wake: Option<Duration>,
+    /// Why the preferred candidate is not offered leadership yet after
+    /// failed transfers to it, for the `PreferenceHeldOff` condition.
+    pub held_off: Option<String>,
+}
+
+pub(super) async fn act(lease: &DistributedLease, ctx: &Context, found: &Found, now: Timestamp) -> Result<Preferred> {
     let key = format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any());
     let Found::Valid(seen) = found else {
         ctx.forget_preference(&key);
-        return Ok(None);
+        return Ok(Preferred::default());
     };
     let Ok(Read::Lease(observed)) = &seen.read else {
         ctx.forget_preference(&key);
-        return Ok(None);
+        return Ok(Preferred::default());
     };
     let namespace = lease.namespace().unwrap_or_default();
     let zones = &seen.valid.preference.zones;
@@ -57,24 +61,53 @@ pub(super) async fn act(
     let previous = ctx.preference(&key);
     let mut decision = preferred::decide(&input, previous.as_ref(), now);
     let transfers: Api<LeaseTransfer> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut held_off = None;
     if let Step::Transfer { .. } = decision.step {
-        // Only now is the open-transfer test worth an API call: a manual
-        // transfer in flight wins, and one handover runs at a time.
+        // Only now are the transfers worth an API call: a manual transfer
+        // in flight wins, one handover runs at a time, and a target whose
+        // transfers failed waits its backoff.
         let name = lease.name_any();
         let term = input.term;
-        input.transfer_open = transfers
-            .list(&Default::default())
-            .await?
-            .items
-            .iter()
-            .any(|t| t.spec.lease == name && holds_off(t, term));
+        let listed = transfers.list(&Default::default()).await?.items;
+        input.transfer_open = listed.iter().any(|t| t.spec.lease == name && holds_off(t, term));
         decision = preferred::decide(&input, previous.as_ref(), now);
+        if let Step::Transfer { target } = &decision.step
+            && let Some(candidate) = candidates.iter().find(|c| &c.name == target)
+            && let Some(backoff) = preferred::backoff(&listed, &name, candidate)
+        {
+            let stabilization = seen.valid.preference.stabilization;
+            let until = backoff.until(stabilization);
+            if let Ok(left) = Duration::try_from(until.duration_since(now))
+                && !left.is_zero()
+            {
+                held_off = Some(format!(
+                    "{target} is preferred, but {} preference transfer(s) to it failed since the lease last handed \
+                     over (the last: {} at {}); it is offered leadership again at {until}: the wait doubles from \
+                     preferenceStabilization ({}) up to {}, and each failed offer can leave the lease without a \
+                     leader for at most one reservation (leaseDuration, {})",
+                    backoff.failures,
+                    backoff.reason,
+                    backoff.last,
+                    humantime::format_duration(stabilization),
+                    humantime::format_duration(preferred::BACKOFF_MAX),
+                    humantime::format_duration(seen.valid.timing.lease_duration),
+                ));
+                decision.step = Step::Wait {
+                    target: target.clone(),
+                    after: left,
+                };
+            }
+        }
     }
     ctx.remember_preference(&key, decision.pending.clone());
+    let wake = |after: Duration| Some(after.min(seen.valid.timing.retry_period).max(MIN_REQUEUE));
     match decision.step {
-        Step::Stay => Ok(None),
+        Step::Stay => Ok(Preferred::default()),
         // Never later than the plan's own requeue, which is P at the soonest.
-        Step::Wait { after, .. } => Ok(Some(after.min(seen.valid.timing.retry_period).max(MIN_REQUEUE))),
+        Step::Wait { after, .. } => Ok(Preferred {
+            wake: wake(after),
+            held_off,
+        }),
         Step::Transfer { target } => {
             let request = preference_transfer(lease, &target);
             transfers.create(&PostParams::default(), &request).await?;
@@ -88,7 +121,10 @@ pub(super) async fn act(
             // Forget the step: the open transfer holds the next looks off,
             // and a failed one starts a new period.
             ctx.remember_preference(&key, None);
-            Ok(Some(MIN_REQUEUE))
+            Ok(Preferred {
+                wake: Some(MIN_REQUEUE),
+                held_off: None,
+            })
         }
     }
 }

@@ -814,6 +814,42 @@ async fn a_transfer_of_the_term_read_holds_the_preference_off() {
     .await;
 }
 
+/// Issue 54: a preference transfer to web-1 that failed a moment ago
+/// (its target did not acquire) backs web-1 off: nothing is created, the
+/// status says why and until when (`PreferenceHeldOff`), and the lease is
+/// looked at again within P.
+#[tokio::test]
+async fn a_target_whose_preference_transfer_failed_is_backed_off() {
+    let (fixture, resource, pods) = preferred_fixture(Some(Duration::from_secs(31))).await;
+    let echo = resource.clone();
+    let ended = k8s_openapi::jiff::Timestamp::now() - std::time::Duration::from_secs(1);
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, pods).await;
+        let seen = next(server).await;
+        seen.assert("GET", TRANSFERS, None);
+        let failed = json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+            "metadata": {"name": "web-preferred-a", "namespace": "prod"},
+            "spec": {"lease": "web", "to": "web-1", "origin": "Preference"},
+            "status": {"phase": "TransferFailed", "reason": "TargetDidNotAcquire", "targetUid": "uid-1",
+                       "completedAt": ended.to_string()}});
+        seen.respond(
+            200,
+            &json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransferList",
+                    "metadata": {"resourceVersion": "60"}, "items": [failed]}),
+        );
+        expect_event(server, "Normal", "HolderChanged", "held by prod/web-0#n1").await;
+        let status = expect_status_apply(server, echo).await;
+        let (state, reason, message) = conditions(&status)["PreferenceHeldOff"].clone();
+        assert_eq!((state.as_str(), reason.as_str()), ("True", "TransfersFailed"));
+        assert!(
+            message.contains("1 preference transfer(s) to it failed") && message.contains("TargetDidNotAcquire"),
+            "{message}"
+        );
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+}
+
 /// A priority that is not an integer is a Warning Event naming the pod and
 /// value (the context keeps it, so it is published once while it lasts).
 #[tokio::test]

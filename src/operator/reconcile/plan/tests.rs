@@ -56,6 +56,7 @@ fn gated(
             elsewhere: None,
         }),
         read,
+        held_off: None,
     }))
 }
 
@@ -688,5 +689,37 @@ async fn the_store_is_recorded_once_and_a_secret_reaching_elsewhere_is_shown() {
     assert_eq!(
         events(&plan),
         [(EventType::Warning, "SecretPointsElsewhere", says.to_string())]
+    );
+}
+
+/// Issue 54: while a preferred target waits out its backoff, the status
+/// says so in `PreferenceHeldOff` (present only then), naming the bound.
+#[tokio::test]
+async fn a_preferred_target_backing_off_is_shown_in_status() {
+    let store = MemoryStore::new(7);
+    let read = held(&store, "prod/web", "prod/web-0#n1").await;
+    let fresh = resource(json!({}), None);
+    let why = "web-1 is preferred, but 2 preference transfer(s) to it failed";
+    let mut found = seen(
+        &fresh,
+        vec![pod("web-0", Some("true"), true)],
+        Ok(Read::Lease(read.clone())),
+    );
+    found.held_off(Some(why.into()));
+    let status = written(&plan_of(&fresh, found));
+    assert_eq!(
+        conditions(&status)[PREFERENCE_HELD_OFF],
+        ("True".into(), "TransfersFailed".into(), why.into())
+    );
+
+    let shown = resource(json!({}), Some(status));
+    let plan = plan_of(
+        &shown,
+        seen(&shown, vec![pod("web-0", Some("true"), true)], Ok(Read::Lease(read))),
+    );
+    let status = written(&plan);
+    assert!(
+        !conditions(&status).contains_key(PREFERENCE_HELD_OFF),
+        "gone once over: {status}"
     );
 }
