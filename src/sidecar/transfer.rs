@@ -56,6 +56,15 @@ struct Target {
     uid: String,
 }
 
+/// Why a target was not judged a ready candidate.
+enum Judged {
+    /// It is not one: the request's final answer.
+    Refused(TransferRefusal, String),
+    /// The API could not say (an error reading the pod or the candidates):
+    /// no answer, the next look judges again (issue 54).
+    Unread(String),
+}
+
 impl Transfers {
     /// Watches the namespace's LeaseTransfers and acts on this lease's for
     /// as long as the sidecar runs. `transitions` is the elector's stream of
@@ -149,8 +158,14 @@ impl Transfers {
         }
         let target = match self.judge(&request.spec.to, &led).await {
             Ok(target) => target,
-            Err((refusal, message)) => {
+            Err(Judged::Refused(refusal, message)) => {
                 self.fail(request, status, refusal, message).await;
+                return;
+            }
+            Err(Judged::Unread(why)) => {
+                // A fault of the API, not an answer about the target: the
+                // next look (at the next renewal at the latest) judges again.
+                warn!(transfer = %request.name_any(), %why, "cannot judge the target yet; trying again");
                 return;
             }
         };
@@ -177,10 +192,11 @@ impl Transfers {
             started_at: Some(now()),
             completed_at: None,
         };
-        if !self.write(request, &started).await {
+        let Some(request) = self.write(request, &started).await else {
             // Not recorded: do not start what nobody could follow.
             return;
-        }
+        };
+        let request = &request;
         info!(transfer = %request.name_any(), to = %request.spec.to, uid = %target.uid, "handing over");
         let preempted = request.spec.origin == Some(TransferOrigin::Preference);
         // Subscribed before the hand-over starts: it sees every change after.
@@ -263,21 +279,21 @@ impl Transfers {
     }
 
     /// Whether `to` is a ready candidate of this lease that does not lead.
-    async fn judge(&self, to: &str, led: &LeaderState) -> Result<Target, (TransferRefusal, String)> {
+    async fn judge(&self, to: &str, led: &LeaderState) -> Result<Target, Judged> {
         let pod = match self.pods.get_opt(to).await {
             Ok(Some(pod)) => pod,
             Ok(None) => {
-                return Err((
+                return Err(Judged::Refused(
                     TransferRefusal::TargetNotFound,
                     format!("no pod {to} in namespace {}", self.me.namespace),
                 ));
             }
-            Err(e) => return Err((TransferRefusal::TargetNotFound, format!("reading pod {to}: {e}"))),
+            Err(e) => return Err(Judged::Unread(format!("reading pod {to}: {e}"))),
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let leader_uid = led.holder.as_deref().and_then(Identity::pod_uid_of);
         if to == self.me.name || leader_uid.as_deref() == Some(uid.as_str()) {
-            return Err((
+            return Err(Judged::Refused(
                 TransferRefusal::AlreadyLeads,
                 format!("pod {to} already leads term {}", led.term),
             ));
@@ -293,14 +309,14 @@ impl Transfers {
         match selected {
             Ok(list) if !list.items.is_empty() => {}
             Ok(_) => {
-                return Err((
+                return Err(Judged::Refused(
                     TransferRefusal::NotACandidate,
                     format!("pod {to} is not selected by lease {} ({})", self.lease, self.selector),
                 ));
             }
-            Err(e) => return Err((TransferRefusal::NotACandidate, format!("listing candidates: {e}"))),
+            Err(e) => return Err(Judged::Unread(format!("listing candidates: {e}"))),
         }
-        judge_pod(to, &pod)?;
+        judge_pod(to, &pod).map_err(|(refusal, message)| Judged::Refused(refusal, message))?;
         Ok(Target { uid })
     }
 
@@ -310,7 +326,7 @@ impl Transfers {
         status.message = Some(format!("pod {} leads term {}", request.spec.to, led.term));
         status.term = Some(led.term);
         status.completed_at = Some(now());
-        if self.write(request, &status).await {
+        if self.write_final(request, &status).await {
             info!(transfer = %request.name_any(), term = led.term, "transferred");
         }
     }
@@ -327,7 +343,7 @@ impl Transfers {
         status.reason = Some(refusal.reason().into());
         status.message = Some(message.clone());
         status.completed_at = Some(now());
-        if self.write(request, &status).await {
+        if self.write_final(request, &status).await {
             let event = Event {
                 type_: EventType::Warning,
                 reason: refusal.reason().into(),
@@ -342,13 +358,24 @@ impl Transfers {
     }
 
     /// Writes `status` when it differs from the request's (JSON merge patch
-    /// of the status subresource); `false` when the write failed, and the
-    /// next look tries again.
-    async fn write(&self, request: &LeaseTransfer, status: &LeaseTransferStatus) -> bool {
+    /// of the status subresource), only over the copy `request` is: the
+    /// patch carries its resourceVersion, which the API server takes as a
+    /// precondition and answers 409 when the object changed since
+    /// (kubernetes/kubernetes#63104: a patch's resourceVersion becomes the
+    /// update's precondition in GuaranteedUpdate). The request as
+    /// written, or `None` when the write failed and the next look decides
+    /// again.
+    async fn write(&self, request: &LeaseTransfer, status: &LeaseTransferStatus) -> Option<LeaseTransfer> {
         if request.status.as_ref() == Some(status) {
-            return true;
+            return Some(request.clone());
         }
-        let patch = serde_json::json!({ "status": status });
+        // The precondition holds for the status subresource too (checked on
+        // the test cluster: a merge patch of status naming an older
+        // resourceVersion answers 409 Conflict).
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": request.resource_version()},
+            "status": status,
+        });
         let written = self
             .transfers
             .patch_status(
@@ -358,12 +385,39 @@ impl Transfers {
             )
             .await;
         match written {
-            Ok(_) => true,
+            Ok(written) => Some(written),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                info!(transfer = %request.name_any(), "the transfer changed since it was read; looking again");
+                None
+            }
             Err(e) => {
                 warn!(transfer = %request.name_any(), error = %e, "cannot write the transfer's status");
-                false
+                None
             }
         }
+    }
+
+    /// Writes a final `status` over the request as it is now: a request
+    /// someone answered meanwhile (the target writes `Transferred` once it
+    /// leads, maybe after a release that failed here but committed) keeps
+    /// its answer (issue 54). True when this write is the answer.
+    async fn write_final(&self, request: &LeaseTransfer, status: &LeaseTransferStatus) -> bool {
+        let mut current = request.clone();
+        // A conflict is another writer's change: read it and judge once more.
+        for _ in 0..3 {
+            if self.write(&current, status).await.is_some() {
+                return true;
+            }
+            current = match self.transfers.get_opt(&request.name_any()).await {
+                Ok(Some(fresh)) if !phase(&fresh).is_some_and(TransferPhase::is_final) => fresh,
+                Ok(_) => return false,
+                Err(e) => {
+                    warn!(transfer = %request.name_any(), error = %e, "cannot read the transfer");
+                    return false;
+                }
+            };
+        }
+        false
     }
 }
 
@@ -460,6 +514,82 @@ mod tests {
         pod
     }
 
+    /// What pod `name`'s sidecar acts on transfers with, on `api`.
+    fn transfers_on(api: &ApiServer, name: &str) -> Transfers {
+        let client = api.client("prod");
+        let me = PodRef {
+            name: name.into(),
+            namespace: "prod".into(),
+            uid: Some(format!("uid-{name}")),
+        };
+        Transfers {
+            transfers: Api::namespaced(client.clone(), "prod"),
+            pods: Api::namespaced(client.clone(), "prod"),
+            lease: "web".into(),
+            selector: "app=web".into(),
+            window: timing().lease_duration,
+            drain: Duration::from_secs(5),
+            recorder: crate::sidecar::pod::pod_recorder(client, &me).0,
+            me,
+        }
+    }
+
+    /// Issue 54: a final answer never replaces another. The target leads
+    /// and answers `Transferred`; the old leader, whose release it took for
+    /// failed (it committed), answers from the copy it read before: the
+    /// precondition refuses that write, and the target's answer stays.
+    #[tokio::test]
+    async fn a_final_answer_over_a_stale_copy_keeps_the_answer_given_since() {
+        let api = ApiServer::new(Some(rbac::allows_request));
+        api.insert(
+            TRANSFERS,
+            json!({"apiVersion": "leasehold.dev/v1alpha1", "kind": "LeaseTransfer",
+                   "metadata": {"name": "raced", "namespace": "prod", "uid": "t-1"},
+                   "spec": {"lease": "web", "to": "web-1"},
+                   "status": {"phase": "Transferring", "targetUid": "uid-web-1", "fromTerm": 7}}),
+        );
+        let (leader, target) = (transfers_on(&api, "web-0"), transfers_on(&api, "web-1"));
+        let stale = leader.transfers.get("raced").await.unwrap();
+        let handed = stale.status.clone().unwrap();
+        let leads = LeaderState {
+            leader: true,
+            term: 8,
+            ..LeaderState::default()
+        };
+        target.finish(&stale, handed.clone(), &leads).await;
+        let message = "term 7: the release did not end in time".to_string();
+        leader
+            .fail(&stale, handed, TransferRefusal::ReleaseFailed, message)
+            .await;
+        let answered = leader.transfers.get("raced").await.unwrap().status.unwrap();
+        assert_eq!(answered.phase, Some(TransferPhase::Transferred), "{answered:?}");
+        assert_eq!(answered.term, Some(8));
+        assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    }
+
+    /// Issue 54: an API that cannot say what the target is gives no answer
+    /// (the next look judges again), never a final refusal such as
+    /// `TargetNotFound` for a pod that exists.
+    #[tokio::test]
+    async fn a_target_the_api_cannot_read_is_judged_again_not_refused() {
+        let api = ApiServer::new(Some(rbac::allows_request));
+        api.insert(&pods::collection("prod"), candidate("web-1", true, true));
+        let leader = transfers_on(&api, "web-0");
+        let led = LeaderState {
+            leader: true,
+            term: 3,
+            ..LeaderState::default()
+        };
+        api.set_down(true);
+        match leader.judge("web-1", &led).await {
+            Err(Judged::Unread(why)) => assert!(why.contains("reading pod web-1"), "{why}"),
+            Err(Judged::Refused(refusal, message)) => panic!("refused for an API fault: {refusal:?}: {message}"),
+            Ok(_) => panic!("judged while the API was down"),
+        }
+        api.set_down(false);
+        assert!(leader.judge("web-1", &led).await.is_ok(), "judged once the API answers");
+    }
+
     /// Pods web-0 (which leads), web-1 and web-2, each with its elector and
     /// its transfer watch, on the API server model (RBAC-checked against
     /// the sidecar's Role) and one memory store.
@@ -527,22 +657,7 @@ mod tests {
 
         /// What pod `name`'s sidecar acts on transfers with.
         fn transfers_of(&self, name: &str) -> Transfers {
-            let client = self.api.client("prod");
-            let me = PodRef {
-                name: name.into(),
-                namespace: "prod".into(),
-                uid: Some(format!("uid-{name}")),
-            };
-            Transfers {
-                transfers: Api::namespaced(client.clone(), "prod"),
-                pods: Api::namespaced(client.clone(), "prod"),
-                lease: "web".into(),
-                selector: "app=web".into(),
-                window: timing().lease_duration,
-                drain: Duration::from_secs(5),
-                recorder: crate::sidecar::pod::pod_recorder(client, &me).0,
-                me,
-            }
+            transfers_on(&self.api, name)
         }
 
         fn request(&self, name: &str, to: &str) {
