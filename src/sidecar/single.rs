@@ -83,7 +83,11 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
     // container sees 503 first and gets time to finish before we release.
     let reserve = own_pod::release_reserve(&settings.timing);
     let (drained, acked) = tokio::sync::watch::channel(None);
-    let work = drain_on_step_down(args.drain, reserve, own.clone(), signalled.clone(), acked);
+    let drain = Drain {
+        most: args.drain,
+        renew_deadline: settings.timing.renew_deadline,
+    };
+    let work = drain_on_step_down(drain, reserve, own.clone(), signalled.clone(), acked);
     let handle = elector.spawn_with_work(store, shutdown.clone(), work);
     let state = handle.subscribe();
     tokio::spawn(footprint::release_start_up_pages(
@@ -166,6 +170,24 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
     })
 }
 
+/// How long a step-down drains: `most` (`--drain`), and never past R after
+/// the term's last renewal was sent.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    most: Duration,
+    renew_deadline: Duration,
+}
+
+impl Drain {
+    /// The drain left at `now` for a term last renewed (sent) at `renewed`.
+    fn left(self, renewed: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Duration {
+        let lapses = renewed.map_or(Duration::ZERO, |sent| {
+            (sent + self.renew_deadline).saturating_duration_since(now)
+        });
+        self.most.min(lapses)
+    }
+}
+
 /// The sidecar's leader work: when the term ends on purpose (SIGTERM, the
 /// pod deleted, the app turned unhealthy) drain before the elector releases:
 /// `drain` at most, over as soon as the app container run that led has
@@ -173,8 +195,14 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
 /// ([`own_pod::drain`]), or as soon as the app acknowledges the term's
 /// drain ([`drained`]); a lost term ends at once. `signalled`: a signal
 /// came (not a retirement, which drains like any step-down).
+///
+/// Nothing renews while the leader drains, so the drain also ends at R
+/// after the last renewal was sent (issue 54): the release, which carries a
+/// transfer's reservation, then still lands before the store can let the
+/// lease expire (D > R), instead of after another candidate acquired (on
+/// Redis the key is gone at its TTL).
 fn drain_on_step_down(
-    drain: Duration,
+    drain: Drain,
     reserve: Duration,
     own: Option<tokio::sync::watch::Receiver<own_pod::OwnPod>>,
     signalled: CancellationToken,
@@ -190,8 +218,12 @@ fn drain_on_step_down(
             // before the elector publishes why the term ended: read the
             // reason only once the state no longer claims.
             let mut state = ctx.state.clone();
-            let ended = state.wait_for(|s| !s.leader).await.map(|s| s.change.clone());
-            if ended.is_ok_and(|change| change == Change::SteppingDown) {
+            let ended = state
+                .wait_for(|s| !s.leader)
+                .await
+                .map(|s| (s.change.clone(), s.renewed));
+            if let Ok((Change::SteppingDown, renewed)) = ended {
+                let drain = drain.left(renewed, tokio::time::Instant::now());
                 info!(?drain, "stopped claiming; draining before the release");
                 tokio::select! {
                     () = own_pod::drain(drain, reserve, own, led, signalled) => {}
@@ -224,7 +256,7 @@ mod tests {
         let handle = elector.spawn_with_work(
             Arc::new(store.clone()),
             shutdown.clone(),
-            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone(), never_acked()),
+            drain_on_step_down(at_most(drain), Duration::ZERO, None, shutdown.clone(), never_acked()),
         );
         let mut state = handle.subscribe();
         state.wait_for(|s| s.leader).await.unwrap();
@@ -248,6 +280,55 @@ mod tests {
         );
     }
 
+    /// A drain of `most` under the default timing.
+    fn at_most(most: Duration) -> Drain {
+        Drain {
+            most,
+            renew_deadline: Timing::default().renew_deadline,
+        }
+    }
+
+    /// Issue 54: a drain longer than the lease ends at R after the last
+    /// renewal (nothing renews while draining), so the release lands while
+    /// the row is still ours: released, not expired and not taken.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_longer_than_the_lease_ends_before_the_lease_can_expire() {
+        let timing = Timing::default();
+        let store = MemoryStore::new(1);
+        let elector = Elector::new("drain", Identity::new(None, None, "pod-0"), timing);
+        let shutdown = CancellationToken::new();
+        let handle = elector.spawn_with_work(
+            Arc::new(store.clone()),
+            shutdown.clone(),
+            drain_on_step_down(
+                at_most(timing.lease_duration * 4),
+                Duration::ZERO,
+                None,
+                shutdown.clone(),
+                never_acked(),
+            ),
+        );
+        let mut state = handle.subscribe();
+        let renewed = state.wait_for(|s| s.leader).await.unwrap().renewed.unwrap();
+        shutdown.cancel();
+        let mut changes = handle.subscribe();
+        handle.join().await;
+        let released_at = tokio::time::Instant::now();
+        assert!(
+            released_at <= renewed + timing.renew_deadline + Duration::from_millis(100),
+            "released {:?} after the last renewal, past R = {:?}",
+            released_at - renewed,
+            timing.renew_deadline
+        );
+        assert_eq!(
+            changes.borrow_and_update().change,
+            Change::Released,
+            "the release itself succeeded"
+        );
+        let row = store.observe("drain").await.unwrap();
+        assert_eq!(row.live_holder(), None, "released");
+    }
+
     /// A drain no app acknowledges.
     fn never_acked() -> tokio::sync::watch::Receiver<Option<crate::lease::FencingToken>> {
         tokio::sync::watch::channel(None).1
@@ -265,7 +346,7 @@ mod tests {
         let handle = elector.spawn_with_work(
             Arc::new(store.clone()),
             shutdown.clone(),
-            drain_on_step_down(drain, Duration::ZERO, None, shutdown.clone(), acked),
+            drain_on_step_down(at_most(drain), Duration::ZERO, None, shutdown.clone(), acked),
         );
         let mut state = handle.subscribe();
         let token = state.wait_for(|s| s.leader).await.unwrap().token;
@@ -365,7 +446,11 @@ mod tests {
             let elector = Elector::new("web", Identity::new(None, Some("prod".into()), "web-0"), timing);
             let shutdown = CancellationToken::new();
             let reserve = own_pod::release_reserve(&timing);
-            let work = drain_on_step_down(cli.args.drain, reserve, own.clone(), shutdown.clone(), never_acked());
+            let drain = Drain {
+                most: cli.args.drain,
+                renew_deadline: timing.renew_deadline,
+            };
+            let work = drain_on_step_down(drain, reserve, own.clone(), shutdown.clone(), never_acked());
             let handle = elector.spawn_with_work(Arc::new(store.clone()), shutdown.clone(), work);
             let control = handle.control();
             let metrics = Metrics::new(&mut Registry::default());

@@ -128,7 +128,9 @@ pub struct Args {
     /// Failed polls in a row that make the app unhealthy.
     #[arg(long, env = "LEASEHOLD_APP_HEALTH_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub app_health_failures: u32,
-    /// On SIGTERM or when the app turns unhealthy: time between stopping to claim and releasing.
+    /// On SIGTERM or when the app turns unhealthy: time between stopping to claim and releasing; never past the
+    /// renew deadline after the last renewal (nothing renews while draining, and the release must land before the
+    /// lease can expire).
     #[arg(long, env = "LEASEHOLD_DRAIN", default_value = "5s", value_parser = parse_duration_flag)]
     pub drain: Duration,
 }
