@@ -30,6 +30,12 @@ impl HolderPod {
         self.0.as_ref().map(Identity::name)
     }
 
+    /// The UID of the holder's pod, when its identity carries one (`…@uid`):
+    /// a pod of the same name with another UID is another pod (issue 54).
+    pub(crate) fn pod_uid(&self) -> Option<&str> {
+        self.0.as_ref().and_then(Identity::pod_uid)
+    }
+
     /// The cluster the holder's identity names, if any.
     pub(crate) fn cluster(&self) -> Option<&str> {
         self.0.as_ref().and_then(Identity::cluster)
@@ -63,9 +69,11 @@ impl HolderPod {
         })
     }
 
-    /// Whether a pod named `pod` in `namespace` of this cluster keeps its
-    /// leader label for this holder (label repairs): the holder's pod by
-    /// name that [may be local](Self::may_be_local). Cautious both ways: a
+    /// Whether a pod named `pod` (with UID `pod_uid`, when known) in
+    /// `namespace` of this cluster keeps its leader label for this holder
+    /// (label repairs): the holder's pod by name, and by UID where both
+    /// sides carry one (a namesake with another UID is another pod), that
+    /// [may be local](Self::may_be_local). Cautious both ways: a
     /// holder not proven elsewhere keeps its label (taking a live leader's
     /// label moves its traffic away), and a pod of the same name in a
     /// cluster the holder certainly is not in loses one. `flaw` is the
@@ -73,11 +81,17 @@ impl HolderPod {
     pub(crate) fn keeps_label(
         &self,
         pod: &str,
+        pod_uid: Option<&str>,
         cluster: Option<&str>,
         namespace: &str,
         flaw: Option<LocalityFlaw>,
     ) -> bool {
+        let same_pod = match (self.pod_uid(), pod_uid) {
+            (Some(holder), Some(pod)) => holder == pod,
+            _ => true,
+        };
         self.pod() == Some(pod)
+            && same_pod
             && match flaw {
                 Some(LocalityFlaw::LabelByNameAlone) => true,
                 Some(LocalityFlaw::LabelNeedsProof) => self.is_local(cluster, namespace, None),

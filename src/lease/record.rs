@@ -202,6 +202,11 @@ impl Identity {
         &self.name
     }
 
+    /// The pod UID this identity carries (`…#nonce@uid`), if any.
+    pub fn pod_uid(&self) -> Option<&str> {
+        self.pod_uid.as_deref()
+    }
+
     pub fn cluster(&self) -> Option<&str> {
         self.cluster.as_deref()
     }

@@ -172,7 +172,7 @@ impl Schedule {
             let holder = holder.as_deref().unwrap_or("nobody");
             match judged
                 .as_ref()
-                .is_some_and(|h| h.keeps_label(&pod, ours, NAMESPACE, flaw))
+                .is_some_and(|h| h.keeps_label(&pod, None, ours, NAMESPACE, flaw))
             {
                 true => {
                     if let Some(elsewhere) = judged.as_ref().and_then(|h| h.cluster_elsewhere(ours))

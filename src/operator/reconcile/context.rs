@@ -132,12 +132,12 @@ impl Context {
         Ok(rollout::cached_owners(&self.deployments, namespace, candidates))
     }
 
-    /// Whether a pod of this name runs in `namespace` (exists and has not
-    /// finished), from the pod watch's cache.
-    pub(super) async fn pod_runs(&self, namespace: &str, name: &str) -> Result<bool> {
+    /// Whether a pod of this name (and UID, when given) runs in `namespace`
+    /// (exists and has not finished), from the pod watch's cache.
+    pub(super) async fn pod_runs(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<bool> {
         self.pods_listed().await?;
         let pod = self.pods.store().get(&ObjectRef::new(name).within(namespace));
-        Ok(pod.is_some_and(|pod| !pod.finished))
+        Ok(pod.is_some_and(|pod| !pod.finished && uid.is_none_or(|uid| pod.uid.as_deref() == Some(uid))))
     }
 
     /// The candidate pods of a lease, from the pod watch's cache, once it

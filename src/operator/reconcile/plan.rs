@@ -351,7 +351,7 @@ fn repairs(
         .filter(|pod| {
             !holders
                 .iter()
-                .any(|holder| holder.keeps_label(&pod.name, cluster, namespace, None))
+                .any(|holder| holder.keeps_label(&pod.name, pod.uid.as_deref(), cluster, namespace, None))
         })
         .map(|pod| Repair {
             pod: pod.name.clone(),

@@ -46,9 +46,18 @@ pub(super) async fn act(lease: &DistributedLease, ctx: &Context, found: &Found, 
     warn_unparsable(lease, ctx, &key, &candidates).await;
     let holder = observed.live_holder();
     let holder_pod = holder.map(HolderPod::parse);
+    // The leader among the candidates: by name, and by UID where the
+    // holder's identity carries one (a namesake is another pod).
     let leader = holder
         .zip(holder_pod.as_ref())
         .filter(|(_, pod)| pod.may_be_local(ctx.cluster.as_deref(), &namespace))
+        .filter(|(_, pod)| {
+            pod.pod_uid().is_none_or(|uid| {
+                candidates
+                    .iter()
+                    .any(|c| Some(c.name.as_str()) == pod.pod() && c.uid == uid)
+            })
+        })
         .and_then(|(holder, pod)| Some((holder, pod.pod()?)));
     let mut input = Input {
         candidates: &candidates,

@@ -384,6 +384,35 @@ async fn deleting_keeps_the_finalizer_while_the_store_shows_a_live_holder() {
     );
 }
 
+/// Issue 54: holders are judged by pod UID where their identity carries
+/// one. Two clusters without names run the same manifest on one store:
+/// the live holder is the other cluster's web-0 (its UID), and this
+/// cluster's web-0 (another UID) has retired. The local namesake is not
+/// the holder, so the delete neither waits for it (as it did, for as long
+/// as the other cluster led) nor releases the row.
+#[tokio::test]
+async fn a_namesake_with_another_uid_is_not_the_holder_a_delete_waits_for() {
+    let holder = "prod/web-0#n1@uid-elsewhere";
+    let (fixture, _) = held_by(fixture(), holder).await;
+    let resource = deleted(&[]);
+    let echo = resource.clone();
+    let mut namesake = running_candidate("web-0", Some("u-1"));
+    namesake["metadata"]["uid"] = json!("uid-here");
+    let (result, store, _) = run(fixture, resource, async move |server| {
+        expect_pod_list(server, vec![namesake.clone()]).await;
+        expect_fresh_pod_list(server, vec![namesake]).await;
+        expect_finalizer_dropped(server, &echo).await;
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let row = store.observe("prod/web").await.unwrap().record.unwrap();
+    assert_eq!(
+        row.holder.as_deref(),
+        Some(holder),
+        "the other cluster's leader keeps its lease"
+    );
+}
+
 /// Both halves of the gate hold: every running candidate retired from u-1,
 /// the holder released: the finalizer goes.
 #[tokio::test]

@@ -723,3 +723,31 @@ async fn a_preferred_target_backing_off_is_shown_in_status() {
         "gone once over: {status}"
     );
 }
+
+/// Issue 54: a label repair judges the holder by pod UID where both sides
+/// carry one: a namesake of the holder (another UID) showing `true` is
+/// stale and set back; the holder's own pod keeps its label.
+#[tokio::test]
+async fn a_namesake_of_the_holder_with_another_uid_loses_its_label() {
+    let store = MemoryStore::new(7);
+    let read = held(&store, "prod/web", "prod/web-0#n1@uid-holder").await;
+    let fresh = resource(json!({}), None);
+    let with_uid = |uid: &str| {
+        let mut web_0 = pod("web-0", Some("true"), true);
+        web_0["metadata"]["uid"] = json!(uid);
+        web_0
+    };
+    let plan = plan_of(
+        &fresh,
+        seen(&fresh, vec![with_uid("uid-namesake")], Ok(Read::Lease(read.clone()))),
+    );
+    assert_eq!(
+        plan.repairs.iter().map(|r| r.pod.as_str()).collect::<Vec<_>>(),
+        ["web-0"]
+    );
+    let plan = plan_of(
+        &fresh,
+        seen(&fresh, vec![with_uid("uid-holder")], Ok(Read::Lease(read))),
+    );
+    assert!(plan.repairs.is_empty(), "{:?}", plan.repairs);
+}
