@@ -80,6 +80,17 @@ pub fn store_reachable(pod: &Pod) -> bool {
 /// it set this annotation on its own pod only.
 pub const RETIRED_FROM_ANNOTATION: &str = "leasehold.dev/retired-from";
 
+/// The annotation a sidecar started with `--lease` writes on its own pod
+/// before it reads the lease: the name of the `DistributedLease` it is
+/// about to campaign for. A deleted lease's finalizer waits for every
+/// candidate carrying it (or whose sidecar the kubelet reports running)
+/// to retire: a sidecar that read the lease before the delete wrote it
+/// before that read, so the operator's list after the delete sees it, even
+/// before the kubelet reports the container running (issue 54). One that
+/// writes it after that list reads the lease after the delete, and never
+/// campaigns.
+pub const CAMPAIGNS_FOR_ANNOTATION: &str = "leasehold.dev/campaigns-for";
+
 /// `--version`: this candidate's version, for people.
 pub(crate) const ENV_VERSION: &str = "LEASEHOLD_VERSION";
 /// `--revision`: the number versions are ordered by.

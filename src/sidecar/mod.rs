@@ -89,6 +89,21 @@ pub async fn run(args: Args) -> Result<()> {
         true => Some(::kube::Client::try_default().await?),
         false => None,
     };
+    // Before the lease is read: a delete's finalizer waits for this pod
+    // from now on (`api::contract::CAMPAIGNS_FOR_ANNOTATION`).
+    if let (Some(client), Some(lease), Some(pod), Some(namespace)) = (
+        &kube,
+        &args.election.lease,
+        &args.election.pod_name,
+        &args.election.pod_namespace,
+    ) {
+        let pods = ::kube::Api::namespaced(client.clone(), namespace);
+        let annotation = crate::api::contract::CAMPAIGNS_FOR_ANNOTATION;
+        tokio::select! {
+            _ = retire::mark(pods, pod, annotation, lease) => {}
+            _ = signalled.cancelled() => return Ok(()),
+        }
+    }
     let settings = config::resolve(&args.election, kube.clone()).await?;
     info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, partitions = ?settings.partitions, "starting");
     let bound = kube.clone().zip(settings.pod.clone()).zip(settings.lease.clone());

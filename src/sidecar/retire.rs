@@ -43,8 +43,9 @@ pub(crate) async fn retire(
     signalled: &CancellationToken,
 ) -> Result<()> {
     warn!(%lease, uid = %retirement.uid, why = %retirement.why, "retired from the lease: nothing claimed, nothing held");
+    let pods = Api::namespaced(client.clone(), &pod.namespace);
     let marked = tokio::select! {
-        marked = mark_retired(Api::namespaced(client.clone(), &pod.namespace), &pod.name, &retirement.uid) => marked,
+        marked = mark(pods, &pod.name, RETIRED_FROM_ANNOTATION, &retirement.uid) => marked,
         _ = signalled.cancelled() => return Ok(()),
     };
     if marked {
@@ -59,18 +60,18 @@ pub(crate) async fn retire(
     Err(Error::Reexec(reexec()))
 }
 
-/// Writes the annotation on our own pod until the API server takes it;
-/// `false` when the pod is gone (nothing left to mark).
-async fn mark_retired(pods: Api<Pod>, name: &str, uid: &str) -> bool {
+/// Writes `annotation: value` on our own pod until the API server takes
+/// it; `false` when the pod is gone (nothing left to mark).
+pub(crate) async fn mark(pods: Api<Pod>, name: &str, annotation: &str, value: &str) -> bool {
     use backon::BackoffBuilder;
-    let patch = Patch::Merge(json!({"metadata": {"annotations": {RETIRED_FROM_ANNOTATION: uid}}}));
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {annotation: value}}}));
     let mut backoff = capped_backoff().build();
     loop {
         match pods.patch(name, &PatchParams::default(), &patch).await {
             Ok(_) => return true,
             Err(kube::Error::Api(status)) if status.code == 404 => return false,
             Err(e) => {
-                warn!(error = %e, "could not mark our pod retired; trying again");
+                warn!(error = %e, %annotation, "could not annotate our pod; trying again");
                 tokio::time::sleep(backoff.next().unwrap_or(super::BACKOFF_CAP)).await;
             }
         }

@@ -86,6 +86,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-transfer-target-gone",
     "e2e-prefer-priority",
     "e2e-prefer-zone",
+    "e2e-prefer-cut-off",
     "e2e-history-restart",
 ];
 

@@ -2,14 +2,17 @@
 //! leadership watcher on: `leasehold transfer` to a named pod, refused, and
 //! with its target deleted mid-flight; a higher-priority pod joining (and an
 //! equal one that does not move leadership); a zone preference once the
-//! node carries a zone; and `status.history` across an operator downtime.
+//! node carries a zone; a preferred pod cut off from the store, never
+//! offered leadership until it reaches the store again (issue 54); and
+//! `status.history` across an operator downtime.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams};
-use leasehold::api::contract::containers_ready_since;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use leasehold::api::DistributedLease;
+use leasehold::api::contract::{STORE_CONDITION, containers_ready_since};
 use leasehold::api::history::{HistoryEntry, TermEnd};
 use leasehold::api::preference::{PRIORITY_KEY, ZONE_LABEL};
 use leasehold::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
@@ -17,7 +20,8 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Env, Scenario, scenario, wait_for};
 use crate::e2e::faults::{converges, converges_past, lease_timing, token};
-use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+use crate::e2e::node::Partition;
 use crate::e2e::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
 
 /// How long `leasehold transfer --wait` waits for the leader's answer: the
@@ -29,6 +33,13 @@ const STATUS_WITHIN: Duration = Duration::from_secs(60);
 /// The stabilisation period of the preference scenarios: short, so a move
 /// is quick, and above P (2 s) as validation requires.
 const STABILIZATION: Duration = Duration::from_secs(5);
+/// How long a preferred candidate stays cut off from the store after it
+/// outranks the leader: many stabilization periods, so a transfer the
+/// operator should not ask for would be asked for (and answered) within it.
+const CUT_OFF_WINDOW: Duration = Duration::from_secs(60);
+/// Generous: beyond the stabilization period, the operator's next look
+/// (within P), the leader's drain and the target's acquire.
+const HANDOVER_WITHIN: Duration = Duration::from_secs(60);
 
 /// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
 /// the cluster's kubeconfig: (exit code, stdout, stderr).
@@ -487,6 +498,232 @@ async fn a_candidate_in_a_preferred_zone_takes_over() {
         zone.remove();
         let labels = s.env.kubectl_ok(&["get", "node", &node, "--show-labels"]);
         assert!(!labels.contains(ZONE_LABEL), "the node's zone label removed: {labels}");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// `pod`'s [`STORE_CONDITION`] as (status, reason, message), if it shows one.
+async fn store_condition(s: &Scenario, pod: &str) -> Option<(String, String, String)> {
+    let pod = s.api::<Pod>().get(pod).await.ok()?;
+    let conditions = pod.status?.conditions?;
+    let found = conditions.into_iter().find(|c| c.type_ == STORE_CONDITION)?;
+    Some((
+        found.status,
+        found.reason.unwrap_or_default(),
+        found.message.unwrap_or_default(),
+    ))
+}
+
+/// Waits until `pod` shows [`STORE_CONDITION`] with `status` and returns
+/// how long that took; fails naming what the pod showed last.
+async fn store_condition_becomes(s: &Scenario, pod: &str, status: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let seen = store_condition(s, pod).await;
+        if seen.as_ref().is_some_and(|(shown, _, _)| shown == status) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{pod} showing {STORE_CONDITION}={status}: not within {within:?}; it showed {seen:?} \
+             (status, reason, message) last"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 54's defect 2, on the real cluster: a follower cut off from the
+/// PostgreSQL server (iptables in its network namespace) keeps its
+/// containers Ready, but its sidecar's store calls fail and it shows
+/// `leasehold.dev/store-reachable=False`. Labelled `leasehold.dev/priority=10`
+/// it outranks the leader; before the fix the operator offered it
+/// leadership and the lease sat reserved for it, leaderless, transfer
+/// after transfer. Asserted over 60 s after the label: the operator asks
+/// for no transfer to it (or, if it does, each ends TransferFailed with
+/// `TargetCannotReachStore`); once a second the original leader is the one
+/// labelled leader, the leader Service's one endpoint, the only claimant on
+/// `/leader` with the same term, and the lease's status names it; and its
+/// claim of that term spans the whole window (one continuous holding, so
+/// it never stood aside) with no moment without the leader endpoint. Then
+/// the cut is healed: the condition turns True and, within the
+/// stabilization period plus a generous bound, leadership moves to it
+/// once, by one operator transfer (origin Preference, Transferred), the
+/// next term with a higher token. Prints how long the condition took to
+/// turn False and True and the handover took, for the record.
+#[tokio::test]
+async fn a_preferred_pod_cut_off_from_the_store_is_not_offered_leadership_until_it_reaches_it() {
+    scenario("e2e-prefer-cut-off", |s| async move {
+        let (store, watcher) = leader_only_service(&s, preferring(json!({}))).await;
+        let (leader, was) = converges(&s, &watcher, None, FIRST_LEADER).await;
+        let target = a_follower(&s, &leader).await;
+        containers_ready(&s, &target).await;
+        // Bounded: a fresh follower's first store call answers within P.
+        store_condition_becomes(&s, &target, "True", STATUS_WITHIN).await;
+        let (moves, claimants) = (watcher.moves(), watcher.claimants());
+
+        let partition = Partition::start(&s, &target, (s.env.host_ip, store.port).into()).await;
+        // The follower's next attempt (within P) runs into the call timeout.
+        let to_false = store_condition_becomes(&s, &target, "False", SUCCESSOR).await;
+        println!("{target} cut off from PostgreSQL: {STORE_CONDITION}=False {to_false:?} after the cut");
+
+        let label = json!({"metadata": {"labels": {PRIORITY_KEY: "10"}}});
+        s.api::<Pod>()
+            .patch(&target, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap_or_else(|e| panic!("labelling {target} {PRIORITY_KEY}=10: {e}"));
+        let leases = s.api::<DistributedLease>();
+        let window_start = Instant::now();
+        let mut second = 0;
+        while window_start.elapsed() < CUT_OFF_WINDOW {
+            let at = window_start.elapsed();
+            assert_eq!(
+                watcher.leaders(),
+                std::slice::from_ref(&leader),
+                "{at:?} after the label: the one leader label"
+            );
+            assert_eq!(
+                watcher.ready_endpoints(),
+                std::slice::from_ref(&leader),
+                "{at:?} after the label: the leader Service's one endpoint"
+            );
+            let claim = watcher.claim_of(&leader);
+            assert!(
+                claim
+                    .as_ref()
+                    .is_some_and(|c| (c.term, &c.token) == (was.term, &was.token)),
+                "{at:?} after the label: {leader} claims term {} on /leader, it said {claim:?}",
+                was.term
+            );
+            let pods = s.pods(APP).await;
+            for pod in pods.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                if pod != leader {
+                    let claim = watcher.claim_of(pod);
+                    assert!(claim.is_none(), "{at:?} after the label: {pod} claims too: {claim:?}");
+                }
+            }
+            let status = leases.get(LEASE).await.ok().and_then(|l| l.status);
+            let named = status.as_ref().map(|st| (st.holder.as_deref(), st.term));
+            assert_eq!(
+                named,
+                Some((Some(was.holder.as_str()), Some(was.term))),
+                "{at:?} after the label: the lease's status names the leader's term"
+            );
+            second += 1;
+            tokio::time::sleep(Duration::from_secs(1).saturating_sub(window_start.elapsed() - at)).await;
+        }
+        let window_end = Instant::now();
+        // One token is one continuous holding: a claim read after the
+        // window with the term's token means it was held throughout.
+        let (from, _) = wait_for(
+            "the leader's claim of its term read after the window",
+            SUCCESSOR,
+            || async {
+                watcher
+                    .claim_span(&leader, &was.token)
+                    .filter(|(_, to)| *to >= window_end)
+            },
+        )
+        .await;
+        assert!(
+            from <= window_start,
+            "{leader}'s claim of term {} began before the window",
+            was.term
+        );
+        let idle = watcher.leaderless_between(window_start, window_end);
+        assert_eq!(
+            idle,
+            Duration::ZERO,
+            "the leader Service lost its endpoint for {idle:?}"
+        );
+        assert_eq!(
+            watcher.moves(),
+            moves,
+            "leadership never moved while {target} was cut off"
+        );
+        assert_eq!(
+            watcher.claimants(),
+            claimants,
+            "no other pod claimed while {target} was cut off"
+        );
+
+        // Any transfer the operator asked for meanwhile was refused by the
+        // leader before it stood aside (its claim above says it never did).
+        let refused = wait_for("every transfer of the window answered", STATUS_WITHIN, || async {
+            let all = requests(&s).await;
+            let phase = |t: &LeaseTransfer| t.status.as_ref().and_then(|st| st.phase);
+            let answered = |t: &LeaseTransfer| {
+                matches!(
+                    phase(t),
+                    Some(TransferPhase::Transferred | TransferPhase::TransferFailed)
+                )
+            };
+            all.iter().all(answered).then_some(all)
+        })
+        .await;
+        let refused_names: Vec<String> = refused.iter().map(kube::ResourceExt::name_any).collect();
+        for request in &refused {
+            let status = request.status.clone().unwrap_or_default();
+            assert_eq!(
+                (request.spec.to.as_str(), status.phase, status.reason.as_deref()),
+                (
+                    target.as_str(),
+                    Some(TransferPhase::TransferFailed),
+                    Some("TargetCannotReachStore")
+                ),
+                "a transfer while {target} was cut off: {request:?}"
+            );
+        }
+        println!(
+            "{second} samples over {:?}: {} LeaseTransfer(s) to {target} while cut off: {:?}",
+            window_end - window_start,
+            refused.len(),
+            refused_names
+        );
+
+        partition.heal();
+        let healed = Instant::now();
+        let to_true = store_condition_becomes(&s, &target, "True", SUCCESSOR).await;
+        let reachable = Instant::now();
+        println!("the cut removed: {STORE_CONDITION}=True {to_true:?} later");
+
+        let now = watcher.one_leader(Some(&leader), STABILIZATION + HANDOVER_WITHIN).await;
+        assert_eq!(now, target, "leadership moved to the preferred pod");
+        let claimed = watcher
+            .claimed_after(&target, healed)
+            .expect("the preferred pod's claim");
+        println!(
+            "{target} led {:?} after the cut was removed ({:?} after it showed {STORE_CONDITION}=True; \
+             stabilization {STABILIZATION:?})",
+            claimed - healed,
+            claimed.saturating_duration_since(reachable)
+        );
+        let (_, is) = converges_past(&s, &watcher, None, Some(&was), SUCCESSOR).await;
+        assert_eq!(is.term, was.term + 1, "the next term: {was:?} then {is:?}");
+        assert!(token(&is) > token(&was), "a higher token: {was:?} then {is:?}");
+        let target_uid = uid_of(&s, &target).await;
+        let done = wait_for("the operator's transfer Transferred", STATUS_WITHIN, || async {
+            let all = requests(&s).await;
+            let new: Vec<&LeaseTransfer> = (all.iter())
+                .filter(|t| !refused_names.contains(&kube::ResourceExt::name_any(*t)))
+                .collect();
+            let [request] = new.as_slice() else {
+                panic!("one transfer after the cut was removed, the operator's: {new:?}")
+            };
+            let phase = request.status.as_ref().and_then(|st| st.phase);
+            (phase == Some(TransferPhase::Transferred)).then(|| (*request).clone())
+        })
+        .await;
+        assert_eq!(done.spec.origin, Some(TransferOrigin::Preference), "{done:?}");
+        assert_eq!(done.spec.to, target, "{done:?}");
+        let status = done.status.clone().expect("the leader answered");
+        assert_eq!(
+            (status.from_term, status.term),
+            (Some(was.term), Some(is.term)),
+            "{done:?}"
+        );
+        assert_eq!(status.target_uid, Some(target_uid), "reserved by UID: {done:?}");
+        assert_eq!(watcher.moves() - moves, 1, "leadership moved exactly once");
         watcher.finish();
     })
     .await;

@@ -4,12 +4,16 @@
 //! cannot get a second leader while the old one still claims (issue 40).
 //!
 //! The gate opens when both hold:
-//! 1. every candidate pod whose sidecar container is running carries
+//! 1. every candidate pod whose sidecar container is running, or that
+//!    carries [`CAMPAIGNS_FOR_ANNOTATION`] naming this resource, carries
 //!    [`RETIRED_FROM_ANNOTATION`] naming this resource's uid: its sidecar
 //!    saw the deletion, stopped claiming and released before writing it
-//!    (`sidecar::retire`). Pods created after the deletion read the
-//!    deletionTimestamp at start and never campaign, so a list taken after
-//!    the deletion covers every candidate that could still claim;
+//!    (`sidecar::retire`). A sidecar writes the first annotation before it
+//!    reads the lease, so one that read it before the deletion is in a
+//!    list taken after it, even before the kubelet reports its container
+//!    running; one whose annotation the list misses read the lease after
+//!    the deletion and never campaigns. So a list taken after the deletion
+//!    covers every candidate that could still claim;
 //! 2. the store shows no live holder of the lock: released, or expired by
 //!    the store's clock. A dead holder whose pod is gone is released by
 //!    check-and-set (not on the Kubernetes store, whose Leases the
@@ -32,7 +36,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{Context, Error, RELEASE_PATIENCE, Result};
-use crate::api::contract::{RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
+use crate::api::contract::{CAMPAIGNS_FOR_ANNOTATION, RETIRED_FROM_ANNOTATION, SIDECAR_CONTAINER};
 use crate::api::{DistributedLease, ValidLease, ValidStore, validate};
 use crate::lease::StoreError;
 use crate::lease::holder::{HolderPod, LiveHolder};
@@ -65,9 +69,10 @@ pub(super) async fn release_on_delete(lease: &DistributedLease, namespace: &str,
     };
     let candidates = candidates_now(&valid, namespace, ctx).await?;
     let uid = lease.uid().unwrap_or_default();
+    let name = lease.name_any();
     let bound: Vec<String> = candidates
         .iter()
-        .filter(|pod| sidecar_running(pod) && !retired_from(pod, &uid))
+        .filter(|pod| (sidecar_running(pod) || campaigns_for(pod, &name)) && !retired_from(pod, &uid))
         .map(ResourceExt::name_any)
         .collect();
     if !bound.is_empty() {
@@ -119,6 +124,14 @@ fn sidecar_running(pod: &Pod) -> bool {
     let all = status.init_container_statuses.iter().flatten();
     all.chain(status.container_statuses.iter().flatten())
         .any(|c| c.name == SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+/// Whether the pod's sidecar said, before reading it, that it campaigns
+/// for the lease `name`.
+fn campaigns_for(pod: &Pod, name: &str) -> bool {
+    pod.annotations()
+        .get(CAMPAIGNS_FOR_ANNOTATION)
+        .is_some_and(|v| v == name)
 }
 
 fn retired_from(pod: &Pod, uid: &str) -> bool {

@@ -339,6 +339,35 @@ async fn deleting_keeps_the_finalizer_while_a_running_candidate_has_not_retired(
     assert_eq!(row.holder.as_deref(), Some("prod/web-0#n1"));
 }
 
+/// Issue 54: a sidecar that read the lease before the delete may not be
+/// reported running yet (the kubelet's status lags its containers), but it
+/// said it campaigns for the lease before that read: the finalizer waits
+/// for it too. A pod whose sidecar said so for another lease does not
+/// hold this one up.
+#[tokio::test]
+async fn deleting_waits_for_a_sidecar_that_campaigns_before_the_kubelet_reports_it() {
+    let (fixture, _) = held_by_web_0().await;
+    let resource = deleted(&[]);
+    let echo = resource.clone();
+    let (result, _, _) = run(fixture, resource, async move |server| {
+        let starting = |name: &str, lease: &str| {
+            let mut pod = pod(name, Some("false"), false);
+            pod["metadata"]["annotations"] = json!({crate::api::contract::CAMPAIGNS_FOR_ANNOTATION: lease});
+            pod
+        };
+        let pods = vec![
+            starting("web-0", "web"),
+            starting("web-1", "another-lease"),
+            running_candidate("web-2", Some("u-1")),
+        ];
+        expect_fresh_pod_list(server, pods).await;
+        let status = expect_delete_waits(server, echo, "the sidecars of web-0 to retire").await;
+        assert!(!conditions(&status)["Released"].2.contains("web-1"));
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(DELETE_REQUEUE));
+}
+
 /// Every candidate retired, but the store shows a live holder whose pod
 /// runs (a sidecar restarted in place, or a `leasehold run` pod): the
 /// finalizer stays and names the holder; nothing is released under it.
