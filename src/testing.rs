@@ -8,6 +8,8 @@
 pub mod api;
 pub mod cluster;
 pub mod conformance;
+#[cfg(test)]
+pub(crate) mod logs;
 /// The scripted API server of the reconcile's tests (the operator's unit
 /// tests and the emulator tests, `tests/stores/spanner.rs`).
 #[cfg(feature = "operator")]

@@ -888,7 +888,7 @@ impl Running {
             Ok(Ok(())) => {
                 let reserved_for = release.handoff.as_ref().map(Handoff::pod_uid);
                 let reason = release.reason.as_str();
-                info!(%lock, term = grant.term, ?reserved_for, reason, "released leadership");
+                info!(%lock, term = grant.term, reserved_for, reason, "released leadership");
                 Change::Released
             }
             Ok(Err(e)) => Change::ReleaseFailed(e.to_string()),
@@ -898,5 +898,36 @@ impl Running {
             warn!(%lock, error = %e, "release failed; the lease will expire by itself");
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use crate::testing::logs::{debug_forms, event, json_events};
+
+    /// Issue 57: a handover's release is logged with the reserved pod's UID
+    /// as a value a log pipeline can match, not the Debug form of an Option.
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_release_is_logged_with_plain_fields() {
+        let ((), events) = json_events(async {
+            let elector = Elector::new("web", Identity::new(None, None, "web-0"), Timing::default());
+            let mut changes = elector.transitions();
+            let shutdown = CancellationToken::new();
+            let handle = elector.spawn(Arc::new(MemoryStore::new(1)), shutdown.clone());
+            let mut state = handle.subscribe();
+            state.wait_for(|s| s.leader).await.unwrap();
+            let handoff = Handoff::new("uid-target", Duration::from_secs(15)).unwrap();
+            handle.control().hand_over(Some(Release::handing_over(handoff, false)));
+            // Every change: standing aside, it observes again at once after
+            // the release, which `state` (the latest only) may not show.
+            while changes.recv().await.unwrap().change != Change::Released {}
+            shutdown.cancel();
+            handle.join().await;
+        })
+        .await;
+        assert_eq!(event(&events, "released leadership")["reserved_for"], "uid-target");
+        assert_eq!(debug_forms(&events), Vec::<String>::new());
     }
 }

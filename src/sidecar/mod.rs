@@ -105,7 +105,7 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
     let settings = config::resolve(&args.election, kube.clone()).await?;
-    info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, partitions = ?settings.partitions, "starting");
+    info!(identity = %settings.identity, lock = %settings.lock, store = ?settings.store, timing = ?settings.timing, partitions = settings.partitions, "starting");
     let bound = kube.clone().zip(settings.pod.clone()).zip(settings.lease.clone());
     if let Some(((client, pod), lease)) = &bound
         && lease.deleting

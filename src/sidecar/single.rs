@@ -66,7 +66,7 @@ pub(super) async fn start(start: Start<'_>) -> super::Result<Mode> {
         }
         _ => settings.version.clone(),
     };
-    info!(version = ?version, policy = ?settings.versions, "version");
+    info!(version = version.as_ref().map(ToString::to_string), policy = ?settings.versions, "version");
     // The holder carries the pod UID, so that the next process of this pod
     // (the kubelet restarting this container) takes the lease over at once
     // instead of waiting D. Only the sidecar: a `leasehold run` command may

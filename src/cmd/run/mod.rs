@@ -156,6 +156,15 @@ pub async fn run(args: Args) -> Result<i32> {
         return Err(Error::PartitionsNeedSidecar(n));
     }
     info!(identity = %settings.identity, lock = %settings.lock, timing = ?settings.timing, ?grace, command = ?args.command, "starting");
+    // Bound to a lease: run only on the store it recorded (issue 54).
+    if let (Some(client), Some(pod), Some(lease)) = (&kube, &settings.pod, &settings.lease)
+        && settings.store.reached_by_url()
+    {
+        tokio::select! {
+            () = crate::sidecar::lease_store::admitted(client.clone(), &pod.namespace, &lease.name, &settings.store) => {}
+            () = shutdown.cancelled() => return Ok(0),
+        }
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
     // No app health source: the command is the app.

@@ -84,13 +84,13 @@ pub(crate) async fn admit<L: LeaseLookup>(
         // Admitted unwrapped, a container asking to run only while leading
         // would run on every replica: the one case worth blocking the pod.
         Err(reason) if reason.is_user_error() && runs => {
-            warn!(namespace, lease = %lease_name, pod = ?pod_name, %reason, "denied: cannot wrap with leasehold run");
+            warn!(namespace, lease = %lease_name, pod = pod_name.map(String::as_str), %reason, "denied: cannot wrap with leasehold run");
             return response.deny(format!(
                 "leasehold cannot wrap the command with `leasehold run`: {reason}"
             ));
         }
         Err(reason) if reason.is_user_error() => {
-            warn!(namespace, lease = %lease_name, pod = ?pod_name, %reason, "sidecar not injected");
+            warn!(namespace, lease = %lease_name, pod = pod_name.map(String::as_str), %reason, "sidecar not injected");
             let mut response = response;
             response.warnings = Some(vec![format!("leasehold sidecar not injected: {reason}")]);
             return response;
@@ -104,7 +104,7 @@ pub(crate) async fn admit<L: LeaseLookup>(
             return AdmissionResponse::from(&request);
         }
     };
-    info!(namespace, lease = %lease_name, pod = ?pod_name, "injected the leasehold sidecar");
+    info!(namespace, lease = %lease_name, pod = pod_name.map(String::as_str), "injected the leasehold sidecar");
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
     }

@@ -1260,3 +1260,14 @@ fn the_cluster_name_reaches_every_injected_sidecar_and_runner() {
         "{err}"
     );
 }
+
+/// Issue 57: the webhook's log names the pod as a value a log pipeline can
+/// match, not the Debug form of an Option.
+#[tokio::test]
+async fn the_injection_is_logged_with_plain_fields() {
+    use crate::testing::logs::{debug_forms, event, json_events};
+    let pod = pod(json!({}), true);
+    let (_, events) = json_events(post(Leases(Ok(GATED)), review(&pod))).await;
+    assert_eq!(event(&events, "injected the leasehold sidecar")["pod"], "app-0");
+    assert_eq!(debug_forms(&events), Vec::<String>::new());
+}
