@@ -40,37 +40,6 @@ pub(crate) async fn admit(choice: &StoreConfig, recorded: &Recorded) -> Result<(
     judge(&reached, recorded.as_deref())
 }
 
-/// Waits until the store `choice` reaches is the one the lease `name` in
-/// `namespace` recorded, reading the lease again between attempts: for
-/// `leasehold run`, which follows no lease watch. Every failure is logged
-/// at most once per [`REPORT_EVERY`](super::starting::REPORT_EVERY); a
-/// mismatch never ends (the command never runs on another store).
-pub(crate) async fn admitted(client: kube::Client, namespace: &str, name: &str, choice: &StoreConfig) {
-    use backon::BackoffBuilder;
-    let leases: kube::Api<crate::api::DistributedLease> = kube::Api::namespaced(client, namespace);
-    let mut backoff = super::capped_backoff().build();
-    let mut throttle = super::starting::Throttle::new(super::starting::REPORT_EVERY);
-    loop {
-        let checked = async {
-            let lease = leases
-                .get(name)
-                .await
-                .map_err(|e| StoreError::unavailable(format!("reading DistributedLease {name}")).caused_by(e))?;
-            let recorded = lease.status.and_then(|s| s.store_identity);
-            admit(choice, &watch::channel(recorded).1).await
-        };
-        match checked.await {
-            Ok(()) => return,
-            Err(e) => {
-                if let Some(attempts) = throttle.due(tokio::time::Instant::now()) {
-                    tracing::warn!(problem = %e.chain(), attempts, "not campaigning yet; retrying with backoff");
-                }
-                tokio::time::sleep(backoff.next().unwrap_or(super::BACKOFF_CAP)).await;
-            }
-        }
-    }
-}
-
 /// Whether a candidate whose URL reaches `reached` may campaign on a lease
 /// that `recorded` the store it campaigns on.
 fn judge(reached: &StoreIdentity, recorded: Option<&str>) -> Result<(), StoreError> {

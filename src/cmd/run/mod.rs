@@ -36,10 +36,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::contract;
-use crate::lease::{Elector, LeaderContext, LeaseStore, Timing};
+use crate::lease::{Elector, LeaderContext, LeaseStore, StoreError, Timing};
 use crate::sidecar::config::{self, ElectionArgs};
 use crate::sidecar::metrics::{MeteredStore, Metrics};
 use crate::sidecar::{budget::RenewBudget, http, http::LeaderView, publish, timing_risk, token_file};
+use crate::store::select::StoreConfig;
 use launch::{Launcher, Supervised, WatchdogLauncher};
 use watchdog::Heartbeat;
 
@@ -86,7 +87,7 @@ pub enum Error {
     #[error("Kubernetes API")]
     Kube(#[from] ::kube::Error),
     #[error("store")]
-    Store(#[from] crate::lease::StoreError),
+    Store(#[from] StoreError),
     #[error(
         "leadership prefers {0:?}, which needs the sidecar's watch of its peer pods; leasehold run records \
          --revision/--version-name and honours the version fence only: run it as the sidecar, or prefer None"
@@ -161,7 +162,7 @@ pub async fn run(args: Args) -> Result<i32> {
         && settings.store.reached_by_url()
     {
         tokio::select! {
-            () = crate::sidecar::lease_store::admitted(client.clone(), &pod.namespace, &lease.name, &settings.store) => {}
+            () = admitted(client.clone(), &pod.namespace, &lease.name, &settings.store) => {}
             () = shutdown.cancelled() => return Ok(0),
         }
     }
@@ -238,6 +239,37 @@ pub async fn run(args: Args) -> Result<i32> {
         warn!(error = %e, "metrics server error");
     }
     Ok(runner.exit_code())
+}
+
+/// Waits until the store `choice` reaches is the one the lease `name` in
+/// `namespace` recorded, reading the lease again between attempts: for
+/// `leasehold run`, which follows no lease watch. Every failure is logged
+/// at most once per [`REPORT_EVERY`](crate::sidecar::starting::REPORT_EVERY); a
+/// mismatch never ends (the command never runs on another store).
+async fn admitted(client: kube::Client, namespace: &str, name: &str, choice: &StoreConfig) {
+    use backon::BackoffBuilder;
+    let leases: kube::Api<crate::api::DistributedLease> = kube::Api::namespaced(client, namespace);
+    let mut backoff = crate::sidecar::capped_backoff().build();
+    let mut throttle = crate::sidecar::starting::Throttle::new(crate::sidecar::starting::REPORT_EVERY);
+    loop {
+        let checked = async {
+            let lease = leases
+                .get(name)
+                .await
+                .map_err(|e| StoreError::unavailable(format!("reading DistributedLease {name}")).caused_by(e))?;
+            let recorded = lease.status.and_then(|s| s.store_identity);
+            crate::sidecar::lease_store::admit(choice, &tokio::sync::watch::channel(recorded).1).await
+        };
+        match checked.await {
+            Ok(()) => return,
+            Err(e) => {
+                if let Some(attempts) = throttle.due(tokio::time::Instant::now()) {
+                    tracing::warn!(problem = %e.chain(), attempts, "not campaigning yet; retrying with backoff");
+                }
+                tokio::time::sleep(backoff.next().unwrap_or(crate::sidecar::BACKOFF_CAP)).await;
+            }
+        }
+    }
 }
 
 /// Binds the metrics listener; then, with `--ready-file`, says where (with
