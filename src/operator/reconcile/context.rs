@@ -260,24 +260,7 @@ impl Context {
 
     /// Which store `target` reaches, read at most once per [`SECRET_REFRESH`].
     async fn identity_of(&self, target: &StoreConfig) -> Result<StoreIdentity, StoreError> {
-        let key = target.key();
-        let cached = self
-            .identities
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        match cached {
-            Some((identity, read)) if read.elapsed() < SECRET_REFRESH => Ok(identity),
-            _ => {
-                let identity = self.stores.identity(target).await?;
-                self.identities
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, (identity.clone(), Instant::now()));
-                Ok(identity)
-            }
-        }
+        refreshed(&self.identities, target.key(), || self.stores.identity(target)).await
     }
 
     /// Where a valid lease's Secret (or spec) says its store is.
@@ -286,18 +269,7 @@ impl Context {
             None => None,
             Some(secret) => {
                 let key = (namespace.to_string(), secret.name.clone(), secret.key.clone());
-                let cached = self.urls.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
-                match cached {
-                    Some((url, read)) if read.elapsed() < SECRET_REFRESH => Some(url),
-                    _ => {
-                        let url = read_url(&self.client, namespace, secret).await?;
-                        self.urls
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(key, (url.clone(), Instant::now()));
-                        Some(url)
-                    }
-                }
+                Some(refreshed(&self.urls, key, || read_url(&self.client, namespace, secret)).await?)
             }
         };
         target_of(valid, namespace, url)
@@ -472,6 +444,34 @@ impl Context {
             Err(e) => {
                 warn!(store = %valid.store, error = %e.chain(), "collecting dead sessions failed; trying again later")
             }
+        }
+    }
+}
+
+/// What `cache` holds for `key` while younger than [`SECRET_REFRESH`];
+/// else what `read` answers, kept with the time it was read. The one rule
+/// for the Secrets' URLs and the stores' identities: both are read again
+/// then, and sooner once a store call failed (`Context::forget_url`).
+async fn refreshed<K, V, F>(
+    cache: &Mutex<HashMap<K, (V, Instant)>>,
+    key: K,
+    read: impl FnOnce() -> F,
+) -> Result<V, StoreError>
+where
+    K: Eq + std::hash::Hash,
+    V: Clone,
+    F: Future<Output = Result<V, StoreError>>,
+{
+    let cached = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    match cached {
+        Some((value, read_at)) if read_at.elapsed() < SECRET_REFRESH => Ok(value),
+        _ => {
+            let value = read().await?;
+            cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, (value.clone(), Instant::now()));
+            Ok(value)
         }
     }
 }
