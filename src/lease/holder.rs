@@ -36,6 +36,12 @@ impl HolderPod {
         self.0.as_ref().and_then(Identity::pod_uid)
     }
 
+    /// Whether the pod named `name` with UID `uid` is the holder's: the
+    /// name, and the UID wherever the holder's identity carries one.
+    pub(crate) fn is_pod(&self, name: &str, uid: Option<&str>) -> bool {
+        self.pod() == Some(name) && self.pod_uid().is_none_or(|holder| uid == Some(holder))
+    }
+
     /// The cluster the holder's identity names, if any.
     pub(crate) fn cluster(&self) -> Option<&str> {
         self.0.as_ref().and_then(Identity::cluster)

@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 use super::plan::{Found, Read, Seen, StoreSeen};
 use super::{Error, GC_INTERVAL, MIN_REQUEUE, POD_CACHE_WAIT, Result, SECRET_REFRESH};
 use crate::api::{DistributedLease, ValidLease, validate};
+use crate::lease::holder::HolderPod;
 use crate::lease::partitions::PartitionView;
 use crate::lease::session::Collected;
 use crate::lease::{LeaseStore, Observation, StoreError, StoreIdentity};
@@ -132,12 +133,13 @@ impl Context {
         Ok(rollout::cached_owners(&self.deployments, namespace, candidates))
     }
 
-    /// Whether a pod of this name (and UID, when given) runs in `namespace`
-    /// (exists and has not finished), from the pod watch's cache.
-    pub(super) async fn pod_runs(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<bool> {
+    /// Whether the holder's pod runs in `namespace` (exists, is the
+    /// holder's by [`HolderPod::is_pod`], and has not finished), from the
+    /// pod watch's cache.
+    pub(super) async fn pod_runs(&self, namespace: &str, name: &str, holder: &HolderPod) -> Result<bool> {
         self.pods_listed().await?;
         let pod = self.pods.store().get(&ObjectRef::new(name).within(namespace));
-        Ok(pod.is_some_and(|pod| !pod.finished && uid.is_none_or(|uid| pod.uid.as_deref() == Some(uid))))
+        Ok(pod.is_some_and(|pod| !pod.finished && holder.is_pod(&pod.name, pod.uid.as_deref())))
     }
 
     /// The candidate pods of a lease, from the pod watch's cache, once it

@@ -138,19 +138,16 @@ fn retired_from(pod: &Pod, uid: &str) -> bool {
     pod.annotations().get(RETIRED_FROM_ANNOTATION).is_some_and(|v| v == uid)
 }
 
-/// Whether the holder's pod exists and has not finished: a pod named
-/// `name`, and with the UID `uid` where the holder's identity carries one (a
-/// pod of the same name with another UID is another pod: this cluster's
-/// namesake of another cluster's leader, or a StatefulSet pod re-created
-/// since; issue 54). In the fresh list, or in the pod watch's cache (a
-/// holder's pod may carry other labels by now).
-async fn runs(candidates: &[Pod], namespace: &str, name: &str, uid: Option<&str>, ctx: &Context) -> Result<bool> {
-    let listed = candidates.iter().any(|pod| {
-        pod.name_any() == name
-            && uid.is_none_or(|uid| pod.metadata.uid.as_deref() == Some(uid))
-            && !candidate::finished(pod)
-    });
-    Ok(listed || ctx.pod_runs(namespace, name, uid).await?)
+/// Whether the holder's pod `name` exists and has not finished, judged by
+/// [`HolderPod::is_pod`] (a pod of the same name with another UID is
+/// another pod: this cluster's namesake of another cluster's leader, or a
+/// StatefulSet pod re-created since; issue 54). In the fresh list, or in the
+/// pod watch's cache (a holder's pod may carry other labels by now).
+async fn runs(candidates: &[Pod], namespace: &str, name: &str, holder: &HolderPod, ctx: &Context) -> Result<bool> {
+    let listed = candidates
+        .iter()
+        .any(|pod| holder.is_pod(&pod.name_any(), pod.metadata.uid.as_deref()) && !candidate::finished(pod));
+    Ok(listed || ctx.pod_runs(namespace, name, holder).await?)
 }
 
 /// Part 2 of the gate: the store's live holders.
@@ -227,9 +224,7 @@ async fn holders(
         let cluster = ctx.cluster.as_deref();
         // Asked only of a holder that may be local (judge_live's order).
         let runs_here = match pod.pod() {
-            Some(name) if pod.may_be_local(cluster, namespace) => {
-                runs(candidates, namespace, name, pod.pod_uid(), ctx).await?
-            }
+            Some(name) if pod.may_be_local(cluster, namespace) => runs(candidates, namespace, name, &pod, ctx).await?,
             _ => false,
         };
         match pod.judge_live(cluster, namespace, |_| runs_here, None) {

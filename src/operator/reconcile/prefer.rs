@@ -52,11 +52,8 @@ pub(super) async fn act(lease: &DistributedLease, ctx: &Context, found: &Found, 
         .zip(holder_pod.as_ref())
         .filter(|(_, pod)| pod.may_be_local(ctx.cluster.as_deref(), &namespace))
         .filter(|(_, pod)| {
-            pod.pod_uid().is_none_or(|uid| {
-                candidates
-                    .iter()
-                    .any(|c| Some(c.name.as_str()) == pod.pod() && c.uid == uid)
-            })
+            pod.pod_uid()
+                .is_none_or(|_| candidates.iter().any(|c| pod.is_pod(&c.name, Some(&c.uid))))
         })
         .and_then(|(holder, pod)| Some((holder, pod.pod()?)));
     let mut input = Input {
