@@ -771,19 +771,28 @@ def admission_policy_problems(policy, where, cases=POLICY_CASES):
     return found
 
 
-def fenced_config_map(token="42", holder="leader-b", lock="postgres:orders", extra=None):
+def fenced_config_map(token="42", holder="leader-b", lock="postgres:orders", extra=None, finalizers=None):
     annotations = {"leasehold.dev/fencing-token": token, "leasehold.dev/fencing-holder": holder,
                    "leasehold.dev/fencing-lock": lock}
     annotations.update(extra or {})
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders", "namespace": "my-app",
-                                                                  "annotations": {k: v for k, v in annotations.items() if v is not None}},
-            "data": {"owner": holder or ""}}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": "orders", "namespace": "my-app",
+                               "annotations": {k: v for k, v in annotations.items() if v is not None}},
+                  "data": {"owner": holder or ""}}
+    if finalizers is not None:
+        config_map["metadata"].update(finalizers=finalizers, deletionTimestamp="2026-01-01T00:00:00Z")
+    return config_map
 
 
 def writer(username, pod_name=None, subresource=""):
     return {"username": username, "extra": {"authentication.kubernetes.io/pod-name": [pod_name]} if pod_name else {},
             "subResource": subresource}
 
+
+# The chart's default fencing.trustedWriters: the garbage collector with and
+# without --use-service-account-credentials.
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
+CONTROLLER_MANAGER = "system:kube-controller-manager"
 
 # (what, request, old object, new object, allowed): the old object holds
 # token 42 from leader-b unless it says otherwise.
@@ -825,6 +834,21 @@ FENCING_CASES = [
     ("a controller writes status and another annotation", writer("system:serviceaccount:kube-system:deployment-controller",
                                                                  subresource="status"),
      fenced_config_map(), fenced_config_map(extra={"deployment.kubernetes.io/revision": "2"}), True),
+    # Trusted writers finish deletes, and never move the token.
+    ("the garbage collector removes foregroundDeletion", writer(GARBAGE_COLLECTOR),
+     fenced_config_map(finalizers=["foregroundDeletion"]), fenced_config_map(finalizers=[]), True),
+    ("the controller manager's own user removes foregroundDeletion", writer(CONTROLLER_MANAGER),
+     fenced_config_map(finalizers=["foregroundDeletion", "x/y"]), fenced_config_map(finalizers=["x/y"]), True),
+    ("a writer not trusted removes a finalizer", writer("system:serviceaccount:my-app:other"),
+     fenced_config_map(finalizers=["x/y"]), fenced_config_map(finalizers=[]), False),
+    ("a pod of a trusted writer's account removes a finalizer", writer(GARBAGE_COLLECTOR, "gc-0"),
+     fenced_config_map(finalizers=["x/y"]), fenced_config_map(finalizers=[]), True),
+    ("a trusted writer raises the token as holder", writer(GARBAGE_COLLECTOR), fenced_config_map(),
+     fenced_config_map("43", GARBAGE_COLLECTOR), False),
+    ("a trusted writer lowers the token", writer(GARBAGE_COLLECTOR), fenced_config_map(), fenced_config_map("41"), False),
+    ("a trusted writer removes the token", writer(GARBAGE_COLLECTOR), fenced_config_map(), fenced_config_map(None), False),
+    ("a trusted writer changes the lock", writer(GARBAGE_COLLECTOR), fenced_config_map(),
+     fenced_config_map(lock="postgres:billing"), False),
 ]
 
 
@@ -862,10 +886,16 @@ def fencing_policy_plants(policy):
     allows_everything["spec"]["validations"] = [{"expression": "true"}]
     never_matches = copy.deepcopy(policy)
     never_matches["spec"]["matchConditions"] = [{"name": "fenced", "expression": "false"}]
-    subresources_as_updates = copy.deepcopy(policy)
-    for variable in subresources_as_updates["spec"]["variables"]:
-        if variable["name"] == "onObject":
-            variable["expression"] = "true"
+    def with_variable(name, expression):
+        planted = copy.deepcopy(policy)
+        for variable in planted["spec"]["variables"]:
+            if variable["name"] == name:
+                variable["expression"] = expression
+        return planted
+    trusted_may_move_the_token = copy.deepcopy(policy)
+    for validation in trusted_may_move_the_token["spec"]["validations"]:
+        validation["expression"] = validation["expression"].replace("variables.byLeader || variables.annotationsKept",
+                                                                    "!variables.onObject || variables.annotationsKept")
     return [
         ("that allows everything", allows_everything),
         ("that matches no request", never_matches),
@@ -873,8 +903,11 @@ def fencing_policy_plants(policy):
         ("without the holder binding", without("fencing-holder must name")),
         ("that lets the token be removed", without("may not be removed")),
         ("that lets the lock change", without("fencing-lock annotation is immutable")),
-        ("that lets a subresource write change the annotations", without("may not change through its")),
-        ("that judges a subresource write as an update of the object", subresources_as_updates),
+        ("that lets a subresource write change the annotations", without("may not change")),
+        ("that judges a subresource write as an update of the object", with_variable("onObject", "true")),
+        ("that trusts no writer", with_variable("trusted", "false")),
+        ("that trusts every writer", with_variable("trusted", "true")),
+        ("that lets a trusted writer change the annotations", trusted_may_move_the_token),
     ]
 
 

@@ -322,7 +322,7 @@ pub fn kubernetes_writes(reps: u64) -> Vec<String> {
     one_worker_runtime().block_on(async {
         let env = Env::from_vars();
         let admin = env.client().await;
-        let (policy, policy_name) = rendered_fencing_policy(&env);
+        let (policy, policy_name) = rendered_fencing_policy(&env, &[]);
         let _cleanup = DeleteOnDrop {
             env: env.clone(),
             namespace: None,

@@ -216,9 +216,11 @@ pub fn repo() -> &'static Path {
 /// Polls `probe` until it gives a value, or fails the test naming `what`.
 /// The bounds are generous liveness bounds; timings are the benchmark's.
 /// The chart's fencing ValidatingAdmissionPolicy and its binding
-/// (`fencing.enabled`), and the policy's name.
-pub fn rendered_fencing_policy(env: &Env) -> (Vec<Value>, String) {
-    let policy: Vec<Value> = rendered_chart_with(env, &["fencing.enabled=true".into()])
+/// (`fencing.enabled` and the `more` --set values), and the policy's name.
+pub fn rendered_fencing_policy(env: &Env, more: &[String]) -> (Vec<Value>, String) {
+    let mut sets = vec!["fencing.enabled=true".to_string()];
+    sets.extend_from_slice(more);
+    let policy: Vec<Value> = rendered_chart_with(env, &sets)
         .into_iter()
         .filter(|o| {
             o["kind"]

@@ -5,17 +5,19 @@
 //! accepted; removing the token, a malformed token and another lock are
 //! refused; another lock's object is judged on its own tokens. The writers
 //! are two candidate pods' ServiceAccount tokens, impersonated with the pod
-//! name the API server puts in a bound token's userInfo.extra.
+//! name the API server puts in a bound token's userInfo.extra. Writers that
+//! are no leaders (`fencing.trustedWriters`) finish deletes: the garbage
+//! collector a foreground one, a controller its own finalizer.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::e2e::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, wait_for};
+use crate::e2e::cluster::{DeleteOnDrop, Env, apply, rendered_fencing_policy, repo, wait_for};
 
 /// This test's namespace, made here and removed by [`Cleanup`].
 const NAMESPACE: &str = "e2e-fencing";
@@ -23,6 +25,20 @@ const NAMESPACE: &str = "e2e-fencing";
 const ACCOUNT: &str = "candidate";
 /// A token of the size the SQL stores hand out (nanoseconds), above 2^53.
 const TOKEN: i64 = 1_764_000_000_000_000_100;
+/// The ServiceAccount of a controller that removes its own finalizer
+/// ([`FINALIZER`]), trusted by this test's install.
+const ARCHIVER: &str = "archiver";
+const FINALIZER: &str = "leasehold.dev/e2e-archive";
+
+/// `fencing.trustedWriters`: the chart's defaults (the garbage collector)
+/// and [`ARCHIVER`].
+fn trusted_writers() -> String {
+    let values = std::fs::read_to_string(repo().join("charts/leasehold/values.yaml")).expect("values.yaml");
+    let values: Value = serde_yaml::from_str(&values).expect("values.yaml parses");
+    let mut writers: Vec<String> = serde_json::from_value(values["fencing"]["trustedWriters"].clone()).unwrap();
+    writers.push(format!("system:serviceaccount:{NAMESPACE}:{ARCHIVER}"));
+    format!("fencing.trustedWriters={{{}}}", writers.join(","))
+}
 
 /// A client acting as candidate pod `pod`: the username of its
 /// ServiceAccount and the pod name a bound token carries.
@@ -79,7 +95,7 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
         served.resources.iter().any(|r| r.name == "validatingadmissionpolicies"),
         "the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy"
     );
-    let (policy, policy_name) = rendered_fencing_policy(&env);
+    let (policy, policy_name) = rendered_fencing_policy(&env, &[trusted_writers()]);
     // The cluster-scoped policy and binding first.
     let _cleanup = DeleteOnDrop {
         env: env.clone(),
@@ -105,7 +121,8 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                    "metadata": {"name": "writer", "namespace": NAMESPACE},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer"},
-                   "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}]}),
+                   "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE},
+                                {"kind": "ServiceAccount", "name": ARCHIVER, "namespace": NAMESPACE}]}),
             // pod-b leads lock orders with TOKEN; pod-a led before it.
             fenced_config_map("orders", "postgres:orders", TOKEN, "pod-b"),
             // Another lock, whose tokens are far lower.
@@ -223,6 +240,8 @@ async fn the_api_server_refuses_stale_fencing_tokens() {
     );
 
     subresources_and_recreation(&client, &deposed_pod, &leader_pod).await;
+
+    trusted_writers_finish_deletes(&env, &client, &deposed).await;
 
     the_example_is_refused_by_the_api_server(&env);
 }
@@ -354,6 +373,93 @@ async fn subresources_and_recreation(admin: &Client, deposed: &Client, leader: &
     let recreated: ConfigMap =
         serde_json::from_value(fenced_config_map("billing", "redis:billing", 1, "pod-a")).unwrap();
     assert_eq!(refusal(as_deposed.create(&Default::default(), &recreated).await), None);
+}
+
+/// Deletes that end with a write by a trusted writer (docs/fencing.md):
+/// * a custom finalizer on a deleted fenced object: a writer not trusted may
+///   not remove it (the holder rule), the trusted [`ARCHIVER`] may, and the
+///   object is gone;
+/// * a trusted writer still may not move the token, up or down;
+/// * a foreground delete: the API server adds `foregroundDeletion`, the
+///   garbage collector removes it as its own identity (a JSON merge patch of
+///   metadata.finalizers, removeFinalizer in Kubernetes
+///   pkg/controller/garbagecollector/operations.go), and the object is gone
+///   instead of terminating forever.
+async fn trusted_writers_finish_deletes(env: &Env, admin: &Client, deposed: &Api<ConfigMap>) {
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    let user = format!("system:serviceaccount:{NAMESPACE}:{ARCHIVER}");
+    let groups = ["system:serviceaccounts", "system:authenticated"];
+    let archiver: Api<ConfigMap> = Api::namespaced(
+        Client::try_from(env.impersonating(&user, &groups, None).await).unwrap(),
+        NAMESPACE,
+    );
+    let gone = |name: &'static str| {
+        let configmaps = configmaps.clone();
+        move || {
+            let configmaps = configmaps.clone();
+            async move { configmaps.get_opt(name).await.unwrap().is_none().then_some(()) }
+        }
+    };
+    let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": []}}));
+    let params = PatchParams::default();
+
+    let mut invoices = fenced_config_map("invoices", "postgres:orders", TOKEN, "pod-b");
+    invoices["metadata"]["finalizers"] = json!([FINALIZER]);
+    apply(admin, &[invoices]).await;
+    configmaps.delete("invoices", &DeleteParams::default()).await.unwrap();
+    let terminating = configmaps.get("invoices").await.unwrap().metadata;
+    assert!(terminating.deletion_timestamp.is_some(), "{terminating:?}");
+    let untrusted = refusal(deposed.patch("invoices", &params, &unfinalize).await).expect("refused");
+    assert!(
+        untrusted.contains("leasehold.dev/fencing-holder must name the writer, pod-a"),
+        "{untrusted}"
+    );
+    assert_eq!(refusal(archiver.patch("invoices", &params, &unfinalize).await), None);
+    wait_for(
+        "invoices gone after its finalizer",
+        Duration::from_secs(30),
+        gone("invoices"),
+    )
+    .await;
+
+    // A controller, not a leader: the token stays the leaders'.
+    for (what, annotations) in [
+        ("a higher token", token(TOKEN + 5, &user)),
+        ("a lower token", token(TOKEN - 1, "pod-b")),
+    ] {
+        let moved = write(&archiver, "orders", annotations, ARCHIVER).await.expect(what);
+        assert!(
+            moved.contains(&format!(
+                "may not change by {user}, a trusted writer (fencing.trustedWriters)"
+            )),
+            "{what}: {moved}"
+        );
+    }
+
+    apply(
+        admin,
+        &[fenced_config_map("receipts", "postgres:orders", TOKEN, "pod-b")],
+    )
+    .await;
+    let started = Instant::now();
+    let deleting = configmaps
+        .delete("receipts", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .expect("a foreground delete leaves the object until its finalizer is gone");
+    assert_eq!(
+        deleting.metadata.finalizers,
+        Some(vec!["foregroundDeletion".to_string()]),
+        "the API server adds the garbage collector's finalizer"
+    );
+    wait_for(
+        "a foreground delete of a fenced object done",
+        Duration::from_secs(30),
+        gone("receipts"),
+    )
+    .await;
+    eprintln!("foreground delete of a fenced ConfigMap: {:?}", started.elapsed());
 }
 
 /// `examples/fenced-write.rs kubernetes` under the policy in force: leaders

@@ -393,7 +393,7 @@ fn the_checks_catch_an_undocumented_name() {
 }
 
 /// Flags the docs give to other tools (kubectl, helm, cargo, kind, docker,
-/// CockroachDB, kube-apiserver, the test-cluster tool's `start.sh`): not leasehold's, so not checked against its commands.
+/// CockroachDB, kube-apiserver, kube-controller-manager, the test-cluster tool's `start.sh`): not leasehold's, so not checked against its commands.
 const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--all-targets",
     "--api-port",
@@ -403,6 +403,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--bin",
     "--bins",
     "--bump-revision",
+    "--cascade",
     "--check",
     "--create-namespace",
     "--event-ttl",
@@ -435,6 +436,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--timeout",
     "--timings",
     "--type",
+    "--use-service-account-credentials",
     "--wait",
 ];
 
