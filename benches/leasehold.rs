@@ -56,7 +56,7 @@ mod stores;
 mod watcher;
 /// Where the harness's files name each other: the suite's `e2e` module.
 mod e2e {
-    pub(crate) use super::{cluster, node, stores, watcher};
+    pub(crate) use super::{cluster, fixtures, node, stores, watcher};
 }
 
 use std::collections::BTreeMap;

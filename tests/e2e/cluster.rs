@@ -257,6 +257,9 @@ impl Drop for DeleteOnDrop {
     }
 }
 
+/// How often a scenario looks again at what it waits for.
+pub const POLL: Duration = Duration::from_millis(200);
+
 pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
@@ -268,7 +271,7 @@ where
             return value;
         }
         assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
 

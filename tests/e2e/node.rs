@@ -14,7 +14,19 @@ use crate::e2e::cluster::Scenario;
 /// follower's containers may still be starting when its leader already
 /// leads.
 pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
-    let what = format!("pod {pod}'s container {container} running, to send it SIG{signal}");
+    let pid = running_pid(s, pod, container, &format!("to send it SIG{signal}")).await;
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{signal} {pid} ({pod}/{container})");
+}
+
+/// The main process of `container` in `pod`, once it runs (`why`: for
+/// what, in the message if it never does).
+pub async fn running_pid(s: &Scenario, pod: &str, container: &str, why: &str) -> u32 {
+    let what = format!("pod {pod}'s container {container} running, {why}");
     let id = crate::e2e::cluster::wait_for(&what, std::time::Duration::from_secs(60), || async {
         let status = container_status(s, pod, container).await?;
         status.state?.running?;
@@ -22,15 +34,9 @@ pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: 
     })
     .await;
     let id = id.rsplit("://").next().unwrap_or(&id).to_string();
-    let pid = container_main_pid(&id).unwrap_or_else(|| {
+    container_main_pid(&id).unwrap_or_else(|| {
         panic!("no process of container {id} in /proc: the fault scenarios run on the node's machine, as root")
-    });
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill -{signal} {pid} ({pod}/{container})");
+    })
 }
 
 /// The process of the container whose parent is outside it (its PID 1).

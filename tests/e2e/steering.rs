@@ -18,11 +18,11 @@ use leasehold::api::preference::{PRIORITY_KEY, ZONE_LABEL};
 use leasehold::api::transfer::{LeaseTransfer, TransferOrigin, TransferPhase};
 use serde_json::{Value, json};
 
-use crate::e2e::cluster::{Env, Scenario, scenario, wait_for};
+use crate::e2e::cluster::{Env, POLL, Scenario, scenario, wait_for};
 use crate::e2e::faults::{converges, converges_past, lease_timing, token};
 use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
 use crate::e2e::node::Partition;
-use crate::e2e::watcher::{CLAIM_PERIOD, Claim, LeadershipWatcher};
+use crate::e2e::watcher::{Claim, LeadershipWatcher};
 
 /// How long `leasehold transfer --wait` waits for the leader's answer: the
 /// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
@@ -399,7 +399,7 @@ async fn a_higher_priority_pod_joining_takes_over_once_and_an_equal_one_does_not
         while Instant::now() < until {
             let all = requests(&s).await;
             assert_eq!(all.len(), 1, "no transfer to an equal-rank candidate: {all:?}");
-            tokio::time::sleep(CLAIM_PERIOD).await;
+            tokio::time::sleep(POLL).await;
         }
         assert_eq!(watcher.one_leader(None, SUCCESSOR).await, "senior");
         let claim = watcher.claim_of("senior").expect("senior's claim");
@@ -755,7 +755,7 @@ mod disruptive {
                 started.elapsed() < within,
                 "a claim of a term after {term}: not within {within:?}"
             );
-            tokio::time::sleep(CLAIM_PERIOD).await;
+            tokio::time::sleep(POLL).await;
         }
     }
 

@@ -26,6 +26,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
+
+use crate::e2e::fixtures::SIDECAR;
 use tokio::task::JoinHandle;
 
 /// What the watcher is told to follow.
@@ -43,8 +45,8 @@ pub struct Watched<'a> {
 struct State {
     /// Pod name -> labelled leader.
     labels: BTreeMap<String, bool>,
-    /// Pod name -> (UID, its running containers' IDs), for the claim readers.
-    containers: BTreeMap<String, (String, BTreeSet<String>)>,
+    /// Pod name -> its running containers, for the claim readers.
+    containers: BTreeMap<String, Running>,
     /// Slice name -> its endpoints' pod names: (ready, serving while terminating).
     endpoints: BTreeMap<String, (Vec<String>, Vec<String>)>,
     /// Each watch that failed or relisted, when and why.
@@ -200,7 +202,7 @@ impl LeadershipWatcher {
                 "{what}: not within {within:?}; the watcher saw {}",
                 self.state.lock().unwrap().describe()
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(crate::e2e::cluster::POLL).await;
         }
     }
 
@@ -312,7 +314,7 @@ impl State {
         let labelled: Vec<&String> = self.labels.iter().filter(|(_, l)| **l).map(|(p, _)| p).collect();
         let claiming: Vec<&String> = self.claims.latest.keys().collect();
         let read: Vec<String> = (self.containers.iter())
-            .map(|(pod, (_, running))| format!("{pod} ({} running containers)", running.len()))
+            .map(|(pod, running)| format!("{pod} ({} running containers)", running.ids.len()))
             .collect();
         format!(
             "pods {:?}, labelled leader {labelled:?}, claiming on /leader {claiming:?} ({} answers in all), \
@@ -511,9 +513,18 @@ fn apply_lease(state: &mut State, change: Change<DistributedLease>, at: Duration
     }
 }
 
-/// A pod's UID and the IDs of its running containers (any one leads into
-/// the pod's network namespace), if one runs.
-fn running_containers(pod: &Pod) -> Option<(String, BTreeSet<String>)> {
+/// A pod's running containers: any one leads into the pod's network
+/// namespace; the sidecar's process tells a frozen sidecar from one that
+/// fails to answer.
+#[derive(Clone)]
+struct Running {
+    uid: String,
+    ids: BTreeSet<String>,
+    sidecar: Option<String>,
+}
+
+/// A pod's UID and the IDs of its running containers, if one runs.
+fn running_containers(pod: &Pod) -> Option<Running> {
     let uid = pod.metadata.uid.clone()?;
     let status = pod.status.as_ref()?;
     let statuses = status
@@ -521,12 +532,17 @@ fn running_containers(pod: &Pod) -> Option<(String, BTreeSet<String>)> {
         .iter()
         .flatten()
         .chain(status.init_container_statuses.iter().flatten());
-    let running: BTreeSet<String> = statuses
+    let running: Vec<(&str, String)> = statuses
         .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-        .filter_map(|c| c.container_id.as_deref())
-        .map(|id| id.rsplit("://").next().unwrap_or(id).to_string())
+        .filter_map(|c| Some((c.name.as_str(), c.container_id.as_deref()?)))
+        .map(|(name, id)| (name, id.rsplit("://").next().unwrap_or(id).to_string()))
         .collect();
-    (!running.is_empty()).then_some((uid, running))
+    let sidecar = running
+        .iter()
+        .find(|(name, _)| *name == SIDECAR)
+        .map(|(_, id)| id.clone());
+    let ids: BTreeSet<String> = running.into_iter().map(|(_, id)| id).collect();
+    (!ids.is_empty()).then_some(Running { uid, ids, sidecar })
 }
 
 /// What a leading candidate's `/leader` said.
@@ -560,45 +576,58 @@ struct Claims {
 
 /// The sidecar's local API, as the app container reaches it.
 const SIDECAR_API: &str = "127.0.0.1:4040";
-/// How often each candidate's claim is read: well below every lease's R.
-pub const CLAIM_PERIOD: Duration = Duration::from_millis(250);
+/// How often each candidate's claim is read: a claim that overlaps another
+/// by more than two periods (and the readers' scheduling delay) is certain
+/// to be seen; watcher_catches plants one of 100 ms.
+pub const CLAIM_PERIOD: Duration = Duration::from_millis(10);
+/// How long one read may take: a sidecar slower than this is not answering.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Starts a claim reader for each candidate pod as it appears.
 fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        // (pod UID, container ID): one reader per container that ran, so
-        // a container that ended before its reader entered the namespace
-        // leaves the pod to its other and later containers' readers.
-        let mut reading: BTreeSet<(String, String)> = BTreeSet::new();
+        // Pod UIDs: one reader per pod, in its network namespace, which
+        // outlives any one of its containers.
+        let mut reading: BTreeSet<String> = BTreeSet::new();
         while !stopped.load(Ordering::Relaxed) {
             let containers = state.lock().unwrap().containers.clone();
-            for (pod, (uid, running)) in containers {
-                for container in running {
-                    if reading.insert((uid.clone(), container.clone())) {
-                        let (pod, uid, state, stopped) = (pod.clone(), uid.clone(), state.clone(), stopped.clone());
-                        std::thread::spawn(move || read_claim(&pod, &uid, &container, &state, started, &stopped));
-                    }
+            for (pod, running) in containers {
+                if reading.insert(running.uid.clone()) {
+                    let (state, stopped) = (state.clone(), stopped.clone());
+                    std::thread::spawn(move || read_claim(&pod, &running.uid, &state, started, &stopped));
                 }
             }
-            tokio::time::sleep(CLAIM_PERIOD).await;
+            tokio::time::sleep(crate::e2e::cluster::POLL).await;
         }
     })
 }
 
 /// Enters the pod's network namespace (this thread only) and reads its
 /// sidecar's `/leader` until the watcher stops or the pod is gone.
-fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, started: Instant, stopped: &AtomicBool) {
-    // A container that ended before it was found leaves the pod to its
-    // other containers' readers and must not stop theirs: removing the
-    // pod's entry here once could end a later container's reader for good.
-    let Some(pid) = crate::e2e::node::container_main_pid(container) else {
-        return;
+fn read_claim(pod: &str, uid: &str, state: &Mutex<State>, started: Instant, stopped: &AtomicBool) {
+    let running = || {
+        let state = state.lock().unwrap();
+        state.containers.get(pod).filter(|r| r.uid == uid).cloned()
     };
-    let netns = match std::fs::File::open(format!("/proc/{pid}/ns/net")) {
-        Ok(netns) => netns,
-        // It ended between the two looks.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-        Err(e) => panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"),
+    // Any running container leads into the namespace; one that ended
+    // between the pod's status and this look leaves it to the next.
+    let netns = loop {
+        if stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(now) = running() else { return };
+        let found = (now.ids.iter())
+            .filter_map(|id| crate::e2e::node::container_main_pid(id))
+            .find_map(|pid| match std::fs::File::open(format!("/proc/{pid}/ns/net")) {
+                Ok(netns) => Some(netns),
+                // It ended between the two looks.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => panic!("the network namespace of {pod} (pid {pid}): {e}: the watcher runs as root"),
+            });
+        match found {
+            Some(netns) => break netns,
+            None => std::thread::sleep(crate::e2e::cluster::POLL),
+        }
     };
     // setns(2) moves only this thread.
     rustix::thread::move_into_link_name_space(
@@ -606,33 +635,123 @@ fn read_claim(pod: &str, uid: &str, container: &str, state: &Mutex<State>, start
         Some(rustix::thread::LinkNameSpaceType::Network),
     )
     .unwrap_or_else(|e| panic!("entering {pod}'s network namespace: {e}"));
-    let current = || {
-        let state = state.lock().unwrap();
-        state.containers.get(pod).is_some_and(|(u, _)| u == uid)
-    };
-    while !stopped.load(Ordering::Relaxed) && current() {
-        let sent = Instant::now();
-        let answer = get_leader();
-        let received = Instant::now();
-        if let Some(answer) = answer {
-            state.lock().unwrap().claim(pod, answer, sent, received, started);
+    let mut sidecar = SidecarProcess::default();
+    // A run of failed reads is one gap, reported at its first failure.
+    let mut in_gap = false;
+    while !stopped.load(Ordering::Relaxed) {
+        let Some(now) = running() else { return };
+        let silent_before = sidecar.silent(now.sidecar.as_deref());
+        let timed = || {
+            let sent = Instant::now();
+            let read = get_leader();
+            (sent, read, Instant::now())
+        };
+        let (mut sent, mut read, mut received) = timed();
+        // One failure is read again at once: a listener closing with
+        // connections queued resets them (the next connect is refused), and
+        // an answer right after leaves no more unknown than a period does.
+        if matches!(read, Read::Failed(_)) {
+            let (again_sent, again, again_received) = timed();
+            if !matches!(again, Read::Failed(_)) {
+                (sent, read, received) = (again_sent, again, again_received);
+            }
+        }
+        match read {
+            Read::Answer(answer) => {
+                in_gap = false;
+                state.lock().unwrap().claim(pod, answer, sent, received, started);
+            }
+            // Nothing listens: the sidecar binds its API before its elector
+            // starts and closes it after the elector stopped (sidecar::run),
+            // so it claims nothing, to its app as to us.
+            Read::Refused => in_gap = false,
+            // A frozen or dying sidecar answers no one, its app included:
+            // what it claims is read again when it (or its successor) runs.
+            Read::Failed(_) if silent_before || sidecar.silent(now.sidecar.as_deref()) => {}
+            Read::Failed(why) => {
+                if !in_gap {
+                    in_gap = true;
+                    let at = sent - started;
+                    state.lock().unwrap().gaps.push(format!(
+                        "{at:?}: {pod}'s sidecar runs but did not answer /leader twice ({why}): \
+                         what it claimed until its next answer is unknown"
+                    ));
+                }
+            }
         }
         std::thread::sleep(CLAIM_PERIOD);
     }
 }
 
-/// `GET /leader` on the sidecar's API: its JSON body, if it answered.
-fn get_leader() -> Option<serde_json::Value> {
-    use std::io::{Read, Write};
-    let timeout = Duration::from_secs(2);
-    let mut stream = std::net::TcpStream::connect_timeout(&SIDECAR_API.parse().ok()?, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream
-        .write_all(b"GET /leader HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .ok()?;
+/// The sidecar container's main process, found once per container.
+#[derive(Default)]
+struct SidecarProcess {
+    found: Option<(String, Option<u32>)>,
+}
+
+impl SidecarProcess {
+    /// The process of `container` answers no one: it is stopped (SIGSTOP,
+    /// state `T`), or it exits or has (a zombie, or `PF_EXITING` set in its
+    /// flags before its sockets close), or it is gone (proc(5); the flag:
+    /// linux include/linux/sched.h). A reset from a dying sidecar is not a
+    /// gap: a dead process claims nothing, and its successor is read anew.
+    fn silent(&mut self, container: Option<&str>) -> bool {
+        const PF_EXITING: u64 = 0x4;
+        let Some(container) = container else { return false };
+        if self.found.as_ref().is_none_or(|(id, _)| id != container) {
+            self.found = Some((container.to_string(), crate::e2e::node::container_main_pid(container)));
+        }
+        let Some((_, Some(pid))) = &self.found else { return true };
+        let in_container = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(container));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp session tty_nr tpgid flags ...: comm
+        // may hold spaces, so split after ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let exiting = fields
+            .get(6)
+            .and_then(|f| f.parse::<u64>().ok())
+            .is_some_and(|flags| flags & PF_EXITING != 0);
+        !in_container || exiting || matches!(fields.first(), None | Some(&("T" | "t" | "Z" | "X")))
+    }
+}
+
+/// One read of `/leader`.
+enum Read {
+    Answer(serde_json::Value),
+    /// The connection was refused: nothing listens on the API's port.
+    Refused,
+    /// Anything else: a timeout, a reset, an answer that is not a claim.
+    Failed(String),
+}
+
+/// `GET /leader` on the sidecar's API.
+fn get_leader() -> Read {
+    use std::io::{Read as _, Write};
+    let address = SIDECAR_API.parse().expect("the sidecar API's address");
+    let mut stream = match std::net::TcpStream::connect_timeout(&address, READ_TIMEOUT) {
+        Ok(stream) => stream,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Read::Refused,
+        Err(e) => return Read::Failed(format!("connecting: {e}")),
+    };
     let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    serde_json::from_str(response.split_once("\r\n\r\n")?.1).ok()
+    let exchanged = stream
+        .set_read_timeout(Some(READ_TIMEOUT))
+        .and_then(|()| stream.write_all(b"GET /leader HTTP/1.0\r\nHost: localhost\r\n\r\n"))
+        .and_then(|()| stream.read_to_string(&mut response));
+    if let Err(e) = exchanged {
+        return Read::Failed(e.to_string());
+    }
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body);
+    match body.and_then(|body| serde_json::from_str(body).ok()) {
+        Some(answer) => Read::Answer(answer),
+        None => Read::Failed(format!(
+            "not a claim: {:?}",
+            response.lines().next().unwrap_or_default()
+        )),
+    }
 }
 
 impl State {

@@ -2,11 +2,12 @@
 //! can repair it first: the candidates are stand-ins (no sidecar, no lease
 //! selecting them, so neither a sidecar nor the operator touches them) whose
 //! fake sidecar serves a `/leader` the test writes. Planted: a second
-//! claimant with one leader label between the two (what the apps see), a
-//! second leader label and the second ready endpoint it brings, a status
-//! token lower than one shown, and a watch stream cut mid-scenario.
+//! claimant for 100 ms with one leader label between the two (what the apps
+//! see), a sidecar that runs but fails to answer (a gap) beside a frozen one
+//! (none), a second leader label and the second ready endpoint it brings, a
+//! status token lower than one shown, and a watch stream cut mid-scenario.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -17,8 +18,12 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Scenario, scenario, wait_for};
 use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, watch_example};
+use crate::e2e::node::{running_pid, signal_container};
 use crate::e2e::stores::lease;
-use crate::e2e::watcher::{LeadershipWatcher, Watched};
+use crate::e2e::watcher::{LeadershipWatcher, READ_TIMEOUT, Watched};
+
+/// The planted overlap of two claims.
+const OVERLAP: Duration = Duration::from_millis(100);
 
 /// A stand-in candidate: an app that serves (so the pod is a ready
 /// endpoint once labelled) and, in place of the sidecar, busybox httpd on
@@ -43,10 +48,33 @@ fn stand_in(s: &Scenario, name: &str, leader: bool) -> Pod {
     .expect("a pod")
 }
 
-/// Makes the stand-in's `/leader` answer `claim`.
-fn answer(s: &Scenario, pod: &str, claim: Value) {
-    let write = format!("echo '{claim}' > /www/leader");
-    s.kubectl_ns(&["exec", pod, "-c", SIDECAR, "--", "/bin/busybox", "sh", "-c", &write]);
+/// A stand-in's `/leader`: the file its httpd serves, written from this
+/// machine through the httpd's own view of its filesystem
+/// (/proc/PID/root), so that two answers change within a millisecond of
+/// each other (a `kubectl exec` takes a fraction of a second).
+struct Answers {
+    file: std::path::PathBuf,
+}
+
+impl Answers {
+    async fn of(s: &Scenario, pod: &str) -> Answers {
+        let pid = running_pid(s, pod, SIDECAR, "to write its /leader").await;
+        Answers {
+            file: format!("/proc/{pid}/root/www/leader").into(),
+        }
+    }
+
+    /// Makes `/leader` answer `claim`: by rename, so no read sees half.
+    fn answer(&self, claim: &Value) {
+        let written = self.file.with_extension("next");
+        std::fs::write(&written, claim.to_string()).expect("writing the stand-in's answer");
+        std::fs::rename(&written, &self.file).expect("replacing the stand-in's answer");
+    }
+
+    /// Makes `/leader` fail (httpd answers 404) while the stand-in runs.
+    fn fail(&self) {
+        std::fs::remove_file(&self.file).expect("removing the stand-in's answer");
+    }
 }
 
 fn claim(s: &Scenario, pod: &str, token: u64) -> Value {
@@ -88,14 +116,44 @@ async fn the_watcher_catches_a_planted_second_claimant_second_leader_token_going
             (running == 2).then_some(())
         })
         .await;
-        answer(&s, "stand-in-a", claim(&s, "stand-in-a", 5));
+        let (a, b) = (Answers::of(&s, "stand-in-a").await, Answers::of(&s, "stand-in-b").await);
+        a.answer(&claim(&s, "stand-in-a", 5));
         assert_eq!(watcher.one_leader(None, FIRST_LEADER).await, "stand-in-a");
         assert!(watcher.violations().is_empty(), "{:?}", watcher.violations());
 
-        // Two claimants, one label between them: only /leader tells.
-        answer(&s, "stand-in-b", claim(&s, "stand-in-b", 6));
-        violation(&watcher, "two candidates claim leadership", "stand-in-b").await;
-        answer(&s, "stand-in-b", json!({"leader": false}));
+        // Two claimants for 100 ms, one label between them: only /leader
+        // tells, and only a reader several times faster than the overlap.
+        let overlap_from = Instant::now();
+        b.answer(&claim(&s, "stand-in-b", 6));
+        tokio::time::sleep(OVERLAP).await;
+        a.answer(&json!({"leader": false}));
+        let overlap = overlap_from.elapsed();
+        let seen = violation(&watcher, "two candidates claim leadership", "stand-in-b").await;
+        assert!(
+            seen.iter()
+                .any(|v| v.contains("stand-in-a") && v.contains("stand-in-b")),
+            "the overlap of {overlap:?} names both: {seen:?}"
+        );
+        println!("a planted two-claimant overlap of {overlap:?} was caught: {seen:?}");
+        b.answer(&json!({"leader": false}));
+
+        // A sidecar that runs but does not answer is a gap in what the
+        // watcher knows, not a pod that claims nothing.
+        a.fail();
+        wait_for(
+            "the watcher recording stand-in-a's failed reads as a gap",
+            Duration::from_secs(30),
+            || async { watcher.gaps().iter().any(|g| g.contains("stand-in-a")).then_some(()) },
+        )
+        .await;
+        a.answer(&json!({"leader": false}));
+        // A frozen one answers no one, its app included: no gap.
+        signal_container(&s, "stand-in-b", SIDECAR, "STOP").await;
+        tokio::time::sleep(READ_TIMEOUT + Duration::from_secs(1)).await;
+        signal_container(&s, "stand-in-b", SIDECAR, "CONT").await;
+        tokio::time::sleep(READ_TIMEOUT).await;
+        let gaps = watcher.gaps();
+        assert!(!gaps.iter().any(|g| g.contains("stand-in-b")), "{gaps:?}");
 
         // A second leader label, and the second ready endpoint it brings.
         let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
