@@ -641,30 +641,19 @@ fn read_claim(pod: &str, uid: &str, state: &Mutex<State>, started: Instant, stop
     while !stopped.load(Ordering::Relaxed) {
         let Some(now) = running() else { return };
         let silent_before = sidecar.silent(now.sidecar.as_deref());
-        let timed = || {
-            let sent = Instant::now();
-            let read = get_leader();
-            (sent, read, Instant::now())
-        };
-        let (mut sent, mut read, mut received) = timed();
-        // One failure is read again at once: a listener closing with
-        // connections queued resets them (the next connect is refused), and
-        // an answer right after leaves no more unknown than a period does.
-        if matches!(read, Read::Failed(_)) {
-            let (again_sent, again, again_received) = timed();
-            if !matches!(again, Read::Failed(_)) {
-                (sent, read, received) = (again_sent, again, again_received);
-            }
-        }
+        let sent = Instant::now();
+        let read = get_leader();
+        let received = Instant::now();
         match read {
             Read::Answer(answer) => {
                 in_gap = false;
                 state.lock().unwrap().claim(pod, answer, sent, received, started);
             }
-            // Nothing listens: the sidecar binds its API before its elector
-            // starts and closes it after the elector stopped (sidecar::run),
-            // so it claims nothing, to its app as to us.
-            Read::Refused => in_gap = false,
+            // Nothing listens, or the listener closed with this connection
+            // queued: the sidecar binds its API before its elector starts
+            // and closes it after the elector stopped (sidecar::run), so it
+            // claims nothing, to its app as to us.
+            Read::Closed => in_gap = false,
             // A frozen or dying sidecar answers no one, its app included:
             // what it claims is read again when it (or its successor) runs.
             Read::Failed(_) if silent_before || sidecar.silent(now.sidecar.as_deref()) => {}
@@ -673,7 +662,7 @@ fn read_claim(pod: &str, uid: &str, state: &Mutex<State>, started: Instant, stop
                     in_gap = true;
                     let at = sent - started;
                     state.lock().unwrap().gaps.push(format!(
-                        "{at:?}: {pod}'s sidecar runs but did not answer /leader twice ({why}): \
+                        "{at:?}: {pod}'s sidecar runs but did not answer /leader ({why}): \
                          what it claimed until its next answer is unknown"
                     ));
                 }
@@ -721,8 +710,9 @@ impl SidecarProcess {
 /// One read of `/leader`.
 enum Read {
     Answer(serde_json::Value),
-    /// The connection was refused: nothing listens on the API's port.
-    Refused,
+    /// The connection was refused or reset unanswered: the API's listener
+    /// is closed or closing.
+    Closed,
     /// Anything else: a timeout, a reset, an answer that is not a claim.
     Failed(String),
 }
@@ -733,7 +723,7 @@ fn get_leader() -> Read {
     let address = SIDECAR_API.parse().expect("the sidecar API's address");
     let mut stream = match std::net::TcpStream::connect_timeout(&address, READ_TIMEOUT) {
         Ok(stream) => stream,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Read::Refused,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Read::Closed,
         Err(e) => return Read::Failed(format!("connecting: {e}")),
     };
     let mut response = String::new();
@@ -741,8 +731,10 @@ fn get_leader() -> Read {
         .set_read_timeout(Some(READ_TIMEOUT))
         .and_then(|()| stream.write_all(b"GET /leader HTTP/1.0\r\nHost: localhost\r\n\r\n"))
         .and_then(|()| stream.read_to_string(&mut response));
-    if let Err(e) = exchanged {
-        return Read::Failed(e.to_string());
+    match exchanged {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && response.is_empty() => return Read::Closed,
+        Err(e) => return Read::Failed(e.to_string()),
+        Ok(_) => {}
     }
     let body = response.split_once("\r\n\r\n").map(|(_, body)| body);
     match body.and_then(|body| serde_json::from_str(body).ok()) {
