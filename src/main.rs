@@ -8,7 +8,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // A line naming the problem, then a line per cause below it,
             // each said once, whatever RUST_BACKTRACE says.
-            let causes = leasehold::errors::causes(&*e);
+            let causes = leasehold::api::errors::causes(&*e);
             let (problem, below) = causes.split_first().expect("an error has a message");
             eprintln!("error: {problem}");
             for cause in below {

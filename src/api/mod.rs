@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod contract;
+pub mod errors;
 pub(crate) mod gate;
 pub mod history;
 pub mod preference;

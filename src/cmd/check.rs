@@ -189,7 +189,7 @@ async fn find_operator(client: &Client, args: &Args, report: &mut Report) -> Opt
         Err(e) => {
             report.warn(format!(
                 "cannot list Deployments labelled {selector}: {}; checking the names of a release called leasehold",
-                crate::errors::chain(&e)
+                crate::api::errors::chain(&e)
             ));
             None
         }
@@ -215,7 +215,7 @@ async fn check_operator_images(client: &Client, operator: &Operator, report: &mu
         Err(e) => report.warn(format!(
             "cannot list the operator's pods ({selector}) in {}: {}",
             operator.namespace,
-            crate::errors::chain(&e)
+            crate::api::errors::chain(&e)
         )),
     }
 }
@@ -379,7 +379,7 @@ async fn check_crd(client: &Client, report: &mut Report) -> bool {
             true
         }
         Err(e) => {
-            report.error(format!("cannot read CRD {name}: {}", crate::errors::chain(&e)));
+            report.error(format!("cannot read CRD {name}: {}", crate::api::errors::chain(&e)));
             false
         }
     }
@@ -400,7 +400,7 @@ async fn check_webhook(client: &Client, install: &Install, report: &mut Report) 
         Err(e) => {
             report.error(format!(
                 "cannot read webhook configuration {name}: {}",
-                crate::errors::chain(&e)
+                crate::api::errors::chain(&e)
             ));
             return;
         }
@@ -413,7 +413,7 @@ async fn check_webhook(client: &Client, install: &Install, report: &mut Report) 
                 "cannot read Secret {}/{} to compare the webhook CA: {}",
                 install.namespace,
                 install.webhook_secret,
-                crate::errors::chain(&e)
+                crate::api::errors::chain(&e)
             ));
             None
         }
@@ -458,7 +458,7 @@ async fn check_webhook(client: &Client, install: &Install, report: &mut Report) 
                 "cannot read Service {}/{}: {}",
                 service.namespace,
                 service.name,
-                crate::errors::chain(&e)
+                crate::api::errors::chain(&e)
             )),
         }
     }
@@ -490,7 +490,7 @@ async fn check_endpoints(client: &Client, webhook: &str, namespace: &str, servic
         }
         Err(e) => report.error(format!(
             "cannot read the endpoints of Service {namespace}/{service}: {}",
-            crate::errors::chain(&e)
+            crate::api::errors::chain(&e)
         )),
     }
 }
@@ -549,7 +549,7 @@ async fn check_rbac(client: &Client, install: &Install, report: &mut Report) {
             Err(e) => {
                 report.error(format!(
                     "cannot review RBAC (SelfSubjectAccessReview): {}",
-                    crate::errors::chain(&e)
+                    crate::api::errors::chain(&e)
                 ));
                 return;
             }
@@ -615,7 +615,7 @@ async fn check_sidecar_rbac(
                         report.warn(format!(
                             "cannot review the sidecar's RBAC (SubjectAccessReview): {}; run the check as an \
                              account that may create subjectaccessreviews",
-                            crate::errors::chain(&e)
+                            crate::api::errors::chain(&e)
                         ));
                         return;
                     }
@@ -647,7 +647,10 @@ async fn check_leases(client: &Client, args: &Args, cluster: Option<&str>, repor
     let leases = match api.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(e) => {
-            report.error(format!("cannot list DistributedLeases: {}", crate::errors::chain(&e)));
+            report.error(format!(
+                "cannot list DistributedLeases: {}",
+                crate::api::errors::chain(&e)
+            ));
             return;
         }
     };
@@ -679,7 +682,7 @@ async fn check_lease(
     let valid = match validate(lease) {
         Ok(valid) => valid,
         Err(e) => {
-            report.error(format!("{id} is invalid: {}", crate::errors::chain(&e)));
+            report.error(format!("{id} is invalid: {}", crate::api::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -688,7 +691,7 @@ async fn check_lease(
     let pods = match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
-            report.error(format!("{id}: cannot list its pods: {}", crate::errors::chain(&e)));
+            report.error(format!("{id}: cannot list its pods: {}", crate::api::errors::chain(&e)));
             return Vec::new();
         }
     };
@@ -734,7 +737,7 @@ async fn check_lease(
             }
             Err(e) => report.warn(format!(
                 "{id}: cannot read its Deployments: {}",
-                crate::errors::chain(&e)
+                crate::api::errors::chain(&e)
             )),
         }
     }

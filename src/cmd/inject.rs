@@ -491,7 +491,7 @@ spec:
                      spec: {containers: app}\n";
         let err = inject(input, &config()).unwrap_err();
         assert_eq!(
-            crate::errors::message(&err),
+            crate::api::errors::message(&err),
             "document 0 (Pod shop/a): the pod template does not read as a Pod: invalid type: string \"app\", \
              expected a sequence"
         );

@@ -27,10 +27,10 @@ pub(crate) async fn run(args: Args) {
 }
 
 async fn look(cluster: &ClusterArgs) -> Result<Vec<Operator>, String> {
-    let client = cluster.client().await.map_err(|e| crate::errors::chain(&e))?;
+    let client = cluster.client().await.map_err(|e| crate::api::errors::chain(&e))?;
     installed::operators(&client, None, None)
         .await
-        .map_err(|e| crate::errors::chain(&e))
+        .map_err(|e| crate::api::errors::chain(&e))
 }
 
 /// The lines printed: the client's version, then one line per operator

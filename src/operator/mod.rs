@@ -262,7 +262,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             let served = webhook::run(&args, injection, &namespace, client, shutdown.clone()).await;
             if let Err(e) = &served {
                 // Without its webhook the operator is broken: stop, visibly.
-                error!(error = %crate::errors::chain(e), "the injection webhook failed; shutting down");
+                error!(error = %crate::api::errors::chain(e), "the injection webhook failed; shutting down");
                 shutdown.cancel();
             }
             served
@@ -370,7 +370,7 @@ impl ControllerRun {
             .for_each(|result| async move {
                 match result {
                     Ok((resource, _)) => debug!(resource = %resource, "reconciled"),
-                    Err(e) => warn!(error = %crate::errors::chain(&e), "controller"),
+                    Err(e) => warn!(error = %crate::api::errors::chain(&e), "controller"),
                 }
             });
         let grace_over = async {

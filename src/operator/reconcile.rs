@@ -131,17 +131,17 @@ pub async fn reconcile(lease: Arc<DistributedLease>, ctx: Arc<Context>) -> Resul
         match result {
             Ok((action, _)) => Ok(action),
             Err(e) if e.is_conflict() => {
-                debug!(error = %crate::errors::chain(&e), "resource changed during reconcile; retrying");
+                debug!(error = %crate::api::errors::chain(&e), "resource changed during reconcile; retrying");
                 Err(e)
             }
             Err(e) => {
-                warn!(error = %crate::errors::chain(&e), "reconcile failed");
+                warn!(error = %crate::api::errors::chain(&e), "reconcile failed");
                 ctx.publish(
                     &lease,
                     EventType::Warning,
                     "ReconcileFailed",
                     "Reconcile",
-                    crate::errors::message(&e),
+                    crate::api::errors::message(&e),
                 )
                 .await;
                 Err(e)

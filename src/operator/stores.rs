@@ -49,8 +49,8 @@ pub(crate) async fn read_url(client: &Client, namespace: &str, secret: &SecretKe
                 "the operator may not read {place}: grant it get on secrets in {namespace} \
                  (Role leasehold-operator-stores, docs/rbac-operator.md)"
             ))
-            .caused_by(e),
-            _ => StoreError::unavailable(format!("reading {place}")).caused_by(e),
+            .caused_by(crate::api::errors::KubeCause::of(&e)),
+            _ => StoreError::unavailable(format!("reading {place}")).caused_by(crate::api::errors::KubeCause::of(&e)),
         })?;
     let bytes = found
         .data

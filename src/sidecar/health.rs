@@ -120,7 +120,7 @@ pub(crate) async fn poll_url(
         let problem = match result {
             Ok(Ok(response)) if response.status().is_success() => None,
             Ok(Ok(response)) => Some(format!("{url} answered {}", response.status())),
-            Ok(Err(e)) => Some(format!("{url}: {}", crate::errors::chain(&e))),
+            Ok(Err(e)) => Some(format!("{url}: {}", crate::api::errors::chain(&e))),
             Err(_) => Some(format!("{url}: no answer within {timeout:?}")),
         };
         let next = match problem {

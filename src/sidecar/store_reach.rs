@@ -66,7 +66,7 @@ async fn set_condition(pods: &Api<Pod>, name: &str, verdict: &Result<(), String>
             "StoreAnswers",
             "the sidecar's last store call answered".to_string(),
         ),
-        Err(why) => ("False", "StoreUnreachable", crate::errors::bounded(why)),
+        Err(why) => ("False", "StoreUnreachable", crate::api::errors::bounded(why)),
     };
     let condition = OwnCondition {
         kind: STORE_CONDITION,

@@ -172,7 +172,7 @@ impl Transfers {
         let handoff = match Handoff::new(&target.uid, self.window) {
             Ok(handoff) => handoff,
             Err(e) => {
-                let message = format!("pod {}: {}", request.spec.to, crate::errors::chain(&e));
+                let message = format!("pod {}: {}", request.spec.to, crate::api::errors::chain(&e));
                 self.fail(request, status, TransferRefusal::NotACandidate, message)
                     .await;
                 return;

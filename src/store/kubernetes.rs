@@ -334,9 +334,10 @@ enum Call {
 impl KubernetesStore {
     /// The in-cluster (or `KUBECONFIG`) client, Leases in `config.namespace`.
     pub async fn connect(config: KubernetesConfig) -> Result<Self> {
-        let client = Client::try_default()
-            .await
-            .map_err(|e| StoreError::unavailable("no Kubernetes client (in-cluster or KUBECONFIG)").caused_by(e))?;
+        let client = Client::try_default().await.map_err(|e| {
+            StoreError::unavailable("no Kubernetes client (in-cluster or KUBECONFIG)")
+                .caused_by(crate::api::errors::KubeCause::of(&e))
+        })?;
         Ok(Self::new(client, config.namespace.as_deref()))
     }
 
@@ -425,8 +426,9 @@ impl KubernetesStore {
                     }
                     Ok(watcher::Event::Init) => Ok(()),
                     Err(e) => {
-                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::errors::message(&e));
-                        Err(StoreError::unavailable("watching the namespace's Leases").caused_by(e))
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::api::errors::message(&e));
+                        Err(StoreError::unavailable("watching the namespace's Leases")
+                            .caused_by(crate::api::errors::KubeCause::of(&e)))
                     }
                 };
                 if let Err(e) = learned {
@@ -549,9 +551,9 @@ impl KubernetesStore {
                          get (docs/rbac-operator.md)",
                         self.namespace
                     ))
-                    .caused_by(error);
+                    .caused_by(crate::api::errors::KubeCause::of(&error));
                 }
-                400 | 422 => return StoreError::invalid(context).caused_by(error),
+                400 | 422 => return StoreError::invalid(context).caused_by(crate::api::errors::KubeCause::of(&error)),
                 // Throttled or refused before it ran.
                 401 | 429 => true,
                 // An internal error or timeout of the API server: a write may
@@ -561,8 +563,10 @@ impl KubernetesStore {
             _ => false,
         };
         match (kind, refused) {
-            (Call::Write, false) => StoreError::outcome_unknown(context).caused_by(error),
-            _ => StoreError::unavailable(context).caused_by(error),
+            (Call::Write, false) => {
+                StoreError::outcome_unknown(context).caused_by(crate::api::errors::KubeCause::of(&error))
+            }
+            _ => StoreError::unavailable(context).caused_by(crate::api::errors::KubeCause::of(&error)),
         }
     }
 
@@ -653,27 +657,30 @@ impl KubernetesStore {
             let mut listed = false;
             while let Some(event) = events.next().await {
                 let Some(view) = target.upgrade() else { return };
-                let learned = match event {
-                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
-                        listed = true;
-                        view.learn(Some(lease), now()).map(|_| ())
-                    }
-                    Ok(watcher::Event::Delete(lease)) => {
-                        resource_version(&lease.metadata).map(|version| view.deleted(version))
-                    }
-                    Ok(watcher::Event::Init) => {
-                        listed = false;
-                        Ok(())
-                    }
-                    // Listed and not there: confirm by a read (the list may
-                    // predate our own create).
-                    Ok(watcher::Event::InitDone) if !listed => match api.get_opt(&view.name).await {
-                        Ok(found) => view.learn(found, now()).map(|_| ()),
-                        Err(e) => Err(StoreError::unavailable("reading the Lease after a relist").caused_by(e)),
-                    },
-                    Ok(watcher::Event::InitDone) => Ok(()),
-                    Err(e) => Err(StoreError::unavailable("watching the Lease").caused_by(e)),
-                };
+                let learned =
+                    match event {
+                        Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                            listed = true;
+                            view.learn(Some(lease), now()).map(|_| ())
+                        }
+                        Ok(watcher::Event::Delete(lease)) => {
+                            resource_version(&lease.metadata).map(|version| view.deleted(version))
+                        }
+                        Ok(watcher::Event::Init) => {
+                            listed = false;
+                            Ok(())
+                        }
+                        // Listed and not there: confirm by a read (the list may
+                        // predate our own create).
+                        Ok(watcher::Event::InitDone) if !listed => match api.get_opt(&view.name).await {
+                            Ok(found) => view.learn(found, now()).map(|_| ()),
+                            Err(e) => Err(StoreError::unavailable("reading the Lease after a relist")
+                                .caused_by(crate::api::errors::KubeCause::of(&e))),
+                        },
+                        Ok(watcher::Event::InitDone) => Ok(()),
+                        Err(e) => Err(StoreError::unavailable("watching the Lease")
+                            .caused_by(crate::api::errors::KubeCause::of(&e))),
+                    };
                 if let Err(e) = learned {
                     debug!(lease = %view.name, error = %e.chain(), "Lease watch; the watcher retries");
                 }
@@ -704,7 +711,7 @@ impl KubernetesStore {
         if let Some(hook) = &self.replace_hook {
             let written = hook(self.api.clone(), view.name.clone(), body.clone())
                 .await
-                .map_err(|e| StoreError::unavailable(what()).caused_by(e))?;
+                .map_err(|e| StoreError::unavailable(what()).caused_by(crate::api::errors::KubeCause::of(&e)))?;
             let at = now();
             view.learn(Some(written.clone()), at)?;
             return Ok((written, at));
@@ -1217,6 +1224,34 @@ mod tests {
         assert!(
             text.starts_with("store unavailable: watching the Leases of namespace prod: it failed: ")
                 && text.ends_with("cannot list resource \"leases\" in the namespace \"prod\" (HTTP 403)")
+                && !text.contains("Status {"),
+            "{text}"
+        );
+    }
+
+    /// A read the API server refuses is `Invalid`, with the RBAC the
+    /// candidates need and the refusal as the API server said it, also
+    /// through the core's chain, which knows no kube (the elector logs and
+    /// reports it so). Planted: the refusal kept as the bare kube error
+    /// prints its Status as Rust `Debug`.
+    #[tokio::test]
+    async fn a_refused_read_names_the_rbac_and_the_refusal_once() {
+        use crate::testing::api::{mock_client, status};
+
+        let (client, mut server) = mock_client("default");
+        let store = KubernetesStore::new(client, Some("prod")).with_call_timeout(Duration::from_secs(2));
+        let observed = tokio::spawn(async move { store.observe("web").await });
+        let read = server.expect("the Lease read").await;
+        read.respond(
+            403,
+            &status(403, "Forbidden", "leases.coordination.k8s.io \"web\" is forbidden"),
+        );
+        let error = observed.await.unwrap().unwrap_err();
+        assert!(matches!(error, StoreError::Invalid { .. }), "{error:?}");
+        let text = crate::errors::chain(&error);
+        assert!(
+            text.contains("candidates need get, list, watch, create and update")
+                && text.ends_with(": leases.coordination.k8s.io \"web\" is forbidden (HTTP 403)")
                 && !text.contains("Status {"),
             "{text}"
         );

@@ -253,10 +253,10 @@ async fn admitted(client: kube::Client, namespace: &str, name: &str, choice: &St
     let mut throttle = crate::sidecar::starting::Throttle::new(crate::sidecar::starting::REPORT_EVERY);
     loop {
         let checked = async {
-            let lease = leases
-                .get(name)
-                .await
-                .map_err(|e| StoreError::unavailable(format!("reading DistributedLease {name}")).caused_by(e))?;
+            let lease = leases.get(name).await.map_err(|e| {
+                StoreError::unavailable(format!("reading DistributedLease {name}"))
+                    .caused_by(crate::api::errors::KubeCause::of(&e))
+            })?;
             let recorded = lease.status.and_then(|s| s.store_identity);
             crate::sidecar::lease_store::admit(choice, &tokio::sync::watch::channel(recorded).1).await
         };

@@ -56,7 +56,7 @@ impl Context {
         let event = Event {
             type_: kind,
             reason: reason.into(),
-            note: Some(crate::errors::bounded(&note)),
+            note: Some(crate::api::errors::bounded(&note)),
             action: action.into(),
             secondary: None,
         };
@@ -98,7 +98,7 @@ async fn repair_label(lease: &DistributedLease, ctx: &Context, pods: &Api<Pod>, 
             return;
         }
         Err(e) => {
-            let e = crate::errors::chain(&e);
+            let e = crate::api::errors::chain(&e);
             warn!(%pod, error = %e, "could not clear a stale leader label");
             Note {
                 kind: EventType::Warning,

@@ -527,7 +527,12 @@ pub(super) async fn look(
 ) -> Result<(Found, ReadWas)> {
     let valid = match validate(lease) {
         Ok(valid) => valid,
-        Err(e) => return Ok((Found::Invalid(crate::errors::message(&e)), ReadWas::AfterCandidates)),
+        Err(e) => {
+            return Ok((
+                Found::Invalid(crate::api::errors::message(&e)),
+                ReadWas::AfterCandidates,
+            ));
+        }
     };
     let taken = Instant::now();
     let candidates = ctx.candidates(namespace, &valid.selector).await?;

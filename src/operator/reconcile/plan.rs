@@ -382,7 +382,7 @@ impl Conditions<'_> {
             type_: kind.into(),
             status: status.into(),
             reason: reason.into(),
-            message: crate::errors::bounded(message),
+            message: crate::api::errors::bounded(message),
             last_transition_time,
             observed_generation: self.generation,
         }
@@ -395,7 +395,7 @@ impl Conditions<'_> {
             .old
             .conditions
             .iter()
-            .any(|c| c.type_ == kind && c.status == status && c.message == crate::errors::bounded(message))
+            .any(|c| c.type_ == kind && c.status == status && c.message == crate::api::errors::bounded(message))
     }
 
     /// `status`, when something users see differs from the old status.
@@ -635,7 +635,7 @@ fn rolled_out_condition(
         Err(e) => {
             let message = format!(
                 "could not read the candidates' Deployments: {}",
-                crate::errors::chain(e)
+                crate::api::errors::chain(e)
             );
             return at.condition(ROLLED_OUT, "Unknown", "CheckFailed", &message);
         }
@@ -699,7 +699,7 @@ fn rollout_condition(
         Err(e) => {
             let message = format!(
                 "could not read the candidates' Deployments: {}",
-                crate::errors::chain(e)
+                crate::api::errors::chain(e)
             );
             (at.condition("RolloutSafe", "Unknown", "CheckFailed", &message), None)
         }

@@ -728,7 +728,7 @@ async fn an_unreadable_store_secret_shows_in_store_ready() {
                 assert!(text.ends_with(&format!("{forbidden} (HTTP 403)")), "{text}");
                 assert_eq!(text.matches("forbidden").count(), 1, "{text}");
             }
-            assert!(text.chars().count() <= crate::errors::MESSAGE_MAX_CHARS, "{text}");
+            assert!(text.chars().count() <= crate::api::errors::MESSAGE_MAX_CHARS, "{text}");
         })
         .await;
         assert_eq!(result.unwrap(), Action::requeue(STORE_ERROR_REQUEUE));

@@ -35,7 +35,7 @@ pub(crate) struct KubeLeaseLookup(pub kube::Client);
 impl LeaseLookup for KubeLeaseLookup {
     async fn lookup(&self, namespace: &str, name: &str) -> Result<Option<LeaseInjection>, String> {
         let api: Api<crate::api::DistributedLease> = Api::namespaced(self.0.clone(), namespace);
-        let lease = api.get_opt(name).await.map_err(|e| crate::errors::message(&e))?;
+        let lease = api.get_opt(name).await.map_err(|e| crate::api::errors::message(&e))?;
         Ok(lease.as_ref().map(LeaseInjection::of))
     }
 }

@@ -167,12 +167,12 @@ impl CertDir {
                     *current = (stamps, key);
                 }
                 Err(e) => {
-                    warn!(error = %crate::errors::chain(&e), "the webhook certificate changed but cannot be read; serving the previous one")
+                    warn!(error = %crate::api::errors::chain(&e), "the webhook certificate changed but cannot be read; serving the previous one")
                 }
             },
             Ok(_) => {}
             Err(e) => {
-                warn!(error = %crate::errors::chain(&e), "cannot check the webhook certificate; serving the previous one")
+                warn!(error = %crate::api::errors::chain(&e), "cannot check the webhook certificate; serving the previous one")
             }
         }
         current.1.clone()
