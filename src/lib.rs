@@ -25,6 +25,8 @@ pub mod operator;
 #[cfg(feature = "kubernetes")]
 pub mod rbac;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
+pub mod runtime;
+#[cfg(any(feature = "sidecar", feature = "operator"))]
 pub(crate) mod shutdown;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;

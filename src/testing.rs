@@ -10,10 +10,6 @@ pub mod cluster;
 pub mod conformance;
 #[cfg(test)]
 pub(crate) mod logs;
-/// The scripted API server of the reconcile's tests (the operator's unit
-/// tests and the emulator tests, `tests/stores/spanner.rs`).
-#[cfg(feature = "operator")]
-pub mod reconcile;
 pub mod servers;
 
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};

@@ -501,16 +501,6 @@ fn a_kubernetes_lease_names_leases_in_its_namespace_and_no_other_store() {
     let valid = validate(&kubernetes).unwrap();
     assert_eq!(valid.store, ValidStore::Kubernetes);
     assert_eq!(valid.store.url_secret(), None);
-    let resolved = valid.store.resolve(
-        "prod",
-        || -> Result<crate::store::StoreUrl, crate::lease::StoreError> { unreachable!("no URL for Leases") },
-    );
-    assert_eq!(
-        resolved.unwrap(),
-        crate::store::select::StoreConfig::Kubernetes(crate::store::kubernetes::KubernetesConfig::new(Some(
-            "prod".into()
-        )))
-    );
     let both = with(&["store", "kubernetes"], json!({}));
     let message = validate(&both).unwrap_err().to_string();
     assert!(

@@ -52,27 +52,6 @@ impl std::fmt::Display for ValidStore {
     }
 }
 
-#[cfg(any(feature = "sidecar", feature = "operator"))]
-impl ValidStore {
-    /// The store to connect to: Leases in `namespace` (the resource's), and
-    /// for PostgreSQL and Redis the URL that `url` reads from the Secret.
-    pub fn resolve<E: From<crate::lease::StoreError>>(
-        &self,
-        namespace: &str,
-        url: impl FnOnce() -> Result<crate::store::StoreUrl, E>,
-    ) -> Result<crate::store::select::StoreConfig, E> {
-        use crate::store::select::StoreConfig;
-        Ok(match self {
-            ValidStore::Spanner(config) => StoreConfig::Spanner(config.clone()),
-            ValidStore::Postgres { table, .. } => StoreConfig::postgres(url()?, table.clone())?,
-            ValidStore::Redis { .. } => StoreConfig::redis(url()?)?,
-            ValidStore::Kubernetes => StoreConfig::Kubernetes(crate::store::kubernetes::KubernetesConfig::new(Some(
-                namespace.to_string(),
-            ))),
-        })
-    }
-}
-
 impl ValidStore {
     /// The Secret key a PostgreSQL or Redis lease reads its URL from.
     #[cfg_attr(not(feature = "operator"), allow(dead_code))]

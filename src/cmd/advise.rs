@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 use crate::lease::budget::{AT_RISK_SHARE, Latencies};
 use crate::lease::timing::DEFAULT_JITTER;
 use crate::lease::{Identity, LeaseStore, Timing, TimingError};
-use crate::store::select::{StoreFlags, StoreKind, store_url};
+use crate::runtime::{StoreFlags, StoreKind, store_url};
+use crate::sidecar::config::store_kind;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The store to measure.
-    #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
+    #[arg(long, env = "LEASEHOLD_STORE", value_parser = store_kind())]
     pub store: StoreKind,
     /// PostgreSQL or Redis URL, credentials included.
     #[arg(long, env = "LEASEHOLD_STORE_URL", hide_env_values = true)]
@@ -51,7 +52,7 @@ pub(crate) struct Args {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
     #[error(transparent)]
-    Config(#[from] crate::store::select::SelectError),
+    Config(#[from] crate::runtime::SelectError),
     #[error("cannot measure the store")]
     Store(#[from] crate::lease::StoreError),
     #[error("no advice")]

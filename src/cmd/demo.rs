@@ -11,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::timing::{DEFAULT_JITTER, parse_duration_flag};
 use crate::lease::{Change, Elector, ElectorHandle, Identity, LeaderState, LeaseStore, Timing};
+use crate::runtime::{StoreFlags, StoreKind};
+use crate::sidecar::config::store_kind;
 use crate::store::StoreUrl;
-use crate::store::select::{StoreFlags, StoreKind};
 use crate::store::spanner::{DEFAULT_CALL_TIMEOUT, Endpoints, SpannerConfig, SpannerStore, create_emulator_database};
 
 #[derive(Debug, clap::Args)]
@@ -23,7 +24,7 @@ pub(crate) struct Args {
     /// Store to elect on: memory (in this process), spanner (the Cloud
     /// Spanner emulator at SPANNER_EMULATOR_HOST), postgres or redis (at
     /// --store-url), kubernetes (Leases in the KUBECONFIG's namespace).
-    #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_enum, default_value_t = StoreKind::Memory)]
+    #[arg(long, env = "LEASEHOLD_DEMO_STORE", value_parser = store_kind(), default_value = StoreKind::Memory.flag())]
     pub store: StoreKind,
     /// The PostgreSQL or Redis URL for --store postgres|redis; the demo
     /// creates the lease table when missing and uses a fresh lock.
@@ -50,7 +51,7 @@ pub(crate) enum Error {
     #[error("store")]
     Store(#[from] crate::lease::StoreError),
     #[error(transparent)]
-    Select(#[from] crate::store::select::SelectError),
+    Select(#[from] crate::runtime::SelectError),
     #[error("{0}")]
     Setup(String),
     #[error("no new leader within {0:?}; is the store reachable?")]

@@ -29,8 +29,8 @@ use super::ControllerRun;
 use super::http::Role;
 use super::stores::StoreProvider;
 use crate::lease::{Elector, Identity, LeaderContext, LeaseStore, Timing};
+use crate::runtime::StoreConfig;
 use crate::store::kubernetes::KubernetesStore;
-use crate::store::select::StoreConfig;
 use crate::store::spanner::SpannerConfig;
 
 /// The operator's Lease unless `--election-lease-name` says otherwise (the

@@ -27,6 +27,12 @@ pub mod rbac;
 pub mod reconcile;
 pub mod rollout;
 pub mod stores;
+/// The scripted API server of the reconcile's tests (the operator's unit
+/// tests and the emulator tests, `tests/stores/spanner.rs`): the operator's
+/// own test kit, not part of its API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub(crate) mod webhook;
 
 use std::net::SocketAddr;

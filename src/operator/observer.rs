@@ -1,7 +1,7 @@
 //! One batched store read per store and table for every lease on it,
 //! shared by all reconciles, instead of a read per lease per retry period.
 //!
-//! An [`Observer`] per store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key))
+//! An [`Observer`] per store and table ([`StoreConfig::key`](crate::runtime::StoreConfig::key))
 //! keeps what reconciles asked about and reads it all in batched reads: the
 //! locks of plain leases with one [`LeaseStore::observe_many`] for all of
 //! them (one statement or script, whatever their number), the slots and
@@ -194,7 +194,7 @@ impl Triggers {
 
 /// What a reconcile asks of the observer.
 pub(crate) struct Ask<S: Source> {
-    /// The store and table ([`StoreConfig::key`](crate::store::select::StoreConfig::key)).
+    /// The store and table ([`StoreConfig::key`](crate::runtime::StoreConfig::key)).
     pub store_key: String,
     /// What reads the table, used when its observer starts.
     pub source: S,

@@ -19,14 +19,14 @@ use tokio::time::Instant;
 use crate::api::{SecretKeyRef, ValidLease};
 use crate::lease::{LeaseStore, SessionStore, StoreError, StoreIdentity};
 use crate::operator::observer::still_asked;
+use crate::runtime::{StoreConfig, no_sessions};
 use crate::store::StoreUrl;
 use crate::store::kubernetes::KubernetesStore;
-use crate::store::select::{StoreConfig, no_sessions};
 
 /// The store of `valid` in `namespace`; `url` is the one its Secret holds
 /// (PostgreSQL, Redis), read by [`read_url`].
 pub(crate) fn target_of(valid: &ValidLease, namespace: &str, url: Option<StoreUrl>) -> Result<StoreConfig, StoreError> {
-    valid.store.resolve(namespace, || {
+    StoreConfig::of_lease(&valid.store, namespace, || {
         url.ok_or_else(|| StoreError::invalid("the store's URL was not read"))
     })
 }

@@ -22,7 +22,7 @@
 use tokio::sync::watch;
 
 use crate::lease::{StoreError, StoreIdentity};
-use crate::store::select::StoreConfig;
+use crate::runtime::StoreConfig;
 
 /// `status.storeIdentity` of the bound lease, as its watch last saw it.
 pub(crate) type Recorded = watch::Receiver<Option<String>>;

@@ -33,7 +33,7 @@ use super::metrics::{MeteredStore, Metrics};
 use super::starting::{CONNECT_TIMEOUT, Report};
 use super::{Mode, Start, capped_backoff};
 use crate::lease::{Assigned, Identity, Partitioner, Session, SessionStore, StoreError, Timing};
-use crate::store::select::StoreConfig;
+use crate::runtime::StoreConfig;
 
 /// Starts the HTTP API's `/partitions`, the metrics and the token file of
 /// the partitioned lock; the mode runs until its last session is closed.

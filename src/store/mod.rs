@@ -10,8 +10,6 @@ pub mod postgres;
 mod push;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "sidecar", feature = "operator"))]
-pub mod select;
 #[cfg(feature = "spanner")]
 pub mod spanner;
 #[cfg(any(feature = "spanner", feature = "kubernetes"))]

@@ -29,7 +29,7 @@ use kube::Api;
 use kube::api::ListParams;
 use leasehold::api::{DEFAULT_LABEL_KEY, DistributedLease};
 use leasehold::lease::{LeaseRecord, LeaseStore};
-use leasehold::store::select::{StoreConfig, StoreKind};
+use leasehold::runtime::{StoreConfig, StoreKind};
 use leasehold::store::spanner::{DEFAULT_CALL_TIMEOUT, SpannerStore};
 use leasehold::store::{DEFAULT_TABLE, StoreUrl};
 use leasehold::testing::servers::{PostgresServer, RedisServer};

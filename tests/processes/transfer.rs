@@ -31,7 +31,7 @@ use leasehold::api::contract::{
     ENV_POD_NAMESPACE, ENV_POD_UID, ENV_STORE_URL_FILE, SIDECAR_CONTAINER, STORE_CONDITION,
 };
 use leasehold::lease::timing::DEFAULT_JITTER;
-use leasehold::store::select::StoreConfig;
+use leasehold::runtime::StoreConfig;
 use leasehold::store::spanner::SpannerConfig;
 use leasehold::store::{DEFAULT_TABLE, StoreUrl};
 use leasehold::testing::api::{ApiServer, pods};

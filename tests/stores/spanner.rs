@@ -618,7 +618,7 @@ async fn the_operator_reconciles_a_lease_on_spanner() {
         .await
         .unwrap();
     assert!(store.observe("probe").await.is_err(), "no table before the reconcile");
-    use leasehold::testing::reconcile::{StoreSide, store_side_scenario};
+    use leasehold::operator::testing::{StoreSide, store_side_scenario};
     store_side_scenario(StoreSide::single(Arc::new(store))).await;
 }
 
@@ -632,7 +632,7 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
     use leasehold::operator::metrics::Metrics;
     use leasehold::operator::reconcile::FINALIZER;
     use leasehold::operator::stores::SingleStore;
-    use leasehold::testing::reconcile::{context_with, expect_pod_list, expect_status_apply, lease, pod, run_on};
+    use leasehold::operator::testing::{context_with, expect_pod_list, expect_status_apply, lease, pod, run_on};
     use serde_json::json;
 
     let emulator = Emulator::start_or_connect();

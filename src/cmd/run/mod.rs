@@ -37,10 +37,10 @@ use tracing::{info, warn};
 
 use crate::api::contract;
 use crate::lease::{Elector, LeaderContext, LeaseStore, StoreError, Timing};
+use crate::runtime::StoreConfig;
 use crate::sidecar::config::{self, ElectionArgs};
 use crate::sidecar::metrics::{MeteredStore, Metrics};
 use crate::sidecar::{budget::RenewBudget, http, http::LeaderView, publish, timing_risk, token_file};
-use crate::store::select::StoreConfig;
 use launch::{Launcher, Supervised, WatchdogLauncher};
 use watchdog::Heartbeat;
 

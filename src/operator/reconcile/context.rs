@@ -27,8 +27,8 @@ use crate::operator::observer::{Ask, Locks, Observers, Partitioned};
 use crate::operator::preferred::Pending;
 use crate::operator::rollout;
 use crate::operator::stores::{StoreProvider, read_url, target_of};
+use crate::runtime::StoreConfig;
 use crate::store::StoreUrl;
-use crate::store::select::StoreConfig;
 
 /// A Secret key: (namespace, name, key).
 type SecretKey = (String, String, String);

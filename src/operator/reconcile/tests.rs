@@ -1,5 +1,5 @@
 //! Wire-level checks of every request a reconcile makes, on the scripted
-//! API server of [`crate::testing::reconcile`]: the executor and the delete. What the
+//! API server of [`crate::operator::testing`]: the executor and the delete. What the
 //! plan decides is checked as plain values in `plan::tests`.
 
 use std::time::Duration;
@@ -10,9 +10,9 @@ use serde_json::{Value, json};
 use super::*;
 use crate::lease::LeaseStore;
 use crate::operator::metrics::Metrics;
+use crate::operator::testing::*;
 use crate::store::StoreUrl;
 use crate::store::{Faults, MemoryStore};
-use crate::testing::reconcile::*;
 
 struct Fixture {
     ctx: Arc<Context>,

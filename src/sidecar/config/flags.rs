@@ -9,7 +9,14 @@ use std::time::Duration;
 use crate::api::contract;
 use crate::lease::parse_cluster_name;
 use crate::lease::timing::parse_duration_flag;
-use crate::store::select::StoreKind;
+use crate::runtime::StoreKind;
+
+/// `--store`'s values, each with its help, from the runtime's one list.
+pub fn store_kind() -> impl clap::builder::TypedValueParser<Value = StoreKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(StoreKind::ALL.map(|kind| PossibleValue::new(kind.flag()).help(kind.about())))
+        .map(|flag| StoreKind::from_flag(&flag).expect("one of the possible values"))
+}
 
 /// The lease and store flags, shared by `leasehold sidecar` and `leasehold run`.
 #[derive(Debug, clap::Args)]
@@ -27,7 +34,7 @@ pub struct ElectionArgs {
     )]
     pub lease: Option<String>,
     /// Standalone: the store.
-    #[arg(long, env = "LEASEHOLD_STORE", value_enum)]
+    #[arg(long, env = "LEASEHOLD_STORE", value_parser = store_kind())]
     pub store: Option<StoreKind>,
     /// Standalone: the Spanner database, projects/<p>/instances/<i>/databases/<d>.
     #[arg(long, env = "LEASEHOLD_DATABASE")]

@@ -9,13 +9,14 @@ mod watch;
 
 pub use flags::Args;
 pub use flags::ElectionArgs;
+pub use flags::store_kind;
 pub use settings::{LeaseBinding, Settings};
 pub use settings::{Publishing, resolve};
 pub(crate) use watch::{Retirement, watch_lease};
 
 use crate::api::ValidationError;
 use crate::lease::{LockNameError, PartitionsError, StoreError, TimingError};
-use crate::store::select::SelectError;
+use crate::runtime::SelectError;
 
 /// Settings that cannot work, each naming the flag or resource at fault.
 #[derive(Debug, thiserror::Error)]

@@ -6,15 +6,15 @@ use kube::Api;
 use super::{ElectionArgs, Error, Result};
 use crate::api::{DEFAULT_LABEL_KEY, DistributedLease, LeaseStoreSpec, ValidStore, validate};
 use crate::lease::{Identity, Timing, Version, VersionPolicy, validate_lock_name, validate_partitions};
+use crate::runtime::{StoreConfig, StoreFlags, store_url};
 use crate::sidecar::pod::PodRef;
 use crate::store::StoreUrl;
-use crate::store::select::{StoreConfig, StoreFlags, store_url};
 
 /// The store a `DistributedLease` names. PostgreSQL and Redis URLs come
 /// from the Secret it references, which the webhook mounts into the sidecar
 /// and names with LEASEHOLD_STORE_URL_FILE.
 fn lease_store(store: &ValidStore, namespace: &str, args: &ElectionArgs) -> Result<StoreConfig> {
-    store.resolve(namespace, || -> Result<StoreUrl> {
+    StoreConfig::of_lease(store, namespace, || -> Result<StoreUrl> {
         store_url(None, args.store_url_file.as_deref())?.ok_or_else(|| Error::StoreUrlFileMissing {
             store: store.to_string(),
         })

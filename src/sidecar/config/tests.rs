@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use super::*;
 use crate::lease::{Timing, Version, VersionPolicy};
+use crate::runtime::StoreConfig;
 use crate::store::DEFAULT_TABLE;
 use crate::store::StoreUrl;
 use crate::store::postgres::PostgresConfig;
 use crate::store::redis::RedisConfig;
-use crate::store::select::StoreConfig;
 use crate::store::spanner::SpannerConfig;
 use clap::Parser;
 

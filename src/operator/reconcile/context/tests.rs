@@ -9,9 +9,9 @@ use serde_json::json;
 use super::*;
 use crate::api::client::object_from_value;
 use crate::operator::stores::SingleStore;
+use crate::operator::testing::{context_with, lease};
 use crate::store::MemoryStore;
 use crate::store::postgres::{PostgresConfig, PostgresStore};
-use crate::testing::reconcile::{context_with, lease};
 use crate::testing::servers::PostgresServer;
 
 fn context() -> Arc<Context> {

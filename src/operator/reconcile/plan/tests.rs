@@ -15,8 +15,8 @@ use crate::lease::holder::LiveHolder;
 use crate::lease::{FencingToken, LeaseRecord, LeaseStore, StoreTime};
 use crate::operator::candidate::CandidatePod;
 use crate::operator::stores::SINGLE_STORE;
+use crate::operator::testing::{conditions, lease, pod};
 use crate::store::{Faults, MemoryStore};
-use crate::testing::reconcile::{conditions, lease, pod};
 
 /// The resource of the fixtures, with `spec` over the defaults and `status` as
 /// the last status.

@@ -12,8 +12,8 @@ use super::super::*;
 use crate::lease::session::new_session_id;
 use crate::lease::{Identity, SessionStore};
 use crate::operator::metrics::Metrics;
+use crate::operator::testing::*;
 use crate::store::MemoryStore;
-use crate::testing::reconcile::*;
 
 /// A session of pod `pod`, open for `lease`, holding `locks` of `prod/web`.
 async fn member(store: &MemoryStore, pod: &str, lease: Duration, locks: &[String]) -> String {

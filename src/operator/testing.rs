@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::Reporter;
 
-use super::api::{ApiServerVerifier, Call, mock_client};
 use crate::api::DistributedLease;
 use crate::lease::{LeaseStore, SessionStore};
 use crate::operator::index::{PodWriter, pod_cache};
@@ -26,6 +25,7 @@ use crate::operator::rbac;
 use crate::operator::reconcile::*;
 use crate::operator::stores::SingleStore;
 use crate::operator::stores::StoreProvider;
+use crate::testing::api::{ApiServerVerifier, Call, mock_client};
 
 /// The scripted API server, and the pod watch that fills the reconcile's
 /// pod cache: a reconcile that needs candidates waits until the script

@@ -1,35 +1,41 @@
-//! Store selection: the one list of backends, the flags that choose one,
-//! and the one place that connects to it. Every role (sidecar, `run`,
-//! `advise`, `demo`, the operator) goes through here, so adding a store
-//! means adding a variant to [`StoreKind`] and [`StoreConfig`] and letting
-//! the compiler point at each `match` to complete.
+//! The runtime: the one list of backends, the flags that choose one, the
+//! validated `DistributedLease` spec turned into a store, and the one place
+//! that connects to it. Every role (sidecar, `run`, `advise`, `demo`, the
+//! operator) goes through here, so adding a store means adding a variant to
+//! [`StoreKind`] and [`StoreConfig`] and letting the compiler point at each
+//! `match` to complete. It sits above `api` and every store and below the
+//! roles: `api` validates a spec without knowing the backends.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use super::kubernetes::{KubernetesConfig, KubernetesStore};
-use super::postgres::{PostgresConfig, PostgresStore};
-use super::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
-use super::spanner::{SpannerConfig, SpannerStore};
-use super::{DEFAULT_TABLE, MemoryStore, StoreUrl};
+use crate::api::ValidStore;
 use crate::lease::{LeaseStore, SessionStore, StoreError, StoreIdentity};
+use crate::store::kubernetes::{KubernetesConfig, KubernetesStore};
+use crate::store::postgres::{PostgresConfig, PostgresStore};
+use crate::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+use crate::store::spanner::{SpannerConfig, SpannerStore};
+use crate::store::{DEFAULT_TABLE, MemoryStore, StoreUrl};
 
 /// The backends, as `--store` names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
-    /// In-process memory store (one process only).
     Memory,
-    /// Cloud Spanner (`--database`).
     Spanner,
-    /// PostgreSQL or CockroachDB (`--store-url`).
     Postgres,
-    /// Redis (`--store-url`).
     Redis,
-    /// `coordination.k8s.io/v1` Leases in a namespace of the cluster.
     Kubernetes,
 }
 
 impl StoreKind {
+    pub const ALL: [StoreKind; 5] = [
+        StoreKind::Memory,
+        StoreKind::Spanner,
+        StoreKind::Postgres,
+        StoreKind::Redis,
+        StoreKind::Kubernetes,
+    ];
+
     /// The name `--store` takes.
     pub fn flag(self) -> &'static str {
         match self {
@@ -39,6 +45,22 @@ impl StoreKind {
             StoreKind::Redis => "redis",
             StoreKind::Kubernetes => "kubernetes",
         }
+    }
+
+    /// What the store is, and the flag that says where, for `--help`.
+    pub fn about(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "In-process memory store (one process only)",
+            StoreKind::Spanner => "Cloud Spanner (`--database`)",
+            StoreKind::Postgres => "PostgreSQL or CockroachDB (`--store-url`)",
+            StoreKind::Redis => "Redis (`--store-url`)",
+            StoreKind::Kubernetes => "`coordination.k8s.io/v1` Leases in a namespace of the cluster",
+        }
+    }
+
+    /// The store `--store` names by `flag`.
+    pub fn from_flag(flag: &str) -> Option<StoreKind> {
+        StoreKind::ALL.into_iter().find(|kind| kind.flag() == flag)
     }
 
     /// Whether the store keeps sessions, through which partitions are held.
@@ -159,15 +181,15 @@ impl StoreFlags<'_> {
                     database: database.to_string(),
                     table: table(),
                 };
-                super::spanner::validate_database(&config.database)?;
-                super::spanner::validate_table(&config.table)?;
+                crate::store::spanner::validate_database(&config.database)?;
+                crate::store::spanner::validate_table(&config.table)?;
                 StoreConfig::Spanner(config)
             }
             StoreKind::Postgres => {
                 let url = self.url.clone().ok_or(SelectError::NeedsUrl(kind.flag()))?;
                 let config = PostgresConfig { url, table: table() };
-                super::postgres::validate_table(&config.table)?;
-                super::postgres::parse_url(&config.url)?;
+                crate::store::postgres::validate_table(&config.table)?;
+                crate::store::postgres::parse_url(&config.url)?;
                 StoreConfig::Postgres(config)
             }
             StoreKind::Redis => {
@@ -189,6 +211,22 @@ impl StoreFlags<'_> {
 }
 
 impl StoreConfig {
+    /// The store a validated lease names: Leases in `namespace` (the
+    /// resource's), and for PostgreSQL and Redis the URL that `url` reads
+    /// from the Secret.
+    pub(crate) fn of_lease<E: From<StoreError>>(
+        store: &ValidStore,
+        namespace: &str,
+        url: impl FnOnce() -> Result<StoreUrl, E>,
+    ) -> Result<StoreConfig, E> {
+        Ok(match store {
+            ValidStore::Spanner(config) => StoreConfig::Spanner(config.clone()),
+            ValidStore::Postgres { table, .. } => StoreConfig::postgres(url()?, table.clone())?,
+            ValidStore::Redis { .. } => StoreConfig::redis(url()?)?,
+            ValidStore::Kubernetes => StoreConfig::Kubernetes(KubernetesConfig::new(Some(namespace.to_string()))),
+        })
+    }
+
     /// Redis at `url` with the key prefix every role uses (the resource has
     /// no field for it).
     pub fn redis(url: StoreUrl) -> Result<StoreConfig, StoreError> {
@@ -196,14 +234,14 @@ impl StoreConfig {
             url,
             prefix: DEFAULT_PREFIX.into(),
         };
-        super::redis::parse_url(&config.url)?;
+        crate::store::redis::parse_url(&config.url)?;
         Ok(StoreConfig::Redis(config))
     }
 
     /// PostgreSQL at `url`, `table` checked.
     pub fn postgres(url: StoreUrl, table: String) -> Result<StoreConfig, StoreError> {
         let config = PostgresConfig { url, table };
-        super::postgres::parse_url(&config.url)?;
+        crate::store::postgres::parse_url(&config.url)?;
         Ok(StoreConfig::Postgres(config))
     }
 
@@ -318,6 +356,18 @@ pub(crate) fn no_sessions(kind: StoreKind) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `store: {kubernetes: {}}` names Leases in the resource's namespace.
+    #[test]
+    fn a_kubernetes_lease_names_leases_in_its_namespace() {
+        let resolved = StoreConfig::of_lease(&ValidStore::Kubernetes, "prod", || -> Result<StoreUrl, StoreError> {
+            unreachable!("no URL for Leases")
+        });
+        assert_eq!(
+            resolved.unwrap(),
+            StoreConfig::Kubernetes(KubernetesConfig::new(Some("prod".into())))
+        );
+    }
 
     fn flags(kind: Option<StoreKind>) -> StoreFlags<'static> {
         StoreFlags {
