@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
 use super::record::{EndReason, FencingToken, Grant, Handoff, Held, Identity, Observation, Release};
-use super::sim_hooks::{Flaw, SimHooks};
+use super::seams::{Flaw, SimHooks};
 use super::store::{LeaseStore, StoreError};
 use super::timing::Timing;
 use super::version::{Claim, Version};
@@ -353,9 +353,9 @@ impl Elector {
         }
     }
 
-    /// The simulation's task wrapper and mutant flaw.
-    #[cfg(feature = "simulate")]
-    pub(crate) fn with_sim_hooks(mut self, hooks: SimHooks) -> Self {
+    /// The simulation's task wrapper and mutant flaw ([`super::seams`]).
+    #[doc(hidden)]
+    pub fn with_sim_hooks(mut self, hooks: SimHooks) -> Self {
         self.sim = hooks;
         self
     }

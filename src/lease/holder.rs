@@ -3,54 +3,52 @@
 //! the simulation's operator (`sim`, two clusters on one store) by the same
 //! code.
 
-// The operator uses all of it; the simulation (feature `simulate`) a part.
-#![cfg_attr(not(feature = "operator"), allow(dead_code))]
-
 use crate::lease::Identity;
+use crate::lease::seams::LocalityFlaw;
 use crate::lease::session::session_owner;
 
 /// Where a holder identity `[cluster/][namespace/]pod#nonce` runs; a
 /// holder that is not such an identity (another tool's row) runs nowhere we
 /// know of.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct HolderPod(Option<Identity>);
+pub struct HolderPod(Option<Identity>);
 
 impl HolderPod {
-    pub(crate) fn parse(holder: &str) -> Self {
+    pub fn parse(holder: &str) -> Self {
         HolderPod(holder.parse().ok())
     }
 
     /// The owner of a session id ([`session_owner`]).
-    pub(crate) fn of_session(session: &str) -> Self {
+    pub fn of_session(session: &str) -> Self {
         HolderPod(session_owner(session))
     }
 
     /// The holder's pod name, when the holder is an identity.
-    pub(crate) fn pod(&self) -> Option<&str> {
+    pub fn pod(&self) -> Option<&str> {
         self.0.as_ref().map(Identity::name)
     }
 
     /// The UID of the holder's pod, when its identity carries one (`…@uid`):
     /// a pod of the same name with another UID is another pod (issue 54).
-    pub(crate) fn pod_uid(&self) -> Option<&str> {
+    pub fn pod_uid(&self) -> Option<&str> {
         self.0.as_ref().and_then(Identity::pod_uid)
     }
 
     /// Whether the pod named `name` with UID `uid` is the holder's: the
     /// name, and the UID wherever the holder's identity carries one.
-    pub(crate) fn is_pod(&self, name: &str, uid: Option<&str>) -> bool {
+    pub fn is_pod(&self, name: &str, uid: Option<&str>) -> bool {
         self.pod() == Some(name) && self.pod_uid().is_none_or(|holder| uid == Some(holder))
     }
 
     /// The cluster the holder's identity names, if any.
-    pub(crate) fn cluster(&self) -> Option<&str> {
+    pub fn cluster(&self) -> Option<&str> {
         self.0.as_ref().and_then(Identity::cluster)
     }
 
     /// Could be a pod in `namespace` of this cluster: when either side does
     /// not name its cluster, assume it is. Used before clearing a label, where
     /// the cautious answer is "maybe the holder".
-    pub(crate) fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
+    pub fn may_be_local(&self, cluster: Option<&str>, namespace: &str) -> bool {
         let Some(identity) = &self.0 else { return true };
         let cluster_matches = match (identity.cluster(), cluster) {
             (Some(theirs), Some(ours)) => theirs == ours,
@@ -84,7 +82,7 @@ impl HolderPod {
     /// label moves its traffic away), and a pod of the same name in a
     /// cluster the holder certainly is not in loses one. `flaw` is the
     /// simulation's mutant, `None` everywhere else.
-    pub(crate) fn keeps_label(
+    pub fn keeps_label(
         &self,
         pod: &str,
         pod_uid: Option<&str>,
@@ -110,7 +108,7 @@ impl HolderPod {
     /// `runs_here` says whether a pod of the holder's name runs in this
     /// namespace (asked only when the holder [may be local](Self::may_be_local)).
     /// `flaw` is the simulation's mutant, `None` everywhere else.
-    pub(crate) fn judge_live(
+    pub fn judge_live(
         &self,
         cluster: Option<&str>,
         namespace: &str,
@@ -133,7 +131,7 @@ impl HolderPod {
 
     /// Certainly a pod of another cluster: both sides name their cluster and
     /// the names differ. What status reports as `LeaderInOtherCluster`.
-    pub(crate) fn cluster_elsewhere(&self, cluster: Option<&str>) -> Option<&str> {
+    pub fn cluster_elsewhere(&self, cluster: Option<&str>) -> Option<&str> {
         self.0.as_ref()?.cluster_other_than(cluster)
     }
 }
@@ -141,7 +139,7 @@ impl HolderPod {
 /// A live holder of a deleted lease's lock, as the operator judges it
 /// ([`HolderPod::judge_live`]).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum LiveHolder {
+pub enum LiveHolder {
     /// Certainly of another namespace or cluster: not this resource's.
     NotOurs,
     /// Its pod still runs here: it releases when it retires.
@@ -152,23 +150,4 @@ pub(crate) enum LiveHolder {
     /// Certainly this cluster's, and its pod is gone: released by
     /// check-and-set.
     Gone,
-}
-
-/// A deliberate locality bug, for the simulation's mutants only: the
-/// checker must catch it. Crate-private, so no user of the library can set one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-pub(crate) enum LocalityFlaw {
-    /// Two holders without cluster names count as one cluster's (the
-    /// `is_local` before issue 37): a same-named pod in another cluster is
-    /// "ours".
-    UnnamedClustersMatch,
-    /// A label repair judges the holder by its pod name alone, whatever
-    /// cluster it names: a same-named pod of the cluster that does not lead
-    /// keeps a stale leader label.
-    LabelByNameAlone,
-    /// A label repair keeps a label only for a holder proven local (both
-    /// sides named, as a release needs): without cluster names it takes the
-    /// live leader's own label.
-    LabelNeedsProof,
 }

@@ -37,8 +37,8 @@ use tracing::{debug, info, warn};
 
 use super::clock::{Instant, Jitter, now};
 use super::record::{FencingToken, Identity};
+use super::seams::SimHooks;
 use super::session::{LocksObservation, MAX_LOCKS_PER_CALL, SessionStore, new_session_id};
-use super::sim_hooks::SimHooks;
 use super::store::{Result, StoreError};
 use super::timing::Timing;
 

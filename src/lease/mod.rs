@@ -6,12 +6,13 @@
 pub mod budget;
 pub(crate) mod clock;
 pub(crate) mod elector;
-pub(crate) mod holder;
+pub mod holder;
 pub(crate) mod lock_set;
 pub mod partitions;
 pub(crate) mod record;
+#[doc(hidden)]
+pub mod seams;
 pub mod session;
-pub(crate) mod sim_hooks;
 pub mod store;
 pub mod timing;
 pub(crate) mod version;
@@ -32,4 +33,4 @@ pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError, StoreIdentity};
 pub use timing::{LeaseDurationError, Timing, TimingError};
 pub(crate) use timing::{lease_from_millis, lease_to_millis};
-pub use version::{Claim, InvalidPrefer, Prefer, Version, VersionPolicy};
+pub use version::{Claim, InvalidPrefer, PeerWatch, Prefer, Version, VersionPolicy};

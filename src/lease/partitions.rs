@@ -38,6 +38,7 @@ use tracing::{debug, info};
 use super::clock::{Instant, Jitter, now};
 use super::lock_set::{HeldSet, Session};
 use super::record::{FencingToken, LockNameError, MAX_LOCK_NAME_BYTES, fnv1a_64, validate_lock_name};
+use super::seams::PartitionFlaw;
 use super::session::{LocksObservation, SessionStore};
 use super::store::Result;
 
@@ -118,7 +119,7 @@ fn score(index: u32, member: &str) -> u64 {
 
 /// One consistent read of a partitioned lock, by the store's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PartitionView {
+pub struct PartitionView {
     /// Live sessions holding a member slot, sorted.
     pub members: Vec<String>,
     /// Which slots are free.
@@ -131,8 +132,7 @@ pub(crate) struct PartitionView {
 
 impl PartitionView {
     /// Reads the N slots and N partitions of `lock` in one store call.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
+    pub async fn observe(store: &dyn SessionStore, lock: &str, partitions: u32) -> Result<PartitionView> {
         let observed = store.observe_locks(&Self::names(lock, partitions)).await?;
         Ok(Self::from_observation(partitions, observed))
     }
@@ -141,8 +141,7 @@ impl PartitionView {
     /// store call ([`SessionStore::observe_lock_sets`]): their slots and
     /// partitions together are at most [`super::session::MAX_LOCKS_PER_CALL`]
     /// names (see [`Self::names_read`]).
-    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-    pub(crate) async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
+    pub async fn observe_many(store: &dyn SessionStore, locks: &[(String, u32)]) -> Result<Vec<PartitionView>> {
         let sets: Vec<Vec<String>> = locks.iter().map(|(lock, n)| Self::names(lock, *n)).collect();
         let observed = store.observe_lock_sets(&sets).await?;
         Ok(locks
@@ -153,8 +152,7 @@ impl PartitionView {
     }
 
     /// How many names a read of a lock with `partitions` covers.
-    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-    pub(crate) fn names_read(partitions: u32) -> usize {
+    pub fn names_read(partitions: u32) -> usize {
         2 * partitions as usize
     }
 
@@ -291,21 +289,11 @@ pub struct Assigned {
 
 impl Assigned {
     /// The token of partition `index` if it may be worked on at `at`.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn token_at(&self, index: u32, at: Instant) -> Option<FencingToken> {
+    pub fn token_at(&self, index: u32, at: Instant) -> Option<FencingToken> {
         self.deadline
             .filter(|d| at < *d)
             .and(self.partitions.get(&index).copied())
     }
-}
-
-/// A planted bug for the simulation to catch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-pub(crate) enum PartitionFlaw {
-    /// Never hands extras over: a member that rejoins, or joins late, waits
-    /// for ever while others keep more than their quota.
-    ExtrasKept,
 }
 
 /// A candidate taking part in a partitioned lock through its own session.
@@ -338,9 +326,10 @@ impl Partitioner {
         }
     }
 
-    /// Seeds the poll jitter, so a simulation replays exactly, and plants `flaw`.
-    #[cfg(feature = "simulate")]
-    pub(crate) fn simulated(mut self, seed: u64, flaw: Option<PartitionFlaw>) -> Self {
+    /// Seeds the poll jitter, so a simulation replays exactly, and plants
+    /// `flaw` ([`super::seams`]).
+    #[doc(hidden)]
+    pub fn simulated(mut self, seed: u64, flaw: Option<PartitionFlaw>) -> Self {
         self.jitter = Jitter::new(self.session.timing().jitter, Some(seed));
         self.flaw = flaw;
         self

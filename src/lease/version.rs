@@ -135,8 +135,7 @@ impl Prefer {
 /// has led would otherwise hold every newer candidate back while itself
 /// fenced out, and the lease would have no leader until that pod went.
 #[derive(Debug)]
-#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-pub(crate) struct PeerWatch {
+pub struct PeerWatch {
     prefer: Prefer,
     mine: Option<Version>,
     fence: bool,
@@ -148,13 +147,11 @@ pub(crate) struct PeerWatch {
     /// The reason last given to the elector; `None`: campaigning.
     standing: Option<String>,
     /// The simulation's mutant: stand aside for peers the fence refuses.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
     flawed: bool,
 }
 
-#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
 impl PeerWatch {
-    pub(crate) fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
+    pub fn new(prefer: Prefer, mine: Option<Version>, fence: bool, control: ElectorControl) -> Self {
         PeerWatch {
             prefer,
             mine,
@@ -167,29 +164,28 @@ impl PeerWatch {
         }
     }
 
-    /// The simulation's mutant `stand-aside-for-fenced-peers`; crate-private
-    /// like the elector's flaws.
-    #[cfg(feature = "simulate")]
-    pub(crate) fn flawed(self) -> Self {
+    /// The simulation's mutant `stand-aside-for-fenced-peers`
+    /// ([`super::seams`]).
+    #[doc(hidden)]
+    pub fn flawed(self) -> Self {
         PeerWatch { flawed: true, ..self }
     }
 
     /// Why the elector was last told to stand aside; `None`: campaigning.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn standing(&self) -> Option<&str> {
+    pub fn standing(&self) -> Option<&str> {
         self.standing.as_deref()
     }
 
     /// The live, healthy peers now (this candidate not among them). True
     /// when the decision changed.
-    pub(crate) fn peers(&mut self, live: Vec<(String, Option<Version>)>) -> bool {
+    pub fn peers(&mut self, live: Vec<(String, Option<Version>)>) -> bool {
         self.live = live;
         self.decide()
     }
 
     /// The version the lease row records, from the elector's latest read
     /// (`LeaderState::holder_version`). True when the decision changed.
-    pub(crate) fn recorded(&mut self, recorded: Option<&Version>) -> bool {
+    pub fn recorded(&mut self, recorded: Option<&Version>) -> bool {
         if self.recorded.as_ref() == recorded {
             return false;
         }

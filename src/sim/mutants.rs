@@ -1,8 +1,7 @@
 //! The mutants: deliberately broken electors and stores, each breaking
 //! one safety rule, that the checker must catch.
 
-use crate::lease::holder::LocalityFlaw;
-use crate::lease::sim_hooks::Flaw;
+use crate::lease::seams::{Flaw, LocalityFlaw};
 
 /// A deliberately broken elector or store: each breaks one safety rule,
 /// and the checker must catch every one (tests/lease/simulation.rs).

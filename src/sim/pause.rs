@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::signal::Signal;
-use crate::lease::sim_hooks::TaskWrapper;
+use crate::lease::seams::TaskWrapper;
 
 /// A current-thread runtime on paused time: schedules replay exactly.
 pub(super) fn paused_runtime() -> tokio::runtime::Runtime {

@@ -20,7 +20,7 @@ use super::mutants::Mutant;
 use super::pause::Pause;
 use super::report::{Counts, Report, Violation};
 use super::session_stores::{SessionSemantics, SessionServer};
-use crate::lease::sim_hooks::SimHooks;
+use crate::lease::seams::SimHooks;
 use crate::lease::{
     Elector, ElectorHandle, FencingToken, Identity, LeaderContext, LeaderState, LeaseStore, StoreTime, Timing,
 };

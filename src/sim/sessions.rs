@@ -47,9 +47,10 @@ use super::report::{Report, Violation};
 use super::schedule::{Schedule, Setup};
 use super::session_stores::{SessionSemantics, SessionServer};
 use crate::lease::lock_set::{HeldSet, Session};
-use crate::lease::partitions::{Assigned, PartitionFlaw, PartitionView, Partitioner, partition_lock};
+use crate::lease::partitions::{Assigned, PartitionView, Partitioner, partition_lock};
+use crate::lease::seams::PartitionFlaw;
+use crate::lease::seams::SimHooks;
 use crate::lease::session::{Collected, LockBatch, LocksObservation, SessionObservation, SessionStore};
-use crate::lease::sim_hooks::SimHooks;
 use crate::lease::{FencingToken, Identity, StoreError, StoreTime};
 use crate::store::memory::{LockAcquisition, SessionFlaw};
 

@@ -20,10 +20,8 @@ use tokio::time::Instant;
 
 mod session;
 
-#[cfg_attr(not(feature = "simulate"), allow(unused_imports))]
-pub(crate) use session::LockAcquisition;
-#[cfg(feature = "simulate")]
-pub(crate) use session::SessionFlaw;
+#[doc(hidden)]
+pub use session::{LockAcquisition, SessionFlaw};
 
 use crate::lease::store::Result;
 use crate::lease::{
@@ -147,8 +145,8 @@ impl MemoryStore {
     /// as Redis deletes an expired key (`PEXPIRE`); the never-expiring
     /// counter keeps its term, token and duration. Otherwise the SQL
     /// stores' expiry, judged on the row that stays.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn with_ttl_expiry(mut self, ttl: bool) -> Self {
+    #[doc(hidden)]
+    pub fn with_ttl_expiry(mut self, ttl: bool) -> Self {
         self.ttl_expiry = ttl;
         self
     }
@@ -175,16 +173,16 @@ impl MemoryStore {
 
     /// Starts the store clock at `start` instead of the wall clock, so
     /// simulations print the same tokens on every replay.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn with_clock_start(mut self, start: StoreTime) -> Self {
+    #[doc(hidden)]
+    pub fn with_clock_start(mut self, start: StoreTime) -> Self {
         self.epoch_nanos = start.0;
         self
     }
 
     /// Runs the store clock `rate` times as fast as the candidates' clock.
     /// The elector tolerates rates below D / R (design.md: R/D bounds drift).
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn with_clock_rate(mut self, rate: f64) -> Self {
+    #[doc(hidden)]
+    pub fn with_clock_rate(mut self, rate: f64) -> Self {
         self.rate = rate;
         self
     }
@@ -203,8 +201,8 @@ impl MemoryStore {
 
     /// Moves the store clock by `nanos` (negative: backwards), as an NTP
     /// step would. Commit timestamps still strictly increase.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn jump_clock(&self, nanos: i64) {
+    #[doc(hidden)]
+    pub fn jump_clock(&self, nanos: i64) {
         self.lock().clock_jumps += nanos;
     }
 
@@ -228,8 +226,8 @@ impl MemoryStore {
     /// The row as a strongly consistent read would see it now, without the
     /// injected faults (the simulation's operator reads through it, so the
     /// schedule's fault draws stay what they were without it).
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn peek(&self, lock: &str) -> Observation {
+    #[doc(hidden)]
+    pub fn peek(&self, lock: &str) -> Observation {
         let state = self.lock();
         Observation {
             record: state.rows.get(lock).cloned(),

@@ -3,7 +3,7 @@
 
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
-pub(crate) mod memory;
+pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "redis"))]

@@ -18,10 +18,10 @@ use crate::lease::session::{
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, StoreError, StoreTime};
 
-/// A deliberate session bug, for the simulation's mutants only.
-#[cfg_attr(not(feature = "simulate"), allow(dead_code))]
+/// A deliberate session bug, for the simulation's mutants only (hidden,
+/// like the core's `lease::seams`: it plants a safety bug).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SessionFlaw {
+pub enum SessionFlaw {
     /// Renewal writes the session row whatever is there: a closed, collected
     /// or expired session comes back.
     RenewWithoutCas,
@@ -44,7 +44,7 @@ struct LockRow {
 /// One lock acquisition as the store committed it, with the instant on the
 /// candidates' (tokio) clock, for the simulation's checker.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LockAcquisition {
+pub struct LockAcquisition {
     pub lock: String,
     pub session: String,
     pub token: FencingToken,
@@ -89,14 +89,14 @@ impl Tables {
 
 impl MemoryStore {
     /// Every lock acquisition committed so far, in commit order.
-    #[cfg_attr(not(feature = "simulate"), allow(dead_code))]
-    pub(crate) fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
+    #[doc(hidden)]
+    pub fn lock_acquisitions(&self) -> Vec<LockAcquisition> {
         self.lock().sessions.acquisitions.clone()
     }
 
     /// Makes the session operations deliberately wrong (simulation mutants).
-    #[cfg(feature = "simulate")]
-    pub(crate) fn set_session_flaw(&self, flaw: Option<SessionFlaw>) {
+    #[doc(hidden)]
+    pub fn set_session_flaw(&self, flaw: Option<SessionFlaw>) {
         self.lock().sessions.flaw = flaw;
     }
 
