@@ -27,7 +27,7 @@ pub mod rbac;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
 pub mod runtime;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
-pub(crate) mod shutdown;
+pub mod shutdown;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "simulate")]

@@ -64,8 +64,7 @@ impl StoreKind {
     }
 
     /// Whether the store keeps sessions, through which partitions are held.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn keeps_sessions(self) -> bool {
+    pub fn keeps_sessions(self) -> bool {
         matches!(
             self,
             StoreKind::Memory | StoreKind::Spanner | StoreKind::Postgres | StoreKind::Redis
@@ -138,8 +137,7 @@ pub fn store_url(url: Option<&str>, file: Option<&Path>) -> Result<Option<StoreU
 
 /// The flags that choose a store and say where it is.
 #[derive(Debug, Clone, Default)]
-#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-pub(crate) struct StoreFlags<'a> {
+pub struct StoreFlags<'a> {
     pub kind: Option<StoreKind>,
     pub database: Option<&'a str>,
     pub table: Option<&'a str>,
@@ -152,8 +150,7 @@ pub(crate) struct StoreFlags<'a> {
 impl StoreFlags<'_> {
     /// The store the flags name; every contradiction named by its flags.
     /// `--database` alone means Spanner.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn choose(self) -> Result<StoreConfig, SelectError> {
+    pub fn choose(self) -> Result<StoreConfig, SelectError> {
         let kind = match (self.kind, self.database) {
             (Some(kind), _) => kind,
             (None, Some(_)) => StoreKind::Spanner,
@@ -335,8 +332,7 @@ impl StoreConfig {
     }
 
     /// Opens the store for sessions: only the stores that keep them.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) async fn connect_sessions(&self) -> Result<Arc<dyn SessionStore>, StoreError> {
+    pub async fn connect_sessions(&self) -> Result<Arc<dyn SessionStore>, StoreError> {
         if !self.kind().keeps_sessions() {
             return Err(no_sessions(self.kind()));
         }

@@ -5,8 +5,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 /// SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.
-#[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) fn exit_on_signals(shutdown: CancellationToken) -> std::io::Result<()> {
+pub fn exit_on_signals(shutdown: CancellationToken) -> std::io::Result<()> {
     exit_on_signals_noting(shutdown, |_| {})
 }
 

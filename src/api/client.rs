@@ -153,16 +153,14 @@ fn current_certificate(kubeconfig: &Kubeconfig, context: Option<&str>) -> (Strin
 /// compiled once for the crate. Another entry (axum's `Json` extractor,
 /// `from_slice`, `from_value`) compiles the type's whole tree again, a few
 /// thousand functions for a pod (docs/design.md, "The house, measured").
-#[cfg_attr(not(any(feature = "operator", feature = "testing")), allow(dead_code))]
-pub(crate) fn read_object<T: serde::de::DeserializeOwned>(json: &str) -> serde_json::Result<T> {
+pub fn read_object<T: serde::de::DeserializeOwned>(json: &str) -> serde_json::Result<T> {
     serde_json::from_str(json)
 }
 
 /// An object from an already parsed document, through [`read_object`]. The
 /// error names what is wrong, without a position in the re-rendered text,
 /// which is not the user's.
-#[cfg_attr(not(any(feature = "cli", feature = "testing")), allow(dead_code))]
-pub(crate) fn object_from_value<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> serde_json::Result<T> {
+pub fn object_from_value<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> serde_json::Result<T> {
     read_object(&value.to_string()).map_err(|e| {
         let message = e.to_string();
         let at = format!(" at line {} column {}", e.line(), e.column());

@@ -17,8 +17,7 @@ use crate::lease::{EndReason, Observation};
 /// Entries `status.history` keeps unless `spec.historyLimit` says otherwise.
 pub(crate) const DEFAULT_HISTORY_LIMIT: u32 = 10;
 /// The most `spec.historyLimit` may ask for: the status stays small.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) const MAX_HISTORY_LIMIT: u32 = 100;
+pub const MAX_HISTORY_LIMIT: u32 = 100;
 
 /// Why a term ended, as the store shows it: the reason the ending write
 /// recorded (`lease::EndReason`, one variant each), or for a record without one

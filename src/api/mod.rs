@@ -16,7 +16,7 @@
 pub mod client;
 pub mod contract;
 pub mod errors;
-pub(crate) mod gate;
+pub mod gate;
 pub mod history;
 pub mod preference;
 pub mod transfer;
@@ -31,8 +31,7 @@ use crate::lease::timing;
 
 pub use validate::Preference;
 pub use validate::ValidationError;
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
-pub(crate) use validate::{ValidLease, ValidStore, validate};
+pub use validate::{ValidLease, ValidStore, validate};
 
 /// The label key leaders are published under unless the resource says otherwise.
 pub const DEFAULT_LABEL_KEY: &str = "leasehold.dev/leader";
@@ -413,8 +412,7 @@ pub struct PartitionHolder {
 
 impl DistributedLease {
     /// The lock name in the store: `spec.lockName`, else `<namespace>/<name>`.
-    #[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-    pub(crate) fn lock_name(&self) -> String {
+    pub fn lock_name(&self) -> String {
         match &self.spec.lock_name {
             Some(lock) => lock.clone(),
             None => format!(
@@ -456,8 +454,7 @@ pub fn crds() -> [(
 }
 
 /// Every CustomResourceDefinition as YAML documents, as `leasehold crd` prints them.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
-pub(crate) fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     let documents = crds()
         .iter()
         .map(|(_, crd)| serde_yaml::to_string(crd))

@@ -25,13 +25,11 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// How long a candidate must outrank the leader, ready all the time, before
 /// leadership moves to it, unless `spec.preferenceStabilization` says otherwise.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) const DEFAULT_STABILIZATION: Duration = Duration::from_secs(30);
+pub const DEFAULT_STABILIZATION: Duration = Duration::from_secs(30);
 
 /// A priority that is not an integer, or a label and an annotation that disagree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) enum PriorityError {
+pub enum PriorityError {
     #[error("pod {pod}: {PRIORITY_KEY} {place} {value:?} is not an integer")]
     NotAnInteger {
         pod: String,
@@ -50,8 +48,7 @@ pub(crate) enum PriorityError {
 /// explicit wish), then the position of its zone in `preferZones` (earlier
 /// is better; no zone or one not listed ranks after every listed zone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) struct Rank {
+pub struct Rank {
     pub priority: i64,
     /// Index into `preferZones`; its length when not in a preferred zone.
     pub zone_place: usize,
@@ -73,8 +70,7 @@ impl PartialOrd for Rank {
 
 /// The pod's priority: its label or annotation (equal if both are set), 0
 /// when neither is.
-#[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
+pub fn priority_of(pod: &Pod) -> Result<i64, PriorityError> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let read = |map: &Option<BTreeMap<String, String>>| map.as_ref().and_then(|m| m.get(PRIORITY_KEY)).cloned();
     let parse = |place: &'static str, value: &str| {
@@ -108,8 +104,7 @@ pub fn zone_of(labels: &BTreeMap<String, String>) -> Option<&str> {
 }
 
 /// The rank of a pod of `priority` in `zone` under `prefer_zones`.
-#[cfg_attr(not(feature = "operator"), allow(dead_code))]
-pub(crate) fn rank(priority: i64, zone: Option<&str>, prefer_zones: &[String]) -> Rank {
+pub fn rank(priority: i64, zone: Option<&str>, prefer_zones: &[String]) -> Rank {
     let zone_place = zone
         .and_then(|zone| prefer_zones.iter().position(|z| z == zone))
         .unwrap_or(prefer_zones.len());

@@ -72,8 +72,7 @@ pub enum TransferPhase {
 
 impl TransferPhase {
     /// Nothing more happens to a transfer in this phase.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn is_final(self) -> bool {
+    pub fn is_final(self) -> bool {
         matches!(self, TransferPhase::Transferred | TransferPhase::TransferFailed)
     }
 }
@@ -115,8 +114,7 @@ pub struct LeaseTransferStatus {
 
 /// Why a transfer is refused or fails: the `reason` word and the Event's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-pub(crate) enum TransferRefusal {
+pub enum TransferRefusal {
     /// No pod of that name in the namespace.
     TargetNotFound,
     /// The pod is not selected by the lease, or runs no leasehold sidecar.
@@ -139,7 +137,6 @@ pub(crate) enum TransferRefusal {
 }
 
 impl TransferRefusal {
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
     pub fn reason(self) -> &'static str {
         match self {
             TransferRefusal::TargetNotFound => "TargetNotFound",

@@ -2,7 +2,6 @@
 //! the sidecar work with. Every error names the field it is about.
 
 // The roles validate a resource; the resource alone (`kubernetes`) does not.
-#![cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 
 use kube::core::Selector;
 
@@ -16,7 +15,7 @@ use crate::store::spanner_names::{self, SpannerConfig};
 
 /// The store a valid lease names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ValidStore {
+pub enum ValidStore {
     Spanner(SpannerConfig),
     /// The URL is in the Secret, mounted into the sidecar.
     Postgres {
@@ -54,8 +53,7 @@ impl std::fmt::Display for ValidStore {
 
 impl ValidStore {
     /// The Secret key a PostgreSQL or Redis lease reads its URL from.
-    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-    pub(crate) fn url_secret(&self) -> Option<&SecretKeyRef> {
+    pub fn url_secret(&self) -> Option<&SecretKeyRef> {
         match self {
             ValidStore::Spanner(_) | ValidStore::Kubernetes => None,
             ValidStore::Postgres { url_secret, .. } | ValidStore::Redis { url_secret } => Some(url_secret),
@@ -65,7 +63,7 @@ impl ValidStore {
 
 /// A spec that passed [`validate`], with the values parsed.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ValidLease {
+pub struct ValidLease {
     pub lock: String,
     pub store: ValidStore,
     pub timing: Timing,
@@ -122,7 +120,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ValidationError {
 
 /// Validates the spec, field by field in the order they appear, and reports
 /// the first problem.
-pub(crate) fn validate(lease: &DistributedLease) -> Result<ValidLease> {
+pub fn validate(lease: &DistributedLease) -> Result<ValidLease> {
     let spec = &lease.spec;
     if let Some(lock) = &spec.lock_name {
         validate_lock_name("spec.lockName", lock)?;

@@ -10,34 +10,34 @@ pub const AT_RISK_SHARE: f64 = 0.25;
 
 /// Latencies of one kind of call, sorted.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-pub(crate) struct Latencies(Vec<Duration>);
+pub struct Latencies(Vec<Duration>);
 
 impl Latencies {
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn new(mut samples: Vec<Duration>) -> Self {
+    pub fn new(mut samples: Vec<Duration>) -> Self {
         samples.sort();
         Latencies(samples)
     }
 
     /// The `q` quantile (nearest rank), zero without samples.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn quantile(&self, q: f64) -> Duration {
-        if self.0.is_empty() {
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.is_empty() {
             return Duration::ZERO;
         }
         let rank = ((q * self.0.len() as f64).ceil() as usize).clamp(1, self.0.len());
         self.0[rank - 1]
     }
 
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
-    pub(crate) fn max(&self) -> Duration {
+    pub fn max(&self) -> Duration {
         self.0.last().copied().unwrap_or_default()
     }
 
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
-    pub(crate) fn len(&self) -> usize {
+    /// How many samples.
+    pub fn len(&self) -> usize {
         self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 

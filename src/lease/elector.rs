@@ -98,8 +98,7 @@ impl LeaderState {
     }
 
     /// Time left before the deadline, for leaders.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn expires_in(&self, at: Instant) -> Option<Duration> {
+    pub fn expires_in(&self, at: Instant) -> Option<Duration> {
         self.deadline
             .filter(|_| self.leader)
             .map(|d| d.saturating_duration_since(at))

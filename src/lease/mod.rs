@@ -19,14 +19,11 @@ pub(crate) mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
-pub(crate) use partitions::validate_partitions;
-pub use partitions::{Assigned, Partitioner, PartitionsError};
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(unused_imports))]
-pub(crate) use record::parse_cluster_name;
+pub use partitions::{Assigned, Partitioner, PartitionsError, validate_partitions};
 pub use record::{
-    EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidHandoff, InvalidIdentity, InvalidPodUid,
-    LeaseRecord, LockNameError, Observation, Release, Reservation, StoreTime,
+    EndReason, Ended, FencingToken, Grant, Handoff, Held, Identity, InvalidClusterName, InvalidHandoff,
+    InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError, MAX_CLUSTER_NAME_CHARS, Observation, Release,
+    Reservation, StoreTime, parse_cluster_name,
 };
 pub(crate) use record::{fnv1a_64, validate_lock_name};
 pub use session::SessionStore;

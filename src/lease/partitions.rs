@@ -83,8 +83,7 @@ pub enum PartitionsError {
 /// The one check of a partitioned lock, wherever its settings enter: the
 /// sidecar's flags, the resource's spec, the library. `fields` name the
 /// lock's and the count's field or flag.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) fn validate_partitions(
+pub fn validate_partitions(
     (lock_field, count_field): (&'static str, &'static str),
     lock: &str,
     count: u32,
@@ -198,8 +197,7 @@ impl PartitionView {
     }
 
     /// The most partitions a member holds minus the fewest; 0 without members.
-    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-    pub(crate) fn balance(&self) -> usize {
+    pub fn balance(&self) -> usize {
         let held = self.held_by_member();
         match (held.values().max(), held.values().min()) {
             (Some(max), Some(min)) => max - min,
@@ -208,8 +206,7 @@ impl PartitionView {
     }
 
     /// Partitions no live session holds.
-    #[cfg_attr(not(feature = "operator"), allow(dead_code))]
-    pub(crate) fn unowned(&self) -> usize {
+    pub fn unowned(&self) -> usize {
         self.owners.iter().filter(|o| o.is_none()).count()
     }
 }

@@ -59,8 +59,7 @@ pub(crate) fn validate_lock_name(field: &'static str, name: &str) -> Result<(), 
 
 /// The longest cluster name, in characters: a DNS label's length, which
 /// fits every cloud's cluster names and keeps holder identities short.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) const MAX_CLUSTER_NAME_CHARS: usize = 63;
+pub const MAX_CLUSTER_NAME_CHARS: usize = 63;
 
 /// A cluster name that cannot be part of a holder identity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,8 +67,7 @@ pub(crate) const MAX_CLUSTER_NAME_CHARS: usize = 63;
     "cluster name {0:?} must be 1 to {MAX_CLUSTER_NAME_CHARS} characters without whitespace, control \
      characters, '/', '#' or '@' (they separate the parts of a holder identity cluster/namespace/pod#nonce@uid)"
 )]
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) struct InvalidClusterName(pub String);
+pub struct InvalidClusterName(pub String);
 
 /// The one check of a cluster name, wherever one enters: the sidecar's, the
 /// operator's and `leasehold inject`'s `--cluster-name` (the chart's
@@ -77,8 +75,7 @@ pub(crate) struct InvalidClusterName(pub String);
 /// name becomes the first part of every holder identity, so it may not
 /// contain the identity's separators: `a/b` would read back as cluster `a`,
 /// namespace `b`.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-pub(crate) fn parse_cluster_name(name: &str) -> Result<String, InvalidClusterName> {
+pub fn parse_cluster_name(name: &str) -> Result<String, InvalidClusterName> {
     match identity_part(name) && name.chars().count() <= MAX_CLUSTER_NAME_CHARS {
         true => Ok(name.to_string()),
         false => Err(InvalidClusterName(name.to_string())),

@@ -163,8 +163,7 @@ impl Timing {
     /// [`Timing::default`]): R from D, P from R. So `D = 5s` alone gives
     /// R = 3.333s and P = 666ms; R alone keeps the default D and scales P.
     /// Derived values are truncated to whole milliseconds. Validated.
-    #[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
-    pub(crate) fn with_given(
+    pub fn with_given(
         self,
         lease_duration: Option<Duration>,
         renew_deadline: Option<Duration>,
@@ -235,14 +234,12 @@ impl Timing {
     }
 
     /// The safety gap D − R.
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
-    pub(crate) fn safety_gap(&self) -> Duration {
+    pub fn safety_gap(&self) -> Duration {
         self.lease_duration - self.renew_deadline
     }
 }
 
 /// `value · numerator / denominator`, truncated to whole milliseconds.
-#[cfg_attr(not(any(feature = "sidecar", feature = "operator")), allow(dead_code))]
 fn in_ratio(value: Duration, numerator: Duration, denominator: Duration) -> Duration {
     let millis = value.as_nanos() * numerator.as_nanos() / denominator.as_nanos().max(1) / 1_000_000;
     Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))

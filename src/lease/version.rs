@@ -58,8 +58,7 @@ impl Prefer {
     /// healthy candidate of version `other`: with `Newest` for a newer one,
     /// with `Oldest` for an older one. A candidate without a version yields
     /// to every versioned one, and nobody yields to it.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn yields_to(self, mine: Option<&Version>, other: Option<&Version>) -> bool {
+    pub fn yields_to(self, mine: Option<&Version>, other: Option<&Version>) -> bool {
         let Some(other) = other else { return false };
         let Some(mine) = mine else {
             return self != Prefer::None;
@@ -95,8 +94,7 @@ impl Prefer {
     /// Why a candidate of version `mine` should stand aside, given the
     /// other live, healthy candidates `(name, version)`: the first one it
     /// [yields to](Self::yields_to), named. `None`: campaign.
-    #[cfg_attr(not(feature = "sidecar"), allow(dead_code))]
-    pub(crate) fn stand_aside_for<'a>(
+    pub fn stand_aside_for<'a>(
         self,
         mine: Option<&Version>,
         peers: impl IntoIterator<Item = (&'a str, Option<&'a Version>)>,

@@ -20,7 +20,7 @@ use crate::api::preference::{self, PriorityError};
 /// conditions and phase, repaired by name and resourceVersion, mapped to a
 /// Deployment by its ReplicaSet, ranked by priority and zone.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct CandidatePod {
+pub struct CandidatePod {
     pub(crate) name: String,
     pub(crate) namespace: String,
     pub(crate) uid: Option<String>,

@@ -15,7 +15,7 @@
 //! controller finishes the reconciles in flight, the election releases the
 //! operator's lock, the HTTP server drains; a second signal exits at once.
 
-pub(crate) mod candidate;
+pub mod candidate;
 pub mod election;
 pub mod http;
 pub mod index;
@@ -33,7 +33,7 @@ pub mod stores;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
-pub(crate) mod webhook;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

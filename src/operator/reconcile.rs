@@ -48,8 +48,7 @@ pub(crate) mod plan;
 mod prefer;
 
 pub use context::Context;
-#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
-pub(crate) use plan::without_sidecar;
+pub use plan::without_sidecar;
 
 /// The field manager of every status write.
 pub(crate) const FIELD_MANAGER: &str = "leasehold-operator";

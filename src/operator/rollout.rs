@@ -190,8 +190,7 @@ pub(crate) fn stall_reasons(owners: &[Deployment], leader_moves_to_new: bool) ->
 /// (`ProgressDeadlineExceeded`) after `progressDeadlineSeconds` (default
 /// 600; the controller's `HasProgressDeadline` treats 2147483647 as none),
 /// which `kubectl rollout status`, `helm --wait` and Argo CD report as failed.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
-pub(crate) fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> {
+pub fn deadline_warning(deployment: &Deployment, lease: &str) -> Option<String> {
     let replicas = deployment.spec.replicas.unwrap_or(1);
     let deadline = deployment.spec.progress_deadline_seconds.unwrap_or(600);
     (replicas > 1 && deadline != i32::MAX).then(|| {

@@ -424,7 +424,7 @@ fn store_problem(valid: &ValidLease, error: &StoreError) -> (&'static str, Strin
 }
 
 /// The names of the candidates that cannot campaign, sorted.
-pub(crate) fn without_sidecar(candidates: &[Arc<CandidatePod>]) -> Vec<String> {
+pub fn without_sidecar(candidates: &[Arc<CandidatePod>]) -> Vec<String> {
     let mut names: Vec<String> = candidates
         .iter()
         .filter(|pod| !pod.has_sidecar)

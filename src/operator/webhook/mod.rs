@@ -26,8 +26,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use admission::{KubeLeaseLookup, router};
 pub(crate) use certs::{CertDir, fixed, patch_ca_bundle, shared_self_signed};
 pub(crate) use patch::{InjectionConfig, SidecarArgs};
-#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
-pub(crate) use patch::{LeaseInjection, NotInjected, injection_patch};
+pub use patch::{LeaseInjection, NotInjected, injection_patch};
 pub(crate) use server::{Timeouts, bind, serve};
 
 #[derive(Debug, thiserror::Error)]

@@ -186,7 +186,7 @@ impl SidecarArgs {
 
 /// What the lease says about injection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseInjection {
+pub struct LeaseInjection {
     pub readiness_gate: bool,
     /// PostgreSQL and Redis: the Secret key holding the store URL.
     pub url_secret: Option<SecretKeyRef>,
@@ -214,7 +214,7 @@ impl LeaseInjection {
 
 /// Why a pod was not injected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum NotInjected {
+pub enum NotInjected {
     #[error("no {LEASE_ANNOTATION} annotation")]
     NotAnnotated,
     #[error("it already has a container named {0}")]
@@ -379,7 +379,7 @@ fn runnable(spec: &PodSpec, name: &str) -> Result<usize, NotInjected> {
 /// `leasehold.dev/run`, wraps the named container's command with `leasehold
 /// run`), or why not (webhooks can be called again, so an injected pod is
 /// left alone).
-pub(crate) fn injection_patch(
+pub fn injection_patch(
     pod: &Pod,
     lease: Option<LeaseInjection>,
     config: &InjectionConfig,

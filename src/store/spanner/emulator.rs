@@ -14,8 +14,7 @@ use crate::lease::store::Result;
 /// Creates (when missing) an instance and a database on the Cloud Spanner
 /// emulator, for the demo and the tests; production databases are made by
 /// their owners. Returns the database path.
-#[cfg_attr(not(any(feature = "testing", feature = "cli")), allow(dead_code))]
-pub(crate) async fn create_emulator_database(
+pub async fn create_emulator_database(
     endpoints: &Endpoints,
     project: &str,
     instance: &str,
@@ -34,7 +33,6 @@ pub(crate) async fn create_emulator_database(
     })?
 }
 
-#[cfg_attr(not(any(feature = "testing", feature = "cli")), allow(dead_code))]
 async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str, database: &str) -> Result<String> {
     let spanner = client(endpoints, DEFAULT_CALL_TIMEOUT).await?;
     let mut instances = spanner.instance_admin_builder();
@@ -79,7 +77,6 @@ async fn create_on_emulator(endpoints: &Endpoints, project: &str, instance: &str
 }
 
 /// A create that succeeded or found the thing already there.
-#[cfg_attr(not(any(feature = "testing", feature = "cli")), allow(dead_code))]
 fn created_or_there<T>(
     created: std::result::Result<T, google_cloud_spanner::Error>,
     what: impl FnOnce() -> String,

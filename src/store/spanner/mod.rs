@@ -47,8 +47,7 @@ mod session;
 
 pub use super::spanner_names::SpannerConfig;
 pub(crate) use super::spanner_names::{check_database, check_table};
-#[cfg_attr(not(any(feature = "testing", feature = "cli")), allow(unused_imports))]
-pub(crate) use emulator::create_emulator_database;
+pub use emulator::create_emulator_database;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
