@@ -77,6 +77,7 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-bench",
     "e2e-status",
     "e2e-monitoring",
+    "e2e-monitoring-dark",
     "e2e-timing-risk",
     // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
     "e2e-clusters",
@@ -328,6 +329,11 @@ pub fn rendered_chart(env: &Env) -> Vec<Value> {
 
 /// The same with more `--set KEY=VALUE`s, as `helm upgrade --set` adds them.
 pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
+    rendered_chart_at(env, &repo().join("charts/leasehold"), more)
+}
+
+/// [`rendered_chart_with`] of the chart in `chart` (a changed copy).
+pub fn rendered_chart_at(env: &Env, chart: &Path, more: &[String]) -> Vec<Value> {
     let (repository, tag) = env.image.rsplit_once(':').unwrap_or((&env.image, "latest"));
     let mut sets = vec![format!("image.repository={repository}"), format!("image.tag={tag}")];
     // The candidates run as the examples' ServiceAccounts or the default one.
@@ -340,7 +346,9 @@ pub fn rendered_chart_with(env: &Env, more: &[String]) -> Vec<Value> {
     let mut render = Command::new(repo().join(".venv/bin/python"));
     render
         .arg(repo().join("scripts/helm-template.py"))
-        .args([RELEASE, "charts/leasehold", "-n", RELEASE_NAMESPACE])
+        .arg(RELEASE)
+        .arg(chart)
+        .args(["-n", RELEASE_NAMESPACE])
         .current_dir(repo());
     for set in &sets {
         render.args(["--set", set]);

@@ -26,6 +26,7 @@ mod monitoring;
 mod newcomer;
 mod node;
 mod privilege;
+mod prometheus;
 mod publishing;
 mod run_wrapped;
 mod spread;

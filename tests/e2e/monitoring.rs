@@ -1,33 +1,27 @@
 //! Operating it on the real cluster: `leasehold status` (and as the kubectl
 //! plugin) on a led lease and through a failover with `--watch`; a real
-//! Prometheus (Debian's, started here on loopback) scraping the sidecars
-//! with the shipped alerting rules: the two-leader alert stays silent
-//! through a failover, fires on a planted duplicate leader series, and the
-//! no-leader alert fires in a planted leaderless window.
+//! Prometheus scraping the sidecars and the operator through the chart's
+//! monitors with the shipped alerting rules (tests/e2e/prometheus.rs): the
+//! two-leader alert stays silent through a failover and fires on a planted
+//! duplicate leader series, the no-leader alert fires with every candidate
+//! gone, and the often-leaderless alert fires on a lease whose leaders are
+//! frozen one after another.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
-use crate::e2e::cluster::{Scenario, repo, scenario, wait_for};
-use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, leader_only_service};
+use crate::e2e::cluster::{Scenario, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, leader_only_service};
+use crate::e2e::node::signal_container;
+use crate::e2e::prometheus::{PROMETHEUS_WAIT, Prometheus, tempdir, write_atomically};
 
 /// The sidecar's metrics port (the chart's sidecar.metricsPort).
 const METRICS_PORT: u16 = 4041;
-/// Scrape and rule evaluation interval of the test's Prometheus.
-const INTERVAL: &str = "1s";
-/// Every rule's `for` in the test's copy of the rules: five intervals, as
-/// the shipped minutes are several intervals of a 30 s scrape.
-const FOR: &str = "5s";
-/// Prometheus's scrapes and evaluations start within a few intervals; this
-/// bounds each wait for a result in the generous way of the suite.
-const PROMETHEUS_WAIT: Duration = Duration::from_secs(90);
 
 /// `leasehold status -o json` in `namespace`, or in all namespaces.
 fn status_json(s: &Scenario, namespace: Option<&str>) -> Vec<Value> {
@@ -146,237 +140,41 @@ async fn status_shows_the_holder_and_watch_follows_a_failover() {
     .await;
 }
 
-/// A folder of its own under the temp dir.
-fn tempdir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leasehold-e2e-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// The alerts Prometheus has loaded, by name.
+fn loaded_alerts(prometheus: &Prometheus) -> Vec<String> {
+    let rules = prometheus.get("/api/v1/rules", &[]).expect("/api/v1/rules");
+    rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect()
 }
 
-/// Debian's Prometheus on a loopback port, with the shipped rules (every
-/// `for` shortened to [`FOR`]) and two file_sd target files the test writes:
-/// the sidecars, and a second job that starts empty (for a planted fault).
-struct Prometheus {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Prometheus {
-    fn start() -> Prometheus {
-        let dir = tempdir("prometheus");
-        // The shipped rules; only the `for`s change.
-        let shipped = std::fs::read_to_string(repo().join("manifests/prometheus/leasehold-rules.yaml")).unwrap();
-        let mut rules: Value = serde_yaml::from_str(&shipped).unwrap();
-        for group in rules["groups"].as_array_mut().unwrap() {
-            for rule in group["rules"].as_array_mut().unwrap() {
-                rule["for"] = json!(FOR);
-            }
-        }
-        std::fs::write(dir.join("rules.yaml"), serde_yaml::to_string(&rules).unwrap()).unwrap();
-        let config = json!({
-            "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL, "scrape_timeout": INTERVAL},
-            "rule_files": [dir.join("rules.yaml")],
-            "scrape_configs": [
-                {"job_name": "leasehold-sidecars", "file_sd_configs": [{"files": [dir.join("sidecars.json")]}]},
-                {"job_name": "planted", "file_sd_configs": [{"files": [dir.join("planted.json")]}]},
-            ],
-        });
-        std::fs::write(dir.join("prometheus.yml"), serde_yaml::to_string(&config).unwrap()).unwrap();
-        write_atomically(&dir.join("sidecars.json"), "[]");
-        write_atomically(&dir.join("planted.json"), "[]");
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting prometheus: {e}; install it (Debian: apt-get install prometheus; scripts/setup-servers.sh does)"));
-        Prometheus { child, port, dir }
-    }
-
-    /// GET on the HTTP API; the `data` of a successful answer.
-    fn get(&self, path: &str, params: &[(&str, &str)]) -> Option<Value> {
-        let query: String = url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish();
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).ok()?;
-        write!(stream, "GET {path}?{query} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        let (_, body) = answer.split_once("\r\n\r\n")?;
-        let body: Value = serde_json::from_str(body).ok()?;
-        (body["status"] == "success").then(|| body["data"].clone())
-    }
-
-    /// An instant query's result vector.
-    fn query(&self, promql: &str) -> Option<Vec<Value>> {
-        self.get("/api/v1/query", &[("query", promql)])?["result"]
-            .as_array()
-            .cloned()
-    }
-
-    /// The alerts named `name` in `state` (pending or firing) now.
-    fn alerts(&self, name: &str, state: &str) -> Option<Vec<Value>> {
-        let alerts = self.get("/api/v1/alerts", &[])?["alerts"].as_array()?.clone();
-        Some(
-            alerts
-                .into_iter()
-                .filter(|a| a["labels"]["alertname"] == name && a["state"] == state)
-                .collect(),
-        )
-    }
-
-    /// Scrapes the candidate pods, labelled as the chart's PodMonitor labels
-    /// them, once `count` of them (not being deleted) have an address: a pod
-    /// still starting has none, and a target list written without it never
-    /// sums to every candidate (a fresh-clone CI run wrote its list about a
-    /// second after the pods were created and never saw three).
-    /// `only` narrows the list to one pod.
-    async fn target_pods(&self, s: &Scenario, file: &str, count: usize, only: Option<&str>) {
-        let addressed = wait_for(
-            &format!("{count} candidate pod(s) with an address"),
-            FIRST_LEADER,
-            || async {
-                let addressed: Vec<(String, String)> = s
-                    .pods(APP)
-                    .await
-                    .into_iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter_map(|p| Some((p.metadata.name?, p.status?.pod_ip?)))
-                    .collect();
-                (addressed.len() == count).then_some(addressed)
-            },
-        )
-        .await;
-        let targets: Vec<Value> = addressed
-            .into_iter()
-            .filter(|(name, _)| only.is_none_or(|o| o == name))
-            .map(|(name, ip)| {
-                json!({"targets": [format!("{ip}:{METRICS_PORT}")],
-                       "labels": {"namespace": s.ns, "lease": LEASE, "pod": name}})
-            })
-            .collect();
-        write_atomically(&self.dir.join(file), &Value::from(targets).to_string());
-    }
-
-    /// Waits until the scraped sidecars of the lease sum to `leaders` leaders
-    /// over `candidates` candidates; if not, says what Prometheus saw last
-    /// and how each target's scrapes went.
-    async fn sees(&self, s: &Scenario, leaders: u64, candidates: u64) {
-        let selector = format!(
-            "{{job=\"leasehold-sidecars\", namespace=\"{}\", lease=\"{LEASE}\"}}",
-            s.ns
-        );
-        let sum = format!("sum(leasehold_is_leader{selector}) * 1000 + count(leasehold_is_leader{selector})");
-        let want = json!((leaders * 1000 + candidates).to_string());
-        let started = std::time::Instant::now();
-        loop {
-            let seen = self.query(&sum);
-            if seen
-                .as_ref()
-                .and_then(|r| r.first())
-                .is_some_and(|r| r["value"][1] == want)
-            {
-                return;
-            }
-            if started.elapsed() > PROMETHEUS_WAIT {
-                let targets = self.get("/api/v1/targets", &[]).unwrap_or_default();
-                let targets: Vec<Value> = targets["activeTargets"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|t| json!([t["scrapeUrl"], t["health"], t["lastError"]]))
-                    .collect();
-                panic!(
-                    "Prometheus sees {leaders} leader(s) among {candidates} sidecar(s): not within \
-                     {PROMETHEUS_WAIT:?}; last `{sum}`: {seen:?}; targets: {targets:?}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Waits until `name` fires for this lease.
-    async fn fires(&self, s: &Scenario, name: &str) -> Value {
-        wait_for(
-            &format!("{name} firing for {}/{LEASE}", s.ns),
-            PROMETHEUS_WAIT,
-            || async {
-                let alerts = self.alerts(name, "firing")?;
-                alerts
-                    .into_iter()
-                    .find(|a| a["labels"]["namespace"] == json!(s.ns) && a["labels"]["lease"] == LEASE)
-            },
-        )
-        .await
-    }
-
-    /// The instants in the last `window` at which `name` was firing (the
-    /// `ALERTS` series Prometheus writes at every evaluation).
-    fn fired_within(&self, name: &str, window: Duration) -> Vec<Value> {
-        let promql = format!(
-            "ALERTS{{alertname=\"{name}\", alertstate=\"firing\"}}[{}s]",
-            window.as_secs().max(1)
-        );
-        self.query(&promql).expect("a range query")
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            eprintln!(
-                "===== prometheus log (last lines)\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// file_sd reads a file as soon as it changes: it must never see half of one.
-fn write_atomically(path: &Path, text: &str) {
-    let partial = path.with_extension("partial");
-    std::fs::write(&partial, text).unwrap();
-    std::fs::rename(&partial, path).unwrap();
+/// `name`'s `for` as `prometheus` evaluates it.
+fn for_of(prometheus: &Prometheus, name: &str) -> Duration {
+    let (_, duration) = prometheus
+        .fors
+        .iter()
+        .find(|(n, _)| n == name)
+        .expect("a shipped alert");
+    *duration
 }
 
 #[tokio::test]
 async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
     scenario("e2e-monitoring", |s| async move {
-        // Prometheus runs before the candidates exist: the target list is
-        // written as they start, so it must wait until every one has an
-        // address (a list written too early never sums to three).
-        let prometheus = Prometheus::start();
+        let prometheus = Prometheus::start(&s, "alerts");
         let (_store, watcher) = leader_only_service(&s, json!({})).await;
-        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
         let leader = watcher.one_leader(None, FIRST_LEADER).await;
+        // Both through the chart's monitors: the sidecars by the PodMonitor,
+        // the operator's two replicas by the ServiceMonitor.
         prometheus.sees(&s, 1, 3).await;
-        let rules = prometheus.get("/api/v1/rules", &[]).expect("/api/v1/rules");
-        let names: Vec<&str> = rules["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["rules"].as_array().unwrap())
-            .map(|r| r["name"].as_str().unwrap())
-            .collect();
-        assert!(
-            names.contains(&"LeaseholdTwoLeaders") && names.contains(&"LeaseholdNoLeader"),
-            "{rules}"
-        );
+        prometheus.sees_operator(2).await;
+        let loaded = loaded_alerts(&prometheus);
+        let shipped: Vec<String> = prometheus.fors.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(loaded, shipped, "Prometheus evaluates every shipped alert");
 
         // A failover: the leader pod deleted, a follower takes over.
         let started = std::time::Instant::now();
@@ -385,9 +183,8 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             .await
             .expect("deleting the leader");
         let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
-        prometheus.target_pods(&s, "sidecars.json", 3, None).await;
         prometheus.sees(&s, 1, 3).await;
-        let fired = prometheus.fired_within("LeaseholdTwoLeaders", started.elapsed() + Duration::from_secs(5));
+        let fired = prometheus.fired_within(&s.ns, "LeaseholdTwoLeaders", started.elapsed() + Duration::from_secs(5));
         assert!(
             fired.is_empty(),
             "LeaseholdTwoLeaders fired through the failover: {fired:?}"
@@ -396,11 +193,12 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         // Planted: the leader's metrics scraped a second time as another
         // target, as two pods claiming the lock would show: the alert fires.
         let planted = std::time::Instant::now();
-        prometheus.target_pods(&s, "planted.json", 3, Some(&successor)).await;
-        let alert = prometheus.fires(&s, "LeaseholdTwoLeaders").await;
+        plant_duplicate(&prometheus, &s, &successor).await;
+        let alert = prometheus.fires(&s.ns, "LeaseholdTwoLeaders", PROMETHEUS_WAIT).await;
         eprintln!(
-            "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {FOR})",
-            planted.elapsed()
+            "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {:?})",
+            planted.elapsed(),
+            for_of(&prometheus, "LeaseholdTwoLeaders")
         );
         assert_eq!(
             alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()),
@@ -409,24 +207,115 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         );
         write_atomically(&prometheus.dir.join("planted.json"), "[]");
 
-        // Planted: a leaderless window (every candidate scaled away).
+        // A leaderless window (every candidate scaled away).
         assert!(
-            prometheus.alerts("LeaseholdNoLeader", "firing").unwrap().is_empty(),
+            prometheus.firing(&s.ns, "LeaseholdNoLeader").is_none(),
             "no-leader firing while led"
         );
+        let leaderless = std::time::Instant::now();
         s.kubectl_ns(&["scale", "deployment/scheduler", "--replicas=0"]);
         wait_for("every candidate gone", SUCCESSOR, || async {
             s.pods(APP).await.is_empty().then_some(())
         })
         .await;
-        let leaderless = std::time::Instant::now();
-        prometheus.target_pods(&s, "sidecars.json", 0, None).await;
-        let alert = prometheus.fires(&s, "LeaseholdNoLeader").await;
+        let alert = prometheus.fires(&s.ns, "LeaseholdNoLeader", PROMETHEUS_WAIT).await;
         eprintln!(
-            "LeaseholdNoLeader fired {:?} after the last candidate was gone (for: {FOR})",
-            leaderless.elapsed()
+            "LeaseholdNoLeader fired {:?} after the scale to 0 (for: {:?})",
+            leaderless.elapsed(),
+            for_of(&prometheus, "LeaseholdNoLeader")
         );
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+        watcher.finish();
+    })
+    .await;
+}
+
+/// `pod`'s sidecar scraped a second time as a target of the `planted` job,
+/// labelled as the PodMonitor labels it.
+async fn plant_duplicate(prometheus: &Prometheus, s: &Scenario, pod: &str) {
+    let ip = wait_for(&format!("{pod}'s address"), FIRST_LEADER, || async {
+        s.api::<Pod>().get(pod).await.ok()?.status?.pod_ip
+    })
+    .await;
+    let targets = json!([{"targets": [format!("{ip}:{METRICS_PORT}")],
+                          "labels": {"namespace": s.ns, "lease": LEASE, "pod": pod}}]);
+    write_atomically(&prometheus.dir.join("planted.json"), &targets.to_string());
+}
+
+/// The lease's timing in [`a_lease_that_keeps_going_dark_alerts`]: a short
+/// D, so each freeze leaves the lease leaderless for seconds, not the
+/// example's 15 s (the scaled rule's window is 60 s).
+const DARK_TIMING: (&str, &str, &str) = ("4s", "3s", "1s");
+/// How long each new leader leads before its sidecar is frozen in turn.
+const LED_BETWEEN: Duration = Duration::from_secs(2);
+
+/// The leader's sidecar frozen (SIGSTOP) until another candidate leads,
+/// then thawed, and the new leader frozen in turn: the lease is dark for
+/// about D of every D + 2 s, never long enough for LeaseholdNoLeader,
+/// and LeaseholdOftenLeaderless fires; once the loop stops, it resolves.
+#[tokio::test]
+async fn a_lease_that_keeps_going_dark_alerts() {
+    scenario("e2e-monitoring-dark", |s| async move {
+        let prometheus = Prometheus::start(&s, "dark");
+        let (d, r, p) = DARK_TIMING;
+        let timing = json!({"leaseDuration": d, "renewDeadline": r, "retryPeriod": p});
+        let (_store, watcher) = leader_only_service(&s, timing).await;
+        let mut leader = watcher.one_leader(None, FIRST_LEADER).await;
+        prometheus.sees(&s, 1, 3).await;
+        // The first election's leaderless seconds are dark too: the freezes
+        // start once they no longer weigh (the alert neither pending nor
+        // firing), so what fires is the freezes'.
+        wait_for(
+            "LeaseholdOftenLeaderless inactive while led",
+            PROMETHEUS_WAIT,
+            || async {
+                let active = ["pending", "firing"].iter().try_fold(false, |any, state| {
+                    let alerts = prometheus.alerts("LeaseholdOftenLeaderless", state)?;
+                    Some(any || alerts.iter().any(|a| a["labels"]["namespace"] == json!(s.ns)))
+                })?;
+                (!active).then_some(())
+            },
+        )
+        .await;
+
+        let started = std::time::Instant::now();
+        let mut freezes = 0;
+        let alert = loop {
+            signal_container(&s, &leader, SIDECAR, "STOP").await;
+            let successor = watcher.one_leader(Some(&leader), SUCCESSOR).await;
+            signal_container(&s, &leader, SIDECAR, "CONT").await;
+            leader = successor;
+            freezes += 1;
+            if let Some(alert) = prometheus.firing(&s.ns, "LeaseholdOftenLeaderless") {
+                break alert;
+            }
+            assert!(
+                started.elapsed() < 2 * PROMETHEUS_WAIT,
+                "LeaseholdOftenLeaderless: not firing within {:?} of freezes",
+                2 * PROMETHEUS_WAIT
+            );
+            tokio::time::sleep(LED_BETWEEN).await;
+        };
+        let fired = started.elapsed();
+        eprintln!(
+            "LeaseholdOftenLeaderless fired {fired:?} after the first of {freezes} freezes (for: {:?}, D {d}): {alert}",
+            for_of(&prometheus, "LeaseholdOftenLeaderless")
+        );
+        let dark = prometheus.fired_within(&s.ns, "LeaseholdNoLeader", fired + Duration::from_secs(5));
+        assert!(
+            dark.is_empty(),
+            "no stretch was dark for LeaseholdNoLeader's `for`: {dark:?}"
+        );
+
+        // Led steadily again: the dark share falls out of the window.
+        let steady = std::time::Instant::now();
+        prometheus
+            .resolves(&s.ns, "LeaseholdOftenLeaderless", PROMETHEUS_WAIT)
+            .await;
+        eprintln!(
+            "LeaseholdOftenLeaderless resolved {:?} after the last freeze",
+            steady.elapsed()
+        );
         watcher.finish();
     })
     .await;

@@ -241,6 +241,21 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
             "(leasehold_leader_elsewhere == 1)",
             "(leasehold_leader_elsewhere >= 0)",
         ),
+        (
+            "often leaderless: a quarter dark tolerated",
+            "[10m:]) < 0.75",
+            "[10m:]) < 0.7",
+        ),
+        (
+            "often leaderless: a lock dark for good (or never led) counted",
+            "\n            and on (namespace, lease) (max_over_time(leasehold_is_leader[2m]) == 1)",
+            "",
+        ),
+        (
+            "often leaderless: a lock led from another cluster counted",
+            "\n            unless on (namespace, lease) (max_over_time(leasehold_leader_elsewhere[10m]) == 1)",
+            "",
+        ),
         ("timing: threshold 0.35", "> 0.25", "> 0.35"),
         ("store failures: lost counted", "{kind!=\"lost\"}", ""),
         (
