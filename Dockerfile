@@ -15,6 +15,7 @@
 FROM rust:1-bookworm AS source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 COPY src ./src
 COPY examples ./examples
 # Cargo.toml declares the benchmark target: cargo reads its file even when

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The library's `pub` items and whether anything outside the library names them.
 
-An item is a declaration under src/ (src/main.rs aside: the binary is a
+Per crate of the workspace (src/ and each crates/*/src). An item is a
+declaration under the crate's sources (src/main.rs aside: the binary is a
 separate crate) that starts with a bare `pub` (not `pub(crate)` and the
 like) and declares a fn (methods included), struct, enum, union, trait,
 const, static, type or mod. `pub use` re-exports are not items; `pub` fields
 are counted apart (--fields), as they follow their struct.
 
-"Outside" is what uses the crate as a library: tests/, benches/, examples/
-and src/main.rs (their code, comments and string literals left out), the
+"Outside" is what uses the crate as a library: the other crates' sources,
+tests/, benches/, examples/ and src/main.rs (their code, comments and string literals left out), the
 bodies of the library's exported macros (they expand there), and the
 documented library API: the ```rust blocks of README.md and docs/*.md
 and the code spans of README's "Using the elector as a library" section.
@@ -67,13 +68,22 @@ def strip_code(text):
     return "".join(out)
 
 
-def outside_words():
+def crate_sources():
+    """The src/ folder of each crate: the `leasehold` package's and each under crates/."""
+    return [ROOT / "src", *sorted(p / "src" for p in (ROOT / "crates").iterdir() if (p / "src").is_dir())]
+
+
+def outside_words(own):
+    """The words of what uses the crate whose sources are `own` from outside."""
     texts = []
+    for src in crate_sources():
+        if src != own:
+            texts += [strip_code(p.read_text()) for p in sorted(src.rglob("*.rs"))]
     for folder in ("tests", "benches", "examples"):
         texts += [strip_code(p.read_text()) for p in sorted((ROOT / folder).rglob("*.rs"))]
     texts.append(strip_code((ROOT / "src/main.rs").read_text()))
     # An exported macro's body expands in the crates that call it.
-    for path in sorted((ROOT / "src").rglob("*.rs")):
+    for path in sorted(own.rglob("*.rs")):
         text = strip_code(path.read_text())
         for m in re.finditer(r"#\[macro_export\]\s*macro_rules!\s*\w+\s*\{", text):
             depth, i = 1, m.end()
@@ -98,8 +108,8 @@ def outside_words():
     return words, paths
 
 
-def declarations(pattern, group):
-    for path in sorted((ROOT / "src").rglob("*.rs")):
+def declarations(own, pattern, group):
+    for path in sorted(own.rglob("*.rs")):
         if path == ROOT / "src/main.rs":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -108,22 +118,28 @@ def declarations(pattern, group):
 
 
 def main():
-    words, paths = outside_words()
+    for own in crate_sources():
+        print(f"{own.relative_to(ROOT)}:")
+        report(own)
+
+
+def report(own):
+    words, paths = outside_words(own)
     for label, pattern, group in (("items", ITEM, 3), ("fields", FIELD, 2)):
         if label == "fields" and "--fields" not in sys.argv:
             continue
-        found = list(declarations(pattern, group))
+        found = list(declarations(own, pattern, group))
         unnamed = [
             (p, n, m, name)
             for p, n, m, name in found
             if name not in (paths if label == "items" and m.group(1) == "mod" else words)
         ]
         share = 100 * len(unnamed) / len(found) if found else 0
-        print(f"pub {label}: {len(found)}, never named outside: {len(unnamed)} ({share:.0f} %)")
+        print(f"  pub {label}: {len(found)}, never named outside: {len(unnamed)} ({share:.0f} %)")
         if "--list" in sys.argv:
             for p, n, m, name in unnamed:
                 kind = m.group(1) if label == "items" else "field"
-                print(f"  {p}:{n}: {kind} {name}")
+                print(f"    {p}:{n}: {kind} {name}")
 
 
 if __name__ == "__main__":

@@ -54,8 +54,11 @@ fi
 # store and the DistributedLease resource without the other stores' clients);
 # each role builds without the other (the contract they share is in api/).
 phase "feature checks"
-# The core alone is linted together with the library example (one compile of
-# the crate without features, not a check and then a clippy of the same).
+# The core crate alone, without and with its schema derives; the package
+# without features is linted together with the library example (one compile
+# of the crate without features, not a check and then a clippy of the same).
+cargo clippy -q -p leasehold-core --lib -- -D warnings
+cargo clippy -q -p leasehold-core --features schema --lib -- -D warnings
 cargo clippy -q --no-default-features --lib --example library -- -D warnings
 for features in postgres redis spanner kubernetes sidecar operator; do
   cargo clippy -q --no-default-features --features "$features" --lib -- -D warnings
@@ -99,7 +102,7 @@ disruptive='test(/^e2e::/) & test(/::disruptive::/)'
 cluster="test(/^e2e::/) | test(/^stores::kubernetes::/)"
 status=0
 phase "nextest (build; every test off the cluster, beside the disruptive e2e scenarios one at a time)"
-cargo nextest run --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
+cargo nextest run --workspace --lib --bins --tests --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \
   -E "not ($cluster) | ($disruptive)" || status=$?
 phase "nextest (the other e2e scenarios and the Kubernetes store, two at a time)"
 cargo nextest run --test suite --no-fail-fast --profile "${NEXTEST_PROFILE:-default}" \

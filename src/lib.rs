@@ -10,16 +10,19 @@
 //! `DistributedLease` resource, `sidecar`, `operator` and `cli` the roles and
 //! the binary (default), `candidate` the binary with only a candidate pod's
 //! commands, `simulate` the safety simulation.
+//!
+//! The core (`lease`, `errors`, the memory store) is the crate
+//! `leasehold-core`, re-exported here under the same paths.
 
 #![warn(unreachable_pub)]
+
+pub use leasehold_core::{errors, lease};
 
 #[cfg(feature = "kubernetes")]
 pub mod api;
 #[cfg(feature = "candidate")]
 pub mod cmd;
-pub mod errors;
 pub mod fence;
-pub mod lease;
 #[cfg(feature = "operator")]
 pub mod operator;
 #[cfg(feature = "kubernetes")]

@@ -9,7 +9,7 @@ pub mod api;
 pub mod cluster;
 pub mod conformance;
 #[cfg(test)]
-pub(crate) mod logs;
+pub(crate) use leasehold_core::testing_logs as logs;
 pub mod servers;
 
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};

@@ -3,7 +3,6 @@
 
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
-pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -22,6 +21,7 @@ use std::time::Duration;
 pub use crate::lease::store::{LeaseStore, Result, StoreError};
 #[cfg(any(feature = "postgres", feature = "spanner"))]
 use crate::lease::{Claim, Version};
+pub use leasehold_core::store::memory;
 pub use memory::{Faults, MemoryStore};
 
 /// The lease table of the SQL stores unless a flag or the resource names another.

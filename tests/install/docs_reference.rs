@@ -476,7 +476,7 @@ fn names_the_code_lacks(docs: &str) -> Vec<String> {
     let known_metrics: BTreeSet<String> = metrics().into_iter().map(|(name, ..)| name).collect();
     let files = repository_files();
     let code: String = (files.iter())
-        .filter(|f| f.starts_with("src/") && f.ends_with(".rs"))
+        .filter(|f| (f.starts_with("src/") || f.starts_with("crates/")) && f.ends_with(".rs"))
         .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
         .collect();
     let mut lacking = BTreeSet::new();

@@ -904,7 +904,7 @@ impl Running {
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
-    use crate::testing::logs::{debug_forms, event, json_events};
+    use crate::testing_logs::{debug_forms, event, json_events};
 
     /// Issue 57: a handover's release is logged with the reserved pod's UID
     /// as a value a log pipeline can match, not the Debug form of an Option.

@@ -44,13 +44,13 @@ use super::store::Result;
 
 /// The most partitions one lock may have: slots and partitions together
 /// (2N names) fit one store call ([`super::session::MAX_LOCKS_PER_CALL`]).
-pub(crate) const MAX_PARTITIONS: u32 = 1024;
+pub const MAX_PARTITIONS: u32 = 1024;
 
 /// The longest suffix a partition or slot adds to the lock's name.
 const MAX_SUFFIX_BYTES: usize = "/p/1023".len();
 
 /// The lock of partition `index`.
-pub(crate) fn partition_lock(lock: &str, index: u32) -> String {
+pub fn partition_lock(lock: &str, index: u32) -> String {
     format!("{lock}/p/{index}")
 }
 
@@ -177,7 +177,7 @@ impl PartitionView {
     }
 
     /// The quota of `member`: 0 unless it is a member.
-    pub(crate) fn quota(&self, member: &str) -> usize {
+    pub fn quota(&self, member: &str) -> usize {
         let Some(rank) = self.members.iter().position(|m| m == member) else {
             return 0;
         };
@@ -186,7 +186,7 @@ impl PartitionView {
     }
 
     /// How many partitions each member holds (members holding none too).
-    pub(crate) fn held_by_member(&self) -> BTreeMap<&str, usize> {
+    pub fn held_by_member(&self) -> BTreeMap<&str, usize> {
         let mut held: BTreeMap<&str, usize> = self.members.iter().map(|m| (m.as_str(), 0)).collect();
         for owner in self.owners.iter().flatten() {
             if let Some(count) = held.get_mut(owner.as_str()) {
@@ -213,7 +213,7 @@ impl PartitionView {
 
 /// What one member should do after a read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// Free partitions the plan gives this member.
     pub take: Vec<u32>,
     /// Partitions above its quota, to drain and release.
@@ -221,7 +221,7 @@ pub(crate) struct Plan {
 }
 
 /// This member's share of the plan every member computes from `view`.
-pub(crate) fn plan(view: &PartitionView, me: &str) -> Plan {
+pub fn plan(view: &PartitionView, me: &str) -> Plan {
     let owned_by = |member: &str| -> Vec<u32> {
         (0..view.owners.len() as u32)
             .filter(|i| view.owners[*i as usize].as_deref() == Some(member))

@@ -37,7 +37,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Lines {
 /// Runs `work` with every event of this thread (a current-thread runtime:
 /// its spawned tasks too) formatted as the binary's JSON logs, and returns
 /// its output with the events.
-pub(crate) async fn json_events<T>(work: impl Future<Output = T>) -> (T, Vec<Value>) {
+pub async fn json_events<T>(work: impl Future<Output = T>) -> (T, Vec<Value>) {
     let lines = Lines::default();
     let subscriber = tracing_subscriber::fmt()
         .json()
@@ -59,7 +59,7 @@ pub(crate) async fn json_events<T>(work: impl Future<Output = T>) -> (T, Vec<Val
 /// `message: field=value` for every field of `events` that holds the Debug
 /// form of an `Option` or a string (`Some(…)`, `None`, or text in quotes),
 /// which a log pipeline cannot match on.
-pub(crate) fn debug_forms(events: &[Value]) -> Vec<String> {
+pub fn debug_forms(events: &[Value]) -> Vec<String> {
     let mut found = Vec::new();
     for event in events {
         let Some(fields) = event.as_object() else { continue };
@@ -76,7 +76,7 @@ pub(crate) fn debug_forms(events: &[Value]) -> Vec<String> {
 }
 
 /// The first event whose message is `message`.
-pub(crate) fn event<'a>(events: &'a [Value], message: &str) -> &'a Value {
+pub fn event<'a>(events: &'a [Value], message: &str) -> &'a Value {
     events
         .iter()
         .find(|e| e["message"] == message)

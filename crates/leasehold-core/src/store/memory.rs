@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::time::Instant;
 
-mod session;
+pub mod session;
 
 #[doc(hidden)]
 pub use session::{LockAcquisition, SessionFlaw};
@@ -238,7 +238,7 @@ impl MemoryStore {
     /// Writes a row outright, as a person with SQL access could (tests of
     /// what the store does with a row it would never write itself).
     #[cfg(test)]
-    pub(crate) fn put_row(&self, row: LeaseRecord) {
+    pub fn put_row(&self, row: LeaseRecord) {
         self.lock().rows.insert(row.name.clone(), row);
     }
 
@@ -300,7 +300,7 @@ impl MemoryStore {
     /// A transaction running any `body`, even one that ignores the lease
     /// rules: how the simulation's mutant stores write. Faults apply as to
     /// every transaction. A deleted row's remains are passed as a free row.
-    pub(crate) async fn transact_unchecked<T>(
+    pub async fn transact_unchecked<T>(
         &self,
         lock: &str,
         body: impl FnOnce(Option<&LeaseRecord>, StoreTime) -> Result<(Option<LeaseRecord>, T)>,
@@ -369,7 +369,7 @@ fn checked_row(row: &LeaseRecord) -> Result<&LeaseRecord> {
 /// The body of an acquisition: when `row` (as the transaction read it) has
 /// no live holder at `commit`, the next term for `holder` with `token`. The
 /// simulation's mutants call it with a stale row or a wrong token.
-pub(crate) fn grant(
+pub fn grant(
     lock: &str,
     claim: &Claim<'_>,
     lease: Duration,

@@ -56,7 +56,7 @@ pub struct HeldSet {
 impl HeldSet {
     /// The token of `name` if it is held and the deadline has not passed at
     /// `at`: what leader work checks before each write.
-    pub(crate) fn token_at(&self, name: &str, at: Instant) -> Option<FencingToken> {
+    pub fn token_at(&self, name: &str, at: Instant) -> Option<FencingToken> {
         self.deadline
             .filter(|deadline| at < *deadline)
             .and(self.locks.get(name).copied())
@@ -132,7 +132,7 @@ impl Session {
     }
 
     /// Seeds jitter and backoff, so a simulation replays exactly.
-    pub(crate) async fn open_with(
+    pub async fn open_with(
         store: Arc<dyn SessionStore>,
         owner: Identity,
         timing: Timing,

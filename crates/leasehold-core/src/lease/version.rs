@@ -42,7 +42,7 @@ impl fmt::Display for Version {
 
 /// Which version should lead when several are live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[cfg_attr(feature = "kubernetes", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Prefer {
     /// Any candidate may lead (the behaviour before versions existed).
     #[default]
@@ -242,7 +242,7 @@ pub struct Claim<'a> {
 impl<'a> Claim<'a> {
     /// A claim that records no version and ignores the fence: leasehold
     /// before versions.
-    pub(crate) fn unversioned(holder: &'a str) -> Self {
+    pub fn unversioned(holder: &'a str) -> Self {
         Claim {
             holder,
             version: None,
@@ -258,7 +258,7 @@ impl<'a> Claim<'a> {
     /// calls it to explain why it stays a follower. A candidate without a
     /// version cannot show it is not older, so it is refused once a
     /// versioned candidate has led.
-    pub(crate) fn fenced_by(&self, recorded: Option<&Version>) -> Option<String> {
+    pub fn fenced_by(&self, recorded: Option<&Version>) -> Option<String> {
         if !self.fence {
             return None;
         }

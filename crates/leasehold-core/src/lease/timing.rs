@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// costs a store round trip (a Spanner commit alone takes milliseconds) and
 /// the error backoff never waits less than 10 ms, so a shorter P buys no
 /// faster failover, only load and scheduling noise larger than the period.
-pub(crate) const MIN_RETRY_PERIOD: Duration = Duration::from_millis(10);
+pub const MIN_RETRY_PERIOD: Duration = Duration::from_millis(10);
 
 /// The longest lease duration D. A crashed leader keeps the lock for up to
 /// D, and an hour without failover is a manual lock, not leader election.
@@ -16,7 +16,7 @@ pub(crate) const MIN_RETRY_PERIOD: Duration = Duration::from_millis(10);
 /// on the store's i64-nanosecond clock, INT64 milliseconds in the row) many
 /// orders of magnitude inside what the types hold, so no arithmetic on them
 /// can overflow; R < D and P < R inherit the bound.
-pub(crate) const MAX_LEASE_DURATION: Duration = Duration::from_secs(3600);
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(3600);
 
 /// A lease duration that cannot be stored or was stored out of range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum LeaseDurationError {
 /// The lease duration in the store's unit (INT64 milliseconds). Every
 /// write of a lease duration goes through here, so nothing is truncated or
 /// wraps on its way into a row.
-pub(crate) fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64, LeaseDurationError> {
+pub fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i64, LeaseDurationError> {
     if !(MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) {
         return Err(LeaseDurationError::OutOfRange {
             field,
@@ -47,11 +47,7 @@ pub(crate) fn lease_to_millis(field: &'static str, lease: Duration) -> Result<i6
 /// A stored lease duration back from milliseconds. A row whose duration is
 /// out of range is refused, never clamped: a lease read as 0 ms would look
 /// expired and let a second leader in.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
-    allow(dead_code)
-)]
-pub(crate) fn lease_from_millis(field: &'static str, millis: i64) -> Result<Duration, LeaseDurationError> {
+pub fn lease_from_millis(field: &'static str, millis: i64) -> Result<Duration, LeaseDurationError> {
     let lease = u64::try_from(millis).ok().map(Duration::from_millis);
     match lease {
         Some(lease) if (MIN_RETRY_PERIOD..=MAX_LEASE_DURATION).contains(&lease) => Ok(lease),
@@ -119,11 +115,11 @@ pub enum TimingError {
 }
 
 /// D by default: client-go's 15 s.
-pub(crate) const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// R by default: client-go's 10 s.
-pub(crate) const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// P by default: client-go's 2 s.
-pub(crate) const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// Jitter by default: P grows by up to 20 %, still far below R.
 pub const DEFAULT_JITTER: f64 = 0.2;
 
@@ -194,7 +190,7 @@ impl Timing {
 
     /// D > R > P ≥ [`MIN_RETRY_PERIOD`], D within [`MAX_LEASE_DURATION`] and
     /// storable, and a jittered P still below R.
-    pub(crate) fn validate(&self) -> Result<(), TimingError> {
+    pub fn validate(&self) -> Result<(), TimingError> {
         for (field, value) in [
             ("leaseDuration", self.lease_duration),
             ("renewDeadline", self.renew_deadline),
@@ -255,7 +251,7 @@ pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, Timin
 
 /// The same parser as clap's `value_parser` for duration flags: clap names
 /// the flag and the value in its error.
-pub(crate) fn parse_duration_flag(text: &str) -> Result<Duration, humantime::DurationError> {
+pub fn parse_duration_flag(text: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(text.trim())
 }
 

@@ -11,7 +11,7 @@ use super::record::{EndReason, FencingToken, Grant, Held, Observation, Release};
 use super::version::Claim;
 
 /// The underlying error a store failure came from, kept for `{:#}` and logs.
-pub(crate) type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a store operation did not succeed. The elector treats each kind
 /// differently, so stores must classify carefully. `context` says what was
@@ -47,7 +47,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn unavailable(context: impl Into<String>) -> Self {
+    pub fn unavailable(context: impl Into<String>) -> Self {
         StoreError::Unavailable {
             context: context.into(),
             source: None,
@@ -61,7 +61,7 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn invalid(context: impl Into<String>) -> Self {
+    pub fn invalid(context: impl Into<String>) -> Self {
         StoreError::Invalid {
             context: context.into(),
             source: None,
@@ -69,7 +69,7 @@ impl StoreError {
     }
 
     /// The same kind of failure, keeping `source` as its cause.
-    pub(crate) fn caused_by(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+    pub fn caused_by(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         let cause: Option<Cause> = Some(Arc::new(source));
         match self {
             StoreError::Unavailable { context, .. } => StoreError::Unavailable { context, source: cause },

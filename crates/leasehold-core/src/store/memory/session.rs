@@ -52,7 +52,7 @@ pub struct LockAcquisition {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Tables {
+pub struct Tables {
     sessions: HashMap<String, SessionRecord>,
     /// Sessions deleted (closed or collected): their ids are never reused.
     gone: HashMap<String, SessionRecord>,

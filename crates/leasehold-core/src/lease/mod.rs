@@ -4,18 +4,18 @@
 //! so the arrows point inward.
 
 pub mod budget;
-pub(crate) mod clock;
-pub(crate) mod elector;
+pub mod clock;
+pub mod elector;
 pub mod holder;
-pub(crate) mod lock_set;
+pub mod lock_set;
 pub mod partitions;
-pub(crate) mod record;
+pub mod record;
 #[doc(hidden)]
 pub mod seams;
 pub mod session;
 pub mod store;
 pub mod timing;
-pub(crate) mod version;
+pub mod version;
 
 pub use elector::{Change, Elector, ElectorControl, ElectorHandle, LeaderContext, LeaderState};
 pub use lock_set::{HeldLock, HeldSet, Session, TryLocked};
@@ -25,9 +25,9 @@ pub use record::{
     InvalidIdentity, InvalidPodUid, LeaseRecord, LockNameError, MAX_CLUSTER_NAME_CHARS, Observation, Release,
     Reservation, StoreTime, parse_cluster_name,
 };
-pub(crate) use record::{fnv1a_64, validate_lock_name};
+pub use record::{fnv1a_64, validate_lock_name};
 pub use session::SessionStore;
 pub use store::{LeaseStore, StoreError, StoreIdentity};
 pub use timing::{LeaseDurationError, Timing, TimingError};
-pub(crate) use timing::{lease_from_millis, lease_to_millis};
+pub use timing::{lease_from_millis, lease_to_millis};
 pub use version::{Claim, InvalidPrefer, PeerWatch, Prefer, Version, VersionPolicy};

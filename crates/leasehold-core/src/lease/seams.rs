@@ -54,7 +54,7 @@ impl std::fmt::Debug for SimHooks {
 }
 
 impl SimHooks {
-    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
         match &self.wrap {
             Some(wrap) => tokio::spawn(wrap(Box::pin(task))),
             None => tokio::spawn(task),

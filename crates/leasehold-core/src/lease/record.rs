@@ -12,11 +12,11 @@ use super::version::Version;
 /// object name a DNS subdomain (at most 253), so 317 bytes; 512 leaves room
 /// for a prefix such as a cluster or region, and stays far below Spanner's
 /// 8 KiB limit on a key.
-pub(crate) const MAX_LOCK_NAME_BYTES: usize = 512;
+pub const MAX_LOCK_NAME_BYTES: usize = 512;
 
 /// FNV-1a 64 of `bytes`: stable across versions and platforms, so every
 /// candidate and every store computes the same shard, label and ranking.
-pub(crate) fn fnv1a_64(bytes: &[u8]) -> u64 {
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -37,7 +37,7 @@ pub enum LockNameError {
 
 /// The one check of a lock name, wherever one enters: flags, the resource
 /// spec, the stores. `field` is what the user typed it into.
-pub(crate) fn validate_lock_name(field: &'static str, name: &str) -> Result<(), LockNameError> {
+pub fn validate_lock_name(field: &'static str, name: &str) -> Result<(), LockNameError> {
     if name.trim().is_empty() {
         return Err(LockNameError::Empty { field });
     }
@@ -99,7 +99,7 @@ fn identity_part(part: &str) -> bool {
 pub struct StoreTime(pub i64);
 
 impl StoreTime {
-    pub(crate) fn saturating_add(self, d: Duration) -> StoreTime {
+    pub fn saturating_add(self, d: Duration) -> StoreTime {
         StoreTime(self.0.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
     }
 
@@ -109,7 +109,7 @@ impl StoreTime {
     }
 
     /// RFC 3339 rendering with nanoseconds, for logs and JSON.
-    pub(crate) fn to_rfc3339(self) -> String {
+    pub fn to_rfc3339(self) -> String {
         let secs = self.0.div_euclid(1_000_000_000);
         let nanos = self.0.rem_euclid(1_000_000_000) as u32;
         let t = std::time::UNIX_EPOCH + Duration::new(secs.max(0) as u64, nanos);
@@ -179,7 +179,7 @@ impl Identity {
 
     /// The pod UID a holder string carries (`…#nonce@uid`), if any: what a
     /// reservation is judged against.
-    pub(crate) fn pod_uid_of(holder: &str) -> Option<String> {
+    pub fn pod_uid_of(holder: &str) -> Option<String> {
         holder.parse::<Identity>().ok().and_then(|identity| identity.pod_uid)
     }
 
@@ -215,7 +215,7 @@ impl Identity {
     /// The cluster this identity names when it is certainly not `ours`:
     /// both sides name their cluster and the names differ (issue 37). Where
     /// either side has no name, nothing is certain.
-    pub(crate) fn cluster_other_than(&self, ours: Option<&str>) -> Option<&str> {
+    pub fn cluster_other_than(&self, ours: Option<&str>) -> Option<&str> {
         let theirs = self.cluster()?;
         ours.is_some_and(|ours| ours != theirs).then_some(theirs)
     }
@@ -227,7 +227,7 @@ impl Identity {
     /// has exited (README, "Acting as leader safely"). A pod UID is never
     /// reused, so a new pod of the same name (a StatefulSet's) never
     /// matches, and neither does a holder without a UID.
-    pub(crate) fn succeeds(&self, holder: &str) -> bool {
+    pub fn succeeds(&self, holder: &str) -> bool {
         let Some(uid) = &self.pod_uid else { return false };
         holder.parse::<Identity>().is_ok_and(|earlier| {
             earlier.pod_uid.as_ref() == Some(uid)
@@ -404,11 +404,7 @@ pub struct Ended {
 impl Ended {
     /// The store's columns (`ended_term`, `ended`) as read: a term without
     /// a reason this version knows is no end.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "redis", feature = "spanner", feature = "kubernetes")),
-        allow(dead_code)
-    )]
-    pub(crate) fn from_columns(term: Option<u64>, reason: Option<&str>) -> Option<Ended> {
+    pub fn from_columns(term: Option<u64>, reason: Option<&str>) -> Option<Ended> {
         Some(Ended {
             term: term?,
             reason: EndReason::parse(reason?)?,
@@ -426,7 +422,7 @@ pub struct Release {
 
 impl Release {
     /// A release without a reservation.
-    pub(crate) fn because(reason: EndReason) -> Self {
+    pub fn because(reason: EndReason) -> Self {
         Release { reason, handoff: None }
     }
 
@@ -479,11 +475,7 @@ impl Handoff {
 
     /// The window asked for, in milliseconds; the store writes at most the
     /// row's lease duration of it.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "redis", feature = "spanner")),
-        allow(dead_code)
-    )]
-    pub(crate) fn window_ms(&self) -> i64 {
+    pub fn window_ms(&self) -> i64 {
         self.window_ms
     }
 
@@ -498,7 +490,7 @@ impl Handoff {
 
     /// The window a row whose lease duration is `lease` is reserved for:
     /// the one asked for, capped at `lease`.
-    pub(crate) fn window_within(&self, lease: Duration) -> Duration {
+    pub fn window_within(&self, lease: Duration) -> Duration {
         Duration::from_millis(self.window_ms.unsigned_abs()).min(lease)
     }
 }
@@ -536,7 +528,7 @@ impl LeaseRecord {
     /// a released or an expired term, and a release writes its end). Rows
     /// of older sidecars write no ends, so a term one of them released
     /// reads `Expired` once a newer sidecar acquires after it.
-    pub(crate) fn ended_by_acquire(&self) -> Option<Ended> {
+    pub fn ended_by_acquire(&self) -> Option<Ended> {
         match self.ended {
             Some(ended) if ended.term == self.term => Some(ended),
             _ if self.term == 0 => self.ended,
@@ -557,12 +549,12 @@ impl LeaseRecord {
     }
 
     /// Why `claimant` may not acquire because of the reservation, if so.
-    pub(crate) fn reservation_refuses(&self, claimant: &str, now: StoreTime) -> Option<String> {
+    pub fn reservation_refuses(&self, claimant: &str, now: StoreTime) -> Option<String> {
         self.reserved_against(claimant, now).map(Reservation::refusal)
     }
 
     /// The store time at which the lease ends, if it is held.
-    pub(crate) fn expires_at(&self) -> Option<StoreTime> {
+    pub fn expires_at(&self) -> Option<StoreTime> {
         match (&self.holder, self.renewed_at) {
             (Some(_), Some(renewed)) => Some(renewed.saturating_add(self.lease_duration)),
             _ => None,

@@ -7,22 +7,22 @@
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-pub(crate) use tokio::time::Instant;
+pub use tokio::time::Instant;
 
 /// Monotonic now on tokio's (pausable) clock.
-pub(crate) fn now() -> Instant {
+pub fn now() -> Instant {
     Instant::now()
 }
 
 /// A source of jitter; seeded in simulations so schedules replay exactly.
 #[derive(Debug)]
-pub(crate) struct Jitter {
+pub struct Jitter {
     rng: StdRng,
     fraction: f64,
 }
 
 impl Jitter {
-    pub(crate) fn new(fraction: f64, seed: Option<u64>) -> Self {
+    pub fn new(fraction: f64, seed: Option<u64>) -> Self {
         let rng = match seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_rng(&mut rand::rng()),
@@ -30,12 +30,12 @@ impl Jitter {
         Jitter { rng, fraction }
     }
 
-    pub(crate) fn set_fraction(&mut self, fraction: f64) {
+    pub fn set_fraction(&mut self, fraction: f64) {
         self.fraction = fraction;
     }
 
     /// `base` plus a random share of `base * fraction`.
-    pub(crate) fn apply(&mut self, base: Duration) -> Duration {
+    pub fn apply(&mut self, base: Duration) -> Duration {
         if self.fraction <= 0.0 {
             return base;
         }
@@ -44,7 +44,7 @@ impl Jitter {
 
     /// A seed for another random source (backoff), drawn from this one so a
     /// simulation stays replayable.
-    pub(crate) fn seed(&mut self) -> u64 {
+    pub fn seed(&mut self) -> u64 {
         self.rng.random()
     }
 }

@@ -45,17 +45,13 @@ use super::store::{Result, StoreError};
 /// allows 80,000 mutations per commit and a taken lock writes 5 columns;
 /// callers with more split them into several calls
 /// ([`Session`](super::Session) does).
-pub(crate) const MAX_LOCKS_PER_CALL: usize = 5_000;
+pub const MAX_LOCKS_PER_CALL: usize = 5_000;
 
 /// The most rows of each table one garbage-collection transaction deletes:
 /// `collect_garbage` runs as many transactions as it takes, so that none
 /// locks an unbounded number of rows (or, on Spanner, passes the mutation
 /// limit).
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "redis", feature = "spanner")),
-    allow(dead_code)
-)]
-pub(crate) const GARBAGE_BATCH: usize = 1_000;
+pub const GARBAGE_BATCH: usize = 1_000;
 
 /// A new session id for `owner`: the owner's identity (unique per process
 /// run) and a random `nonce`, since one run may open several sessions one
@@ -66,7 +62,7 @@ pub fn new_session_id(owner: &Identity, nonce: u64) -> String {
 
 /// The owner of a session id made by [`new_session_id`], so people see the
 /// pod behind a session; `None` for an id of another form.
-pub(crate) fn session_owner(session: &str) -> Option<Identity> {
+pub fn session_owner(session: &str) -> Option<Identity> {
     let (owner, nonce) = session.rsplit_once('~')?;
     if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
@@ -87,13 +83,13 @@ pub struct SessionRecord {
 }
 
 impl SessionRecord {
-    pub(crate) fn expires_at(&self) -> StoreTime {
+    pub fn expires_at(&self) -> StoreTime {
         self.renewed_at.saturating_add(self.lease_duration)
     }
 
     /// Live at store time `now`: the same rule as a lease's
     /// ([`LeaseRecord::live_holder`](super::LeaseRecord::live_holder)).
-    pub(crate) fn is_live_at(&self, now: StoreTime) -> bool {
+    pub fn is_live_at(&self, now: StoreTime) -> bool {
         now <= self.expires_at()
     }
 }
@@ -152,12 +148,10 @@ pub struct Collected {
 impl Collected {
     /// Whether one batch deleted a full [`GARBAGE_BATCH`] of either table,
     /// so that more may be left.
-    #[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
-    pub(crate) fn is_full_batch(&self) -> bool {
+    pub fn is_full_batch(&self) -> bool {
         self.sessions >= GARBAGE_BATCH as u64 || self.locks >= GARBAGE_BATCH as u64
     }
 
-    #[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
     fn add(&mut self, batch: Collected) {
         self.sessions += batch.sessions;
         self.locks += batch.locks;
@@ -166,8 +160,7 @@ impl Collected {
 
 /// Runs `batch` (one bounded garbage-collection transaction) until one
 /// comes back short of a full batch; the total of all.
-#[cfg_attr(not(any(feature = "postgres", feature = "spanner")), allow(dead_code))]
-pub(crate) async fn collect_in_batches<Fut>(mut batch: impl FnMut() -> Fut) -> Result<Collected>
+pub async fn collect_in_batches<Fut>(mut batch: impl FnMut() -> Fut) -> Result<Collected>
 where
     Fut: Future<Output = Result<Collected>>,
 {
@@ -273,7 +266,7 @@ pub trait SessionStore: Send + Sync + 'static {
 
 /// The checks of a batch of lock names every store makes before touching a
 /// row: each name valid, no name twice, at most [`MAX_LOCKS_PER_CALL`].
-pub(crate) fn validate_lock_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), LockBatchError> {
+pub fn validate_lock_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), LockBatchError> {
     let mut seen = std::collections::HashSet::new();
     for name in names {
         validate_lock_name("lock name", name)?;
@@ -288,13 +281,13 @@ pub(crate) fn validate_lock_names<'a>(names: impl IntoIterator<Item = &'a str>) 
 }
 
 /// A session id no store should see.
-pub(crate) fn validate_session_id(session: &str) -> Result<()> {
+pub fn validate_session_id(session: &str) -> Result<()> {
     validate_lock_name("session id", session).map_err(|e| StoreError::invalid("session id").caused_by(e))
 }
 
 /// A batch of lock names that no store should see.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum LockBatchError {
+pub enum LockBatchError {
     #[error(transparent)]
     Name(#[from] LockNameError),
     #[error("lock name {0:?} is given twice in one call")]
@@ -310,7 +303,7 @@ impl From<LockBatchError> for StoreError {
 }
 
 /// The `Lost` error of a session that is expired, closed or collected.
-pub(crate) fn session_lost(session: &str, reason: impl Into<String>) -> StoreError {
+pub fn session_lost(session: &str, reason: impl Into<String>) -> StoreError {
     StoreError::Lost {
         lock: format!("session {session}"),
         reason: reason.into(),
