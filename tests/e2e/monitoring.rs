@@ -358,6 +358,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
             .collect();
         let [_, (_, r), (_, p)] = TIMING;
         let store = json!({"postgres": {"urlSecretRef": {"name": crate::e2e::stores::URL_SECRET, "key": "url"}}});
+        let prometheus = Prometheus::start(&s, "timing");
         let watcher = crate::e2e::fixtures::watch_example(&s, true);
         s.apply(vec![secret(&s, &url), lease(&s, LEASE, store, Value::Object(timing))])
             .await;
@@ -380,6 +381,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
 
         // Every reply slowed: the next renewal uses over a quarter of R − P.
         proxy.set(ProxyMode::DelayReplies(SLOW_REPLIES));
+        let slowed = std::time::Instant::now();
         let judged = wait_for("the leader's pod condition at risk", 2 * r + p, || condition("True")).await;
         assert_eq!(judged.reason.as_deref(), Some("RenewalsSlow"), "{judged:?}");
         let leases: kube::Api<leasehold::api::DistributedLease> = s.api();
@@ -405,9 +407,27 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
             "name",
         ]);
         assert!(!events.trim().is_empty(), "no Warning Event TimingAtRisk on {leader}");
+        // And the alert, from the leader's leasehold_renew_budget_used.
+        let alert = prometheus
+            .fires(&s.ns, "LeaseholdTimingAtRisk", 2 * PROMETHEUS_WAIT)
+            .await;
+        eprintln!(
+            "LeaseholdTimingAtRisk fired {:?} after the store slowed (for: {:?})",
+            slowed.elapsed(),
+            for_of(&prometheus, "LeaseholdTimingAtRisk")
+        );
+        assert_eq!(alert["labels"]["pod"], json!(leader), "{alert}");
         // Slow, not failing: the leader kept its lease throughout.
         assert_eq!(watcher.leaders(), std::slice::from_ref(&leader));
         proxy.set(ProxyMode::Forward);
+        let healed = std::time::Instant::now();
+        prometheus
+            .resolves(&s.ns, "LeaseholdTimingAtRisk", 2 * PROMETHEUS_WAIT)
+            .await;
+        eprintln!(
+            "LeaseholdTimingAtRisk resolved {:?} after the store's latency came back",
+            healed.elapsed()
+        );
         watcher.finish();
     })
     .await;
