@@ -50,37 +50,52 @@ pub async fn fenced(
     mutations: Vec<Mutation>,
 ) -> Result<(), FenceError> {
     check_table(table)?;
-    let read = format!("SELECT token FROM {table} WHERE issuer = @issuer AND lock_name = @lock");
+    let read: Arc<str> = format!("SELECT token FROM {table} WHERE issuer = @issuer AND lock_name = @lock").into();
     // The token that refused the write, left by the body for after the rollback.
     let refused_by: Arc<Mutex<Option<i64>>> = Arc::default();
+    // The body owns what it uses (a closure returning an owned future, not
+    // an async closure borrowing the caller's values): with borrows, the
+    // helper's future is not provably Send and could not be spawned.
+    let (claim, table): (Arc<Fence>, Arc<str>) = (Arc::new(fence.clone()), table.into());
+    let mutations = Arc::new(mutations);
+    let refused = refused_by.clone();
     let ran = client
         .read_write_transaction()
         .build()
-        .run(async |tx: ReadWriteTransaction| {
-            let statement = Statement::builder(read.as_str())
-                .add_param("issuer", fence.issuer.as_str())
-                .add_param("lock", fence.lock.as_str())
-                .build();
-            let mut rows = tx.execute_query(statement).await?;
-            let seen: Option<i64> = match rows.next().await.transpose()? {
-                Some(row) => Some(row.get("token")?),
-                None => None,
-            };
-            if let Some(seen) = seen.filter(|&seen| seen > fence.token.0) {
-                *refused_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(seen);
-                // An error from the body rolls the transaction back.
-                return Err(google_cloud_spanner::Error::deser("stale fencing token; rolled back"));
+        .run(move |tx: ReadWriteTransaction| {
+            let (read, fence, table, mutations, refused_by) = (
+                read.clone(),
+                claim.clone(),
+                table.clone(),
+                mutations.clone(),
+                refused.clone(),
+            );
+            async move {
+                let statement = Statement::builder(&*read)
+                    .add_param("issuer", fence.issuer.as_str())
+                    .add_param("lock", fence.lock.as_str())
+                    .build();
+                let mut rows = tx.execute_query(statement).await?;
+                let seen: Option<i64> = match rows.next().await.transpose()? {
+                    Some(row) => Some(row.get("token")?),
+                    None => None,
+                };
+                if let Some(seen) = seen.filter(|&seen| seen > fence.token.0) {
+                    *refused_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(seen);
+                    // An error from the body rolls the transaction back.
+                    return Err(google_cloud_spanner::Error::deser("stale fencing token; rolled back"));
+                }
+                *refused_by.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                let advance = Mutation::new_insert_or_update_builder(&*table)
+                    .set("issuer")
+                    .to(fence.issuer.as_str())
+                    .set("lock_name")
+                    .to(fence.lock.as_str())
+                    .set("token")
+                    .to(fence.token.0)
+                    .build();
+                tx.buffer(std::iter::once(advance).chain(mutations.iter().cloned()))
             }
-            *refused_by.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            let advance = Mutation::new_insert_or_update_builder(table)
-                .set("issuer")
-                .to(fence.issuer.as_str())
-                .set("lock_name")
-                .to(fence.lock.as_str())
-                .set("token")
-                .to(fence.token.0)
-                .build();
-            tx.buffer(std::iter::once(advance).chain(mutations.iter().cloned()))
         })
         .await;
     if let Some(seen) = *refused_by.lock().unwrap_or_else(|e| e.into_inner()) {
