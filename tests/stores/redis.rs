@@ -121,6 +121,48 @@ async fn the_lease_is_a_key_ttl_and_the_counter_never_expires() {
     assert_eq!(row.term, 1, "the counter keeps the term");
 }
 
+/// The lease key is gone by the end the record reports (renewal + the
+/// lease), on Redis's millisecond clock that expires a key only once past
+/// its time: its last millisecond is before the end, for an acquire and a
+/// renewal. Planted: `PEXPIRE lease_ms` leaves the key a millisecond past
+/// the end (and the conformance suite's acquire-after-expiry fails at random).
+#[tokio::test]
+async fn the_lease_key_is_gone_by_the_end_the_record_reports() {
+    let fixture = redis().await;
+    let lease = Duration::from_millis(1500);
+    let [lease_key, _] = fixture.store.keys("end");
+    let mut cli = cli(&fixture.server).await;
+    let granted = fixture.store.acquire("end", "a", lease).await.unwrap();
+    let acquire_end = granted.committed_at.saturating_add(lease);
+    let gone_after_acquire = key_gone_from(&mut cli, &lease_key).await;
+    let renewed = fixture.store.renew("end", "a", granted.token, lease).await.unwrap();
+    let renewal_end = renewed.committed_at.saturating_add(lease);
+    let gone_after_renewal = key_gone_from(&mut cli, &lease_key).await;
+    let row = fixture.store.observe("end").await.unwrap().record.unwrap();
+    assert_eq!(
+        row.expires_at(),
+        Some(renewal_end),
+        "the record's end is the renewal + the lease"
+    );
+    for (what, gone_from, end) in [
+        ("acquire", gone_after_acquire, acquire_end),
+        ("renewal", gone_after_renewal, renewal_end),
+    ] {
+        assert!(
+            gone_from <= end.0 as i128,
+            "after the {what}, the key lives until {gone_from} ns, past the lease's end {} ns",
+            end.0
+        );
+    }
+}
+
+/// From when Redis treats `key` as expired (ns on its clock): the
+/// millisecond after its expiry time.
+async fn key_gone_from(cli: &mut redis::aio::MultiplexedConnection, key: &str) -> i128 {
+    let expires_ms: i64 = redis::cmd("PEXPIRETIME").arg(key).query_async(cli).await.unwrap();
+    (expires_ms as i128 + 1) * 1_000_000
+}
+
 /// An expired lease is taken by the next candidate; the old holder can
 /// neither renew nor release.
 #[tokio::test]

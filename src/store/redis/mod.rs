@@ -13,9 +13,14 @@
 //! Per lock, two keys sharing one hash tag (so they live in one Cluster slot):
 //!
 //! * `leasehold:{<lock>}:lease`, a hash (holder, token, term, renewed_us,
-//!   lease_ms) whose TTL is the lease: `PEXPIRE lease_ms` on every acquire and
-//!   renew. Redis itself judges expiry by its own clock; the key is gone when
-//!   the lease ends.
+//!   lease_ms) whose TTL is the lease: on every acquire and renew it expires
+//!   with the last whole millisecond before `renewed_us + lease_ms`. Redis
+//!   itself judges expiry by its own clock, in milliseconds and only once
+//!   past the expiry time (src/db.c, `keyIsExpired`: `now > when`): `PEXPIRE
+//!   lease_ms` would keep the key up to a millisecond past the lease's end
+//!   the record reports (an acquire observed past the end was refused at
+//!   random), so the key is gone by that end, at most 1 ms before it, far
+//!   inside the D − R the elector keeps clear of the end.
 //! * `leasehold:{<lock>}:fence`, a hash that never expires: the term counter
 //!   (`HINCRBY`) and the last token handed out.
 //!
@@ -160,7 +165,7 @@ local token_text = string.format('%.0f', token)
 redis.call('HSET', KEYS[2], 'token', token_text, 'lease_ms', ARGV[2])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token_text, 'term', term,
            'renewed_us', string.format('%.0f', now_us), 'lease_ms', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], math.floor(now_us / 1000) + tonumber(ARGV[2]) - 1)
 return {1, term, token, now_us}
 ";
 
@@ -170,7 +175,7 @@ const RENEW: &str = "
 local row = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term')
 if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then return {0} end
 redis.call('HSET', KEYS[1], 'renewed_us', string.format('%.0f', now_us), 'lease_ms', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], math.floor(now_us / 1000) + tonumber(ARGV[3]) - 1)
 return {1, tonumber(row[3]), now_us}
 ";
 
