@@ -59,6 +59,11 @@ phase "feature checks"
 # of the crate without features, not a check and then a clippy of the same).
 cargo clippy -q -p leasehold-core --lib -- -D warnings
 cargo clippy -q -p leasehold-core --features schema --lib -- -D warnings
+# The database stores' crate without a store and with each alone.
+cargo clippy -q -p leasehold-stores --lib -- -D warnings
+for store in postgres redis spanner; do
+  cargo clippy -q -p leasehold-stores --features "$store" --lib -- -D warnings
+done
 cargo clippy -q --no-default-features --lib --example library -- -D warnings
 for features in postgres redis spanner kubernetes sidecar operator; do
   cargo clippy -q --no-default-features --features "$features" --lib -- -D warnings

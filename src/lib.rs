@@ -12,17 +12,18 @@
 //! commands, `simulate` the safety simulation.
 //!
 //! The core (`lease`, `errors`, the memory store) is the crate
-//! `leasehold-core`, re-exported here under the same paths.
+//! `leasehold-core` and the database stores with their fence helpers the
+//! crate `leasehold-stores`, re-exported here under the same paths.
 
 #![warn(unreachable_pub)]
 
 pub use leasehold_core::{errors, lease};
+pub use leasehold_stores::fence;
 
 #[cfg(feature = "kubernetes")]
 pub mod api;
 #[cfg(feature = "candidate")]
 pub mod cmd;
-pub mod fence;
 #[cfg(feature = "operator")]
 pub mod operator;
 #[cfg(feature = "kubernetes")]

@@ -185,7 +185,10 @@ fn sources_formatted(src: &Path) -> Vec<String> {
 
 #[test]
 fn no_error_message_repeats_its_source() {
-    let found: Vec<String> = super::crate_sources().iter().flat_map(|src| sources_formatted(src)).collect();
+    let found: Vec<String> = super::crate_sources()
+        .iter()
+        .flat_map(|src| sources_formatted(src))
+        .collect();
     assert!(
         found.is_empty(),
         "errors that print a cause twice:\n{}",

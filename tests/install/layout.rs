@@ -270,7 +270,10 @@ fn uses_of_test_support(src: &Path) -> Vec<String> {
 
 #[test]
 fn no_product_module_uses_test_support() {
-    let uses: Vec<String> = super::crate_sources().iter().flat_map(|src| uses_of_test_support(src)).collect();
+    let uses: Vec<String> = super::crate_sources()
+        .iter()
+        .flat_map(|src| uses_of_test_support(src))
+        .collect();
     assert!(uses.is_empty(), "product modules using test support: {uses:#?}");
 }
 
@@ -328,7 +331,11 @@ fn no_module_uses_a_module_that_uses_it() {
     let sources = super::crate_sources();
     assert!(sources.len() > 1, "the walk found the crates");
     for src in &sources {
-        assert!(modules(src).len() > 10, "the walk found the modules of {}", src.display());
+        assert!(
+            modules(src).len() > 10,
+            "the walk found the modules of {}",
+            src.display()
+        );
     }
     let cycles: Vec<String> = sources.iter().flat_map(|src| import_cycles(src)).collect();
     assert!(cycles.is_empty(), "import cycles: {cycles:#?}");

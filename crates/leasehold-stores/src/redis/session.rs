@@ -45,7 +45,7 @@ use crate::lease::session::{
 };
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, LeaseStore, StoreError};
-use crate::store::{Effect, lease_from_millis};
+use crate::{Effect, lease_from_millis};
 
 /// Helpers every session script starts with (after `NOW_US`). KEYS:
 /// sessions, expiry, locks.

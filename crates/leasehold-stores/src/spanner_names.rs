@@ -19,7 +19,7 @@ pub struct SpannerConfig {
 
 /// A database path or table name Spanner (or our SQL text) cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum NameError {
+pub enum NameError {
     #[error("must look like projects/<project>/instances/<instance>/databases/<database>, got {0:?}")]
     Database(String),
     /// The table name is part of the SQL text (it cannot be a parameter),
@@ -32,7 +32,7 @@ pub(crate) enum NameError {
 const MAX_TABLE_NAME: usize = 128;
 
 /// `projects/P/instances/I/databases/D`, each part non-empty.
-pub(crate) fn check_database(database: &str) -> Result<(), NameError> {
+pub fn check_database(database: &str) -> Result<(), NameError> {
     let parts: Vec<&str> = database.split('/').collect();
     match parts.as_slice() {
         ["projects", p, "instances", i, "databases", d] if [p, i, d].iter().all(|s| !s.is_empty()) => Ok(()),
@@ -41,8 +41,8 @@ pub(crate) fn check_database(database: &str) -> Result<(), NameError> {
 }
 
 /// A letter, then letters, digits or `_`, at most 128 in all.
-pub(crate) fn check_table(table: &str) -> Result<(), NameError> {
-    if crate::store::is_sql_identifier(table, MAX_TABLE_NAME) {
+pub fn check_table(table: &str) -> Result<(), NameError> {
+    if crate::is_sql_identifier(table, MAX_TABLE_NAME) {
         Ok(())
     } else {
         Err(NameError::Table(table.to_string()))

@@ -278,7 +278,7 @@ impl std::fmt::Debug for RedisStore {
 /// `rediss://` connects over TLS, checking the certificate's chain and host
 /// name against the CA file named by `sslrootcert=` in the query, or else
 /// the system's roots.
-pub(crate) fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
+pub fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
     let split = tls::take_params(url, &[tls::CA_FILE_PARAM])?;
     let ca_file = split.taken.into_iter().next().flatten();
     let not_redis = |e| StoreError::invalid(format!("store URL {url:?} is not a Redis URL")).caused_by(e);
@@ -305,7 +305,7 @@ pub(crate) fn parse_url(url: &StoreUrl) -> Result<redis::Client> {
 }
 
 /// A key prefix: printable, no braces (they would move the hash tag).
-pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+pub fn validate_prefix(prefix: &str) -> Result<()> {
     if prefix.len() <= 64 && !prefix.contains(['{', '}']) && !prefix.chars().any(char::is_control) {
         Ok(())
     } else {

@@ -46,7 +46,7 @@ mod schema;
 mod session;
 
 pub use super::spanner_names::SpannerConfig;
-pub(crate) use super::spanner_names::{check_database, check_table};
+pub use super::spanner_names::{check_database, check_table};
 pub use emulator::create_emulator_database;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -153,12 +153,12 @@ impl SessionSlot {
 }
 
 /// The table name, checked for the store ([`check_table`] is the one rule).
-pub(crate) fn validate_table(table: &str) -> Result<()> {
+pub fn validate_table(table: &str) -> Result<()> {
     check_table(table).map_err(|e| StoreError::invalid("table").caused_by(e))
 }
 
 /// The database path, checked for the store ([`check_database`] is the one rule).
-pub(crate) fn validate_database(database: &str) -> Result<()> {
+pub fn validate_database(database: &str) -> Result<()> {
     check_database(database).map_err(|e| StoreError::invalid("database").caused_by(e))
 }
 
@@ -191,7 +191,7 @@ async fn open_database(spanner: &Spanner, config: &SpannerConfig, timeout: Durat
 /// would link aws-lc-rs beside the ring that kube and the webhook use), so
 /// they take the process default: ring, installed here once. Idempotent; an
 /// embedding program that installed its own provider keeps it.
-pub(crate) fn install_crypto_provider() {
+pub fn install_crypto_provider() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
 }
 

@@ -60,7 +60,7 @@ use crate::lease::session::{
 };
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, LeaseStore, StoreError, StoreTime};
-use crate::store::{Effect, lease_from_millis, shard_of};
+use crate::{Effect, lease_from_millis, shard_of};
 
 /// The session row `s` is live by the server's clock.
 const LIVE: &str = "(clock_timestamp() <= s.renewed_at + s.lease_ms * INTERVAL '1 millisecond')";
@@ -76,7 +76,7 @@ pub enum Stage {
 }
 
 /// What a test runs at each [`Stage`] of every attempt.
-pub(crate) type Interleave = dyn Fn(Stage) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+pub type Interleave = dyn Fn(Stage) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
 
 async fn interleave(hook: Option<&Interleave>, stage: Stage) {
     if let Some(hook) = hook {
@@ -251,8 +251,8 @@ impl PostgresStore {
 
     /// As [`SessionStore::try_lock`], running `hook` at each [`Stage`] of
     /// every attempt: tests force serialization failures and lost commit
-    /// replies with it.
-    #[cfg(feature = "testing")]
+    /// replies with it (a test seam, hidden like the core's `lease::seams`).
+    #[doc(hidden)]
     pub async fn try_lock_interleaved(&self, session: &str, names: &[String], hook: &Interleave) -> Result<LockBatch> {
         self.try_lock_with(session, names, Some(hook)).await
     }

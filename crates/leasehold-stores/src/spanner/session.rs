@@ -51,7 +51,7 @@ use crate::lease::session::{
 };
 use crate::lease::store::Result;
 use crate::lease::{FencingToken, StoreError, StoreTime};
-use crate::store::shard_of;
+use crate::shard_of;
 
 /// The session row `s` is live by the store's clock.
 const LIVE: &str = "(CURRENT_TIMESTAMP() <= TIMESTAMP_ADD(s.renewed_at, INTERVAL s.lease_ms MILLISECOND))";

@@ -44,7 +44,7 @@
 
 mod session;
 
-pub use session::Stage;
+pub use session::{Interleave, Stage};
 
 use std::pin::Pin;
 use std::str::FromStr;
@@ -91,14 +91,14 @@ const POOL_SIZE: usize = 4;
 const CONTENTION_ATTEMPTS: usize = 4;
 
 /// PostgreSQL truncates identifiers at 63 bytes; the sequence name adds 10.
-pub(crate) fn validate_table(table: &str) -> Result<()> {
+pub fn validate_table(table: &str) -> Result<()> {
     super::validate_table(table, "PostgreSQL", 48)
 }
 
 /// What a store URL asks for: the driver's settings and, when its `sslmode`
 /// asks for TLS, the TLS client that checks the server's certificate.
 #[derive(Debug, Clone)]
-pub(crate) struct Connection {
+pub struct Connection {
     pub driver: tokio_postgres::Config,
     pub tls: Option<rustls::ClientConfig>,
 }
@@ -110,7 +110,7 @@ pub(crate) struct Connection {
 /// under `require`; a lease store must be the one it claims to be), against
 /// `sslrootcert=FILE` or the system's roots. `disable`, `allow`, `prefer` and
 /// no `sslmode` connect without TLS.
-pub(crate) fn parse_url(url: &StoreUrl) -> Result<Connection> {
+pub fn parse_url(url: &StoreUrl) -> Result<Connection> {
     let split = tls::take_params(url, &["sslmode", tls::CA_FILE_PARAM])?;
     let [mode, ca_file]: [Option<String>; 2] = split.taken.try_into().unwrap_or_default();
     let mut driver = tokio_postgres::Config::from_str(&split.url)

@@ -15,12 +15,12 @@ use super::{Result, StoreError, StoreUrl};
 
 /// The URL query parameter naming the CA file (libpq's name; the Redis store
 /// takes it too).
-pub(crate) const CA_FILE_PARAM: &str = "sslrootcert";
+pub const CA_FILE_PARAM: &str = "sslrootcert";
 
 /// A store URL split into what the driver reads and the parameters leasehold
 /// reads itself, which the drivers would refuse.
 #[derive(Debug)]
-pub(crate) struct UrlParams {
+pub struct UrlParams {
     /// The URL without the taken parameters.
     pub url: String,
     /// The taken parameters' values, in the order asked for.
@@ -29,7 +29,7 @@ pub(crate) struct UrlParams {
 
 /// Takes the query parameters `names` out of `url` (a `scheme://` URL; other
 /// forms are passed through untouched).
-pub(crate) fn take_params(url: &StoreUrl, names: &[&str]) -> Result<UrlParams> {
+pub fn take_params(url: &StoreUrl, names: &[&str]) -> Result<UrlParams> {
     let untouched = || UrlParams {
         url: url.expose().to_string(),
         taken: vec![None; names.len()],
@@ -64,7 +64,7 @@ pub(crate) fn take_params(url: &StoreUrl, names: &[&str]) -> Result<UrlParams> {
 /// Where the server's certificate is checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) enum Roots {
+pub enum Roots {
     /// The system's CA certificates.
     System,
     /// The CA certificates of this PEM file.
@@ -73,13 +73,13 @@ pub(crate) enum Roots {
 
 impl Roots {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn from_param(ca_file: Option<String>) -> Roots {
+    pub fn from_param(ca_file: Option<String>) -> Roots {
         ca_file.map_or(Roots::System, |path| Roots::File(path.into()))
     }
 }
 
 /// The certificates of a PEM file; a file without any is refused.
-pub(crate) fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let shown = path.display();
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
@@ -96,7 +96,7 @@ pub(crate) fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>
 
 /// A client configuration that checks the server's certificate against `roots`.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) fn client_config(roots: &Roots) -> Result<rustls::ClientConfig> {
+pub fn client_config(roots: &Roots) -> Result<rustls::ClientConfig> {
     let mut store = rustls::RootCertStore::empty();
     match roots {
         Roots::File(path) => {

@@ -50,7 +50,7 @@ use crate::lease::{FencingToken, LockNameError, validate_lock_name};
 
 /// The lease stores that issue tokens, as `--store` names them: a fence
 /// record belongs to one of them.
-pub(crate) const ISSUERS: [&str; 5] = ["spanner", "postgres", "redis", "kubernetes", "memory"];
+pub const ISSUERS: [&str; 5] = ["spanner", "postgres", "redis", "kubernetes", "memory"];
 
 /// One guarded write's claim: the token a leader holds for a lock, from the
 /// lease store that issued it. Built by [`Fence::new`], which checks it.
@@ -80,7 +80,7 @@ impl Fence {
     }
 
     #[cfg(test)]
-    pub(crate) fn issuer(&self) -> &str {
+    pub fn issuer(&self) -> &str {
         &self.issuer
     }
 
@@ -165,7 +165,7 @@ pub enum FenceError {
 /// The fence table's name in SQL text (it cannot be a parameter).
 #[cfg(any(feature = "postgres", feature = "spanner"))]
 fn check_table(table: &str) -> Result<(), FenceError> {
-    if crate::store::is_sql_identifier(table, 63) {
+    if crate::is_sql_identifier(table, 63) {
         Ok(())
     } else {
         Err(FenceError::Table(table.to_string()))
