@@ -41,20 +41,27 @@ pub async fn running_pid(s: &Scenario, pod: &str, container: &str, why: &str) ->
 
 /// The process of the container whose parent is outside it (its PID 1).
 pub fn container_main_pid(container_id: &str) -> Option<u32> {
-    let in_container = |pid: u32| {
-        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup"))
-            .is_ok_and(|cgroup| cgroup.contains(container_id))
-    };
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
-        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-    };
+    let parent = |pid: u32| -> Option<u32> { stat_fields(pid).get(1)?.parse().ok() };
     std::fs::read_dir("/proc")
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| in_container(*pid))
-        .find(|pid| parent(*pid).is_some_and(|ppid| !in_container(ppid)))
+        .filter(|pid| in_container(*pid, container_id))
+        .find(|pid| parent(*pid).is_some_and(|ppid| !in_container(ppid, container_id)))
+}
+
+/// Process `pid` runs in the container `container_id` (its cgroup names it).
+pub fn in_container(pid: u32, container_id: &str) -> bool {
+    std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup"))
+        .is_ok_and(|cgroup| cgroup.contains(container_id))
+}
+
+/// The fields of /proc/PID/stat after `pid (comm)`: state, ppid, pgrp,
+/// session, tty_nr, tpgid, flags, … (proc(5)); none if the process is gone.
+/// comm may hold spaces, so the split is after its `)`.
+pub fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    rest.split_whitespace().map(str::to_string).collect()
 }
 
 /// The status of `container` (an app or init container) of `pod`.

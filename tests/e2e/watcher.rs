@@ -691,19 +691,14 @@ impl SidecarProcess {
             self.found = Some((container.to_string(), crate::e2e::node::container_main_pid(container)));
         }
         let Some((_, Some(pid))) = &self.found else { return true };
-        let in_container = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(container));
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // pid (comm) state ppid pgrp session tty_nr tpgid flags ...: comm
-        // may hold spaces, so split after ')'.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
+        let fields = crate::e2e::node::stat_fields(*pid);
         let exiting = fields
             .get(6)
             .and_then(|f| f.parse::<u64>().ok())
             .is_some_and(|flags| flags & PF_EXITING != 0);
-        !in_container || exiting || matches!(fields.first(), None | Some(&("T" | "t" | "Z" | "X")))
+        !crate::e2e::node::in_container(*pid, container)
+            || exiting
+            || matches!(fields.first().map(String::as_str), None | Some("T" | "t" | "Z" | "X"))
     }
 }
 

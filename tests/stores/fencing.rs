@@ -212,11 +212,7 @@ async fn spanner_refuses_a_deposed_leaders_write() {
         "CREATE TABLE orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)",
     )
     .await;
-    let spanner = google_cloud_spanner::client::Spanner::builder()
-        .with_endpoint(format!("http://{}", emulator.host))
-        .build()
-        .await
-        .unwrap();
+    let spanner = super::spanner::emulator_client(&emulator).await;
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
     a_deposed_leader_is_refused(Arc::new(store), &mut SpannerOrders(database)).await;
 }

@@ -827,11 +827,7 @@ async fn spanner_fenced_writers_race() {
     ] {
         super::spanner::ddl(&emulator, &config, &statement).await;
     }
-    let spanner = google_cloud_spanner::client::Spanner::builder()
-        .with_endpoint(format!("http://{}", emulator.host))
-        .build()
-        .await
-        .unwrap();
+    let spanner = super::spanner::emulator_client(&emulator).await;
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
     let name = config.database.clone();
     race(

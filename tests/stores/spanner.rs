@@ -231,15 +231,20 @@ async fn a_cut_connection_is_unavailable_and_the_lease_survives_it() {
     suite::a_cut_connection_is_not_success(&store, &proxy, &fixture.store).await;
 }
 
-/// Runs one DDL statement, as the database's owner would.
-pub(crate) async fn ddl(emulator: &Emulator, config: &SpannerConfig, statement: &str) {
-    use google_cloud_lro::Poller;
-    let client = google_cloud_spanner::client::Spanner::builder()
+/// A Spanner client of the emulator, as a user's own code would open one.
+pub(crate) async fn emulator_client(emulator: &Emulator) -> google_cloud_spanner::client::Spanner {
+    google_cloud_spanner::client::Spanner::builder()
         .with_endpoint(format!("http://{}", emulator.host))
         .build()
         .await
-        .unwrap();
-    client
+        .unwrap()
+}
+
+/// Runs one DDL statement, as the database's owner would.
+pub(crate) async fn ddl(emulator: &Emulator, config: &SpannerConfig, statement: &str) {
+    use google_cloud_lro::Poller;
+    emulator_client(emulator)
+        .await
         .database_admin_builder()
         .with_endpoint(emulator.rest.clone())
         .build()
