@@ -49,23 +49,24 @@ if [[ -z "${LEASEHOLD_E2E_KUBECONFIG:-}" && -n "${LEASEHOLD_KUBERNETES_TOOL:-}" 
   scripts/e2e-cluster.sh up >"$cluster_out/env" 2>"$cluster_out/log" &
   cluster_start=$!
 fi
-# The library example needs nothing but the lease core and the memory store;
-# the core builds warning-free alone and with any one store (the Kubernetes
-# store and the DistributedLease resource without the other stores' clients);
-# each role builds without the other (the contract they share is in api/).
+# Each crate builds warning-free on its own features (a workspace build
+# unifies them, which would hide a crate that forgot one): the core without
+# and with its schema derives, the database stores without a store and with
+# each alone, each crate above them alone; the package's library with no
+# feature (with the library example: one compile, not a check and a clippy)
+# and with each of its switches alone.
 phase "feature checks"
-# The core crate alone, without and with its schema derives; the package
-# without features is linted together with the library example (one compile
-# of the crate without features, not a check and then a clippy of the same).
 cargo clippy -q -p leasehold-core --lib -- -D warnings
 cargo clippy -q -p leasehold-core --features schema --lib -- -D warnings
-# The database stores' crate without a store and with each alone.
 cargo clippy -q -p leasehold-stores --lib -- -D warnings
 for store in postgres redis spanner; do
   cargo clippy -q -p leasehold-stores --features "$store" --lib -- -D warnings
 done
+for crate in leasehold-kubernetes leasehold-runtime leasehold-sim leasehold-sidecar leasehold-operator leasehold-testkit; do
+  cargo clippy -q -p "$crate" --lib -- -D warnings
+done
 cargo clippy -q --no-default-features --lib --example library -- -D warnings
-for features in postgres redis spanner kubernetes sidecar operator; do
+for features in postgres redis spanner kubernetes sidecar operator simulate; do
   cargo clippy -q --no-default-features --features "$features" --lib -- -D warnings
 done
 # The candidate binary (the `sidecar` image's: a pod's commands only) is

@@ -1,19 +1,25 @@
 //! leasehold: leader election for Kubernetes pods on Cloud Spanner,
 //! PostgreSQL, Redis or Kubernetes Leases, with fencing tokens.
 //!
-//! Arrows point inward: the commands (`cmd`) use the roles (`sidecar`,
-//! `operator`), which use `lease`, `store` and `api`; `lease` uses none of
-//! them.
+//! This package is the command line (`cmd`) and a facade over the crates
+//! that are the layers (docs/design.md, "The house as crates"), each under
+//! the path the library has always had:
 //!
-//! Cargo features pick the parts: the lease core and the memory store are
-//! always there; `spanner` adds the Cloud Spanner store, `kubernetes` the
-//! `DistributedLease` resource, `sidecar`, `operator` and `cli` the roles and
-//! the binary (default), `candidate` the binary with only a candidate pod's
-//! commands, `simulate` the safety simulation.
+//! | path | crate | feature |
+//! |---|---|---|
+//! | `lease`, `errors`, `store::memory` | `leasehold-core` | always |
+//! | `store::{spanner, postgres, redis}`, `fence` | `leasehold-stores` | `spanner`, `postgres`, `redis` |
+//! | `api`, `rbac`, `store::kubernetes` | `leasehold-kubernetes` | `kubernetes` |
+//! | `runtime`, `shutdown` | `leasehold-runtime` | `sidecar` or `operator` |
+//! | `sidecar` | `leasehold-sidecar` | `sidecar` |
+//! | `operator` | `leasehold-operator` | `operator` |
+//! | `sim` | `leasehold-sim` | `simulate` |
+//! | `testing` | `leasehold-testkit` | `testing` |
 //!
-//! The core (`lease`, `errors`, the memory store) is the crate
-//! `leasehold-core` and the database stores with their fence helpers the
-//! crate `leasehold-stores`, re-exported here under the same paths.
+//! Arrows point inward: the commands use the roles, which use the runtime,
+//! the Kubernetes layer, the stores and the core; the core uses none of
+//! them. `cli` (default) builds the binary with every role, `candidate`
+//! with only a candidate pod's commands.
 
 #![warn(unreachable_pub)]
 
@@ -21,22 +27,18 @@ pub use leasehold_core::{errors, lease};
 pub use leasehold_stores::fence;
 
 #[cfg(feature = "kubernetes")]
-pub mod api;
+pub use leasehold_kubernetes::{api, rbac};
 #[cfg(feature = "candidate")]
 pub mod cmd;
 #[cfg(feature = "operator")]
-pub mod operator;
-#[cfg(feature = "kubernetes")]
-pub mod rbac;
+pub use leasehold_operator as operator;
 #[cfg(any(feature = "sidecar", feature = "operator"))]
-pub mod runtime;
-#[cfg(any(feature = "sidecar", feature = "operator"))]
-pub mod shutdown;
+pub use leasehold_runtime::{self as runtime, shutdown};
 #[cfg(feature = "sidecar")]
-pub mod sidecar;
+pub use leasehold_sidecar as sidecar;
 #[cfg(feature = "simulate")]
-pub mod sim;
+pub use leasehold_sim as sim;
 pub mod store;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
-pub mod testing;
+pub use leasehold_testkit::{self as testing, conformance_tests, session_conformance_tests};

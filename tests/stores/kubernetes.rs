@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::cluster::{TestNamespace, config, with_unconditional_writes};
 use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -16,7 +17,6 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
 use leasehold::store::kubernetes::{KubernetesStore, RECORD_ANNOTATION, lease_name};
-use leasehold::testing::cluster::{TestNamespace, config, with_unconditional_writes};
 use leasehold::testing::conformance::{StoreCall, Target};
 use leasehold::testing::{ProxyMode, TcpProxy};
 

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // the suite and the benchmark (which mounts this module too) each use their own share
 
+pub mod cluster;
 pub mod example;
 pub mod readme;
 pub mod rollout;
