@@ -17,7 +17,6 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY src ./src
-COPY examples ./examples
 # Cargo.toml declares the benchmark target: cargo reads its file even when
 # building the binary alone.
 COPY benches ./benches
@@ -48,7 +47,7 @@ ENTRYPOINT ["/usr/local/bin/leasehold"]
 # glibc + libgcc only; no shell, no package manager; runs as uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot
 # Not at /leasehold: the injected leasehold-install init container mounts an
-# emptyDir at /leasehold/bin in this image (src/operator/webhook/patch.rs,
+# emptyDir at /leasehold/bin in this image (crates/leasehold-operator/src/webhook/patch.rs,
 # IMAGE_BINARY and BIN_DIR), which needs /leasehold to be free for a folder.
 COPY --from=build /src/target/release/leasehold /usr/local/bin/leasehold
 # Numeric, so the kubelet can verify runAsNonRoot (a user name fails with

@@ -45,9 +45,10 @@ load_image() {
     echo "busybox (the stand-in app's image) is missing: scripts/setup-servers.sh installs it" >&2
     exit 1
   }
-  # With an example in the same build, cargo resolves features as the test
-  # builds do (dev-dependencies on: the crate with `testing`, tokio with
-  # test-util), so this is the binary `cargo nextest run` builds, not a
+  # With the test suite in the same build, over the whole workspace, cargo
+  # resolves features as the test builds do (dev-dependencies on: the crate
+  # with `testing`, tokio with test-util), so this is the binary `cargo
+  # nextest run --workspace` builds (and the suite it compiles), not a
   # second compile of the crate and of everything under tokio. Every build
   # of the binary lands at target/debug/leasehold whatever its features, so
   # the build and the copy hold the lock scripts/candidate-binary.sh holds
@@ -55,7 +56,7 @@ load_image() {
   mkdir -p "$target/debug"
   {
     flock 9
-    cargo build -q --bin leasehold --example library >&2
+    cargo build -q --workspace --bin leasehold --test suite >&2
     cp "$target/debug/leasehold" "$binary"
   } 9>"$target/debug/.leasehold-binary.lock"
   python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \

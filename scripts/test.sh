@@ -34,7 +34,7 @@ scripts/setup-servers.sh
 phase "examples and benches build"
 # The example and the benchmark harness must keep compiling; the benchmarks
 # themselves are a separate command (cargo bench --bench leasehold).
-cargo build --examples --benches
+cargo build --workspace --examples --benches
 # The end-to-end suite (tests/e2e) needs a disposable Kubernetes cluster:
 # LEASEHOLD_E2E_KUBECONFIG and friends for one of yours (e.g. kind; README,
 # "End-to-end tests"), or LEASEHOLD_KUBERNETES_TOOL, a test-cluster tool
@@ -53,10 +53,11 @@ fi
 # unifies them, which would hide a crate that forgot one): the core without
 # and with its schema derives, the database stores without a store and with
 # each alone, each crate above them alone; the package's library with no
-# feature (with the library example: one compile, not a check and a clippy)
-# and with each of its switches alone.
+# feature and with each of its switches alone. The core is linted with its
+# examples (library, many-locks, partitions: the core and the memory store
+# alone), one compile rather than a check and a clippy.
 phase "feature checks"
-cargo clippy -q -p leasehold-core --lib -- -D warnings
+cargo clippy -q -p leasehold-core --lib --examples -- -D warnings
 cargo clippy -q -p leasehold-core --features schema --lib -- -D warnings
 cargo clippy -q -p leasehold-stores --lib -- -D warnings
 for store in postgres redis spanner; do
@@ -65,7 +66,7 @@ done
 for crate in leasehold-kubernetes leasehold-runtime leasehold-sim leasehold-sidecar leasehold-operator leasehold-testkit; do
   cargo clippy -q -p "$crate" --lib -- -D warnings
 done
-cargo clippy -q --no-default-features --lib --example library -- -D warnings
+cargo clippy -q --no-default-features --lib -- -D warnings
 for features in postgres redis spanner kubernetes sidecar operator simulate; do
   cargo clippy -q --no-default-features --features "$features" --lib -- -D warnings
 done
@@ -76,14 +77,14 @@ LEASEHOLD_CANDIDATE_BINARY="$(scripts/candidate-binary.sh)"
 export LEASEHOLD_CANDIDATE_BINARY
 phase "examples run"
 # The many-locks example checks its own outcome (every key one owner, higher tokens).
-cargo run -q --no-default-features --example many-locks
+cargo run -q -p leasehold-core --example many-locks
 # So does the partitions example (every partition one worker, shares as planned).
-cargo run -q --no-default-features --example partitions
+cargo run -q -p leasehold-core --example partitions
 phase "emulator and cluster start"
 # One emulator for the whole run (each test makes databases of its own);
 # tests that must own an emulator (to restart it) start a private one.
 if [[ -z "${SPANNER_EMULATOR_HOST:-}" ]]; then
-  coproc EMULATOR { cargo run -q --example spanner-emulator; }
+  coproc EMULATOR { cargo run -q -p leasehold-testkit --example spanner-emulator; }
   read -r line <&"${EMULATOR[0]}" || { echo "the Spanner emulator did not start" >&2; exit 1; }
   export ${line?}
 fi

@@ -445,6 +445,56 @@ spec:
         );
     }
 
+    /// Every variable the injection sets is one the sidecar reads (its clap
+    /// `env`), and every value parses as that flag: one owner for names and
+    /// formats. Tested here, above both roles: the operator's patch (the
+    /// webhook's, `the_same_patch_as_the_webhook`) read by the sidecar's flags.
+    #[test]
+    fn the_injected_environment_is_what_the_sidecar_reads() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Sidecar {
+            #[command(flatten)]
+            sidecar: crate::sidecar::Args,
+        }
+        let input = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: app-0, namespace: prod, annotations: {leasehold.dev/lease: scheduler}}
+spec:
+  containers: [{name: app, image: "app:1"}]
+---
+apiVersion: leasehold.dev/v1alpha1
+kind: DistributedLease
+metadata: {name: scheduler, namespace: prod}
+spec:
+  store: {postgres: {urlSecretRef: {name: pg, key: dsn}}}
+"#;
+        let command = Sidecar::command();
+        let out = inject(input, &config()).unwrap();
+        let env = docs(&out.yaml)[0]["spec"]["initContainers"][0]["env"].clone();
+        let mut args = vec!["sidecar".to_string()];
+        for var in env.as_array().unwrap() {
+            let name = var["name"].as_str().unwrap();
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == name))
+                .unwrap_or_else(|| panic!("the sidecar reads no variable {name}"));
+            if let Some(value) = var["value"].as_str() {
+                args.push(format!("--{}={value}", arg.get_long().unwrap()));
+            }
+        }
+        let parsed = <Sidecar as clap::Parser>::try_parse_from(&args).unwrap().sidecar;
+        assert_eq!(parsed.http_addr.to_string(), "127.0.0.1:4040");
+        assert_eq!(parsed.metrics_addr.to_string(), "0.0.0.0:4041");
+        assert_eq!(parsed.app_container.as_deref(), Some("app"));
+        assert_eq!(parsed.election.lease.as_deref(), Some("scheduler"));
+        assert_eq!(
+            parsed.election.store_url_file.as_deref(),
+            Some(std::path::Path::new("/var/run/leasehold-store/url"))
+        );
+    }
+
     /// The same URL-Secret mount as the webhook, from the DistributedLease
     /// in the input.
     #[test]

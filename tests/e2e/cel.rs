@@ -1,7 +1,7 @@
 //! The CRD's CEL rules, evaluated by the real API server: each bad
 //! `DistributedLease` is refused with its rule's message, and the good one
 //! the bad ones are made from is accepted (so a refusal is the rule's, not
-//! some other mistake of the test). The unit tests (`src/api/tests.rs`)
+//! some other mistake of the test). The unit tests (`crates/leasehold-kubernetes/src/api/tests.rs`)
 //! check that the rules are in the schema; only the API server says what
 //! they do. Only the CRDs are needed: no chart, no pods.
 

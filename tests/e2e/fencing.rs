@@ -462,7 +462,7 @@ async fn trusted_writers_finish_deletes(env: &Env, admin: &Client, deposed: &Api
     eprintln!("foreground delete of a fenced ConfigMap: {:?}", started.elapsed());
 }
 
-/// `examples/fenced-write.rs kubernetes` under the policy in force: leaders
+/// `crates/leasehold-kubernetes/examples/fenced-write.rs kubernetes` under the policy in force: leaders
 /// elected through a Lease write ConfigMap order-1 as candidate pods `a` and
 /// `b`, and the API server refuses `a`'s stale write naming both tokens.
 /// The example checks that outcome itself (and `b`'s write staying); this

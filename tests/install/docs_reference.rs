@@ -144,8 +144,8 @@ fn literals_with_context(source: &str) -> Vec<(String, String)> {
 fn sources() -> Vec<(std::path::PathBuf, &'static str)> {
     let mut out = Vec::new();
     for (dir, component) in [
-        ("src/operator", "operator"),
-        ("src/sidecar", "sidecar"),
+        ("crates/leasehold-operator/src", "operator"),
+        ("crates/leasehold-sidecar/src", "sidecar"),
         ("src/cmd/run", "runner"),
     ] {
         let mut folders = vec![root().join(dir)];
@@ -438,6 +438,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--type",
     "--use-service-account-credentials",
     "--wait",
+    "--workspace",
 ];
 
 /// Folders of other projects' source trees the docs cite (Kubernetes' own
@@ -503,6 +504,13 @@ fn names_the_code_lacks(docs: &str) -> Vec<String> {
             .chars()
             .take_while(|&c| c.is_ascii_lowercase() || c == '_')
             .collect();
+        // `leasehold_core::lease`: a path into one of the workspace's crates.
+        if docs[at + name.len()..].starts_with("::") {
+            if !root().join("crates").join(name.replace('_', "-")).is_dir() {
+                lacking.insert(format!("crate {name}"));
+            }
+            continue;
+        }
         let family = ["_bucket", "_sum", "_count"]
             .iter()
             .fold(name.as_str(), |n, suffix| n.strip_suffix(suffix).unwrap_or(n));

@@ -332,11 +332,13 @@ fn no_module_uses_a_module_that_uses_it() {
     assert!(sources.len() > 1, "the walk found the crates");
     for src in &sources {
         assert!(
-            modules(src).len() > 10,
+            !modules(src).is_empty(),
             "the walk found the modules of {}",
             src.display()
         );
     }
+    let all: usize = sources.iter().map(|src| modules(src).len()).sum();
+    assert!(all > 150, "the walk found {all} modules in all");
     let cycles: Vec<String> = sources.iter().flat_map(|src| import_cycles(src)).collect();
     assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
 }
@@ -403,5 +405,117 @@ fn the_cycle_check_follows_bare_child_paths() {
           op::webhook -> op::webhook::certs, op::webhook::certs -> op::reconcile"
         ],
         "{cycles:?}"
+    );
+}
+
+/// Each package's `[dependencies]` on the workspace's crates, as
+/// `(crate, dependency, optional)`: the root `Cargo.toml` and each
+/// `crates/*/Cargo.toml`.
+fn crate_dependencies() -> BTreeMap<String, Vec<(String, bool)>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut manifests = vec![root.join("Cargo.toml")];
+    for entry in std::fs::read_dir(root.join("crates")).expect("the crates folder") {
+        manifests.push(entry.expect("a crate").path().join("Cargo.toml"));
+    }
+    manifests
+        .iter()
+        .map(|manifest| {
+            let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+            dependencies_of(&text)
+        })
+        .collect()
+}
+
+/// The package's name and its `[dependencies]` named `leasehold…`.
+fn dependencies_of(manifest: &str) -> (String, Vec<(String, bool)>) {
+    let mut name = String::new();
+    let mut section = "";
+    let mut dependencies = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[package]" && line.starts_with("name = ") {
+            name = line.trim_start_matches("name = ").trim_matches('"').to_string();
+        } else if section == "[dependencies]" && line.starts_with("leasehold") {
+            let dependency = line.split(['.', ' ', '=']).next().unwrap();
+            dependencies.push((dependency.to_string(), line.contains("optional = true")));
+        }
+    }
+    dependencies.sort();
+    (name, dependencies)
+}
+
+/// The crate graph docs/design.md draws, crate by crate.
+fn documented_graph() -> BTreeMap<String, Vec<String>> {
+    let design = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/design.md")).unwrap();
+    let start = design
+        .find("```text\nleasehold ")
+        .expect("the crate graph in docs/design.md");
+    let block = &design[start + 8..];
+    block[..block.find("```").unwrap()]
+        .lines()
+        .map(|line| {
+            let (name, uses) = line.split_once("->").expect("`crate -> dependencies`");
+            let mut uses: Vec<String> = uses
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
+            uses.sort();
+            (name.trim().to_string(), uses)
+        })
+        .collect()
+}
+
+/// The graph in docs/design.md is the manifests' own, and the test kit is
+/// never a plain dependency of a product crate: only an optional one
+/// behind a `testing` feature (or a dev-dependency, not read here).
+#[test]
+fn the_crate_graph_is_the_documented_one_and_test_support_stays_optional() {
+    let actual = crate_dependencies();
+    assert!(actual.len() >= 9, "the walk found the crates: {actual:?}");
+    let names: BTreeMap<String, Vec<String>> = actual
+        .iter()
+        .map(|(name, uses)| {
+            (
+                name.clone(),
+                uses.iter().map(|(dependency, _)| dependency.clone()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        documented_graph(),
+        "docs/design.md's crate graph against the manifests"
+    );
+    let plain_test_kit: Vec<&String> = actual
+        .iter()
+        .filter(|(name, uses)| {
+            name.as_str() != "leasehold-testkit" && uses.contains(&("leasehold-testkit".to_string(), false))
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        plain_test_kit.is_empty(),
+        "a plain dependency on the test kit: {plain_test_kit:?}"
+    );
+}
+
+/// The manifest reading sees a planted plain dependency on the test kit
+/// and tells optional ones apart.
+#[test]
+fn the_crate_graph_check_reads_a_planted_dependency() {
+    let (name, uses) = dependencies_of(
+        "[package]\nname = \"leasehold-sidecar\"\n\n[dependencies]\nleasehold-core.workspace = true\nleasehold-testkit = { workspace = true }\nleasehold-runtime = { workspace = true, optional = true }\n\n[dev-dependencies]\nleasehold-stores.workspace = true\n",
+    );
+    assert_eq!(name, "leasehold-sidecar");
+    assert_eq!(
+        uses,
+        [
+            ("leasehold-core".to_string(), false),
+            ("leasehold-runtime".to_string(), true),
+            ("leasehold-testkit".to_string(), false)
+        ]
     );
 }

@@ -219,7 +219,7 @@ fn the_simulate_command_runs_the_session_schedule() {
     the_simulate_command_runs(&["--sessions"]);
 }
 
-/// Rolling updates with `Newest` or `Oldest` (`src/sim/rollout.rs`): the
+/// Rolling updates with `Newest` or `Oldest` (`crates/leasehold-sim/src/rollout.rs`): the
 /// stand-aside properties 5 and 6 besides every safety check.
 fn run_rollout_shard(shard: u64) -> Summary {
     let summary = run_seeds(shard * 100..(shard + 1) * 100, simulate_rollouts);
@@ -256,7 +256,7 @@ fn the_simulate_command_runs_the_rollout_schedule() {
 }
 
 /// The three session mutants stay caught on PostgreSQL's and Redis's
-/// semantics (`src/sim/session_stores.rs`), not only on the memory store's.
+/// semantics (`crates/leasehold-sim/src/session_stores.rs`), not only on the memory store's.
 #[test]
 fn session_mutants_are_caught_on_postgres_and_redis_semantics() {
     let mut survivors = Vec::new();
@@ -278,7 +278,7 @@ fn session_mutants_are_caught_on_postgres_and_redis_semantics() {
     assert!(survivors.is_empty(), "mutants survived 1,000 seeds: {survivors:?}");
 }
 
-/// The Kubernetes store's semantics (`src/sim/kubernetes.rs`): expiry by
+/// The Kubernetes store's semantics (`crates/leasehold-sim/src/kubernetes.rs`): expiry by
 /// observed change on candidate clocks running at different rates within
 /// what D/R tolerates, wall clocks skewed and stepping, watches lagging,
 /// writes landing after the client gave up, the Lease deleted and created again.

@@ -219,7 +219,7 @@ async fn spanner_refuses_a_deposed_leaders_write() {
 
 // --- The example, on each store ---------------------------------------------
 
-/// Runs `examples/fenced-write.rs` on `store` with `env` naming the server.
+/// Runs `crates/leasehold-kubernetes/examples/fenced-write.rs` on `store` with `env` naming the server.
 /// The example checks its own outcome: it fails unless the deposed leader's
 /// write is refused and the new one stays.
 fn the_example_runs(store: &str, env: &[(&str, &str)]) {

@@ -335,7 +335,7 @@ async fn the_operator_observes_every_lease_of_a_namespace_from_one_watch() {
     assert_eq!(operator.requests(), 0);
 }
 
-/// The sidecar's Role (src/sidecar/rbac.rs, the chart's rbac-sidecar.yaml)
+/// The sidecar's Role (crates/leasehold-sidecar/src/rbac.rs, the chart's rbac-sidecar.yaml)
 /// is enough for the store: a client impersonating a ServiceAccount bound
 /// to exactly those rules creates, watches, renews, releases and takes the
 /// Lease over; a forbidden call would fail as `Invalid`, naming the verbs.

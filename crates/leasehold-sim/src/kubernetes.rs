@@ -1,4 +1,4 @@
-//! The Kubernetes store's semantics (`src/store/kubernetes.rs`) for the
+//! The Kubernetes store's semantics (`crates/leasehold-kubernetes/src/store.rs`) for the
 //! elector schedule (`leasehold simulate --kubernetes`): a simulated API
 //! server holding the lock's Lease, and each candidate's client, modelled
 //! step by step on `KubernetesStore`:

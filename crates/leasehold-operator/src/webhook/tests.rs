@@ -435,41 +435,6 @@ fn the_app_container_is_the_first_the_default_or_the_annotated_one() {
     );
 }
 
-/// Every variable the patch sets is one the sidecar reads (its clap `env`),
-/// and every value parses as that flag: one owner for names and formats.
-#[test]
-fn the_injected_environment_is_what_the_sidecar_reads() {
-    use clap::CommandFactory;
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        sidecar: leasehold_sidecar::Args,
-    }
-    let command = Cli::command();
-    let pod = pod(json!({}), true);
-    let doc = apply(&pod, &injection_patch(&pod, on_postgres(), &config()).unwrap());
-    let mut args = vec!["sidecar".to_string()];
-    for var in doc["spec"]["initContainers"][0]["env"].as_array().unwrap() {
-        let name = var["name"].as_str().unwrap();
-        let arg = command
-            .get_arguments()
-            .find(|a| a.get_env().is_some_and(|e| e == name))
-            .unwrap_or_else(|| panic!("the sidecar reads no variable {name}"));
-        if let Some(value) = var["value"].as_str() {
-            args.push(format!("--{}={value}", arg.get_long().unwrap()));
-        }
-    }
-    let parsed = <Cli as clap::Parser>::try_parse_from(&args).unwrap().sidecar;
-    assert_eq!(parsed.http_addr.to_string(), "127.0.0.1:4040");
-    assert_eq!(parsed.metrics_addr.to_string(), "0.0.0.0:4041");
-    assert_eq!(parsed.app_container.as_deref(), Some("app"));
-    assert_eq!(parsed.election.lease.as_deref(), Some("scheduler"));
-    assert_eq!(
-        parsed.election.store_url_file.as_deref(),
-        Some(std::path::Path::new("/var/run/leasehold-store/url"))
-    );
-}
-
 struct Leases(Result<Option<LeaseInjection>, String>);
 
 impl LeaseLookup for Leases {

@@ -4,14 +4,14 @@
 //! Every worker's store cost is one session renewal per P, however many
 //! keys it holds.
 //!
-//! cargo run --example many-locks
+//! cargo run -p leasehold-core --example many-locks
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::lease::{Identity, Session, SessionStore, Timing};
-use leasehold::store::MemoryStore;
+use leasehold_core::lease::{Identity, Session, SessionStore, Timing};
+use leasehold_core::store::memory::MemoryStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,13 +56,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let waiting = async {
         let lock = gamma.lock(&wanted).await?;
         println!("gamma waited for {} and got token {}", lock.name, lock.token);
-        Ok::<_, leasehold::lease::StoreError>(lock)
+        Ok::<_, leasehold_core::lease::StoreError>(lock)
     };
     let releasing = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let freed = alpha.release(&[&wanted]).await?;
         println!("alpha released {freed:?}");
-        Ok::<_, leasehold::lease::StoreError>(())
+        Ok::<_, leasehold_core::lease::StoreError>(())
     };
     let (lock, released) = tokio::join!(waiting, releasing);
     released?;

@@ -7,7 +7,7 @@
 use std::io::Read;
 
 fn main() {
-    let emulator = leasehold::testing::Emulator::start_or_connect();
+    let emulator = leasehold_testkit::Emulator::start_or_connect();
     println!(
         "SPANNER_EMULATOR_HOST={} SPANNER_EMULATOR_REST={}",
         emulator.host, emulator.rest

@@ -2,14 +2,14 @@
 //! Leader `a` is elected through the store's lease and writes the owner of
 //! order 1; it stalls past its lease; `b` is elected with a higher token and
 //! writes; `a` wakes up and writes with its old token, and the store refuses
-//! it (`leasehold::fence`), keeping `b`'s write. The example checks that
+//! it (`leasehold_stores::fence`), keeping `b`'s write. The example checks that
 //! outcome itself and fails when either half does not hold.
 //!
 //! ```sh
-//! DATABASE_URL=postgres://user:password@localhost/db cargo run --example fenced-write -- postgres
-//! REDIS_URL=redis://localhost:6379 cargo run --example fenced-write -- redis
-//! SPANNER_DATABASE=projects/p/instances/i/databases/d cargo run --example fenced-write -- spanner
-//! FENCING_NAMESPACE=my-app FENCING_SERVICE_ACCOUNT=default cargo run --example fenced-write -- kubernetes
+//! DATABASE_URL=postgres://user:password@localhost/db cargo run -p leasehold-kubernetes --example fenced-write -- postgres
+//! REDIS_URL=redis://localhost:6379 cargo run -p leasehold-kubernetes --example fenced-write -- redis
+//! SPANNER_DATABASE=projects/p/instances/i/databases/d cargo run -p leasehold-kubernetes --example fenced-write -- spanner
+//! FENCING_NAMESPACE=my-app FENCING_SERVICE_ACCOUNT=default cargo run -p leasehold-kubernetes --example fenced-write -- kubernetes
 //! ```
 //!
 //! (For the Spanner emulator also set `SPANNER_EMULATOR_HOST` and
@@ -34,9 +34,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use leasehold::fence::{Fence, FenceError};
-use leasehold::lease::{FencingToken, Grant, LeaseStore, StoreError};
-use leasehold::store::{DEFAULT_TABLE, StoreUrl};
+use leasehold_core::lease::{FencingToken, Grant, LeaseStore, StoreError};
+use leasehold_stores::fence::{Fence, FenceError};
+use leasehold_stores::{DEFAULT_TABLE, StoreUrl};
 
 const LOCK: &str = "orders";
 const LEASE: Duration = Duration::from_secs(1);
@@ -58,7 +58,8 @@ impl PostgresOrders {
     async fn connect(url: &str) -> Result<Self, Failure> {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
         tokio::spawn(connection);
-        leasehold::fence::postgres::ensure_table(&client, leasehold::fence::postgres::DEFAULT_TABLE).await?;
+        leasehold_stores::fence::postgres::ensure_table(&client, leasehold_stores::fence::postgres::DEFAULT_TABLE)
+            .await?;
         client
             .batch_execute("CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, owner TEXT NOT NULL)")
             .await?;
@@ -68,9 +69,9 @@ impl PostgresOrders {
 
 impl Orders for PostgresOrders {
     async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError> {
-        leasehold::fence::postgres::fenced(
+        leasehold_stores::fence::postgres::fenced(
             &mut self.0,
-            leasehold::fence::postgres::DEFAULT_TABLE,
+            leasehold_stores::fence::postgres::DEFAULT_TABLE,
             fence,
             async |tx| {
                 tx.execute(
@@ -103,7 +104,7 @@ struct RedisOrders(redis::aio::MultiplexedConnection);
 
 impl Orders for RedisOrders {
     async fn write_owner(&mut self, fence: &Fence, owner: &str) -> Result<(), FenceError> {
-        leasehold::fence::redis::fenced(&mut self.0, fence, &[(REDIS_KEY, owner.as_bytes())]).await
+        leasehold_stores::fence::redis::fenced(&mut self.0, fence, &[(REDIS_KEY, owner.as_bytes())]).await
     }
 
     async fn owner(&mut self) -> Result<String, Failure> {
@@ -123,11 +124,12 @@ impl SpannerOrders {
         use google_cloud_lro::Poller;
         let spanner = google_cloud_spanner::client::Spanner::builder().build().await?;
         let mut admin = spanner.database_admin_builder();
-        if let Some(endpoint) = leasehold::store::spanner::Endpoints::from_env().admin {
+        if let Some(endpoint) = leasehold_stores::spanner::Endpoints::from_env().admin {
             admin = admin.with_endpoint(endpoint);
         }
-        let fences = leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE)?
-            .replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+        let fences =
+            leasehold_stores::fence::spanner::create_table_statement(leasehold_stores::fence::spanner::DEFAULT_TABLE)?
+                .replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
         admin
             .build()
             .await?
@@ -153,7 +155,13 @@ impl Orders for SpannerOrders {
             .set("owner")
             .to(owner)
             .build();
-        leasehold::fence::spanner::fenced(&self.0, leasehold::fence::spanner::DEFAULT_TABLE, fence, vec![write]).await
+        leasehold_stores::fence::spanner::fenced(
+            &self.0,
+            leasehold_stores::fence::spanner::DEFAULT_TABLE,
+            fence,
+            vec![write],
+        )
+        .await
     }
 
     async fn owner(&mut self) -> Result<String, Failure> {
@@ -206,7 +214,7 @@ async fn write_config_map(orders: &Api<ConfigMap>, token: FencingToken, pod: &st
 /// write is refused by the fencing policy, with both tokens in its message.
 async fn api_server_refuses_deposed_leader(namespace: &str, account: &str) -> Result<(), Failure> {
     let client = kube::Client::try_default().await?;
-    let store = leasehold::store::kubernetes::KubernetesStore::new(client.clone(), Some(namespace));
+    let store = leasehold_kubernetes::store::KubernetesStore::new(client.clone(), Some(namespace));
     store.ensure_schema().await?;
     // The object exists before any leader writes; its first fenced write
     // adds the token (the policy judges UPDATEs of objects carrying one).
@@ -314,7 +322,7 @@ async fn main() -> Result<(), Failure> {
     let store = std::env::args().nth(1).unwrap_or_default();
     match store.as_str() {
         "postgres" => {
-            use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+            use leasehold_stores::postgres::{PostgresConfig, PostgresStore};
             let url = env("DATABASE_URL", "a PostgreSQL URL")?;
             let store = PostgresStore::connect(PostgresConfig {
                 url: StoreUrl::new(url.clone()),
@@ -323,7 +331,7 @@ async fn main() -> Result<(), Failure> {
             deposed_leader_is_refused(&store, &mut PostgresOrders::connect(&url).await?).await
         }
         "redis" => {
-            use leasehold::store::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
+            use leasehold_stores::redis::{DEFAULT_PREFIX, RedisConfig, RedisStore};
             let url = env("REDIS_URL", "a Redis URL")?;
             let store = RedisStore::connect(RedisConfig {
                 url: StoreUrl::new(url.clone()),
@@ -333,7 +341,7 @@ async fn main() -> Result<(), Failure> {
             deposed_leader_is_refused(&store, &mut RedisOrders(connection)).await
         }
         "spanner" => {
-            use leasehold::store::spanner::{SpannerConfig, SpannerStore};
+            use leasehold_stores::spanner::{SpannerConfig, SpannerStore};
             let database = env("SPANNER_DATABASE", "projects/<p>/instances/<i>/databases/<d>")?;
             let store = SpannerStore::connect(SpannerConfig {
                 database: database.clone(),

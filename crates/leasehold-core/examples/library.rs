@@ -2,13 +2,13 @@
 //! candidates in one process on the memory store; the leader does fenced
 //! work until it steps down.
 //!
-//! cargo run --example library
+//! cargo run -p leasehold-core --example library
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::lease::{Elector, Identity, LeaderContext, Timing};
-use leasehold::store::MemoryStore;
+use leasehold_core::lease::{Elector, Identity, LeaderContext, Timing};
+use leasehold_core::store::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]

@@ -4,14 +4,14 @@
 //! partitions are picked up. Each worker works only on the partitions its
 //! `Assigned` lists, passing each partition's fencing token along.
 //!
-//! cargo run --example partitions
+//! cargo run -p leasehold-core --example partitions
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::lease::{Assigned, Identity, Partitioner, Session, SessionStore, Timing};
-use leasehold::store::MemoryStore;
+use leasehold_core::lease::{Assigned, Identity, Partitioner, Session, SessionStore, Timing};
+use leasehold_core::store::memory::MemoryStore;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +21,7 @@ struct Worker {
     name: &'static str,
     assigned: watch::Receiver<Assigned>,
     shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), leasehold::lease::StoreError>>,
+    task: tokio::task::JoinHandle<Result<(), leasehold_core::lease::StoreError>>,
 }
 
 async fn join(store: &Arc<MemoryStore>, name: &'static str) -> Result<Worker, Box<dyn std::error::Error>> {
