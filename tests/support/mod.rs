@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod example;
+pub mod fencing_history;
 pub mod readme;
 pub mod rollout;
 pub mod rollout_process;
