@@ -32,9 +32,11 @@ image="${LEASEHOLD_E2E_IMAGE:-leasehold:dev}"
 app_image="${LEASEHOLD_E2E_APP_IMAGE:-leasehold-e2e-app:busybox}"
 target="${CARGO_TARGET_DIR:-target}"
 
-# The binary's path inside the image, from the Dockerfile's ENTRYPOINT (its one owner).
+# The binary's path inside the image, from the Dockerfile's ENTRYPOINT (its one owner):
+# the last stage's, the full image this one stands in for (the candidate stage has the
+# same path; two lines made a path with a newline in it).
 entrypoint() {
-  sed -n 's/^ENTRYPOINT \["\([^"]*\)".*/\1/p' Dockerfile
+  sed -n 's/^ENTRYPOINT \["\([^"]*\)".*/\1/p' Dockerfile | tail -n 1
 }
 
 load_image() {
@@ -56,10 +58,13 @@ load_image() {
   mkdir -p "$target/debug"
   {
     flock 9
-    cargo build -q --workspace --bin leasehold --test suite >&2
+    cargo build -q --workspace --bin leasehold --test suite --example fenced-workload >&2
     cp "$target/debug/leasehold" "$binary"
   } 9>"$target/debug/.leasehold-binary.lock"
+  # The fenced workload (tests/e2e/fenced_workload.rs) runs as an app
+  # container from this image, beside the entrypoint.
   python3 "$tool/image.py" "$image" "$dir/image.tar" --bin "$binary:$path" \
+    --bin "$target/debug/examples/fenced-workload:$(dirname "$path")/fenced-workload" \
     --user 65532:65532 --entrypoint "$path" >&2
   # A container wrapped with `leasehold run` runs leasehold from the app's
   # image, which must provide its shared libraries (glibc, libm, libgcc_s;
