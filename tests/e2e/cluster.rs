@@ -89,6 +89,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-prefer-zone",
     "e2e-prefer-cut-off",
     "e2e-history-restart",
+    // The fenced workload under faults (fenced_workload.rs).
+    "e2e-fenced-workload",
 ];
 
 /// Test namespaces that are not opted in to injection: the injection

@@ -18,6 +18,7 @@ mod cel;
 mod cluster;
 mod clusters;
 mod faults;
+mod fenced_workload;
 mod fencing;
 mod fixtures;
 mod injection;

@@ -1,0 +1,475 @@
+//! Fencing proven by a workload under faults (issue 56, the short run):
+//! three candidate pods of a DistributedLease on PostgreSQL run the fenced
+//! workload (crates/leasehold-kubernetes/examples/fenced-workload.rs) as
+//! their app container, each writing while its sidecar says it leads to a
+//! PostgreSQL table through `fence::postgres`, to a ConfigMap through the
+//! chart's fencing policy as its own ServiceAccount, and to an unfenced
+//! control table. Faults drawn from a printed seed make stale leaders; the
+//! fencing checker (tests/support/fencing_history.rs) then judges the
+//! writers' logs against what PostgreSQL recorded and the tokens the lease
+//! store issued (a trigger on its table records each new term): no fenced
+//! resource may accept a stale write, while the control shows the stale
+//! writes the faults produced.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{AsyncBufReadExt, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
+use leasehold::lease::Identity;
+use leasehold::store::StoreUrl;
+use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+use leasehold::testing::servers::PostgresServer;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use serde_json::{Value, json};
+
+use crate::e2e::cluster::{DeleteOnDrop, Scenario, apply, rendered_fencing_policy, scenario, wait_for};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, watch_example};
+use crate::e2e::node::{kill_and_await_restart, signal_container};
+use crate::e2e::stores::{URL_SECRET, postgres_lease};
+use crate::e2e::watcher::LeadershipWatcher;
+use crate::support::fencing_history::{History, Write, attempts_in, check};
+
+const NAMESPACE: &str = "e2e-fenced-workload";
+/// The fenced ConfigMap the leaders patch.
+const LEDGER: &str = "ledger";
+/// The workload's binary in the leasehold image (scripts/e2e-cluster.sh).
+const WORKLOAD: &str = "/usr/local/bin/fenced-workload";
+/// Short terms, so that a few minutes hold many failovers: D, R, P.
+const D: Duration = Duration::from_secs(4);
+const TIMING: (&str, &str, &str) = ("4s", "3s", "1s");
+/// Faults go on until this many new terms, or this long.
+const TERMS: usize = 30;
+const RUN_AT_MOST: Duration = Duration::from_secs(360);
+/// The workload's rest between rounds: the API server takes one ConfigMap
+/// patch a round, on a machine it shares with the rest of the suite.
+const WRITE_PAUSE_MS: &str = "20";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    /// The leader's app frozen (SIGSTOP) for longer than D, its sidecar
+    /// frozen too a moment later so the lease expires and another pod
+    /// leads; the app resumed first, with its old token and its sidecar
+    /// still silent: the classic stale writer.
+    AppPaused,
+    /// The leader's sidecar killed; the kubelet restarts it.
+    SidecarKilled,
+    /// The leader pod deleted gracefully: the app exits on SIGTERM, the
+    /// sidecar releases.
+    GracefulDelete,
+    /// The leader pod deleted with grace 0: the lease expires.
+    DeleteNow,
+    /// `leasehold transfer` to a ready follower.
+    Transfer,
+}
+
+const FAULTS: [Fault; 5] = [
+    Fault::AppPaused,
+    Fault::SidecarKilled,
+    Fault::GracefulDelete,
+    Fault::DeleteNow,
+    Fault::Transfer,
+];
+
+#[tokio::test]
+async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
+    scenario(NAMESPACE, |s| async move {
+        let seed = std::env::var("LEASEHOLD_E2E_FAULT_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(rand::random::<u64>);
+        eprintln!("faults from LEASEHOLD_E2E_FAULT_SEED={seed}");
+        let mut rng = StdRng::seed_from_u64(seed);
+
+        let watcher = watch_example(&s, false);
+        let (d, r, p) = TIMING;
+        let (server, lease_objects) = postgres_lease(
+            &s,
+            LEASE,
+            json!({"leaseDuration": d, "renewDeadline": r, "retryPeriod": p}),
+        );
+        let db = prepare_database(&server).await;
+        let _policy = fencing_policy(&s).await;
+        s.apply(lease_objects).await;
+        s.apply(workload(&s)).await;
+        let logs = AppLogs::follow(&s);
+
+        watcher.one_leader(None, FIRST_LEADER).await;
+        let started = Instant::now();
+        let mut ran: Vec<Fault> = Vec::new();
+        // Every kind once in a shuffled order, then drawn at random; a
+        // fault that could not happen yet is tried again later.
+        let mut planned = FAULTS.to_vec();
+        planned.shuffle(&mut rng);
+        while issued(&db).await.len() <= TERMS && started.elapsed() < RUN_AT_MOST {
+            let fault = planned
+                .pop()
+                .unwrap_or_else(|| FAULTS[rng.random_range(0..FAULTS.len())]);
+            let leader = watcher.one_leader(None, SUCCESSOR).await;
+            let terms = issued(&db).await.len();
+            if inject(&s, &watcher, fault, &leader).await {
+                ran.push(fault);
+                wait_for(&format!("a new term after {fault:?}"), SUCCESSOR, || async {
+                    (issued(&db).await.len() > terms).then_some(())
+                })
+                .await;
+            } else {
+                planned.insert(0, fault);
+            }
+            // Time for the new leader to write.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(500..2500))).await;
+        }
+        let took = started.elapsed();
+        watcher.one_leader(None, SUCCESSOR).await;
+        // The writers stop before their history is read: every app exits
+        // on SIGTERM, and its log ends.
+        s.api::<k8s_openapi::api::apps::v1::Deployment>()
+            .patch_scale(
+                "scheduler",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .expect("scaling the workload to 0");
+        wait_for("every candidate pod gone", SUCCESSOR, || async {
+            s.pods(APP).await.is_empty().then_some(())
+        })
+        .await;
+        let lines = logs.finish().await;
+        watcher.finish();
+
+        let history = History {
+            attempts: attempts_in(&lines),
+            recorded: [
+                ("postgres".to_string(), recorded(&db, "workload_fenced").await),
+                ("control".to_string(), recorded(&db, "workload_control").await),
+            ]
+            .into(),
+            issued: issued(&db).await,
+            fenced: ["postgres", "configmap"].map(String::from).into(),
+        };
+        let report = check(&history);
+        let kinds: BTreeSet<Fault> = ran.iter().copied().collect();
+        eprintln!(
+            "fenced workload, seed {seed}: {} faults in {took:?} ({kinds:?}; {ran:?})\n{}",
+            ran.len(),
+            report.summary()
+        );
+        assert_eq!(report.violations(), Vec::<String>::new(), "{}", report.summary());
+        assert_eq!(
+            kinds,
+            FAULTS.into_iter().collect(),
+            "every kind of fault ran within {RUN_AT_MOST:?}"
+        );
+        let control = &report.resources["control"];
+        assert!(
+            !control.stale_accepted.is_empty(),
+            "the faults made no stale write (the control accepted none): the run proves nothing\n{}",
+            report.summary()
+        );
+        for fenced in ["postgres", "configmap"] {
+            let resource = &report.resources[fenced];
+            assert!(
+                resource.refused > 0 && resource.accepted > 0,
+                "{fenced} refused no stale write or accepted none\n{}",
+                report.summary()
+            );
+        }
+    })
+    .await;
+}
+
+/// Makes `fault` happen to `leader`; false when it could not (no ready
+/// follower to transfer to).
+async fn inject(s: &Scenario, watcher: &LeadershipWatcher, fault: Fault, leader: &str) -> bool {
+    match fault {
+        Fault::AppPaused => {
+            let paused = Instant::now();
+            signal_container(s, leader, "app", "STOP").await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            signal_container(s, leader, SIDECAR, "STOP").await;
+            watcher.one_leader(Some(leader), SUCCESSOR).await;
+            tokio::time::sleep((D + Duration::from_secs(1)).saturating_sub(paused.elapsed())).await;
+            signal_container(s, leader, "app", "CONT").await;
+            // The app writes with its old token until its question to the
+            // frozen sidecar times out (the workload's POLL_TIMEOUT).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            signal_container(s, leader, SIDECAR, "CONT").await;
+        }
+        Fault::SidecarKilled => kill_and_await_restart(s, leader, SIDECAR).await,
+        Fault::GracefulDelete => {
+            s.api::<Pod>()
+                .delete(leader, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("deleting {leader}: {e}"));
+        }
+        Fault::DeleteNow => delete_now(s, leader).await,
+        Fault::Transfer => {
+            let Some(target) = ready_follower(s, leader).await else {
+                return false;
+            };
+            // Not blocking: the watcher and the log followers run on this thread.
+            let out = tokio::process::Command::from(s.env.leasehold())
+                .args([
+                    "transfer",
+                    LEASE,
+                    "--to",
+                    &target,
+                    "-n",
+                    &s.ns,
+                    "--wait",
+                    "--timeout",
+                    "60s",
+                ])
+                .output()
+                .await
+                .expect("running leasehold transfer");
+            assert!(
+                out.status.success(),
+                "leasehold transfer to {target}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    true
+}
+
+/// A candidate other than `leader` whose containers are ready and that is
+/// not being deleted (a transfer's target must be ready).
+async fn ready_follower(s: &Scenario, leader: &str) -> Option<String> {
+    s.pods(APP)
+        .await
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| leasehold::api::contract::containers_ready_since(p).is_some())
+        .filter_map(|p| p.metadata.name)
+        .find(|p| p != leader)
+}
+
+/// The lease table made now (as the operator would make it), with a
+/// trigger recording every new term's holder and token, and the workload's
+/// tables; a client on it.
+async fn prepare_database(server: &PostgresServer) -> tokio_postgres::Client {
+    use leasehold::store::LeaseStore;
+    let store = PostgresStore::connect(PostgresConfig {
+        url: StoreUrl::new(server.url()),
+        table: leasehold::store::DEFAULT_TABLE.to_string(),
+    })
+    .expect("connecting to the lease's PostgreSQL");
+    store.ensure_schema().await.expect("the lease table");
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connecting to PostgreSQL");
+    tokio::spawn(connection);
+    let leases = leasehold::store::DEFAULT_TABLE;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE workload_issued (id BIGSERIAL PRIMARY KEY, holder TEXT NOT NULL, token BIGINT NOT NULL);
+             CREATE FUNCTION workload_issued() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.holder IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.token IS DISTINCT FROM NEW.token) THEN
+                 INSERT INTO workload_issued (holder, token) VALUES (NEW.holder, NEW.token);
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER workload_issued AFTER INSERT OR UPDATE ON {leases}
+               FOR EACH ROW EXECUTE FUNCTION workload_issued();
+             CREATE TABLE workload_fenced (id BIGSERIAL PRIMARY KEY, pod TEXT NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL);
+             CREATE TABLE workload_control (id BIGSERIAL PRIMARY KEY, pod TEXT NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL);"
+        ))
+        .await
+        .expect("the workload's tables and the issued-token trigger");
+    client
+}
+
+/// (pod, token) of every term the lease store began, in order.
+async fn issued(db: &tokio_postgres::Client) -> Vec<(String, i64)> {
+    let rows = db
+        .query("SELECT holder, token FROM workload_issued ORDER BY id", &[])
+        .await
+        .expect("reading the issued tokens");
+    rows.iter()
+        .map(|row| {
+            let holder: String = row.get(0);
+            let identity: Identity = holder
+                .parse()
+                .unwrap_or_else(|e| panic!("the lease's holder {holder:?}: {e}"));
+            (identity.name().to_string(), row.get(1))
+        })
+        .collect()
+}
+
+/// A workload table's rows in id order: the commit order for the fenced
+/// table (its ids are taken under the fence row's lock).
+async fn recorded(db: &tokio_postgres::Client, table: &str) -> Vec<Write> {
+    let rows = db
+        .query(&format!("SELECT pod, token, seq FROM {table} ORDER BY id"), &[])
+        .await
+        .unwrap_or_else(|e| panic!("reading {table}: {e}"));
+    rows.iter()
+        .map(|row| Write {
+            pod: row.get(0),
+            token: row.get(1),
+            seq: row.get(2),
+        })
+        .collect()
+}
+
+/// The chart's fencing policy under a name of this test's, bound to its
+/// namespace only (the fencing scenario installs and removes the chart's
+/// own beside it); the ConfigMap it fences and the candidates' right to
+/// patch it. Waits until the policy is in force.
+async fn fencing_policy(s: &Scenario) -> DeleteOnDrop {
+    let (mut policy, chart_name) = rendered_fencing_policy(&s.env, &[]);
+    let name = format!("{chart_name}-{NAMESPACE}");
+    for object in &mut policy {
+        object["metadata"]["name"] = json!(name);
+        if object["kind"] == "ValidatingAdmissionPolicyBinding" {
+            object["spec"]["policyName"] = json!(name);
+            object["spec"]["matchResources"]["namespaceSelector"] =
+                json!({"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}});
+        }
+    }
+    let guard = DeleteOnDrop {
+        env: s.env.clone(),
+        namespace: None,
+        objects: vec![
+            ("validatingadmissionpolicybinding", name.clone()),
+            ("validatingadmissionpolicy", name),
+        ],
+    };
+    let lock = format!("postgres:{}/{LEASE}", s.ns);
+    s.apply(vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "ledger-writer"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LEDGER],
+                          "verbs": ["get", "patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "ledger-writer"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ledger-writer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "scheduler", "namespace": s.ns}]}),
+        // Fenced from the start: no leader holds token 0.
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": LEDGER, "annotations": {
+            "leasehold.dev/fencing-lock": lock,
+            "leasehold.dev/fencing-token": "0",
+            "leasehold.dev/fencing-holder": "nobody",
+        }}}),
+    ])
+    .await;
+    apply(&s.client, &policy).await;
+    // In force once the API server's informers have it: this client is
+    // not the holder, so its write (a dry run) is refused then.
+    let ledger = s.api::<ConfigMap>();
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the fencing policy in force", Duration::from_secs(60), || async {
+        let patch = Patch::Merge(json!({"data": {"probe": "x"}}));
+        match ledger.patch(LEDGER, &dry_run, &patch).await {
+            Err(kube::Error::Api(refused)) if refused.message.contains("must name the writer") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    guard
+}
+
+/// The leader-only-service example's ServiceAccount and Deployment with
+/// the workload as the app container, from this tree's leasehold image.
+fn workload(s: &Scenario) -> Vec<Value> {
+    let mut objects: Vec<Value> = s
+        .example("leader-only-service.yaml")
+        .into_iter()
+        .filter(|o| o["kind"] != "Service")
+        .collect();
+    let deployment = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the example's Deployment");
+    deployment["spec"]["template"]["spec"]["containers"][0] = json!({
+        "name": "app",
+        "image": s.env.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [WORKLOAD],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": URL_SECRET, "key": "url"}}},
+            {"name": "FENCE_LOCK", "value": format!("{}/{LEASE}", s.ns)},
+            {"name": "CONFIG_MAP", "value": LEDGER},
+            {"name": "WRITE_PAUSE_MS", "value": WRITE_PAUSE_MS},
+        ],
+    });
+    objects
+}
+
+/// The app containers' logs, followed from each candidate pod as it
+/// appears until it is gone (a deleted pod's log goes with it).
+struct AppLogs {
+    lines: Arc<Mutex<BTreeSet<String>>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl AppLogs {
+    fn follow(s: &Scenario) -> AppLogs {
+        let lines = Arc::new(Mutex::new(BTreeSet::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let pods = s.api::<Pod>();
+        let task = tokio::spawn({
+            let (lines, stop) = (lines.clone(), stop.clone());
+            async move {
+                let mut followed = BTreeSet::new();
+                let mut followers = Vec::new();
+                while !stop.is_cancelled() {
+                    let list = pods.list(&ListParams::default().labels(APP)).await;
+                    for pod in list.map(|l| l.items).unwrap_or_default() {
+                        let Some(name) = pod.metadata.name else { continue };
+                        if followed.insert(name.clone()) {
+                            followers.push(tokio::spawn(follow_pod(pods.clone(), name, lines.clone())));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                followers
+            }
+        });
+        AppLogs { lines, stop, task }
+    }
+
+    /// Every line, once every followed pod is gone.
+    async fn finish(self) -> Vec<String> {
+        self.stop.cancel();
+        for follower in self.task.await.expect("the log follower") {
+            follower.await.expect("a pod's log follower");
+        }
+        self.lines.lock().unwrap().iter().cloned().collect()
+    }
+}
+
+/// Reads `pod`'s app log while the pod exists; a stream that ends early
+/// (the container not started yet, a broken connection) is read again from
+/// the start, the lines kept once each (each carries its time).
+async fn follow_pod(pods: kube::Api<Pod>, pod: String, lines: Arc<Mutex<BTreeSet<String>>>) {
+    let params = LogParams {
+        container: Some("app".into()),
+        follow: true,
+        ..Default::default()
+    };
+    loop {
+        if let Ok(stream) = pods.log_stream(&pod, &params).await {
+            let mut stream = Box::pin(stream.lines());
+            while let Some(Ok(line)) = stream.next().await {
+                lines.lock().unwrap().insert(line);
+            }
+        }
+        match pods.get_opt(&pod).await {
+            Ok(None) => return,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
