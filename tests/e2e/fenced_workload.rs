@@ -55,8 +55,14 @@ enum Fault {
     /// leads; the app resumed first, with its old token and its sidecar
     /// still silent: the classic stale writer.
     AppPaused,
+    /// The leader's sidecar frozen past D, then resumed: its app stops
+    /// writing once its question goes unanswered.
+    SidecarPaused,
     /// The leader's sidecar killed; the kubelet restarts it.
     SidecarKilled,
+    /// The leader's app killed; the kubelet restarts it (its sidecar
+    /// releases while the app container is not running).
+    AppKilled,
     /// The leader pod deleted gracefully: the app exits on SIGTERM, the
     /// sidecar releases.
     GracefulDelete,
@@ -66,9 +72,11 @@ enum Fault {
     Transfer,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 7] = [
     Fault::AppPaused,
+    Fault::SidecarPaused,
     Fault::SidecarKilled,
+    Fault::AppKilled,
     Fault::GracefulDelete,
     Fault::DeleteNow,
     Fault::Transfer,
@@ -199,7 +207,13 @@ async fn inject(s: &Scenario, watcher: &LeadershipWatcher, fault: Fault, leader:
             tokio::time::sleep(Duration::from_secs(1)).await;
             signal_container(s, leader, SIDECAR, "CONT").await;
         }
+        Fault::SidecarPaused => {
+            signal_container(s, leader, SIDECAR, "STOP").await;
+            watcher.one_leader(Some(leader), SUCCESSOR).await;
+            signal_container(s, leader, SIDECAR, "CONT").await;
+        }
         Fault::SidecarKilled => kill_and_await_restart(s, leader, SIDECAR).await,
+        Fault::AppKilled => kill_and_await_restart(s, leader, "app").await,
         Fault::GracefulDelete => {
             s.api::<Pod>()
                 .delete(leader, &DeleteParams::default())
