@@ -7,8 +7,10 @@
 //!   the fence row's lock, so ids are the commit order);
 //! * `configmap`: ConfigMap `CONFIG_MAP` patched with the fencing
 //!   annotations the chart's admission policy judges (docs/fencing.md), as
-//!   this pod's own ServiceAccount: the in-cluster client sends the pod's
-//!   projected token, which binds the pod's name;
+//!   this pod's own ServiceAccount (allowed to patch it): the in-cluster
+//!   client sends the pod's projected token, which binds the pod's name
+//!   (`authentication.kubernetes.io/pod-name` in userInfo.extra, Kubernetes
+//!   pkg/serviceaccount/claims.go), the writer the policy holds it to;
 //! * `control`: the same row to `workload_control`, unfenced, so a run shows
 //!   how many stale writes its faults produced.
 //!
