@@ -79,6 +79,13 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-monitoring",
     "e2e-monitoring-dark",
     "e2e-timing-risk",
+    // Each alert fired by its real fault (alerts.rs).
+    "e2e-alert-store",
+    "e2e-alert-stalled",
+    "e2e-alert-two-claimants",
+    "e2e-alert-operator-store",
+    "e2e-alert-reconcile",
+    "e2e-alert-operator-down",
     // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
     "e2e-clusters",
     // Steering leadership (steering.rs).

@@ -14,6 +14,7 @@
 //! to get one. Each test has a namespace of its own; timings are the
 //! benchmark's, the bounds here are generous liveness bounds.
 
+mod alerts;
 mod cel;
 mod cluster;
 mod clusters;

@@ -152,16 +152,6 @@ fn loaded_alerts(prometheus: &Prometheus) -> Vec<String> {
         .collect()
 }
 
-/// `name`'s `for` as `prometheus` evaluates it.
-fn for_of(prometheus: &Prometheus, name: &str) -> Duration {
-    let (_, duration) = prometheus
-        .fors
-        .iter()
-        .find(|(n, _)| n == name)
-        .expect("a shipped alert");
-    *duration
-}
-
 #[tokio::test]
 async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
     scenario("e2e-monitoring", |s| async move {
@@ -198,7 +188,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         eprintln!(
             "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {:?})",
             planted.elapsed(),
-            for_of(&prometheus, "LeaseholdTwoLeaders")
+            prometheus.for_of("LeaseholdTwoLeaders")
         );
         assert_eq!(
             alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()),
@@ -222,7 +212,7 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         eprintln!(
             "LeaseholdNoLeader fired {:?} after the scale to 0 (for: {:?})",
             leaderless.elapsed(),
-            for_of(&prometheus, "LeaseholdNoLeader")
+            prometheus.for_of("LeaseholdNoLeader")
         );
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
         watcher.finish();
@@ -265,18 +255,7 @@ async fn a_lease_that_keeps_going_dark_alerts() {
         // The first election's leaderless seconds are dark too: the freezes
         // start once they no longer weigh (the alert neither pending nor
         // firing), so what fires is the freezes'.
-        wait_for(
-            "LeaseholdOftenLeaderless inactive while led",
-            PROMETHEUS_WAIT,
-            || async {
-                let active = ["pending", "firing"].iter().try_fold(false, |any, state| {
-                    let alerts = prometheus.alerts("LeaseholdOftenLeaderless", state)?;
-                    Some(any || alerts.iter().any(|a| a["labels"]["namespace"] == json!(s.ns)))
-                })?;
-                (!active).then_some(())
-            },
-        )
-        .await;
+        prometheus.quiet(&s.ns, "LeaseholdOftenLeaderless").await;
 
         let started = std::time::Instant::now();
         let mut freezes = 0;
@@ -299,7 +278,7 @@ async fn a_lease_that_keeps_going_dark_alerts() {
         let fired = started.elapsed();
         eprintln!(
             "LeaseholdOftenLeaderless fired {fired:?} after the first of {freezes} freezes (for: {:?}, D {d}): {alert}",
-            for_of(&prometheus, "LeaseholdOftenLeaderless")
+            prometheus.for_of("LeaseholdOftenLeaderless")
         );
         let dark = prometheus.fired_within(&s.ns, "LeaseholdNoLeader", fired + Duration::from_secs(5));
         assert!(
@@ -414,7 +393,7 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
         eprintln!(
             "LeaseholdTimingAtRisk fired {:?} after the store slowed (for: {:?})",
             slowed.elapsed(),
-            for_of(&prometheus, "LeaseholdTimingAtRisk")
+            prometheus.for_of("LeaseholdTimingAtRisk")
         );
         assert_eq!(alert["labels"]["pod"], json!(leader), "{alert}");
         // Slow, not failing: the leader kept its lease throughout.

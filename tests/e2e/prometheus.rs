@@ -28,20 +28,41 @@ pub const TIME_SCALE: u64 = 10;
 /// bounds each wait for a result in the generous way of the suite.
 pub const PROMETHEUS_WAIT: Duration = Duration::from_secs(90);
 
-/// The shipped rules with every duration divided by [`TIME_SCALE`], and
-/// the alerts' `for`s so scaled (name, for).
-fn rendered_rules() -> (String, Vec<(String, Duration)>) {
+/// A planted defect in one shipped rule: in alert `alert`'s expression,
+/// `from` replaced by `to` (e.g. a threshold no value reaches), to show
+/// that the suite's firing checks fail on a rule that cannot fire.
+pub struct Plant {
+    pub alert: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+/// The shipped rules with every duration divided by [`TIME_SCALE`] (and
+/// `plant` made), and the alerts' `for`s so scaled (name, for).
+fn rendered_rules(plant: Option<&Plant>) -> (String, Vec<(String, Duration)>) {
     let shipped = std::fs::read_to_string(repo().join("manifests/prometheus/leasehold-rules.yaml")).unwrap();
     let mut parsed: Value = serde_yaml::from_str(&shipped).unwrap();
     let mut fors = Vec::new();
+    let mut planted = false;
     for group in parsed["groups"].as_array_mut().unwrap() {
         for rule in group["rules"].as_array_mut().unwrap() {
-            rule["for"] = json!(scaled(rule["for"].as_str().unwrap()));
-            rule["expr"] = json!(scaled_ranges(rule["expr"].as_str().unwrap()));
             let name = rule["alert"].as_str().unwrap().to_string();
+            let mut expr = rule["expr"].as_str().unwrap().to_string();
+            if let Some(plant) = plant.filter(|p| p.alert == name) {
+                assert!(
+                    expr.contains(plant.from),
+                    "{name}'s expression has no {:?}: {expr}",
+                    plant.from
+                );
+                expr = expr.replace(plant.from, plant.to);
+                planted = true;
+            }
+            rule["for"] = json!(scaled(rule["for"].as_str().unwrap()));
+            rule["expr"] = json!(scaled_ranges(&expr));
             fors.push((name, seconds(rule["for"].as_str().unwrap())));
         }
     }
+    assert!(plant.is_none() || planted, "no shipped alert to plant in");
     (serde_yaml::to_string(&parsed).unwrap(), fors)
 }
 
@@ -59,7 +80,7 @@ fn seconds(duration: &str) -> Duration {
 }
 
 /// `duration` divided by [`TIME_SCALE`], in seconds.
-fn scaled(duration: &str) -> String {
+pub fn scaled(duration: &str) -> String {
     let secs = seconds(duration).as_secs();
     assert_eq!(
         secs % TIME_SCALE,
@@ -448,8 +469,13 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(s: &Scenario, name: &str) -> Prometheus {
+        Self::start_with(s, name, None)
+    }
+
+    /// With `plant` made in the rules it evaluates.
+    pub fn start_with(s: &Scenario, name: &str, plant: Option<&Plant>) -> Prometheus {
         let dir = tempdir(&format!("prometheus-{name}"));
-        let (text, fors) = rendered_rules();
+        let (text, fors) = rendered_rules(plant);
         std::fs::write(dir.join("rules.yaml"), text).unwrap();
         let (mut jobs, discoveries): (Vec<Value>, Vec<Discovery>) = chart_monitors(&s.env, &dir)
             .iter()
@@ -527,9 +553,64 @@ impl Prometheus {
     /// `name` firing now for namespace `ns` (and this suite's lease, when
     /// the alert is a lease's).
     pub fn firing(&self, ns: &str, name: &str) -> Option<Value> {
-        self.alerts(name, "firing")?.into_iter().find(|a| {
-            a["labels"]["namespace"] == ns && (a["labels"]["lease"].is_null() || a["labels"]["lease"] == LEASE)
+        self.alerts(name, "firing")?.into_iter().find(|a| concerns(a, ns))
+    }
+
+    /// Whether `name` is pending or firing now for namespace `ns` (as
+    /// [`firing`](Self::firing) selects), when Prometheus answers.
+    pub fn active(&self, ns: &str, name: &str) -> Option<bool> {
+        ["pending", "firing"].iter().try_fold(false, |any, state| {
+            Some(any || self.alerts(name, state)?.iter().any(|a| concerns(a, ns)))
         })
+    }
+
+    /// Waits until `name` is neither pending nor firing for `ns`: what fires
+    /// after a fault is then the fault's.
+    pub async fn quiet(&self, ns: &str, name: &str) {
+        wait_for(&format!("{name} inactive for {ns}"), PROMETHEUS_WAIT, || async {
+            (!self.active(ns, name)?).then_some(())
+        })
+        .await
+    }
+
+    /// `name`'s `for` as this Prometheus evaluates it.
+    pub fn for_of(&self, name: &str) -> Duration {
+        let (_, duration) = self.fors.iter().find(|(n, _)| n == name).expect("a shipped alert");
+        *duration
+    }
+
+    /// [`fires`](Self::fires), printing the time from `fault` (what it
+    /// was) to firing with the alert's `for`: the figures of
+    /// docs/runbooks.md.
+    pub async fn fires_after(&self, ns: &str, name: &str, fault: (Instant, &str), within: Duration) -> Value {
+        let alert = self.fires(ns, name, within).await;
+        eprintln!(
+            "{name} fired {:?} after {} (for: {:?}): {alert}",
+            fault.0.elapsed(),
+            fault.1,
+            self.for_of(name)
+        );
+        alert
+    }
+
+    /// [`resolves`](Self::resolves), printing the time from `healed`
+    /// (what healed it).
+    pub async fn resolves_after(&self, ns: &str, name: &str, healed: (Instant, &str), within: Duration) {
+        self.resolves(ns, name, within).await;
+        eprintln!("{name} resolved {:?} after {}", healed.0.elapsed(), healed.1);
+    }
+
+    /// The expression Prometheus evaluates for alert `name`.
+    pub fn loaded_expr(&self, name: &str) -> String {
+        let rules = self.get("/api/v1/rules", &[]).expect("/api/v1/rules");
+        let rule = rules["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not loaded"));
+        rule["query"].as_str().unwrap().to_string()
     }
 
     /// `value` of `promql` (a single number), once it is.
@@ -615,6 +696,12 @@ impl Prometheus {
     }
 }
 
+/// An alert of namespace `ns` and, when it is a lease's, of this suite's lease.
+fn concerns(alert: &Value, ns: &str) -> bool {
+    let labels = &alert["labels"];
+    labels["namespace"] == ns && (labels["lease"].is_null() || labels["lease"] == LEASE)
+}
+
 impl Drop for Prometheus {
     fn drop(&mut self) {
         self.discovery.abort();
@@ -646,4 +733,28 @@ fn scaling_divides_every_range_and_keeps_the_rest() {
         "avg_over_time((max(x))[60s:]) < 0.75 and max_over_time(x[12s]) == 1 or y[90s:6s]"
     );
     assert_eq!(scaled("5m"), "30s");
+}
+
+#[test]
+fn a_plant_changes_its_alert_only() {
+    let plant = Plant {
+        alert: "LeaseholdStoreFailures",
+        from: "> 0",
+        to: "> 1e9",
+    };
+    let rules = |plant| -> Vec<(String, String)> {
+        let (text, _) = rendered_rules(plant);
+        let parsed: Value = serde_yaml::from_str(&text).unwrap();
+        let groups = parsed["groups"].as_array().unwrap().iter();
+        groups
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .map(|r| (r["alert"].as_str().unwrap().into(), r["expr"].as_str().unwrap().into()))
+            .collect()
+    };
+    let (shipped, planted) = (rules(None), rules(Some(&plant)));
+    let changed: Vec<_> = shipped.iter().zip(&planted).filter(|(a, b)| a != b).collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    let ((name, before), (_, after)) = changed[0];
+    assert_eq!(name, plant.alert);
+    assert_eq!(after, &before.replace("> 0", "> 1e9"));
 }
