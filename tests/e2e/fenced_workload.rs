@@ -3,10 +3,10 @@
 //! workload (crates/leasehold-kubernetes/examples/fenced-workload.rs) as
 //! their app container, each writing while its sidecar says it leads to a
 //! PostgreSQL table through `fence::postgres`, to a ConfigMap through the
-//! chart's fencing policy as its own ServiceAccount, and to an unfenced
-//! control table. Faults drawn from a printed seed make stale leaders; the
+//! chart's fencing policy as its own ServiceAccount, to a Redis key through
+//! `fence::redis`, and to an unfenced control table. Faults drawn from a printed seed make stale leaders; the
 //! fencing checker (tests/support/fencing_history.rs) then judges the
-//! writers' logs against what PostgreSQL recorded and the tokens the lease
+//! writers' logs against what PostgreSQL and Redis recorded and the tokens the lease
 //! store issued (a trigger on its table records each new term): no fenced
 //! resource may accept a stale write, while the control shows the stale
 //! writes the faults produced.
@@ -21,14 +21,14 @@ use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use leasehold::lease::Identity;
 use leasehold::store::StoreUrl;
 use leasehold::store::postgres::{PostgresConfig, PostgresStore};
-use leasehold::testing::servers::PostgresServer;
+use leasehold::testing::servers::{PostgresServer, RedisServer};
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 
 use crate::e2e::cluster::{DeleteOnDrop, Scenario, apply, rendered_fencing_policy, scenario, wait_for};
 use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, watch_example};
-use crate::e2e::node::{kill_and_await_restart, signal_container};
+use crate::e2e::node::{kill_and_await_restart, restarts, signal_container};
 use crate::e2e::stores::{URL_SECRET, postgres_lease};
 use crate::e2e::watcher::LeadershipWatcher;
 use crate::support::fencing_history::{History, Write, attempts_in, check};
@@ -102,9 +102,12 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             json!({"leaseDuration": d, "renewDeadline": r, "retryPeriod": p}),
         );
         let db = prepare_database(&server).await;
+        let redis = RedisServer::start_on(s.env.host_ip);
+        let redis_address = (s.env.host_ip, redis.port).into();
+        let redis_writes = RedisWrites::monitor(redis_address, &format!("workload:{{{}/{LEASE}}}:last", s.ns)).await;
         let _policy = fencing_policy(&s).await;
         s.apply(lease_objects).await;
-        s.apply(workload(&s)).await;
+        s.apply(workload(&s, &redis.url_at(redis_address))).await;
         let logs = AppLogs::follow(&s);
 
         watcher.one_leader(None, FIRST_LEADER).await;
@@ -119,6 +122,7 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
                 .pop()
                 .unwrap_or_else(|| FAULTS[rng.random_range(0..FAULTS.len())]);
             let leader = watcher.one_leader(None, SUCCESSOR).await;
+            let fault = replaced_when_backing_off(&s, fault, &leader).await;
             let terms = issued(&db).await.len();
             if inject(&s, &watcher, fault, &leader).await {
                 ran.push(fault);
@@ -156,10 +160,11 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             recorded: [
                 ("postgres".to_string(), recorded(&db, "workload_fenced").await),
                 ("control".to_string(), recorded(&db, "workload_control").await),
+                ("redis".to_string(), redis_writes.finish().await),
             ]
             .into(),
             issued: issued(&db).await,
-            fenced: ["postgres", "configmap"].map(String::from).into(),
+            fenced: ["postgres", "configmap", "redis"].map(String::from).into(),
         };
         let report = check(&history);
         let kinds: BTreeSet<Fault> = ran.iter().copied().collect();
@@ -180,7 +185,7 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             "the faults made no stale write (the control accepted none): the run proves nothing\n{}",
             report.summary()
         );
-        for fenced in ["postgres", "configmap"] {
+        for fenced in ["postgres", "configmap", "redis"] {
             let resource = &report.resources[fenced];
             assert!(
                 resource.refused > 0 && resource.accepted > 0,
@@ -190,6 +195,25 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
         }
     })
     .await;
+}
+
+/// A kill of a container the kubelet has restarted twice already becomes a
+/// graceful delete of its pod: the kubelet delays each restart of a
+/// container twice as long as the one before, from 10 s (backOffPeriod in
+/// Kubernetes pkg/kubelet/kubelet.go), and a killed sidecar's pod keeps
+/// leading (it takes its own lease over), so kills drawn in a row would
+/// wait out ever longer back-offs. Deleted, the pod is replaced afresh.
+async fn replaced_when_backing_off(s: &Scenario, fault: Fault, leader: &str) -> Fault {
+    let container = match fault {
+        Fault::SidecarKilled => SIDECAR,
+        Fault::AppKilled => "app",
+        other => return other,
+    };
+    if restarts(s, leader, container).await.unwrap_or_default() >= 2 {
+        Fault::GracefulDelete
+    } else {
+        fault
+    }
 }
 
 /// Makes `fault` happen to `leader`; false when it could not (no ready
@@ -397,7 +421,7 @@ async fn fencing_policy(s: &Scenario) -> DeleteOnDrop {
 
 /// The leader-only-service example's ServiceAccount and Deployment with
 /// the workload as the app container, from this tree's leasehold image.
-fn workload(s: &Scenario) -> Vec<Value> {
+fn workload(s: &Scenario, redis_url: &str) -> Vec<Value> {
     let mut objects: Vec<Value> = s
         .example("leader-only-service.yaml")
         .into_iter()
@@ -415,12 +439,73 @@ fn workload(s: &Scenario) -> Vec<Value> {
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": URL_SECRET, "key": "url"}}},
+            {"name": "REDIS_URL", "value": redis_url},
             {"name": "FENCE_LOCK", "value": format!("{}/{LEASE}", s.ns)},
             {"name": "CONFIG_MAP", "value": LEDGER},
             {"name": "WRITE_PAUSE_MS", "value": WRITE_PAUSE_MS},
         ],
     });
     objects
+}
+
+/// The values the workload's Redis key took, in the order Redis ran the
+/// writes: MONITOR streams every command Redis runs, those a script runs
+/// included (`[0 lua] "SET" "<key>" "<value>"`), in the order it runs them
+/// (Redis' MONITOR documentation; seen here on Redis 7.0). A refused write
+/// runs no SET.
+struct RedisWrites {
+    writes: Arc<Mutex<Vec<Write>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RedisWrites {
+    async fn monitor(address: std::net::SocketAddr, key: &str) -> RedisWrites {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let mut connection = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connecting to Redis");
+        connection.write_all(b"MONITOR\r\n").await.expect("MONITOR");
+        let mut lines = tokio::io::BufReader::new(connection).lines();
+        assert_eq!(
+            lines.next_line().await.expect("MONITOR's answer").as_deref(),
+            Some("+OK")
+        );
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let set = format!("[0 lua] \"SET\" \"{key}\" \"");
+        let task = tokio::spawn({
+            let writes = writes.clone();
+            async move {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let Some((_, value)) = line.split_once(&set) else {
+                        continue;
+                    };
+                    let fields: Vec<&str> = value.trim_end_matches('"').split(' ').collect();
+                    let [pod, token, seq] = fields[..] else {
+                        panic!("the workload's Redis value {value:?} is not \"pod token seq\"")
+                    };
+                    let number = |n: &str| n.parse().unwrap_or_else(|e| panic!("{n:?} in {value:?}: {e}"));
+                    writes.lock().unwrap().push(Write {
+                        pod: pod.to_string(),
+                        token: number(token),
+                        seq: number(seq),
+                    });
+                }
+            }
+        });
+        RedisWrites { writes, task }
+    }
+
+    /// What was written, once the writers are gone. A reader that ended
+    /// early passes its panic on (an early end of the stream leaves writes
+    /// unrecorded, which the checker reports).
+    async fn finish(self) -> Vec<Write> {
+        if self.task.is_finished() {
+            self.task.await.expect("the Redis MONITOR reader");
+        } else {
+            self.task.abort();
+        }
+        self.writes.lock().unwrap().clone()
+    }
 }
 
 /// The app containers' logs, followed from each candidate pod as it

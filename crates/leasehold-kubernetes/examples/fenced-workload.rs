@@ -11,13 +11,15 @@
 //!   client sends the pod's projected token, which binds the pod's name
 //!   (`authentication.kubernetes.io/pod-name` in userInfo.extra, Kubernetes
 //!   pkg/serviceaccount/claims.go), the writer the policy holds it to;
+//! * `redis` (with `REDIS_URL`): key `workload:{<lock>}:last` set to `<pod>
+//!   <token> <seq>` through `leasehold_stores::fence::redis::fenced`;
 //! * `control`: the same row to `workload_control`, unfenced, so a run shows
 //!   how many stale writes its faults produced.
 //!
 //! Every attempt, accepted or refused, is one JSON line on stdout:
 //! `{"resource", "pod", "token", "seq", "outcome": "accepted" | "refused" |
 //! "failed", "version", "time", "error"}`, `version` being the row's id or
-//! the ConfigMap's resourceVersion of an accepted write. tests/e2e's
+//! the ConfigMap's resourceVersion of an accepted write (Redis has none). tests/e2e's
 //! fenced_workload scenario runs it under faults and checks the history
 //! (tests/support/fencing_history.rs).
 //!
@@ -30,7 +32,7 @@
 //! workload is there to show the fence refusing those writes.
 //!
 //! Settings (environment): `POD_NAME` (the downward API's metadata.name),
-//! `DATABASE_URL`, `FENCE_LOCK` (the lease's lock, `<namespace>/<lease>`),
+//! `DATABASE_URL`, `REDIS_URL` (optional), `FENCE_LOCK` (the lease's lock, `<namespace>/<lease>`),
 //! `FENCE_ISSUER` (the lease's store, default `postgres`), `CONFIG_MAP`
 //! (default `ledger`; it exists and carries `leasehold.dev/fencing-lock:
 //! <issuer>:<lock>`), `SIDECAR_ADDRESS` (default `127.0.0.1:4040`),
@@ -63,6 +65,7 @@ const CONTROL_TABLE: &str = "workload_control";
 struct Settings {
     pod: String,
     database_url: String,
+    redis_url: Option<String>,
     issuer: String,
     lock: String,
     config_map: String,
@@ -77,6 +80,7 @@ impl Settings {
         Ok(Settings {
             pod: var("POD_NAME")?,
             database_url: var("DATABASE_URL")?,
+            redis_url: std::env::var("REDIS_URL").ok(),
             issuer: or("FENCE_ISSUER", "postgres"),
             lock: var("FENCE_LOCK")?,
             config_map: or("CONFIG_MAP", "ledger"),
@@ -88,8 +92,9 @@ impl Settings {
 
 /// One attempt's outcome, as logged.
 enum Outcome {
-    /// Written; the store's version of it (row id, resourceVersion).
-    Accepted(u64),
+    /// Written; the store's version of it (row id, resourceVersion), if
+    /// it has one.
+    Accepted(Option<u64>),
     /// Refused by the fence as stale, with its message.
     Refused(String),
     /// Neither: the outcome is unknown or nothing was tried (e.g. the
@@ -99,7 +104,7 @@ enum Outcome {
 
 fn log_attempt(resource: &str, pod: &str, token: FencingToken, seq: i64, outcome: &Outcome) {
     let (outcome, version, error) = match outcome {
-        Outcome::Accepted(version) => ("accepted", Some(*version), None),
+        Outcome::Accepted(version) => ("accepted", *version, None),
         Outcome::Refused(why) => ("refused", None, Some(why.as_str())),
         Outcome::Failed(why) => ("failed", None, Some(why.as_str())),
     };
@@ -163,6 +168,7 @@ async fn follow_sidecar(pod: String, sidecar: SocketAddr, belief: watch::Sender<
 struct Writer {
     settings: Settings,
     postgres: tokio_postgres::Client,
+    redis: Option<redis::aio::MultiplexedConnection>,
     config_maps: Api<ConfigMap>,
 }
 
@@ -178,10 +184,19 @@ impl Writer {
                 ))
                 .await?;
         }
+        let redis = match &settings.redis_url {
+            Some(url) => Some(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            ),
+            None => None,
+        };
         // The pod's ServiceAccount token, projected and bound to this pod.
         let client = kube::Client::try_default().await?;
         Ok(Writer {
             config_maps: Api::default_namespaced(client),
+            redis,
             settings,
             postgres,
         })
@@ -206,14 +221,22 @@ impl Writer {
             let outcome = self.write_control_row(token, seq).await;
             log_attempt("control", &pod, token, seq, &outcome);
         }
+        if let Some(outcome) = self.write_redis_key(token, seq).await {
+            log_attempt("redis", &pod, token, seq, &outcome);
+        }
         let outcome = self.write_config_map(token, seq).await;
         log_attempt("configmap", &pod, token, seq, &outcome);
     }
 
+    /// The claim every fenced write carries: the token, its issuer, the lock.
+    fn fence(&self, token: FencingToken) -> Result<Fence, Outcome> {
+        Fence::new(&self.settings.issuer, &self.settings.lock, token).map_err(|e| Outcome::Failed(e.to_string()))
+    }
+
     async fn write_fenced_row(&mut self, token: FencingToken, seq: i64) -> Outcome {
-        let fence = match Fence::new(&self.settings.issuer, &self.settings.lock, token) {
+        let fence = match self.fence(token) {
             Ok(fence) => fence,
-            Err(e) => return Outcome::Failed(e.to_string()),
+            Err(failed) => return failed,
         };
         let pod = &self.settings.pod;
         let written = fence_postgres::fenced(&mut self.postgres, fence_postgres::DEFAULT_TABLE, &fence, async |tx| {
@@ -222,7 +245,7 @@ impl Writer {
         })
         .await;
         match written {
-            Ok(id) => Outcome::Accepted(id as u64),
+            Ok(id) => Outcome::Accepted(Some(id as u64)),
             Err(stale @ FenceError::Stale { .. }) => Outcome::Refused(stale.to_string()),
             Err(e) => Outcome::Failed(error_chain(&e)),
         }
@@ -235,9 +258,27 @@ impl Writer {
             .query_one(&sql, &[&self.settings.pod, &token.0, &seq])
             .await
         {
-            Ok(row) => Outcome::Accepted(row.get::<_, i64>(0) as u64),
+            Ok(row) => Outcome::Accepted(Some(row.get::<_, i64>(0) as u64)),
             Err(e) => Outcome::Failed(error_chain(&e)),
         }
+    }
+
+    /// The key's new value, when there is Redis to write to. The key carries
+    /// the lock as its hash tag, as the fence key does (Redis Cluster).
+    async fn write_redis_key(&mut self, token: FencingToken, seq: i64) -> Option<Outcome> {
+        let fence = match self.fence(token) {
+            Ok(fence) => fence,
+            Err(failed) => return Some(failed),
+        };
+        let connection = self.redis.as_mut()?;
+        let key = format!("workload:{{{}}}:last", self.settings.lock);
+        let value = format!("{} {token} {seq}", self.settings.pod);
+        let written = leasehold_stores::fence::redis::fenced(connection, &fence, &[(&key, value.as_bytes())]).await;
+        Some(match written {
+            Ok(()) => Outcome::Accepted(None),
+            Err(stale @ FenceError::Stale { .. }) => Outcome::Refused(stale.to_string()),
+            Err(e) => Outcome::Failed(error_chain(&e)),
+        })
     }
 
     /// The leader's write: its token and itself as holder with the data, in
@@ -265,7 +306,7 @@ impl Writer {
             // orders a resource's writes (an opaque string by the API's
             // contract, a number on every API server backed by etcd).
             Ok(written) => match written.metadata.resource_version.as_deref().map(str::parse) {
-                Some(Ok(version)) => Outcome::Accepted(version),
+                Some(Ok(version)) => Outcome::Accepted(Some(version)),
                 other => Outcome::Failed(format!("accepted with resourceVersion {other:?}")),
             },
             // The policy's token rule (charts/leasehold/templates/admission-policy-fencing.yaml).
