@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::{DeleteOnDrop, Scenario, apply, rendered_fencing_policy, scenario, wait_for};
 use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, watch_example};
-use crate::e2e::node::{kill_and_await_restart, restarts, signal_container};
+use crate::e2e::node::{Partition, kill_and_await_restart, restarts, signal_container};
 use crate::e2e::stores::{URL_SECRET, postgres_lease};
 use crate::e2e::watcher::LeadershipWatcher;
 use crate::support::fencing_history::{History, Write, attempts_in, check};
@@ -65,6 +65,10 @@ enum Fault {
     /// The leader's app killed; the kubelet restarts it (its sidecar
     /// releases while the app container is not running).
     AppKilled,
+    /// The leader pod cut off from PostgreSQL (its lease store and the
+    /// workload's tables) until another pod leads: its sidecar stops
+    /// claiming, and its app's writes hang until the cut heals.
+    CutOffFromStore,
     /// The leader pod deleted gracefully: the app exits on SIGTERM, the
     /// sidecar releases.
     GracefulDelete,
@@ -74,11 +78,12 @@ enum Fault {
     Transfer,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::AppPaused,
     Fault::SidecarPaused,
     Fault::SidecarKilled,
     Fault::AppKilled,
+    Fault::CutOffFromStore,
     Fault::GracefulDelete,
     Fault::DeleteNow,
     Fault::Transfer,
@@ -124,7 +129,8 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             let leader = watcher.one_leader(None, SUCCESSOR).await;
             let fault = replaced_when_backing_off(&s, fault, &leader).await;
             let terms = issued(&db).await.len();
-            if inject(&s, &watcher, fault, &leader).await {
+            let postgres = (s.env.host_ip, server.port).into();
+            if inject(&s, &watcher, fault, &leader, postgres).await {
                 ran.push(fault);
                 wait_for(&format!("a new term after {fault:?}"), SUCCESSOR, || async {
                     (issued(&db).await.len() > terms).then_some(())
@@ -218,7 +224,13 @@ async fn replaced_when_backing_off(s: &Scenario, fault: Fault, leader: &str) -> 
 
 /// Makes `fault` happen to `leader`; false when it could not (no ready
 /// follower to transfer to).
-async fn inject(s: &Scenario, watcher: &LeadershipWatcher, fault: Fault, leader: &str) -> bool {
+async fn inject(
+    s: &Scenario,
+    watcher: &LeadershipWatcher,
+    fault: Fault,
+    leader: &str,
+    postgres: std::net::SocketAddr,
+) -> bool {
     match fault {
         Fault::AppPaused => {
             let paused = Instant::now();
@@ -240,6 +252,11 @@ async fn inject(s: &Scenario, watcher: &LeadershipWatcher, fault: Fault, leader:
         }
         Fault::SidecarKilled => kill_and_await_restart(s, leader, SIDECAR).await,
         Fault::AppKilled => kill_and_await_restart(s, leader, "app").await,
+        Fault::CutOffFromStore => {
+            let cut = Partition::start(s, leader, postgres).await;
+            watcher.one_leader(Some(leader), SUCCESSOR).await;
+            cut.heal();
+        }
         Fault::GracefulDelete => {
             s.api::<Pod>()
                 .delete(leader, &DeleteParams::default())
