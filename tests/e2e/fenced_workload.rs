@@ -1,15 +1,17 @@
 //! Fencing proven by a workload under faults (issue 56, the short run):
 //! three candidate pods of a DistributedLease on PostgreSQL run the fenced
 //! workload (crates/leasehold-kubernetes/examples/fenced-workload.rs) as
-//! their app container, each writing while its sidecar says it leads to a
-//! PostgreSQL table through `fence::postgres`, to a ConfigMap through the
-//! chart's fencing policy as its own ServiceAccount, to a Redis key through
-//! `fence::redis`, and to an unfenced control table. Faults drawn from a printed seed make stale leaders; the
-//! fencing checker (tests/support/fencing_history.rs) then judges the
-//! writers' logs against what PostgreSQL and Redis recorded and the tokens the lease
-//! store issued (a trigger on its table records each new term): no fenced
-//! resource may accept a stale write, while the control shows the stale
-//! writes the faults produced.
+//! their app container, each writing while its sidecar says it leads: to a
+//! PostgreSQL table through `fence::postgres`, to a Redis key through
+//! `fence::redis`, to a ConfigMap through the chart's fencing policy as its
+//! own ServiceAccount (the policy's holder rule passes only because the API
+//! server takes the writer's pod name from the pod's bound token), and to
+//! an unfenced control table. Faults drawn from a printed seed make stale
+//! leaders; the fencing checker (tests/support/fencing_history.rs) then
+//! judges the writers' logs against what PostgreSQL and Redis recorded and
+//! the tokens the lease store issued (a trigger on its table records each
+//! new term): no fenced resource may accept a stale write, while the
+//! control shows the stale writes the faults produced.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -34,6 +36,9 @@ use crate::e2e::watcher::LeadershipWatcher;
 use crate::support::fencing_history::{History, Write, attempts_in, check};
 
 const NAMESPACE: &str = "e2e-fenced-workload";
+/// The resources the workload writes through a fence (its log's names);
+/// `control` is written unfenced.
+const FENCED: [&str; 3] = ["postgres", "configmap", "redis"];
 /// The fenced ConfigMap the leaders patch.
 const LEDGER: &str = "ledger";
 /// The workload's binary in the leasehold image (scripts/e2e-cluster.sh).
@@ -170,7 +175,7 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             ]
             .into(),
             issued: issued(&db).await,
-            fenced: ["postgres", "configmap", "redis"].map(String::from).into(),
+            fenced: FENCED.map(String::from).into(),
         };
         let report = check(&history);
         let kinds: BTreeSet<Fault> = ran.iter().copied().collect();
@@ -191,7 +196,7 @@ async fn stale_leaders_under_faults_get_no_write_past_the_fences() {
             "the faults made no stale write (the control accepted none): the run proves nothing\n{}",
             report.summary()
         );
-        for fenced in ["postgres", "configmap", "redis"] {
+        for fenced in FENCED {
             let resource = &report.resources[fenced];
             assert!(
                 resource.refused > 0 && resource.accepted > 0,
