@@ -184,18 +184,28 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
         // target, as two pods claiming the lock would show: the alert fires.
         let planted = std::time::Instant::now();
         plant_duplicate(&prometheus, &s, &successor).await;
-        let alert = prometheus.fires(&s.ns, "LeaseholdTwoLeaders", PROMETHEUS_WAIT).await;
-        eprintln!(
-            "LeaseholdTwoLeaders fired {:?} after the planted duplicate (for: {:?})",
-            planted.elapsed(),
-            prometheus.for_of("LeaseholdTwoLeaders")
-        );
+        let alert = prometheus
+            .fires_after(
+                &s.ns,
+                "LeaseholdTwoLeaders",
+                (planted, "the planted duplicate"),
+                PROMETHEUS_WAIT,
+            )
+            .await;
         assert_eq!(
             alert["value"].as_str().map(|v| v.parse::<f64>().unwrap()),
             Some(2.0),
             "{alert}"
         );
         write_atomically(&prometheus.dir.join("planted.json"), "[]");
+        prometheus
+            .resolves_after(
+                &s.ns,
+                "LeaseholdTwoLeaders",
+                (std::time::Instant::now(), "the duplicate target removed"),
+                PROMETHEUS_WAIT,
+            )
+            .await;
 
         // A leaderless window (every candidate scaled away).
         assert!(
@@ -208,13 +218,27 @@ async fn prometheus_scraping_the_sidecars_alerts_on_no_leader_and_only_then() {
             s.pods(APP).await.is_empty().then_some(())
         })
         .await;
-        let alert = prometheus.fires(&s.ns, "LeaseholdNoLeader", PROMETHEUS_WAIT).await;
-        eprintln!(
-            "LeaseholdNoLeader fired {:?} after the scale to 0 (for: {:?})",
-            leaderless.elapsed(),
-            prometheus.for_of("LeaseholdNoLeader")
-        );
+        let alert = prometheus
+            .fires_after(
+                &s.ns,
+                "LeaseholdNoLeader",
+                (leaderless, "the scale to 0"),
+                PROMETHEUS_WAIT,
+            )
+            .await;
         assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+        // Candidates again: one leads and the alert resolves.
+        let scaled_back = std::time::Instant::now();
+        s.kubectl_ns(&["scale", "deployment/scheduler", "--replicas=3"]);
+        watcher.one_leader(None, FIRST_LEADER).await;
+        prometheus
+            .resolves_after(
+                &s.ns,
+                "LeaseholdNoLeader",
+                (scaled_back, "the scale back to 3"),
+                PROMETHEUS_WAIT,
+            )
+            .await;
         watcher.finish();
     })
     .await;
@@ -289,12 +313,13 @@ async fn a_lease_that_keeps_going_dark_alerts() {
         // Led steadily again: the dark share falls out of the window.
         let steady = std::time::Instant::now();
         prometheus
-            .resolves(&s.ns, "LeaseholdOftenLeaderless", PROMETHEUS_WAIT)
+            .resolves_after(
+                &s.ns,
+                "LeaseholdOftenLeaderless",
+                (steady, "the last freeze"),
+                PROMETHEUS_WAIT,
+            )
             .await;
-        eprintln!(
-            "LeaseholdOftenLeaderless resolved {:?} after the last freeze",
-            steady.elapsed()
-        );
         watcher.finish();
     })
     .await;
@@ -388,25 +413,26 @@ async fn renewals_slowed_past_a_quarter_of_r_minus_p_show_timing_at_risk() {
         assert!(!events.trim().is_empty(), "no Warning Event TimingAtRisk on {leader}");
         // And the alert, from the leader's leasehold_renew_budget_used.
         let alert = prometheus
-            .fires(&s.ns, "LeaseholdTimingAtRisk", 2 * PROMETHEUS_WAIT)
+            .fires_after(
+                &s.ns,
+                "LeaseholdTimingAtRisk",
+                (slowed, "the store slowed"),
+                2 * PROMETHEUS_WAIT,
+            )
             .await;
-        eprintln!(
-            "LeaseholdTimingAtRisk fired {:?} after the store slowed (for: {:?})",
-            slowed.elapsed(),
-            prometheus.for_of("LeaseholdTimingAtRisk")
-        );
         assert_eq!(alert["labels"]["pod"], json!(leader), "{alert}");
         // Slow, not failing: the leader kept its lease throughout.
         assert_eq!(watcher.leaders(), std::slice::from_ref(&leader));
         proxy.set(ProxyMode::Forward);
         let healed = std::time::Instant::now();
         prometheus
-            .resolves(&s.ns, "LeaseholdTimingAtRisk", 2 * PROMETHEUS_WAIT)
+            .resolves_after(
+                &s.ns,
+                "LeaseholdTimingAtRisk",
+                (healed, "the store's latency came back"),
+                2 * PROMETHEUS_WAIT,
+            )
             .await;
-        eprintln!(
-            "LeaseholdTimingAtRisk resolved {:?} after the store's latency came back",
-            healed.elapsed()
-        );
         watcher.finish();
     })
     .await;
