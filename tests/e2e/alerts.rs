@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::Scenario;
 use crate::e2e::cluster::scenario;
-use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, exec_app, watch_example};
+use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, exec_app, lease_condition, watch_example};
 use crate::e2e::prometheus::{PROMETHEUS_WAIT, Plant, Prometheus, scaled};
 use crate::e2e::stores::{URL_SECRET, lease, secret};
 
@@ -312,19 +312,6 @@ mod disruptive {
     const OPERATOR_RECONCILE_ERRORS: &str = "LeaseholdOperatorReconcileErrors";
     const OPERATOR_DOWN: &str = "LeaseholdOperatorDown";
 
-    /// Waits until lease `name` has condition `type_` with `status`.
-    async fn condition(s: &Scenario, name: &str, type_: &str, status: &str, within: Duration) {
-        let leases: Api<DistributedLease> = s.api();
-        wait_for(&format!("{name}: {type_}={status}"), within, || async {
-            let conditions = leases.get(name).await.ok()?.status?.conditions;
-            conditions
-                .iter()
-                .any(|c| c.type_ == type_ && c.status == status)
-                .then_some(())
-        })
-        .await
-    }
-
     /// A lease whose Secret names a port where nothing listens: each of the
     /// operator's reconciles ends `store_error` (every 15 s,
     /// STORE_ERROR_REQUEUE) and LeaseholdOperatorStoreErrors fires; the
@@ -346,7 +333,7 @@ mod disruptive {
             s.apply(vec![secret(&s, &wrong), lease(&s, LEASE, postgres_store(), json!({}))])
                 .await;
             let broken = Instant::now();
-            condition(&s, LEASE, "StoreReady", "False", PROMETHEUS_WAIT).await;
+            lease_condition(&s, LEASE, "StoreReady", "False", PROMETHEUS_WAIT).await;
             let alert = prometheus
                 .fires_after(
                     RELEASE_NAMESPACE,
@@ -365,7 +352,7 @@ mod disruptive {
             let right = server.url_at((s.env.host_ip, server.port).into());
             s.apply(vec![secret(&s, &right)]).await;
             let fixed = Instant::now();
-            condition(&s, LEASE, "StoreReady", "True", PROMETHEUS_WAIT).await;
+            lease_condition(&s, LEASE, "StoreReady", "True", PROMETHEUS_WAIT).await;
             prometheus
                 .resolves_after(
                     RELEASE_NAMESPACE,
@@ -404,7 +391,7 @@ mod disruptive {
             // the probe of when the policy is in effect.
             let probe = format!("{LEASE}-probe");
             s.apply(vec![lease(&s, &probe, json!({"kubernetes": {}}), json!({}))]).await;
-            condition(&s, &probe, "Valid", "True", PROMETHEUS_WAIT).await;
+            lease_condition(&s, &probe, "Valid", "True", PROMETHEUS_WAIT).await;
 
             let policy = format!("{}-refuse-lease-status", s.ns);
             let refusing = DeleteOnDrop {
@@ -493,7 +480,7 @@ mod disruptive {
             drop(refusing);
             let allowed = Instant::now();
             for name in &names {
-                condition(&s, name, "Valid", "True", PROMETHEUS_WAIT).await;
+                lease_condition(&s, name, "Valid", "True", PROMETHEUS_WAIT).await;
             }
             prometheus
                 .resolves_after(

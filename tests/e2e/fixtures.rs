@@ -4,11 +4,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams};
+use leasehold::api::DistributedLease;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
 
-use crate::e2e::cluster::Scenario;
+use crate::e2e::cluster::{Scenario, wait_for};
 use crate::e2e::stores::{lease, postgres_lease};
 use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
@@ -126,4 +128,22 @@ pub async fn ready_pods(s: &Scenario) -> Vec<String> {
         })
         .filter_map(|p| p.metadata.name)
         .collect()
+}
+
+/// Waits until DistributedLease `lease` has condition `type_` with
+/// `status`; the condition's message.
+pub async fn lease_condition(s: &Scenario, lease: &str, type_: &str, status: &str, within: Duration) -> String {
+    let leases: Api<DistributedLease> = s.api();
+    wait_for(&format!("{lease}: {type_}={status}"), within, || async {
+        let found = leases
+            .get(lease)
+            .await
+            .ok()?
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)?;
+        (found.status == status).then_some(found.message)
+    })
+    .await
 }

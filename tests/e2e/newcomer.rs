@@ -13,11 +13,10 @@ use clap::CommandFactory;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use leasehold::api::DistributedLease;
 use serde_json::json;
 
 use crate::e2e::cluster::{RELEASE_NAMESPACE, Scenario, repo, wait_for, walkthrough};
-use crate::e2e::fixtures::APP;
+use crate::e2e::fixtures::{APP, lease_condition};
 use crate::e2e::walkthrough::bash;
 use crate::support::readme;
 
@@ -69,21 +68,6 @@ async fn one_leader(s: &Scenario, when: &str) -> String {
     .await
 }
 
-/// The lease's condition `type`, once it has `status`: its message.
-async fn condition(s: &Scenario, lease: &str, type_: &str, status: &str) -> String {
-    let leases: Api<DistributedLease> = Api::namespaced(s.client.clone(), NAMESPACE);
-    wait_for(
-        &format!("{lease}: {type_}={status}"),
-        Duration::from_secs(120),
-        || async {
-            let status_ = leases.get(lease).await.ok()?.status?;
-            let found = status_.conditions.into_iter().find(|c| c.type_ == type_)?;
-            (found.status == status).then_some(found.message)
-        },
-    )
-    .await
-}
-
 /// Changes the chart and the CRDs cluster-wide: nextest runs it alone, where no other test uses the cluster.
 mod disruptive {
     use super::*;
@@ -100,7 +84,7 @@ mod disruptive {
                 .expect("the README's walkthrough has variants after its main part");
             run(&s, "the README's walkthrough", &readme::e2e_script(&readme[..variants])).await;
             let leader = one_leader(&s, "after the walkthrough").await;
-            condition(&s, "scheduler", "Ready", "True").await;
+            lease_condition(&s, "scheduler", "Ready", "True", Duration::from_secs(120)).await;
 
             // `leasehold check` finds nothing wrong with that install, and
             // `leasehold status` names the leader.
@@ -183,7 +167,7 @@ mod disruptive {
                 },
             })])
             .await;
-            let message = condition(&s, "orders", "StoreReady", "False").await;
+            let message = lease_condition(&s, "orders", "StoreReady", "False", Duration::from_secs(120)).await;
             assert!(
                 message.contains(&format!("Secret {NAMESPACE}/orders-db does not exist"))
                     && message.contains("\"url\""),
@@ -209,7 +193,7 @@ mod disruptive {
                 "deployment/leasehold-operator",
                 "--timeout=180s",
             ]);
-            condition(&s, "scheduler", "Ready", "True").await;
+            lease_condition(&s, "scheduler", "Ready", "True", Duration::from_secs(120)).await;
             one_leader(&s, "after the upgrade").await;
             let check = s.env.leasehold().arg("check").output().expect("leasehold check");
             assert!(
