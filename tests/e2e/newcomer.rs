@@ -88,12 +88,8 @@ mod disruptive {
 
             // `leasehold check` finds nothing wrong with that install, and
             // `leasehold status` names the leader.
-            let check = s.env.leasehold().arg("check").output().expect("leasehold check");
-            assert!(
-                check.status.success(),
-                "leasehold check after the README's install:\n{}",
-                text(&check)
-            );
+            let (clean, printed) = s.check();
+            assert!(clean, "leasehold check after the README's install:\n{printed}");
             let status = wait_for(
                 "leasehold status naming the leader",
                 Duration::from_secs(60),
@@ -195,12 +191,8 @@ mod disruptive {
             ]);
             lease_condition(&s, "scheduler", "Ready", "True", Duration::from_secs(120)).await;
             one_leader(&s, "after the upgrade").await;
-            let check = s.env.leasehold().arg("check").output().expect("leasehold check");
-            assert!(
-                check.status.success(),
-                "leasehold check after the upgrade:\n{}",
-                text(&check)
-            );
+            let (clean, printed) = s.check();
+            assert!(clean, "leasehold check after the upgrade:\n{printed}");
         })
         .await;
     }
