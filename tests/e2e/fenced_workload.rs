@@ -300,14 +300,18 @@ async fn inject(
     true
 }
 
-/// A candidate other than `leader` whose containers are ready and that is
-/// not being deleted (a transfer's target must be ready).
+/// A candidate other than `leader` that a transfer can hand the lease to:
+/// not being deleted, its containers ready, and its sidecar reporting its
+/// store reached (the operator refuses any other target with
+/// `TargetCannotReachStore`; a pod just healed from a cut or restarted
+/// shows False until its next store call answers).
 async fn ready_follower(s: &Scenario, leader: &str) -> Option<String> {
+    use leasehold::api::contract::{containers_ready_since, store_reachable};
     s.pods(APP)
         .await
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| leasehold::api::contract::containers_ready_since(p).is_some())
+        .filter(|p| containers_ready_since(p).is_some() && store_reachable(p))
         .filter_map(|p| p.metadata.name)
         .find(|p| p != leader)
 }
