@@ -7,7 +7,7 @@
 //! names: crash, term, handover, nudge, store-cost, store-ops, footprint, many-locks,
 //! postgres, redis, sessions, sessions-postgres, sessions-redis, rollout, rollout-process, partitions,
 //! partitions-postgres, partitions-redis, clusters, clusters-postgres, clusters-redis, fencing, fencing-kubernetes,
-//! kubernetes, operator-scale) runs a share of it. `postgres` and `redis` start
+//! kubernetes, operator-scale, fenced-workload) runs a share of it. `postgres` and `redis` start
 //! private servers as the tests do and measure failover, handover, renew
 //! latency and store operations per minute there; LEASEHOLD_BENCH_LOCKS
 //! (default 1000,10000) says how many locks the sessions part holds;
@@ -38,6 +38,11 @@ mod rollout_process;
 mod cluster;
 #[path = "leasehold/counting_proxy.rs"]
 mod counting_proxy;
+#[allow(dead_code)]
+#[path = "../tests/e2e/fenced_workload.rs"]
+mod fenced_workload;
+#[path = "leasehold/fenced_workload.rs"]
+mod fenced_workload_part;
 #[allow(dead_code)]
 #[path = "../tests/e2e/fixtures.rs"]
 mod fixtures;
@@ -914,6 +919,18 @@ fn main() {
             "== kubernetes: handover on a real cluster (the leader-only-service example) and the Kubernetes store's election beside client-go's, D/R/P 15/10/2 s"
         );
         summary_lines.extend(kubernetes::kubernetes().into_iter().map(|l| format!("kubernetes: {l}")));
+    }
+    // Needs a disposable cluster (it pauses the API server): named only.
+    if only.split(',').any(|p| p.trim() == "fenced-workload") {
+        println!(
+            "== fenced workload (issue 56, the long run): 3 candidate pods on PostgreSQL, D/R/P 4/3/1 s, faults until \
+             the terms and writes asked for"
+        );
+        summary_lines.extend(
+            fenced_workload_part::fenced_workload()
+                .into_iter()
+                .map(|l| format!("fenced workload: {l}")),
+        );
     }
     // Needs a disposable cluster of its own (LEASEHOLD_BENCH_KUBECONFIG): named only.
     if only.split(',').any(|p| p.trim() == "operator-scale") {

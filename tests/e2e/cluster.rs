@@ -86,6 +86,8 @@ pub const TEST_NAMESPACES: &[&str] = &[
     "e2e-alert-operator-store",
     "e2e-alert-reconcile",
     "e2e-alert-operator-down",
+    // Quiet under ordinary turbulence (turbulence.rs).
+    "e2e-turbulence",
     // The two-cluster scenarios' namespace in the first cluster (clusters.rs).
     "e2e-clusters",
     // Steering leadership (steering.rs).
@@ -901,43 +903,82 @@ impl Drop for CrdsRestored {
     }
 }
 
-/// A part of the cluster stopped until [`start`](Self::start) or, when the
-/// test fails first, until dropped.
-pub struct ComponentStopped<'a> {
+/// A part of the cluster stopped (or paused) until [`start`](Self::start)
+/// (or [`resume`](Self::resume)) or, when the test fails first, until
+/// dropped.
+pub struct ComponentDown<'a> {
     env: &'a Env,
     name: &'static str,
-    started: bool,
+    /// The action that brings it back: `start` or `resume`.
+    back: &'static str,
+    is_back: bool,
 }
 
 impl Env {
     /// Stops a part of the cluster (see [`Env::component`]) until the guard
     /// starts it again.
-    pub fn stop_component(&self, name: &'static str) -> ComponentStopped<'_> {
-        self.component(name, "stop");
-        ComponentStopped {
+    pub fn stop_component(&self, name: &'static str) -> ComponentDown<'_> {
+        self.component_down(name, "stop", "start")
+    }
+
+    /// Pauses a part of the cluster (SIGSTOP: it accepts connections and
+    /// never answers) until the guard resumes it.
+    pub fn pause_component(&self, name: &'static str) -> ComponentDown<'_> {
+        self.component_down(name, "pause", "resume")
+    }
+
+    fn component_down(&self, name: &'static str, down: &str, back: &'static str) -> ComponentDown<'_> {
+        self.component(name, down);
+        ComponentDown {
             env: self,
             name,
-            started: false,
+            back,
+            is_back: false,
         }
     }
-}
 
-impl ComponentStopped<'_> {
-    pub fn start(mut self) {
-        self.started = true;
-        self.env.component(self.name, "start");
+    /// The API server's address, from the kubeconfig.
+    pub fn api_server_addr(&self) -> std::net::SocketAddr {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let server = kubeconfig.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.clone())
+            .expect("the kubeconfig's server");
+        let uri: http::Uri = server.parse().expect("the server's URL");
+        let host = uri.host().expect("a host").trim_matches(|c| c == '[' || c == ']');
+        let port = uri.port_u16().unwrap_or(443);
+        std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .expect("resolving the API server")
+            .next()
+            .expect("an address")
     }
 }
 
-impl Drop for ComponentStopped<'_> {
+impl ComponentDown<'_> {
+    pub fn start(self) {
+        self.back()
+    }
+
+    pub fn resume(self) {
+        self.back()
+    }
+
+    fn back(mut self) {
+        self.is_back = true;
+        self.env.component(self.name, self.back);
+    }
+}
+
+impl Drop for ComponentDown<'_> {
     fn drop(&mut self) {
-        if !self.started {
+        if !self.is_back {
             let command = self.env.component.clone().unwrap_or_default();
-            let started = Command::new("sh")
+            let back = Command::new("sh")
                 .arg("-c")
-                .arg(format!("{command} {} start", self.name))
+                .arg(format!("{command} {} {}", self.name, self.back))
                 .status();
-            eprintln!("{} started again after a failure: {started:?}", self.name);
+            eprintln!("{} brought back ({}) after a failure: {back:?}", self.name, self.back);
         }
     }
 }

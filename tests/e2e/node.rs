@@ -15,12 +15,18 @@ use crate::e2e::cluster::Scenario;
 /// leads.
 pub async fn signal_container(s: &Scenario, pod: &str, container: &str, signal: &str) {
     let pid = running_pid(s, pod, container, &format!("to send it SIG{signal}")).await;
+    signal_process(pid, signal, &format!("{pod}/{container}"));
+}
+
+/// Sends `signal` to process `pid` (`what` it is, for the message): with
+/// the pid found beforehand, this needs no API server.
+pub fn signal_process(pid: u32, signal: &str, what: &str) {
     let status = std::process::Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
         .status()
         .expect("running kill");
-    assert!(status.success(), "kill -{signal} {pid} ({pod}/{container})");
+    assert!(status.success(), "kill -{signal} {pid} ({what})");
 }
 
 /// The main process of `container` in `pod`, once it runs (`why`: for

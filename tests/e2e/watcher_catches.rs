@@ -179,7 +179,7 @@ async fn the_watcher_catches_a_planted_second_claimant_second_leader_token_going
 
         // A watch stream cut mid-scenario: a gap, and finish fails on it
         // although no violation was seen.
-        let proxy = TcpProxy::start(api_server_addr(&s)).await;
+        let proxy = TcpProxy::start(s.env.api_server_addr()).await;
         let cut_off = LeadershipWatcher::start(
             &proxied_client(&s, &proxy).await,
             Watched {
@@ -223,23 +223,6 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default()
-}
-
-/// The API server's address, from the kubeconfig.
-fn api_server_addr(s: &Scenario) -> std::net::SocketAddr {
-    let kubeconfig = kube::config::Kubeconfig::read_from(&s.env.kubeconfig).expect("kubeconfig");
-    let server = kubeconfig.clusters[0]
-        .cluster
-        .as_ref()
-        .and_then(|c| c.server.clone())
-        .expect("the kubeconfig's server");
-    let uri: http::Uri = server.parse().expect("the server's URL");
-    let host = uri.host().expect("a host").trim_matches(|c| c == '[' || c == ']');
-    let port = uri.port_u16().unwrap_or(443);
-    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-        .expect("resolving the API server")
-        .next()
-        .expect("an address")
 }
 
 /// A client of the cluster whose connections go through `proxy` (the TLS
