@@ -3,12 +3,15 @@
 //! workload (crates/leasehold-kubernetes/examples/fenced-workload.rs) as
 //! their app container, each writing while its sidecar says it leads: to a
 //! PostgreSQL table through `fence::postgres`, to a Redis key through
-//! `fence::redis`, to a ConfigMap through the chart's fencing policy as its
+//! `fence::redis`, to a Spanner table (the emulator) through
+//! `fence::spanner`, to a ConfigMap through the chart's fencing policy as its
 //! own ServiceAccount (the policy's holder rule passes only because the API
 //! server takes the writer's pod name from the pod's bound token), and to
 //! an unfenced control table. Faults drawn from a printed seed make stale
 //! leaders; the fencing checker (tests/support/fencing_history.rs) then
-//! judges the writers' logs against what PostgreSQL and Redis recorded and
+//! judges the writers' logs against what each resource recorded (the
+//! tables' rows, Spanner's by commit timestamp, the Redis key's values as MONITOR shows Redis running the
+//! writes, the ConfigMap's values as a watch on it delivers them) and
 //! the tokens the lease store issued (a trigger on its table records each
 //! new term): no fenced resource may accept a stale write, while the
 //! control shows the stale writes the faults produced.
@@ -24,6 +27,7 @@ use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use leasehold::lease::Identity;
 use leasehold::store::StoreUrl;
 use leasehold::store::postgres::{PostgresConfig, PostgresStore};
+use leasehold::testing::Emulator;
 use leasehold::testing::servers::{PostgresServer, RedisServer};
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
@@ -39,7 +43,7 @@ use crate::support::fencing_history::{Attempt, History, Outcome::Accepted, Repor
 pub const NAMESPACE: &str = "e2e-fenced-workload";
 /// The resources the workload writes through a fence (its log's names);
 /// `control` is written unfenced.
-const FENCED: [&str; 3] = ["postgres", "configmap", "redis"];
+const FENCED: [&str; 4] = ["postgres", "configmap", "redis", "spanner"];
 /// The fenced ConfigMap the leaders patch.
 const LEDGER: &str = "ledger";
 /// The workload's binary in the leasehold image (scripts/e2e-cluster.sh).
@@ -211,9 +215,11 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
     let redis = RedisServer::start_on(s.env.host_ip);
     let redis_address = (s.env.host_ip, redis.port).into();
     let redis_writes = RedisWrites::monitor(redis_address, &format!("workload:{{{}/{LEASE}}}:last", s.ns)).await;
+    let spanner = SpannerWrites::start(s).await;
     let _policy = fencing_policy(s).await;
+    let config_map_writes = ConfigMapWrites::watch(s).await;
     s.apply(lease_objects).await;
-    s.apply(workload(s, &redis.url_at(redis_address))).await;
+    s.apply(workload(s, &redis.url_at(redis_address), &spanner)).await;
     let logs = AppLogs::follow(s);
     let postgres = (s.env.host_ip, server.port).into();
     let cut_off_from = CutOffFrom {
@@ -238,12 +244,9 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
         let leader = watcher.one_leader(None, SUCCESSOR).await;
         let fault = replaced_when_backing_off(s, fault, &leader).await;
         let terms = issued(&db).await.len();
-        if inject(s, &watcher, fault, &leader, &cut_off_from).await {
+        if inject(s, &watcher, fault, &leader, &cut_off_from, (&db, terms)).await {
             ran.push(fault);
-            wait_for(&format!("a new term after {fault:?}"), SUCCESSOR, || async {
-                (issued(&db).await.len() > terms).then_some(())
-            })
-            .await;
+            a_new_term(&db, terms, fault).await;
         } else {
             planned.insert(0, fault);
         }
@@ -275,6 +278,8 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
             ("postgres".to_string(), recorded(&db, "workload_fenced").await),
             ("control".to_string(), recorded(&db, "workload_control").await),
             ("redis".to_string(), redis_writes.finish().await),
+            ("configmap".to_string(), config_map_writes.finish().await),
+            ("spanner".to_string(), spanner.recorded().await),
         ]
         .into(),
         issued: issued(&db).await,
@@ -306,6 +311,14 @@ fn fewest_accepted(attempts: &[Attempt]) -> usize {
         .unwrap_or_default()
 }
 
+/// Waits until the lease store has begun a term after the first `terms`.
+async fn a_new_term(db: &tokio_postgres::Client, terms: usize, fault: Fault) {
+    wait_for(&format!("a new term after {fault:?}"), SUCCESSOR, || async {
+        (issued(db).await.len() > terms).then_some(())
+    })
+    .await;
+}
+
 /// A kill of a container the kubelet has restarted twice already becomes a
 /// graceful delete of its pod: the kubelet delays each restart of a
 /// container twice as long as the one before, from 10 s (backOffPeriod in
@@ -326,13 +339,15 @@ async fn replaced_when_backing_off(s: &Scenario, fault: Fault, leader: &str) -> 
 }
 
 /// Makes `fault` happen to `leader`; false when it could not (no ready
-/// follower to transfer to).
+/// follower to transfer to). `(db, terms)`: the lease store's issued
+/// tokens and how many there were before.
 async fn inject(
     s: &Scenario,
     watcher: &LeadershipWatcher,
     fault: Fault,
     leader: &str,
     cut_off_from: &CutOffFrom,
+    (db, terms): (&tokio_postgres::Client, usize),
 ) -> bool {
     match fault {
         Fault::AppPaused => {
@@ -374,9 +389,8 @@ async fn inject(
             let what = format!("{leader}'s sidecar");
             let paused = s.env.pause_component("kube-apiserver");
             signal_process(sidecar, "STOP", &what);
-            // Judged by the claims, read inside the pods: the labels wait
-            // for the API server.
-            watcher.claimed_by_another(leader, SUCCESSOR).await;
+            // Judged by the lease store: the labels wait for the API server.
+            a_new_term(db, terms, fault).await;
             signal_process(sidecar, "CONT", &what);
             paused.resume();
         }
@@ -630,7 +644,7 @@ async fn fencing_policy(s: &Scenario) -> DeleteOnDrop {
 
 /// The leader-only-service example's ServiceAccount and Deployment with
 /// the workload as the app container, from this tree's leasehold image.
-fn workload(s: &Scenario, redis_url: &str) -> Vec<Value> {
+fn workload(s: &Scenario, redis_url: &str, spanner: &SpannerWrites) -> Vec<Value> {
     let mut objects: Vec<Value> = s
         .example("leader-only-service.yaml")
         .into_iter()
@@ -652,6 +666,8 @@ fn workload(s: &Scenario, redis_url: &str) -> Vec<Value> {
             {"name": "FENCE_LOCK", "value": format!("{}/{LEASE}", s.ns)},
             {"name": "CONFIG_MAP", "value": LEDGER},
             {"name": "WRITE_PAUSE_MS", "value": WRITE_PAUSE_MS},
+            {"name": "SPANNER_DATABASE", "value": spanner.database},
+            {"name": "SPANNER_EMULATOR_HOST", "value": spanner.emulator.host},
         ],
     });
     objects
@@ -715,6 +731,144 @@ impl RedisWrites {
         }
         self.writes.lock().unwrap().clone()
     }
+}
+
+/// A Spanner emulator the pods write to through `fence::spanner` (the
+/// lease stays on PostgreSQL: the fence's issuer is the lease's store, the
+/// Spanner table only guarded by it), with the fence table and the
+/// workload's table made as the database's owner makes them.
+struct SpannerWrites {
+    emulator: Emulator,
+    database: String,
+}
+
+impl SpannerWrites {
+    async fn start(s: &Scenario) -> SpannerWrites {
+        let emulator = Emulator::start_on(s.env.host_ip).unwrap_or_else(|e| panic!("{e}"));
+        let database = emulator.create_database(leasehold::store::DEFAULT_TABLE).await.database;
+        for statement in [
+            leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE)
+                .expect("the fence table's DDL"),
+            "CREATE TABLE workload_spanner (pod STRING(MAX) NOT NULL, seq INT64 NOT NULL, token INT64 NOT NULL, \
+             committed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true)) PRIMARY KEY (pod, seq)"
+                .to_string(),
+        ] {
+            emulator.ddl(&database, &statement).await;
+        }
+        SpannerWrites { emulator, database }
+    }
+
+    /// The rows in commit order: every fenced write also writes the fence
+    /// row, so no two commit at the same timestamp (checked).
+    async fn recorded(&self) -> Vec<Write> {
+        let client = self.emulator.client().await;
+        let database = client
+            .database_client(self.database.as_str())
+            .build()
+            .await
+            .expect("a client of the workload's Spanner database");
+        let statement = google_cloud_spanner::statement::Statement::builder(
+            "SELECT pod, token, seq, CAST(committed_at AS STRING) AS committed FROM workload_spanner \
+             ORDER BY committed_at",
+        )
+        .build();
+        let mut rows = database
+            .single_use()
+            .build()
+            .execute_query(statement)
+            .await
+            .expect("reading workload_spanner");
+        let (mut writes, mut last) = (Vec::new(), None::<String>);
+        while let Some(row) = rows.next().await {
+            let row = row.expect("a row of workload_spanner");
+            let committed: String = row.get("committed").expect("committed_at");
+            assert_ne!(
+                last.as_ref(),
+                Some(&committed),
+                "two fenced writes committed at {committed}: no order"
+            );
+            last = Some(committed);
+            writes.push(Write {
+                pod: row.get("pod").expect("pod"),
+                token: row.get("token").expect("token"),
+                seq: row.get("seq").expect("seq"),
+            });
+        }
+        writes
+    }
+}
+
+/// The values the fenced ConfigMap took, in the order the API server wrote
+/// them: a watch on it delivers every change in resourceVersion order,
+/// resuming from the last one it saw across a broken connection (the API
+/// server's watch cache replays what it missed; Kubernetes docs, "Efficient
+/// detection of changes"). A relist would skip changes: it fails the run
+/// instead of leaving writes unrecorded.
+struct ConfigMapWrites {
+    writes: Arc<Mutex<Vec<Write>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConfigMapWrites {
+    async fn watch(s: &Scenario) -> ConfigMapWrites {
+        use kube::runtime::watcher::{self, Event};
+        let config = watcher::Config::default().fields(&format!("metadata.name={LEDGER}"));
+        let mut events = Box::pin(watcher::watcher(s.api::<ConfigMap>(), config));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        // The first list (the ConfigMap as the test made it, with no write)
+        // is read before the writers start.
+        loop {
+            match events.next().await {
+                Some(Ok(Event::InitDone)) => break,
+                Some(Ok(_)) => {}
+                other => panic!("listing the fenced ConfigMap: {other:?}"),
+            }
+        }
+        let task = tokio::spawn({
+            let writes = writes.clone();
+            async move {
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(Event::Apply(ledger)) => writes.lock().unwrap().extend(write_in(&ledger)),
+                        Ok(Event::Init) => panic!("the fenced ConfigMap's watch relisted: its record would have a gap"),
+                        // A broken connection: the watcher resumes from the
+                        // last resourceVersion it delivered.
+                        Ok(_) | Err(_) => {}
+                    }
+                }
+            }
+        });
+        ConfigMapWrites { writes, task }
+    }
+
+    /// What was written, once the writers are gone; a reader that failed
+    /// passes its panic on.
+    async fn finish(self) -> Vec<Write> {
+        if self.task.is_finished() {
+            self.task.await.expect("the ConfigMap's watch");
+        } else {
+            self.task.abort();
+        }
+        self.writes.lock().unwrap().clone()
+    }
+}
+
+/// The write a version of the fenced ConfigMap holds (its data's pod,
+/// token and seq), if any.
+fn write_in(ledger: &ConfigMap) -> Option<Write> {
+    let data = ledger.data.as_ref()?;
+    let number = |key: &str| -> Option<i64> {
+        let text = data.get(key)?;
+        Some(
+            text.parse()
+                .unwrap_or_else(|e| panic!("the ledger's {key} {text:?}: {e}")),
+        )
+    };
+    Some(Write {
+        pod: data.get("pod")?.clone(),
+        token: number("token")?,
+        seq: number("seq")?,
+    })
 }
 
 /// The app containers' logs, followed from each candidate pod as it

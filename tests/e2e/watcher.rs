@@ -177,35 +177,6 @@ impl LeadershipWatcher {
         self.state.lock().unwrap().gaps.clone()
     }
 
-    /// Waits until a pod other than `old` claims to lead on its sidecar's
-    /// `/leader`, and returns it: judged by the claims alone, which are read
-    /// inside the pods, so this goes on while the API server is out (the
-    /// labels and endpoints [`one_leader`](Self::one_leader) also waits for
-    /// need it).
-    pub async fn claimed_by_another(&self, old: &str, within: Duration) -> String {
-        let started = Instant::now();
-        loop {
-            let claimant = self
-                .state
-                .lock()
-                .unwrap()
-                .claims
-                .latest
-                .keys()
-                .find(|p| *p != old)
-                .cloned();
-            if let Some(claimant) = claimant {
-                return claimant;
-            }
-            assert!(
-                started.elapsed() < within,
-                "a pod other than {old} claiming to lead: not within {within:?}; the watcher saw {}",
-                self.state.lock().unwrap().describe()
-            );
-            tokio::time::sleep(crate::e2e::cluster::POLL).await;
-        }
-    }
-
     /// Waits until exactly one pod is labelled leader, (with a Service) it
     /// is the one endpoint that gets traffic, and its sidecar claims the
     /// lease on `/leader`; returns it.

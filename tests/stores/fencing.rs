@@ -205,14 +205,14 @@ async fn spanner_refuses_a_deposed_leaders_write() {
     store.ensure_schema().await.unwrap();
     let fence_table =
         leasehold::fence::spanner::create_table_statement(leasehold::fence::spanner::DEFAULT_TABLE).unwrap();
-    super::spanner::ddl(&emulator, &config, &fence_table).await;
-    super::spanner::ddl(
-        &emulator,
-        &config,
-        "CREATE TABLE orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)",
-    )
-    .await;
-    let spanner = super::spanner::emulator_client(&emulator).await;
+    emulator.ddl(&config.database, &fence_table).await;
+    emulator
+        .ddl(
+            &config.database,
+            "CREATE TABLE orders (id INT64 NOT NULL, owner STRING(MAX) NOT NULL) PRIMARY KEY (id)",
+        )
+        .await;
+    let spanner = emulator.client().await;
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
     a_deposed_leader_is_refused(Arc::new(store), &mut SpannerOrders(database)).await;
 }

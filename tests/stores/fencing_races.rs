@@ -825,9 +825,9 @@ async fn spanner_fenced_writers_race() {
         "CREATE TABLE race_current (lock_name STRING(MAX) NOT NULL, tag STRING(MAX) NOT NULL) PRIMARY KEY (lock_name)"
             .to_string(),
     ] {
-        super::spanner::ddl(&emulator, &config, &statement).await;
+        emulator.ddl(&config.database, &statement).await;
     }
-    let spanner = super::spanner::emulator_client(&emulator).await;
+    let spanner = emulator.client().await;
     let database = spanner.database_client(config.database.clone()).build().await.unwrap();
     let name = config.database.clone();
     race(

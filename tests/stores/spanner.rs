@@ -231,34 +231,6 @@ async fn a_cut_connection_is_unavailable_and_the_lease_survives_it() {
     suite::a_cut_connection_is_not_success(&store, &proxy, &fixture.store).await;
 }
 
-/// A Spanner client of the emulator, as a user's own code would open one.
-pub(crate) async fn emulator_client(emulator: &Emulator) -> google_cloud_spanner::client::Spanner {
-    google_cloud_spanner::client::Spanner::builder()
-        .with_endpoint(format!("http://{}", emulator.host))
-        .build()
-        .await
-        .unwrap()
-}
-
-/// Runs one DDL statement, as the database's owner would.
-pub(crate) async fn ddl(emulator: &Emulator, config: &SpannerConfig, statement: &str) {
-    use google_cloud_lro::Poller;
-    emulator_client(emulator)
-        .await
-        .database_admin_builder()
-        .with_endpoint(emulator.rest.clone())
-        .build()
-        .await
-        .unwrap()
-        .update_database_ddl()
-        .set_database(config.database.clone())
-        .set_statements([statement.to_string()])
-        .poller()
-        .until_done()
-        .await
-        .unwrap_or_else(|e| panic!("{statement}: {e}"));
-}
-
 async fn connect(emulator: &Emulator, config: &SpannerConfig) -> SpannerStore {
     SpannerStore::connect_to(config.clone(), emulator.endpoints(), DEFAULT_CALL_TIMEOUT)
         .await
@@ -408,7 +380,7 @@ async fn a_schema_that_cannot_work_is_invalid_with_the_fix() {
     ];
     for (create, table, fix) in cases {
         let config = emulator.create_database(table).await;
-        ddl(&emulator, &config, create).await;
+        emulator.ddl(&config.database, create).await;
         let store = connect(&emulator, &config).await;
         for (what, err) in [
             (
@@ -719,9 +691,8 @@ async fn the_operator_shows_partitions_and_collects_dead_sessions_on_spanner() {
 async fn a_table_from_before_versions_is_refused_then_upgraded_once() {
     let emulator = Emulator::start_or_connect();
     let config = emulator.create_database("before_versions").await;
-    ddl(
-        &emulator,
-        &config,
+    emulator.ddl(
+        &config.database,
         "CREATE TABLE before_versions (shard INT64 NOT NULL, name STRING(MAX) NOT NULL, holder STRING(MAX), \
          term INT64 NOT NULL, token TIMESTAMP OPTIONS (allow_commit_timestamp=true), \
          renewed_at TIMESTAMP OPTIONS (allow_commit_timestamp=true), lease_ms INT64 NOT NULL) PRIMARY KEY (shard, name)",

@@ -26,8 +26,6 @@ pub struct Attempt {
     pub token: i64,
     pub seq: i64,
     pub outcome: Outcome,
-    /// The resource's version of an accepted write (row id, resourceVersion).
-    pub version: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -70,8 +68,8 @@ pub struct History {
     /// Every attempt the writers logged, any resource, any order.
     pub attempts: Vec<Attempt>,
     /// Per resource, what it recorded itself, in commit order (e.g. rows by
-    /// an id taken under the fence's lock). A resource without a record of
-    /// its own is judged on its accepted attempts ordered by `version`.
+    /// an id taken under the fence's lock, a ConfigMap's values by
+    /// resourceVersion). A resource missing here recorded nothing.
     pub recorded: BTreeMap<String, Vec<Write>>,
     /// (pod, token) as the lease store issued them, in order.
     pub issued: Vec<(String, i64)>,
@@ -137,29 +135,20 @@ pub fn check(history: &History) -> Report {
                 failed: count(Outcome::Failed),
                 ..Default::default()
             };
-            let committed: Vec<Write> = match history.recorded.get(resource) {
-                Some(recorded) => {
-                    let written: BTreeSet<&Write> = recorded.iter().collect();
-                    let logged = |outcome| {
-                        attempts
-                            .iter()
-                            .filter(move |a| a.outcome == outcome)
-                            .map(|a| Write::of(a))
-                    };
-                    report.refused_but_recorded = logged(Outcome::Refused).filter(|w| written.contains(w)).collect();
-                    report.accepted_but_unrecorded =
-                        logged(Outcome::Accepted).filter(|w| !written.contains(w)).collect();
-                    recorded.clone()
-                }
-                None => {
-                    let mut accepted: Vec<&&Attempt> =
-                        attempts.iter().filter(|a| a.outcome == Outcome::Accepted).collect();
-                    accepted.sort_by_key(|a| a.version);
-                    accepted.into_iter().map(|a| Write::of(a)).collect()
-                }
+            // A resource with no record recorded nothing: every write
+            // logged accepted is then missing from it.
+            let committed: &[Write] = history.recorded.get(resource).map_or(&[], Vec::as_slice);
+            let written: BTreeSet<&Write> = committed.iter().collect();
+            let logged = |outcome| {
+                attempts
+                    .iter()
+                    .filter(move |a| a.outcome == outcome)
+                    .map(|a| Write::of(a))
             };
+            report.refused_but_recorded = logged(Outcome::Refused).filter(|w| written.contains(w)).collect();
+            report.accepted_but_unrecorded = logged(Outcome::Accepted).filter(|w| !written.contains(w)).collect();
             let mut highest: Option<&Write> = None;
-            for write in &committed {
+            for write in committed {
                 match highest {
                     Some(newer) if write.token < newer.token => report.stale_accepted.push(StaleAccepted {
                         write: write.clone(),
@@ -245,14 +234,13 @@ impl Report {
 mod tests {
     use super::*;
 
-    fn attempt(resource: &str, pod: &str, token: i64, seq: i64, outcome: Outcome, version: u64) -> Attempt {
+    fn attempt(resource: &str, pod: &str, token: i64, seq: i64, outcome: Outcome) -> Attempt {
         Attempt {
             resource: resource.into(),
             pod: pod.into(),
             token,
             seq,
             outcome,
-            version: (outcome == Outcome::Accepted).then_some(version),
         }
     }
 
@@ -276,18 +264,19 @@ mod tests {
         }
         History {
             attempts: vec![
-                attempt("postgres", "pod-a", 10, 1, Accepted, 1),
-                attempt("control", "pod-a", 10, 1, Accepted, 1),
-                attempt("configmap", "pod-a", 10, 1, Accepted, 100),
-                attempt("postgres", "pod-b", 20, 1, Accepted, 2),
-                attempt("control", "pod-b", 20, 1, Accepted, 2),
-                attempt("configmap", "pod-b", 20, 1, Accepted, 105),
-                attempt("postgres", "pod-a", 10, 2, late, 3),
-                attempt("control", "pod-a", 10, 2, Accepted, 3),
-                attempt("configmap", "pod-a", 10, 2, late, 107),
+                attempt("postgres", "pod-a", 10, 1, Accepted),
+                attempt("control", "pod-a", 10, 1, Accepted),
+                attempt("configmap", "pod-a", 10, 1, Accepted),
+                attempt("postgres", "pod-b", 20, 1, Accepted),
+                attempt("control", "pod-b", 20, 1, Accepted),
+                attempt("configmap", "pod-b", 20, 1, Accepted),
+                attempt("postgres", "pod-a", 10, 2, late),
+                attempt("control", "pod-a", 10, 2, Accepted),
+                attempt("configmap", "pod-a", 10, 2, late),
             ],
             recorded: BTreeMap::from([
-                ("postgres".to_string(), recorded),
+                ("postgres".to_string(), recorded.clone()),
+                ("configmap".to_string(), recorded),
                 (
                     "control".to_string(),
                     vec![write("pod-a", 10, 1), write("pod-b", 20, 1), write("pod-a", 10, 2)],
@@ -343,7 +332,12 @@ mod tests {
         // refused write and lost pod-b's accepted one.
         planted
             .attempts
-            .push(attempt("configmap", "pod-a", 20, 3, Outcome::Accepted, 110));
+            .push(attempt("configmap", "pod-a", 20, 3, Outcome::Accepted));
+        planted
+            .recorded
+            .get_mut("configmap")
+            .unwrap()
+            .push(write("pod-a", 20, 3));
         planted
             .recorded
             .insert("postgres".into(), vec![write("pod-a", 10, 1), write("pod-a", 10, 2)]);

@@ -13,13 +13,23 @@
 //!   pkg/serviceaccount/claims.go), the writer the policy holds it to;
 //! * `redis` (with `REDIS_URL`): key `workload:{<lock>}:last` set to `<pod>
 //!   <token> <seq>` through `leasehold_stores::fence::redis::fenced`;
+//! * `spanner` (with `SPANNER_DATABASE`): a row inserted into
+//!   `workload_spanner` through `leasehold_stores::fence::spanner::fenced`,
+//!   with its commit timestamp (fenced writes all write the fence row, so
+//!   their timestamps are their commit order). The database's owner makes
+//!   the tables beforehand (three candidates creating them at once would
+//!   race on the schema): the fence table's
+//!   `leasehold_stores::fence::spanner::create_table_statement` and
+//!   `CREATE TABLE workload_spanner (pod STRING(MAX) NOT NULL, seq INT64 NOT
+//!   NULL, token INT64 NOT NULL, committed_at TIMESTAMP NOT NULL OPTIONS
+//!   (allow_commit_timestamp = true)) PRIMARY KEY (pod, seq)`;
 //! * `control`: the same row to `workload_control`, unfenced, so a run shows
 //!   how many stale writes its faults produced.
 //!
 //! Every attempt, accepted or refused, is one JSON line on stdout:
 //! `{"resource", "pod", "token", "seq", "outcome": "accepted" | "refused" |
 //! "failed", "version", "time", "error"}`, `version` being the row's id or
-//! the ConfigMap's resourceVersion of an accepted write (Redis has none). tests/e2e's
+//! the ConfigMap's resourceVersion of an accepted write (Redis and Spanner have none). tests/e2e's
 //! fenced_workload scenario runs it under faults and checks the history
 //! (tests/support/fencing_history.rs).
 //!
@@ -32,7 +42,8 @@
 //! workload is there to show the fence refusing those writes.
 //!
 //! Settings (environment): `POD_NAME` (the downward API's metadata.name),
-//! `DATABASE_URL`, `REDIS_URL` (optional), `FENCE_LOCK` (the lease's lock, `<namespace>/<lease>`),
+//! `DATABASE_URL`, `REDIS_URL` and `SPANNER_DATABASE` (optional; the
+//! client finds the emulator by `SPANNER_EMULATOR_HOST`), `FENCE_LOCK` (the lease's lock, `<namespace>/<lease>`),
 //! `FENCE_ISSUER` (the lease's store, default `postgres`), `CONFIG_MAP`
 //! (default `ledger`; it exists and carries `leasehold.dev/fencing-lock:
 //! <issuer>:<lock>`), `SIDECAR_ADDRESS` (default `127.0.0.1:4040`),
@@ -61,11 +72,13 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(500);
 
 const FENCED_TABLE: &str = "workload_fenced";
 const CONTROL_TABLE: &str = "workload_control";
+const SPANNER_TABLE: &str = "workload_spanner";
 
 struct Settings {
     pod: String,
     database_url: String,
     redis_url: Option<String>,
+    spanner_database: Option<String>,
     issuer: String,
     lock: String,
     config_map: String,
@@ -81,6 +94,7 @@ impl Settings {
             pod: var("POD_NAME")?,
             database_url: var("DATABASE_URL")?,
             redis_url: std::env::var("REDIS_URL").ok(),
+            spanner_database: std::env::var("SPANNER_DATABASE").ok(),
             issuer: or("FENCE_ISSUER", "postgres"),
             lock: var("FENCE_LOCK")?,
             config_map: or("CONFIG_MAP", "ledger"),
@@ -169,6 +183,7 @@ struct Writer {
     settings: Settings,
     postgres: tokio_postgres::Client,
     redis: Option<redis::aio::MultiplexedConnection>,
+    spanner: Option<google_cloud_spanner::client::DatabaseClient>,
     config_maps: Api<ConfigMap>,
 }
 
@@ -192,11 +207,20 @@ impl Writer {
             ),
             None => None,
         };
+        let spanner = match &settings.spanner_database {
+            Some(database) => {
+                leasehold_stores::spanner::install_crypto_provider();
+                let spanner = google_cloud_spanner::client::Spanner::builder().build().await?;
+                Some(spanner.database_client(database.as_str()).build().await?)
+            }
+            None => None,
+        };
         // The pod's ServiceAccount token, projected and bound to this pod.
         let client = kube::Client::try_default().await?;
         Ok(Writer {
             config_maps: Api::default_namespaced(client),
             redis,
+            spanner,
             settings,
             postgres,
         })
@@ -223,6 +247,9 @@ impl Writer {
         }
         if let Some(outcome) = self.write_redis_key(token, seq).await {
             log_attempt("redis", &pod, token, seq, &outcome);
+        }
+        if let Some(outcome) = self.write_spanner_row(token, seq).await {
+            log_attempt("spanner", &pod, token, seq, &outcome);
         }
         let outcome = self.write_config_map(token, seq).await;
         log_attempt("configmap", &pod, token, seq, &outcome);
@@ -274,6 +301,38 @@ impl Writer {
         let key = format!("workload:{{{}}}:last", self.settings.lock);
         let value = format!("{} {token} {seq}", self.settings.pod);
         let written = leasehold_stores::fence::redis::fenced(connection, &fence, &[(&key, value.as_bytes())]).await;
+        Some(match written {
+            Ok(()) => Outcome::Accepted(None),
+            Err(stale @ FenceError::Stale { .. }) => Outcome::Refused(stale.to_string()),
+            Err(e) => Outcome::Failed(error_chain(&e)),
+        })
+    }
+
+    /// The row, when there is Spanner to write to; its commit timestamp is
+    /// set by Spanner at the commit.
+    async fn write_spanner_row(&self, token: FencingToken, seq: i64) -> Option<Outcome> {
+        let client = self.spanner.as_ref()?;
+        let fence = match self.fence(token) {
+            Ok(fence) => fence,
+            Err(failed) => return Some(failed),
+        };
+        let row = google_cloud_spanner::mutation::Mutation::new_insert_builder(SPANNER_TABLE)
+            .set("pod")
+            .to(self.settings.pod.as_str())
+            .set("seq")
+            .to(seq)
+            .set("token")
+            .to(token.0)
+            .set("committed_at")
+            .to("spanner.commit_timestamp()")
+            .build();
+        let written = leasehold_stores::fence::spanner::fenced(
+            client,
+            leasehold_stores::fence::spanner::DEFAULT_TABLE,
+            &fence,
+            vec![row],
+        )
+        .await;
         Some(match written {
             Ok(()) => Outcome::Accepted(None),
             Err(stale @ FenceError::Stale { .. }) => Outcome::Refused(stale.to_string()),

@@ -146,6 +146,34 @@ impl Emulator {
             table: table.to_string(),
         }
     }
+
+    /// A Spanner client of the emulator, as a user's own code would open one.
+    pub async fn client(&self) -> google_cloud_spanner::client::Spanner {
+        google_cloud_spanner::client::Spanner::builder()
+            .with_endpoint(format!("http://{}", self.host))
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("a Spanner client of the emulator at {}: {e}", self.host))
+    }
+
+    /// Runs one DDL statement on `database`, as the database's owner would.
+    pub async fn ddl(&self, database: &str, statement: &str) {
+        use google_cloud_lro::Poller;
+        self.client()
+            .await
+            .database_admin_builder()
+            .with_endpoint(self.rest.clone())
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("the emulator's database admin at {}: {e}", self.rest))
+            .update_database_ddl()
+            .set_database(database.to_string())
+            .set_statements([statement.to_string()])
+            .poller()
+            .until_done()
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
 }
 
 impl Drop for Emulator {
