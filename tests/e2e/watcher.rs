@@ -639,7 +639,11 @@ fn read_claim(pod: &str, uid: &str, state: &Mutex<State>, started: Instant, stop
     // A run of failed reads is one gap, reported at its first failure.
     let mut in_gap = false;
     while !stopped.load(Ordering::Relaxed) {
-        let Some(now) = running() else { return };
+        let Some(now) = running() else {
+            // The pod is gone, and its claim with it.
+            state.lock().unwrap().claims_nothing(pod);
+            return;
+        };
         let silent_before = sidecar.silent(now.sidecar.as_deref());
         let sent = Instant::now();
         let read = get_leader();
@@ -653,7 +657,10 @@ fn read_claim(pod: &str, uid: &str, state: &Mutex<State>, started: Instant, stop
             // queued: the sidecar binds its API before its elector starts
             // and closes it after the elector stopped (sidecar::run), so it
             // claims nothing, to its app as to us.
-            Read::Closed => in_gap = false,
+            Read::Closed => {
+                in_gap = false;
+                state.lock().unwrap().claims_nothing(pod);
+            }
             // A frozen or dying sidecar answers no one, its app included:
             // what it claims is read again when it (or its successor) runs.
             Read::Failed(_) if silent_before || sidecar.silent(now.sidecar.as_deref()) => {}
@@ -742,12 +749,18 @@ fn get_leader() -> Read {
 }
 
 impl State {
+    /// `pod` claims nothing now (its sidecar's API is closed, or the pod
+    /// is gone): [`LeadershipWatcher::claims_now`] no longer names it.
+    fn claims_nothing(&mut self, pod: &str) {
+        self.claims.latest.remove(pod);
+    }
+
     /// Records one `/leader` answer, sent and received at these instants,
     /// and reports a claim that certainly overlapped another pod's.
     fn claim(&mut self, pod: &str, answer: serde_json::Value, sent: Instant, received: Instant, started: Instant) {
         self.claims.answers += 1;
         if answer["leader"] != true {
-            self.claims.latest.remove(pod);
+            self.claims_nothing(pod);
             return;
         }
         let token = answer["token"].as_str().unwrap_or_default().to_string();

@@ -4,7 +4,8 @@
 //! fake sidecar serves a `/leader` the test writes. Planted: a second
 //! claimant for 100 ms with one leader label between the two (what the apps
 //! see), a sidecar that runs but fails to answer (a gap) beside a frozen one
-//! (none), a second leader label and the second ready endpoint it brings, a
+//! (none), a claimant deleted (it claims nothing once gone), a second leader
+//! label and the second ready endpoint it brings, a
 //! status token lower than one shown, and a watch stream cut mid-scenario.
 
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use leasehold::testing::{ProxyMode, TcpProxy};
 use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Scenario, scenario, wait_for};
-use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, watch_example};
+use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SERVICE, SIDECAR, delete_now, watch_example};
 use crate::e2e::node::{running_pid, signal_container};
 use crate::e2e::stores::lease;
 use crate::e2e::watcher::{LeadershipWatcher, READ_TIMEOUT, Watched};
@@ -154,6 +155,25 @@ async fn the_watcher_catches_a_planted_second_claimant_second_leader_token_going
         tokio::time::sleep(READ_TIMEOUT).await;
         let gaps = watcher.gaps();
         assert!(!gaps.iter().any(|g| g.contains("stand-in-b")), "{gaps:?}");
+
+        // A claimant whose pod is gone claims nothing (claims_now and
+        // claim_of no longer name it), however it went.
+        pods.create(&PostParams::default(), &stand_in(&s, "stand-in-c", false))
+            .await
+            .expect("creating stand-in-c");
+        let c = Answers::of(&s, "stand-in-c").await;
+        c.answer(&claim(&s, "stand-in-c", 7));
+        wait_for("stand-in-c's claim read", Duration::from_secs(30), || async {
+            watcher.claim_of("stand-in-c").map(drop)
+        })
+        .await;
+        delete_now(&s, "stand-in-c").await;
+        wait_for(
+            "the deleted stand-in-c claiming nothing",
+            Duration::from_secs(30),
+            || async { watcher.claim_of("stand-in-c").is_none().then_some(()) },
+        )
+        .await;
 
         // A second leader label, and the second ready endpoint it brings.
         let label = json!({"metadata": {"labels": {"leasehold.dev/leader": "true"}}});
