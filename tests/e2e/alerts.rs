@@ -24,7 +24,9 @@ use serde_json::{Value, json};
 use crate::e2e::cluster::Scenario;
 use crate::e2e::cluster::scenario;
 use crate::e2e::fixtures::{FIRST_LEADER, LEASE, SUCCESSOR, a_follower, exec_app, lease_condition, watch_example};
-use crate::e2e::prometheus::{PROMETHEUS_WAIT, Plant, Prometheus, scaled};
+use crate::e2e::prometheus::{
+    PROMETHEUS_WAIT, Plant, PlantedChange, Prometheus, TIME_SCALE, dashboard, empty_panels, every_panel_answers,
+};
 use crate::e2e::stores::{URL_SECRET, lease, secret};
 
 const STORE_FAILURES: &str = "LeaseholdStoreFailures";
@@ -59,8 +61,10 @@ async fn example_behind_proxy(
 /// rule's threshold raised where no count of failures reaches.
 const IMPOSSIBLE_STORE_FAILURES: Plant = Plant {
     alert: STORE_FAILURES,
-    from: "> 0",
-    to: "> 1e9",
+    change: PlantedChange::Expr {
+        from: "> 0",
+        to: "> 1e9",
+    },
 };
 
 /// The candidates' store cut off (a proxy between the pods and PostgreSQL
@@ -68,12 +72,14 @@ const IMPOSSIBLE_STORE_FAILURES: Plant = Plant {
 /// fail as `unavailable` and LeaseholdStoreFailures fires; the proxy
 /// forwarding again, it resolves. Beside it, a second Prometheus evaluates
 /// the same rules with [`IMPOSSIBLE_STORE_FAILURES`] planted: its firing
-/// check, with the same bound, fails.
+/// check, with the same bound, fails. Then every panel of the chart's
+/// Grafana dashboard returns a series, and a planted misspelled one is
+/// named.
 #[tokio::test]
 async fn the_store_cut_off_fires_store_failures() {
     scenario("e2e-alert-store", |s| async move {
         let prometheus = Prometheus::start(&s, "store");
-        let planted = Prometheus::start_with(&s, "store-planted", Some(&IMPOSSIBLE_STORE_FAILURES));
+        let planted = Prometheus::start_with(&s, "store-planted", TIME_SCALE, Some(&IMPOSSIBLE_STORE_FAILURES));
         let (_server, proxy, watcher, _) = example_behind_proxy(&s, s.example("leader-only-service.yaml")).await;
         prometheus.sees(&s, 1, 3).await;
         planted.sees(&s, 1, 3).await;
@@ -114,6 +120,26 @@ async fn the_store_cut_off_fires_store_failures() {
             )
             .await;
         watcher.one_leader(None, SUCCESSOR).await;
+
+        // The chart's dashboard as Grafana queries it for this lease: every
+        // panel returns a series. Here, because only a store that failed
+        // has a failures counter (the sidecar makes one per op and kind at
+        // its first failure), and the operator is scraped too.
+        let chosen = [("namespace", s.ns.as_str()), ("lease", LEASE)];
+        let shipped = dashboard();
+        every_panel_answers(&prometheus, &shipped, &chosen).await;
+        // Planted: one panel's metric misspelled; the check names that panel.
+        let misspelled = shipped
+            .to_string()
+            .replacen("leasehold_store_calls_total", "leasehold_store_call_total", 1);
+        let empty = empty_panels(&prometheus, &serde_json::from_str(&misspelled).unwrap(), &chosen);
+        let titles: Vec<&str> = empty.iter().map(|(title, _)| title.as_str()).collect();
+        assert_eq!(
+            titles,
+            ["Store calls"],
+            "the planted panel, and only it, is empty: {empty:?}"
+        );
+        eprintln!("with a misspelled metric, the dashboard check names: {empty:?}");
         watcher.finish();
     })
     .await;
@@ -171,7 +197,7 @@ async fn a_candidate_that_stops_calling_its_store_fires_renewals_stalled() {
         // Every candidate seen calling its store over a whole window of the
         // rule: a sidecar's first samples (a call at start, then none while
         // its app is not ready yet) would otherwise count as silence.
-        let window = scaled(STALLED_WINDOW);
+        let window = prometheus.scaled(STALLED_WINDOW);
         assert!(
             prometheus.loaded_expr(RENEWALS_STALLED).contains(&format!("[{window}]")),
             "{RENEWALS_STALLED}'s window is {STALLED_WINDOW}"

@@ -37,6 +37,7 @@ mod store_change;
 mod store_identity;
 mod stores;
 mod stores_in_pods;
+mod turbulence;
 mod walkthrough;
 mod watcher;
 mod watcher_catches;

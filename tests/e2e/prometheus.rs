@@ -21,25 +21,32 @@ use crate::e2e::fixtures::LEASE;
 /// Scrape and rule evaluation interval of the test's Prometheus (the
 /// chart's monitors say 30 s: the one setting of theirs changed here).
 pub const INTERVAL: &str = "1s";
-/// The test's Prometheus runs every `for` and every range of the shipped
+/// [`Prometheus::start`] runs every `for` and every range of the shipped
 /// rules this many times shorter, so a fault fires within a test's minutes.
 pub const TIME_SCALE: u64 = 10;
 /// Prometheus's scrapes and evaluations start within a few intervals; this
 /// bounds each wait for a result in the generous way of the suite.
 pub const PROMETHEUS_WAIT: Duration = Duration::from_secs(90);
 
-/// A planted defect in one shipped rule: in alert `alert`'s expression,
-/// `from` replaced by `to` (e.g. a threshold no value reaches), to show
-/// that the suite's firing checks fail on a rule that cannot fire.
+/// A planted defect in one shipped rule (alert `alert`), to show that a
+/// check of the suite fails on a rule that misbehaves.
 pub struct Plant {
     pub alert: &'static str,
-    pub from: &'static str,
-    pub to: &'static str,
+    pub change: PlantedChange,
 }
 
-/// The shipped rules with every duration divided by [`TIME_SCALE`] (and
-/// `plant` made), and the alerts' `for`s so scaled (name, for).
-fn rendered_rules(plant: Option<&Plant>) -> (String, Vec<(String, Duration)>) {
+pub enum PlantedChange {
+    /// In the expression, `from` replaced by `to` (e.g. a threshold no
+    /// value reaches: a rule that cannot fire).
+    Expr { from: &'static str, to: &'static str },
+    /// The rule's `for` replaced (e.g. `0s`: a rule that fires on what its
+    /// `for` exists to wait out).
+    For(&'static str),
+}
+
+/// The shipped rules with every duration divided by `scale` (and `plant`
+/// made), and the alerts' `for`s so scaled (name, for).
+fn rendered_rules(scale: u64, plant: Option<&Plant>) -> (String, Vec<(String, Duration)>) {
     let shipped = std::fs::read_to_string(repo().join("manifests/prometheus/leasehold-rules.yaml")).unwrap();
     let mut parsed: Value = serde_yaml::from_str(&shipped).unwrap();
     let mut fors = Vec::new();
@@ -48,17 +55,21 @@ fn rendered_rules(plant: Option<&Plant>) -> (String, Vec<(String, Duration)>) {
         for rule in group["rules"].as_array_mut().unwrap() {
             let name = rule["alert"].as_str().unwrap().to_string();
             let mut expr = rule["expr"].as_str().unwrap().to_string();
-            if let Some(plant) = plant.filter(|p| p.alert == name) {
-                assert!(
-                    expr.contains(plant.from),
-                    "{name}'s expression has no {:?}: {expr}",
-                    plant.from
-                );
-                expr = expr.replace(plant.from, plant.to);
-                planted = true;
+            let mut for_ = rule["for"].as_str().unwrap().to_string();
+            match plant.filter(|p| p.alert == name).map(|p| &p.change) {
+                Some(PlantedChange::Expr { from, to }) => {
+                    assert!(expr.contains(from), "{name}'s expression has no {from:?}: {expr}");
+                    expr = expr.replace(from, to);
+                    planted = true;
+                }
+                Some(PlantedChange::For(planted_for)) => {
+                    for_ = planted_for.to_string();
+                    planted = true;
+                }
+                None => {}
             }
-            rule["for"] = json!(scaled(rule["for"].as_str().unwrap()));
-            rule["expr"] = json!(scaled_ranges(&expr));
+            rule["for"] = json!(scaled(&for_, scale));
+            rule["expr"] = json!(scaled_ranges(&expr, scale));
             fors.push((name, seconds(rule["for"].as_str().unwrap())));
         }
     }
@@ -79,19 +90,16 @@ fn seconds(duration: &str) -> Duration {
     Duration::from_secs(number * unit)
 }
 
-/// `duration` divided by [`TIME_SCALE`], in seconds.
-pub fn scaled(duration: &str) -> String {
+/// `duration` divided by `scale`, in seconds.
+fn scaled(duration: &str, scale: u64) -> String {
     let secs = seconds(duration).as_secs();
-    assert_eq!(
-        secs % TIME_SCALE,
-        0,
-        "{duration} is no whole number of seconds once scaled"
-    );
-    format!("{}s", secs / TIME_SCALE)
+    assert_eq!(secs % scale, 0, "{duration} is no whole number of seconds once scaled");
+    format!("{}s", secs / scale)
 }
 
-/// Every range (`[5m]`) and subquery range (`[10m:]`) of `expr` scaled.
-fn scaled_ranges(expr: &str) -> String {
+/// Every range (`[5m]`), subquery range (`[10m:]`) and offset (`offset
+/// 2m`) of `expr` scaled.
+fn scaled_ranges(expr: &str, scale: u64) -> String {
     let mut out = String::new();
     let mut rest = expr;
     while let Some(open) = rest.find('[') {
@@ -99,15 +107,34 @@ fn scaled_ranges(expr: &str) -> String {
         let inside = &rest[open + 1..close];
         let (range, step) = inside.split_once(':').map_or((inside, None), |(r, s)| (r, Some(s)));
         out.push_str(&rest[..=open]);
-        out.push_str(&scaled(range));
+        out.push_str(&scaled(range, scale));
         if let Some(step) = step {
             out.push(':');
             if !step.is_empty() {
-                out.push_str(&scaled(step));
+                out.push_str(&scaled(step, scale));
             }
         }
         out.push(']');
         rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    scaled_offsets(&out, scale)
+}
+
+/// Every `offset DURATION` of `expr` scaled.
+fn scaled_offsets(expr: &str, scale: u64) -> String {
+    const OFFSET: &str = "offset ";
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find(OFFSET) {
+        let start = at + OFFSET.len();
+        let end = start
+            + rest[start..]
+                .find(|c: char| !c.is_ascii_alphanumeric())
+                .unwrap_or(rest.len() - start);
+        out.push_str(&rest[..start]);
+        out.push_str(&scaled(&rest[start..end], scale));
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -463,19 +490,22 @@ pub struct Prometheus {
     discovery: tokio::task::JoinHandle<()>,
     port: u16,
     pub dir: PathBuf,
+    /// How many times shorter than shipped its rules' ranges and `for`s are.
+    scale: u64,
     /// Each alert's `for` as this Prometheus evaluates it.
     pub fors: Vec<(String, Duration)>,
 }
 
 impl Prometheus {
+    /// The shipped rules at [`TIME_SCALE`].
     pub fn start(s: &Scenario, name: &str) -> Prometheus {
-        Self::start_with(s, name, None)
+        Self::start_with(s, name, TIME_SCALE, None)
     }
 
-    /// With `plant` made in the rules it evaluates.
-    pub fn start_with(s: &Scenario, name: &str, plant: Option<&Plant>) -> Prometheus {
+    /// The shipped rules at `scale` (1: as shipped), with `plant` made.
+    pub fn start_with(s: &Scenario, name: &str, scale: u64, plant: Option<&Plant>) -> Prometheus {
         let dir = tempdir(&format!("prometheus-{name}"));
-        let (text, fors) = rendered_rules(plant);
+        let (text, fors) = rendered_rules(scale, plant);
         std::fs::write(dir.join("rules.yaml"), text).unwrap();
         let (mut jobs, discoveries): (Vec<Value>, Vec<Discovery>) = chart_monitors(&s.env, &dir)
             .iter()
@@ -514,8 +544,14 @@ impl Prometheus {
             discovery,
             port,
             dir,
+            scale,
             fors,
         }
+    }
+
+    /// A duration of the shipped rules (`2m`) as this Prometheus evaluates it.
+    pub fn scaled(&self, duration: &str) -> String {
+        scaled(duration, self.scale)
     }
 
     /// GET on the HTTP API; the `data` of a successful answer.
@@ -537,6 +573,28 @@ impl Prometheus {
         self.get("/api/v1/query", &[("query", promql)])?["result"]
             .as_array()
             .cloned()
+    }
+
+    /// The series of a range query (`x[5m]`, a subquery): each one's
+    /// labels and samples (Unix time, value).
+    pub fn matrix(&self, promql: &str) -> Vec<(Value, Vec<(f64, f64)>)> {
+        let result = self
+            .query(promql)
+            .unwrap_or_else(|| panic!("Prometheus answers `{promql}`"));
+        let sample = |v: &Value| (v[0].as_f64().unwrap(), v[1].as_str().unwrap().parse().unwrap());
+        let series = |r: Value| {
+            (
+                r["metric"].clone(),
+                r["values"].as_array().unwrap().iter().map(sample).collect(),
+            )
+        };
+        result.into_iter().map(series).collect()
+    }
+
+    /// [`matrix`](Self::matrix) of `promql` over the last `window`, one
+    /// sample a second (a subquery).
+    pub fn over(&self, promql: &str, window: Duration) -> Vec<(Value, Vec<(f64, f64)>)> {
+        self.matrix(&format!("({promql})[{}s:1s]", window.as_secs().max(1)))
     }
 
     /// The alerts named `name` in `state` (pending or firing) now.
@@ -696,6 +754,94 @@ impl Prometheus {
     }
 }
 
+/// The chart's Grafana dashboard (charts/leasehold/files/).
+pub fn dashboard() -> Value {
+    let path = repo().join("charts/leasehold/files/leasehold-dashboard.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every panel's targets (rows' panels included): (panel title, PromQL).
+fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
+    fn walk(panels: &Value, out: &mut Vec<(String, String)>) {
+        for panel in panels.as_array().into_iter().flatten() {
+            walk(&panel["panels"], out);
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let title = panel["title"].as_str().unwrap_or_default().to_string();
+                out.push((
+                    title,
+                    target["expr"].as_str().expect("a Prometheus target's expr").to_string(),
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dashboard["panels"], &mut out);
+    out
+}
+
+/// `expr` as Grafana sends it to Prometheus with `chosen` values of the
+/// dashboard's template variables (`$name`, `${name}`). One value of a
+/// multi-value variable goes in as itself: Grafana's Prometheus data
+/// source escapes only regex metacharacters in it
+/// (`prometheusSpecialRegexEscape` in its datasource.ts), which the chosen
+/// values must not hold (asserted). `$__rate_interval` is the larger of
+/// `$__interval` plus the scrape interval and four scrape intervals
+/// (grafana/grafana#77234), with the data source's scrape interval set to
+/// this Prometheus's [`INTERVAL`]: 4 s, as `$__interval` never falls below
+/// the scrape interval. Any other variable fails here.
+fn grafana_interpolated(expr: &str, chosen: &[(&str, &str)]) -> String {
+    let scrape = seconds(INTERVAL).as_secs();
+    let mut values: Vec<(String, String)> = vec![("__rate_interval".into(), format!("{}s", 4 * scrape))];
+    for (name, value) in chosen {
+        assert!(
+            !value.contains(|c: char| "\\^$*+?.()|{}[]".contains(c)),
+            "{name}={value}: Grafana would escape it"
+        );
+        values.push((name.to_string(), value.to_string()));
+    }
+    let mut out = expr.to_string();
+    // Longest names first: `$lease` must not eat the start of `$leases`.
+    values.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    for (name, value) in &values {
+        out = out
+            .replace(&format!("${{{name}}}"), value)
+            .replace(&format!("${name}"), value);
+    }
+    assert!(
+        !out.contains('$'),
+        "a template variable left in `{out}` (from `{expr}`)"
+    );
+    out
+}
+
+/// The dashboard's panels whose queries (with `chosen` variables, see
+/// [`grafana_interpolated`]) return no series now, or fail: (title, query).
+pub fn empty_panels(prometheus: &Prometheus, dashboard: &Value, chosen: &[(&str, &str)]) -> Vec<(String, String)> {
+    panel_queries(dashboard)
+        .into_iter()
+        .map(|(title, expr)| (title, grafana_interpolated(&expr, chosen)))
+        .filter(|(_, promql)| prometheus.query(promql).is_none_or(|series| series.is_empty()))
+        .collect()
+}
+
+/// Waits until every panel of `dashboard` returns a series (the rate
+/// panels need samples within their window); fails naming those that do
+/// not.
+pub async fn every_panel_answers(prometheus: &Prometheus, dashboard: &Value, chosen: &[(&str, &str)]) {
+    let started = Instant::now();
+    loop {
+        let empty = empty_panels(prometheus, dashboard, chosen);
+        if empty.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < PROMETHEUS_WAIT,
+            "dashboard panels with no series within {PROMETHEUS_WAIT:?}: {empty:#?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// An alert of namespace `ns` and, when it is a lease's, of this suite's lease.
 fn concerns(alert: &Value, ns: &str) -> bool {
     let labels = &alert["labels"];
@@ -729,32 +875,71 @@ pub fn write_atomically(path: &Path, text: &str) {
 #[test]
 fn scaling_divides_every_range_and_keeps_the_rest() {
     assert_eq!(
-        scaled_ranges("avg_over_time((max(x))[10m:]) < 0.75 and max_over_time(x[2m]) == 1 or y[15m:1m]"),
+        scaled_ranges(
+            "avg_over_time((max(x))[10m:]) < 0.75 and max_over_time(x[2m]) == 1 or y[15m:1m]",
+            10
+        ),
         "avg_over_time((max(x))[60s:]) < 0.75 and max_over_time(x[12s]) == 1 or y[90s:6s]"
     );
-    assert_eq!(scaled("5m"), "30s");
+    assert_eq!(
+        scaled_ranges("increase(x[2m]) == 0 and on (pod) (x offset 2m)", 10),
+        "increase(x[12s]) == 0 and on (pod) (x offset 12s)"
+    );
+    assert_eq!(scaled("5m", 10), "30s");
+    assert_eq!(scaled("5m", 1), "300s");
 }
 
 #[test]
 fn a_plant_changes_its_alert_only() {
-    let plant = Plant {
-        alert: "LeaseholdStoreFailures",
-        from: "> 0",
-        to: "> 1e9",
-    };
-    let rules = |plant| -> Vec<(String, String)> {
-        let (text, _) = rendered_rules(plant);
+    type Rule = (String, String, String);
+    /// Each rule as (alert, expr, for), rendered at `scale`.
+    fn rules(scale: u64, plant: Option<&Plant>) -> Vec<Rule> {
+        let (text, _) = rendered_rules(scale, plant);
         let parsed: Value = serde_yaml::from_str(&text).unwrap();
         let groups = parsed["groups"].as_array().unwrap().iter();
         groups
             .flat_map(|g| g["rules"].as_array().unwrap())
-            .map(|r| (r["alert"].as_str().unwrap().into(), r["expr"].as_str().unwrap().into()))
+            .map(|r| {
+                let field = |f: &str| r[f].as_str().unwrap().to_string();
+                (field("alert"), field("expr"), field("for"))
+            })
             .collect()
+    }
+    /// The one rule `plant` changes: (shipped, planted).
+    fn changed(scale: u64, plant: &Plant) -> (Rule, Rule) {
+        let pairs = rules(scale, None).into_iter().zip(rules(scale, Some(plant)));
+        let changed: Vec<(Rule, Rule)> = pairs.filter(|(a, b)| a != b).collect();
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        assert_eq!(changed[0].0.0, plant.alert);
+        changed[0].clone()
+    }
+    let threshold = Plant {
+        alert: "LeaseholdStoreFailures",
+        change: PlantedChange::Expr {
+            from: "> 0",
+            to: "> 1e9",
+        },
     };
-    let (shipped, planted) = (rules(None), rules(Some(&plant)));
-    let changed: Vec<_> = shipped.iter().zip(&planted).filter(|(a, b)| a != b).collect();
-    assert_eq!(changed.len(), 1, "{changed:?}");
-    let ((name, before), (_, after)) = changed[0];
-    assert_eq!(name, plant.alert);
-    assert_eq!(after, &before.replace("> 0", "> 1e9"));
+    let (before, after) = changed(TIME_SCALE, &threshold);
+    assert_eq!(after.1, before.1.replace("> 0", "> 1e9"));
+    assert_eq!(after.2, before.2);
+    let no_wait = Plant {
+        alert: "LeaseholdNoLeader",
+        change: PlantedChange::For("0s"),
+    };
+    let (before, after) = changed(1, &no_wait);
+    assert_eq!(before.1, after.1);
+    assert_eq!((before.2.as_str(), after.2.as_str()), ("120s", "0s"));
+}
+
+#[test]
+fn grafana_variables_are_substituted_and_no_other() {
+    let expr = "sum(rate(m{namespace=~\"$namespace\", lease=~\"${lease}\"}[$__rate_interval]))";
+    assert_eq!(
+        grafana_interpolated(expr, &[("namespace", "e2e-a"), ("lease", "scheduler")]),
+        "sum(rate(m{namespace=~\"e2e-a\", lease=~\"scheduler\"}[4s]))"
+    );
+    let unknown = std::panic::catch_unwind(|| grafana_interpolated("m[$__range]", &[]));
+    assert!(unknown.is_err(), "an unknown variable passed");
+    assert!(!panel_queries(&dashboard()).is_empty());
 }

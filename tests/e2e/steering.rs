@@ -43,7 +43,7 @@ const HANDOVER_WITHIN: Duration = Duration::from_secs(60);
 
 /// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
 /// the cluster's kubeconfig: (exit code, stdout, stderr).
-async fn transfer(s: &Scenario, to: &str) -> (i32, String, String) {
+pub async fn transfer(s: &Scenario, to: &str) -> (i32, String, String) {
     let mut command = tokio::process::Command::from(s.env.leasehold());
     command.args([
         "transfer",

@@ -243,8 +243,13 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
         ),
         (
             "often leaderless: a quarter dark tolerated",
-            "[10m:]) < 0.75",
-            "[10m:]) < 0.7",
+            "[10m:])) < 0.75",
+            "[10m:])) < 0.7",
+        ),
+        (
+            "often leaderless: a young lock's dark seconds weighed against its own few samples",
+            "1 - count_over_time((max by (namespace, lease) (leasehold_is_leader) == 0)[10m:]) / scalar(count_over_time(vector(1)[10m:]))",
+            "avg_over_time((max by (namespace, lease) (leasehold_is_leader))[10m:])",
         ),
         (
             "often leaderless: a lock dark for good (or never led) counted",
@@ -258,6 +263,11 @@ fn the_promtool_tests_catch_planted_bugs_in_the_rules() {
         ),
         ("timing: threshold 0.35", "> 0.25", "> 0.35"),
         ("store failures: lost counted", "{kind!=\"lost\"}", ""),
+        (
+            "stalled: a new pod's first samples judged as silence",
+            "\n            and on (namespace, lease, pod) sum by (namespace, lease, pod) (leasehold_store_calls_total offset 2m)",
+            "",
+        ),
         (
             "stalled: one operation only",
             "increase(leasehold_store_calls_total[2m])",
