@@ -214,10 +214,10 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
     let db = prepare_database(&server).await;
     let redis = RedisServer::start_on(s.env.host_ip);
     let redis_address = (s.env.host_ip, redis.port).into();
-    let redis_writes = RedisWrites::monitor(redis_address, &format!("workload:{{{}/{LEASE}}}:last", s.ns)).await;
+    let redis_writes = redis_writes(redis_address, &format!("workload:{{{}/{LEASE}}}:last", s.ns)).await;
     let spanner = SpannerWrites::start(s).await;
     let _policy = fencing_policy(s).await;
-    let config_map_writes = ConfigMapWrites::watch(s).await;
+    let config_map_writes = config_map_writes(s).await;
     s.apply(lease_objects).await;
     s.apply(workload(s, &redis.url_at(redis_address), &spanner)).await;
     let logs = AppLogs::follow(s);
@@ -678,59 +678,40 @@ fn workload(s: &Scenario, redis_url: &str, spanner: &SpannerWrites) -> Vec<Value
 /// included (`[0 lua] "SET" "<key>" "<value>"`), in the order it runs them
 /// (Redis' MONITOR documentation; seen here on Redis 7.0). A refused write
 /// runs no SET.
-struct RedisWrites {
-    writes: Arc<Mutex<Vec<Write>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RedisWrites {
-    async fn monitor(address: SocketAddr, key: &str) -> RedisWrites {
-        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-        let mut connection = tokio::net::TcpStream::connect(address)
-            .await
-            .expect("connecting to Redis");
-        connection.write_all(b"MONITOR\r\n").await.expect("MONITOR");
-        let mut lines = tokio::io::BufReader::new(connection).lines();
-        assert_eq!(
-            lines.next_line().await.expect("MONITOR's answer").as_deref(),
-            Some("+OK")
-        );
-        let writes = Arc::new(Mutex::new(Vec::new()));
-        let set = format!("[0 lua] \"SET\" \"{key}\" \"");
-        let task = tokio::spawn({
-            let writes = writes.clone();
-            async move {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let Some((_, value)) = line.split_once(&set) else {
-                        continue;
-                    };
-                    let fields: Vec<&str> = value.trim_end_matches('"').split(' ').collect();
-                    let [pod, token, seq] = fields[..] else {
-                        panic!("the workload's Redis value {value:?} is not \"pod token seq\"")
-                    };
-                    let number = |n: &str| n.parse().unwrap_or_else(|e| panic!("{n:?} in {value:?}: {e}"));
-                    writes.lock().unwrap().push(Write {
-                        pod: pod.to_string(),
-                        token: number(token),
-                        seq: number(seq),
-                    });
-                }
+async fn redis_writes(address: SocketAddr, key: &str) -> RecordedWrites {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let mut connection = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connecting to Redis");
+    connection.write_all(b"MONITOR\r\n").await.expect("MONITOR");
+    let mut lines = tokio::io::BufReader::new(connection).lines();
+    assert_eq!(
+        lines.next_line().await.expect("MONITOR's answer").as_deref(),
+        Some("+OK")
+    );
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let set = format!("[0 lua] \"SET\" \"{key}\" \"");
+    let task = tokio::spawn({
+        let writes = writes.clone();
+        async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Some((_, value)) = line.split_once(&set) else {
+                    continue;
+                };
+                let fields: Vec<&str> = value.trim_end_matches('"').split(' ').collect();
+                let [pod, token, seq] = fields[..] else {
+                    panic!("the workload's Redis value {value:?} is not \"pod token seq\"")
+                };
+                let number = |n: &str| n.parse().unwrap_or_else(|e| panic!("{n:?} in {value:?}: {e}"));
+                writes.lock().unwrap().push(Write {
+                    pod: pod.to_string(),
+                    token: number(token),
+                    seq: number(seq),
+                });
             }
-        });
-        RedisWrites { writes, task }
-    }
-
-    /// What was written, once the writers are gone. A reader that ended
-    /// early passes its panic on (an early end of the stream leaves writes
-    /// unrecorded, which the checker reports).
-    async fn finish(self) -> Vec<Write> {
-        if self.task.is_finished() {
-            self.task.await.expect("the Redis MONITOR reader");
-        } else {
-            self.task.abort();
         }
-        self.writes.lock().unwrap().clone()
-    }
+    });
+    RecordedWrites { writes, task }
 }
 
 /// A Spanner emulator the pods write to through `fence::spanner` (the
@@ -804,48 +785,50 @@ impl SpannerWrites {
 /// server's watch cache replays what it missed; Kubernetes docs, "Efficient
 /// detection of changes"). A relist would skip changes: it fails the run
 /// instead of leaving writes unrecorded.
-struct ConfigMapWrites {
+async fn config_map_writes(s: &Scenario) -> RecordedWrites {
+    use kube::runtime::watcher::{self, Event};
+    let config = watcher::Config::default().fields(&format!("metadata.name={LEDGER}"));
+    let mut events = Box::pin(watcher::watcher(s.api::<ConfigMap>(), config));
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    // The first list (the ConfigMap as the test made it, with no write)
+    // is read before the writers start.
+    loop {
+        match events.next().await {
+            Some(Ok(Event::InitDone)) => break,
+            Some(Ok(_)) => {}
+            other => panic!("listing the fenced ConfigMap: {other:?}"),
+        }
+    }
+    let task = tokio::spawn({
+        let writes = writes.clone();
+        async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(Event::Apply(ledger)) => writes.lock().unwrap().extend(write_in(&ledger)),
+                    Ok(Event::Init) => panic!("the fenced ConfigMap's watch relisted: its record would have a gap"),
+                    // A broken connection: the watcher resumes from the
+                    // last resourceVersion it delivered.
+                    Ok(_) | Err(_) => {}
+                }
+            }
+        }
+    });
+    RecordedWrites { writes, task }
+}
+
+/// The writes a resource recorded, as a task reading them collects them.
+struct RecordedWrites {
     writes: Arc<Mutex<Vec<Write>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl ConfigMapWrites {
-    async fn watch(s: &Scenario) -> ConfigMapWrites {
-        use kube::runtime::watcher::{self, Event};
-        let config = watcher::Config::default().fields(&format!("metadata.name={LEDGER}"));
-        let mut events = Box::pin(watcher::watcher(s.api::<ConfigMap>(), config));
-        let writes = Arc::new(Mutex::new(Vec::new()));
-        // The first list (the ConfigMap as the test made it, with no write)
-        // is read before the writers start.
-        loop {
-            match events.next().await {
-                Some(Ok(Event::InitDone)) => break,
-                Some(Ok(_)) => {}
-                other => panic!("listing the fenced ConfigMap: {other:?}"),
-            }
-        }
-        let task = tokio::spawn({
-            let writes = writes.clone();
-            async move {
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(Event::Apply(ledger)) => writes.lock().unwrap().extend(write_in(&ledger)),
-                        Ok(Event::Init) => panic!("the fenced ConfigMap's watch relisted: its record would have a gap"),
-                        // A broken connection: the watcher resumes from the
-                        // last resourceVersion it delivered.
-                        Ok(_) | Err(_) => {}
-                    }
-                }
-            }
-        });
-        ConfigMapWrites { writes, task }
-    }
-
-    /// What was written, once the writers are gone; a reader that failed
-    /// passes its panic on.
+impl RecordedWrites {
+    /// What was written, once the writers are gone. A reader that ended
+    /// early passes its panic on (an early end leaves writes unrecorded,
+    /// which the checker reports).
     async fn finish(self) -> Vec<Write> {
         if self.task.is_finished() {
-            self.task.await.expect("the ConfigMap's watch");
+            self.task.await.expect("a resource's record reader");
         } else {
             self.task.abort();
         }
