@@ -67,18 +67,19 @@ async fn ordinary_turbulence_raises_no_alert() {
         prometheus.sees(&s, 1, 3).await;
         noisy.sees(&s, 1, 3).await;
         let started = Instant::now();
+        let mut run = Run::new(&s, &watcher, &prometheus);
 
         // A rollout restart: every pod replaced, the leader among them.
         let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
         s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
         rolled_out(&s, &old).await;
-        let mut leader = settled(&s, &watcher, &prometheus, None, "the rollout restart").await;
+        let mut leader = run.settled(None, "rollout restart").await;
 
         // A transfer to a follower, as `leasehold transfer` asks for one.
         let target = transferable_follower(&s, &leader).await;
         let (code, out, err) = transfer(&s, &target).await;
         assert_eq!(code, 0, "leasehold transfer to {target}: {out}{err}");
-        leader = settled(&s, &watcher, &prometheus, Some(&leader), "the transfer").await;
+        leader = run.settled(Some(&leader), "transfer").await;
         assert_eq!(leader, target, "the transfer's target leads");
 
         // A graceful delete of the leader (its app's 30 s grace period).
@@ -86,15 +87,15 @@ async fn ordinary_turbulence_raises_no_alert() {
             .delete(&leader, &DeleteParams::default())
             .await
             .unwrap_or_else(|e| panic!("deleting {leader}: {e}"));
-        leader = settled(&s, &watcher, &prometheus, Some(&leader), "the graceful delete").await;
+        leader = run.settled(Some(&leader), "graceful delete").await;
 
         // The leader's sidecar crashes; the kubelet restarts it.
         kill_and_await_restart(&s, &leader, SIDECAR).await;
-        settled(&s, &watcher, &prometheus, None, "the sidecar's crash").await;
+        run.settled(None, "sidecar crash").await;
 
         tokio::time::sleep(SETTLE).await;
         let window = started.elapsed();
-        print_margins(&prometheus, &s, window);
+        print_margins(&prometheus, &s, window, &run.phases);
         let heard = noise(&prometheus, &s.ns, window);
         assert!(
             heard.is_empty(),
@@ -130,20 +131,58 @@ async fn rolled_out(s: &Scenario, old: &[String]) {
     .await;
 }
 
-/// After `fault`: one leader (other than `old`, when given) and
-/// Prometheus scraping it among three candidates (a terminating pod gone);
-/// the leader.
-async fn settled(
-    s: &Scenario,
-    watcher: &LeadershipWatcher,
-    prometheus: &Prometheus,
-    old: Option<&str>,
-    fault: &str,
-) -> String {
-    let leader = watcher.one_leader(old, SUCCESSOR).await;
-    prometheus.sees(s, 1, 3).await;
-    eprintln!("settled after {fault}: {leader} leads");
-    leader
+/// The faults one after another, each one's span recorded.
+struct Run<'a> {
+    s: &'a Scenario,
+    watcher: &'a LeadershipWatcher,
+    prometheus: &'a Prometheus,
+    /// When the lease last settled (Unix seconds, as Prometheus stamps
+    /// samples): the next fault starts then.
+    since: f64,
+    /// Each fault and its span, from the lease settled before it to the
+    /// lease settled after it.
+    phases: Vec<Phase>,
+}
+
+struct Phase {
+    fault: &'static str,
+    from: f64,
+    to: f64,
+}
+
+/// Now, in Unix seconds.
+fn unix_now() -> f64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.expect("a clock after 1970").as_secs_f64()
+}
+
+impl<'a> Run<'a> {
+    fn new(s: &'a Scenario, watcher: &'a LeadershipWatcher, prometheus: &'a Prometheus) -> Run<'a> {
+        Run {
+            s,
+            watcher,
+            prometheus,
+            since: unix_now(),
+            phases: Vec::new(),
+        }
+    }
+
+    /// After `fault`: one leader (other than `old`, when given) and
+    /// Prometheus scraping it among three candidates (a terminating pod
+    /// gone); the leader.
+    async fn settled(&mut self, old: Option<&str>, fault: &'static str) -> String {
+        let leader = self.watcher.one_leader(old, SUCCESSOR).await;
+        self.prometheus.sees(self.s, 1, 3).await;
+        let to = unix_now();
+        eprintln!("settled after the {fault} ({:.1} s): {leader} leads", to - self.since);
+        self.phases.push(Phase {
+            fault,
+            from: self.since,
+            to,
+        });
+        self.since = to;
+        leader
+    }
 }
 
 /// A follower the operator accepts as a transfer's target: containers
@@ -213,7 +252,7 @@ fn noise(prometheus: &Prometheus, ns: &str, window: Duration) -> Vec<String> {
 /// How close each lease rule's expression came to alerting over the last
 /// `window` (one sample a second, the rules at their shipped ranges),
 /// printed as "margin" lines; two leaders are asserted never seen.
-fn print_margins(prometheus: &Prometheus, s: &Scenario, window: Duration) {
+fn print_margins(prometheus: &Prometheus, s: &Scenario, window: Duration, phases: &[Phase]) {
     let lease = format!("namespace=\"{}\", lease=\"{LEASE}\"", s.ns);
     let values = |promql: &str| -> Vec<(Value, Vec<(f64, f64)>)> { prometheus.over(promql, window) };
     let extreme = |promql: &str, pick: fn(f64, f64) -> f64, start: f64| -> f64 {
@@ -229,16 +268,27 @@ fn print_margins(prometheus: &Prometheus, s: &Scenario, window: Duration) {
     eprintln!("margin LeaseholdTwoLeaders: at most {leaders} leader(s) reported at once (fires above 1)");
     assert!(leaders <= 1.0, "{leaders} pods reported leading at once");
 
-    // The rule's own expression: how long it held (the lease leaderless).
+    // The rule's own expression: how long it held (the lease leaderless),
+    // in all and in each fault's span.
     let no_leader = prometheus.loaded_expr("LeaseholdNoLeader");
-    let leaderless = values(&no_leader)
+    let held: Vec<(f64, f64)> = values(&no_leader)
         .into_iter()
         .filter(|(labels, _)| labels["namespace"] == json!(s.ns))
-        .map(|(_, samples)| longest_stretch(&samples))
-        .max()
-        .unwrap_or_default();
+        .flat_map(|(_, samples)| samples)
+        .collect();
+    let by_fault: Vec<String> = phases
+        .iter()
+        .map(|phase| {
+            let within: Vec<(f64, f64)> = (held.iter().copied())
+                .filter(|(at, _)| (phase.from..=phase.to).contains(at))
+                .collect();
+            format!("{} {:?}", phase.fault, longest_stretch(&within))
+        })
+        .collect();
     eprintln!(
-        "margin LeaseholdNoLeader: longest leaderless stretch {leaderless:?} (fires after {:?})",
+        "margin LeaseholdNoLeader: longest leaderless stretch {:?} ({}; fires after {:?})",
+        longest_stretch(&held),
+        by_fault.join(", "),
         prometheus.for_of("LeaseholdNoLeader")
     );
 
