@@ -34,7 +34,9 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 
 use crate::e2e::cluster::{DeleteOnDrop, Scenario, apply, rendered_fencing_policy, wait_for};
-use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, watch_example};
+use crate::e2e::fixtures::{
+    APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, transfer, transferable_follower, watch_example,
+};
 use crate::e2e::node::{Partition, kill_and_await_restart, restarts, running_pid, signal_container, signal_process};
 use crate::e2e::stores::{URL_SECRET, postgres_lease};
 use crate::e2e::watcher::LeadershipWatcher;
@@ -402,31 +404,11 @@ async fn inject(
         }
         Fault::DeleteNow => delete_now(s, leader).await,
         Fault::Transfer => {
-            let Some(target) = ready_follower(s, leader).await else {
+            let Some(target) = transferable_follower(s, leader).await else {
                 return false;
             };
-            // Not blocking: the watcher and the log followers run on this thread.
-            let out = tokio::process::Command::from(s.env.leasehold())
-                .args([
-                    "transfer",
-                    LEASE,
-                    "--to",
-                    &target,
-                    "-n",
-                    &s.ns,
-                    "--wait",
-                    "--timeout",
-                    "60s",
-                ])
-                .output()
-                .await
-                .expect("running leasehold transfer");
-            assert!(
-                out.status.success(),
-                "leasehold transfer to {target}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let (code, out, err) = transfer(s, &target).await;
+            assert_eq!(code, 0, "leasehold transfer to {target}: {out}{err}");
         }
     }
     true
@@ -495,22 +477,6 @@ async fn rollout_restart(s: &Scenario) {
         .then_some(())
     })
     .await;
-}
-
-/// A candidate other than `leader` that a transfer can hand the lease to:
-/// not being deleted, its containers ready, and its sidecar reporting its
-/// store reached (the operator refuses any other target with
-/// `TargetCannotReachStore`; a pod just healed from a cut or restarted
-/// shows False until its next store call answers).
-async fn ready_follower(s: &Scenario, leader: &str) -> Option<String> {
-    use leasehold::api::contract::{containers_ready_since, store_reachable};
-    s.pods(APP)
-        .await
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| containers_ready_since(p).is_some() && store_reachable(p))
-        .filter_map(|p| p.metadata.name)
-        .find(|p| p != leader)
 }
 
 /// The lease table made now (as the operator would make it), with a

@@ -147,3 +147,36 @@ pub async fn lease_condition(s: &Scenario, lease: &str, type_: &str, status: &st
     })
     .await
 }
+
+/// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
+/// the cluster's kubeconfig: (exit code, stdout, stderr). It waits 90 s for
+/// the leader's answer: the drain (5 s), the window (D, 15 s at most here)
+/// and the target's acquire, with room. Not blocking: the watchers run on
+/// the test's thread.
+pub async fn transfer(s: &Scenario, to: &str) -> (i32, String, String) {
+    let mut command = tokio::process::Command::from(s.env.leasehold());
+    command.args(["transfer", LEASE, "--to", to, "-n", &s.ns, "--wait", "--timeout", "90s"]);
+    let out = command.output().await.expect("running leasehold transfer");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let code = out
+        .status
+        .code()
+        .expect("leasehold transfer exited, not killed by a signal");
+    (code, text(&out.stdout), text(&out.stderr))
+}
+
+/// A candidate other than `leader` the operator accepts as a transfer's
+/// target: not being deleted, its containers ready and its sidecar
+/// reporting its store reached (else `TargetCannotReachStore`; a pod just
+/// started, restarted or healed from a cut shows False until its next
+/// store call answers).
+pub async fn transferable_follower(s: &Scenario, leader: &str) -> Option<String> {
+    use leasehold::api::contract::{containers_ready_since, store_reachable};
+    s.pods(APP)
+        .await
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| containers_ready_since(p).is_some() && store_reachable(p))
+        .filter_map(|p| p.metadata.name)
+        .find(|p| p != leader)
+}

@@ -20,13 +20,12 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Env, POLL, Scenario, scenario, wait_for};
 use crate::e2e::faults::{converges, converges_past, lease_timing, token};
-use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service};
+use crate::e2e::fixtures::{
+    APP, FIRST_LEADER, LEASE, SUCCESSOR, a_follower, delete_now, leader_only_service, transfer,
+};
 use crate::e2e::node::Partition;
 use crate::e2e::watcher::{Claim, LeadershipWatcher};
 
-/// How long `leasehold transfer --wait` waits for the leader's answer: the
-/// drain (5 s), the window (D, 15 s) and the target's acquire, with room.
-const ANSWER_WITHIN: &str = "90s";
 /// The operator writes what it reads into the status: a reconcile follows
 /// each change of the lease or its pods (and requeues within P).
 const STATUS_WITHIN: Duration = Duration::from_secs(60);
@@ -40,30 +39,6 @@ const CUT_OFF_WINDOW: Duration = Duration::from_secs(60);
 /// Generous: beyond the stabilization period, the operator's next look
 /// (within P), the leader's drain and the target's acquire.
 const HANDOVER_WITHIN: Duration = Duration::from_secs(60);
-
-/// `leasehold transfer LEASE --to POD -n NS --wait` as a user runs it, on
-/// the cluster's kubeconfig: (exit code, stdout, stderr).
-pub async fn transfer(s: &Scenario, to: &str) -> (i32, String, String) {
-    let mut command = tokio::process::Command::from(s.env.leasehold());
-    command.args([
-        "transfer",
-        LEASE,
-        "--to",
-        to,
-        "-n",
-        &s.ns,
-        "--wait",
-        "--timeout",
-        ANSWER_WITHIN,
-    ]);
-    let out = command.output().await.expect("running leasehold transfer");
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let code = out
-        .status
-        .code()
-        .expect("leasehold transfer exited, not killed by a signal");
-    (code, text(&out.stdout), text(&out.stderr))
-}
 
 /// The LeaseTransfer the command said it created (`leasetransfer/NAME created: ...`).
 async fn created_request(s: &Scenario, stdout: &str) -> LeaseTransfer {

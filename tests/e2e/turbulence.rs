@@ -23,10 +23,11 @@ use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Scenario, scenario, wait_for};
-use crate::e2e::fixtures::{APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, leader_only_service};
+use crate::e2e::fixtures::{
+    APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, leader_only_service, transfer, transferable_follower,
+};
 use crate::e2e::node::kill_and_await_restart;
 use crate::e2e::prometheus::{Plant, PlantedChange, Prometheus};
-use crate::e2e::steering::transfer;
 use crate::e2e::watcher::LeadershipWatcher;
 
 /// The rules as shipped: see the module's comment.
@@ -76,7 +77,10 @@ async fn ordinary_turbulence_raises_no_alert() {
         let mut leader = run.settled(None, "rollout restart").await;
 
         // A transfer to a follower, as `leasehold transfer` asks for one.
-        let target = transferable_follower(&s, &leader).await;
+        let target = wait_for("a follower that can take a transfer", SUCCESSOR, || {
+            transferable_follower(&s, &leader)
+        })
+        .await;
         let (code, out, err) = transfer(&s, &target).await;
         assert_eq!(code, 0, "leasehold transfer to {target}: {out}{err}");
         leader = run.settled(Some(&leader), "transfer").await;
@@ -183,24 +187,6 @@ impl<'a> Run<'a> {
         self.since = to;
         leader
     }
-}
-
-/// A follower the operator accepts as a transfer's target: containers
-/// ready and its sidecar reporting its store reached (else
-/// `TargetCannotReachStore`; a pod just started shows False until its
-/// first store call answers).
-async fn transferable_follower(s: &Scenario, leader: &str) -> String {
-    use leasehold::api::contract::{containers_ready_since, store_reachable};
-    wait_for("a follower that can take a transfer", SUCCESSOR, || async {
-        s.pods(APP)
-            .await
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| containers_ready_since(p).is_some() && store_reachable(p))
-            .filter_map(|p| p.metadata.name)
-            .find(|p| p != leader)
-    })
-    .await
 }
 
 /// The longest run of consecutive samples (one a second, as Prometheus
