@@ -1,4 +1,6 @@
-//! Fencing proven by a workload under faults (issue 56, the short run):
+//! Fencing proven by a workload under faults (issue 56): the short run is
+//! this file's scenario, the long one the benchmarks' `fenced-workload`
+//! part (benches/leasehold/fenced_workload.rs), both through [`run`]:
 //! three candidate pods of a DistributedLease on PostgreSQL run the fenced
 //! workload (crates/leasehold-kubernetes/examples/fenced-workload.rs) as
 //! their app container, each writing while its sidecar says it leads: to a
@@ -10,11 +12,12 @@
 //! an unfenced control table. Faults drawn from a printed seed make stale
 //! leaders; the fencing checker (tests/support/fencing_history.rs) then
 //! judges the writers' logs against what each resource recorded (the
-//! tables' rows, Spanner's by commit timestamp, the Redis key's values as MONITOR shows Redis running the
-//! writes, the ConfigMap's values as a watch on it delivers them) and
-//! the tokens the lease store issued (a trigger on its table records each
-//! new term): no fenced resource may accept a stale write, while the
-//! control shows the stale writes the faults produced.
+//! tables' rows, Spanner's by commit timestamp, the Redis key's values as
+//! MONITOR shows Redis running the writes, the ConfigMap's values as a
+//! watch on it delivers them) and the tokens the lease store issued (a
+//! trigger on its table records each new term): no fenced resource may
+//! accept a stale write, while the control shows the stale writes the
+//! faults produced.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -54,9 +57,9 @@ const WORKLOAD: &str = "/usr/local/bin/fenced-workload";
 const D: Duration = Duration::from_secs(4);
 const TIMING: (&str, &str, &str) = ("4s", "3s", "1s");
 /// How long a run goes on: until the lease store has begun at least
-/// `terms` new terms and every fenced resource has taken at least `writes`
-/// attempts, or for `at_most`, whichever comes first (a run cut short
-/// fails: it proves less than it says).
+/// `terms` new terms and every fenced resource has accepted at least
+/// `writes` writes, or for `at_most`, whichever comes first (a run cut
+/// short fails: it proves less than it says).
 pub struct Length {
     pub terms: usize,
     pub writes: usize,
