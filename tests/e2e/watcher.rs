@@ -577,8 +577,9 @@ struct Claims {
 /// The sidecar's local API, as the app container reaches it.
 const SIDECAR_API: &str = "127.0.0.1:4040";
 /// How often each candidate's claim is read: a claim that overlaps another
-/// by more than two periods (and the readers' scheduling delay) is certain
-/// to be seen; watcher_catches plants one of 100 ms.
+/// by more than two periods (and the readers' scheduling delay, which a
+/// loaded machine stretches) is certain to be seen; watcher_catches prints
+/// how long a planted overlap lasted before it was reported.
 pub const CLAIM_PERIOD: Duration = Duration::from_millis(10);
 /// How long one read may take: a sidecar slower than this is not answering.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
