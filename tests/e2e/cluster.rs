@@ -729,6 +729,25 @@ async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
     apply(client, &inside).await;
 }
 
+/// Waits until namespace `ns` has its `default` ServiceAccount. The
+/// ServiceAccount admission plugin gives a pod that names none that
+/// account and refuses the pod while it is missing ("error looking up
+/// service account"; Kubernetes plugin/pkg/admission/serviceaccount/
+/// admission.go), and kube-controller-manager's ServiceAccount controller
+/// creates it only once its informer has the new namespace
+/// (pkg/controller/serviceaccount/serviceaccounts_controller.go): seen
+/// missing in CI when a pod was created right after the namespace, on a
+/// cluster whose API server had just been restarted.
+pub async fn default_service_account(client: &Client, ns: &str) {
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        &format!("the default ServiceAccount of {ns}"),
+        Duration::from_secs(120),
+        || async { accounts.get_opt("default").await.ok().flatten().map(drop) },
+    )
+    .await;
+}
+
 /// Waits until the webhook injects pods in `ns` (dry runs): the API server
 /// matches webhooks' namespaceSelectors against its informer's copy of the
 /// namespace, which follows a label a moment later

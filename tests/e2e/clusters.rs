@@ -38,7 +38,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::e2e::cluster::{
-    DeleteOnDrop, Scenario, apply, crds, install_chart_with, namespace_object, scenario, wait_for,
+    DeleteOnDrop, Scenario, apply, crds, default_service_account, install_chart_with, namespace_object, scenario,
+    wait_for,
 };
 use crate::e2e::fixtures::{APP, LEASE};
 use crate::e2e::stores::{SpannerForPods, lease, secret};
@@ -408,6 +409,9 @@ impl TwoClusters {
         .await;
         apply(&east.client, &crds()).await;
         apply(&east.client, &[namespace_object(NS)]).await;
+        // East's candidates are Pod objects made here, not by a controller
+        // that would retry them.
+        default_service_account(&east.client, NS).await;
         east.apply(store.objects(&east, &timing)).await;
         let east_lease = DeleteOnDrop {
             env: east.env.clone(),
