@@ -47,7 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::cluster::{Env, Scenario, scenario, wait_for};
 use crate::counting_proxy::{CountingProxy, Counts};
-use crate::fixtures::{APP, FIRST_LEADER, LEASE, a_follower, lease_on, watch_example};
+use crate::fixtures::{APP, FIRST_LEADER, LEASE, a_follower, lease_on, rollout_restart, watch_example};
 use crate::node::{kill_and_await_restart, signal_container};
 use crate::watcher::LeadershipWatcher;
 use crate::{env_or, median, millis, summary};
@@ -232,14 +232,9 @@ async fn measure(event: Event, reps: usize, store: &str) -> String {
                     signal_container(&s, &leader, "app", "KILL").await;
                     signal_container(&s, &leader, "leasehold", "KILL").await;
                 }
-                Event::RolloutRestart | Event::RolloutRestartNewest => {
-                    // Until the new ReplicaSet is complete: before it, the
-                    // old pods still run and the leader has not moved.
-                    tokio::task::block_in_place(|| {
-                        s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
-                        s.kubectl_ns(&["rollout", "status", "deployment/scheduler", "--timeout=300s"]);
-                    });
-                }
+                // Until every old pod is gone: before it, the leader may
+                // not have moved.
+                Event::RolloutRestart | Event::RolloutRestartNewest => rollout_restart(&s, 3).await,
                 Event::GatedFrozen => {
                     signal_container(&s, &leader, "leasehold", "STOP").await;
                     // When the kubelet's probe took the frozen leader's pod

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use leasehold::api::DistributedLease;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
@@ -16,6 +17,8 @@ use crate::e2e::watcher::{LeadershipWatcher, Watched};
 
 pub const APP: &str = "app=scheduler";
 pub const LEASE: &str = "scheduler";
+/// The example's Deployment of candidates.
+pub const DEPLOYMENT: &str = "scheduler";
 pub const SERVICE: &str = "scheduler-leader";
 /// The sidecar's container name in an injected pod.
 pub const SIDECAR: &str = "leasehold";
@@ -102,6 +105,55 @@ pub fn example_with_pod_annotations(s: &Scenario, annotations: Value) -> Vec<Val
         }
     }
     example
+}
+
+/// Generous: a rollout restart replaces the example's three pods one after
+/// another (the Deployment's default maxSurge 25 % rounds up to 1,
+/// maxUnavailable 25 % down to 0), each new one started and ready first.
+pub const ROLLOUT: Duration = Duration::from_secs(180);
+
+/// `kubectl rollout restart deployment/scheduler`, waited out: every pod
+/// from before gone, the controller having seen the change, and every
+/// replica updated with `ready` of them Ready (all, or the one leader under
+/// a readiness gate).
+///
+/// The restart is kubectl's: a changed `kubectl.kubernetes.io/restartedAt`
+/// annotation on the pod template (kubectl's
+/// pkg/polymorphichelpers/objectrestarter.go), sent through the API so the
+/// change's generation is known. The wait is `kubectl rollout status`'s
+/// (pkg/polymorphichelpers/rollout_status.go: observed generation, updated
+/// and total replicas) made strict: the old pods gone, not only scaled
+/// away, so the old leader's term has ended.
+pub async fn rollout_restart(s: &Scenario, ready: i32) {
+    // Listed before the restart: listed after it, new pods could be among
+    // them and "replaced" would never hold (seen in CI).
+    let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
+    let deployments = s.api::<Deployment>();
+    let restarted_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": {
+        "kubectl.kubernetes.io/restartedAt": restarted_at}}}}});
+    let patched = deployments
+        .patch(DEPLOYMENT, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("restarting the Deployment's rollout");
+    let generation = patched.metadata.generation;
+    wait_for("the rollout restart complete, every pod replaced", ROLLOUT, || async {
+        let deployment = deployments.get(DEPLOYMENT).await.ok()?;
+        let status = deployment.status?;
+        let replicas = deployment.spec.replicas.unwrap_or(1);
+        let pods = s.pods(APP).await;
+        let replaced = pods
+            .iter()
+            .all(|p| p.metadata.name.as_ref().is_some_and(|n| !old.contains(n)));
+        (replaced
+            && pods.len() == replicas as usize
+            && status.observed_generation >= generation
+            && status.updated_replicas == Some(replicas)
+            && status.replicas == Some(replicas)
+            && status.ready_replicas == Some(ready))
+        .then_some(())
+    })
+    .await;
 }
 
 /// `kubectl exec` into a pod's app container.

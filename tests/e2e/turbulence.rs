@@ -17,14 +17,13 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
 use crate::e2e::cluster::{Scenario, scenario, wait_for};
 use crate::e2e::fixtures::{
-    APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, leader_only_service, transfer, transferable_follower,
+    FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, leader_only_service, rollout_restart, transfer, transferable_follower,
 };
 use crate::e2e::node::kill_and_await_restart;
 use crate::e2e::prometheus::{Plant, PlantedChange, Prometheus};
@@ -35,10 +34,6 @@ const AS_SHIPPED: u64 = 1;
 /// How long the lease stays led and scraped after the last fault before
 /// the verdict.
 const SETTLE: Duration = Duration::from_secs(30);
-/// Generous: a rollout restart replaces the three pods one after another
-/// (the Deployment's default maxSurge 25 % rounds up to 1, maxUnavailable
-/// 25 % down to 0), each new one started and ready first.
-const ROLLOUT: Duration = Duration::from_secs(180);
 /// The rules whose expressions hold for a moment in every ordinary
 /// handover, by design: their `for` is what waits it out (the rules'
 /// comments). Their pending stretches are measured against the `for`;
@@ -71,9 +66,7 @@ async fn ordinary_turbulence_raises_no_alert() {
         let mut run = Run::new(&s, &watcher, &prometheus);
 
         // A rollout restart: every pod replaced, the leader among them.
-        let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
-        s.kubectl_ns(&["rollout", "restart", "deployment/scheduler"]);
-        rolled_out(&s, &old).await;
+        rollout_restart(&s, 3).await;
         let mut leader = run.settled(None, "rollout restart").await;
 
         // A transfer to a follower, as `leasehold transfer` asks for one.
@@ -116,21 +109,6 @@ async fn ordinary_turbulence_raises_no_alert() {
         );
         eprintln!("the planted rule's noise: {planted:?}");
         watcher.finish();
-    })
-    .await;
-}
-
-/// Waits until the rollout replaced every pod of `old`, with three updated.
-async fn rolled_out(s: &Scenario, old: &[String]) {
-    let deployments = s.api::<Deployment>();
-    wait_for("the rollout replaced every pod", ROLLOUT, || async {
-        let status = deployments.get("scheduler").await.ok()?.status?;
-        let pods = s.pods(APP).await;
-        let replaced = pods
-            .iter()
-            .all(|p| p.metadata.name.as_ref().is_some_and(|n| !old.contains(n)));
-        (replaced && pods.len() == 3 && status.updated_replicas == Some(3) && status.ready_replicas == Some(3))
-            .then_some(())
     })
     .await;
 }
