@@ -19,7 +19,7 @@
 //! accept a stale write, while the control shows the stale writes the
 //! faults produced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,7 +38,8 @@ use serde_json::{Value, json};
 
 use crate::e2e::cluster::{DeleteOnDrop, Scenario, apply, rendered_fencing_policy, wait_for};
 use crate::e2e::fixtures::{
-    APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, transfer, transferable_follower, watch_example,
+    APP, FIRST_LEADER, LEASE, SIDECAR, SUCCESSOR, delete_now, rollout_restart, transfer, transferable_follower,
+    watch_example,
 };
 use crate::e2e::node::{Partition, kill_and_await_restart, restarts, running_pid, signal_container, signal_process};
 use crate::e2e::stores::{URL_SECRET, postgres_lease};
@@ -149,7 +150,7 @@ pub struct WorkloadRun {
 impl WorkloadRun {
     /// The run's summary: the seed, the faults and the checker's report.
     pub fn summary(&self) -> String {
-        let mut counts: std::collections::BTreeMap<Fault, usize> = Default::default();
+        let mut counts: BTreeMap<Fault, usize> = Default::default();
         for fault in &self.ran {
             *counts.entry(*fault).or_default() += 1;
         }
@@ -241,7 +242,7 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
     let mut planned = FAULTS.to_vec();
     planned.shuffle(&mut rng);
     while started.elapsed() < length.at_most
-        && (issued(&db).await.len() <= length.terms || fewest_accepted(&attempts_in(&logs.snapshot())) < length.writes)
+        && (issued(&db).await.len() <= length.terms || logs.fewest_accepted() < length.writes)
     {
         let fault = planned
             .pop()
@@ -291,7 +292,11 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
         fenced: FENCED.map(String::from).into(),
     };
     let report = check(&history);
-    let fewest_writes = fewest_accepted(&history.attempts);
+    let fewest_writes = FENCED
+        .iter()
+        .map(|resource| report.resources.get(*resource).map_or(0, |r| r.accepted))
+        .min()
+        .unwrap_or_default();
     WorkloadRun {
         seed,
         took,
@@ -300,20 +305,6 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
         fewest_writes,
         length: (length.terms, length.writes),
     }
-}
-
-/// The fewest writes any fenced resource accepted, by its writers' logs.
-fn fewest_accepted(attempts: &[Attempt]) -> usize {
-    FENCED
-        .iter()
-        .map(|resource| {
-            attempts
-                .iter()
-                .filter(|a| a.resource == *resource && a.outcome == Accepted)
-                .count()
-        })
-        .min()
-        .unwrap_or_default()
 }
 
 /// Waits until the lease store has begun a term after the first `terms`.
@@ -388,7 +379,7 @@ async fn inject(
             watcher.one_leader(Some(leader), SUCCESSOR).await;
             cuts.into_iter().for_each(Partition::heal);
         }
-        Fault::RolloutRestart => rollout_restart(s).await,
+        Fault::RolloutRestart => rollout_restart(s, 3).await,
         Fault::ApiServerPaused => {
             let sidecar = running_pid(s, leader, SIDECAR, "to freeze it").await;
             let what = format!("{leader}'s sidecar");
@@ -455,31 +446,6 @@ async fn api_server_addresses(s: &Scenario) -> Vec<SocketAddr> {
         .parse()
         .unwrap_or_else(|e| panic!("the kubernetes Service's cluster IP {ip}: {e}"));
     vec![SocketAddr::new(ip, port), s.env.api_server_addr()]
-}
-
-/// `kubectl rollout restart` of the candidates' Deployment (a changed pod
-/// template annotation), waited out: every replica new and ready.
-async fn rollout_restart(s: &Scenario) {
-    let deployments = s.api::<k8s_openapi::api::apps::v1::Deployment>();
-    let restarted_at = humantime::format_rfc3339(std::time::SystemTime::now()).to_string();
-    let patch = json!({"spec": {"template": {"metadata": {"annotations": {
-        "kubectl.kubernetes.io/restartedAt": restarted_at}}}}});
-    let patched = deployments
-        .patch("scheduler", &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("restarting the Deployment's rollout");
-    let generation = patched.metadata.generation;
-    wait_for("the rollout restart complete", Duration::from_secs(180), || async {
-        let deployment = deployments.get("scheduler").await.ok()?;
-        let status = deployment.status?;
-        let replicas = deployment.spec.replicas.unwrap_or(1);
-        (status.observed_generation >= generation
-            && status.updated_replicas == Some(replicas)
-            && status.ready_replicas == Some(replicas)
-            && status.replicas == Some(replicas))
-        .then_some(())
-    })
-    .await;
 }
 
 /// The lease table made now (as the operator would make it), with a
@@ -826,18 +792,40 @@ fn write_in(ledger: &ConfigMap) -> Option<Write> {
 /// The app containers' logs, followed from each candidate pod as it
 /// appears until it is gone (a deleted pod's log goes with it).
 struct AppLogs {
-    lines: Arc<Mutex<BTreeSet<String>>>,
+    read: Arc<Mutex<LinesRead>>,
     stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+/// Every line read once, and the writes each resource accepted among them,
+/// counted as the lines arrive.
+#[derive(Default)]
+struct LinesRead {
+    lines: BTreeSet<String>,
+    accepted: BTreeMap<String, usize>,
+}
+
+impl LinesRead {
+    /// Keeps `line` once: a stream read again from the start repeats lines
+    /// (each carries its time, so two writes never share one).
+    fn add(&mut self, line: String) {
+        if self.lines.contains(&line) {
+            return;
+        }
+        if let Some(attempt) = Attempt::in_line(&line).filter(|a| a.outcome == Accepted) {
+            *self.accepted.entry(attempt.resource).or_default() += 1;
+        }
+        self.lines.insert(line);
+    }
+}
+
 impl AppLogs {
     fn follow(s: &Scenario) -> AppLogs {
-        let lines = Arc::new(Mutex::new(BTreeSet::new()));
+        let read = Arc::new(Mutex::new(LinesRead::default()));
         let stop = tokio_util::sync::CancellationToken::new();
         let pods = s.api::<Pod>();
         let task = tokio::spawn({
-            let (lines, stop) = (lines.clone(), stop.clone());
+            let (read, stop) = (read.clone(), stop.clone());
             async move {
                 let mut followed = BTreeSet::new();
                 let mut followers = Vec::new();
@@ -846,7 +834,7 @@ impl AppLogs {
                     for pod in list.map(|l| l.items).unwrap_or_default() {
                         let Some(name) = pod.metadata.name else { continue };
                         if followed.insert(name.clone()) {
-                            followers.push(tokio::spawn(follow_pod(pods.clone(), name, lines.clone())));
+                            followers.push(tokio::spawn(follow_pod(pods.clone(), name, read.clone())));
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -854,12 +842,18 @@ impl AppLogs {
                 followers
             }
         });
-        AppLogs { lines, stop, task }
+        AppLogs { read, stop, task }
     }
 
-    /// The lines so far.
-    fn snapshot(&self) -> Vec<String> {
-        self.lines.lock().unwrap().iter().cloned().collect()
+    /// The fewest writes any fenced resource accepted so far, by its
+    /// writers' logs.
+    fn fewest_accepted(&self) -> usize {
+        let read = self.read.lock().unwrap();
+        FENCED
+            .iter()
+            .map(|resource| read.accepted.get(*resource).copied().unwrap_or_default())
+            .min()
+            .unwrap_or_default()
     }
 
     /// Every line, once every followed pod is gone.
@@ -868,14 +862,16 @@ impl AppLogs {
         for follower in self.task.await.expect("the log follower") {
             follower.await.expect("a pod's log follower");
         }
-        self.lines.lock().unwrap().iter().cloned().collect()
+        std::mem::take(&mut self.read.lock().unwrap().lines)
+            .into_iter()
+            .collect()
     }
 }
 
 /// Reads `pod`'s app log while the pod exists; a stream that ends early
 /// (the container not started yet, a broken connection) is read again from
-/// the start, the lines kept once each (each carries its time).
-async fn follow_pod(pods: kube::Api<Pod>, pod: String, lines: Arc<Mutex<BTreeSet<String>>>) {
+/// the start.
+async fn follow_pod(pods: kube::Api<Pod>, pod: String, read: Arc<Mutex<LinesRead>>) {
     let params = LogParams {
         container: Some("app".into()),
         follow: true,
@@ -885,7 +881,7 @@ async fn follow_pod(pods: kube::Api<Pod>, pod: String, lines: Arc<Mutex<BTreeSet
         if let Ok(stream) = pods.log_stream(&pod, &params).await {
             let mut stream = Box::pin(stream.lines());
             while let Some(Ok(line)) = stream.next().await {
-                lines.lock().unwrap().insert(line);
+                read.lock().unwrap().add(line);
             }
         }
         match pods.get_opt(&pod).await {

@@ -107,12 +107,16 @@ pub struct Report {
     pub moves: usize,
 }
 
+impl Attempt {
+    /// The attempt a writer's log line records, if it records one.
+    pub fn in_line(line: &str) -> Option<Attempt> {
+        serde_json::from_str(line).ok()
+    }
+}
+
 /// The attempts among a writer's log lines (other lines are skipped).
 pub fn attempts_in(lines: &[String]) -> Vec<Attempt> {
-    lines
-        .iter()
-        .filter_map(|line| serde_json::from_str::<Attempt>(line).ok())
-        .collect()
+    lines.iter().filter_map(|line| Attempt::in_line(line)).collect()
 }
 
 pub fn check(history: &History) -> Report {
