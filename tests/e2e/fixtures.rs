@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams};
 use leasehold::api::DistributedLease;
 use leasehold::testing::servers::PostgresServer;
 use serde_json::{Value, json};
@@ -112,31 +112,36 @@ pub fn example_with_pod_annotations(s: &Scenario, annotations: Value) -> Vec<Val
 /// maxUnavailable 25 % down to 0), each new one started and ready first.
 pub const ROLLOUT: Duration = Duration::from_secs(180);
 
-/// `kubectl rollout restart deployment/scheduler`, waited out: every pod
-/// from before gone, the controller having seen the change, and every
-/// replica updated with `ready` of them Ready (all, or the one leader under
-/// a readiness gate).
+/// `kubectl rollout restart deployment/scheduler`, as docs/readiness-gate.md
+/// shows it, waited out: every pod from before gone, the controller having
+/// seen the restart, and every replica updated with `ready` of them Ready
+/// (all, or the one leader under a readiness gate). Not blocking: the
+/// watchers run on the test's thread.
 ///
-/// The restart is kubectl's: a changed `kubectl.kubernetes.io/restartedAt`
-/// annotation on the pod template (kubectl's
-/// pkg/polymorphichelpers/objectrestarter.go), sent through the API so the
-/// change's generation is known. The wait is `kubectl rollout status`'s
-/// (pkg/polymorphichelpers/rollout_status.go: observed generation, updated
+/// The wait is `kubectl rollout status`'s (kubectl's
+/// pkg/polymorphichelpers/rollout_status.go: observed generation, updated
 /// and total replicas) made strict: the old pods gone, not only scaled
-/// away, so the old leader's term has ended.
+/// away, so the old leader's term has ended. kubectl's restart is a changed
+/// `kubectl.kubernetes.io/restartedAt` template annotation
+/// (pkg/polymorphichelpers/objectrestarter.go), applied when kubectl
+/// returns: the Deployment read after it is at the restart's generation or
+/// later.
 pub async fn rollout_restart(s: &Scenario, ready: i32) {
     // Listed before the restart: listed after it, new pods could be among
     // them and "replaced" would never hold (seen in CI).
     let old: Vec<String> = s.pods(APP).await.into_iter().filter_map(|p| p.metadata.name).collect();
+    let mut kubectl = tokio::process::Command::from(s.env.kubectl());
+    let deployment = format!("deployment/{DEPLOYMENT}");
+    kubectl.args(["-n", &s.ns, "rollout", "restart", &deployment]);
+    let out = kubectl.output().await.expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl rollout restart {deployment}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let deployments = s.api::<Deployment>();
-    let restarted_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let patch = json!({"spec": {"template": {"metadata": {"annotations": {
-        "kubectl.kubernetes.io/restartedAt": restarted_at}}}}});
-    let patched = deployments
-        .patch(DEPLOYMENT, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("restarting the Deployment's rollout");
-    let generation = patched.metadata.generation;
+    let restarted = deployments.get(DEPLOYMENT).await.expect("the restarted Deployment");
+    let generation = restarted.metadata.generation;
     wait_for("the rollout restart complete, every pod replaced", ROLLOUT, || async {
         let deployment = deployments.get(DEPLOYMENT).await.ok()?;
         let status = deployment.status?;
