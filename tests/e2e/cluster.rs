@@ -721,6 +721,9 @@ async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
         namespace["metadata"]["labels"] = json!({"leasehold.dev/inject": "enabled"});
     }
     apply(client, &[namespace]).await;
+    // Every scenario's pods need it, the hand-made ones (not retried by a
+    // controller) and the injection probe alike.
+    default_service_account(client, ns).await;
     if !NOT_OPTED_IN.contains(&ns) {
         injection_reaches(env, client, ns).await;
     }
@@ -737,7 +740,8 @@ async fn fresh_namespace(env: &Env, client: &Client, ns: &str) {
 /// creates it only once its informer has the new namespace
 /// (pkg/controller/serviceaccount/serviceaccounts_controller.go): seen
 /// missing in CI when a pod was created right after the namespace, on a
-/// cluster whose API server had just been restarted.
+/// cluster whose API server had just been restarted. Every scenario's fresh
+/// namespace waits for it.
 pub async fn default_service_account(client: &Client, ns: &str) {
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), ns);
     wait_for(
