@@ -582,7 +582,12 @@ const SIDECAR_API: &str = "127.0.0.1:4040";
 /// how long a planted overlap lasted before it was reported.
 pub const CLAIM_PERIOD: Duration = Duration::from_millis(10);
 /// How long one read may take: a sidecar slower than this is not answering.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Generous, as the read's length costs no soundness (a claim's certain
+/// span runs from its first answer's receipt to its last one's send) and a
+/// slow answer is the machine's: a 2 s bound once reported a running
+/// sidecar as silent with clippy built beside two scenarios on the two
+/// cores.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Starts a claim reader for each candidate pod as it appears.
 fn read_claims(state: Arc<Mutex<State>>, started: Instant, stopped: Arc<AtomicBool>) -> JoinHandle<()> {
