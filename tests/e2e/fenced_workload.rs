@@ -142,12 +142,15 @@ pub struct WorkloadRun {
     /// The faults made, in order.
     pub ran: Vec<Fault>,
     pub report: Report,
-    /// Fewest writes accepted by any fenced resource.
-    pub fewest_writes: usize,
     length: (usize, usize),
 }
 
 impl WorkloadRun {
+    /// Fewest writes accepted by any fenced resource, by the checker.
+    fn fewest_writes(&self) -> usize {
+        fewest_of(|resource| self.report.resources.get(resource).map_or(0, |r| r.accepted))
+    }
+
     /// The run's summary: the seed, the faults and the checker's report.
     pub fn summary(&self) -> String {
         let mut counts: BTreeMap<Fault, usize> = Default::default();
@@ -180,7 +183,7 @@ impl WorkloadRun {
         );
         let (terms, writes) = self.length;
         assert!(
-            report.new_terms >= terms && self.fewest_writes >= writes,
+            report.new_terms >= terms && self.fewest_writes() >= writes,
             "the run ended before {terms} new terms and {writes} writes per fenced resource\n{}",
             self.summary()
         );
@@ -291,20 +294,18 @@ pub async fn run(s: &Scenario, length: &Length) -> WorkloadRun {
         issued: issued(&db).await,
         fenced: FENCED.map(String::from).into(),
     };
-    let report = check(&history);
-    let fewest_writes = FENCED
-        .iter()
-        .map(|resource| report.resources.get(*resource).map_or(0, |r| r.accepted))
-        .min()
-        .unwrap_or_default();
     WorkloadRun {
         seed,
         took,
         ran,
-        report,
-        fewest_writes,
+        report: check(&history),
         length: (length.terms, length.writes),
     }
+}
+
+/// The fewest writes any fenced resource accepted, by `accepted`.
+fn fewest_of(accepted: impl Fn(&str) -> usize) -> usize {
+    FENCED.into_iter().map(accepted).min().unwrap_or_default()
 }
 
 /// Waits until the lease store has begun a term after the first `terms`.
@@ -849,11 +850,7 @@ impl AppLogs {
     /// writers' logs.
     fn fewest_accepted(&self) -> usize {
         let read = self.read.lock().unwrap();
-        FENCED
-            .iter()
-            .map(|resource| read.accepted.get(*resource).copied().unwrap_or_default())
-            .min()
-            .unwrap_or_default()
+        fewest_of(|resource| read.accepted.get(resource).copied().unwrap_or_default())
     }
 
     /// Every line, once every followed pod is gone.
