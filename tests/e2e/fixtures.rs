@@ -110,7 +110,7 @@ pub fn example_with_pod_annotations(s: &Scenario, annotations: Value) -> Vec<Val
 /// Generous: a rollout restart replaces the example's three pods one after
 /// another (the Deployment's default maxSurge 25 % rounds up to 1,
 /// maxUnavailable 25 % down to 0), each new one started and ready first.
-pub const ROLLOUT: Duration = Duration::from_secs(180);
+const ROLLOUT: Duration = Duration::from_secs(180);
 
 /// `kubectl rollout restart deployment/scheduler`, as docs/readiness-gate.md
 /// shows it, waited out: every pod from before gone, the controller having

@@ -2,11 +2,12 @@
 //! can repair it first: the candidates are stand-ins (no sidecar, no lease
 //! selecting them, so neither a sidecar nor the operator touches them) whose
 //! fake sidecar serves a `/leader` the test writes. Planted: a second
-//! claimant with one leader label between the two (what the apps see),
-//! until the watcher reports it, a sidecar that runs but fails to answer (a gap) beside a frozen one
-//! (none), a claimant deleted (it claims nothing once gone), a second leader
-//! label and the second ready endpoint it brings, a
-//! status token lower than one shown, and a watch stream cut mid-scenario.
+//! claimant, kept until the watcher reports it, with one leader label
+//! between the two (what the apps see); a sidecar that runs but fails to
+//! answer (a gap) beside a frozen one (none); a claimant deleted (it claims
+//! nothing once gone); a second leader label and the second ready endpoint
+//! it brings; a status token lower than one shown; and a watch stream cut
+//! mid-scenario.
 
 use std::time::{Duration, Instant};
 
